@@ -1,0 +1,30 @@
+"""hpc-hsdp: HSDP training on SLURM, correct by construction.
+
+The pure parts (topology, render) import no torch; ``init`` and ``wrap_hsdp`` load the
+on-node runtime (and torch) only when called.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.topology import RankLayout, TopologyPlan, plan_for
+
+__all__ = ["HsdpError", "RankLayout", "TopologyPlan", "init", "plan_for", "submit", "wrap_hsdp", "__version__"]
+
+# name -> module that defines it; loaded on first use so `import hpc_hsdp` stays torch-free
+_LAZY = {
+    "init": "hpc_hsdp.runtime.dist",
+    "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
+    "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
+    "submit": "hpc_hsdp.submit",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hpc_hsdp' has no attribute {name!r}")

@@ -1,0 +1,4 @@
+from hpc_hsdp.cli import main
+
+if __name__ == "__main__":
+    main()

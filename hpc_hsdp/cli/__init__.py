@@ -1,0 +1,84 @@
+"""The ``hpc-hsdp`` command: thin click commands over the library.
+
+Subcommands live in their own modules and are imported only when invoked, so that
+``hpc-hsdp plan`` or ``render`` loads neither torch nor the other commands. A user
+error prints one line, ``hpc-hsdp: error: ...``, and exits with 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from hpc_hsdp import __version__
+from hpc_hsdp.errors import HsdpError
+
+EXIT_USAGE = 2
+
+# name -> (module under hpc_hsdp.cli, attribute, one-line help shown by `hpc-hsdp --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "plan": ("plan_cmd", "plan", "Show which GPU of which node holds each rank and group, before submitting."),
+    "layout": ("layout_cmd", "layout", "Inside a SLURM task: print the layout this task derives (JSON)."),
+    "render": ("render_cmd", "render", "Write the sbatch script of a job (what submit sends), from Jinja2 templates."),
+    "run": ("run_cmd", "run", "On each task (started by srun or torchrun): build the mesh, verify it, train."),
+    "submit": ("submit_cmd", "submit", "Render the job and submit it (SLURM via submitit, or the local emulator)."),
+    "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
+    "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
+    "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
+}
+
+
+def _module_exists(module: str) -> bool:
+    return importlib.util.find_spec(f"hpc_hsdp.cli.{module}") is not None
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, (module, _, _) in COMMANDS.items() if _module_exists(module))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _module_exists(COMMANDS[name][0]):
+            return None
+        module, attribute, _ = COMMANDS[name]
+        return getattr(importlib.import_module(f"hpc_hsdp.cli.{module}"), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpc-hsdp")
+def cli() -> None:
+    """HSDP on SLURM, correct by construction.
+
+    \b
+    hpc-hsdp plan   --nodes 2 --gpus-per-node 8 --shard 4     # see the groups
+    hpc-hsdp render --nodes 2 --shard 4 -o train.sbatch        # read the script
+    hpc-hsdp submit --nodes 2 --shard 4 --wait                 # run it
+    """
+
+
+def fail(message: str) -> None:
+    """Print one error line and exit with the usage-error code."""
+    click.echo(f"hpc-hsdp: error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = cli.main(args=argv, prog_name="hpc-hsdp", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("hpc-hsdp: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        fail(" ".join(exc.format_message().split()))
+    except HsdpError as exc:
+        fail(" ".join(str(exc).split()))
+    sys.exit(code if isinstance(code, int) else 0)

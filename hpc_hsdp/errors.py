@@ -1,0 +1,23 @@
+"""The one root error of hpc-hsdp.
+
+Every error a user can cause is an :class:`HsdpError`; its message names the value that
+was given and ends with how to fix it. The CLI prints it as one line and exits with 2.
+"""
+
+from __future__ import annotations
+
+
+class HsdpError(ValueError):
+    """A user-facing error: what was wrong, and the fix."""
+
+
+class TopologyError(HsdpError):
+    """The nodes, tasks and shard size do not form a valid HSDP layout."""
+
+
+class SlurmEnvError(HsdpError):
+    """The SLURM environment of a task is missing a variable or contradicts itself."""
+
+
+class SpecError(HsdpError):
+    """A job option, config file or profile holds an invalid value."""

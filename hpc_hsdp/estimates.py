@@ -1,0 +1,189 @@
+"""Memory and traffic per GPU for a plan and a model size (pure arithmetic, no torch).
+
+Model of one HSDP step with FSDP2 (``reshard_after_forward=True`` for blocks, the root
+kept unsharded after forward), P parameters of which ``root_params`` sit in the root:
+
+- shard group: all-gather ``b(2P - P_root)`` tensor bytes (forward, then the backward
+  re-gather), reduce-scatter ``bP`` (gradients); bytes on the wire per rank with a
+  ring: ``(S-1)/S`` of each.
+- replicate group: all-reduce of the ``bP/S`` gradient shard; on the wire ``2(R-1)/R`` of it.
+
+A collective counts as inter-node when its group spans more than one node.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.topology import TopologyPlan, divisors
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
+"""Per-parameter optimizer tensors (kept in fp32)."""
+ACTIVATION_RESERVE = 0.2
+"""Fraction of GPU memory left for activations, buffers and the allocator when judging a fit."""
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "b": 10**9}
+_BYTE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}  # fmt: skip
+
+
+def parse_count(text: str, *, option: str = "--model-params") -> int:
+    """``7B``, ``350M``, ``1.3e9``, ``125000000`` -> an integer count."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgtb]?)\s*", str(text).lower())
+    if not match:
+        raise SpecError(f"{option} {text!r} is not a count; write e.g. 125000000, 350M or 7B")
+    value = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if value < 1:
+        raise SpecError(f"{option} {text!r} must be at least 1")
+    return value
+
+
+def parse_bytes(text: str, *, option: str = "--gpu-memory") -> int:
+    """``80GiB``, ``80GB``, ``80G`` (binary), ``1024`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*", str(text).lower())
+    if not match or match.group(2) not in _BYTE_UNITS:
+        raise SpecError(f"{option} {text!r} is not a size; write e.g. 80GiB, 40GB or 24G")
+    value = int(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
+    if value < 1:
+        raise SpecError(f"{option} {text!r} must be more than 0 bytes")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """Bytes one rank moves per step in one collective."""
+
+    kind: str
+    """``all_gather``, ``reduce_scatter`` or ``all_reduce``."""
+    axis: str
+    """The mesh axis: ``shard`` or ``replicate``."""
+    tensor_bytes: int
+    wire_bytes: int
+    inter_node: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    model_params: int
+    root_params: int
+    dtype: str
+    optimizer: str
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    traffic: tuple[Traffic, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def intra_node_wire_bytes(self) -> int:
+        return sum(t.wire_bytes for t in self.traffic if not t.inter_node)
+
+    @property
+    def inter_node_wire_bytes(self) -> int:
+        return sum(t.wire_bytes for t in self.traffic if t.inter_node)
+
+    def to_dict(self) -> dict:
+        return {
+            "model_params": self.model_params,
+            "root_params": self.root_params,
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "per_gpu_bytes": {
+                "parameters": self.param_bytes,
+                "gradients": self.grad_bytes,
+                "optimizer_state": self.optimizer_bytes,
+                "total": self.total_bytes,
+            },
+            "per_step_per_gpu": [
+                {"kind": t.kind, "axis": t.axis, "tensor_bytes": t.tensor_bytes, "wire_bytes": t.wire_bytes,
+                 "inter_node": t.inter_node}
+                for t in self.traffic
+            ],  # fmt: skip
+            "intra_node_wire_bytes": self.intra_node_wire_bytes,
+            "inter_node_wire_bytes": self.inter_node_wire_bytes,
+        }
+
+
+def check_model_options(*, dtype: str, optimizer: str) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise SpecError(f"--dtype {dtype!r} is unknown; choose one of {', '.join(sorted(DTYPE_BYTES))}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise SpecError(f"--optimizer {optimizer!r} is unknown; choose one of {', '.join(sorted(OPTIMIZER_STATES))}")
+
+
+def estimate(
+    plan: TopologyPlan, *, model_params: int, root_params: int = 0, dtype: str = "fp32", optimizer: str = "adamw"
+) -> Estimate:
+    """Memory per GPU and bytes per step of rank 0 (every rank of an even plan moves the same)."""
+    check_model_options(dtype=dtype, optimizer=optimizer)
+    b, s, r = DTYPE_BYTES[dtype], plan.shard_size, plan.num_replicas
+    p, p_root = model_params, min(root_params, model_params)
+    shard_inter = len(plan.nodes_of_group(plan.shard_group_of(0))) > 1
+    replicate_inter = len(plan.nodes_of_group(plan.replicate_group_of(0))) > 1
+    traffic: list[Traffic] = []
+    if s > 1:
+        gathered = b * (2 * p - p_root)
+        traffic.append(Traffic(kind="all_gather", axis="shard", tensor_bytes=gathered,
+                               wire_bytes=gathered * (s - 1) // s, inter_node=shard_inter))  # fmt: skip
+        traffic.append(Traffic(kind="reduce_scatter", axis="shard", tensor_bytes=b * p,
+                               wire_bytes=b * p * (s - 1) // s, inter_node=shard_inter))  # fmt: skip
+    if r > 1:
+        shard_grad = b * p // s
+        traffic.append(Traffic(kind="all_reduce", axis="replicate", tensor_bytes=shard_grad,
+                               wire_bytes=2 * shard_grad * (r - 1) // r, inter_node=replicate_inter))  # fmt: skip
+    return Estimate(
+        model_params=p, root_params=p_root, dtype=dtype, optimizer=optimizer,
+        param_bytes=b * p // s, grad_bytes=b * p // s, optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
+        traffic=tuple(traffic),
+    )  # fmt: skip
+
+
+def valid_shard_sizes(tasks_per_node: tuple[int, ...]) -> list[int]:
+    """Every shard size the topology core accepts for these nodes, ascending."""
+    smallest, world = min(tasks_per_node), sum(tasks_per_node)
+    sizes = [d for d in divisors(smallest) if all(c % d == 0 for c in tasks_per_node)]
+    if len(set(tasks_per_node)) == 1:
+        g = tasks_per_node[0]
+        sizes += [m for m in range(2 * g, world + 1, g) if world % m == 0]
+    return sizes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    shard_size: int
+    needed_bytes: int
+    budget_bytes: int
+    gpu_memory: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.gpu_memory - self.needed_bytes
+
+
+def smallest_fitting_shard(
+    plan: TopologyPlan, *, model_params: int, gpu_memory: int, dtype: str = "fp32", optimizer: str = "adamw"
+) -> Fit | None:
+    """The smallest shard size whose parameter, gradient and optimizer bytes fit, leaving
+    ``ACTIVATION_RESERVE`` of the GPU free; None when even full sharding does not fit."""
+    budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
+    for s in valid_shard_sizes(plan.tasks_per_node):
+        candidate = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names)
+        needed = estimate(candidate, model_params=model_params, dtype=dtype, optimizer=optimizer).total_bytes
+        if needed <= budget:
+            return Fit(shard_size=s, needed_bytes=needed, budget_bytes=budget, gpu_memory=gpu_memory)
+    return None

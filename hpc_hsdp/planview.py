@@ -1,0 +1,126 @@
+"""How a plan looks to a person: a per-node table, a verdict on traffic, an SVG picture."""
+
+from __future__ import annotations
+
+from html import escape
+
+from hpc_hsdp.estimates import Estimate, Fit, format_bytes
+from hpc_hsdp.topology import TopologyPlan
+
+
+def _group_label(groups: tuple[tuple[int, ...], ...], rank: int, size: int, stride: bool) -> str:
+    index = rank % size if stride else rank // size
+    return f"{index}: {_compact(groups[index])}"
+
+
+def _compact(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 2 and all(b - a == 1 for a, b in zip(ranks, ranks[1:])):
+        return f"[{ranks[0]}-{ranks[-1]}]"
+    return "[" + ",".join(map(str, ranks)) + "]"
+
+
+def traffic_verdict(plan: TopologyPlan) -> list[str]:
+    """What the layout means for the network, in sentences."""
+    s, r = plan.shard_size, plan.num_replicas
+    lines = [f"{plan.kind}: mesh (replicate={r}, shard={s}) over {plan.nodes} node(s), {plan.world_size} ranks"]
+    if s == 1:
+        lines.append("no sharding: every rank holds the whole model; gradients are all-reduced across all ranks")
+    elif not plan.shard_groups_cross_nodes:
+        lines.append(
+            "shard groups stay inside one node: the all-gathers and reduce-scatters of parameters and "
+            "gradients (the heavy traffic) never leave a node"
+        )
+    else:
+        span = len(plan.nodes_of_group(plan.shard_groups[0]))
+        lines.append(
+            f"shard groups span {span} whole nodes: every all-gather and reduce-scatter crosses the "
+            f"inter-node network (shard across nodes, by choice of --shard {s})"
+        )
+    if r > 1:
+        where = "crosses nodes" if plan.replicate_groups_cross_nodes else "stays inside one node"
+        lines.append(f"replicate groups: the all-reduce of 1/{s} of the gradients {where}")
+    return lines
+
+
+def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit | None = None,
+              gpu_memory: int | None = None) -> str:  # fmt: skip
+    rows = [("node", "gpu", "rank", "shard group", "replicate group")]
+    for rank in range(plan.world_size):
+        rows.append((
+            plan.node_names[plan.node_of_rank[rank]],
+            str(plan.local_rank_of_rank[rank]),
+            str(rank),
+            _group_label(plan.shard_groups, rank, plan.shard_size, stride=False),
+            _group_label(plan.replicate_groups, rank, plan.shard_size, stride=True),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for i, row in enumerate(rows):
+        if i > 1 and plan.node_of_rank[i - 1] != plan.node_of_rank[i - 2]:
+            out.append("")
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    out.append("")
+    out.extend(traffic_verdict(plan))
+    if estimate is not None:
+        out.append("")
+        out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
+        out.append(f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
+                   f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}")  # fmt: skip
+        for t in estimate.traffic:
+            where = "inter-node" if t.inter_node else "intra-node"
+            out.append(f"  {t.kind:<14} over {t.axis:<9} {format_bytes(t.wire_bytes):>11} on the wire per step ({where})")
+        out.append(f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
+                   f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node")  # fmt: skip
+    if gpu_memory is not None:
+        if fit is None:
+            out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")
+        else:
+            out.append(f"smallest shard size that fits {format_bytes(gpu_memory)}: {fit.shard_size} "
+                       f"({format_bytes(fit.needed_bytes)} of states, {format_bytes(fit.headroom_bytes)} left for activations)")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _colour(index: int, count: int) -> str:
+    hue = (index * 360 / max(count, 1) + 200) % 360
+    return f"hsl({hue:.0f},65%,72%)"
+
+
+def plan_svg(plan: TopologyPlan) -> str:
+    """Nodes as boxes, GPUs as cells coloured by shard group, labelled with rank and replicate group."""
+    cell_w, cell_h, gap, pad, label_w = 64, 48, 6, 12, 110
+    widest = max(plan.tasks_per_node)
+    width = label_w + pad + widest * (cell_w + gap) + pad
+    row_h = cell_h + 2 * pad
+    height = 60 + plan.nodes * (row_h + gap) + 30
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{pad}" y="22" font-size="15" font-weight="bold">{escape(plan.kind)}: '
+        f"{plan.nodes} node(s) x {escape(str(plan.tasks_per_node[0]) if len(set(plan.tasks_per_node)) == 1 else 'uneven')} GPUs, "
+        f"shard {plan.shard_size}, {plan.num_replicas} replicas</text>",
+        f'<text x="{pad}" y="42" fill="#444">colour = shard group (S{{i}}), R{{j}} = replicate group; '
+        f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})</text>",
+    ]
+    groups = len(plan.shard_groups)
+    for node in range(plan.nodes):
+        y = 60 + node * (row_h + gap)
+        box_w = label_w + plan.tasks_per_node[node] * (cell_w + gap) + pad
+        parts.append(f'<rect x="{pad / 2}" y="{y}" width="{box_w}" height="{row_h}" rx="8" fill="#f4f4f4" stroke="#333"/>')
+        parts.append(f'<text x="{pad}" y="{y + row_h / 2 + 4}" font-weight="bold">{escape(plan.node_names[node])}</text>')
+        for local in range(plan.tasks_per_node[node]):
+            rank = plan.rank_of(node, local)
+            shard_index = rank // plan.shard_size
+            x = label_w + local * (cell_w + gap)
+            parts.append(f'<rect x="{x}" y="{y + pad}" width="{cell_w}" height="{cell_h}" rx="4" '
+                         f'fill="{_colour(shard_index, groups)}" stroke="#222"/>')  # fmt: skip
+            parts.append(f'<text x="{x + cell_w / 2}" y="{y + pad + 18}" text-anchor="middle" font-weight="bold">'
+                         f"rank {rank}</text>")  # fmt: skip
+            parts.append(f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
+                         f"S{shard_index} R{rank % plan.shard_size}</text>")  # fmt: skip
+    verdict = "shard groups cross nodes" if plan.shard_groups_cross_nodes else "every shard group inside one node"
+    parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

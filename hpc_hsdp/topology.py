@@ -1,0 +1,510 @@
+"""Which rank is which GPU on which node, and which ranks form each group.
+
+Pure functions of their inputs (no torch, no ``os.environ``): the plan computed before
+submission and the layout a task derives from SLURM's environment come from the same
+:func:`TopologyPlan` code, so they cannot disagree.
+
+Ranks are node-major: the tasks of the first node in the job's node list get ranks
+``0 .. G0-1``, the next node's ``G0 .. G0+G1-1``, and so on, whatever ``SLURM_PROCID``
+says. Shard groups are ``shard_size`` consecutive ranks; replicate groups take every
+``shard_size``-th rank, exactly as ``init_device_mesh(..., (R, S))`` groups a row-major mesh.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import hostlist
+
+from hpc_hsdp.errors import SlurmEnvError, TopologyError
+
+# Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
+RENDEZVOUS_PORT_BASE = 20000
+RENDEZVOUS_PORT_SPAN = 10000
+
+_TASKS_ITEM = re.compile(r"^([1-9][0-9]*)(?:\(x([1-9][0-9]*)\))?$")
+
+
+def expand_nodelist(nodelist: str) -> tuple[str, ...]:
+    """Expand a SLURM node list (``gpu-a[01-04,07],login2``) in its given order."""
+    text = nodelist.strip()
+    if not text:
+        raise TopologyError("empty node list; give node names such as 'n[1-2]' or 'gpu-a01,gpu-a02'")
+    try:
+        names = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as exc:
+        raise TopologyError(
+            f"malformed node list {nodelist!r} ({exc}); write it as SLURM does, e.g. 'gpu-a[01-04,07],login2'"
+        ) from None
+    if not names or any(not name or any(c in name for c in "[],") for name in names):
+        raise TopologyError(f"malformed node list {nodelist!r}; write it as SLURM does, e.g. 'n[1-2]'")
+    return tuple(names)
+
+
+def parse_tasks_per_node(text: str) -> tuple[int, ...]:
+    """Parse ``SLURM_TASKS_PER_NODE`` (``8(x2),4``) into one count per node."""
+    counts: list[int] = []
+    for item in text.strip().split(","):
+        match = _TASKS_ITEM.match(item.strip())
+        if not match:
+            raise TopologyError(
+                f"malformed tasks-per-node string {text!r}; expected SLURM's form such as '8(x2),4' or '4,8'"
+            )
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        counts.extend([count] * repeat)
+    return tuple(counts)
+
+
+def format_tasks_per_node(counts: Sequence[int]) -> str:
+    """The inverse of :func:`parse_tasks_per_node`, in SLURM's compressed form."""
+    parts: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        run = j - i
+        parts.append(f"{counts[i]}(x{run})" if run > 1 else str(counts[i]))
+        i = j
+    return ",".join(parts)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologyPlan:
+    """The HSDP layout of a job: one entry per rank, groups derived from node-major ranks."""
+
+    tasks_per_node: tuple[int, ...]
+    """Tasks (GPUs) on each node, in the job's node-list order."""
+    shard_size: int
+    """S: ranks that shard one copy of the model (the inner mesh axis, "shard")."""
+    node_names: tuple[str, ...] = field(default=())
+    """Node names in node-list order; ``node0, node1, ...`` when not given."""
+
+    def __post_init__(self) -> None:
+        counts = tuple(self.tasks_per_node)
+        object.__setattr__(self, "tasks_per_node", counts)
+        if not counts:
+            raise TopologyError("no nodes given; a job needs at least one node (--nodes 1 or more)")
+        if any(c < 1 for c in counts):
+            raise TopologyError(f"tasks per node {list(counts)} includes a count below 1; every node needs >= 1 task")
+        names = tuple(self.node_names) or tuple(f"node{i}" for i in range(len(counts)))
+        if len(names) != len(counts):
+            raise TopologyError(
+                f"{len(names)} node names {list(names)} for {len(counts)} task counts {list(counts)}; give one count per node"
+            )
+        object.__setattr__(self, "node_names", names)
+        self._check_shard_size()
+
+    def _check_shard_size(self) -> None:
+        s, counts = self.shard_size, self.tasks_per_node
+        world = sum(counts)
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise TopologyError(f"shard size {s!r} is invalid; give a positive integer such as --shard 4")
+        smallest, largest = min(counts), max(counts)
+        if s <= smallest:
+            bad = [(name, c) for name, c in zip(self.node_names, counts) if c % s]
+            if bad:
+                name, c = bad[0]
+                fits = [d for d in divisors(smallest) if all(x % d == 0 for x in counts)]
+                raise TopologyError(
+                    f"shard size {s} does not divide the {c} tasks on node {name}; "
+                    f"choose a shard size that divides every node's task count ({', '.join(map(str, fits))})"
+                    + (f" or a multiple of {largest} that divides {world}" if smallest == largest else "")
+                )
+            return
+        if smallest != largest:
+            raise TopologyError(
+                f"shard size {s} is larger than the smallest node ({smallest} tasks) of the uneven allocation "
+                f"{format_tasks_per_node(counts)}; a shard group must then span whole, equal nodes: "
+                f"use a shard size dividing {smallest}, or ask for nodes with equal task counts"
+            )
+        per_node = largest
+        if s % per_node:
+            raise TopologyError(
+                f"shard size {s} is larger than a node ({per_node} tasks) but not a multiple of it; "
+                f"a shard group must span whole nodes: use a multiple of {per_node} (e.g. {per_node * max(1, s // per_node)}) "
+                f"or a divisor of {per_node}"
+            )
+        if world % s:
+            raise TopologyError(
+                f"shard size {s} spans {s // per_node} nodes but the job has {len(counts)} nodes ({world} tasks); "
+                f"use a node count that is a multiple of {s // per_node} or a shard size dividing {world}"
+            )
+
+    @property
+    def nodes(self) -> int:
+        return len(self.tasks_per_node)
+
+    @cached_property
+    def world_size(self) -> int:
+        return sum(self.tasks_per_node)
+
+    @property
+    def num_replicas(self) -> int:
+        """R: copies of the model (the outer mesh axis, "replicate")."""
+        return self.world_size // self.shard_size
+
+    @property
+    def mesh_shape(self) -> tuple[int, int]:
+        return (self.num_replicas, self.shard_size)
+
+    @cached_property
+    def first_rank_of_node(self) -> tuple[int, ...]:
+        firsts, total = [], 0
+        for count in self.tasks_per_node:
+            firsts.append(total)
+            total += count
+        return tuple(firsts)
+
+    @cached_property
+    def node_of_rank(self) -> tuple[int, ...]:
+        return tuple(node for node, count in enumerate(self.tasks_per_node) for _ in range(count))
+
+    @cached_property
+    def local_rank_of_rank(self) -> tuple[int, ...]:
+        return tuple(local for count in self.tasks_per_node for local in range(count))
+
+    @cached_property
+    def shard_groups(self) -> tuple[tuple[int, ...], ...]:
+        s = self.shard_size
+        return tuple(tuple(range(start, start + s)) for start in range(0, self.world_size, s))
+
+    @cached_property
+    def replicate_groups(self) -> tuple[tuple[int, ...], ...]:
+        s = self.shard_size
+        return tuple(tuple(range(offset, self.world_size, s)) for offset in range(s))
+
+    def rank_of(self, node_rank: int, local_rank: int) -> int:
+        return self.first_rank_of_node[node_rank] + local_rank
+
+    def shard_group_of(self, rank: int) -> tuple[int, ...]:
+        return self.shard_groups[rank // self.shard_size]
+
+    def replicate_group_of(self, rank: int) -> tuple[int, ...]:
+        return self.replicate_groups[rank % self.shard_size]
+
+    def nodes_of_group(self, group: Sequence[int]) -> tuple[int, ...]:
+        return tuple(sorted({self.node_of_rank[r] for r in group}))
+
+    @cached_property
+    def shard_groups_cross_nodes(self) -> bool:
+        return any(len(self.nodes_of_group(g)) > 1 for g in self.shard_groups)
+
+    @cached_property
+    def replicate_groups_cross_nodes(self) -> bool:
+        return any(len(self.nodes_of_group(g)) > 1 for g in self.replicate_groups)
+
+    @property
+    def kind(self) -> str:
+        """A name for the layout: replication only, full sharding, or hybrid."""
+        if self.shard_size == 1:
+            return "replicate (DDP-like)" if self.world_size > 1 else "single process"
+        if self.shard_size == self.world_size:
+            return "full shard (FSDP)"
+        return "hybrid shard (HSDP)"
+
+    def to_dict(self) -> dict:
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None,
+            "tasks_per_node": list(self.tasks_per_node),
+            "node_names": list(self.node_names),
+            "world_size": self.world_size,
+            "shard_size": self.shard_size,
+            "num_replicas": self.num_replicas,
+            "mesh_shape": list(self.mesh_shape),
+            "mesh_axis_names": ["replicate", "shard"],
+            "kind": self.kind,
+            "shard_groups": [list(g) for g in self.shard_groups],
+            "replicate_groups": [list(g) for g in self.replicate_groups],
+            "node_of_rank": list(self.node_of_rank),
+            "local_rank_of_rank": list(self.local_rank_of_rank),
+            "shard_groups_cross_nodes": self.shard_groups_cross_nodes,
+            "replicate_groups_cross_nodes": self.replicate_groups_cross_nodes,
+        }
+
+
+def plan_for(*, nodes: int, gpus_per_node: int, shard_size: int, node_names: Sequence[str] = ()) -> TopologyPlan:
+    """The plan of an even allocation: ``nodes`` x ``gpus_per_node`` tasks."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise TopologyError(f"--nodes {nodes!r} is invalid; a job needs at least 1 node")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise TopologyError(f"--gpus-per-node {gpus_per_node!r} is invalid; give at least 1 (one task per GPU)")
+    return TopologyPlan(tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names))
+
+
+# ----------------------------------------------------------------------------- on a task
+
+
+def _require(env: Mapping[str, str], name: str, hint: str) -> str:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        raise SlurmEnvError(f"{name} is not set; {hint}")
+    return value.strip()
+
+
+def _int_var(env: Mapping[str, str], name: str, hint: str) -> int:
+    text = _require(env, name, hint)
+    try:
+        value = int(text)
+    except ValueError:
+        raise SlurmEnvError(f"{name}={text!r} is not an integer; {hint}") from None
+    if value < 0:
+        raise SlurmEnvError(f"{name}={text!r} is negative; {hint}")
+    return value
+
+
+_OUTSIDE_SLURM = "run this inside a SLURM task (srun hpc-hsdp ...) or under torchrun"
+
+
+def rendezvous_port(env: Mapping[str, str]) -> int:
+    """``MASTER_PORT`` when set, else a port derived from the job id, equal on every task."""
+    if env.get("MASTER_PORT", "").strip():
+        text = env["MASTER_PORT"].strip()
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise SlurmEnvError(f"MASTER_PORT={text!r} is not a port number; unset it or give 1-65535")
+        return int(text)
+    job_id = _require(env, "SLURM_JOB_ID", _OUTSIDE_SLURM)
+    digits = re.sub(r"\D", "", job_id) or "0"  # array and het jobs: "123_4", "123+0"
+    return RENDEZVOUS_PORT_BASE + int(digits) % RENDEZVOUS_PORT_SPAN
+
+
+def rendezvous_from_env(env: Mapping[str, str]) -> tuple[str, int]:
+    """The TCP store's address and port: ``MASTER_ADDR``/``MASTER_PORT`` when set, else the
+    job's first node and a port derived from the job id. Needs only job-level variables,
+    so the batch script can call it before any task starts."""
+    addr = env.get("MASTER_ADDR", "").strip()
+    if not addr:
+        nodelist = env.get("SLURM_STEP_NODELIST") or _require(env, "SLURM_JOB_NODELIST", _OUTSIDE_SLURM)
+        addr = expand_nodelist(nodelist)[0]
+    return addr, rendezvous_port(env)
+
+
+def visible_gpu_count(env: Mapping[str, str]) -> int:
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not visible or visible in ("NoDevFiles", "-1"):
+        return 0
+    return len([v for v in visible.split(",") if v.strip()])
+
+
+def select_device(env: Mapping[str, str], *, local_rank: int, local_world_size: int) -> str:
+    """The device of a task from what SLURM made visible to it."""
+    count = visible_gpu_count(env)
+    if count == 0:
+        return "cpu"
+    if count == 1:
+        return "cuda:0"
+    on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if on_node.isdigit() and count < int(on_node):
+        return "cuda:0"  # --gpus-per-task: this task sees only its own GPUs
+    if local_rank >= count:
+        raise SlurmEnvError(
+            f"SLURM_LOCALID={local_rank} but only {count} GPUs are visible (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}) "
+            f"for {local_world_size} tasks on this node; ask for one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
+        )
+    return f"cuda:{local_rank}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankLayout:
+    """What one task derives from its environment: its place in the node-major plan."""
+
+    plan: TopologyPlan
+    rank: int
+    """Node-major global rank (tasks on earlier nodes + local rank)."""
+    local_rank: int
+    node_rank: int
+    """Index of this task's node in the job's node list."""
+    master_addr: str
+    master_port: int
+    device: str
+    """``cpu``, ``cuda:0`` (one GPU visible) or ``cuda:LOCAL_RANK``."""
+    slurm_procid: int | None
+    """What SLURM said the rank was; differs from ``rank`` under cyclic distribution."""
+    launch_mode: str
+    """``task-per-gpu`` (srun), ``torchrun`` (a torchrun worker) or ``task-per-node`` (the torchrun launcher task)."""
+    job_id: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        return self.plan.tasks_per_node[self.node_rank]
+
+    @property
+    def node(self) -> str:
+        return self.plan.node_names[self.node_rank]
+
+    @property
+    def shard_size(self) -> int:
+        return self.plan.shard_size
+
+    @property
+    def num_replicas(self) -> int:
+        return self.plan.num_replicas
+
+    @property
+    def shard_group(self) -> tuple[int, ...]:
+        return self.plan.shard_group_of(self.rank)
+
+    @property
+    def replicate_group(self) -> tuple[int, ...]:
+        return self.plan.replicate_group_of(self.rank)
+
+    @property
+    def procid_differs(self) -> bool:
+        return self.slurm_procid is not None and self.slurm_procid != self.rank
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables torch.distributed's env:// initialisation reads."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "node_rank": self.node_rank,
+            "local_world_size": self.local_world_size,
+            "world_size": self.world_size,
+            "node": self.node,
+            "nodes": list(self.plan.node_names),
+            "tasks_per_node": list(self.plan.tasks_per_node),
+            "shard_size": self.shard_size,
+            "num_replicas": self.num_replicas,
+            "shard_group": list(self.shard_group),
+            "replicate_group": list(self.replicate_group),
+            "shard_groups_cross_nodes": self.plan.shard_groups_cross_nodes,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "device": self.device,
+            "slurm_procid": self.slurm_procid,
+            "procid_differs": self.procid_differs,
+            "launch_mode": self.launch_mode,
+            "job_id": self.job_id,
+        }
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None = None
+    ) -> RankLayout:
+        """Derive this task's layout from SLURM's (or torchrun's) environment.
+
+        ``nproc_per_node`` matters only for a task that launches torchrun on its node
+        (one task per node): the workers it will start; by default, the GPUs it sees.
+        """
+        if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
+            return cls._from_torchrun_env(env, shard_size=shard_size)
+        return cls._from_slurm_env(env, shard_size=shard_size, nproc_per_node=nproc_per_node)
+
+    @classmethod
+    def _from_slurm_env(
+        cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None
+    ) -> RankLayout:
+        if "SLURM_JOB_ID" not in env and "SLURM_PROCID" not in env:
+            raise SlurmEnvError(f"no SLURM environment found (SLURM_JOB_ID is not set); {_OUTSIDE_SLURM}")
+        nodelist = env.get("SLURM_STEP_NODELIST") or _require(env, "SLURM_JOB_NODELIST", _OUTSIDE_SLURM)
+        node_names = expand_nodelist(nodelist)
+        tasks_text = env.get("SLURM_STEP_TASKS_PER_NODE") or _require(env, "SLURM_TASKS_PER_NODE", _OUTSIDE_SLURM)
+        tasks_per_node = parse_tasks_per_node(tasks_text)
+        if len(tasks_per_node) != len(node_names):
+            raise SlurmEnvError(
+                f"tasks per node {tasks_text!r} lists {len(tasks_per_node)} nodes but the node list {nodelist!r} "
+                f"has {len(node_names)}; the job's variables are inconsistent (was SLURM_STEP_* overwritten?)"
+            )
+        ntasks_name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+        ntasks = _int_var(env, ntasks_name, _OUTSIDE_SLURM)
+        if ntasks != sum(tasks_per_node):
+            raise SlurmEnvError(
+                f"{ntasks_name}={ntasks} but tasks per node {tasks_text!r} add up to {sum(tasks_per_node)}; "
+                f"launch with srun inside the allocation so both describe the same step"
+            )
+        node_name = env.get("SLURMD_NODENAME", "").strip()
+        if node_name:
+            if node_name not in node_names:
+                raise SlurmEnvError(
+                    f"SLURMD_NODENAME={node_name!r} is not in the node list {nodelist!r}; "
+                    f"run the task inside its own allocation"
+                )
+            node_rank = node_names.index(node_name)
+        else:
+            node_rank = _int_var(env, "SLURM_NODEID", _OUTSIDE_SLURM)
+            if node_rank >= len(node_names):
+                raise SlurmEnvError(f"SLURM_NODEID={node_rank} but the job has {len(node_names)} nodes ({nodelist})")
+        local_rank = _int_var(env, "SLURM_LOCALID", _OUTSIDE_SLURM)
+        on_node = tasks_per_node[node_rank]
+        if local_rank >= on_node:
+            raise SlurmEnvError(
+                f"SLURM_LOCALID={local_rank} but node {node_names[node_rank]} runs only {on_node} tasks "
+                f"({tasks_text}); launch the step with srun so each task gets its own local id"
+            )
+        procid = int(env["SLURM_PROCID"]) if env.get("SLURM_PROCID", "").strip().isdigit() else None
+        master_addr, master_port = rendezvous_from_env(env)
+        job_id = env.get("SLURM_JOB_ID")
+
+        workers = nproc_per_node or visible_gpu_count(env)
+        if set(tasks_per_node) == {1} and workers > 1:
+            # One task per node: this task launches torchrun, which starts the workers.
+            plan = TopologyPlan(tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names)
+            return cls(
+                plan=plan, rank=plan.rank_of(node_rank, 0), local_rank=0, node_rank=node_rank,
+                master_addr=master_addr, master_port=master_port,
+                device=select_device(env, local_rank=0, local_world_size=workers),
+                slurm_procid=procid, launch_mode="task-per-node", job_id=job_id,
+            )  # fmt: skip
+
+        plan = TopologyPlan(tasks_per_node=tasks_per_node, shard_size=shard_size, node_names=node_names)
+        return cls(
+            plan=plan, rank=plan.rank_of(node_rank, local_rank), local_rank=local_rank, node_rank=node_rank,
+            master_addr=master_addr, master_port=master_port,
+            device=select_device(env, local_rank=local_rank, local_world_size=on_node),
+            slurm_procid=procid, launch_mode="task-per-gpu", job_id=job_id,
+        )  # fmt: skip
+
+    @classmethod
+    def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int) -> RankLayout:
+        hint = "start workers with torchrun --node-rank <index of this node> (static rendezvous)"
+        local_rank = _int_var(env, "LOCAL_RANK", hint)
+        local_world = _int_var(env, "LOCAL_WORLD_SIZE", hint)
+        world = _int_var(env, "WORLD_SIZE", hint)
+        node_rank = _int_var(env, "GROUP_RANK", hint)
+        torch_rank = _int_var(env, "RANK", hint)
+        if local_world < 1 or world % local_world:
+            raise SlurmEnvError(
+                f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; "
+                f"give every node the same --nproc-per-node"
+            )
+        nnodes = world // local_world
+        nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+        node_names = expand_nodelist(nodelist) if nodelist else ()
+        if len(node_names) != nnodes:
+            node_names = tuple(f"node{i}" for i in range(nnodes))
+        plan = TopologyPlan(tasks_per_node=(local_world,) * nnodes, shard_size=shard_size, node_names=node_names)
+        rank = plan.rank_of(node_rank, local_rank)
+        if rank != torch_rank:
+            raise SlurmEnvError(
+                f"torchrun gave RANK={torch_rank} but node {node_rank} local rank {local_rank} is rank {rank} "
+                f"node-major; use a static rendezvous (--node-rank), not c10d, so ranks follow node order"
+            )
+        return cls(
+            plan=plan, rank=rank, local_rank=local_rank, node_rank=node_rank,
+            master_addr=_require(env, "MASTER_ADDR", hint), master_port=rendezvous_port(env),
+            device=select_device(env, local_rank=local_rank, local_world_size=local_world),
+            slurm_procid=int(env["SLURM_PROCID"]) if env.get("SLURM_PROCID", "").isdigit() else None,
+            launch_mode="torchrun", job_id=env.get("SLURM_JOB_ID"),
+        )  # fmt: skip
