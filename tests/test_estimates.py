@@ -1,0 +1,74 @@
+"""Memory and traffic arithmetic of the plan, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard, valid_shard_sizes
+from hpc_hsdp.topology import TopologyPlan, plan_for
+
+P = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("shard", "ag_wire", "rs_wire", "ar_wire", "inter"),
+    [
+        # 2 x 8 layout, fp32, root holds 0 params
+        (1, None, None, 2 * 4 * P * 15 // 16, 2 * 4 * P * 15 // 16),
+        (4, 8 * P * 3 // 4, 4 * P * 3 // 4, 2 * (P * 4 // 4) * 3 // 4, 2 * (P * 4 // 4) * 3 // 4),
+        (16, 8 * P * 15 // 16, 4 * P * 15 // 16, None, 8 * P * 15 // 16 + 4 * P * 15 // 16),
+    ],
+)
+def test_traffic_per_rank(shard, ag_wire, rs_wire, ar_wire, inter):
+    est = estimate(plan_for(nodes=2, gpus_per_node=8, shard_size=shard), model_params=P)
+    wire = {t.kind: t.wire_bytes for t in est.traffic}
+    assert wire.get("all_gather") == ag_wire
+    assert wire.get("reduce_scatter") == rs_wire
+    assert wire.get("all_reduce") == ar_wire
+    assert est.inter_node_wire_bytes == inter
+
+
+def test_root_params_are_gathered_once():
+    plan = plan_for(nodes=1, gpus_per_node=8, shard_size=8)
+    est = estimate(plan, model_params=P, root_params=1000)
+    ag = next(t for t in est.traffic if t.kind == "all_gather")
+    assert ag.tensor_bytes == 4 * (2 * P - 1000)
+
+
+@pytest.mark.parametrize(("dtype", "optimizer", "per_param"), [("fp32", "adamw", 16), ("bf16", "adamw", 12), ("fp32", "sgd", 8)])
+def test_memory_per_gpu(dtype, optimizer, per_param):
+    est = estimate(plan_for(nodes=2, gpus_per_node=8, shard_size=4), model_params=8 * P, dtype=dtype, optimizer=optimizer)
+    assert est.total_bytes == per_param * 8 * P // 4
+
+
+def test_valid_shard_sizes():
+    assert valid_shard_sizes((8, 8, 8, 8)) == [1, 2, 4, 8, 16, 32]
+    assert valid_shard_sizes((8, 8, 8)) == [1, 2, 4, 8, 24]
+    assert valid_shard_sizes((8, 4)) == [1, 2, 4]
+    for sizes, tasks in ((valid_shard_sizes((8, 8, 8)), (8, 8, 8)), (valid_shard_sizes((6, 6)), (6, 6))):
+        for s in sizes:
+            TopologyPlan(tasks_per_node=tasks, shard_size=s)
+
+
+def test_smallest_fitting_shard():
+    plan = plan_for(nodes=2, gpus_per_node=8, shard_size=1)
+    fit = smallest_fitting_shard(plan, model_params=7 * 10**9, gpu_memory=80 * 2**30)
+    assert fit.shard_size == 2 and fit.needed_bytes == 16 * 7 * 10**9 // 2
+    assert smallest_fitting_shard(plan, model_params=10**12, gpu_memory=80 * 2**30) is None
+
+
+@pytest.mark.parametrize(("text", "value"), [("7B", 7 * 10**9), ("350M", 350 * 10**6), ("1.3e9", 1_300_000_000), ("125000", 125000)])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize(("text", "value"), [("80GiB", 80 * 2**30), ("40GB", 40 * 10**9), ("24G", 24 * 2**30), ("512", 512)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "0", "7X"])
+def test_parse_rejects(text):
+    with pytest.raises(SpecError):
+        parse_count(text)
