@@ -1,0 +1,384 @@
+"""The local emulator: run a rendered sbatch script on this machine as SLURM would.
+
+``launch_local`` starts a detached supervisor that runs the very script ``render``
+produced under ``bash``, with the job-level variables of a real allocation and an
+``srun`` of ours first on PATH. That ``srun`` starts one process per task, each with the
+task-level variables a real step gives it (``SLURM_PROCID``, ``SLURM_LOCALID``,
+``SLURMD_NODENAME``, ... from :func:`hpc_hsdp.slurm_env.task_environments`), writes
+each task's output to the ``--output``/``--error`` patterns, and, like
+``srun --kill-on-bad-exit``, ends the step when one task fails. Every task runs on CPU.
+
+The supervisor records the job's state in ``<logs>/<job id>_local.json``; ``LocalJob``
+reads it, so status, logs and cancel work from the run directory alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_hsdp.slurm_env import compress_nodelist, task_environments
+from hpc_hsdp.topology import expand_nodelist, format_tasks_per_node, parse_tasks_per_node
+
+KILL_WAIT_S = 5
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def new_job_id() -> str:
+    """A numeric id like SLURM's (ports and file names derive from it), unique enough locally."""
+    return str(int(time.time() * 1000) % 90_000_000 + 10_000_000)
+
+
+def state_path(logs_dir: Path, job_id: str) -> Path:
+    return Path(logs_dir) / f"{job_id}_local.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalAllocation:
+    """What a real allocation would have given the job."""
+
+    tasks_per_node: tuple[int, ...]
+    node_names: tuple[str, ...]
+    job_name: str
+    gpus_per_node: int = 0
+
+
+def allocation_for(*, nodes: int, gpus_per_node: int, ntasks: int | None, job_name: str,
+                   tasks_per_node: int | None = None) -> LocalAllocation:  # fmt: skip
+    """Tasks per node as SLURM lays them out: ``ntasks`` fills nodes in order (8,4), else
+    ``tasks_per_node`` (default: one per GPU) on every node."""
+    per_node = tasks_per_node or gpus_per_node
+    if ntasks is not None:
+        counts, left = [], ntasks
+        for _ in range(nodes):
+            counts.append(min(gpus_per_node, left))
+            left -= counts[-1]
+        counts = [c for c in counts if c > 0]
+    else:
+        counts = [per_node] * nodes
+    names = tuple(f"local{i + 1}" for i in range(len(counts)))
+    return LocalAllocation(tasks_per_node=tuple(counts), node_names=names, job_name=job_name,
+                           gpus_per_node=gpus_per_node)  # fmt: skip
+
+
+def job_environment(alloc: LocalAllocation, *, job_id: str, submit_dir: str, shim_dir: Path) -> dict[str, str]:
+    """The batch script's environment: job-level SLURM variables, rendezvous on loopback."""
+    nodelist = compress_nodelist(alloc.node_names)
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("SLURM") or k in ("MASTER_ADDR", "MASTER_PORT")]:
+        del env[key]
+    env.update({
+        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NAME": alloc.job_name,
+        "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+        "SLURM_JOB_NUM_NODES": str(len(alloc.node_names)), "SLURM_NNODES": str(len(alloc.node_names)),
+        "SLURM_NTASKS": str(sum(alloc.tasks_per_node)), "SLURM_NPROCS": str(sum(alloc.tasks_per_node)),
+        "SLURM_TASKS_PER_NODE": format_tasks_per_node(alloc.tasks_per_node),
+        "SLURM_SUBMIT_DIR": submit_dir, "SLURMD_NODENAME": alloc.node_names[0],
+        "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+        "SLURM_CLUSTER_NAME": "local-emulator",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "HPC_HSDP_EMULATOR": "1", "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
+        "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
+        "PYTHONUNBUFFERED": "1",
+    })  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _sbatch_value(script: str, key: str) -> str | None:
+    match = re.search(rf"^#SBATCH\s+--{key}[= ](\S+)\s*$", script, re.MULTILINE)
+    if not match:
+        return None
+    value = match.group(1)
+    return value[1:-1] if value[:1] == value[-1:] and value[:1] in "'\"" else value
+
+
+def expand_pattern(pattern: str, *, job_id: str, procid: int = 0, node_id: int = 0, node: str = "") -> str:
+    """SLURM's filename pattern: %j job id, %t task id, %n node id, %N node name, %% a percent."""
+    table = {"j": job_id, "J": job_id, "A": job_id, "a": "0", "t": str(procid), "n": str(node_id), "N": node,
+             "x": "job", "u": os.environ.get("USER", "user"), "%": "%"}  # fmt: skip
+    return re.sub(r"%(\w|%)", lambda m: table.get(m.group(1), m.group(0)), pattern)
+
+
+def launch_local(script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id: str | None = None,
+                 submit_dir: str | None = None) -> LocalJob:  # fmt: skip
+    """Start the supervisor of one emulated job and return its handle at once."""
+    logs_dir = Path(logs_dir).resolve()
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    job_id = job_id or new_job_id()
+    shim_dir = logs_dir / ".emulator-bin"
+    shim_dir.mkdir(exist_ok=True)
+    shim = shim_dir / "srun"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.local srun "$@"\n')
+    shim.chmod(0o755)
+    script_path = logs_dir / f"{job_id}_submission.sh"
+    script_path.write_text(script)
+    state = {
+        "job_id": job_id, "state": "PENDING", "exit_code": None, "submitted_at": time.time(),
+        "started_at": None, "ended_at": None, "supervisor_pid": None, "script": str(script_path),
+        "tasks_per_node": list(alloc.tasks_per_node), "node_names": list(alloc.node_names),
+        "gpus_per_node": alloc.gpus_per_node,
+    }  # fmt: skip
+    path = state_path(logs_dir, job_id)
+    _write_json_atomic(path, state)
+    env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpc_hsdp.local", "supervise", str(path)],
+        env=env, cwd=submit_dir or os.getcwd(), start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
+    )  # fmt: skip
+    state["supervisor_pid"] = proc.pid
+    # the supervisor rewrites the file when it starts; keep the pid if it has not yet
+    current = json.loads(path.read_text())
+    if current.get("supervisor_pid") is None:
+        current["supervisor_pid"] = proc.pid
+        _write_json_atomic(path, current)
+    return LocalJob(logs_dir=logs_dir, job_id=job_id)
+
+
+class LocalJob:
+    """Handle of an emulated job, rebuilt from its logs folder and id in any shell."""
+
+    def __init__(self, *, logs_dir: Path, job_id: str) -> None:
+        self.logs_dir = Path(logs_dir)
+        self.job_id = str(job_id)
+
+    def info(self) -> dict:
+        path = state_path(self.logs_dir, self.job_id)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {"state": "UNKNOWN", "exit_code": None}
+        pid = data.get("supervisor_pid")
+        if data["state"] in ("PENDING", "RUNNING") and pid and not _alive(pid):
+            time.sleep(0.2)  # it may have written its last state just now
+            data = json.loads(path.read_text())
+            if data["state"] in ("PENDING", "RUNNING"):
+                data["state"], data["exit_code"] = "FAILED", data.get("exit_code") or -1
+        return data
+
+    @property
+    def state(self) -> str:
+        return self.info()["state"]
+
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def wait(self, poll_s: float = 0.5, timeout_s: float | None = None) -> str:
+        start = time.monotonic()
+        while not self.done():
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"local job {self.job_id} still {self.state} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+        return self.state
+
+    def cancel(self) -> None:
+        pid = self.info().get("supervisor_pid")
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+
+    def results(self) -> list:
+        """Each task's return value (submitit's result pickles), raising the first task error."""
+        from submitit.core import utils as submitit_utils
+
+        self.wait()
+        ntasks = sum(self.info()["tasks_per_node"])
+        outcomes = []
+        for procid in range(ntasks):
+            path = self.logs_dir / f"{self.job_id}_{procid}_result.pkl"
+            if not path.exists():
+                raise RuntimeError(f"local job {self.job_id} ({self.state}): task {procid} left no result; "
+                                   f"see {self.logs_dir}/{self.job_id}_{procid}_log.err")  # fmt: skip
+            outcome, value = submitit_utils.pickle_load(path)
+            if outcome != "success":
+                raise RuntimeError(f"local job {self.job_id}: task {procid} failed:\n{value}")
+            outcomes.append(value)
+        return outcomes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as dead
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+# ----------------------------------------------------------------------------- supervisor
+
+
+def _supervise(state_file: str) -> int:
+    path = Path(state_file)
+    state = json.loads(path.read_text())
+    script = Path(state["script"]).read_text()
+    job_id = state["job_id"]
+    out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id)
+    err = expand_pattern(_sbatch_value(script, "error") or out, job_id=job_id)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    state.update(state="RUNNING", started_at=time.time(), supervisor_pid=os.getpid())
+    _write_json_atomic(path, state)
+    cancelled = False
+    with open(out, "ab") as stdout, open(err, "ab") as stderr:
+        batch = subprocess.Popen(["bash", state["script"]], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)  # fmt: skip
+
+        def on_cancel(signum, frame):
+            nonlocal cancelled
+            cancelled = True
+            _signal_group(batch.pid, signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_cancel)
+        signal.signal(signal.SIGINT, on_cancel)
+        deadline = None
+        while True:
+            try:
+                code = batch.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                if cancelled:
+                    deadline = deadline or time.monotonic() + KILL_WAIT_S
+                    if time.monotonic() > deadline:
+                        _signal_group(batch.pid, signal.SIGKILL)
+        _signal_group(batch.pid, signal.SIGKILL)  # leftovers of the step, as slurmd would
+    state.update(
+        state="CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED"),
+        exit_code=code, ended_at=time.time(),
+    )  # fmt: skip
+    _write_json_atomic(path, state)
+    return 0
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ----------------------------------------------------------------------------- srun
+
+
+def _srun_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="srun (hpc-hsdp local emulator)", allow_abbrev=False)
+    parser.add_argument("--kill-on-bad-exit", "-K", nargs="?", const="1", default="0")
+    parser.add_argument("--unbuffered", "-u", action="store_true")
+    parser.add_argument("--output", "-o", default=None)
+    parser.add_argument("--error", "-e", default=None)
+    parser.add_argument("--distribution", "-m", default="block")
+    parser.add_argument("--ntasks-per-node", type=int, default=None)
+    parser.add_argument("--ntasks", "-n", type=int, default=None)
+    parser.add_argument("--nodes", "-N", type=int, default=None)
+    parser.add_argument("--label", "-l", action="store_true")
+    parser.add_argument("--export", default=None)
+    parser.add_argument("--cpu-bind", default=None)
+    parser.add_argument("--container-image", default=None)
+    parser.add_argument("--container-mounts", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _srun(argv: Sequence[str]) -> int:
+    args = _srun_parser().parse_args(argv)
+    if not args.command:
+        print("srun (emulator): no command given", file=sys.stderr)
+        return 2
+    if args.container_image:
+        print("srun (emulator): --container-image needs the pyxis plugin of a real cluster; "
+              "the local emulator runs commands directly. Submit with --cluster slurm.", file=sys.stderr)  # fmt: skip
+        return 2
+    env = os.environ
+    job_id = env["SLURM_JOB_ID"]
+    node_names = expand_nodelist(env["SLURM_JOB_NODELIST"])
+    counts = parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+    if args.ntasks_per_node is not None:
+        counts = (args.ntasks_per_node,) * len(counts)
+    distribution = args.distribution.split(":")[0].split(",")[0]
+    if distribution not in ("block", "cyclic"):
+        print(f"srun (emulator): --distribution={args.distribution} is not emulated; use block or cyclic",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    task_envs = task_environments(tasks_per_node=counts, node_names=node_names, job_id=job_id,
+                                  distribution=distribution, job_name=env.get("SLURM_JOB_NAME", "job"))  # fmt: skip
+    procs: list[subprocess.Popen] = []
+    files = []
+    for task in task_envs:
+        procid, node_id = int(task["SLURM_PROCID"]), int(task["SLURM_NODEID"])
+        names = {"job_id": job_id, "procid": procid, "node_id": node_id, "node": task["SLURMD_NODENAME"]}
+        out = open(expand_pattern(args.output, **names), "ab") if args.output else None
+        err = open(expand_pattern(args.error, **names), "ab") if args.error else out
+        files += [f for f in (out, err) if f is not None]
+        task_env = {**env, **task, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}
+        procs.append(subprocess.Popen(args.command, env=task_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
+
+    def forward(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+        signal.signal(sig, forward)
+    kill_on_bad_exit = args.kill_on_bad_exit not in ("0", None)
+    first_failure: int | None = None
+    kill_at = None
+    while any(p.poll() is None for p in procs):
+        for procid, p in enumerate(procs):
+            code = p.poll()
+            if code not in (None, 0) and first_failure is None:
+                first_failure = code
+                print(f"srun (emulator): task {procid} exited with code {code}"
+                      + ("; terminating the other tasks (--kill-on-bad-exit)" if kill_on_bad_exit else ""),
+                      file=sys.stderr)  # fmt: skip
+                if kill_on_bad_exit:
+                    forward(signal.SIGTERM, None)
+                    kill_at = time.monotonic() + KILL_WAIT_S
+        if kill_at is not None and time.monotonic() > kill_at:
+            forward(signal.SIGKILL, None)
+        time.sleep(0.1)
+    for f in files:
+        f.close()
+    codes = [p.returncode for p in procs]
+    if first_failure is None:
+        first_failure = next((c for c in codes if c != 0), 0)
+    return 0 if first_failure == 0 else (first_failure if first_failure > 0 else 128 - first_failure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["srun"]:
+        return _srun(argv[1:])
+    if argv[:1] == ["supervise"] and len(argv) == 2:
+        return _supervise(argv[1])
+    print("usage: python -m hpc_hsdp.local srun [srun options] command... | supervise STATE_FILE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Shared fixtures: hygiene checks for every test, and access to the real dev SLURM cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV_CLUSTER = ROOT / "scripts" / "dev-cluster"
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    """Fail a test that leaves environment variables changed or a process group alive."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if before != after:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"test leaked environment changes: {changed}")
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("test left a torch.distributed process group alive")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA; none on this machine")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+def _cluster_up() -> tuple[bool, str]:
+    if shutil.which("sbatch") is None:
+        return False, "sbatch not found: the dev cluster is not installed (run scripts/test as root)"
+    if os.environ.get("HPC_HSDP_DEV_CLUSTER") != "1":
+        return False, "dev cluster not started by scripts/test (needs root); run: scripts/dev-cluster up"
+    status = subprocess.run([str(DEV_CLUSTER), "status"], capture_output=True, text=True)
+    if status.returncode != 0:
+        return False, f"dev cluster is down: {status.stdout.strip() or status.stderr.strip()}"
+    return True, ""
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict[str, str]:
+    """The real dev cluster's client environment; skipped where it cannot run, failed under CI."""
+    up, reason = _cluster_up()
+    if not up:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"SLURM tests must run in CI: {reason}")
+        pytest.skip(reason)
+    return {k: v for k, v in os.environ.items() if k.startswith("SLURM_CONF")}
