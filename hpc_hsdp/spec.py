@@ -107,3 +107,377 @@ class RunSpec:
         if self.timeout_s != 300:
             args += ["--timeout", str(self.timeout_s)]
         return args + self.training.to_args()
+
+
+# ----------------------------------------------------------------------------- the job (render, submit)
+
+_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
+_SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
+_SIGNAL_NAMES = frozenset(
+    "HUP INT QUIT ABRT KILL ALRM TERM USR1 USR2 CONT STOP TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH".split()
+)
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+
+DEFAULT_SIGNAL = "USR2@120"
+"""Default ``--signal``: USR2 two minutes before the time limit. USR2 is what submitit's task
+wrapper listens for (checkpoint and requeue), so plain sbatch and ``submit`` agree; USR1 is
+left free for the payload's own preemption handling."""
+
+# #SBATCH options the job spec writes itself -> the hpc-hsdp option that sets them.
+OWNED_SBATCH_KEYS: dict[str, str] = {
+    "job-name": "--job-name",
+    "nodes": "--nodes",
+    "ntasks": "--ntasks",
+    "ntasks-per-node": "--gpus-per-node (one task per GPU) or --ntasks",
+    "gpus-per-node": "--gpus-per-node",
+    "gpus": "--gpus-per-node",
+    "gres": "--gpus-per-node",
+    "gpus-per-task": "--gpus-per-node (every task sees its node's GPUs; the layout picks one)",
+    "cpus-per-task": "--cpus-per-task",
+    "mem": "--mem",
+    "time": "--time",
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "constraint": "--constraint",
+    "exclusive": "--exclusive",
+    "output": "--run-dir (logs go to <run-dir>/logs)",
+    "error": "--run-dir (logs go to <run-dir>/logs)",
+    "open-mode": "nothing: the script appends so requeued runs keep their logs",
+    "signal": "--signal",
+    "requeue": "--requeue/--no-requeue",
+    "no-requeue": "--requeue/--no-requeue",
+    "export": "--env KEY=VALUE or --pass-env NAME (the script keeps --export=ALL)",
+    "distribution": "--distribution",
+    "chdir": "--run-dir (every path in the script is absolute)",
+}
+
+
+def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
+    """A value that will become part of one line of the script: a string without newline,
+    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
+    if not isinstance(value, str):
+        raise SpecError(f"{option} {value!r} must be a string")
+    if "\0" in value:
+        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
+    if "\n" in value or "\r" in value:
+        raise SpecError(
+            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
+            f"give it on one line"
+        )
+    if not allow_empty and value == "":
+        raise SpecError(f"{option} is empty; give a value or leave the option out")
+    return value
+
+
+def _optional_text(option: str, value: str | None) -> None:
+    if value is not None:
+        check_text(option, value)
+
+
+def _positive_int(option: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{option} {value!r} must be a positive integer")
+
+
+def check_time(value: str) -> str:
+    """A SLURM time limit in one of the forms sbatch accepts; returns it unchanged."""
+    check_text("--time", value)
+    match = _TIME.match(value)
+    if not match:
+        raise SpecError(f"--time {value!r} is not a SLURM time; write {_TIME_FORMS} (e.g. 02:00:00 or 1-12)")
+    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
+    if days is not None:
+        parts = [("hours", d_hours, 24), ("minutes", d_minutes, 60), ("seconds", d_seconds, 60)]
+    elif third is not None:  # HH:MM:SS
+        parts = [("minutes", second, 60), ("seconds", third, 60)]
+    elif second is not None:  # MM:SS
+        parts = [("seconds", second, 60)]
+    else:
+        parts = []
+    for name, text, limit in parts:
+        if text is not None and int(text) >= limit:
+            raise SpecError(f"--time {value!r} has {int(text)} {name}; {name} must be below {limit} ({_TIME_FORMS})")
+    if all(int(x) == 0 for x in match.groups() if x is not None):
+        raise SpecError(f"--time {value!r} is zero (SLURM reads that as no limit); give a real limit such as 01:00:00")
+    return value
+
+
+def check_signal(value: str) -> str:
+    """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
+    check_text("--signal", value)
+    match = _SIGNAL.match(value)
+    name = match.group(2).upper() if match else ""
+    name = name[3:] if name.startswith("SIG") else name
+    ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
+    if not ok:
+        raise SpecError(
+            f"--signal {value!r} is not SIG@SECONDS; write e.g. {DEFAULT_SIGNAL} or B:TERM@60 "
+            f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"
+        )
+    if match.group(3) is not None and int(match.group(3)) > 65535:
+        raise SpecError(f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds")
+    return value
+
+
+def check_sbatch_key(key: str) -> str:
+    """A ``--sbatch`` passthrough key: a long sbatch option this spec does not write itself."""
+    check_text("--sbatch", key)
+    if not _SBATCH_KEY.match(key):
+        raise SpecError(
+            f"--sbatch key {key!r} is not a long sbatch option name; write KEY=VALUE with KEY like 'mail-type' "
+            f"(lowercase letters, digits, '-', no leading dashes)"
+        )
+    if key in OWNED_SBATCH_KEYS:
+        raise SpecError(f"--sbatch {key}=... is written by hpc-hsdp itself; use {OWNED_SBATCH_KEYS[key]} instead")
+    return key
+
+
+def check_env_name(option: str, name: str) -> str:
+    check_text(option, name)
+    if not _IDENTIFIER.match(name):
+        raise SpecError(f"{option} name {name!r} is not a shell variable name; use letters, digits and '_' (e.g. MY_VAR)")
+    return name
+
+
+def _pairs(value: object) -> tuple[tuple[str, object], ...]:
+    items = value.items() if isinstance(value, dict) else value
+    merged = dict(items)  # a later pair wins
+    return tuple(sorted(merged.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSpec:
+    """The #SBATCH header besides the topology: what SLURM allocates and how it treats the job."""
+
+    job_name: str = "hpc-hsdp"
+    """``#SBATCH --job-name``."""
+    partition: str | None = None
+    """``#SBATCH --partition``; None: the cluster's default partition."""
+    account: str | None = None
+    """``#SBATCH --account``; None: the user's default account."""
+    qos: str | None = None
+    """``#SBATCH --qos``."""
+    time: str | None = None
+    """Time limit in a SLURM form (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: the partition's."""
+    constraint: str | None = None
+    """``#SBATCH --constraint``: node features, e.g. ``h100&ib``."""
+    exclusive: bool = False
+    """``#SBATCH --exclusive``: no other job shares the nodes."""
+    mem: str | None = None
+    """Memory per node (``512G``; ``0`` is all of it); None: the partition's default."""
+    cpus_per_task: int | None = None
+    """CPUs per task; also passed to srun (Slurm 22.05 srun no longer inherits it)."""
+    signal: str | None = DEFAULT_SIGNAL
+    """``--signal`` value ``[R:|B:]SIG@SECONDS`` sent before the time limit; None: no signal."""
+    requeue: bool = True
+    """``#SBATCH --requeue``: SLURM may requeue the job after preemption or node failure."""
+    extra: tuple[tuple[str, str | None], ...] = ()
+    """``--sbatch KEY=VALUE`` passthrough, sorted by key; a None value writes ``--KEY`` alone."""
+
+    def __post_init__(self) -> None:
+        check_text("--job-name", self.job_name)
+        for option, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos),
+                              ("--constraint", self.constraint)):  # fmt: skip
+            _optional_text(option, value)
+        if self.time is not None:
+            check_time(self.time)
+        if self.mem is not None:
+            check_text("--mem", self.mem)
+            if not _MEM.match(self.mem):
+                raise SpecError(f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)")
+        _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
+        if self.signal is not None:
+            check_signal(self.signal)
+        extra = _pairs(self.extra)
+        for key, value in extra:
+            check_sbatch_key(key)
+            if value is not None:
+                check_text(f"--sbatch {key}=", value, allow_empty=True)
+        object.__setattr__(self, "extra", extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSpec:
+    """The setup section of the script: what runs before the rendezvous and launch."""
+
+    setup: tuple[str, ...] = ()
+    """Raw shell lines (``module load cuda/12.4``), run first, in order; the one unquoted input."""
+    venv: str | None = None
+    """Absolute path of a virtualenv to activate (``source VENV/bin/activate``); None: none."""
+    conda_env: str | None = None
+    """Conda environment (name or prefix) to activate; excludes ``venv``."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables exported with these values (quoted), sorted by name; after the NCCL/torch defaults, so they win."""
+    pass_env: tuple[str, ...] = ()
+    """Variables taken by name from the environment that runs sbatch; their values are never written."""
+    debug: bool = False
+    """Export NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and friends."""
+    python: str = "python"
+    """Interpreter name (or path) the script calls for ``-m hpc_hsdp``."""
+
+    def __post_init__(self) -> None:
+        setup = tuple(self.setup)
+        for line in setup:
+            check_text("--setup", line)
+        object.__setattr__(self, "setup", setup)
+        if self.venv is not None:
+            check_text("--venv", self.venv)
+            if not self.venv.startswith("/"):
+                raise SpecError(f"--venv {self.venv!r} is not an absolute path; the job may start elsewhere, give /path/to/venv")
+        _optional_text("--conda-env", self.conda_env)
+        if self.venv is not None and self.conda_env is not None:
+            raise SpecError(
+                f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one (--venv none turns the venv off)"
+            )
+        env = _pairs(self.env)
+        for name, value in env:
+            check_env_name("--env", name)
+            if not isinstance(value, str):
+                raise SpecError(f"--env {name}={value!r}: the value must be a string")
+            check_text(f"--env {name}=", value, allow_empty=True)
+        object.__setattr__(self, "env", env)
+        pass_env = tuple(sorted(set(self.pass_env)))
+        for name in pass_env:
+            check_env_name("--pass-env", name)
+            if name in dict(env):
+                raise SpecError(f"{name} is given both by --env (a value) and --pass-env (by name); keep one")
+        object.__setattr__(self, "pass_env", pass_env)
+        check_text("--python", self.python)
+
+
+LAUNCHERS = ("srun", "torchrun")
+DISTRIBUTIONS = ("block", "cyclic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """How the job step starts the ranks."""
+
+    launcher: str = "srun"
+    """``srun``: one task per GPU; ``torchrun``: one task per node running torchrun with a static rendezvous."""
+    distribution: str = "block"
+    """srun ``--distribution``; ``cyclic`` scrambles SLURM_PROCID, which the node-major layout ignores."""
+    container_image: str | None = None
+    """Pyxis ``--container-image`` for srun; None: no container."""
+    container_mounts: str | None = None
+    """Pyxis ``--container-mounts`` for srun (``/src:/dst,...``)."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise SpecError(f"--launcher {self.launcher!r} is unknown; choose srun or torchrun")
+        if self.distribution not in DISTRIBUTIONS:
+            raise SpecError(f"--distribution {self.distribution!r} is unknown; choose block or cyclic")
+        _optional_text("--container-image", self.container_image)
+        _optional_text("--container-mounts", self.container_mounts)
+        if self.container_mounts is not None and self.container_image is None:
+            raise SpecError("--container-mounts without --container-image; add the image (pyxis mounts into a container)")
+
+
+def likely_tasks_per_node(*, nodes: int, gpus_per_node: int, ntasks: int) -> tuple[int, ...]:
+    """The allocation ``--ntasks`` most likely gets on ``nodes`` nodes of ``gpus_per_node``
+    GPUs: earlier nodes filled first, every node at least one task (e.g. 12 on 2 x 8: 8,4)."""
+    counts = [gpus_per_node] * nodes
+    excess = gpus_per_node * nodes - ntasks
+    for i in reversed(range(nodes)):
+        take = min(excess, counts[i] - 1)
+        counts[i] -= take
+        excess -= take
+    return tuple(counts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A whole job: topology, what runs on each task, the #SBATCH header, setup and launcher.
+
+    ``render_sbatch(spec)`` is a pure function of it; ``submit`` sends that very text.
+    """
+
+    nodes: int = 1
+    """Nodes in the job."""
+    gpus_per_node: int = 8
+    """GPUs per node (``#SBATCH --gpus-per-node``); one task (srun) or one torchrun worker each."""
+    ntasks: int | None = None
+    """Total tasks for an uneven allocation (``#SBATCH --ntasks``, e.g. 12 on 2 nodes: 8,4); None: nodes x GPUs."""
+    run: RunSpec
+    """What ``hpc-hsdp run`` does on each task; its ``run_dir`` must be absolute, logs go to ``run_dir/logs``."""
+    scheduler: SchedulerSpec = SchedulerSpec()
+    """The rest of the #SBATCH header."""
+    environment: EnvironmentSpec = EnvironmentSpec()
+    """Setup lines, activation, exported and passed variables."""
+    launch: LaunchSpec = LaunchSpec()
+    """srun or torchrun, distribution, container."""
+    template: str | None = None
+    """Absolute path of a user's Jinja2 template; None: the packaged ``job.sbatch.j2``."""
+
+    def __post_init__(self) -> None:
+        from hpc_hsdp.errors import TopologyError
+
+        _positive_int("--nodes", self.nodes)
+        _positive_int("--gpus-per-node", self.gpus_per_node)
+        _positive_int("--ntasks", self.ntasks, optional=True)
+        if not isinstance(self.run, RunSpec):
+            raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
+        run_dir = check_text("--run-dir", self.run.run_dir)
+        if not run_dir.startswith("/"):
+            raise SpecError(f"--run-dir {run_dir!r} is not absolute; the job may start in another directory, give /path/to/run")
+        if "%" in run_dir or "\\" in run_dir:
+            raise SpecError(
+                f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; pick a path without them"
+            )
+        if self.template is not None:
+            check_text("--template", self.template)
+            if not self.template.startswith("/"):
+                raise SpecError(f"--template {self.template!r} is not an absolute path")
+        if self.ntasks is not None:
+            if self.launch.launcher == "torchrun":
+                raise SpecError(
+                    f"--ntasks {self.ntasks} with --launcher torchrun: torchrun starts the same number of workers on "
+                    f"every node; use --launcher srun for an uneven allocation"
+                )
+            if not self.nodes <= self.ntasks <= self.nodes * self.gpus_per_node:
+                raise SpecError(
+                    f"--ntasks {self.ntasks} on --nodes {self.nodes} with --gpus-per-node {self.gpus_per_node}: "
+                    f"give between {self.nodes} and {self.nodes * self.gpus_per_node} tasks (one per GPU, each node >= 1)"
+                )
+        try:
+            self.plan  # noqa: B018  (raises TopologyError when nodes, tasks and shard size do not fit)
+        except TopologyError as exc:
+            if self.ntasks is None:
+                raise
+            from hpc_hsdp.topology import format_tasks_per_node
+
+            raise TopologyError(
+                f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
+                f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
+            ) from None
+
+    @property
+    def tasks_per_node(self) -> tuple[int, ...]:
+        """Tasks (GPUs in use) per node; for ``ntasks``, the allocation SLURM most likely gives."""
+        if self.ntasks is None:
+            return (self.gpus_per_node,) * self.nodes
+        return likely_tasks_per_node(nodes=self.nodes, gpus_per_node=self.gpus_per_node, ntasks=self.ntasks)
+
+    @property
+    def plan(self):
+        """The TopologyPlan of the job: the same function ``hpc-hsdp plan`` and the on-node layout use."""
+        from hpc_hsdp.topology import TopologyPlan, plan_for
+
+        if self.ntasks is None:
+            return plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
+        return TopologyPlan(tasks_per_node=self.tasks_per_node, shard_size=self.run.shard_size)
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.tasks_per_node)
+
+    @property
+    def log_dir(self) -> str:
+        """``<run_dir>/logs``: the #SBATCH and srun log files, and submitit's job folder."""
+        return self.run.run_dir.rstrip("/") + "/logs"

@@ -17,13 +17,16 @@ DEV_CLUSTER = ROOT / "scripts" / "dev-cluster"
 @pytest.fixture(autouse=True)
 def _no_leaks():
     """Fail a test that leaves environment variables changed or a process group alive."""
-    before = dict(os.environ)
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     yield
-    after = dict(os.environ)
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     if before != after:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        os.environ.clear()
-        os.environ.update(before)
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                os.environ.pop(key, None)
         pytest.fail(f"test leaked environment changes: {changed}")
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

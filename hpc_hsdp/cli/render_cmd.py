@@ -1,0 +1,71 @@
+"""``hpc-hsdp render``: the sbatch script of a job, from the Jinja2 templates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from hpc_hsdp.cli.job_options import job_options, job_spec_from_options
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.render import render_sbatch
+
+
+@click.command()
+@job_options
+@click.option("-o", "--output", "output_path", default=None, metavar="FILE",
+              help="Write the script here (atomically, mode 0755) instead of to stdout.")
+@click.option("--mkdir/--no-mkdir", "make_log_dir", default=True, show_default=True,
+              help="With -o: create <run-dir>/logs, which sbatch needs to exist before the job starts.")
+def render(output_path, make_log_dir, **kwargs) -> None:  # fmt: skip
+    """Write the sbatch script of a job: the text `hpc-hsdp submit` sends.
+
+    Every option can also come from a TOML config file (--config, $HPC_HSDP_CONFIG) and
+    its [profiles.NAME] tables (--profile, $HPC_HSDP_PROFILE); the command line wins over
+    the file's top level, which wins over the profile.
+
+    \b
+    hpc-hsdp render --nodes 2 --shard 4 --partition gpu --time 02:00:00 -o train.sbatch
+    hpc-hsdp render --nodes 4 --shard 16 --launcher torchrun
+    hpc-hsdp render --config cluster.toml --profile dev --nodes 2 --shard 4
+    """
+    spec = job_spec_from_options(kwargs)
+    text = render_sbatch(spec)
+    if output_path is None:
+        click.echo(text, nl=False)
+        return
+    if make_log_dir:
+        try:
+            os.makedirs(spec.log_dir, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(
+                f"cannot create the log directory {spec.log_dir!r} ({exc.strerror}); "
+                f"choose another --run-dir, or pass --no-mkdir and create it where the job runs"
+            ) from None
+    write_atomically(Path(output_path), text)
+
+
+def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename:
+    readers see the old file or the whole new one, never a partial one."""
+    import tempfile  # only when writing a file: ~3 ms of start-up otherwise
+
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise SpecError(f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is writable") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise SpecError(f"cannot write {str(path)!r} ({exc.strerror})") from None
+        raise

@@ -1,0 +1,193 @@
+"""Config files and profiles: precedence command line > config top level > profile > default."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.render_cmd import render
+from hpc_hsdp.config import load_config, merge_options
+from hpc_hsdp.errors import SpecError
+
+CONFIG = textwrap.dedent("""\
+    nodes = 2
+    shard = 4
+    partition = "top"
+    env = { SHARED = "top", TOP_ONLY = "1" }
+    sbatch = { mail-type = "END" }
+    setup = ["echo top"]
+
+    [profiles.dev]
+    partition = "dev"
+    account = "dev-acct"
+    qos = "dev-qos"
+    gpus-per-node = 4
+    time = "30"
+    env = { SHARED = "dev", DEV_ONLY = "1" }
+    sbatch = { mail-type = "FAIL", overcommit = true }
+    setup = ["module load cuda"]
+    venv = "venvs/dev"
+
+    [profiles.prod]
+    partition = "prod"
+    account = "prod-acct"
+    """)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def spec(argv: list[str], *, environ: dict | None = None, cwd: Path):
+    params = render.make_context("render", ["--run-dir", "/r", *argv]).params
+    return job_spec_from_options(params, environ=environ or {}, cwd=cwd, default_venv=None)
+
+
+PRECEDENCE = [
+    # (argv, environ, field getter, expected)
+    ([], {}, lambda s: s.scheduler.partition, "top"),  # config top level over nothing
+    (["--profile", "dev"], {}, lambda s: s.scheduler.partition, "top"),  # top level over profile
+    (["--profile", "dev", "--partition", "cli"], {}, lambda s: s.scheduler.partition, "cli"),  # cli over all
+    (["--profile", "dev"], {}, lambda s: s.scheduler.account, "dev-acct"),  # profile over default
+    ([], {"HPC_HSDP_PROFILE": "prod"}, lambda s: s.scheduler.account, "prod-acct"),  # profile by env var
+    (["--profile", "dev"], {"HPC_HSDP_PROFILE": "prod"}, lambda s: s.scheduler.account, "dev-acct"),  # flag over env
+    ([], {}, lambda s: s.scheduler.account, None),  # default
+    (["--profile", "dev"], {}, lambda s: s.gpus_per_node, 4),
+    (["--profile", "dev", "--gpus-per-node", "8"], {}, lambda s: s.gpus_per_node, 8),
+    ([], {}, lambda s: s.gpus_per_node, 8),
+    (["--profile", "dev"], {}, lambda s: s.scheduler.time, "30"),
+    (["--profile", "dev"], {}, lambda s: dict(s.environment.env), {"SHARED": "top", "TOP_ONLY": "1", "DEV_ONLY": "1"}),
+    (["--profile", "dev", "--env", "SHARED=cli"], {}, lambda s: dict(s.environment.env)["SHARED"], "cli"),
+    (["--profile", "dev"], {}, lambda s: dict(s.scheduler.extra), {"mail-type": "END", "overcommit": None}),
+    (["--profile", "dev", "--sbatch", "mail-type=ALL"], {}, lambda s: dict(s.scheduler.extra)["mail-type"], "ALL"),
+    (["--profile", "dev", "--setup", "echo cli"], {}, lambda s: s.environment.setup, ("module load cuda", "echo top", "echo cli")),
+    (["--nodes", "4"], {}, lambda s: s.nodes, 4),
+    ([], {}, lambda s: s.run.shard_size, 4),
+]
+
+
+@pytest.mark.parametrize("argv, environ, get, expected", PRECEDENCE)
+def test_precedence(argv, environ, get, expected, config_file: Path, tmp_path: Path) -> None:
+    assert get(spec(["--config", str(config_file), *argv], environ=environ, cwd=tmp_path)) == expected
+
+
+def test_config_by_env_var(config_file: Path, tmp_path: Path) -> None:
+    s = spec([], environ={"HPC_HSDP_CONFIG": str(config_file), "HPC_HSDP_PROFILE": "dev"}, cwd=tmp_path)
+    assert (s.scheduler.partition, s.scheduler.account) == ("top", "dev-acct")
+
+
+def test_relative_config_paths_are_relative_to_the_file(config_file: Path, tmp_path: Path) -> None:
+    s = spec(["--config", str(config_file), "--profile", "dev"], cwd=Path("/"))
+    assert s.environment.venv == str(config_file.parent / "venvs" / "dev")
+
+
+def test_profile_named_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('profile = "a"\nshard = 8\n[profiles.a]\nqos = "from-a"\n[profiles.b]\nqos = "from-b"\n')
+    assert spec(["--config", str(path)], cwd=tmp_path).scheduler.qos == "from-a"
+    assert spec(["--config", str(path)], environ={"HPC_HSDP_PROFILE": "b"}, cwd=tmp_path).scheduler.qos == "from-b"
+
+
+def test_sbatch_false_removes_a_profile_key() -> None:
+    merged = merge_options({"sbatch": {"a": "1", "b": None}}, {"sbatch": {"a": False}})
+    assert merged["sbatch"] == {"b": None}
+
+
+BAD_CONFIGS = [
+    ('nodez = 2\n', ["unknown key 'nodez'", "job.toml"]),
+    ('[profiles.dev]\nparition = "x"\n', ["unknown key 'parition'", "[profiles.dev]", "job.toml"]),
+    ('nodes = "two"\n', ["nodes", "integer"]),
+    ('setup = "module load x"\n', ["setup", "list of strings"]),
+    ('env = { A = true }\n', ["env.A", "string"]),
+    ('exclusive = "yes"\n', ["exclusive", "true or false"]),
+    ('nodes = [\n', ["not valid TOML"]),
+    ('profiles = 3\n', ["profiles"]),
+    ('gpus_per_node = 8\ngpus-per-node = 8\n', ["twice"]),
+]
+
+
+@pytest.mark.parametrize("text, words", BAD_CONFIGS)
+def test_bad_config_files(text: str, words: list[str], tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_config(path)
+    for word in words:
+        assert word in str(exc.value)
+
+
+def test_unknown_profile_lists_the_known_ones(config_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"profile 'nope' is not in .*dev, prod"):
+        spec(["--config", str(config_file), "--profile", "nope"], cwd=tmp_path)
+
+
+def test_bad_config_through_the_command_is_one_line(tmp_path: Path, capsys) -> None:
+    from hpc_hsdp.cli import main
+
+    path = tmp_path / "job.toml"
+    path.write_text("shard = 4\nbogus = 1\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["render", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "bogus" in err and str(path) in err
+
+
+def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
+    """One config setting each option; the result equals the same options on the command line."""
+    path = tmp_path / "all.toml"
+    path.write_text(textwrap.dedent("""\
+        nodes = 2
+        gpus_per_node = 4
+        shard = 2
+        job_name = "all"
+        partition = "p"
+        account = "a"
+        qos = "q"
+        time = "1-00"
+        constraint = "c"
+        exclusive = true
+        mem = "10G"
+        cpus_per_task = 4
+        signal = "TERM@60"
+        requeue = false
+        run_dir = "/r"
+        template = "/nonexistent/is-checked-at-render.j2"
+        ntasks = 8
+        setup = ["echo hi"]
+        env = { A = "1" }
+        pass_env = ["TOKEN"]
+        sbatch = { comment = "c" }
+        launcher = "srun"
+        distribution = "cyclic"
+        entry = "pkg.mod:fn"
+        device = "cpu"
+        timeout = 60
+        container_image = "img"
+        container_mounts = "/a:/b"
+        debug = true
+        venv = "/v"
+        python = "python3"
+        steps = 9
+        lr = 0.01
+        """))
+    from hpc_hsdp.config import OPTION_KINDS, load_config as load
+
+    missing = set(OPTION_KINDS) - set(load(path)) - {"layers", "width", "heads", "seq_len", "batch_size", "vocab_size",
+                                                     "seed", "checkpoint_every", "keep_checkpoints", "conda_env"}
+    assert not missing
+    from_file = spec(["--config", str(path)], cwd=tmp_path)
+    from_cli = spec(["--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--job-name", "all", "--partition", "p",
+                     "--account", "a", "--qos", "q", "--time", "1-00", "--constraint", "c", "--exclusive", "--mem", "10G",
+                     "--cpus-per-task", "4", "--signal", "TERM@60", "--no-requeue", "--ntasks", "8",
+                     "--template", "/nonexistent/is-checked-at-render.j2",
+                     "--setup", "echo hi", "--env", "A=1", "--pass-env", "TOKEN", "--sbatch", "comment=c",
+                     "--launcher", "srun", "--distribution", "cyclic", "--entry", "pkg.mod:fn", "--device", "cpu",
+                     "--timeout", "60", "--container-image", "img", "--container-mounts", "/a:/b", "--debug",
+                     "--venv", "/v", "--python", "python3", "--steps", "9", "--lr", "0.01"], cwd=tmp_path)  # fmt: skip
+    assert from_file == from_cli
