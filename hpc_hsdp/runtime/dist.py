@@ -1,0 +1,271 @@
+"""Process group, DeviceMesh and the realized-group check, from a RankLayout.
+
+``init`` is the one place a task joins the job: it derives the node-major layout from
+SLURM's (or torchrun's) variables, exports RANK/WORLD_SIZE/... for torch, picks the
+device, creates the process group explicitly (NCCL on CUDA, gloo on CPU), builds the
+``("replicate", "shard")`` mesh and checks the groups torch built against the plan on
+every rank. Hung jobs: ``kill -QUIT <pid>`` (or ``scancel --signal=QUIT --full <job>``)
+prints every thread's stack of a rank to its stderr, i.e. its log, and the rank goes on.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hpc_hsdp.errors import HsdpError, SlurmEnvError
+from hpc_hsdp.runtime.files import atomic_write_text
+from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
+from hpc_hsdp.topology import RankLayout, TopologyPlan
+
+MESH_AXES = ("replicate", "shard")
+
+STACK_DUMP_SIGNAL = signal.SIGQUIT
+"""Dumps all threads' stacks (faulthandler). SLURM sends TERM/KILL on cancel and
+USR1/USR2 for preemption warnings (submitit uses USR2); NCCL and gloo use none. QUIT
+would otherwise kill the rank with a core dump; here the rank prints and continues."""
+
+FAULT_RANK_FROM_PROCID = "HPC_HSDP_FAULT_RANK_FROM_PROCID"
+"""Test hook: when set to 1, the torch rank is SLURM_PROCID (the classic mistake) instead of
+the node-major rank, so that under cyclic distribution the realized groups straddle nodes
+and the check must fail on every rank."""
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _require_numpy() -> None:
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        raise HsdpError(
+            "numpy is not installed; torch.distributed's object collectives (the group check, "
+            "torch.distributed.checkpoint) need it: pip install numpy"
+        ) from None
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """The node this task runs on: SLURM's name for it, else the short host name."""
+    return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
+
+
+def pick_device(requested: str, layout: RankLayout) -> tuple[torch.device, str | None]:
+    """The torch device of this task and an optional one-line note."""
+    if requested == "cpu":
+        return torch.device("cpu"), None
+    available = torch.cuda.is_available()
+    if not available:
+        if requested == "cuda":
+            raise HsdpError(
+                f"--device cuda but CUDA is not usable on node {layout.node} (torch.cuda.is_available() is False, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); ask SLURM for GPUs "
+                f"(--gpus-per-node) or run with --device auto or --device cpu"
+            )
+        return torch.device("cpu"), f"note: rank {layout.rank}: CUDA is not available, running on CPU with gloo"
+    index = int(layout.device.split(":")[1]) if layout.device.startswith("cuda") else layout.local_rank
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise HsdpError(
+            f"rank {layout.rank} (local rank {layout.local_rank}) wants cuda:{index} but only {count} GPU(s) are visible "
+            f"on node {layout.node}; start one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
+        )
+    return torch.device("cuda", index), None
+
+
+@dataclass(eq=False)
+class RunContext:
+    """What a rank knows after :func:`init`: its layout, the mesh and the device."""
+
+    layout: RankLayout
+    mesh: DeviceMesh
+    device: torch.device
+    run_dir: Path | None = None
+    realized: list[dict] = field(default_factory=list)
+    """Per rank (index = rank): node, slurm_procid, local_rank, device, shard_group, replicate_group."""
+    spec: object | None = None
+    """The RunSpec when started through ``run_task`` (``hpc-hsdp run`` or submit)."""
+    _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _active: bool = field(default=True, repr=False)
+
+    @property
+    def plan(self) -> TopologyPlan:
+        return self.layout.plan
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if self._active and dist.is_initialized() else self.layout.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Destroy the process group and restore the variables ``init`` exported."""
+        if not self._active:
+            return
+        self._active = False
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            for name, value in self._saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def __enter__(self) -> RunContext:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _group_ranks(mesh: DeviceMesh, axis: str) -> list[int]:
+    return list(dist.get_process_group_ranks(mesh.get_group(axis)))
+
+
+def init(
+    shard_size: int = 1,
+    device: str = "auto",
+    run_dir: str | os.PathLike | None = None,
+    timeout_s: int = 300,
+    *,
+    env: Mapping[str, str] | None = None,
+    verify: bool = True,
+) -> RunContext:
+    """Join the job: process group, ``("replicate", "shard")`` DeviceMesh, verified groups.
+
+    ``env`` is the task's environment (default ``os.environ``): SLURM's variables of an
+    ``srun`` task, or torchrun's. Rank 0 writes ``<run_dir>/layout.json`` when ``run_dir``
+    is given. Raises :class:`HsdpError` on every rank when the realized groups differ
+    from the plan. Call ``ctx.shutdown()`` (or use ``with``) to tear the group down.
+    """
+    env = dict(os.environ if env is None else env)
+    if dist.is_initialized():
+        raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
+    if device not in ("auto", "cpu", "cuda"):
+        raise HsdpError(f"device {device!r} is unknown; choose auto, cpu or cuda")
+    _require_numpy()
+    layout = RankLayout.from_env(env, shard_size=shard_size)
+    if layout.launch_mode == "task-per-node":
+        raise SlurmEnvError(
+            f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
+            f"`hpc-hsdp run` must run once per GPU; start it through the torchrun launcher "
+            f"(srun torchrun --nnodes ... --nproc-per-node {layout.local_world_size} --node-rank $SLURM_NODEID "
+            f"-m hpc_hsdp run ...) or with srun --ntasks-per-node {layout.local_world_size}"
+        )
+    torch_device, note = pick_device(device, layout)
+    torch_env = layout.torch_env()
+    if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
+        torch_env["RANK"] = str(layout.slurm_procid)
+    torch_rank = int(torch_env["RANK"])
+
+    faulthandler.enable()
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True, chain=False)
+
+    saved = {name: os.environ.get(name) for name in torch_env}
+    os.environ.update(torch_env)
+    me = {
+        "rank": torch_rank,
+        "node": node_name(env),
+        "slurm_procid": layout.slurm_procid,
+        "local_rank": layout.local_rank,
+        "device": str(torch_device),
+        "launch_mode": layout.launch_mode,
+    }
+    _note(
+        f"[hpc-hsdp] rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "
+        f"local {layout.local_rank} device {torch_device} shard {list(layout.shard_group)} "
+        f"replicate {list(layout.replicate_group)} pid {os.getpid()} (kill -QUIT {os.getpid()}: stacks)"
+    )
+    if note:
+        _note(note)
+
+    ctx: RunContext | None = None
+    try:
+        if torch_device.type == "cuda":
+            torch.cuda.set_device(torch_device)
+        dist.init_process_group(
+            backend="nccl" if torch_device.type == "cuda" else "gloo",
+            init_method="env://",
+            rank=torch_rank,
+            world_size=layout.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=torch_device if torch_device.type == "cuda" else None,
+        )
+        mesh = init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+        me["shard_group"] = _group_ranks(mesh, "shard")
+        me["replicate_group"] = _group_ranks(mesh, "replicate")
+        realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
+        dist.all_gather_object(realized, me)
+        ctx = RunContext(layout=layout, mesh=mesh, device=torch_device,
+                         run_dir=Path(run_dir) if run_dir is not None else None,
+                         realized=realized, _saved_env=saved)  # fmt: skip
+        if verify:
+            problems = compare_groups(
+                layout.plan,
+                [d["node"] for d in realized],
+                [d["shard_group"] for d in realized],
+                [d["replicate_group"] for d in realized],
+            )
+            if problems:
+                raise GroupMismatchError(mismatch_message(problems, layout.plan))
+        if ctx.run_dir is not None and torch_rank == 0:
+            write_layout(ctx)
+        return ctx
+    except BaseException:
+        if ctx is not None:
+            ctx.shutdown()
+        else:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        raise
+
+
+def write_layout(ctx: RunContext) -> Path:
+    """``<run_dir>/layout.json``: the plan and, per rank, where it ran and its realized groups."""
+    assert ctx.run_dir is not None
+    record = {
+        "plan": ctx.plan.to_dict(),
+        "launch_mode": ctx.layout.launch_mode,
+        "job_id": ctx.layout.job_id,
+        "master_addr": ctx.layout.master_addr,
+        "master_port": ctx.layout.master_port,
+        "backend": dist.get_backend(),
+        "ranks": [
+            {k: d[k] for k in ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group")}
+            for d in ctx.realized
+        ],
+    }
+    path = ctx.run_dir / "layout.json"
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    return path

@@ -1,0 +1,51 @@
+"""Small file helpers of the run directory (rank 0 writes; no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line torn by a crash ends the valid part
+    return records
+
+
+def truncate_metrics(path: str | os.PathLike, *, keep_through_step: int) -> int:
+    """Keep only the records with ``step <= keep_through_step`` (a resumed run rewrites the
+    rest); returns how many records were dropped."""
+    records = read_jsonl(path)
+    kept = [r for r in records if r.get("step", 0) <= keep_through_step]
+    if len(kept) != len(records) or (Path(path).exists() and not records):
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)

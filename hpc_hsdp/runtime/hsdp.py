@@ -1,0 +1,97 @@
+"""Wrap a model for HSDP on the 2-D ``("replicate", "shard")`` mesh.
+
+``wrap_hsdp`` uses FSDP2 (``fully_shard``): each block, then the root; parameters become
+DTensors placed ``(Replicate(), Shard(0))``. ``wrap_hsdp_fsdp1`` is the FSDP1 equivalent
+(``HYBRID_SHARD`` or ``_HYBRID_SHARD_ZERO2``) for code that still needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+BlockSpec = type | tuple[type, ...] | Callable[[nn.Module], bool]
+
+
+def _matcher(block: BlockSpec | None) -> Callable[[nn.Module], bool]:
+    if block is None:
+        return lambda module: False
+    if isinstance(block, type) or (isinstance(block, tuple) and all(isinstance(b, type) for b in block)):
+        return lambda module: isinstance(module, block)
+    if callable(block):
+        return block
+    raise TypeError(f"block={block!r}: give a module class, a tuple of classes or a predicate module -> bool")
+
+
+def _check_mesh(mesh: DeviceMesh) -> None:
+    if mesh.ndim != 2:
+        raise ValueError(f"HSDP needs a 2-D (replicate, shard) mesh; got {mesh.ndim}-D mesh {mesh}")
+
+
+def wrap_hsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    block: BlockSpec | None = None,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """``fully_shard`` every submodule matching ``block`` (innermost first), then the root.
+
+    ``block`` is a module class (e.g. ``TransformerBlock``), a tuple of classes or a
+    predicate. Works on a meta-device model (materialize afterwards with ``to_empty``).
+    Returns ``model``, now an FSDPModule.
+    """
+    _check_mesh(mesh)
+    matches = _matcher(block)
+    policy = mp_policy or MixedPrecisionPolicy()
+    # model.modules() lists parents before children: reversed, nested blocks come first.
+    blocks = [m for m in reversed(list(model.modules())) if m is not model and matches(m)]
+    for module in blocks:
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def wrap_hsdp_fsdp1(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    zero2: bool = False,
+    block: BlockSpec | None = None,
+    mixed_precision=None,
+    device_id: torch.device | int | None = None,
+    **fsdp_kwargs,
+) -> nn.Module:
+    """FSDP1 hybrid sharding on the mesh: ``HYBRID_SHARD`` (or ``_HYBRID_SHARD_ZERO2`` with
+    ``zero2=True``), ``use_orig_params=True``, each ``block`` its own FSDP unit.
+
+    ``device_id`` defaults to the mesh's device: ``cpu`` on CPU, the current CUDA device on GPU.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    _check_mesh(mesh)
+    if device_id is None:
+        device_id = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+    matches = _matcher(block)
+    policy = None
+    if block is not None:
+        from functools import partial
+
+        policy = partial(lambda_auto_wrap_policy, lambda_fn=matches)
+    strategy = ShardingStrategy._HYBRID_SHARD_ZERO2 if zero2 else ShardingStrategy.HYBRID_SHARD
+    fsdp_kwargs.setdefault("use_orig_params", True)
+    return FullyShardedDataParallel(
+        model,
+        sharding_strategy=strategy,
+        device_mesh=mesh,
+        device_id=device_id,
+        auto_wrap_policy=policy,
+        mixed_precision=mixed_precision,
+        **fsdp_kwargs,
+    )
