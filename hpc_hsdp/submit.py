@@ -1,0 +1,384 @@
+"""The one module that talks to the scheduler: submit, state, logs, cancel.
+
+SLURM jobs go through submitit, whose sbatch text is replaced by the script ``render``
+produces for the same spec: only the command each task runs differs (submitit's
+``python -u -m submitit.core._submit <folder>`` in place of ``python -m hpc_hsdp run``),
+so ``hpc-hsdp render`` shows what runs. Without SLURM the local emulator
+(:mod:`hpc_hsdp.local`) runs that same script.
+
+Every job leaves ``<run-dir>/job.json``; a handle is rebuilt from it (or from the job id,
+through a small index in the user's state directory) in any new shell.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_hsdp.errors import HsdpError, SpecError
+
+CLUSTERS = ("auto", "slurm", "local")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+            "DEADLINE")  # fmt: skip
+
+
+class SchedulerError(HsdpError):
+    """The scheduler refused or could not be reached."""
+
+
+def _state_home() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "jobs"
+
+
+def slurm_available(timeout_s: float = 5.0) -> tuple[bool, str]:
+    """Whether ``sbatch`` exists and the controller answers ``scontrol ping``."""
+    if shutil.which("sbatch") is None:
+        return False, "sbatch not found on PATH"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"scontrol ping failed ({exc})"
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        return False, f"the SLURM controller does not answer ({(ping.stdout + ping.stderr).strip()[:120]})"
+    return True, "the SLURM controller answers"
+
+
+def resolve_cluster(choice: str) -> tuple[str, str]:
+    """``auto`` -> ``slurm`` when the controller answers, else ``local``; with a reason line."""
+    if choice not in CLUSTERS:
+        raise SpecError(f"--cluster {choice!r} is unknown; choose auto, slurm or local")
+    if choice == "local":
+        return "local", "running on the local emulator (--cluster local)"
+    up, why = slurm_available()
+    if choice == "slurm":
+        if not up:
+            raise SchedulerError(f"--cluster slurm but {why}; start or reach a SLURM cluster, or use --cluster local")
+        return "slurm", f"submitting to SLURM ({why})"
+    if up:
+        return "slurm", f"submitting to SLURM ({why})"
+    return "local", f"no SLURM here ({why}): running on the local emulator"
+
+
+# ----------------------------------------------------------------------------- what runs on each task
+
+
+def task_function(spec) -> tuple[Callable, tuple]:
+    """The callable (and its arguments) that submitit runs on every task of ``spec``."""
+    if spec.launch.launcher == "torchrun":
+        from hpc_hsdp.runtime.torchrun import launch_torchrun
+
+        return launch_torchrun, (spec.run, spec.gpus_per_node, spec.environment.python)
+    from hpc_hsdp.runtime.entry import run_task
+
+    return run_task, (spec.run,)
+
+
+def _submitit_command(logs_dir: Path) -> str:
+    import shlex
+    import sys
+
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(logs_dir))])
+
+
+def submission_script(spec) -> str:
+    """The exact text that ``submit`` hands to sbatch (and to the emulator) for ``spec``."""
+    from hpc_hsdp.render import render_sbatch
+
+    return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)))
+
+
+# ----------------------------------------------------------------------------- records and handles
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRecord:
+    """What ``<run-dir>/job.json`` holds: enough to find the job again."""
+
+    job_id: str
+    cluster: str
+    """``slurm`` or ``local``."""
+    run_dir: str
+    logs_dir: str
+    job_name: str
+    ntasks: int
+    launcher: str
+    submitted_at: float
+
+    def save(self) -> None:
+        data = self.__dict__.copy()
+        path = Path(self.run_dir) / "job.json"
+        tmp = path.with_name("job.json.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+        index = _state_home()
+        try:
+            index.mkdir(parents=True, exist_ok=True)
+            (index / f"{self.cluster}-{self.job_id}").write_text(self.run_dir)
+        except OSError:
+            pass  # the run directory alone is enough
+
+    @classmethod
+    def load(cls, ref: str) -> JobRecord:
+        """From a run directory, or a job id recorded on this machine."""
+        candidate = Path(ref)
+        if (candidate / "job.json").is_file():
+            path = candidate / "job.json"
+        else:
+            matches = sorted(_state_home().glob(f"*-{ref}")) if ref.replace("_", "").isdigit() else []
+            runs = [Path(m.read_text()) / "job.json" for m in matches]
+            runs = [p for p in runs if p.is_file()]
+            if not runs:
+                raise SpecError(f"{ref!r} is neither a run directory with a job.json nor a job id submitted from this "
+                                f"machine; pass the run directory (--run-dir of the submission)")  # fmt: skip
+            path = runs[-1]
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise SpecError(f"{path} is not a job record written by hpc-hsdp ({exc})") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    state: str
+    exit_code: str | None = None
+    restarts: int = 0
+    reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state.split()[0] in TERMINAL
+
+
+class JobHandle:
+    """State, logs and cancel of one submitted job, SLURM or local."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.record = record
+
+    @classmethod
+    def find(cls, ref: str) -> JobHandle:
+        return cls(JobRecord.load(ref))
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    def status(self) -> JobStatus:
+        if self.record.cluster == "local":
+            from hpc_hsdp.local import LocalJob
+
+            info = LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).info()
+            code = info.get("exit_code")
+            return JobStatus(state=info["state"], exit_code=None if code is None else str(code))
+        return _slurm_status(self.job_id)
+
+    def cancel(self) -> None:
+        if self.record.cluster == "local":
+            from hpc_hsdp.local import LocalJob
+
+            LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).cancel()
+            return
+        done = subprocess.run(["scancel", self.job_id], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SchedulerError(f"scancel {self.job_id} failed: {done.stderr.strip()}")
+
+    def procid_of_rank(self, rank: int) -> int:
+        """SLURM's task id of a node-major rank, from layout.json (they differ under cyclic)."""
+        layout = Path(self.record.run_dir) / "layout.json"
+        if layout.is_file():
+            for entry in json.loads(layout.read_text()).get("ranks", []):
+                if entry.get("rank") == rank and entry.get("slurm_procid") is not None:
+                    return int(entry["slurm_procid"])
+        return rank
+
+    def log_paths(self, rank: int | None = None) -> list[Path]:
+        logs = Path(self.record.logs_dir)
+        if rank is None:
+            return sorted(logs.glob(f"{self.job_id}_*_log.out"), key=_task_index) + sorted(
+                logs.glob(f"{self.job_id}_*_log.err"), key=_task_index
+            )
+        if not 0 <= rank < self.record.ntasks:
+            raise SpecError(f"--rank {rank} is outside this job's ranks 0-{self.record.ntasks - 1}")
+        procid = self.procid_of_rank(rank) if self.record.launcher == "srun" else rank
+        return [logs / f"{self.job_id}_{procid}_log.out", logs / f"{self.job_id}_{procid}_log.err"]
+
+    def failure_summary(self, lines: int = 12) -> str:
+        """The last lines of the first task log that shows an error."""
+        errs = sorted(Path(self.record.logs_dir).glob(f"{self.job_id}_*_log.err"), key=_task_index)
+        markers = ("Traceback", "Error", "error:", "FAILED")
+        scored = []
+        for path in errs:
+            text = path.read_text(errors="replace")
+            if any(m in text for m in markers):
+                first = min(text.find(m) for m in markers if m in text)
+                scored.append((first, path, text))
+        if not scored:
+            return ""
+        # the task whose log shows an error without first being terminated by srun is the cause
+        causes = [s for s in scored if "SIGTERM" not in s[2] and "terminat" not in s[2].lower()] or scored
+        _, path, text = causes[0]
+        tail = "\n".join(text.rstrip().splitlines()[-lines:])
+        return f"--- {path.name} (task {_task_index(path)}) ---\n{tail}"
+
+
+def _task_index(path: Path) -> int:
+    parts = path.name.split("_")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
+
+
+def _slurm_status(job_id: str) -> JobStatus:
+    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True)
+    restarts = _restart_count(job_id)
+    if queued.returncode == 0 and queued.stdout.strip():
+        state, _, reason = queued.stdout.strip().splitlines()[0].partition("|")
+        return JobStatus(state=state, restarts=restarts, reason=None if reason in ("None", "") else reason)
+    acct = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"], capture_output=True,
+                          text=True)  # fmt: skip
+    rows = [r for r in acct.stdout.strip().splitlines() if r]
+    if acct.returncode != 0 or not rows:
+        return JobStatus(state="UNKNOWN", restarts=restarts, reason=(acct.stderr.strip() or "no accounting record")[:200])
+    state, _, code = rows[-1].partition("|")
+    return JobStatus(state=state.split()[0], exit_code=code, restarts=restarts)
+
+
+def _restart_count(job_id: str) -> int:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    for field in shown.stdout.split():
+        if field.startswith("Restarts="):
+            return int(field.split("=", 1)[1])
+    return 0
+
+
+# ----------------------------------------------------------------------------- submission
+
+
+def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
+    """Submit ``spec``; returns the handle, the submitit-style job object and the reason line
+    for the chosen cluster. Nothing is submitted when the spec or cluster is invalid."""
+    _check_entry_importable(spec.run.entry)
+    target, reason = resolve_cluster(cluster)
+    if fn is not None and spec.launch.launcher != "srun":
+        raise SpecError("a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher")
+    func, args = task_function(spec)
+    kwargs = {"fn": fn} if fn is not None else {}
+    logs_dir = Path(spec.log_dir)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    if target == "slurm":
+        _check_partition(spec)
+        job = _submit_slurm(spec, func, args, kwargs)
+        job_id = str(job.job_id)
+    else:
+        job = _submit_local(spec, func, args, kwargs)
+        job_id = job.job_id
+    record = JobRecord(job_id=job_id, cluster=target, run_dir=str(spec.run.run_dir), logs_dir=str(logs_dir),
+                       job_name=spec.scheduler.job_name, ntasks=spec.world_size, launcher=spec.launch.launcher,
+                       submitted_at=time.time())  # fmt: skip
+    record.save()
+    return JobHandle(record), job, reason
+
+
+def _check_entry_importable(entry: str | None) -> None:
+    """The tasks import ``--entry`` with the same environment; catch a typo before submitting."""
+    if entry is None:
+        return
+    import importlib.util
+
+    module = entry.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SpecError(f"--entry {entry!r}: module {module!r} cannot be imported here; install it in the job's "
+                        f"environment or fix the name (module:function)")  # fmt: skip
+
+
+def _check_partition(spec) -> None:
+    if not spec.scheduler.partition:
+        return
+    shown = subprocess.run(["scontrol", "show", "partition", spec.scheduler.partition], capture_output=True, text=True)
+    if shown.returncode != 0:
+        known = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()
+        raise SchedulerError(f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
+                             f"{', '.join(sorted(set(known))) or '(none found)'}")  # fmt: skip
+
+
+def _submit_slurm(spec, func, args, kwargs):
+    import submitit
+
+    script = submission_script(spec)
+
+    class RenderedScriptExecutor(submitit.SlurmExecutor):
+        """submitit, sending the script ``render`` made for this spec."""
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return script
+
+        def _num_tasks(self) -> int:
+            return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
+
+    executor = RenderedScriptExecutor(folder=spec.log_dir)
+    try:
+        return executor.submit(functools.partial(func, **kwargs), *args)
+    except submitit.core.utils.FailedJobError as exc:  # sbatch's own stderr is inside
+        message = " ".join(str(exc).split())
+        raise SchedulerError(f"sbatch refused the job: {message[-400:]}") from None
+
+
+def _submit_local(spec, func, args, kwargs):
+    from submitit.core.utils import DelayedSubmission
+
+    from hpc_hsdp.local import allocation_for, launch_local, new_job_id
+
+    job_id = new_job_id()
+    DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
+    alloc = allocation_for(nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, ntasks=spec.ntasks,
+                           job_name=spec.scheduler.job_name, tasks_per_node=1 if spec.launch.launcher == "torchrun" else None)  # fmt: skip
+    return launch_local(submission_script(spec), alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id)
+
+
+def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
+    """Python API: submit a job with the options of ``hpc-hsdp submit`` (as keyword
+    arguments, ``nodes=2, shard=4, ...``); ``fn(ctx)``, when given, runs on every rank
+    after the mesh is built. Returns submitit's Job (SLURM) or a LocalJob with the same
+    ``job_id``, ``state``, ``done()``, ``wait()``, ``results()``, ``cancel()``."""
+    from hpc_hsdp.cli.job_options import job_spec_from_options
+
+    spec = job_spec_from_options(api_options(options))
+    _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
+    return job
+
+
+# keyword names of the Python API that differ from the click parameter names
+_API_NAMES = {"shard": "shard_size", "time": "time_limit", "env": "env_vars", "sbatch": "sbatch_options"}
+
+
+def api_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :func:`submit` (named like the command-line options, with
+    ``env``/``sbatch`` as dicts) -> the click parameters of ``hpc-hsdp submit``."""
+    from hpc_hsdp.cli.job_options import JOB_OPTION_NAMES
+    from hpc_hsdp.spec import TrainingSpec
+
+    converted: dict[str, Any] = {}
+    for name, value in options.items():
+        key = _API_NAMES.get(name, name)
+        if name in TrainingSpec.__dataclass_fields__:
+            key = f"training_{name}"
+        if key not in JOB_OPTION_NAMES:
+            public = sorted({n.removeprefix("training_") for n in JOB_OPTION_NAMES} | set(_API_NAMES)
+                            - set(_API_NAMES.values()))  # fmt: skip
+            raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(public)}")
+        if key in ("env_vars", "sbatch_options") and isinstance(value, dict):
+            value = tuple(f"{k}={v}" for k, v in value.items())
+        elif key in ("setup", "pass_env") and isinstance(value, str):
+            value = (value,)
+        converted[key] = value
+    return converted
