@@ -46,8 +46,9 @@ def slurm_available(timeout_s: float = 5.0) -> tuple[bool, str]:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol ping failed ({exc})"
-    if ping.returncode != 0 or "UP" not in ping.stdout:
-        return False, f"the SLURM controller does not answer ({(ping.stdout + ping.stderr).strip()[:120]})"
+    if ping.returncode != 0 or " is UP" not in ping.stdout:
+        said = " ".join((ping.stdout + ping.stderr).split())[:120]
+        return False, f"the SLURM controller does not answer: {said}"
     return True, "the SLURM controller answers"
 
 
@@ -64,7 +65,7 @@ def resolve_cluster(choice: str) -> tuple[str, str]:
         return "slurm", f"submitting to SLURM ({why})"
     if up:
         return "slurm", f"submitting to SLURM ({why})"
-    return "local", f"no SLURM here ({why}): running on the local emulator"
+    return "local", f"running on the local emulator: no SLURM here ({why})"
 
 
 # ----------------------------------------------------------------------------- what runs on each task

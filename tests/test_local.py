@@ -1,0 +1,144 @@
+"""The local emulator behind `hpc-hsdp submit --cluster local`: the same script, tasks with
+SLURM's variables, real gloo processes; status, logs and cancel from a new process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.local import expand_pattern
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
+
+TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+
+
+def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**base, **(env or {})})  # fmt: skip
+
+
+def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
+    run = tmp_path / "run"
+    out = hpc("submit", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "4", "--shard", "2",
+              "--distribution", "cyclic", "--steps", "3", "--wait", "--run-dir", str(run), *TINY)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "running on the local emulator" in out.stderr and "COMPLETED" in out.stderr
+    assert "step 3/3" in out.stderr
+    layout = json.loads((run / "layout.json").read_text())
+    ranks = {r["rank"]: r for r in layout["ranks"]}
+    assert layout["plan"]["shard_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [ranks[r]["node"] for r in range(8)] == ["local1"] * 4 + ["local2"] * 4
+    assert ranks[1]["slurm_procid"] == 2 and ranks[4]["slurm_procid"] == 1  # cyclic, as srun deals them
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    status = json.loads(hpc("status", str(run), "--json").stdout)
+    assert status["state"] == "COMPLETED" and status["cluster"] == "local"
+    # the script the emulator ran is the one `submit --dry-run` prints
+    job_id = status["job_id"]
+    dry = hpc("submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--distribution",
+              "cyclic", "--steps", "3", "--run-dir", str(run), *TINY)  # fmt: skip
+    assert (run / "logs" / f"{job_id}_submission.sh").read_text() == dry.stdout
+
+
+def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
+    module = tmp_path / "boom_entry.py"
+    module.write_text("def main(ctx):\n    if ctx.rank == 3:\n        raise RuntimeError('boom on rank 3')\n"
+                      "    import time\n    time.sleep(120)\n")  # fmt: skip
+    run = tmp_path / "run"
+    start = time.monotonic()
+    out = hpc("submit", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--wait",
+              "--entry", "boom_entry:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert time.monotonic() - start < 90  # srun --kill-on-bad-exit ends the step, not the sleep
+    assert "FAILED" in out.stderr and "boom on rank 3" in out.stderr and "task 3" in out.stderr
+
+
+def test_status_logs_cancel_from_a_new_process(tmp_path):
+    run = tmp_path / "run"
+    sub = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2",
+              "--steps", "100000", "--run-dir", str(run), *TINY)  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, hpc("logs", str(run)).stdout
+        time.sleep(0.5)
+    status = json.loads(hpc("status", str(run), "--json").stdout)
+    assert status["state"] == "RUNNING" and status["last_step"]["step"] >= 1
+    logs = hpc("logs", str(run), "--rank", "1")
+    assert logs.returncode == 0 and '"rank": 1' not in logs.stdout and "rank 1" in logs.stdout
+    by_id = hpc("status", status["job_id"])
+    assert by_id.returncode == 0 and "RUNNING" in by_id.stdout
+    assert hpc("cancel", str(run)).returncode == 0
+    deadline = time.monotonic() + 30
+    while json.loads(hpc("status", str(run), "--json").stdout)["state"] != "CANCELLED":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+
+def test_python_api_on_the_emulator(tmp_path):
+    code = f"""
+import json, hpc_hsdp
+def fn(ctx):
+    return [ctx.rank, ctx.layout.node, list(ctx.layout.replicate_group)]
+job = hpc_hsdp.submit(fn, cluster="local", nodes=2, gpus_per_node=2, shard=2, run_dir={str(tmp_path / 'api')!r})
+print(json.dumps(job.results()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results == [[0, "local1", [0, 2]], [1, "local1", [1, 3]], [2, "local2", [0, 2]], [3, "local2", [1, 3]]]
+
+
+def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
+    (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=1\n")
+    out = hpc("submit", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1", "--wait",
+              "--run-dir", str(tmp_path / "run"), *TINY, env={"SLURM_CONF": str(tmp_path / "slurm.conf")})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "running on the local emulator" in out.stderr.splitlines()[0]
+
+
+def test_api_rejects_unknown_option():
+    out = subprocess.run([sys.executable, "-c", "import hpc_hsdp; hpc_hsdp.submit(nodes=1, shard=1, shards=2)"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode != 0 and "unknown option 'shards'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [("/l/%j_%t_log.out", "/l/42_3_log.out"), ("%N-%n.%%", "n2-1.%"), ("plain", "plain")],
+)
+def test_expand_pattern(pattern, expected):
+    assert expand_pattern(pattern, job_id="42", procid=3, node_id=1, node="n2") == expected
+
+
+NO_TORCH = """
+import sys
+from hpc_hsdp.cli import main
+for args in ({args!r}):
+    try:
+        main(args)
+    except SystemExit as exc:
+        assert exc.code in (0, None), (args, exc.code)
+bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+assert not bad, bad[:5]
+print("no torch")
+"""
+
+
+def test_submit_and_status_never_import_torch(tmp_path):
+    run = tmp_path / "run"
+    args = [["submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1",
+             "--run-dir", str(run), "--wait"], ["status", str(run)], ["logs", str(run)],
+            ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)]]  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
+                         timeout=200)  # fmt: skip
+    assert out.returncode == 0 and "no torch" in out.stdout, out.stdout + out.stderr
+    assert Path(run / "layout.json").exists()
