@@ -14,6 +14,7 @@ A collective counts as inter-node when its group spans more than one node.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
@@ -187,3 +188,112 @@ def smallest_fitting_shard(
         if needed <= budget:
             return Fit(shard_size=s, needed_bytes=needed, budget_bytes=budget, gpu_memory=gpu_memory)
     return None
+
+
+ParamsForShard = Callable[[int], tuple[int, int]]
+"""shard size -> (parameters, root parameters) as FSDP2 holds them (padded for that size)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One shard size considered by :func:`recommend`."""
+
+    shard_size: int
+    estimate: Estimate
+    fits: bool
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.estimate.total_bytes
+
+    def to_dict(self) -> dict:
+        e = self.estimate
+        return {"shard_size": self.shard_size, "memory_per_gpu_bytes": e.total_bytes, "fits": self.fits,
+                "intra_node_wire_bytes": e.intra_node_wire_bytes, "inter_node_wire_bytes": e.inter_node_wire_bytes}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate | None
+    """The fitting shard size with the least inter-node traffic; None when none fits."""
+    gpu_memory: int
+    budget_bytes: int
+    """``gpu_memory`` less the activation reserve: what parameters, gradients and optimizer state may use."""
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "recommended_shard_size": self.chosen.shard_size if self.chosen else None,
+            "gpu_memory": self.gpu_memory,
+            "budget_bytes": self.budget_bytes,
+            "activation_reserve": ACTIVATION_RESERVE,
+            "reasons": list(self.reasons),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+def _ranking(c: Candidate) -> tuple[int, int, int, int]:
+    e = c.estimate
+    return (e.inter_node_wire_bytes, e.intra_node_wire_bytes, e.total_bytes, c.shard_size)
+
+
+def recommend(
+    plan: TopologyPlan,
+    *,
+    model_params: int | None = None,
+    gpu_memory: int,
+    root_params: int = 0,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    params_for_shard: ParamsForShard | None = None,
+) -> Recommendation:
+    """The shard size for ``plan``'s nodes that fits ``gpu_memory`` (leaving
+    ``ACTIVATION_RESERVE`` free) and sends the least inter-node traffic per step; ties go
+    to less intra-node traffic, then less memory. Every valid shard size is a candidate.
+    ``params_for_shard`` (e.g. the built-in model's padded counts) replaces
+    ``model_params``/``root_params`` when the count depends on the shard size."""
+    check_model_options(dtype=dtype, optimizer=optimizer)
+    if params_for_shard is None:
+        if model_params is None:
+            raise SpecError("recommend needs --model-params; add e.g. --model-params 7B")
+        params_for_shard = lambda _s: (model_params, root_params)  # noqa: E731
+    budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
+    candidates = []
+    for s in valid_shard_sizes(plan.tasks_per_node):
+        candidate_plan = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names)
+        p, p_root = params_for_shard(s)
+        est = estimate(candidate_plan, model_params=p, root_params=p_root, dtype=dtype, optimizer=optimizer)
+        candidates.append(Candidate(shard_size=s, estimate=est, fits=est.total_bytes <= budget))
+    fitting = [c for c in candidates if c.fits]
+    chosen = min(fitting, key=_ranking) if fitting else None
+    return Recommendation(candidates=tuple(candidates), chosen=chosen, gpu_memory=gpu_memory, budget_bytes=budget,
+                          reasons=tuple(_reasons(candidates, chosen, budget, gpu_memory)))  # fmt: skip
+
+
+def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int, gpu_memory: int) -> list[str]:
+    reserve = f"{format_bytes(budget)} of {format_bytes(gpu_memory)}, {ACTIVATION_RESERVE:.0%} kept for activations"
+    too_big = [c.shard_size for c in candidates if not c.fits]
+    if chosen is None:
+        largest = candidates[-1]
+        return [f"no shard size fits: even --shard {largest.shard_size} needs {format_bytes(largest.needed_bytes)} "
+                f"per GPU for parameters, gradients and optimizer state, more than {reserve}; "
+                f"use more GPUs, bf16, or an optimizer with less state"]  # fmt: skip
+    e = chosen.estimate
+    lines = [f"--shard {chosen.shard_size}: {format_bytes(e.total_bytes)} per GPU fits in {reserve}"]
+    if too_big:
+        lines.append(f"too big for memory: --shard {', '.join(map(str, too_big))}")
+    others = sorted((c for c in candidates if c.fits and c is not chosen), key=_ranking)
+    if others:
+        nxt = others[0].estimate
+        if nxt.inter_node_wire_bytes > e.inter_node_wire_bytes:
+            factor = ("" if e.inter_node_wire_bytes == 0
+                      else f", {nxt.inter_node_wire_bytes / e.inter_node_wire_bytes:.1f}x as much")  # fmt: skip
+            lines.append(f"least inter-node traffic of those that fit: {format_bytes(e.inter_node_wire_bytes)} per step "
+                         f"per GPU; the next best, --shard {others[0].shard_size}, sends "
+                         f"{format_bytes(nxt.inter_node_wire_bytes)}{factor}")  # fmt: skip
+        else:
+            lines.append(f"equal inter-node traffic ({format_bytes(e.inter_node_wire_bytes)} per step per GPU) to "
+                         f"--shard {others[0].shard_size}, and less traffic inside the node "
+                         f"({format_bytes(e.intra_node_wire_bytes)} against {format_bytes(nxt.intra_node_wire_bytes)})")  # fmt: skip
+    return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.estimates import Estimate, Fit, format_bytes
+from hpc_hsdp.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, format_bytes
 from hpc_hsdp.topology import TopologyPlan
 
 
@@ -124,3 +124,35 @@ def plan_svg(plan: TopologyPlan) -> str:
     parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
+    """The recommendation, why, and a table of every shard size considered."""
+    out = []
+    nodes = (f"{plan.nodes} node(s) x {plan.tasks_per_node[0]} GPUs" if len(set(plan.tasks_per_node)) == 1
+             else f"{plan.nodes} nodes ({','.join(map(str, plan.tasks_per_node))} GPUs)")  # fmt: skip
+    first = rec.candidates[0].estimate
+    out.append(f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+               f"{format_bytes(rec.gpu_memory)} per GPU")  # fmt: skip
+    if rec.chosen is not None:
+        out.append(f"recommended: --shard {rec.chosen.shard_size}")
+    else:
+        out.append("recommended: none")
+    out.extend(f"  {reason}" for reason in rec.reasons)
+    out.append("")
+    rows = [("shard", "memory/GPU", "fits?", "intra-node/step", "inter-node/step", "")]
+    for c in rec.candidates:
+        e = c.estimate
+        rows.append((str(c.shard_size), format_bytes(e.total_bytes), "yes" if c.fits else "no",
+                     format_bytes(e.intra_node_wire_bytes), format_bytes(e.inter_node_wire_bytes),
+                     "<- recommended" if c is rec.chosen else ""))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        cells = [row[0].rjust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:5], widths[1:5])] + [row[5]]
+        out.append("  ".join(cells).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths[:5]))
+    out.append(f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
+               f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
+               f"{ACTIVATION_RESERVE:.0%} for activations)")  # fmt: skip
+    return "\n".join(out) + "\n"

@@ -8,28 +8,36 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard
-from hpc_hsdp.planview import plan_svg, plan_text
+from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, recommend, smallest_fitting_shard
+from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
 from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 
 
 @click.command()
 @click.option("--nodes", type=int, default=None, help="Nodes in the job.  [default: 1, or as many as --nodelist names]")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs (one task each) per node.")
-@click.option("--shard", "shard_size", type=int, required=True,
-              help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it.")
+@click.option("--shard", "shard_size", type=int, default=None,
+              help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it. "
+                   "Required unless --recommend.")
 @click.option("--nodelist", default=None, help="Name the nodes as SLURM does, e.g. 'gpu-a[01-02]'.")
 @click.option("--tasks-per-node", "tasks_per_node_text", default=None, metavar="SLURM_TASKS_PER_NODE",
               help="An uneven allocation in SLURM's form, e.g. '8(x2),4'; overrides --nodes/--gpus-per-node.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also draw the layout as an SVG picture into this file.")
-@click.option("--model-params", default=None, help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...).")
+@click.option("--model-params", default=None,
+              help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...), or 'builtin' "
+                   "for the built-in payload's model, e.g. 'builtin:layers=4,width=128' (dim 0 padded as FSDP2 pads it).")
+@click.option("--root-params", default=None,
+              help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]")
 @click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
 @click.option("--optimizer", default="adamw", show_default=True, help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
-def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model_params, dtype,
-         optimizer, gpu_memory) -> None:  # fmt: skip
+@click.option("--recommend", is_flag=True,
+              help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
+                   "with a table of every shard size.")
+def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model_params, root_params,
+         dtype, optimizer, gpu_memory, recommend: bool) -> None:  # fmt: skip
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -40,13 +48,37 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     hpc-hsdp plan --nodes 4 --shard 16 --svg layout.svg
     hpc-hsdp plan --tasks-per-node '8(x2),4' --shard 4 --json
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --dtype bf16 --gpu-memory 80GiB
+    hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     """
-    the_plan = _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text)
-    params = parse_count(model_params) if model_params is not None else None
+    if recommend:
+        if model_params is None:
+            raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
+        if gpu_memory is None:
+            raise SpecError("--recommend needs --gpu-memory (what it must fit in); add e.g. --gpu-memory 80GiB")
+    elif shard_size is None:
+        raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
+    if root_params is not None and model_params is None:
+        raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
+    the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
+    params_for_shard = _params_for_shard(model_params, root_params) if model_params is not None else None
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
-    if memory is not None and params is None:
+    if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
-    est = estimate(the_plan, model_params=params, dtype=dtype, optimizer=optimizer) if params else None
+    if recommend:
+        rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer)
+        if as_json:
+            data = {"recommendation": rec.to_dict()}
+            if rec.chosen is not None:
+                chosen = _build_plan(nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text)
+                data["plan"] = chosen.to_dict()
+                data["estimate"] = rec.chosen.estimate.to_dict()
+            click.echo(json.dumps(data))
+        else:
+            click.echo(recommend_text(rec, the_plan), nl=False)
+        return
+    params, p_root = params_for_shard(the_plan.shard_size) if params_for_shard else (None, 0)
+    est = (estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer)
+           if params else None)  # fmt: skip
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
     if svg_path:
@@ -61,6 +93,51 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         click.echo(json.dumps(data))
     else:
         click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory), nl=False)
+
+
+def recommend_for(the_plan, params_for_shard, memory, dtype, optimizer):
+    return recommend(the_plan, gpu_memory=memory, dtype=dtype, optimizer=optimizer, params_for_shard=params_for_shard)
+
+
+def _params_for_shard(model_params: str, root_params: str | None):
+    """``--model-params``/``--root-params`` -> shard size -> (parameters, root parameters)."""
+    text = model_params.strip()
+    if text.lower() == "builtin" or text.lower().startswith("builtin:"):
+        if root_params is not None:
+            raise SpecError("--root-params with --model-params builtin: the built-in model knows its root; drop --root-params")
+        return _builtin_counts(text.partition(":")[2])
+    params = parse_count(text)
+    p_root = parse_count(root_params, option="--root-params") if root_params is not None else 0
+    if p_root > params:
+        raise SpecError(f"--root-params {root_params!r} is more than --model-params {model_params!r}; the root is part of the model")
+    return lambda _s: (params, p_root)
+
+
+def _builtin_counts(options: str):
+    from dataclasses import asdict, fields
+
+    from hpc_hsdp.runtime.shapes import parameter_counts
+    from hpc_hsdp.spec import TrainingSpec
+
+    known = {f.name.replace("_", "-"): f.name for f in fields(TrainingSpec) if f.name in ("layers", "width", "heads", "seq_len", "vocab_size")}
+    values: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in options.split(","))):
+        key, sep, value = item.partition("=")
+        name = known.get(key.strip().replace("_", "-"))
+        if not sep or name is None:
+            raise SpecError(f"--model-params builtin:{options!r}: {item!r} is not KEY=VALUE with KEY one of "
+                            f"{', '.join(sorted(known))}; write e.g. builtin:layers=4,width=128")  # fmt: skip
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
+    training = asdict(TrainingSpec(**values))
+
+    def counts(shard_size: int) -> tuple[int, int]:
+        c = parameter_counts(**training, shard_size=shard_size)
+        return c.params, c.root_params
+
+    return counts
 
 
 def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text) -> TopologyPlan:

@@ -1,0 +1,133 @@
+"""`hpc-hsdp plan --recommend`: the fitting shard size with the least inter-node traffic."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.estimates import recommend
+from hpc_hsdp.runtime.shapes import parameter_counts
+from hpc_hsdp.topology import TopologyPlan, plan_for
+
+GiB = 2**30
+
+
+def topo(nodes: int, gpus: int) -> TopologyPlan:
+    return plan_for(nodes=nodes, gpus_per_node=gpus, shard_size=1)
+
+
+# (topology, params, gpu memory, dtype, optimizer) -> recommended shard size (None: nothing fits)
+CASES = [
+    # 2 x 8: a node-sized shard group keeps the all-gathers inside the node; only 1/8 of the grads cross
+    ((2, 8), 7 * 10**9, 80 * GiB, "fp32", "adamw", 8),
+    ((2, 8), 7 * 10**9, 80 * GiB, "bf16", "adamw", 8),
+    # fits without sharding on one node: DDP moves least (all nodes tie at 0 inter-node bytes)
+    ((1, 8), 10**8, 80 * GiB, "fp32", "adamw", 1),
+    # one node, too big for S=1 and S=2: the smallest fitting shard moves least inside the node
+    ((1, 8), 7 * 10**9, 40 * GiB, "fp32", "adamw", 4),
+    # 4 x 8, 70B fp32 AdamW (1.12 TB of states): only shard groups spanning nodes fit
+    ((4, 8), 70 * 10**9, 80 * GiB, "fp32", "adamw", 32),
+    ((4, 8), 40 * 10**9, 80 * GiB, "fp32", "adamw", 16),
+    ((4, 8), 30 * 10**9, 80 * GiB, "fp32", "adamw", 8),
+    # nothing fits
+    ((2, 8), 10**12, 80 * GiB, "fp32", "adamw", None),
+    # sgd keeps no state: S=2 fits where AdamW needs S=4
+    ((1, 8), 7 * 10**9, 40 * GiB, "fp32", "sgd", 2),
+]
+
+
+@pytest.mark.parametrize(("nodes_gpus", "params", "memory", "dtype", "optimizer", "expected"), CASES)
+def test_recommendation_table(nodes_gpus, params, memory, dtype, optimizer, expected):
+    rec = recommend(topo(*nodes_gpus), model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
+    assert (rec.chosen.shard_size if rec.chosen else None) == expected
+    fitting = [c for c in rec.candidates if c.fits]
+    assert all(c.needed_bytes <= rec.budget_bytes for c in fitting)
+    assert all(c.needed_bytes > rec.budget_bytes for c in rec.candidates if not c.fits)
+    if rec.chosen is not None:
+        assert rec.chosen.estimate.inter_node_wire_bytes == min(c.estimate.inter_node_wire_bytes for c in fitting)
+        assert rec.reasons[0].startswith(f"--shard {expected}:")
+    else:
+        assert rec.reasons[0].startswith("no shard size fits")
+
+
+def test_candidates_are_every_valid_shard_size_with_numbers():
+    rec = recommend(topo(2, 8), model_params=10**9, gpu_memory=80 * GiB)
+    assert [c.shard_size for c in rec.candidates] == [1, 2, 4, 8, 16]
+    by_size = {c.shard_size: c.to_dict() for c in rec.candidates}
+    assert by_size[16]["intra_node_wire_bytes"] == 0  # the shard group spans both nodes
+    assert by_size[1]["intra_node_wire_bytes"] == 0  # DDP: only the all-reduce over 16, across nodes
+    # 2(R-1)/R * 4P/S over the replicate group: S=8, R=2 -> 4P/8
+    assert by_size[8]["inter_node_wire_bytes"] == 4 * 10**9 // 8
+
+
+def test_builtin_counts_pad_per_shard_size():
+    rec = recommend(topo(2, 8), gpu_memory=GiB,
+                    params_for_shard=lambda s: (lambda c: (c.params, c.root_params))(
+                        parameter_counts(vocab_size=64, seq_len=12, width=32, layers=2, shard_size=s)))  # fmt: skip
+    params = {c.shard_size: c.estimate.model_params for c in rec.candidates}
+    assert params[1] == params[4] == 29952 and params[8] == params[16] == 29952 + 4 * 32
+
+
+def test_unknown_dtype_is_a_spec_error():
+    with pytest.raises(SpecError, match="--dtype"):
+        recommend(topo(1, 8), model_params=10, gpu_memory=GiB, dtype="fp8")
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def hpc(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, env=env)
+
+
+def test_recommend_text_and_json():
+    text = hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB")
+    assert text.returncode == 0, text.stderr
+    assert "recommended: --shard 8" in text.stdout
+    rows = [r for r in (line.split() for line in text.stdout.splitlines()) if len(r) >= 7 and r[3] in ("yes", "no")]
+    assert [r[0] for r in rows] == ["1", "2", "4", "8", "16"]
+    assert "<-" in " ".join(next(r for r in rows if r[0] == "8"))
+    data = json.loads(hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB",
+                          "--json").stdout)  # fmt: skip
+    assert data["recommendation"]["recommended_shard_size"] == 8
+    assert data["plan"]["shard_size"] == 8 and data["estimate"]["model_params"] == 7 * 10**9
+    assert [c["fits"] for c in data["recommendation"]["candidates"]] == [False, True, True, True, True]
+
+
+def test_recommend_builtin_model_and_no_torch():
+    code = ("import sys; from hpc_hsdp.cli import main\n"
+            "try:\n main(['plan','--nodes','2','--recommend','--model-params','builtin:layers=2,width=32',"
+            "'--gpu-memory','1GiB','--json'])\nexcept SystemExit as e:\n assert e.code in (0, None), e.code\n"
+            "assert 'torch' not in sys.modules, 'plan imported torch'\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["recommendation"]["recommended_shard_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--nodes", "2", "--recommend", "--gpu-memory", "80GiB"], "--recommend needs --model-params"),
+        (["--nodes", "2", "--recommend", "--model-params", "7B"], "--recommend needs --gpu-memory"),
+        (["--nodes", "2", "--recommend", "--model-params", "seven", "--gpu-memory", "80GiB"], "is not a count"),
+        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "lots"], "is not a size"),
+        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp8"], "--dtype"),
+        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--optimizer", "lion"], "--optimizer"),
+        (["--nodes", "2"], "Missing option '--shard'"),
+        (["--nodes", "2", "--shard", "4", "--root-params", "1M"], "--root-params needs --model-params"),
+        (["--nodes", "2", "--shard", "4", "--model-params", "1M", "--root-params", "2M"], "more than --model-params"),
+        (["--nodes", "2", "--recommend", "--model-params", "builtin:depth=3", "--gpu-memory", "1GiB"], "builtin"),
+        (["--nodes", "2", "--recommend", "--model-params", "builtin:width=30,heads=4", "--gpu-memory", "1GiB"], "--width"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    out = hpc("plan", *args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
