@@ -80,6 +80,7 @@ OPTION_KINDS: dict[str, str] = {
     "entry": "str",
     "device": "str",
     "timeout": "int",
+    "comm_stats": "bool",
     "container_image": "str",
     "container_mounts": "str",
     "debug": "bool",
@@ -291,6 +292,7 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         entry=o.get("entry"),
         training=training,
         **({"timeout_s": o["timeout"]} if o.get("timeout") is not None else {}),
+        comm_stats=bool(o.get("comm_stats", False)),
     )
     scheduler = SchedulerSpec(
         job_name=job_name,

@@ -14,7 +14,7 @@ never an empty string), ``keep_trailing_newline`` and two quoting filters:
 
 Variables every template gets (a ``--template`` of your own gets the same; it may also
 ``{% extends "job.sbatch.j2" %}`` and override the blocks ``header``, ``setup``,
-``rendezvous``, ``launch``, ``footer``):
+``signals``, ``rendezvous``, ``launch``, ``footer``):
 
 ===================  =====================================================================
 ``spec``             the JobSpec
@@ -25,6 +25,8 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 ``python``           interpreter name the script calls (``spec.environment.python``)
 ``log_dir``          ``<run_dir>/logs``
 ``srun_options``     ``["--kill-on-bad-exit=1", ...]``: srun's options, unquoted (use ``q``)
+``warning_signal``   name of the ``--signal`` warning (``USR2``): exported to the tasks as
+                     ``HPC_HSDP_WARNING_SIGNAL`` and trapped by the batch shell
 ``launch_command``   the shell text srun runs, ready (already quoted): the default
                      ``python -m hpc_hsdp run ...`` / ``bash -c 'exec torchrun ...'``, or
                      the override given to :func:`render_sbatch`
@@ -168,6 +170,24 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     return settings
 
 
+def warning_signal_name(spec: JobSpec) -> str:
+    """The name (``USR2``) of the job's warning signal, from ``--signal [R:|B:]SIG@SECONDS``;
+    the default's when the job has none (the tasks still save on it, e.g. ``scancel --signal``)."""
+    from hpc_hsdp.spec import DEFAULT_SIGNAL
+
+    value = spec.scheduler.signal or DEFAULT_SIGNAL
+    name = value.rsplit(":", 1)[-1].split("@", 1)[0].upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name.isdigit():
+        import signal
+
+        try:
+            name = signal.Signals(int(name)).name[3:]
+        except ValueError:
+            pass
+    return name
+
+
 def srun_options(spec: JobSpec) -> list[str]:
     """srun's options, unquoted, one per item (``--output=...``: one word each)."""
     opts = ["--kill-on-bad-exit=1", "--unbuffered", f"--distribution={spec.launch.distribution}"]
@@ -237,6 +257,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "python": spec.environment.python,
         "log_dir": spec.log_dir,
         "srun_options": srun_options(spec),
+        "warning_signal": warning_signal_name(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
 

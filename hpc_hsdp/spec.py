@@ -87,8 +87,13 @@ class RunSpec:
     """Options of the built-in payload."""
     timeout_s: int = 300
     """Process-group timeout for collectives, in seconds."""
+    comm_stats: bool = False
+    """Record every rank's collectives per step (kind, mesh axis, tensor and wire bytes,
+    intra-/inter-node); rank 0 adds the totals to metrics.jsonl as ``comm``."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.comm_stats, bool):
+            raise SpecError(f"--comm-stats {self.comm_stats!r} must be true or false")
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise SpecError(f"--shard {self.shard_size!r} must be a positive integer such as 4")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -106,6 +111,8 @@ class RunSpec:
             args += ["--entry", self.entry]
         if self.timeout_s != 300:
             args += ["--timeout", str(self.timeout_s)]
+        if self.comm_stats:
+            args.append("--comm-stats")
         return args + self.training.to_args()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -77,9 +78,9 @@ def task_function(spec) -> tuple[Callable, tuple]:
         from hpc_hsdp.runtime.torchrun import launch_torchrun
 
         return launch_torchrun, (spec.run, spec.gpus_per_node, spec.environment.python)
-    from hpc_hsdp.runtime.entry import run_task
+    from hpc_hsdp.runtime.entry import task_main
 
-    return run_task, (spec.run,)
+    return task_main, (spec.run,)
 
 
 def _submitit_command(logs_dir: Path) -> str:
@@ -211,23 +212,90 @@ class JobHandle:
         procid = self.procid_of_rank(rank) if self.record.launcher == "srun" else rank
         return [logs / f"{self.job_id}_{procid}_log.out", logs / f"{self.job_id}_{procid}_log.err"]
 
+    def rank_of_task(self, task: int) -> int | None:
+        """The node-major rank of SLURM task ``task`` (srun launcher), from layout.json."""
+        if self.record.launcher != "srun":
+            return None
+        layout = Path(self.record.run_dir) / "layout.json"
+        if layout.is_file():
+            for entry in json.loads(layout.read_text()).get("ranks", []):
+                if entry.get("slurm_procid") == task:
+                    return int(entry["rank"])
+        return task
+
     def failure_summary(self, lines: int = 12) -> str:
-        """The last lines of the first task log that shows an error."""
-        errs = sorted(Path(self.record.logs_dir).glob(f"{self.job_id}_*_log.err"), key=_task_index)
+        """Which rank failed first and how, with the last lines of its log.
+
+        The cause is the first task srun reports as failed in the batch log of the latest
+        run (``srun: error: n2: task 3: Killed`` for a SIGKILL, ``... Exited with exit code
+        1`` for a raise; the emulator's ``srun (emulator): task 3 exited with code -9``);
+        tasks srun terminated afterwards, and errors that only say a peer went away, are
+        effects. Without such a line: the first task log with an error of its own."""
+        logs = Path(self.record.logs_dir)
+        batch = logs / f"{self.job_id}_0_log.err"
+        cause = _first_failed_task(_latest_run(batch.read_text(errors="replace"))) if batch.is_file() else None
+        if cause is not None:
+            task, node, what = cause
+            rank = self.rank_of_task(task)
+            who = f"rank {rank} (task {task}{f' on {node}' if node else ''})" if rank is not None else f"task {task}"
+            head = f"{who} failed first: {what}"
+            path = logs / f"{self.job_id}_{task}_log.err"
+            text = _latest_run(path.read_text(errors="replace")) if path.is_file() else ""
+            if task == 0:  # task 0's stderr is the batch log: keep the task's own lines
+                text = "\n".join(line for line in text.splitlines() if not line.startswith(("srun", "slurmstepd")))
+            tail = "\n".join(text.rstrip().splitlines()[-lines:])
+            return f"{head}\n--- {path.name} ---\n{tail}" if tail else head
+        errs = sorted(logs.glob(f"{self.job_id}_*_log.err"), key=_task_index)
         markers = ("Traceback", "Error", "error:", "FAILED")
         scored = []
         for path in errs:
-            text = path.read_text(errors="replace")
+            text = _latest_run(path.read_text(errors="replace"))
             if any(m in text for m in markers):
                 first = min(text.find(m) for m in markers if m in text)
                 scored.append((first, path, text))
         if not scored:
             return ""
-        # the task whose log shows an error without first being terminated by srun is the cause
-        causes = [s for s in scored if "SIGTERM" not in s[2] and "terminat" not in s[2].lower()] or scored
-        _, path, text = causes[0]
+        # the task whose log shows an error of its own, not one about a peer or srun terminating it, is the cause
+        causes = [s for s in scored if not any(m in s[2] for m in _EFFECT_MARKERS) and "terminat" not in s[2].lower()]
+        _, path, text = (causes or scored)[0]
         tail = "\n".join(text.rstrip().splitlines()[-lines:])
         return f"--- {path.name} (task {_task_index(path)}) ---\n{tail}"
+
+
+_EFFECT_MARKERS = ("SIGTERM", "Connection closed by peer", "Connection reset by peer", "remote process exited",
+                   "Broken pipe", "DistNetworkError")  # fmt: skip
+_RUN_START = "hpc-hsdp: job "  # the batch script's first stderr line of each run: "hpc-hsdp: job N starts (restart R)"
+_TASK_START = "[hpc-hsdp] rank "  # a task's first line of each run (runtime.dist.init)
+_SRUN_TASK_FAILED = re.compile(
+    r"^srun: error: (?P<node>[^:\s]+): task (?P<task>\d+): (?P<what>.+)$"
+    r"|^srun \(emulator\): task (?P<etask>\d+) exited with code (?P<code>-?\d+)",
+    re.MULTILINE,
+)
+
+
+def _latest_run(text: str) -> str:
+    """The part of an appended log written by the latest run of a (requeued) job."""
+    for marker in (_RUN_START, _TASK_START):
+        at = text.rfind("\n" + marker)
+        if at >= 0 or text.startswith(marker):
+            return text[at + 1 :] if at >= 0 else text
+    return text
+
+
+def _first_failed_task(batch_log: str) -> tuple[int, str | None, str] | None:
+    """(task, node, what happened) of the first task srun reports as failed, not terminated by it."""
+    for match in _SRUN_TASK_FAILED.finditer(batch_log):
+        if match.group("task") is not None:
+            what = match.group("what").strip()
+            if what.startswith("Terminated"):
+                continue  # srun ended it after another task failed
+            if what == "Killed":
+                what = "killed by SIGKILL (kill -9, the out-of-memory killer, or the node) | " + match.group(0)
+            return int(match.group("task")), match.group("node"), what
+        code = int(match.group("code"))
+        what = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return int(match.group("etask")), None, what + " | " + match.group(0).split(";")[0]
+    return None
 
 
 def _task_index(path: Path) -> int:
@@ -251,11 +319,27 @@ def _slurm_status(job_id: str) -> JobStatus:
 
 
 def _restart_count(job_id: str) -> int:
+    """How often SLURM restarted the job: ``Restarts=`` of ``scontrol show job`` while the
+    controller knows it, else the REQUEUED rows of ``sacct -D`` (22.05's sacct has no Restarts)."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
     for field in shown.stdout.split():
         if field.startswith("Restarts="):
             return int(field.split("=", 1)[1])
-    return 0
+    acct = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
+
+
+def requeue_job(job_id: str, *, timeout_s: float = 30.0) -> tuple[bool, str]:
+    """``scontrol requeue <job_id>``, from inside the job: rank 0 calls it after every rank
+    saved on the warning signal (:mod:`hpc_hsdp.runtime.preemption`). SLURM then ends this
+    run (SIGTERM, SIGKILL after KillWait) and starts the job again with the same id and
+    ``SLURM_RESTART_COUNT`` + 1. Never raises: returns (requeued, what scontrol said)."""
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"scontrol requeue could not run ({exc})"
+    said = " ".join((done.stdout + done.stderr).split())
+    return done.returncode == 0, said or f"exit code {done.returncode}"
 
 
 # ----------------------------------------------------------------------------- submission

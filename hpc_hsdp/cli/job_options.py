@@ -36,6 +36,7 @@ JOB_OPTION_NAMES = (
     "config", "profile", "nodes", "gpus_per_node", "shard_size", "ntasks", "job_name", "partition", "account", "qos",
     "time_limit", "constraint", "exclusive", "mem", "cpus_per_task", "signal", "requeue", "run_dir", "setup",
     "env_vars", "pass_env", "sbatch_options", "launcher", "distribution", "entry", "device", "timeout",
+    "comm_stats",
     "container_image", "container_mounts", "debug", "venv", "conda_env", "python", "template",
     *(f"training_{name}" for name in TrainingSpec.__dataclass_fields__),
 )  # fmt: skip
@@ -84,6 +85,8 @@ def job_options(command):
                      help="Your training function, called on every rank.  [default: the built-in payload]"),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Device of each rank.  [default: auto]"),
         click.option("--timeout", type=int, default=None, metavar="SECONDS", help="Process-group timeout.  [default: 300]"),
+        click.option("--comm-stats/--no-comm-stats", default=None,
+                     help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.  [default: no]"),
         click.option("--container-image", default=None, help="Pyxis container image for srun."),
         click.option("--container-mounts", default=None, help="Pyxis container mounts for srun (/src:/dst,...)."),
         click.option("--debug/--no-debug", default=None, help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, ...  [default: no]"),

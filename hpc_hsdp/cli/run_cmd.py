@@ -18,8 +18,10 @@ from hpc_hsdp.spec import RunSpec
               "instead of the built-in payload, e.g. mypkg.train:main.")
 @click.option("--timeout", "timeout_s", type=int, default=300, show_default=True,
               help="Process-group timeout for collectives, in seconds.")
+@click.option("--comm-stats", is_flag=True, help="Record each step's collectives (bytes per mesh axis, "
+              "intra-/inter-node) in metrics.jsonl as 'comm'.")
 @training_options
-def run(shard_size, run_dir, device, entry, timeout_s, **kwargs) -> None:
+def run(shard_size, run_dir, device, entry, timeout_s, comm_stats, **kwargs) -> None:
     """On each task: process group, DeviceMesh ("replicate", "shard"), verified groups, train.
 
     Start it once per GPU: `srun hpc-hsdp run --shard 4 --run-dir runs/x`, or under
@@ -29,12 +31,12 @@ def run(shard_size, run_dir, device, entry, timeout_s, **kwargs) -> None:
     """
     training = training_from_kwargs(kwargs)
     spec = RunSpec(shard_size=shard_size, run_dir=run_dir, device=device, entry=entry, training=training,
-                   timeout_s=timeout_s)  # fmt: skip
-    from hpc_hsdp.runtime.entry import run_task  # torch loads here, not on `hpc-hsdp --help`
+                   timeout_s=timeout_s, comm_stats=comm_stats)  # fmt: skip
+    from hpc_hsdp.runtime.entry import task_main  # torch loads here, not on `hpc-hsdp --help`
     from hpc_hsdp.runtime.verify import GroupMismatchError
 
     try:
-        run_task(spec)
+        task_main(spec)  # exits 0/75 after a signal stop (see hpc_hsdp.runtime.preemption)
     except GroupMismatchError as exc:
         click.echo(f"hpc-hsdp: {exc}", err=True)  # the table, before main's one-line error
         raise

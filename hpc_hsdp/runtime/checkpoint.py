@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.files import atomic_write_text
 
 COMPLETE = "COMPLETE"
@@ -70,6 +71,7 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    faults.in_save(dist.get_rank(), step)  # test hook: a rank dies with the checkpoint half written
     dist.barrier()  # every rank's files are written
     if rank0:
         atomic_write_text(tmp / TRAIN_STATE, json.dumps(dict(train_state, step=step), indent=1) + "\n")

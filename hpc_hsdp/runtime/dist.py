@@ -97,6 +97,12 @@ class RunContext:
     """Per rank (index = rank): node, slurm_procid, local_rank, device, shard_group, replicate_group."""
     spec: object | None = None
     """The RunSpec when started through ``run_task`` (``hpc-hsdp run`` or submit)."""
+    comm_stats: object | None = None
+    """The active :class:`~hpc_hsdp.runtime.comm_stats.CommStats` recorder (``init(comm_stats=True)``);
+    None: collectives are not wrapped at all."""
+    preemption: object | None = None
+    """The task's :class:`~hpc_hsdp.runtime.preemption.Preemption` (set by ``run_task``): signal
+    flags; ``ctx.preemption.should_stop(step)`` at a step boundary agrees on them (collective)."""
     _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
     _active: bool = field(default=True, repr=False)
 
@@ -127,6 +133,8 @@ class RunContext:
         if not self._active:
             return
         self._active = False
+        if self.comm_stats is not None:
+            self.comm_stats.close()
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -156,6 +164,7 @@ def init(
     *,
     env: Mapping[str, str] | None = None,
     verify: bool = True,
+    comm_stats: bool = False,
 ) -> RunContext:
     """Join the job: process group, ``("replicate", "shard")`` DeviceMesh, verified groups.
 
@@ -163,6 +172,8 @@ def init(
     ``srun`` task, or torchrun's. Rank 0 writes ``<run_dir>/layout.json`` when ``run_dir``
     is given. Raises :class:`HsdpError` on every rank when the realized groups differ
     from the plan. Call ``ctx.shutdown()`` (or use ``with``) to tear the group down.
+    ``comm_stats=True`` records every collective until shutdown (``ctx.comm_stats.take()``:
+    the totals since the last take; the built-in payload logs them per step).
     """
     env = dict(os.environ if env is None else env)
     if dist.is_initialized():
@@ -236,6 +247,10 @@ def init(
                 raise GroupMismatchError(mismatch_message(problems, layout.plan))
         if ctx.run_dir is not None and torch_rank == 0:
             write_layout(ctx)
+        if comm_stats:
+            from hpc_hsdp.runtime.comm_stats import for_context
+
+            ctx.comm_stats = for_context(ctx).__enter__()
         return ctx
     except BaseException:
         if ctx is not None:

@@ -1,7 +1,9 @@
 """What every task runs: ``hpc-hsdp run`` on srun/torchrun, and ``submit`` through submitit.
 
-``run_task`` joins the job (:func:`hpc_hsdp.runtime.dist.init`), runs ``fn(ctx)``, the
-``--entry`` function or the built-in payload, and always tears the process group down.
+``run_task`` installs the task's signal handlers (preemption), joins the job
+(:func:`hpc_hsdp.runtime.dist.init`), runs ``fn(ctx)``, the ``--entry`` function or the
+built-in payload, requeues when a warning signal stopped the run, and always tears the
+process group down. ``task_main`` turns a signal stop into the task's exit status.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.runtime.preemption import Preemption
 from hpc_hsdp.spec import RunSpec
 
 
@@ -27,20 +30,62 @@ def resolve_entry(entry: str) -> Callable:
     return fn
 
 
-def run_task(spec: RunSpec, *, fn: Callable | None = None, env: Mapping[str, str] | None = None):
+def run_task(
+    spec: RunSpec,
+    *,
+    fn: Callable | None = None,
+    env: Mapping[str, str] | None = None,
+    preemption: Preemption | None = None,
+):
     """Run one task of the job; returns ``fn``'s / the entry's result or the payload's summary
-    (``{"rank", "world_size", "shard_size", "start_step", "steps", "final_loss", "stopped"}``)."""
-    from hpc_hsdp.runtime.dist import init
+    (``{"rank", "world_size", "shard_size", "start_step", "steps", "final_loss", "stopped",
+    "stop_reason"}``).
 
-    if fn is None and spec.entry is not None:
-        fn = resolve_entry(spec.entry)
-    ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=os.environ if env is None else env)
+    First of all it installs the task's signal handlers (:mod:`hpc_hsdp.runtime.preemption`,
+    replacing submitit's) and the test hooks (:mod:`hpc_hsdp.runtime.faults`) from ``env``.
+    When the ranks stopped on a signal, ``preemption.finish`` runs (rank 0 requeues on the
+    warning signal) before the process group is torn down; ``preemption.exit_code()`` then
+    says how the task should exit (see :func:`task_main`).
+    """
+    from hpc_hsdp.runtime import faults
+
+    env = os.environ if env is None else env
+    preemption = preemption if preemption is not None else Preemption(env)
+    preemption.install()  # before torch loads: a signal during start-up is recorded, not fatal
+    faults.install(env)
     try:
-        ctx.spec = spec
-        if fn is None:
-            from hpc_hsdp.runtime.train import payload
+        from hpc_hsdp.runtime.dist import init
 
-            return payload(ctx)
-        return fn(ctx)
+        if fn is None and spec.entry is not None:
+            fn = resolve_entry(spec.entry)
+        ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=env,
+                   comm_stats=getattr(spec, "comm_stats", False))
+        try:
+            ctx.spec = spec
+            ctx.preemption = preemption
+            if fn is None:
+                from hpc_hsdp.runtime.train import payload
+
+                result = payload(ctx)
+            else:
+                result = fn(ctx)
+            preemption.finish(rank=ctx.rank)  # collective; nothing to do when no stop was agreed
+            return result
+        finally:
+            ctx.shutdown()
     finally:
-        ctx.shutdown()
+        faults.clear()
+        preemption.uninstall()
+
+
+def task_main(spec: RunSpec, *, fn: Callable | None = None):
+    """What every task of a job runs (``hpc-hsdp run``; submitit's wrapper under ``submit``):
+    :func:`run_task`, then, when the ranks stopped on a signal, exit without a result
+    (SystemExit: submitit writes no result file, the job is not done) with status 0
+    (requeued, or SLURM is ending the job) or 75 (stopped, not requeued: resubmit to resume)."""
+    preemption = Preemption(os.environ)
+    result = run_task(spec, fn=fn, preemption=preemption)
+    code = preemption.exit_code()
+    if code is not None:
+        raise SystemExit(code)
+    return result

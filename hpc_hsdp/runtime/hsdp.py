@@ -38,22 +38,28 @@ def wrap_hsdp(
     *,
     block: BlockSpec | None = None,
     mp_policy: MixedPrecisionPolicy | None = None,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | None = None,
 ) -> nn.Module:
     """``fully_shard`` every submodule matching ``block`` (innermost first), then the root.
 
     ``block`` is a module class (e.g. ``TransformerBlock``), a tuple of classes or a
     predicate. Works on a meta-device model (materialize afterwards with ``to_empty``).
     Returns ``model``, now an FSDPModule.
+
+    ``reshard_after_forward``: None (default) or True reshards each block after its forward
+    and keeps the root's parameters (backward needs them first: no re-gather of the root),
+    as FSDP2's own default does; False keeps every unit's parameters (ZeRO-2-like).
     """
     _check_mesh(mesh)
     matches = _matcher(block)
     policy = mp_policy or MixedPrecisionPolicy()
     # model.modules() lists parents before children: reversed, nested blocks come first.
     blocks = [m for m in reversed(list(model.modules())) if m is not model and matches(m)]
+    block_reshard = True if reshard_after_forward is None else reshard_after_forward
+    root_reshard = None if reshard_after_forward in (None, True) else reshard_after_forward
     for module in blocks:
-        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=block_reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=root_reshard)
     return model
 
 

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from hpc_hsdp.runtime.shapes import ParameterCounts, builtin_shapes
+from hpc_hsdp.runtime.shapes import parameter_counts as _parameter_counts
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -32,6 +35,14 @@ class ModelConfig:
     def from_training(cls, training) -> ModelConfig:
         return cls(vocab_size=training.vocab_size, seq_len=training.seq_len, width=training.width,
                    heads=training.heads, layers=training.layers)  # fmt: skip
+
+
+def parameter_counts(cfg: ModelConfig, *, shard_size: int = 1) -> ParameterCounts:
+    """Parameters and root parameters of the built-in model on a shard group of ``shard_size``
+    (dim 0 padded as FSDP2 pads it). The one helper the estimates, ``plan`` and tests use;
+    pure (in ``runtime/shapes.py``) so that ``plan`` needs no torch."""
+    return _parameter_counts(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, width=cfg.width, layers=cfg.layers,
+                             shard_size=shard_size)  # fmt: skip
 
 
 class SelfAttention(nn.Module):

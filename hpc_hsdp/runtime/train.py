@@ -10,11 +10,14 @@ ranks), ``tokens_per_s`` (global tokens / step wall time on rank 0), ``step_time
 ``peak_mem_bytes`` with ``peak_mem_kind``: ``cuda_max_allocated`` on GPU, on CPU
 ``ru_maxrss`` (rank 0's resident-set high-water mark, which includes the Python
 interpreter and torch; glibc keeps freed memory, so it only grows), ``world_size``,
-``shard_size``, ``num_replicas``, ``wall_time`` (Unix time) and ``elapsed_s``.
+``shard_size``, ``num_replicas``, ``wall_time`` (Unix time) and ``elapsed_s``; with
+``--comm-stats``, ``comm``: the step's collectives of rank 0 per mesh axis (see
+``runtime/comm_stats.py``).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -25,11 +28,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from hpc_hsdp.runtime import checkpoint
+from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.data import rank_batch
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
+from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.model import ModelConfig, Transformer, TransformerBlock, build_model, init_parameters, loss_fn
 from hpc_hsdp.spec import TrainingSpec
 
@@ -47,7 +51,9 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)
     """Global mean loss of each step this run did."""
     stopped: bool = False
-    """True when ``stop_requested()`` ended the run before ``steps``."""
+    """True when ``stop_requested()`` or a signal (``ctx.preemption``) ended the run before ``steps``."""
+    stop_reason: str | None = None
+    """``"USR2"`` (the warning signal), ``"TERM"``, ``"requested"`` (``stop_requested()``) or None."""
 
     def summary(self, ctx: RunContext) -> dict:
         last = self.losses.get(self.last_step)
@@ -59,6 +65,7 @@ class TrainResult:
             "steps": self.last_step,
             "final_loss": last,
             "stopped": self.stopped,
+            "stop_reason": self.stop_reason,
         }
 
 
@@ -93,8 +100,9 @@ def train(
     verbose: bool = True,
 ) -> TrainResult:
     """Train the built-in model to ``training.steps`` (resuming from ``ctx.run_dir``'s newest
-    complete checkpoint). ``stop_requested()`` is checked at every step boundary; it must
-    answer the same on every rank. ``on_step(step, metrics)`` runs on every rank after
+    complete checkpoint). At every step boundary the ranks agree on the task signals
+    (``ctx.preemption.should_stop``: one all_reduce) and ``stop_requested()`` is asked (it
+    must answer the same on every rank); on a stop every rank saves a checkpoint. ``on_step(step, metrics)`` runs on every rank after
     each step (metrics: the step's record; loss is the global mean)."""
     if training is None:
         training = getattr(ctx.spec, "training", None) or TrainingSpec()
@@ -109,8 +117,10 @@ def train(
             state = checkpoint.load(found[1], model, optimizer)
             start_step = int(state["step"])
             if ctx.is_rank0 and verbose:
-                print(f"[hpc-hsdp] resumed from {found[1]} (step {start_step}, saved on mesh "
-                      f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)})", flush=True)  # fmt: skip
+                restart = getattr(ctx.preemption, "restart_count", None)
+                restart = restart if restart is not None else restart_count(os.environ)
+                print(f"[hpc-hsdp] resumed from step {start_step} (restart {restart}): {found[1]}, saved on mesh "
+                      f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}", flush=True)  # fmt: skip
     metrics_path = run_dir / "metrics.jsonl" if run_dir is not None else None
     if metrics_path is not None and ctx.is_rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -138,11 +148,23 @@ def train(
             print(f"[hpc-hsdp] checkpoint {path}", flush=True)
 
     model.train()
+    preemption = ctx.preemption
     for step in range(start_step + 1, training.steps + 1):
-        if stop_requested is not None and stop_requested():
-            result.stopped = True
+        # every rank calls the agreement every step (a collective), before anything else
+        if preemption is not None and preemption.should_stop(step - 1, device=ctx.device):
+            result.stopped, result.stop_reason = True, preemption.stop_reason
+            if ctx.is_rank0 and verbose:
+                got = ", ".join(f"{name} {time.time() - at:.2f} s ago" for name, at in preemption.received.items())
+                print(f"[hpc-hsdp] {result.stop_reason}: every rank stops after step {step - 1} and saves "
+                      f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
             break
+        if stop_requested is not None and stop_requested():
+            result.stopped, result.stop_reason = True, "requested"
+            break
+        faults.at_step(rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
         t0 = time.perf_counter()
+        if ctx.comm_stats is not None:
+            ctx.comm_stats.reset()
         inputs, targets = rank_batch(seed=training.seed, step=step, rank=rank, world_size=world,
                                      batch_size=training.batch_size, seq_len=training.seq_len,
                                      vocab_size=training.vocab_size)  # fmt: skip
@@ -169,6 +191,8 @@ def train(
             "wall_time": time.time(),
             "elapsed_s": time.time() - began,
         }
+        if ctx.comm_stats is not None:
+            record["comm"] = ctx.comm_stats.take()
         result.losses[step] = global_loss
         result.last_step = step
         if ctx.is_rank0:

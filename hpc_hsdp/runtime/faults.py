@@ -1,0 +1,97 @@
+"""Test hooks: injected faults, read from the task's environment. All of them, in one place.
+
+They exist so that tests (and people checking a cluster) can make a rank fail in a
+precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch rank,
+``<step>`` an optimizer step (1-based).
+
+``HPC_HSDP_FAULT_RAISE_AT=<rank>:<step>``
+    that rank raises :class:`InjectedFault` at the start of that step.
+``HPC_HSDP_FAULT_KILL_AT=<rank>:<step>``
+    that rank sends itself SIGKILL at the start of that step.
+``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
+    that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
+    its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
+    every rank sleeps that long in every step, so that a tiny job lasts long enough for a
+    test to signal it mid-training.
+
+(``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` is the other hook.)
+:func:`install` is called by ``run_task`` with the task's environment; ``clear`` undoes it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
+KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
+KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
+STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``HPC_HSDP_FAULT_RAISE_AT``."""
+
+
+def _rank_step(env: Mapping[str, str], name: str) -> tuple[int, int] | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    rank, sep, step = value.partition(":")
+    if not sep or not rank.strip().isdigit() or not step.strip().isdigit():
+        raise ValueError(f"{name}={value!r} is not <rank>:<step>; write e.g. {name}=3:5")
+    return int(rank), int(step)
+
+
+@dataclass(frozen=True)
+class Faults:
+    raise_at: tuple[int, int] | None = None
+    kill_at: tuple[int, int] | None = None
+    kill_in_save: tuple[int, int] | None = None
+    step_delay_s: float = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Faults:
+        delay = env.get(STEP_DELAY_S, "").strip()
+        return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
+                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0)  # fmt: skip
+
+
+_active = Faults()
+
+
+def install(env: Mapping[str, str]) -> Faults:
+    global _active
+    _active = Faults.from_env(env)
+    return _active
+
+
+def clear() -> None:
+    global _active
+    _active = Faults()
+
+
+def _kill_self(what: str) -> None:
+    print(f"[hpc-hsdp] fault injected: {what}: SIGKILL at {time.time():.3f} (test hook)", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def at_step(rank: int, step: int) -> None:
+    """Called by the payload at the start of every step."""
+    if _active.step_delay_s:
+        time.sleep(_active.step_delay_s)
+    if _active.raise_at == (rank, step):
+        raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
+    if _active.kill_at == (rank, step):
+        _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
+
+
+def in_save(rank: int, step: int) -> None:
+    """Called by ``checkpoint.save`` after this rank wrote its shards, before COMPLETE."""
+    if _active.kill_in_save == (rank, step):
+        _kill_self(f"rank {rank} while writing the checkpoint of step {step} ({KILL_IN_SAVE})")

@@ -1,0 +1,223 @@
+"""Preemption, time limits and requeue: every rank saves, one rank requeues, nobody hangs.
+
+SLURM talks to a running job with signals only:
+
+``--signal=USR2@120`` (the job's warning signal, :data:`WARNING_SIGNAL_ENV` names it on the task)
+    the time limit (or a preemption with a grace time) is near; the job still runs.
+    ``scancel --signal=USR2 <job>`` sends the same to every task (``--full`` adds the
+    batch shell, whose script traps it).
+``SIGTERM``
+    SLURM is ending the job *now* (``scancel``, ``scontrol requeue``, preemption, time
+    limit); ``SIGKILL`` follows after ``KillWait`` seconds.
+
+What happens on each task (:class:`Preemption`):
+
+1. ``install()`` replaces the handlers of both signals (also submitit's, which would make
+   only global rank 0 checkpoint and requeue). The handler only records the signal.
+2. At every step boundary ``should_stop()`` agrees on it with one all_reduce(MAX) of an
+   int (0 nothing, 1 warning, 2 SIGTERM; SIGTERM wins): all ranks stop at the same step.
+3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.train.train`) then writes
+   the distributed checkpoint on every rank, as it does at the end.
+4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
+   through :func:`hpc_hsdp.submit.requeue_job`, the one module that talks to the
+   scheduler) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
+   which is already ending or requeueing the job. Outside SLURM (the local emulator,
+   tests) the requeue is skipped with a log line.
+5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
+   being ended by SLURM, :data:`EXIT_STOPPED_NOT_REQUEUED` when it stopped and nothing will
+   restart it (resubmit with the same ``--run-dir`` to resume).
+
+On restart (``SLURM_RESTART_COUNT``) the payload resumes from the newest complete checkpoint.
+Imports no torch at module level: the handlers go in before torch is imported.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
+"""Name of the job's warning signal (``USR2``); the rendered script exports it from ``--signal``."""
+DEFAULT_WARNING_SIGNAL = "USR2"
+
+NONE, WARNING, TERMINATE = 0, 1, 2
+"""Stop codes agreed with all_reduce(MAX): SIGTERM outranks the warning."""
+
+EXIT_STOPPED_NOT_REQUEUED = 75
+"""Exit status of a task that saved and stopped on the warning signal but could not requeue
+(outside SLURM, or ``scontrol requeue`` refused): EX_TEMPFAIL, "try again"."""
+
+
+def warning_signal_from(env: Mapping[str, str]) -> signal.Signals:
+    """The warning signal of the job: ``[R:|B:]SIG[@SECONDS]`` or a bare name/number in
+    :data:`WARNING_SIGNAL_ENV`; USR2 when unset or unusable."""
+    text = (env.get(WARNING_SIGNAL_ENV) or DEFAULT_WARNING_SIGNAL).strip().upper()
+    text = text.rsplit(":", 1)[-1].split("@", 1)[0]
+    text = text.removeprefix("SIG")
+    try:
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals["SIG" + text]
+    except (KeyError, ValueError):
+        return signal.Signals["SIG" + DEFAULT_WARNING_SIGNAL]
+    if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
+        return signal.Signals["SIG" + DEFAULT_WARNING_SIGNAL]
+    return sig
+
+
+def in_slurm(env: Mapping[str, str]) -> bool:
+    """Whether this task runs in a real SLURM job (the emulator and tests give SLURM-like
+    variables too: they set HPC_HSDP_EMULATOR or lack SLURM_CLUSTER_NAME)."""
+    return bool(env.get("SLURM_JOB_ID")) and bool(env.get("SLURM_CLUSTER_NAME")) and env.get("HPC_HSDP_EMULATOR") != "1"
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    try:
+        return int(env.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class StopOutcome:
+    """What ``finish()`` did: the agreed reason and whether the job was requeued."""
+
+    reason: str
+    """``"USR2"`` (the warning signal's name) or ``"TERM"``."""
+    step: int | None
+    requeued: bool
+    message: str
+
+
+class Preemption:
+    """Signal flags of one task and their agreement across ranks (see the module docstring)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, warning_signal: signal.Signals | None = None) -> None:
+        import os
+
+        self.env = dict(os.environ if env is None else env)
+        self.warning_signal = warning_signal or warning_signal_from(self.env)
+        self.restart_count = restart_count(self.env)
+        self.received: dict[str, float] = {}
+        """Signal name -> wall time when it first arrived on this task."""
+        self._local = NONE
+        self.agreed = NONE
+        self.agreed_step: int | None = None
+        self.outcome: StopOutcome | None = None
+        self._previous: dict[signal.Signals, object] = {}
+        self._tensor = None
+
+    # ------------------------------------------------------------------ signals (this task)
+
+    @property
+    def signals(self) -> tuple[signal.Signals, signal.Signals]:
+        return (self.warning_signal, signal.SIGTERM)
+
+    def install(self) -> Preemption:
+        """Replace the handlers of the warning signal and SIGTERM (main thread only)."""
+        for sig in self.signals:
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the previous handlers, except submitit's: a warning arriving after the
+        work is done must not make submitit requeue a finished job (ours stay: flag only)."""
+        for sig, previous in list(self._previous.items()):
+            owner = getattr(getattr(previous, "__self__", None), "__class__", None)
+            if owner is not None and owner.__module__.startswith("submitit"):
+                continue
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            del self._previous[sig]
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # Only record: no I/O, no collectives, no exceptions in a signal handler.
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        self.received.setdefault(name, time.time())
+        self._local = max(self._local, TERMINATE if signum == signal.SIGTERM else WARNING)
+
+    def request(self, code: int = WARNING) -> None:
+        """Set the flag as the signal would (for tests and for callers with their own triggers)."""
+        self._local = max(self._local, code)
+
+    @property
+    def local_code(self) -> int:
+        return self._local
+
+    # ------------------------------------------------------------------ agreement (all ranks)
+
+    def should_stop(self, step: int | None = None, *, device=None) -> bool:
+        """Collective, at a step boundary: True on every rank when any rank got a signal.
+        ``step``: the last completed step (for the log and ``finish``)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            code = self._local
+        else:
+            if self._tensor is None or (device is not None and self._tensor.device != torch.device(device)):
+                if device is None:
+                    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+                self._tensor = torch.zeros((), dtype=torch.int32, device=device)
+            self._tensor.fill_(self._local)
+            dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX)
+            code = int(self._tensor.item())
+        if code > self.agreed:
+            self.agreed = code
+            self.agreed_step = step
+        return code != NONE
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Name of the agreed reason (``"USR2"``, ``"TERM"``), None when no stop was agreed."""
+        if self.agreed == TERMINATE:
+            return "TERM"
+        if self.agreed == WARNING:
+            return self.warning_signal.name.removeprefix("SIG")
+        return None
+
+    def finish(self, *, rank: int) -> StopOutcome | None:
+        """Collective, after every rank saved: rank 0 requeues on the warning signal; all ranks
+        learn the outcome. None when no stop was agreed."""
+        reason = self.stop_reason
+        if reason is None:
+            return None
+        requeued, message = False, ""
+        if reason == "TERM":
+            message = "SIGTERM: SLURM is ending or requeueing the job; saved, exiting"
+        elif rank == 0:
+            requeued, message = self._requeue()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and reason != "TERM":
+            shared = [(requeued, message)]
+            dist.broadcast_object_list(shared, src=0)
+            requeued, message = shared[0]
+        self.outcome = StopOutcome(reason=reason, step=self.agreed_step, requeued=requeued, message=message)
+        if rank == 0:
+            _note(f"[hpc-hsdp] stopped after step {self.agreed_step} on {reason}: {message}")
+        return self.outcome
+
+    def _requeue(self) -> tuple[bool, str]:
+        job_id = self.env.get("SLURM_JOB_ID", "")
+        if not in_slurm(self.env):
+            return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
+                           "resubmit with the same --run-dir to resume")  # fmt: skip
+        from hpc_hsdp.submit import requeue_job
+
+        ok, said = requeue_job(job_id)
+        return ok, (f"requeued job {job_id} (scontrol requeue); it resumes from this checkpoint" if ok
+                    else f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume")  # fmt: skip
+
+    def exit_code(self) -> int | None:
+        """The task's exit status after a stop (None: it did not stop on a signal)."""
+        if self.outcome is None:
+            return None
+        if self.outcome.reason == "TERM" or self.outcome.requeued:
+            return 0
+        return EXIT_STOPPED_NOT_REQUEUED

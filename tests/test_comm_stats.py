@@ -1,0 +1,224 @@
+"""--comm-stats: measured collectives equal the plan's prediction, byte for byte.
+
+One launch of 16 processes (an emulated 2 x 8 SLURM job, gloo on CPU) serves every shard
+size: the task joins with ``--shard 4 --comm-stats`` (the real path: init wraps, the
+payload logs ``comm`` into metrics.jsonl), then builds meshes for S = 1, 2 and 8 on the
+same process group and trains the built-in payload on each under its own recorder. Per
+step, per rank, the recorded tensor bytes of every (axis, collective) must EQUAL
+``estimate(plan, model_params, root_params)`` with the counts of
+``runtime.model.parameter_counts`` (seq_len 12 makes S = 8 pad ``pos_emb``: padding is
+modelled, not avoided), and the wire bytes the ring formulas. FSDP2's own memory tracker
+then checks the per-rank memory estimate (parameters + gradients + AdamW states).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+
+from dist_helpers import in_child, launch
+from hpc_hsdp.estimates import estimate
+from hpc_hsdp.runtime.files import read_jsonl
+from hpc_hsdp.runtime.shapes import builtin_shapes, parameter_counts
+from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.topology import TopologyPlan
+
+MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=2, seed=1)
+TASKS_PER_NODE = (8, 8)
+SHARD_SIZES = (1, 2, 4, 8)
+EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard
+
+
+def plan_of(shard_size: int) -> TopologyPlan:
+    return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("tn1", "tn2"))
+
+
+def predicted(shard_size: int):
+    counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=shard_size)
+    return estimate(plan_of(shard_size), model_params=counts.params, root_params=counts.root_params)
+
+
+# ----------------------------------------------------------------------------- child side
+
+
+def _memory_of_one_step(ctx, training):
+    """Sharded params + grads + optimizer states per rank after one step, by FSDPMemTracker."""
+    import torch
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from hpc_hsdp.runtime.data import rank_batch
+    from hpc_hsdp.runtime.model import loss_fn
+    from hpc_hsdp.runtime.train import build_hsdp_model, make_optimizer
+
+    model = build_hsdp_model(ctx, training)
+    optimizer = make_optimizer(model, training)
+    inputs, targets = rank_batch(seed=0, step=1, rank=ctx.rank, world_size=ctx.world_size,
+                                 batch_size=training.batch_size, seq_len=training.seq_len,
+                                 vocab_size=training.vocab_size)  # fmt: skip
+    tracker = FSDPMemTracker(model, optimizer)
+    tracker.track_inputs((inputs, targets))
+    with tracker:
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+    snapshot = tracker.get_tracker_snapshot("current")
+    per_kind = {getattr(k, "value", str(k)): int(v) for k, v in next(iter(snapshot.values())).items()}
+    return {k: per_kind.get(k, 0) for k in ("Sharded Param", "Sharded Grad", "OptState", "Total")}
+
+
+def measure_every_shard_size(ctx):
+    """fn of run_task: the job's own shard size through the payload, then the others."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpc_hsdp.runtime.comm_stats import CommStats
+    from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
+    from hpc_hsdp.runtime.train import train
+
+    out = {"comm": {}, "memory": {}}
+    steps: dict[int, dict] = {}
+    train(ctx, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+    out["comm"][ctx.plan.shard_size] = steps
+    ctx.comm_stats.close()
+    out["wrapped_after_close"] = _is_wrapped()
+    nodes = [d["node"] for d in ctx.realized]
+    for s in EXTRA_SHARD_SIZES:
+        plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
+        mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
+        sub = RunContext(layout=dataclasses.replace(ctx.layout, plan=plan), mesh=mesh, device=ctx.device,
+                         realized=ctx.realized, _active=False)  # fmt: skip
+        steps = {}
+        with CommStats(mesh=mesh, node_of_rank=nodes) as recorder:
+            sub.comm_stats = recorder
+            train(sub, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+        out["comm"][s] = steps
+    for s in (1, 8):
+        plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
+        mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
+        sub = RunContext(layout=dataclasses.replace(ctx.layout, plan=plan), mesh=mesh, device=ctx.device,
+                         realized=ctx.realized, _active=False)  # fmt: skip
+        out["memory"][s] = _memory_of_one_step(sub, MODEL)
+    out["memory"][ctx.plan.shard_size] = _memory_of_one_step(ctx, MODEL)
+    return out
+
+
+def _is_wrapped() -> bool:
+    import torch.distributed as dist
+
+    from torch.distributed import distributed_c10d
+
+    names = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor", "all_reduce")
+    return any(getattr(dist, n) is not getattr(distributed_c10d, n) for n in names)
+
+
+# ----------------------------------------------------------------------------- the shared run
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("comm") / "run"
+    spec = RunSpec(shard_size=4, run_dir=str(run_dir), device="cpu", training=MODEL, comm_stats=True)
+    outcomes = launch(spec, tasks_per_node=TASKS_PER_NODE, fn=measure_every_shard_size, timeout_s=240)
+    return {"values": [o.value for o in outcomes], "run_dir": run_dir}
+
+
+def _built_model_shapes():
+    import torch
+
+    from hpc_hsdp.runtime.model import ModelConfig, Transformer
+    from hpc_hsdp.runtime.model import parameter_counts as model_counts
+
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_training(MODEL))
+    counts = model_counts(ModelConfig.from_training(MODEL))
+    return {
+        "shapes": [(name, tuple(p.shape)) for name, p in model.named_parameters()],
+        "numel": sum(p.numel() for p in model.parameters()),
+        "root": sum(p.numel() for name, p in model.named_parameters() if not name.startswith("blocks.")),
+        "counts": (counts.params, counts.root_params, counts.unpadded_params),
+    }
+
+
+def test_parameter_counts_match_the_built_model():
+    built = in_child(_built_model_shapes)  # torch work stays out of the forking parent
+    assert built["shapes"] == [(n, s) for n, s, _ in builtin_shapes(vocab_size=64, seq_len=12, width=32, layers=2)]
+    assert built["counts"] == (built["numel"], built["root"], built["numel"])
+    # padding: seq_len 12 over 8 ranks -> pos_emb holds 16 rows
+    assert parameter_counts(**dataclasses.asdict(MODEL), shard_size=8).params == built["numel"] + 4 * 32
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("shard_size", SHARD_SIZES)
+def test_measured_bytes_equal_the_prediction(measured, shard_size):
+    est = predicted(shard_size)
+    expected = {(t.axis, t.kind): t for t in est.traffic}
+    for rank, value in enumerate(measured["values"]):
+        steps = value["comm"][shard_size]
+        assert sorted(steps) == [1, 2]
+        for step, comm in steps.items():
+            seen = {(axis, kind): comm[axis][kind] for axis in ("shard", "replicate") if axis in comm
+                    for kind in ("all_gather", "reduce_scatter", "all_reduce") if kind in comm[axis]}  # fmt: skip
+            assert set(seen) == set(expected), (rank, step, comm)
+            for key, t in expected.items():
+                assert seen[key]["tensor_bytes"] == t.tensor_bytes, (rank, step, key)
+                assert seen[key]["wire_bytes"] == t.wire_bytes, (rank, step, key)
+                assert comm[key[0]]["inter_node"] is t.inter_node, (rank, step, key)
+            # the payload's loss all-reduce: one fp32 scalar over the world, across both nodes
+            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 4,
+                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 4)}  # fmt: skip
+            assert comm["world"]["inter_node"] is True
+            model_inter = sum(comm[a][k]["wire_bytes"] for a, k in seen if comm[a]["inter_node"])
+            assert model_inter == est.inter_node_wire_bytes
+            assert comm["inter_node_wire_bytes"] == est.inter_node_wire_bytes + comm["world"]["all_reduce"]["wire_bytes"]
+            assert comm["intra_node_wire_bytes"] == est.intra_node_wire_bytes
+
+
+@pytest.mark.dist
+def test_shapes_of_the_layout(measured):
+    """2 x 8: S = 8 keeps the heavy traffic inside a node, only the all-reduce crosses; S = 1
+    sends everything across; the prediction says so and the measurement agrees."""
+    comm = {s: measured["values"][0]["comm"][s][2] for s in SHARD_SIZES}
+    assert comm[8]["shard"]["inter_node"] is False and comm[8]["replicate"]["inter_node"] is True
+    assert comm[4]["replicate"]["group_size"] == 4 and comm[4]["shard"]["group_size"] == 4
+    assert "shard" not in comm[1] and comm[1]["replicate"]["group_size"] == 16
+    inter = [comm[s]["inter_node_wire_bytes"] for s in SHARD_SIZES]
+    assert inter == sorted(inter, reverse=True)
+
+
+@pytest.mark.dist
+def test_metrics_jsonl_carries_rank0_comm(measured):
+    records = read_jsonl(measured["run_dir"] / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["comm"] == measured["values"][0]["comm"][4][2]
+    assert not any(v["wrapped_after_close"] for v in measured["values"])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("shard_size", (1, 4, 8))
+def test_memory_estimate_matches_fsdp_mem_tracker(measured, shard_size):
+    est = predicted(shard_size)
+    for value in measured["values"]:
+        mem = value["memory"][shard_size]
+        tracked = mem["Sharded Param"] + mem["Sharded Grad"] + mem["OptState"]
+        assert tracked == pytest.approx(est.total_bytes, rel=0.03), mem
+        assert mem["Sharded Param"] == pytest.approx(est.param_bytes, rel=0.03)
+
+
+def test_no_wrapping_without_comm_stats():
+    """Disabled means not installed: the torch.distributed functions are the originals."""
+    import torch.distributed as dist
+
+    from hpc_hsdp.runtime.comm_stats import CommStats
+
+    originals = {n: getattr(dist, n) for n in ("all_gather_single", "reduce_scatter_single", "all_reduce")}
+    recorder = CommStats(node_of_rank=[])
+    with recorder:
+        assert all(getattr(dist, n) is not f for n, f in originals.items())
+    assert all(getattr(dist, n) is f for n, f in originals.items())
+
+
+def test_comm_stats_option_reaches_the_run_args():
+    spec = RunSpec(shard_size=4, run_dir="/r", comm_stats=True)
+    assert spec.to_args()[-1] == "--comm-stats"
+    assert "--comm-stats" not in RunSpec(shard_size=4, run_dir="/r").to_args()
