@@ -1,0 +1,104 @@
+"""The baseline of bench_runtime.py: a minimal hand-written FSDP2 HSDP job, no hpc-hsdp.
+
+Run once per rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (what
+srun + a few export lines give): init_process_group, init_device_mesh, fully_shard each
+block then the root, AdamW, train. The model is the same architecture as hpc-hsdp's
+built-in one, written out here so that none of hpc-hsdp is imported. Writes one JSON line
+per step to --out (rank 0): step, wall_time (end of the step), step_time_s.
+
+    python benchmarks/handwritten_fsdp2.py --shard 2 --steps 20 --out times.jsonl [--layers 4 --width 128 ...]
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self, w, heads):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm, self.mlp_norm = nn.LayerNorm(w), nn.LayerNorm(w)
+        self.qkv, self.proj = nn.Linear(w, 3 * w), nn.Linear(w, w)
+        self.fc, self.out = nn.Linear(w, 4 * w), nn.Linear(4 * w, w)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.mlp_norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, vocab, seq, w, heads, layers):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, w), nn.Embedding(seq, w)
+        self.blocks = nn.ModuleList(Block(w, heads) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(w), nn.Linear(w, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in (("shard", 1), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
+                          ("batch-size", 4), ("vocab-size", 256)):  # fmt: skip
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world // a.shard, a.shard), mesh_dim_names=("replicate", "shard"))
+    with torch.device("meta"):
+        model = Model(a.vocab_size, a.seq_len, a.width, a.heads, a.layers)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():  # as the built-in model: norms 1/0, biases 0, weights N(0, 0.02)
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(rank)
+    loss_sum = torch.zeros(())
+    out = open(a.out, "w") if rank == 0 else None
+    for step in range(1, a.steps + 1):
+        t0 = time.perf_counter()
+        tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), generator=gen)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_sum.copy_(loss.detach())
+        dist.all_reduce(loss_sum)
+        loss_value = loss_sum.item() / world
+        step_time = time.perf_counter() - t0
+        if out is not None:
+            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "loss": loss_value}) + "\n")
+            out.flush()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Run every benchmark, one after another (each prints its own table of side-by-side ratios).
+
+    python benchmarks/run_all.py [--quick]
+
+1 cli        hpc-hsdp render/plan vs python -c "import click, jinja2"     (bench_cli.py)
+2+3 runtime  start-up and step time of hpc-hsdp run vs hand-written FSDP2 (bench_runtime.py)
+4 traffic    inter-node bytes per step, 2 x 8, shard 1/4/16, vs analytic  (bench_traffic.py)
+5 scheduler  hpc-hsdp submit vs sbatch to RUNNING, dev cluster            (bench_scheduler.py)
+6 recovery   USR2 -> first resumed step, dev cluster                      (bench_recovery.py)
+GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+SUITE = [
+    ("cli", "bench_cli.py", ["--runs", "21"], ["--runs", "7"]),
+    ("runtime", "bench_runtime.py", ["--runs", "5", "--steps", "30"], ["--runs", "2", "--steps", "12"]),
+    ("traffic", "bench_traffic.py", [], []),
+    ("scheduler", "bench_scheduler.py", ["--runs", "5"], ["--runs", "2"]),
+    ("recovery", "bench_recovery.py", ["--runs", "3"], ["--runs", "1"]),
+]
+
+
+def machine() -> str:
+    import os
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())  # fmt: skip
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch_version}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier ratios)")
+    parser.add_argument("--only", default=None, help="comma-separated names: cli,runtime,traffic,scheduler,recovery")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {machine()}")
+    failed = []
+    for name, script, full, quick in SUITE:
+        if only and name not in only:
+            continue
+        print(f"\n## {name}  ({script} {' '.join(quick if args.quick else full)})", flush=True)
+        code = subprocess.call([sys.executable, str(HERE / script), *(quick if args.quick else full)])
+        if code:
+            failed.append(name)
+    print("\nGPU: benchmarks/gpu_hsdp_step.py adds tokens/s on one GPU (needs CUDA; not run here).")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
