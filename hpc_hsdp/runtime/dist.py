@@ -4,7 +4,7 @@
 SLURM's (or torchrun's) variables, exports RANK/WORLD_SIZE/... for torch, picks the
 device, creates the process group explicitly (NCCL on CUDA, gloo on CPU), builds the
 ``("replicate", "shard")`` mesh and checks the groups torch built against the plan on
-every rank. Hung jobs: ``kill -QUIT <pid>`` (or ``scancel --signal=QUIT --full <job>``)
+every rank. Hung jobs: ``kill -QUIT <pid>`` (or ``scancel --signal=QUIT <job>``: it reaches every task and the job keeps running)
 prints every thread's stack of a rank to its stderr, i.e. its log, and the rank goes on.
 """
 
