@@ -101,7 +101,7 @@ def plan_svg(plan: TopologyPlan) -> str:
         f'<text x="{pad}" y="22" font-size="15" font-weight="bold">{escape(plan.kind)}: '
         f"{plan.nodes} node(s) x {escape(str(plan.tasks_per_node[0]) if len(set(plan.tasks_per_node)) == 1 else 'uneven')} GPUs, "
         f"shard {plan.shard_size}, {plan.num_replicas} replicas</text>",
-        f'<text x="{pad}" y="42" fill="#444">colour = shard group (S{{i}}), R{{j}} = replicate group; '
+        f'<text x="{pad}" y="42" fill="#444">colour and Sn: shard group n; Rn: replicate group n; '
         f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})</text>",
     ]
     groups = len(plan.shard_groups)
@@ -120,7 +120,9 @@ def plan_svg(plan: TopologyPlan) -> str:
                          f"rank {rank}</text>")  # fmt: skip
             parts.append(f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
                          f"S{shard_index} R{rank % plan.shard_size}</text>")  # fmt: skip
-    verdict = "shard groups cross nodes" if plan.shard_groups_cross_nodes else "every shard group inside one node"
+    span = len(plan.nodes_of_group(plan.shard_groups[0]))
+    verdict = (f"each shard group spans {span} whole nodes" if plan.shard_groups_cross_nodes
+               else "every shard group inside one node")  # fmt: skip
     parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
