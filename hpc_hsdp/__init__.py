@@ -18,7 +18,7 @@ _LAZY = {
     "init": "hpc_hsdp.runtime.dist",
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
     "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
-    "submit": "hpc_hsdp.submit",
+    "submit": "hpc_hsdp.scheduler",
 }
 
 

@@ -100,7 +100,7 @@ _EXAMPLES = {"int": "2", "float": "3e-3", "str": '"text"', "path": '"/path"', "b
 _NO_VENV = "none"
 
 
-def _check_kind(key: str, value: Any, kind: str, where: str) -> Any:
+def check_kind(key: str, value: Any, kind: str, where: str) -> Any:
     ok = {
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -152,7 +152,7 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
         if kind == "profiles":
             out[key] = value
             continue
-        value = _check_kind(raw_key, value, kind, where)
+        value = check_kind(raw_key, value, kind, where)
         if kind == "path" and not (key == "venv" and value == _NO_VENV):
             value = str(base_dir / os.path.expanduser(value)) if value else value
         out[key] = value
@@ -292,7 +292,7 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         entry=o.get("entry"),
         training=training,
         **({"timeout_s": o["timeout"]} if o.get("timeout") is not None else {}),
-        comm_stats=bool(o.get("comm_stats", False)),
+        comm_stats=o.get("comm_stats", False),
     )
     scheduler = SchedulerSpec(
         job_name=job_name,
@@ -301,11 +301,11 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         qos=o.get("qos"),
         time=o.get("time"),
         constraint=o.get("constraint"),
-        exclusive=bool(o.get("exclusive", False)),
+        exclusive=o.get("exclusive", False),
         mem=o.get("mem"),
         cpus_per_task=o.get("cpus_per_task"),
         signal=signal,
-        requeue=bool(o.get("requeue", True)),
+        requeue=o.get("requeue", True),
         extra=tuple(o.get("sbatch", {}).items()),
     )
     environment = EnvironmentSpec(
@@ -314,7 +314,7 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         conda_env=o.get("conda_env"),
         env=tuple(o.get("env", {}).items()),
         pass_env=tuple(o.get("pass_env", ())),
-        debug=bool(o.get("debug", False)),
+        debug=o.get("debug", False),
         python=o.get("python", "python"),
     )
     launch = LaunchSpec(

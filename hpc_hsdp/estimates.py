@@ -38,7 +38,10 @@ def parse_count(text: str, *, option: str = "--model-params") -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgtb]?)\s*", str(text).lower())
     if not match:
         raise SpecError(f"{option} {text!r} is not a count; write e.g. 125000000, 350M or 7B")
-    value = int(float(match.group(1)) * _UNITS[match.group(2)])
+    number = float(match.group(1)) * _UNITS[match.group(2)]
+    if number == float("inf"):
+        raise SpecError(f"{option} {text!r} is too large to be a count; write e.g. 7B or 1.8T")
+    value = int(number)
     if value < 1:
         raise SpecError(f"{option} {text!r} must be at least 1")
     return value

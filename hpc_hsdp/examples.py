@@ -123,7 +123,7 @@ def stale_files() -> list[Path]:
 
 def write_all() -> list[Path]:
     """Rewrite every generated file that changed; returns those written."""
-    from hpc_hsdp.cli.render_cmd import write_atomically
+    from hpc_hsdp.cli import write_atomically
 
     written = []
     for path, text in generated_files().items():

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_hsdp.slurm_env import compress_nodelist, task_environments
+from hpc_hsdp.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.topology import expand_nodelist, format_tasks_per_node, parse_tasks_per_node
 
 KILL_WAIT_S = 5
@@ -65,22 +65,12 @@ class LocalAllocation:
     gpus_per_node: int = 0
 
 
-def allocation_for(*, nodes: int, gpus_per_node: int, ntasks: int | None, job_name: str,
-                   tasks_per_node: int | None = None) -> LocalAllocation:  # fmt: skip
-    """Tasks per node as SLURM lays them out: ``ntasks`` fills nodes in order (8,4), else
-    ``tasks_per_node`` (default: one per GPU) on every node."""
-    per_node = tasks_per_node or gpus_per_node
-    if ntasks is not None:
-        counts, left = [], ntasks
-        for _ in range(nodes):
-            counts.append(min(gpus_per_node, left))
-            left -= counts[-1]
-        counts = [c for c in counts if c > 0]
-    else:
-        counts = [per_node] * nodes
+def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_name: str) -> LocalAllocation:
+    """The allocation of ``tasks_per_node`` (the job spec's: one task per GPU, ``--ntasks``
+    laid out as SLURM would, or one per node for torchrun) on nodes ``local1, local2, ...``."""
+    counts = tuple(tasks_per_node)
     names = tuple(f"local{i + 1}" for i in range(len(counts)))
-    return LocalAllocation(tasks_per_node=tuple(counts), node_names=names, job_name=job_name,
-                           gpus_per_node=gpus_per_node)  # fmt: skip
+    return LocalAllocation(tasks_per_node=counts, node_names=names, job_name=job_name, gpus_per_node=gpus_per_node)
 
 
 def job_environment(alloc: LocalAllocation, *, job_id: str, submit_dir: str, shim_dir: Path) -> dict[str, str]:
@@ -321,7 +311,7 @@ def _srun(argv: Sequence[str]) -> int:
     if args.ntasks_per_node is not None:
         counts = (args.ntasks_per_node,) * len(counts)
     distribution = args.distribution.split(":")[0].split(",")[0]
-    if distribution not in ("block", "cyclic"):
+    if distribution not in DISTRIBUTIONS:
         print(f"srun (emulator): --distribution={args.distribution} is not emulated; use block or cyclic",
               file=sys.stderr)  # fmt: skip
         return 2

@@ -8,14 +8,20 @@ from hpc_hsdp.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation
 from hpc_hsdp.topology import TopologyPlan
 
 
-def _group_label(groups: tuple[tuple[int, ...], ...], rank: int, size: int, stride: bool) -> str:
-    index = rank % size if stride else rank // size
-    return f"{index}: {_compact(groups[index])}"
+LISTED_RANKS = 8
+"""A group of more ranks than this, equally spaced, is written ``[3,11,19,...,8187]``."""
+
+
+def _group_labels(groups: tuple[tuple[int, ...], ...]) -> list[str]:
+    return [f"{index}: {_compact(group)}" for index, group in enumerate(groups)]
 
 
 def _compact(ranks: tuple[int, ...]) -> str:
-    if len(ranks) > 2 and all(b - a == 1 for a, b in zip(ranks, ranks[1:])):
+    steps = {b - a for a, b in zip(ranks, ranks[1:])}
+    if len(ranks) > 2 and steps == {1}:
         return f"[{ranks[0]}-{ranks[-1]}]"
+    if len(ranks) > LISTED_RANKS and len(steps) == 1:
+        return "[" + ",".join(map(str, ranks[:3])) + f",...,{ranks[-1]}]"
     return "[" + ",".join(map(str, ranks)) + "]"
 
 
@@ -44,14 +50,15 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
 
 def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit | None = None,
               gpu_memory: int | None = None) -> str:  # fmt: skip
+    shard_labels, replicate_labels = _group_labels(plan.shard_groups), _group_labels(plan.replicate_groups)
     rows = [("node", "gpu", "rank", "shard group", "replicate group")]
     for rank in range(plan.world_size):
         rows.append((
             plan.node_names[plan.node_of_rank[rank]],
             str(plan.local_rank_of_rank[rank]),
             str(rank),
-            _group_label(plan.shard_groups, rank, plan.shard_size, stride=False),
-            _group_label(plan.replicate_groups, rank, plan.shard_size, stride=True),
+            shard_labels[rank // plan.shard_size],
+            replicate_labels[rank % plan.shard_size],
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = []

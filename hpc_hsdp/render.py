@@ -283,7 +283,14 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
     try:
         text = env.get_template(name).render(context)
     except jinja2.TemplateSyntaxError as exc:
-        raise SpecError(f"template {exc.filename or name} line {exc.lineno}: {exc.message}; fix the template") from None
+        raise SpecError(f"template {exc.filename or name} line {exc.lineno}: {str(exc.message).rstrip('.')}; fix the template") from None
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {name}: {exc.message}; use only the variables listed in hpc_hsdp.render") from None
+    except jinja2.TemplateNotFound as exc:
+        raise SpecError(
+            f"template {name} includes or extends {exc.name!r}, which is neither next to it nor packaged "
+            f"({DEFAULT_TEMPLATE}); fix the name"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"template {name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
     return text if text.endswith("\n") else text + "\n"

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hpc_hsdp.spec import DISTRIBUTIONS
 from hpc_hsdp.topology import format_tasks_per_node
-
-DISTRIBUTIONS = ("block", "cyclic")
 
 
 def compress_nodelist(names: Sequence[str]) -> str:

@@ -14,9 +14,18 @@ from hpc_hsdp.errors import SpecError
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
+DEVICES = ("auto", "cpu", "cuda")
+"""``--device``: ``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
+
+
 def check_entry(entry: str | None) -> None:
     if entry is not None and not _ENTRY.match(entry):
         raise SpecError(f"--entry {entry!r} is not module:function; write e.g. 'mypkg.train:main'")
+
+
+def _flag(option: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise SpecError(f"{option} {value!r} must be true or false")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,13 +101,12 @@ class RunSpec:
     intra-/inter-node); rank 0 adds the totals to metrics.jsonl as ``comm``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.comm_stats, bool):
-            raise SpecError(f"--comm-stats {self.comm_stats!r} must be true or false")
+        _flag("--comm-stats", self.comm_stats)
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise SpecError(f"--shard {self.shard_size!r} must be a positive integer such as 4")
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICES:
             raise SpecError(f"--device {self.device!r} is unknown; choose auto, cpu or cuda")
-        if not isinstance(self.timeout_s, int) or self.timeout_s < 1:
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int) or self.timeout_s < 1:
             raise SpecError(f"--timeout {self.timeout_s!r} must be a positive number of seconds")
         check_entry(self.entry)
 
@@ -299,6 +307,8 @@ class SchedulerSpec:
             if not _MEM.match(self.mem):
                 raise SpecError(f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)")
         _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
+        _flag("--exclusive", self.exclusive)
+        _flag("--requeue", self.requeue)
         if self.signal is not None:
             check_signal(self.signal)
         extra = _pairs(self.extra)
@@ -356,6 +366,7 @@ class EnvironmentSpec:
                 raise SpecError(f"{name} is given both by --env (a value) and --pass-env (by name); keep one")
         object.__setattr__(self, "pass_env", pass_env)
         check_text("--python", self.python)
+        _flag("--debug", self.debug)
 
 
 LAUNCHERS = ("srun", "torchrun")

@@ -262,13 +262,20 @@ def _int_var(env: Mapping[str, str], name: str, hint: str) -> int:
 
 
 _OUTSIDE_SLURM = "run this inside a SLURM task (srun hpc-hsdp ...) or under torchrun"
+_DECIMAL = re.compile(r"^[0-9]+$")
+
+
+def _slurm_procid(env: Mapping[str, str]) -> int | None:
+    """What SLURM says this task's rank is (recorded, never trusted); None when unset."""
+    text = env.get("SLURM_PROCID", "").strip()
+    return int(text) if _DECIMAL.match(text) else None
 
 
 def rendezvous_port(env: Mapping[str, str]) -> int:
     """``MASTER_PORT`` when set, else a port derived from the job id, equal on every task."""
     if env.get("MASTER_PORT", "").strip():
         text = env["MASTER_PORT"].strip()
-        if not text.isdigit() or not 0 < int(text) < 65536:
+        if not _DECIMAL.match(text) or not 0 < int(text) < 65536:
             raise SlurmEnvError(f"MASTER_PORT={text!r} is not a port number; unset it or give 1-65535")
         return int(text)
     job_id = _require(env, "SLURM_JOB_ID", _OUTSIDE_SLURM)
@@ -453,7 +460,7 @@ class RankLayout:
                 f"SLURM_LOCALID={local_rank} but node {node_names[node_rank]} runs only {on_node} tasks "
                 f"({tasks_text}); launch the step with srun so each task gets its own local id"
             )
-        procid = int(env["SLURM_PROCID"]) if env.get("SLURM_PROCID", "").strip().isdigit() else None
+        procid = _slurm_procid(env)
         master_addr, master_port = rendezvous_from_env(env)
         job_id = env.get("SLURM_JOB_ID")
 
@@ -484,12 +491,18 @@ class RankLayout:
         world = _int_var(env, "WORLD_SIZE", hint)
         node_rank = _int_var(env, "GROUP_RANK", hint)
         torch_rank = _int_var(env, "RANK", hint)
-        if local_world < 1 or world % local_world:
+        if local_world < 1 or world < local_world or world % local_world:
             raise SlurmEnvError(
-                f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; "
+                f"WORLD_SIZE={world} is not a positive multiple of LOCAL_WORLD_SIZE={local_world}; "
                 f"give every node the same --nproc-per-node"
             )
         nnodes = world // local_world
+        if local_rank >= local_world:
+            raise SlurmEnvError(f"LOCAL_RANK={local_rank} but LOCAL_WORLD_SIZE={local_world}; {hint}")
+        if node_rank >= nnodes:
+            raise SlurmEnvError(
+                f"GROUP_RANK={node_rank} but WORLD_SIZE={world} / LOCAL_WORLD_SIZE={local_world} gives {nnodes} nodes; {hint}"
+            )
         nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
         node_names = expand_nodelist(nodelist) if nodelist else ()
         if len(node_names) != nnodes:
@@ -505,6 +518,5 @@ class RankLayout:
             plan=plan, rank=rank, local_rank=local_rank, node_rank=node_rank,
             master_addr=_require(env, "MASTER_ADDR", hint), master_port=rendezvous_port(env),
             device=select_device(env, local_rank=local_rank, local_world_size=local_world),
-            slurm_procid=int(env["SLURM_PROCID"]) if env.get("SLURM_PROCID", "").isdigit() else None,
-            launch_mode="torchrun", job_id=env.get("SLURM_JOB_ID"),
+            slurm_procid=_slurm_procid(env), launch_mode="torchrun", job_id=env.get("SLURM_JOB_ID"),
         )  # fmt: skip

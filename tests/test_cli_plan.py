@@ -90,6 +90,7 @@ def test_plan_svg(tmp_path):
         (["--nodes", "2", "--shard", "4", "--model-params", "lots"], "is not a count"),
         (["--nodes", "2", "--shard", "4", "--gpu-memory", "80GiB"], "needs --model-params"),
         (["--nodes", "2", "--shard", "4", "--model-params", "1B", "--dtype", "int3"], "--dtype 'int3' is unknown"),
+        (["--nodes", "2", "--shard", "4", "--svg", "/nonexistent-dir/plan.svg"], "cannot write '/nonexistent-dir/plan.svg'"),
     ],
 )
 def test_plan_bad_input_is_one_line_and_exit_2(args, message):
@@ -99,6 +100,23 @@ def test_plan_bad_input_is_one_line_and_exit_2(args, message):
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("hpc-hsdp: error: "), out.stderr
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "rank", "replicate_label"),
+    [
+        (["--nodes", "2", "--gpus-per-node", "8", "--shard", "4"], 9, "1: [1,5,9,13]"),
+        (["--nodes", "2", "--gpus-per-node", "4", "--shard", "1"], 7, "0: [0-7]"),
+        (["--nodes", "4", "--gpus-per-node", "4", "--shard", "2"], 3, "1: [1,3,5,7,9,11,13,15]"),  # 8 ranks: all listed
+        (["--nodes", "512", "--gpus-per-node", "8", "--shard", "8"], 4091, "3: [3,11,19,...,4091]"),
+    ],
+)
+def test_plan_table_writes_long_replicate_groups_short(args, rank, replicate_label):
+    out = hpc("plan", *args)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.split()[2:3] == [str(rank)])
+    assert row.endswith(replicate_label)
+    assert max(len(line) for line in out.stdout.splitlines()[:-4]) < 100  # a table, not a dump of every group
 
 
 def test_layout_inside_a_task():

@@ -192,3 +192,50 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
                      "--timeout", "60", "--comm-stats", "--container-image", "img", "--container-mounts", "/a:/b", "--debug",
                      "--venv", "/v", "--python", "python3", "--steps", "9", "--lr", "0.01"], cwd=tmp_path)  # fmt: skip
     assert from_file == from_cli
+
+
+# ----------------------------------------------------------------------------- the Python API's options
+
+
+def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path) -> None:
+    from hpc_hsdp.scheduler import api_options
+
+    kwargs = api_options({"nodes": 2, "shard": 4, "time": "30", "env": {"A": 1}, "setup": "module load x",
+                          "sbatch": {"overcommit": True, "mail-type": "END", "dropped": False}, "steps": 7,
+                          "pass_env": ("HOME",), "exclusive": True, "run_dir": "run"})  # fmt: skip
+    spec = job_spec_from_options(kwargs, cwd=tmp_path, environ={}, default_venv=None)
+    assert spec.scheduler.extra == (("mail-type", "END"), ("overcommit", None))
+    assert spec.environment.env == (("A", "1"),) and spec.environment.setup == ("module load x",)
+    assert spec.environment.pass_env == ("HOME",) and spec.scheduler.exclusive is True
+    assert spec.run.training.steps == 7 and spec.scheduler.time == "30" and spec.run.run_dir == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"shard_size": 4}, "unknown option 'shard_size'"),  # the click name is not an API keyword
+        ({"nodes": "2"}, "nodes = '2' in submit() must be an integer"),
+        ({"exclusive": "no"}, "exclusive = 'no' in submit() must be true or false"),  # bool('no') is True
+        ({"run_dir": 5}, "run_dir = 5 in submit() must be a path"),
+        ({"pass_env": 5}, "pass_env = 5 in submit() must be a list of strings"),
+        ({"env": {"A": [1]}}, "env.A = [1] in submit() must be a string or number"),
+        ({"time": 60}, "time = 60 in submit() must be a string"),
+    ],
+)
+def test_api_options_reject_wrong_kinds(options: dict, message: str) -> None:
+    from hpc_hsdp.scheduler import api_options
+
+    with pytest.raises(SpecError) as info:
+        api_options({"shard": 4, **options})
+    assert message in str(info.value)
+    if "unknown option" in message:
+        known = str(info.value).split("known options: ")[1].split(", ")
+        assert "shard" in known and "env" in known and "shard_size" not in known and "env_vars" not in known
+
+
+@pytest.mark.parametrize("field", ["exclusive", "requeue"])
+def test_scheduler_flags_must_be_bools(field: str) -> None:
+    from hpc_hsdp.spec import SchedulerSpec
+
+    with pytest.raises(SpecError, match=f"--{field} 'yes' must be true or false"):
+        SchedulerSpec(**{field: "yes"})

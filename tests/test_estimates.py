@@ -68,7 +68,7 @@ def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["lots", "-1", "0", "7X"])
+@pytest.mark.parametrize("text", ["lots", "-1", "0", "7X", "1e999"])
 def test_parse_rejects(text):
     with pytest.raises(SpecError):
         parse_count(text)

@@ -105,6 +105,24 @@ def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
     assert "running on the local emulator" in out.stderr.splitlines()[0]
 
 
+API_TWICE = """
+import hpc_hsdp
+from hpc_hsdp.errors import HsdpError
+import hpc_hsdp.scheduler  # what the CLI imports; hpc_hsdp.submit must stay the API function
+for _ in range(2):
+    try:
+        hpc_hsdp.submit(nodes=2, shard=3)
+    except HsdpError as exc:
+        print("refused:", exc)
+"""
+
+
+def test_api_submit_stays_callable_after_the_scheduler_module_is_imported():
+    out = subprocess.run([sys.executable, "-c", API_TWICE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("refused: shard size 3 does not divide the 8 tasks") == 2, out.stdout
+
+
 def test_api_rejects_unknown_option():
     out = subprocess.run([sys.executable, "-c", "import hpc_hsdp; hpc_hsdp.submit(nodes=1, shard=1, shards=2)"],
                          capture_output=True, text=True)  # fmt: skip

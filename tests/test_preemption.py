@@ -88,11 +88,11 @@ def test_requeue_is_skipped_outside_slurm(capsys):
     assert "[hpc-hsdp] stopped after step 7 on USR2: requeue skipped" in capsys.readouterr().err
 
 
-def test_in_slurm_rank0_requeues_through_submit(monkeypatch):
-    import hpc_hsdp.submit as submit
+def test_in_slurm_rank0_requeues_through_the_scheduler_module(monkeypatch):
+    import hpc_hsdp.scheduler as scheduler
 
     calls = []
-    monkeypatch.setattr(submit, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
+    monkeypatch.setattr(scheduler, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
     env = {"SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "2"}
     rank0, rank1 = Preemption(env), Preemption(env)
     for p in (rank0, rank1):
@@ -104,7 +104,7 @@ def test_in_slurm_rank0_requeues_through_submit(monkeypatch):
 
 
 def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
-    from hpc_hsdp.submit import requeue_job
+    from hpc_hsdp.scheduler import requeue_job
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\nexit 1\n")
@@ -118,7 +118,7 @@ def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
 
 
 def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
-    from hpc_hsdp.submit import JobHandle, JobRecord
+    from hpc_hsdp.scheduler import JobHandle, JobRecord
 
     logs = tmp_path / "logs"
     logs.mkdir(parents=True)

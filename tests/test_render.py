@@ -377,6 +377,22 @@ def test_custom_template_with_an_unknown_variable_fails_clearly(tmp_path: Path, 
     assert code == 2 and "'nope' is undefined" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (b'{% include "missing.j2" %}\n', "includes or extends 'missing.j2'"),
+        (b'{% extends "nope.sbatch.j2" %}\n', "includes or extends 'nope.sbatch.j2'"),
+        (b"\xff\xfe{{ spec.nodes }}\n", "is not UTF-8 text"),
+        (b"{{ spec.nodes | nosuchfilter }}\n", "No filter named 'nosuchfilter'; fix the template"),
+    ],
+)
+def test_broken_custom_template_is_one_line_and_exit_2(tmp_path: Path, capsys, source: bytes, message: str) -> None:
+    template = tmp_path / "broken.j2"
+    template.write_bytes(source)
+    code, _, err = run_main(["render", "--shard", "8", "--template", str(template)], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
 def test_relative_template_is_found_from_cwd(tmp_path: Path) -> None:
     (tmp_path / "t.j2").write_text("#!/bin/bash\n# {{ spec.nodes }} nodes\n")
     spec = spec_from_argv(["--shard", "8", "--template", "t.j2", "--run-dir", "/r"], cwd=tmp_path)

@@ -254,6 +254,33 @@ def test_torchrun_with_non_node_major_rank_is_refused():
         RankLayout.from_env(env, shard_size=4)
 
 
+TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8",
+                   "WORLD_SIZE": "16", "RANK": "0", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"GROUP_RANK": "2", "RANK": "16"}, "GROUP_RANK=2 but WORLD_SIZE=16 / LOCAL_WORLD_SIZE=8 gives 2 nodes"),
+        ({"LOCAL_RANK": "8", "RANK": "8"}, "LOCAL_RANK=8 but LOCAL_WORLD_SIZE=8"),  # would pass as node 1's rank 8
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 is not a positive multiple of LOCAL_WORLD_SIZE=8"),
+        ({"WORLD_SIZE": "12"}, "WORLD_SIZE=12 is not a positive multiple"),
+        ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0"),
+        ({"MASTER_PORT": "\u0663\u0663"}, "is not a port number"),  # Arabic-Indic digits: str.isdigit() says yes
+    ],
+)
+def test_torchrun_layout_rejects_inconsistent_env(overrides, message):
+    with pytest.raises(SlurmEnvError, match=message):
+        RankLayout.from_env({**TORCHRUN_WORKER, **overrides}, shard_size=4)
+
+
+@pytest.mark.parametrize(("procid", "expected"), [("3", 3), (" 3 ", 3), ("", None), ("x", None), ("\u0663", None)])
+def test_slurm_procid_is_recorded_in_both_launch_modes(procid, expected):
+    slurm = RankLayout.from_env(_env(SLURM_PROCID=procid), shard_size=4)
+    torchrun = RankLayout.from_env({**TORCHRUN_WORKER, "SLURM_PROCID": procid}, shard_size=4)
+    assert slurm.slurm_procid == torchrun.slurm_procid == expected
+
+
 def test_rendezvous_port_is_stable_and_outside_ephemeral_range():
     ports = {rendezvous_port({"SLURM_JOB_ID": str(job)}) for job in range(0, 100000, 7)}
     assert all(20000 <= p < 30000 for p in ports)

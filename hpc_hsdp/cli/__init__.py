@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+from pathlib import Path
 
 import click
 
 from hpc_hsdp import __version__
-from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.errors import HsdpError, SpecError
 
 EXIT_USAGE = 2
 
@@ -67,6 +69,31 @@ def fail(message: str) -> None:
     """Print one error line and exit with the usage-error code."""
     click.echo(f"hpc-hsdp: error: {message}", err=True)
     sys.exit(EXIT_USAGE)
+
+
+def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename:
+    readers see the old file or the whole new one, never a partial one."""
+    import tempfile  # only when writing a file: ~3 ms of start-up otherwise
+
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise SpecError(f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is writable") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise SpecError(f"cannot write {str(path)!r} ({exc.strerror})") from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> None:

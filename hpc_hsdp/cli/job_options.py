@@ -27,7 +27,7 @@ from hpc_hsdp.config import (
     select_profile,
 )
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import DEFAULT_SIGNAL, JobSpec, TrainingSpec, check_text
+from hpc_hsdp.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS, JobSpec, TrainingSpec, check_text
 
 # click parameter name -> config key (the option's name in a config file), where they differ
 _RENAMED = {"shard_size": "shard", "time_limit": "time", "sbatch_options": "sbatch", "env_vars": "env"}
@@ -40,6 +40,11 @@ JOB_OPTION_NAMES = (
     "container_image", "container_mounts", "debug", "venv", "conda_env", "python", "template",
     *(f"training_{name}" for name in TrainingSpec.__dataclass_fields__),
 )  # fmt: skip
+
+
+def config_key(name: str) -> str:
+    """The config-file key (and Python API keyword) of a click parameter of ``@job_options``."""
+    return name.removeprefix("training_") if name.startswith("training_") else _RENAMED.get(name, name)
 
 
 def job_options(command):
@@ -77,13 +82,13 @@ def job_options(command):
                      help="Pass a variable by name from the submitting environment (never written); repeatable."),
         click.option("--sbatch", "sbatch_options", multiple=True, metavar="KEY=VALUE",
                      help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable."),
-        click.option("--launcher", type=click.Choice(["srun", "torchrun"]), default=None,
+        click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
                      help="srun: one task per GPU; torchrun: one task per node, static rendezvous.  [default: srun]"),
-        click.option("--distribution", type=click.Choice(["block", "cyclic"]), default=None,
+        click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default=None,
                      help="srun --distribution; the layout is node-major either way.  [default: block]"),
         click.option("--entry", default=None, metavar="MODULE:FUNCTION",
                      help="Your training function, called on every rank.  [default: the built-in payload]"),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Device of each rank.  [default: auto]"),
+        click.option("--device", type=click.Choice(DEVICES), default=None, help="Device of each rank.  [default: auto]"),
         click.option("--timeout", type=int, default=None, metavar="SECONDS", help="Process-group timeout.  [default: 300]"),
         click.option("--comm-stats/--no-comm-stats", default=None,
                      help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.  [default: no]"),
@@ -130,7 +135,7 @@ def cli_layer(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         value = kwargs.get(name)
         if value is None or value == ():
             continue
-        key = name[len("training_"):] if name.startswith("training_") else _RENAMED.get(name, name)
+        key = config_key(name)
         if key == "env":
             value = _key_value("--env", value, flag_ok=False)
         elif key == "sbatch":
@@ -166,7 +171,7 @@ def job_spec_from_options(
         default_venv = running_venv()
     config_path = kwargs.get("config") or environ.get(CONFIG_ENV) or None
     profile_name = kwargs.get("profile") or environ.get(PROFILE_ENV) or None
-    config = load_config(os.path.join(cwd, config_path)) if config_path else None
+    config = load_config(os.path.join(cwd, os.path.expanduser(config_path))) if config_path else None
     profile = select_profile(config, profile_name, config_path=config_path)
     top = {k: v for k, v in (config or {}).items() if k not in ("profile", "profiles")}
     options = merge_options(profile, top, cli_layer(kwargs))

@@ -1,15 +1,79 @@
-"""``hpc-hsdp status | logs | cancel``: a submitted job, found from its run directory or id."""
+"""``hpc-hsdp status | logs | cancel``: a submitted job, found from its run directory or id;
+and :func:`follow`, the live line of ``submit --wait``."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
+UNKNOWN_GRACE_S = 30
+"""How long a job may stay UNKNOWN (no squeue nor sacct record) before following it stops."""
+
+
+def watch(handle, *, poll_s: float = 1.0) -> Iterator:
+    """The job's status every ``poll_s`` seconds; the last one yielded is final (the job
+    ended, or the scheduler has not known it for ``UNKNOWN_GRACE_S``)."""
+    unknown_since = None
+    while True:
+        status = handle.status()
+        if status.state == "UNKNOWN":
+            unknown_since = unknown_since or time.monotonic()
+        else:
+            unknown_since = None
+        ended = status.finished or (unknown_since is not None and time.monotonic() - unknown_since > UNKNOWN_GRACE_S)
+        yield status, ended
+        if ended:
+            return
+        time.sleep(poll_s)
+
+
+def step_text(metrics: dict | None, total_steps: int | None = None) -> str:
+    """``step 12/20 loss 5.5022 5769 tok/s`` from a metrics.jsonl record ('' without one)."""
+    if not metrics or metrics.get("step") is None:
+        return ""
+    text = f"step {metrics['step']}" + (f"/{total_steps}" if total_steps else "")
+    if isinstance(metrics.get("loss"), (int, float)):
+        text += f" loss {metrics['loss']:.4f}"
+    if isinstance(metrics.get("tokens_per_s"), (int, float)):
+        text += f" {metrics['tokens_per_s']:.0f} tok/s"
+    return text
+
+
+def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> int:
+    """Show a live line until the job ends; 0 when it completed, 1 otherwise."""
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    last_shown = ""
+    for status, _ in watch(handle, poll_s=poll_s):
+        line = f"job {handle.job_id} {status.state}"
+        if status.restarts:
+            line += f" (restarts {status.restarts})"
+        step = step_text(handle.last_metrics(), total_steps)
+        line += f" | {step}" if step else ""
+        if tty:
+            shown = f"[{time.monotonic() - start:5.0f}s] {line}"
+            click.echo("\r" + shown.ljust(len(last_shown)), nl=False, err=True)
+            last_shown = shown
+        elif line != last_shown:
+            click.echo(f"[{time.monotonic() - start:5.0f}s] {line}", err=True)
+            last_shown = line
+    if tty:
+        click.echo("", err=True)
+    if status.state == "COMPLETED":
+        click.echo(f"job {handle.job_id} completed; metrics: {Path(handle.record.run_dir) / 'metrics.jsonl'}", err=True)
+        return 0
+    click.echo(f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
+               err=True)  # fmt: skip
+    summary = handle.failure_summary()
+    if summary:
+        click.echo(summary, err=True)
+    return 1
 
 
 @click.command(epilog=JOB_HELP)
@@ -17,12 +81,11 @@ JOB_HELP = "JOB is the run directory of the submission, or a job id submitted fr
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(job, as_json) -> None:
     """State of a submitted job, its restarts and its latest training step."""
-    from hpc_hsdp.cli.submit_cmd import _last_metrics
-    from hpc_hsdp.submit import JobHandle
+    from hpc_hsdp.scheduler import JobHandle
 
     handle = JobHandle.find(job)
     st = handle.status()
-    metrics = _last_metrics(Path(handle.record.run_dir))
+    metrics = handle.last_metrics()
     data = {"job_id": handle.job_id, "cluster": handle.record.cluster, "state": st.state, "exit_code": st.exit_code,
             "restarts": st.restarts, "reason": st.reason, "run_dir": handle.record.run_dir,
             "last_step": metrics}  # fmt: skip
@@ -32,8 +95,9 @@ def status(job, as_json) -> None:
     click.echo(f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
                + (f", exit {st.exit_code}" if st.exit_code else "") + (f", reason {st.reason}" if st.reason else "")
                + f", restarts {st.restarts}")  # fmt: skip
-    if metrics:
-        click.echo(f"last step {metrics.get('step')}: loss {metrics.get('loss')}, {metrics.get('tokens_per_s')} tok/s")
+    step = step_text(metrics)
+    if step:
+        click.echo(f"last {step}")
     click.echo(f"run directory: {handle.record.run_dir}")
 
 
@@ -43,12 +107,15 @@ def status(job, as_json) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow) -> None:
     """Print a job's per-task logs (all tasks, or one rank's)."""
-    from hpc_hsdp.submit import JobHandle
+    from hpc_hsdp.scheduler import JobHandle
 
     handle = JobHandle.find(job)
-    paths = handle.log_paths(rank)
-    offsets = {p: 0 for p in paths}
-    while True:
+    offsets = {p: 0 for p in handle.log_paths(rank)}
+
+    def print_new() -> None:
+        if rank is None:  # tasks start after the batch step: pick up their logs as they appear
+            for path in handle.log_paths(None):
+                offsets.setdefault(path, 0)
         for path in list(offsets):
             if not path.exists():
                 continue
@@ -57,25 +124,28 @@ def logs(job, rank, follow) -> None:
                 chunk = f.read()
                 offsets[path] = f.tell()
             if chunk:
-                text = chunk.decode(errors="replace")
                 if len(offsets) > 2 or not follow:
                     click.echo(f"==> {path.name} <==")
-                click.echo(text, nl=False)
-        if not follow or handle.status().finished:
-            break
-        if rank is None:
-            for p in handle.log_paths(None):
-                offsets.setdefault(p, 0)
+                click.echo(chunk.decode(errors="replace"), nl=False)
         sys.stdout.flush()
-        time.sleep(1)
+
+    if not follow:
+        print_new()
+        return
+    for _ in watch(handle):
+        print_new()  # after reading the status: the last pass has every line the job wrote
 
 
 @click.command(epilog=JOB_HELP)
 @click.argument("job")
 def cancel(job) -> None:
     """Cancel a submitted job (scancel, or the local emulator's equivalent)."""
-    from hpc_hsdp.submit import JobHandle
+    from hpc_hsdp.scheduler import JobHandle
 
     handle = JobHandle.find(job)
+    st = handle.status()
+    if st.finished:
+        click.echo(f"job {handle.job_id} already ended ({st.state}); nothing to cancel")
+        return
     handle.cancel()
     click.echo(f"cancelled job {handle.job_id}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, recommend, smallest_fitting_shard
 from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
@@ -82,7 +83,7 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
     if svg_path:
-        Path(svg_path).write_text(plan_svg(the_plan))
+        write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
         data = the_plan.to_dict()
         if est is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.job_options import job_options, job_spec_from_options
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.render import render_sbatch
@@ -45,27 +46,3 @@ def render(output_path, make_log_dir, **kwargs) -> None:  # fmt: skip
             ) from None
     write_atomically(Path(output_path), text)
 
-
-def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename:
-    readers see the old file or the whole new one, never a partial one."""
-    import tempfile  # only when writing a file: ~3 ms of start-up otherwise
-
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise SpecError(f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is writable") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise SpecError(f"cannot write {str(path)!r} ({exc.strerror})") from None
-        raise

@@ -5,14 +5,14 @@ from __future__ import annotations
 import click
 
 from hpc_hsdp.cli.options import training_from_kwargs, training_options
-from hpc_hsdp.spec import RunSpec
+from hpc_hsdp.spec import DEVICES, RunSpec
 
 
 @click.command()
 @click.option("--shard", "shard_size", type=int, default=1, show_default=True, help="Shard-group size S (inner mesh axis).")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="Run directory: layout.json, metrics.jsonl, checkpoints/.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="auto: this task's GPU when CUDA is usable, else CPU.")
 @click.option("--entry", default=None, help="module:function called with the run context on every rank "
               "instead of the built-in payload, e.g. mypkg.train:main.")

@@ -19,7 +19,7 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.train.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.submit.requeue_job`, the one module that talks to the
+   through :func:`hpc_hsdp.scheduler.requeue_job`, the one module that talks to the
    scheduler) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
    which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
@@ -33,6 +33,7 @@ Imports no torch at module level: the handlers go in before torch is imported.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -98,8 +99,6 @@ class Preemption:
     """Signal flags of one task and their agreement across ranks (see the module docstring)."""
 
     def __init__(self, env: Mapping[str, str] | None = None, *, warning_signal: signal.Signals | None = None) -> None:
-        import os
-
         self.env = dict(os.environ if env is None else env)
         self.warning_signal = warning_signal or warning_signal_from(self.env)
         self.restart_count = restart_count(self.env)
@@ -208,7 +207,7 @@ class Preemption:
         if not in_slurm(self.env):
             return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
                            "resubmit with the same --run-dir to resume")  # fmt: skip
-        from hpc_hsdp.submit import requeue_job
+        from hpc_hsdp.scheduler import requeue_job
 
         ok, said = requeue_job(job_id)
         return ok, (f"requeued job {job_id} (scontrol requeue); it resumes from this checkpoint" if ok

@@ -26,8 +26,9 @@ def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[st
     ]  # fmt: skip
 
 
-def launch_torchrun(spec: RunSpec, nproc_per_node: int, python: str | None = None) -> int:
-    """Run torchrun for this node and wait; raises when a worker failed."""
+def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
+    """Run torchrun for this node with this task's interpreter (submitit started it from the
+    job's environment) and wait; raises when a worker failed."""
     command = torchrun_command(spec, nproc_per_node=nproc_per_node)
     print("launching:", " ".join(command), flush=True)
     code = subprocess.call(command)

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def task_function(spec) -> tuple[Callable, tuple]:
     if spec.launch.launcher == "torchrun":
         from hpc_hsdp.runtime.torchrun import launch_torchrun
 
-        return launch_torchrun, (spec.run, spec.gpus_per_node, spec.environment.python)
+        return launch_torchrun, (spec.run, spec.gpus_per_node)
     from hpc_hsdp.runtime.entry import task_main
 
     return task_main, (spec.run,)
@@ -85,7 +86,6 @@ def task_function(spec) -> tuple[Callable, tuple]:
 
 def _submitit_command(logs_dir: Path) -> str:
     import shlex
-    import sys
 
     return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(logs_dir))])
 
@@ -192,8 +192,20 @@ class JobHandle:
         if done.returncode != 0:
             raise SchedulerError(f"scancel {self.job_id} failed: {done.stderr.strip()}")
 
+    def last_metrics(self) -> dict | None:
+        """The latest record of ``<run-dir>/metrics.jsonl`` (step, loss, tokens_per_s, ...)."""
+        try:
+            with open(Path(self.record.run_dir) / "metrics.jsonl", "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 4096))
+                lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            return json.loads(lines[-1]) if lines else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
     def procid_of_rank(self, rank: int) -> int:
-        """SLURM's task id of a node-major rank, from layout.json (they differ under cyclic)."""
+        """SLURM's task id of a node-major rank, from layout.json: they differ under cyclic,
+        and under torchrun, whose workers all belong to their node's one task."""
         layout = Path(self.record.run_dir) / "layout.json"
         if layout.is_file():
             for entry in json.loads(layout.read_text()).get("ranks", []):
@@ -209,7 +221,7 @@ class JobHandle:
             )
         if not 0 <= rank < self.record.ntasks:
             raise SpecError(f"--rank {rank} is outside this job's ranks 0-{self.record.ntasks - 1}")
-        procid = self.procid_of_rank(rank) if self.record.launcher == "srun" else rank
+        procid = self.procid_of_rank(rank)
         return [logs / f"{self.job_id}_{procid}_log.out", logs / f"{self.job_id}_{procid}_log.err"]
 
     def rank_of_task(self, task: int) -> int | None:
@@ -425,8 +437,8 @@ def _submit_local(spec, func, args, kwargs):
 
     job_id = new_job_id()
     DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
-    alloc = allocation_for(nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, ntasks=spec.ntasks,
-                           job_name=spec.scheduler.job_name, tasks_per_node=1 if spec.launch.launcher == "torchrun" else None)  # fmt: skip
+    tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
+    alloc = allocation_for(tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name)
     return launch_local(submission_script(spec), alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id)
 
 
@@ -442,28 +454,26 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     return job
 
 
-# keyword names of the Python API that differ from the click parameter names
-_API_NAMES = {"shard": "shard_size", "time": "time_limit", "env": "env_vars", "sbatch": "sbatch_options"}
-
-
 def api_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of :func:`submit` (named like the command-line options, with
-    ``env``/``sbatch`` as dicts) -> the click parameters of ``hpc-hsdp submit``."""
-    from hpc_hsdp.cli.job_options import JOB_OPTION_NAMES
-    from hpc_hsdp.spec import TrainingSpec
+    """Keyword arguments of :func:`submit`, named like the config-file keys (``shard``,
+    ``gpus_per_node``, ``env`` and ``sbatch`` as dicts, ``setup`` a string or a list) ->
+    the click parameters of ``hpc-hsdp submit``. Values are checked as a config file's are."""
+    from hpc_hsdp.cli.job_options import JOB_OPTION_NAMES, config_key
+    from hpc_hsdp.config import OPTION_KINDS, check_kind
 
+    click_name = {config_key(name): name for name in JOB_OPTION_NAMES}
     converted: dict[str, Any] = {}
     for name, value in options.items():
-        key = _API_NAMES.get(name, name)
-        if name in TrainingSpec.__dataclass_fields__:
-            key = f"training_{name}"
-        if key not in JOB_OPTION_NAMES:
-            public = sorted({n.removeprefix("training_") for n in JOB_OPTION_NAMES} | set(_API_NAMES)
-                            - set(_API_NAMES.values()))  # fmt: skip
-            raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(public)}")
-        if key in ("env_vars", "sbatch_options") and isinstance(value, dict):
-            value = tuple(f"{k}={v}" for k, v in value.items())
-        elif key in ("setup", "pass_env") and isinstance(value, str):
-            value = (value,)
-        converted[key] = value
+        if name not in click_name:
+            raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(sorted(click_name))}")
+        kind = OPTION_KINDS.get(name, "path")  # config, profile: strings
+        if value is not None:
+            if kind == "table" and isinstance(value, dict):
+                table = check_kind(name, value, kind, "submit()")  # true: a flag (sbatch), false: left out
+                value = tuple(k if v is None else f"{k}={v}" for k, v in table.items() if v is not False)
+            else:
+                if kind in ("list", "table") and isinstance(value, (str, tuple)):
+                    value = [value] if isinstance(value, str) else list(value)  # one line, or KEY=VALUE items
+                value = check_kind(name, value, "list" if kind == "table" else kind, "submit()")
+        converted[click_name[name]] = value
     return converted
