@@ -19,7 +19,6 @@ number is absolute (seconds), reported with the scheduler's own share (signal ->
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -32,23 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import cancel_and_wait_gone, cluster_env, job_state  # noqa: E402
 from _launch import hpc_hsdp_command  # noqa: E402
 
+from hpc_hsdp.runtime.files import read_jsonl  # noqa: E402
+
 JOB = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--steps", "100000",
        "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--requeue"]  # fmt: skip
 RESUMED = re.compile(r"\[hpc-hsdp\] resumed from (?:step (\d+)|.*\(step (\d+))")
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return out
+    return read_jsonl(run_dir / "metrics.jsonl")  # stops at a line being written
 
 
 def _resumed_step(run_dir: Path) -> int | None:

@@ -11,7 +11,6 @@ per step to --out (rank 0): step, wall_time (end of the step), step_time_s.
 
 import argparse
 import json
-import os
 import time
 
 import torch

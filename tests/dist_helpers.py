@@ -3,7 +3,9 @@
 Each child gets the SLURM environment ``task_environments`` gives its task (block or
 cyclic SLURM_PROCIDs) plus MASTER_ADDR/MASTER_PORT, and runs the real entry
 ``run_task``. The parent must not have created a process group or threads before
-forking (importing torch is fine). A child's stdout/stderr go to
+forking (importing torch is fine), and the children run on the CPU: a process that asked
+CUDA anything (``torch.cuda.is_available()`` included) cannot hand CUDA to a forked child,
+so GPU tests start the CLI in a subprocess instead. A child's stdout/stderr go to
 ``<log_dir>/task-<procid>.log``; a failure or a timeout raises with the tracebacks and
 log tails.
 """
@@ -104,6 +106,8 @@ def launch(
 
     Unless ``expect_failure``, any failed task fails the caller with its traceback.
     """
+    if spec.device != "cpu":
+        raise ValueError(f"launch forks CPU-only tasks; got device {spec.device!r} (start a GPU job in a subprocess)")
     envs = job_envs(tasks_per_node=tasks_per_node, distribution=distribution, extra_env=extra_env)
     log_dir = Path(log_dir or Path(spec.run_dir) / "logs")
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -75,13 +75,14 @@ def measure_every_shard_size(ctx):
     from hpc_hsdp.runtime.comm_stats import CommStats
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
     from hpc_hsdp.runtime.train import train
+    from test_runtime import wrapped_collectives
 
     out = {"comm": {}, "memory": {}}
     steps: dict[int, dict] = {}
     train(ctx, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
     out["comm"][ctx.plan.shard_size] = steps
     ctx.comm_stats.close()
-    out["wrapped_after_close"] = _is_wrapped()
+    out["wrapped_after_close"] = bool(wrapped_collectives())
     nodes = [d["node"] for d in ctx.realized]
     for s in EXTRA_SHARD_SIZES:
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
@@ -101,15 +102,6 @@ def measure_every_shard_size(ctx):
         out["memory"][s] = _memory_of_one_step(sub, MODEL)
     out["memory"][ctx.plan.shard_size] = _memory_of_one_step(ctx, MODEL)
     return out
-
-
-def _is_wrapped() -> bool:
-    import torch.distributed as dist
-
-    from torch.distributed import distributed_c10d
-
-    names = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor", "all_reduce")
-    return any(getattr(dist, n) is not getattr(distributed_c10d, n) for n in names)
 
 
 # ----------------------------------------------------------------------------- the shared run
@@ -205,8 +197,10 @@ def test_memory_estimate_matches_fsdp_mem_tracker(measured, shard_size):
         assert mem["Sharded Param"] == pytest.approx(est.param_bytes, rel=0.03)
 
 
-def test_no_wrapping_without_comm_stats():
-    """Disabled means not installed: the torch.distributed functions are the originals."""
+def test_comm_stats_wraps_only_while_active():
+    """The recorder replaces the torch.distributed functions while active and puts the
+    originals back on exit (a run without --comm-stats never wraps them: test_runtime's
+    test_collectives_are_not_wrapped_without_comm_stats)."""
     import torch.distributed as dist
 
     from hpc_hsdp.runtime.comm_stats import CommStats
@@ -214,8 +208,8 @@ def test_no_wrapping_without_comm_stats():
     originals = {n: getattr(dist, n) for n in ("all_gather_single", "reduce_scatter_single", "all_reduce")}
     recorder = CommStats(node_of_rank=[])
     with recorder:
-        assert all(getattr(dist, n) is not f for n, f in originals.items())
-    assert all(getattr(dist, n) is f for n, f in originals.items())
+        assert recorder.active and all(getattr(dist, n) is not f for n, f in originals.items())
+    assert not recorder.active and all(getattr(dist, n) is f for n, f in originals.items())
 
 
 def test_comm_stats_option_reaches_the_run_args():

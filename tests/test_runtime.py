@@ -47,12 +47,23 @@ def train_and_report(ctx):
     params = dict(result.model.named_parameters())
     return {
         "summary": result.summary(ctx),
+        "comm_stats": ctx.comm_stats,
+        "wrapped_collectives": wrapped_collectives(),
         "local_bytes": {n: p.to_local().detach().contiguous().numpy().tobytes() for n, p in params.items()},
         "local_numel": sum(p.to_local().numel() for p in params.values()),
         "total_numel": sum(p.numel() for p in params.values()),
         "placements": sorted({str(p.placements) for p in params.values() if isinstance(p, DTensor)}),
         "losses": result.losses,
     }
+
+
+def wrapped_collectives() -> list[str]:
+    """The torch.distributed collectives that are not torch's own functions right now."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    names = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor", "all_reduce")
+    return [n for n in names if getattr(dist, n) is not getattr(distributed_c10d, n)]
 
 
 class SimulatedCrash(Exception):
@@ -227,6 +238,12 @@ def test_layout_json_under_cyclic_procids_keeps_shard_groups_on_one_node(hsdp_ru
     assert (hsdp_run["run_dir"] / "logs" / "task-1.log").read_text().startswith("[hpc-hsdp] rank 4/8 node tn2 procid 1")
 
 
+def test_collectives_are_not_wrapped_without_comm_stats(hsdp_run):
+    """--comm-stats off costs nothing: no recorder, torch's own functions on every rank."""
+    for value in hsdp_run["by_rank"].values():
+        assert value["comm_stats"] is None and value["wrapped_collectives"] == []
+
+
 def test_replicas_hold_identical_shards(hsdp_run):
     by_rank = hsdp_run["by_rank"]
     assert by_rank[0]["placements"] == ["(Replicate(), Shard(dim=0))"]
@@ -277,9 +294,15 @@ def test_resume_on_the_same_mesh_continues_exactly(hsdp_run, tmp_path):
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert [r["step"] for r in read_jsonl(metrics)] == [1, 2, 3, 4]
     assert [s for s, _ in complete_checkpoints(spec.run_dir)] == [3]
+    # what a crash can leave: a save marked COMPLETE but not yet renamed, a directory never marked
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / "step-000005.tmp").mkdir()
+    (checkpoints / "step-000005.tmp" / "COMPLETE").write_text("step 5\n")
+    (checkpoints / "step-000009").mkdir()
 
     second = launch(spec, tasks_per_node=[4, 4], timeout_s=180)  # the built-in payload resumes
-    assert {o.value["start_step"] for o in second} == {3}
+    assert {o.value["start_step"] for o in second} == {3}  # neither of them is loaded
+    assert not (checkpoints / "step-000005.tmp").exists()  # the next save cleared it
     assert {o.value["steps"] for o in second} == {6}
     records = read_jsonl(metrics)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # step 4 rewritten, not repeated
@@ -461,14 +484,34 @@ def test_one_task_per_node_is_refused_with_the_torchrun_hint():
 
 @pytest.mark.gpu
 def test_gpu_single_task_runs_on_cuda(tmp_path):
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    training = TrainingSpec(layers=2, width=64, heads=4, seq_len=32, steps=3)
-    spec = RunSpec(shard_size=1, run_dir=str(tmp_path), device="cuda", training=training, timeout_s=120)
-    outcomes = launch(spec, tasks_per_node=[1], timeout_s=180)
-    assert outcomes[0].value["steps"] == 3
+    """One task, NCCL on cuda:0, through the real CLI. A subprocess, not ``launch``: this
+    process has already asked CUDA whether it is available, and a forked child of a process
+    that initialised the CUDA driver cannot use it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update(job_envs(tasks_per_node=[1])[0])
+    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(tmp_path), "--device", "cuda",
+            "--timeout", "120", "--steps", "3", "--layers", "2", "--width", "64", "--heads", "4", "--seq-len", "32"]  # fmt: skip
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
     layout = json.loads((tmp_path / "layout.json").read_text())
     assert layout["backend"] == "nccl" and layout["ranks"][0]["device"] == "cuda:0"
-    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["peak_mem_kind"] == "cuda_max_allocated"
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[-1]["peak_mem_kind"] == "cuda_max_allocated" and records[-1]["peak_mem_bytes"] > 0
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [3]
+
+
+def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
+    """A rank 0 killed in the middle of an append leaves half a line; the resumed run's first
+    record must not be glued to it (read_jsonl would stop there and lose every later step)."""
+    from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')
+    assert truncate_metrics(path, keep_through_step=2) == 0
+    append_jsonl(path, {"step": 3, "loss": 1.8})
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]
+    assert truncate_metrics(path, keep_through_step=1) == 2
+    assert path.read_text() == '{"step": 1, "loss": 2.0}\n'
+    assert truncate_metrics(tmp_path / "absent.jsonl", keep_through_step=0) == 0
+    assert not (tmp_path / "absent.jsonl").exists()

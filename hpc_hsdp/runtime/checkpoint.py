@@ -1,10 +1,11 @@
 """Distributed checkpoints: torch.distributed.checkpoint, atomic, keep the last K.
 
 Layout: ``<run_dir>/checkpoints/step-000010/`` holds DCP's files (``.metadata``,
-``__<rank>_0.distcp``), ``train_state.json`` (step, data position, the mesh it was
-written from) and ``COMPLETE``. A save goes to ``step-000010.tmp``; after every rank has
-written, rank 0 writes ``train_state.json`` and ``COMPLETE`` and renames the directory:
-a directory without ``.tmp`` and with ``COMPLETE`` is always whole. DCP stores
+``__<rank>_0.distcp``), ``train_state.json`` (step, seed, world size, batch size, the
+mesh it was written from) and ``COMPLETE``. A save goes to ``step-000010.tmp`` (first
+removing any ``.tmp`` a crash left); after every rank has written, rank 0 writes
+``train_state.json`` and ``COMPLETE`` and renames the directory: a directory without
+``.tmp`` and with ``COMPLETE`` is always whole. DCP stores
 replicated shards once and reshards on load, so a checkpoint loads into another mesh
 shape or world size.
 """
@@ -67,7 +68,8 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
     rank0 = dist.get_rank() == 0
     if rank0:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
+        for stale in root.glob("step-*.tmp"):  # left by a crash during an earlier save
+            shutil.rmtree(stale, ignore_errors=True)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))

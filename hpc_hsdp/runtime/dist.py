@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.runtime.files import atomic_write_text
 from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
+from hpc_hsdp.spec import DEVICES
 from hpc_hsdp.topology import RankLayout, TopologyPlan
 
 MESH_AXES = ("replicate", "shard")
@@ -135,21 +136,26 @@ class RunContext:
         self._active = False
         if self.comm_stats is not None:
             self.comm_stats.close()
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        finally:
-            for name, value in self._saved_env.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        _leave(self._saved_env)
 
     def __enter__(self) -> RunContext:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _leave(saved_env: Mapping[str, str | None]) -> None:
+    """Destroy the process group (if any) and put back the variables ``init`` exported."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _group_ranks(mesh: DeviceMesh, axis: str) -> list[int]:
@@ -178,8 +184,8 @@ def init(
     env = dict(os.environ if env is None else env)
     if dist.is_initialized():
         raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
-    if device not in ("auto", "cpu", "cuda"):
-        raise HsdpError(f"device {device!r} is unknown; choose auto, cpu or cuda")
+    if device not in DEVICES:
+        raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
     _require_numpy()
     layout = RankLayout.from_env(env, shard_size=shard_size)
     if layout.launch_mode == "task-per-node":
@@ -256,13 +262,7 @@ def init(
         if ctx is not None:
             ctx.shutdown()
         else:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            _leave(saved)
         raise
 
 

@@ -59,7 +59,7 @@ def run_task(
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)
         ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=env,
-                   comm_stats=getattr(spec, "comm_stats", False))
+                   comm_stats=spec.comm_stats)
         try:
             ctx.spec = spec
             ctx.preemption = preemption

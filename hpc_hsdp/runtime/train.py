@@ -135,12 +135,9 @@ def train(
 
     def save(step: int) -> None:
         nonlocal saved_step
-        train_state = {
-            "seed": training.seed,
-            "data": {"next_step": step + 1, "seed": training.seed, "world_size": world, "batch_size": training.batch_size},
-            "mesh_shape": list(ctx.plan.mesh_shape),
-            "world_size": world,
-        }
+        # the data position is the step: batches depend on (seed, step, rank, world size, batch size)
+        train_state = {"seed": training.seed, "world_size": world, "batch_size": training.batch_size,
+                       "mesh_shape": list(ctx.plan.mesh_shape)}  # fmt: skip
         path = checkpoint.save(run_dir, model, optimizer, step=step, train_state=train_state,
                                keep=training.keep_checkpoints)  # fmt: skip
         saved_step = step
