@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_hsdp.files import write_atomically
 from hpc_hsdp.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.topology import expand_nodelist, format_tasks_per_node, parse_tasks_per_node
 
@@ -35,9 +36,7 @@ TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=1))
 
 
 def free_port() -> int:

@@ -115,11 +115,9 @@ class JobRecord:
     submitted_at: float
 
     def save(self) -> None:
-        data = self.__dict__.copy()
-        path = Path(self.run_dir) / "job.json"
-        tmp = path.with_name("job.json.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        from hpc_hsdp.files import write_atomically
+
+        write_atomically(Path(self.run_dir) / "job.json", json.dumps(self.__dict__, indent=1))
         index = _state_home()
         try:
             index.mkdir(parents=True, exist_ok=True)

@@ -6,17 +6,15 @@ import json
 import os
 from pathlib import Path
 
+from hpc_hsdp.files import write_atomically
+
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one."""
+    """Write ``text`` durably to ``path`` (creating its directory): a reader sees the old
+    file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, text, durable=True)
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
