@@ -479,7 +479,20 @@ def test_one_task_per_node_is_refused_with_the_torchrun_hint():
 
     env = task_environments(tasks_per_node=[1, 1], node_names=["tn1", "tn2"], job_id="7", gpus_per_node=4)[0]
     with pytest.raises(HsdpError, match="torchrun"):
-        init(4, "cpu", env=env)
+        init(4, "auto", env=env)
+
+
+def _device_of(ctx):
+    return [ctx.layout.device, str(ctx.device)]
+
+
+def test_forced_cpu_ignores_gpus_it_will_not_use(tmp_path):
+    """Three tasks on a node with two GPUs visible to each: a GPU run must refuse local
+    rank 2, a --device cpu run must not care."""
+    spec = RunSpec(shard_size=3, run_dir=str(tmp_path), device="cpu")
+    extra = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_GPUS_ON_NODE": "2"}
+    outcomes = launch(spec, tasks_per_node=[3], fn=_device_of, extra_env=extra)
+    assert [o.value for o in outcomes] == [["cpu", "cpu"]] * 3
 
 
 @pytest.mark.gpu

@@ -187,13 +187,14 @@ def init(
     if device not in DEVICES:
         raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
     _require_numpy()
-    layout = RankLayout.from_env(env, shard_size=shard_size)
+    # --device cpu: the layout must not pick (or refuse) GPUs that will not be used
+    layout_env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"} if device == "cpu" else env
+    layout = RankLayout.from_env(layout_env, shard_size=shard_size)
     if layout.launch_mode == "task-per-node":
         raise SlurmEnvError(
             f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
-            f"`hpc-hsdp run` must run once per GPU; start it through the torchrun launcher "
-            f"(srun torchrun --nnodes ... --nproc-per-node {layout.local_world_size} --node-rank $SLURM_NODEID "
-            f"-m hpc_hsdp run ...) or with srun --ntasks-per-node {layout.local_world_size}"
+            f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
+            f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
         )
     torch_device, note = pick_device(device, layout)
     torch_env = layout.torch_env()
