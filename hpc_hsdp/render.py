@@ -205,7 +205,7 @@ def default_launch_command(spec: JobSpec) -> str:
     """What srun runs on each task, as ready shell text.
 
     srun: ``python -m hpc_hsdp run <RunSpec args>`` (one task per GPU; the task derives its
-    node-major rank itself). torchrun: ``bash -c 'exec torchrun ... -m hpc_hsdp run ...'``
+    node-major rank itself). torchrun: ``bash -c 'trap "" SIG; exec torchrun ... -m hpc_hsdp run ...'``
     (one task per node), with a static rendezvous whose ``--node-rank`` comes from the
     layout, so ranks follow node order; never c10d.
     """
@@ -217,6 +217,9 @@ def default_launch_command(spec: JobSpec) -> str:
     layout_argv = [python, "-m", "hpc_hsdp", "layout", "--shard", str(spec.run.shard_size),
                    "--nproc-per-node", str(spec.gpus_per_node), "--field", "node_rank"]  # fmt: skip
     inner = [
+        # torchrun's agent would die of the warning signal (Python's default action); the
+        # workers get it from SLURM directly, install their own handler and save
+        'trap "" "$HPC_HSDP_WARNING_SIGNAL";',
         "exec",
         "torchrun",
         f"--nnodes={spec.nodes}",

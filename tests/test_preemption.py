@@ -319,6 +319,32 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_cluster, reference_run, tmp_path):
+    """SLURM signals every process of the step: torchrun's agent must survive the warning
+    (it starts with it ignored) while its workers save; the resumed run equals the reference."""
+    from test_runtime import compare_checkpoints
+
+    run = tmp_path / "run"
+    job_id = submit(run, *TWO_BY_TWO, "--launcher", "torchrun", "--steps", str(STEPS), "--env", f"{SLOW}=0.15")
+    wait_until("step 4", lambda: len(steps(run)) >= 4, 180, run)
+    assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0
+    final = wait_finished(run)
+    assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
+    logs = all_logs(run)
+    assert "on USR2: requeued job" in logs and "(restart 1)" in logs
+    # the agent did not die of the warning (-12): it ended on SLURM's SIGTERM after the workers saved
+    assert "torchrun on this node exited with code" not in logs
+    assert re.search(r"torchrun on this node ended \(-?\d+\) after SIGUSR2", logs)
+    assert steps(run) == list(range(1, STEPS + 1))
+    ref = wait_finished(reference_run)
+    assert ref["state"] == "COMPLETED"
+    diffs = in_child(compare_checkpoints, run / "checkpoints" / f"step-{STEPS:06d}",
+                     reference_run / "checkpoints" / f"step-{STEPS:06d}")  # fmt: skip
+    assert diffs == [], f"the preempted torchrun job differs from the uninterrupted one in {diffs[:5]}"
+
+
+@pytest.mark.slurm
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_fails_the_job_fast_and_names_the_rank(slurm_cluster, tmp_path):
     run = tmp_path / "run"

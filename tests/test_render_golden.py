@@ -98,7 +98,9 @@ def test_override_changes_only_the_launch_command() -> None:
         assert len(changed) == 1, changed
         before, after = changed[0]
         assert after == f"    {SUBMITIT_COMMAND} || status=$?"
-        assert before.startswith("    python -m hpc_hsdp run ") or before.startswith("    bash -c 'exec torchrun ")
+        assert before.startswith("    python -m hpc_hsdp run ") or before.startswith(
+            """    bash -c 'trap "" "$HPC_HSDP_WARNING_SIGNAL"; exec torchrun """
+        )
 
 
 @pytest.mark.parametrize("name", ALL)

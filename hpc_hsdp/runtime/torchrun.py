@@ -8,6 +8,7 @@ so the workers' ranks are node-major and match the plan. Imports no torch itself
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -28,10 +29,27 @@ def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[st
 
 def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     """Run torchrun for this node with this task's interpreter (submitit started it from the
-    job's environment) and wait; raises when a worker failed."""
+    job's environment) and wait; raises when a worker failed.
+
+    SLURM signals every process of the step: the workers handle the warning signal and
+    SIGTERM themselves (every rank saves). torchrun's agent starts with the warning signal
+    ignored, so that it does not die of it; this process only notes the signals (replacing
+    submitit's handlers) and, after a stop, exits without a result, as an srun task does,
+    so that the requeued job's result is the one submitit reports."""
+    from hpc_hsdp.runtime.preemption import warning_signal_from
+
+    warning = warning_signal_from(os.environ)
+    stopped: list[int] = []
+    for sig in (warning, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stopped.append(signum))
     command = torchrun_command(spec, nproc_per_node=nproc_per_node)
     print("launching:", " ".join(command), flush=True)
-    code = subprocess.call(command)
+    code = subprocess.call(command, preexec_fn=lambda: signal.signal(warning, signal.SIG_IGN))
+    if stopped:
+        # the workers saved; SLURM ends (and maybe requeues) the step, and torchrun's agent
+        # reports the SIGTERM it then gets as a failure: not one of the run
+        print(f"torchrun on this node ended ({code}) after {signal.Signals(stopped[0]).name}", flush=True)
+        raise SystemExit(0)
     if code != 0:
         raise RuntimeError(f"torchrun on this node exited with code {code}; see the workers' lines above")
     return code
