@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.topology import TopologyPlan, divisors
+from hpc_hsdp.topology import TopologyPlan, valid_shard_sizes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
@@ -155,16 +155,6 @@ def estimate(
         param_bytes=b * p // s, grad_bytes=b * p // s, optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
         traffic=tuple(traffic),
     )  # fmt: skip
-
-
-def valid_shard_sizes(tasks_per_node: tuple[int, ...]) -> list[int]:
-    """Every shard size the topology core accepts for these nodes, ascending."""
-    smallest, world = min(tasks_per_node), sum(tasks_per_node)
-    sizes = [d for d in divisors(smallest) if all(c % d == 0 for c in tasks_per_node)]
-    if len(set(tasks_per_node)) == 1:
-        g = tasks_per_node[0]
-        sizes += [m for m in range(2 * g, world + 1, g) if world % m == 0]
-    return sizes
 
 
 @dataclass(frozen=True, kw_only=True)

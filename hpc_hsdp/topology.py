@@ -72,6 +72,17 @@ def format_tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def valid_shard_sizes(tasks_per_node: Sequence[int]) -> list[int]:
+    """Every shard size :class:`TopologyPlan` accepts for these nodes, ascending: the
+    divisors of every node's count, then (equal nodes of G) the multiples of G dividing the world."""
+    counts = tuple(tasks_per_node)
+    smallest, world = min(counts), sum(counts)
+    sizes = [d for d in divisors(smallest) if all(c % d == 0 for c in counts)]
+    if len(set(counts)) == 1:
+        sizes += [m for m in range(2 * smallest, world + 1, smallest) if world % m == 0]
+    return sizes
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -112,7 +123,7 @@ class TopologyPlan:
             bad = [(name, c) for name, c in zip(self.node_names, counts) if c % s]
             if bad:
                 name, c = bad[0]
-                fits = [d for d in divisors(smallest) if all(x % d == 0 for x in counts)]
+                fits = [d for d in valid_shard_sizes(counts) if d <= smallest]
                 raise TopologyError(
                     f"shard size {s} does not divide the {c} tasks on node {name}; "
                     f"choose a shard size that divides every node's task count ({', '.join(map(str, fits))})"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard, valid_shard_sizes
-from hpc_hsdp.topology import TopologyPlan, plan_for
+from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard
+from hpc_hsdp.topology import TopologyPlan, plan_for, valid_shard_sizes
 
 P = 1_000_000
 
