@@ -44,6 +44,8 @@ from hpc_hsdp.spec import (
     RunSpec,
     SchedulerSpec,
     TrainingSpec,
+    option_flag,
+    training_field_kind,
 )
 
 CONFIG_ENV = "HPC_HSDP_CONFIG"
@@ -51,7 +53,7 @@ CONFIG_ENV = "HPC_HSDP_CONFIG"
 PROFILE_ENV = "HPC_HSDP_PROFILE"
 """Environment variable naming the profile when ``--profile`` is not given."""
 
-_TRAINING_KINDS = {f.name: ("float" if f.name == "lr" else "int") for f in fields(TrainingSpec)}
+_TRAINING_KINDS = {f.name: "path" if f.metadata.get("path") else training_field_kind(f) for f in fields(TrainingSpec)}
 
 # option (config key) -> kind of value
 OPTION_KINDS: dict[str, str] = {
@@ -284,7 +286,11 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
     if isinstance(signal, str) and signal.lower() == "none":
         signal = None
 
-    training = TrainingSpec(**{name: o[name] for name in _TRAINING_KINDS if o.get(name) is not None})
+    training_values = {name: o[name] for name in _TRAINING_KINDS if o.get(name) is not None}
+    for name, kind in _TRAINING_KINDS.items():
+        if kind == "path" and name in training_values:
+            training_values[name] = absolute(training_values[name], option_flag(name))
+    training = TrainingSpec(**training_values)
     run = RunSpec(
         shard_size=o["shard"],
         run_dir=run_dir,

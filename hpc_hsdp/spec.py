@@ -7,7 +7,7 @@ The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from hpc_hsdp.errors import SpecError
 
@@ -28,56 +28,158 @@ def _flag(option: str, value: object) -> None:
         raise SpecError(f"{option} {value!r} must be true or false")
 
 
+def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
+    """A value that will become part of one line of the script: a string without newline,
+    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
+    if not isinstance(value, str):
+        raise SpecError(f"{option} {value!r} must be a string")
+    if "\0" in value:
+        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
+    if "\n" in value or "\r" in value:
+        raise SpecError(
+            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
+            f"give it on one line"
+        )
+    if not allow_empty and value == "":
+        raise SpecError(f"{option} is empty; give a value or leave the option out")
+    return value
+
+
+def _option(default, help: str, *, minimum: float | None = None, positive: bool = False,
+            choices: tuple[str, ...] | None = None, metavar: str | None = None, path: bool = False):
+    """A TrainingSpec field that is also a command-line option and a config key: its
+    default, its one line of ``--help``, and its bound or choices (checked on construction);
+    ``path=True``: a file path, made absolute against the config file's or the caller's directory.
+    The click option, the config kind, ``--help`` and ``to_args`` all derive from this."""
+    return field(default=default, metadata={"help": help, "minimum": minimum, "positive": positive, "choices": choices,
+                                                  "metavar": metavar, "path": path})
+
+
+PRECISIONS = ("auto", "bf16", "fp32")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingSpec:
-    """Options of the built-in payload: a small decoder-only transformer on synthetic tokens."""
+    """The training loop's options (``hpc-hsdp run``, ``render``, ``submit``, config files).
 
-    layers: int = 2
-    """Transformer blocks (each is wrapped with fully_shard)."""
-    width: int = 64
-    """Model width (embedding dimension)."""
-    heads: int = 4
-    """Attention heads; must divide width."""
-    seq_len: int = 32
-    """Tokens per sample."""
-    batch_size: int = 4
-    """Samples per rank per step."""
-    vocab_size: int = 256
-    """Size of the synthetic vocabulary."""
-    steps: int = 20
-    """Optimizer steps to train (in total, across restarts)."""
-    seed: int = 0
-    """Seed of the model initialisation and of the synthetic data."""
-    lr: float = 3e-3
-    """AdamW learning rate."""
-    checkpoint_every: int = 0
-    """Save a distributed checkpoint every K steps (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """Complete checkpoints to keep (older ones are deleted)."""
+    Each field is one option, defined here once: ``--seq-len`` on the command line,
+    ``seq_len`` (or ``seq-len``) in a config file, the same keyword in the Python API.
+    """
+
+    # ------------------------------------------------------------------ the model
+    model: str = _option("builtin", "builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM "
+                         "directory or config.json) or MODULE:FUNCTION (your factory).", metavar="MODEL")
+    shard_unit: str | None = _option(None, "Class name of the blocks wrapped with fully_shard (comma-separated); "
+                                     "default: the model's own (_no_split_modules, or the factory's).",
+                                     metavar="CLASS")
+    layers: int = _option(2, "Built-in model: transformer blocks (each wrapped with fully_shard).", minimum=1)
+    width: int = _option(64, "Built-in model: width (embedding dimension).", minimum=1)
+    heads: int = _option(4, "Built-in model: attention heads; must divide --width.", minimum=1)
+    vocab_size: int = _option(256, "Vocabulary of the synthetic tokens (without --data); with --data the model "
+                              "takes the dataset's.", minimum=1)
+    # ------------------------------------------------------------------ the data
+    data: str | None = _option(None, "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file "
+                               "with its .json sidecar); default: synthetic tokens.", metavar="PATH", path=True)
+    val_data: str | None = _option(None, "Held-out token data for --eval-every; default: the dataset's val split.",
+                                   metavar="PATH", path=True)
+    seq_len: int = _option(32, "Tokens per sample.", minimum=1)
+    batch_size: int = _option(4, "Samples per rank per micro-batch (or give --global-batch-size).", minimum=1)
+    global_batch_size: int | None = _option(None, "Samples per optimizer step over all ranks; sets --batch-size "
+                                            "to it / (ranks x --grad-accum), which must divide.", minimum=1)
+    grad_accum: int = _option(1, "Micro-batches per optimizer step (replicas all-reduce once per step).", minimum=1)
+    # ------------------------------------------------------------------ the optimisation
+    steps: int = _option(20, "Optimizer steps in total, across restarts.", minimum=1)
+    seed: int = _option(0, "Seed of the initialisation and of the data order.", minimum=0)
+    lr: float = _option(3e-3, "Peak AdamW learning rate.", positive=True)
+    weight_decay: float = _option(0.0, "AdamW weight decay.", minimum=0.0)
+    lr_schedule: str = _option("constant", "Learning-rate schedule after the warm-up.", choices=LR_SCHEDULES)
+    warmup_steps: int = _option(0, "Linear warm-up steps from 0 to --lr.", minimum=0)
+    min_lr: float = _option(0.0, "Learning rate at the last step for cosine and linear schedules.", minimum=0.0)
+    clip_grad: float = _option(0.0, "Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.",
+                               minimum=0.0)
+    precision: str = _option("auto", "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 "
+                             "on GPU, fp32 on CPU.", choices=PRECISIONS)
+    activation_checkpointing: bool = _option(False, "Recompute each sharded block's activations in backward.")
+    # ------------------------------------------------------------------ eval and checkpoints
+    eval_every: int = _option(0, "Mean loss on the held-out split every K steps (0: never).", minimum=0)
+    eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
+    checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
+    keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "lr":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                    raise SpecError(f"--lr {value!r} must be a positive number, e.g. 3e-3")
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecError(f"--{f.name.replace('_', '-')} {value!r} must be an integer")
-            minimum = 0 if f.name in ("seed", "checkpoint_every") else 1
-            if value < minimum:
-                raise SpecError(f"--{f.name.replace('_', '-')} {value} must be at least {minimum}")
+            check_training_value(f, getattr(self, f.name))
         if self.width % self.heads:
             raise SpecError(f"--width {self.width} is not divisible by --heads {self.heads}; pick a width that is a multiple of it")
+        if self.val_data is not None and self.data is None:
+            raise SpecError("--val-data without --data: give the training data too (--data PATH)")
 
     def to_args(self) -> list[str]:
         """The options that reproduce this spec on ``hpc-hsdp run``; defaults are left out."""
         args: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value != f.default:
-                args += [f"--{f.name.replace('_', '-')}", repr(value) if isinstance(value, float) else str(value)]
+            if value == f.default:
+                continue
+            flag = option_flag(f.name)
+            if isinstance(value, bool):
+                args.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                args += [flag, repr(value) if isinstance(value, float) else str(value)]
         return args
+
+    def rank_batch_size(self, world_size: int) -> int:
+        """Samples per rank per micro-batch: ``--batch-size``, or ``--global-batch-size`` split
+        over ``world_size`` ranks and ``--grad-accum`` micro-batches."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        per_step = world_size * self.grad_accum
+        if self.global_batch_size % per_step:
+            raise SpecError(
+                f"--global-batch-size {self.global_batch_size} is not divisible by {world_size} ranks x "
+                f"--grad-accum {self.grad_accum} = {per_step}; pick a multiple of {per_step}"
+            )
+        return self.global_batch_size // per_step
+
+    def global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.rank_batch_size(world_size) * world_size * self.grad_accum
+
+
+def option_flag(name: str) -> str:
+    """``seq_len`` -> ``--seq-len``."""
+    return "--" + name.replace("_", "-")
+
+
+def training_field_kind(f) -> str:
+    """The config kind of a TrainingSpec field: int, float, str or bool (None allowed for
+    ``X | None`` fields)."""
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return text.split("|")[0].strip()
+
+
+def check_training_value(f, value) -> None:
+    """Check one TrainingSpec value against its field's kind, bound and choices."""
+    flag, kind, meta = option_flag(f.name), training_field_kind(f), f.metadata
+    if value is None and "None" in str(f.type):
+        return
+    if kind == "bool":
+        _flag(flag, value)
+        return
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SpecError(f"{flag} {value!r} must be an integer")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+        raise SpecError(f"{flag} {value!r} must be a number, e.g. {f.default!r}")
+    if kind == "str":
+        check_text(flag, value)
+    if meta.get("choices") and value not in meta["choices"]:
+        raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(meta['choices'])}")
+    minimum = meta.get("minimum")
+    if minimum is not None and value < minimum:
+        raise SpecError(f"{flag} {value} must be at least {minimum}")
+    if meta.get("positive") and not value > 0:
+        raise SpecError(f"{flag} {value!r} must be a positive number, e.g. {f.default!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,23 +271,6 @@ OWNED_SBATCH_KEYS: dict[str, str] = {
     "distribution": "--distribution",
     "chdir": "--run-dir (every path in the script is absolute)",
 }
-
-
-def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
-    """A value that will become part of one line of the script: a string without newline,
-    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
-    if not isinstance(value, str):
-        raise SpecError(f"{option} {value!r} must be a string")
-    if "\0" in value:
-        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
-    if "\n" in value or "\r" in value:
-        raise SpecError(
-            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
-            f"give it on one line"
-        )
-    if not allow_empty and value == "":
-        raise SpecError(f"{option} is empty; give a value or leave the option out")
-    return value
 
 
 def _optional_text(option: str, value: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.config import load_config, merge_options
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.spec import TrainingSpec
 
 CONFIG = textwrap.dedent("""\
     nodes = 2
@@ -179,8 +181,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         """))
     from hpc_hsdp.config import OPTION_KINDS, load_config as load
 
-    missing = set(OPTION_KINDS) - set(load(path)) - {"layers", "width", "heads", "seq_len", "batch_size", "vocab_size",
-                                                     "seed", "checkpoint_every", "keep_checkpoints", "conda_env"}
+    missing = set(OPTION_KINDS) - set(load(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
     assert not missing
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(["--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--job-name", "all", "--partition", "p",
@@ -192,6 +193,33 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
                      "--timeout", "60", "--comm-stats", "--container-image", "img", "--container-mounts", "/a:/b", "--debug",
                      "--venv", "/v", "--python", "python3", "--steps", "9", "--lr", "0.01"], cwd=tmp_path)  # fmt: skip
     assert from_file == from_cli
+
+
+_SAMPLE_BY_KIND = {"int": 3, "float": 0.25, "bool": True, "str": "x", "path": "/data/tokens"}
+_SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68}
+
+
+@pytest.mark.parametrize("f", fields(TrainingSpec), ids=lambda f: f.name)
+def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(tmp_path: Path, f) -> None:
+    """Each TrainingSpec field is an option of its own: the same value from a config file
+    (either spelling) and from the command line gives the same spec, and to_args reproduces it."""
+    from hpc_hsdp.config import OPTION_KINDS
+    from hpc_hsdp.spec import option_flag
+
+    kind = OPTION_KINDS[f.name]
+    value = _SAMPLE.get(f.name, f.metadata["choices"][-1] if f.metadata.get("choices") else _SAMPLE_BY_KIND[kind])
+    toml_value = "true" if value is True else f'"{value}"' if isinstance(value, str) else repr(value)
+    needs_data = f.name == "val_data"
+    lines = f"shard = 1\n{f.name.replace('_', '-')} = {toml_value}\n" + ('data = "/data/train"\n' if needs_data else "")
+    path = tmp_path / "one.toml"
+    path.write_text(lines)
+    cli = [option_flag(f.name)] if value is True else [option_flag(f.name), str(value)]
+    cli = (["--data", "/data/train"] if needs_data else []) + cli
+    from_file = spec(["--config", str(path)], cwd=tmp_path)
+    from_cli = spec(["--shard", "1", *cli], cwd=tmp_path)
+    assert from_file == from_cli
+    assert getattr(from_cli.run.training, f.name) == value
+    assert from_cli.run.training.to_args() == cli
 
 
 # ----------------------------------------------------------------------------- the Python API's options

@@ -1,4 +1,6 @@
-"""Click options shared by ``run``, ``render`` and ``submit``."""
+"""Click options derived from :class:`hpc_hsdp.spec.TrainingSpec`, shared by ``run``,
+``render`` and ``submit``: one option per field, its help, bound and choices taken from
+the field, so that an option is defined once."""
 
 from __future__ import annotations
 
@@ -6,34 +8,29 @@ from dataclasses import fields
 
 import click
 
-from hpc_hsdp.spec import TrainingSpec
+from hpc_hsdp.spec import TrainingSpec, option_flag, training_field_kind
 
-TRAINING_HELP = {
-    "layers": "Transformer blocks (each wrapped with fully_shard).",
-    "width": "Model width (embedding dimension).",
-    "heads": "Attention heads; must divide --width.",
-    "seq_len": "Tokens per sample.",
-    "batch_size": "Samples per rank per step.",
-    "vocab_size": "Size of the synthetic vocabulary.",
-    "steps": "Optimizer steps in total, across restarts.",
-    "seed": "Seed of the model initialisation and the synthetic data.",
-    "lr": "AdamW learning rate.",
-    "checkpoint_every": "Save a distributed checkpoint every K steps (0: only at the end).",
-    "keep_checkpoints": "Complete checkpoints to keep.",
-}
+_CLICK_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _training_option(f):
+    kind, meta = training_field_kind(f), f.metadata
+    flag = option_flag(f.name)
+    default_text = "none" if f.default is None else ("yes" if f.default is True else "no" if f.default is False
+                                                     else f.default)  # fmt: skip
+    help_text = f"{meta['help']}  [default: {default_text}]"
+    if kind == "bool":
+        return click.option(f"{flag}/--no-{flag[2:]}", f"training_{f.name}", default=None, help=help_text)
+    click_type = click.Choice(meta["choices"]) if meta.get("choices") else _CLICK_TYPES[kind]
+    return click.option(flag, f"training_{f.name}", type=click_type, default=None, metavar=meta.get("metavar"),
+                        help=help_text)  # fmt: skip
 
 
 def training_options(command):
     """Add one option per TrainingSpec field (``--layers``, ``--steps``, ...); defaults None
     so that a config file can fill what the command line leaves out."""
     for f in reversed(fields(TrainingSpec)):
-        command = click.option(
-            f"--{f.name.replace('_', '-')}",
-            f"training_{f.name}",
-            type=float if f.name == "lr" else int,
-            default=None,
-            help=f"{TRAINING_HELP[f.name]}  [default: {f.default}]",
-        )(command)
+        command = _training_option(f)(command)
     return command
 
 
