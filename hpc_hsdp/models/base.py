@@ -1,0 +1,50 @@
+"""The interface between the training loop and a model.
+
+The loop (``hpc_hsdp.runtime.loop``) knows nothing of a model but this: it asks the
+adapter to build the module on the meta device, wraps every module of the adapter's
+shard-unit classes with ``fully_shard`` (then the root) on the ``("replicate", "shard")``
+mesh, materializes it with ``to_empty``, and asks the adapter to initialise (or load)
+the weights. Each step it calls ``adapter.loss(model, inputs, targets)``.
+
+Contract for every adapter:
+
+- ``build_meta()`` returns the full model on the meta device (no memory, no I/O).
+- ``shard_units(model)`` returns the classes whose instances become FSDP units
+  (transformer blocks); it never returns the root's class.
+- ``init_weights(model, seed)`` runs after ``to_empty`` on the sharded model (DTensor
+  parameters) and gives every parameter a value that depends on the seed and the
+  parameter's name only, never on the mesh shape: a (2, 2) and a (1, 4) mesh start
+  from the same model.
+- ``load_pretrained(model)`` (adapters with weights only) places the pretrained weights
+  into the sharded parameters without any rank holding the whole model unless it must.
+- ``loss(model, inputs, targets)``: mean cross-entropy over all tokens of the
+  micro-batch, computed in fp32; ``inputs``/``targets`` are int64 ``(batch, seq_len)``.
+- ``vocab_size``: the model's vocabulary; the loop checks the data against it before
+  step 1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    name: str
+    """What ``--model`` said (``builtin``, ``hf:/path``, ``pkg.mod:fn``); for messages and checkpoints."""
+    vocab_size: int
+    has_pretrained_weights: bool
+
+    def build_meta(self) -> nn.Module: ...
+
+    def shard_units(self, model: nn.Module) -> tuple[type, ...]: ...
+
+    def init_weights(self, model: nn.Module, *, seed: int) -> None: ...
+
+    def load_pretrained(self, model: nn.Module) -> None: ...
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
