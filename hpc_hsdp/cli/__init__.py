@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
+    "runs": ("jobs_cmd", "runs", "List the runs under a directory: state, step, loss, last activity."),
+    "report": ("report_cmd", "report", "Draw runs (HTML, PNG, SVG): loss, throughput, per-rank step times, restarts."),
 }
 
 

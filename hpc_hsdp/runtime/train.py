@@ -34,6 +34,7 @@ from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.preemption import restart_count
+from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.model import ModelConfig, Transformer, TransformerBlock, build_model, init_parameters, loss_fn
 from hpc_hsdp.spec import TrainingSpec
 
@@ -121,6 +122,7 @@ def train(
                 restart = restart if restart is not None else restart_count(os.environ)
                 print(f"[hpc-hsdp] resumed from step {start_step} (restart {restart}): {found[1]}, saved on mesh "
                       f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}", flush=True)  # fmt: skip
+    observer = RunObserver.start(ctx, training, start_step=start_step, verbose=verbose)
     metrics_path = run_dir / "metrics.jsonl" if run_dir is not None else None
     if metrics_path is not None and ctx.is_rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +162,7 @@ def train(
             break
         faults.at_step(rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
         t0 = time.perf_counter()
+        observer.step_begins(step)
         if ctx.comm_stats is not None:
             ctx.comm_stats.reset()
         inputs, targets = rank_batch(seed=training.seed, step=step, rank=rank, world_size=world,
@@ -190,6 +193,7 @@ def train(
         }
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
+        observer.step_ends(step, record)
         result.losses[step] = global_loss
         result.last_step = step
         if ctx.is_rank0:
@@ -207,6 +211,7 @@ def train(
 
     if run_dir is not None and result.last_step > 0 and saved_step != result.last_step:
         save(result.last_step)
+    observer.finish(result.stop_reason, result.last_step)
     sys.stdout.flush()
     return result
 
