@@ -10,6 +10,9 @@ and shares it every K steps). :func:`summarize` turns the per-rank own times int
     "stragglers": {"own_time_s": [0.021, 0.020, 0.022, 0.310],   # index = node-major rank
                    "median_s": 0.0215, "slowest_rank": 3, "slowest_node": "tn2",
                    "slowest_s": 0.310, "spread": 14.4}               # slowest / median
+
+The median is the lower middle value for an even number of ranks (``median_low``): when
+half of the ranks are slow (one node of two), the norm is still a fast rank's time.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def summarize(own_time_s: Sequence[float], nodes: Sequence[str] | None = None) -
     times = [float(t) for t in own_time_s]
     if not times:
         raise ValueError("no per-rank times to summarize")
-    median = statistics.median(times)
+    median = statistics.median_low(times)
     slowest = max(range(len(times)), key=times.__getitem__)
     return {
         "own_time_s": [round(t, 6) for t in times],
@@ -56,7 +59,7 @@ def rank_ranges(ranks: Sequence[int]) -> str:
 def slow_ranks(entry: dict, threshold: float = SLOW_THRESHOLD) -> list[int]:
     """Ranks whose own time is at least ``threshold`` x the median."""
     times = entry.get("own_time_s") or []
-    median = entry.get("median_s") or (statistics.median(times) if times else 0)
+    median = entry.get("median_s") or (statistics.median_low(times) if times else 0)
     if not times or not median or median <= 0:
         return []
     return [r for r, t in enumerate(times) if t >= threshold * median]
@@ -70,14 +73,14 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
     slow = slow_ranks(entry, threshold)
     if not slow:
         return None
-    times, median = entry["own_time_s"], entry.get("median_s") or statistics.median(entry["own_time_s"])
+    times, median = entry["own_time_s"], entry.get("median_s") or statistics.median_low(entry["own_time_s"])
     by_node: dict[str | None, list[int]] = {}
     for r in slow:
         node = nodes[r] if nodes and r < len(nodes) else (entry.get("slowest_node") if r == entry.get("slowest_rank") else None)
         by_node.setdefault(node, []).append(r)
     clauses = []
     for node, ranks in sorted(by_node.items(), key=lambda item: -max(times[r] for r in item[1])):
-        ratio = statistics.median(times[r] for r in ranks) / median
+        ratio = statistics.median_low([times[r] for r in ranks]) / median
         who = f"rank {ranks[0]} is" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)} are"
         where = f"node {node}: " if node else ""
         clauses.append(f"{where}{who} {ratio:.1f}x slower than the median")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
         matrix = [[float("nan")] * len(probes) for _ in range(world)]
         for c, (_, entry) in enumerate(probes):
             times = entry["own_time_s"]
-            median = entry.get("median_s") or sorted(times)[len(times) // 2]
+            median = statistics.median_low(times)
             for r, t in enumerate(times):
                 matrix[r][c] = t / median if median else float("nan")
         image = ax.imshow(matrix, aspect="auto", cmap=cmap, vmin=1.0, vmax=2.0, interpolation="nearest")

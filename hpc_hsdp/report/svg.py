@@ -7,6 +7,7 @@ embeds their output as is. Hovering a point or a cell shows its value (SVG ``<ti
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -196,7 +197,7 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
             values = []
             for c in group:
                 row = own_times[c]
-                median = sorted(row)[len(row) // 2] if len(row) % 2 else sum(sorted(row)[len(row) // 2 - 1:len(row) // 2 + 1]) / 2
+                median = statistics.median_low(row)
                 if r < len(row) and median > 0:
                     values.append((row[r] / median, row[r], steps[c]))
             column.append(max(values) if values else None)
