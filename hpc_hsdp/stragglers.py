@@ -85,3 +85,41 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
         where = f"node {node}: " if node else ""
         clauses.append(f"{where}{who} {ratio:.1f}x slower than the median")
     return "; ".join(clauses)
+
+
+def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
+               threshold: float = SLOW_THRESHOLD) -> tuple[str, int, int] | None:  # fmt: skip
+    """The ranks named slow in at least half of ``entries`` (several probes: one noisy step
+    names nobody), in words with each rank's median ratio over those probes; with how many
+    probes named the most persistent of them, and how many there were. None: nobody."""
+    entries = [e for e in entries if e and e.get("own_time_s")]
+    if not entries:
+        return None
+    counts: dict[int, int] = {}
+    ratios: dict[int, list[float]] = {}
+    for entry in entries:
+        median = entry.get("median_s") or statistics.median_low(entry["own_time_s"])
+        for r in slow_ranks(entry, threshold):
+            counts[r] = counts.get(r, 0) + 1
+        for r, t in enumerate(entry["own_time_s"]):
+            if median > 0:
+                ratios.setdefault(r, []).append(t / median)
+    named = persistent_ranks(entries, threshold)
+    if not named:
+        return None
+    world = max(len(e["own_time_s"]) for e in entries)
+    typical = [statistics.median_low(ratios[r]) if r in named else 1.0 for r in range(world)]
+    words = describe({"own_time_s": typical, "median_s": 1.0}, nodes, threshold)
+    if words is None:
+        return None
+    return words, max(counts[r] for r in named), len(entries)
+
+
+def persistent_ranks(entries: Sequence[dict], threshold: float = SLOW_THRESHOLD) -> list[int]:
+    """Ranks named slow (:func:`slow_ranks`) in at least half of ``entries``."""
+    entries = [e for e in entries if e and e.get("own_time_s")]
+    counts: dict[int, int] = {}
+    for entry in entries:
+        for r in slow_ranks(entry, threshold):
+            counts[r] = counts.get(r, 0) + 1
+    return sorted(r for r, n in counts.items() if 2 * n >= len(entries))

@@ -14,6 +14,8 @@ import click
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
 """How long a job may stay UNKNOWN (no squeue nor sacct record) before following it stops."""
+LIVE_PROBES = 5
+"""status and submit --wait name the ranks that were slow in at least half of this many latest probes."""
 
 
 def watch(handle, *, poll_s: float = 1.0) -> Iterator:
@@ -50,7 +52,7 @@ def run_facts(handle, status=None) -> dict:
     left (SLURM), the slow rank or node in words, the restarts and their causes."""
     from hpc_hsdp import attempts
     from hpc_hsdp.progress import progress_of
-    from hpc_hsdp.stragglers import describe
+    from hpc_hsdp.stragglers import persistent
 
     run_dir = Path(handle.record.run_dir)
     records = handle.recent_metrics()
@@ -66,7 +68,8 @@ def run_facts(handle, status=None) -> dict:
         nodes = [str(r["node"]) for r in sorted(layout["ranks"], key=lambda r: r["rank"])]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    slow = describe(probes[-1]["stragglers"], nodes) if probes else None
+    found = persistent([r["stragglers"] for r in probes[-LIVE_PROBES:]], nodes)
+    slow = f"{found[0]} (in {found[1]} of the last {found[2]} probes)" if found else None
     restarts = [f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
                 for r in attempts.read_restarts(run_dir)]  # fmt: skip
     return {"last": records[-1] if records else None, "total_steps": attempt.get("total_steps"),

@@ -24,10 +24,10 @@ def report(run_dirs, output) -> None:
     """
     from pathlib import Path
 
-    from hpc_hsdp.report import NothingToDraw, load_runs, write_report
+    from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
 
     runs = load_runs(run_dirs)
-    target = Path(output) if output else Path(run_dirs[0]) / "report.html"
+    target = check_output(Path(output) if output else Path(run_dirs[0]) / "report.html")
     for run in runs:
         for note in run.notes:
             click.echo(f"{run.label}: {note}", err=True)

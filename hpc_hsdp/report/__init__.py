@@ -30,16 +30,22 @@ def load_runs(paths: Sequence[str | Path]) -> list[RunData]:
     return [load_run(p, label=label) for p, label in zip(resolved, unique_labels(resolved))]
 
 
-def write_report(runs: Sequence[RunData], output: str | Path) -> Path:
-    """Write the report of ``runs`` to ``output`` (its suffix picks the format)."""
+def check_output(output: str | Path) -> Path:
+    """The report file to write: SpecError for a format it cannot have or a missing directory."""
     output = Path(output)
-    suffix = output.suffix.lower()
-    if suffix not in FORMATS:
+    if output.suffix.lower() not in FORMATS:
         raise SpecError(f"-o {str(output)!r}: the report is written as .html, .png or .svg; give a file name ending so")
-    if not any(run.records for run in runs):
-        raise NothingToDraw("; ".join(f"{run.label}: {run.notes[0] if run.notes else 'no metrics'}" for run in runs))
     if not output.parent.is_dir():
         raise SpecError(f"-o {str(output)!r}: directory {str(output.parent)!r} does not exist")
+    return output
+
+
+def write_report(runs: Sequence[RunData], output: str | Path) -> Path:
+    """Write the report of ``runs`` to ``output`` (its suffix picks the format)."""
+    output = check_output(output)
+    suffix = output.suffix.lower()
+    if not any(run.records for run in runs):
+        raise NothingToDraw("; ".join(f"{run.label}: {run.notes[0] if run.notes else 'no metrics'}" for run in runs))
     if suffix == ".html":
         from hpc_hsdp.files import write_atomically
         from hpc_hsdp.report.html import render_html

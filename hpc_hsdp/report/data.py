@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpc_hsdp import attempts
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.stragglers import describe, slow_ranks
+from hpc_hsdp.stragglers import persistent
 
 ACTIVE_WITHIN_S = 600
 """A run without an end record whose metrics changed this recently is taken as running."""
@@ -91,21 +91,15 @@ class RunData:
                 if isinstance(r.get("stragglers"), dict) and r["stragglers"].get("own_time_s")]  # fmt: skip
 
     def straggler_verdict(self) -> str | None:
-        """The rank or node most often named slow, in words, with how often."""
+        """The ranks named slow in at least half of the probes, in words, with how often."""
         probes = self.straggler_probes()
         if not probes:
             return None
-        counts: dict[tuple[int, ...], int] = {}
-        latest: dict[tuple[int, ...], dict] = {}
-        for _, entry in probes:
-            key = tuple(slow_ranks(entry))
-            if key:
-                counts[key] = counts.get(key, 0) + 1
-                latest[key] = entry
-        if not counts:
-            return f"no rank was 1.2x slower than the median in {len(probes)} probes"
-        key = max(counts, key=counts.get)
-        return f"{describe(latest[key], self.nodes)} (in {counts[key]} of {len(probes)} probes)"
+        found = persistent([entry for _, entry in probes], self.nodes)
+        if found is None:
+            return f"no rank was persistently 1.2x slower than the median ({len(probes)} probes)"
+        words, count, total = found
+        return f"{words} (in {count} of {total} probes)"
 
 
 def _read_metrics(path: Path) -> tuple[list[dict], list[str]]:
@@ -128,10 +122,14 @@ def _read_metrics(path: Path) -> tuple[list[dict], list[str]]:
             bad.append(number)
             continue
         records.append(record)
+    if bad and bad[-1] == len(lines) and not text.endswith("\n"):
+        bad.pop()
+        notes.append(f"metrics.jsonl: the last line (line {len(lines)}) is cut short (being written, or the run was "
+                     f"killed); skipped")  # fmt: skip
     if bad:
-        torn_last = bad == [len(lines)] and not text.endswith("\n")
-        where = f"line {bad[0]}" if len(bad) == 1 else f"{len(bad)} lines ({', '.join(map(str, bad[:5]))}...)"
-        notes.append(f"metrics.jsonl: {where} {'is cut short (being written, or the run was killed)' if torn_last else 'is not a metrics record'}; skipped")  # fmt: skip
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        notes.insert(0, f"metrics.jsonl: line {shown} is not a metrics record; skipped" if len(bad) == 1 else
+                     f"metrics.jsonl: lines {shown} are not metrics records; skipped")  # fmt: skip
     if not records and not bad:
         notes.append("metrics.jsonl is empty: no step finished yet")
     # a resumed attempt rewrites the steps after its checkpoint; keep the newest of each step

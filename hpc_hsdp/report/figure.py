@@ -10,7 +10,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.html import markers, summary_rows
 from hpc_hsdp.report.svg import PALETTE, byte_unit, seconds, si
-from hpc_hsdp.stragglers import slow_ranks
+from hpc_hsdp.stragglers import persistent_ranks
 
 
 def _matplotlib():
@@ -18,6 +18,7 @@ def _matplotlib():
         import matplotlib
 
         matplotlib.use("Agg")
+        matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text in an SVG: searchable, small
         import matplotlib.pyplot as plt
         from matplotlib.colors import LinearSegmentedColormap
         from matplotlib.ticker import FuncFormatter
@@ -145,7 +146,7 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
         steps = [s for s, _ in probes]
         ticks = list(range(len(steps))) if len(steps) <= 16 else sorted({0, len(steps) // 2, len(steps) - 1})
         ax.set_xticks(ticks, [f"step {steps[i]}" for i in ticks])
-        slow = sorted({r for _, entry in probes for r in slow_ranks(entry)})
+        slow = persistent_ranks([entry for _, entry in probes])
         nodes = run.nodes or []
         if world <= 32:
             ax.set_yticks(range(world), [f"rank {r}" + (f" ({nodes[r]})" if r < len(nodes) else "") + (" slow" if r in slow else "")

@@ -10,7 +10,7 @@ from html import escape
 from hpc_hsdp import attempts
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.svg import PALETTE, Marker, Series, byte_unit, heatmap, in_unit, line_chart, seconds, si
-from hpc_hsdp.stragglers import slow_ranks
+from hpc_hsdp.stragglers import persistent_ranks
 
 
 def restart_label(restart: dict) -> str:
@@ -47,7 +47,7 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
     single = len(runs) == 1
     loss = _series(runs, "loss", label="train loss")
     eval_loss = _series(runs, "eval_loss", label="eval loss", dashed=True, dots=True, color_offset=4 if single else 0)
-    charts = [("loss", line_chart(title="Loss", series=loss + eval_loss, xlabel="step", markers=marks))]
+    charts = [("loss", line_chart(title="Loss", series=loss + eval_loss, xlabel="step", integer_x=True, markers=marks))]
     by_tokens = []
     for i, run in enumerate(runs):
         tokens = dict(run.tokens_axis())
@@ -58,14 +58,14 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
                                     dashed=dashed, dots=dashed))  # fmt: skip
     charts.append(("loss-tokens", line_chart(title="Loss against tokens", series=by_tokens, xlabel="tokens seen")))
     charts.append(("tokens-per-s", line_chart(title="Throughput", series=_series(runs, "tokens_per_s", label="tokens/s"),
-                                              xlabel="step", ylabel="tokens/s", markers=marks, zero_based=True)))  # fmt: skip
+                                              xlabel="step", ylabel="tokens/s", integer_x=True, markers=marks, zero_based=True)))  # fmt: skip
     step_time = _series(runs, "step_time_s", label="step time (rank 0)")
     wait = _series(runs, "data_wait_s", label="data wait", dashed=True, color_offset=2 if single else 0)
-    charts.append(("step-time", line_chart(title="Step time", series=step_time + wait, xlabel="step", markers=marks,
+    charts.append(("step-time", line_chart(title="Step time", series=step_time + wait, xlabel="step", integer_x=True, markers=marks,
                                            y_format=seconds)))  # fmt: skip
     memory = _series(runs, "peak_mem_bytes", label="peak memory (rank 0)")
     factor, unit = byte_unit([y for s in memory for y in s.ys])
-    charts.append(("memory", line_chart(title="Peak memory", series=in_unit(memory, factor), xlabel="step", ylabel=unit,
+    charts.append(("memory", line_chart(title="Peak memory", series=in_unit(memory, factor), xlabel="step", ylabel=unit, integer_x=True,
                                         markers=marks, y_format=lambda v: f"{v:.4g}")))  # fmt: skip
     comm = []
     for i, run in enumerate(runs):
@@ -76,11 +76,11 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
                                dashed=dashed))  # fmt: skip
     factor, unit = byte_unit([y for s in comm for y in s.ys])
     charts.append(("comm", line_chart(title="Bytes on the wire per step", series=in_unit(comm, factor), xlabel="step",
-                                      ylabel=unit, markers=marks, zero_based=True, y_format=lambda v: f"{v:.4g}",
+                                      ylabel=unit, integer_x=True, markers=marks, zero_based=True, y_format=lambda v: f"{v:.4g}",
                                       empty_message="no traffic recorded (run with --comm-stats)")))  # fmt: skip
     for run in runs:
         probes = run.straggler_probes()
-        slow = sorted({r for _, entry in probes for r in slow_ranks(entry)})
+        slow = persistent_ranks([entry for _, entry in probes])
         run_marks = markers([run])
         charts.append((f"ranks-{run.label}", heatmap(
             title=f"Own step time per rank{f' — {run.label}' if not single else ''}", steps=[s for s, _ in probes],

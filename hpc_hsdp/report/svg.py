@@ -35,8 +35,8 @@ class Marker:
     color: str = "#555"
 
 
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values covering [lo, hi] (1, 2, 2.5, 5 x 10^k steps)."""
+def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values covering [lo, hi] (1, 2, 2.5, 5 x 10^k steps; whole numbers when ``integer``)."""
     if not math.isfinite(lo) or not math.isfinite(hi):
         return [0.0]
     if hi <= lo:
@@ -44,6 +44,8 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     raw = (hi - lo) / max(count, 1)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    if integer and step != int(step):
+        step = float(max(1, math.ceil(step)))
     first = math.ceil(lo / step - 1e-9) * step
     ticks, value = [], first
     while value <= hi + step * 1e-9:
@@ -103,12 +105,20 @@ def _empty(title: str, message: str, width: int, height: int) -> str:
 def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str = "",
                markers: Sequence[Marker] = (), width: int = 560, height: int = 300,
                y_format: Callable[[float], str] = si, x_format: Callable[[float], str] = si,
-               empty_message: str = "no data recorded", zero_based: bool = False) -> str:  # fmt: skip
+               empty_message: str = "no data recorded", zero_based: bool = False,
+               integer_x: bool = False) -> str:  # fmt: skip
     """One chart: the series as polylines, markers as labelled vertical dashed lines."""
     drawn = [s for s in series if len(s.xs)]
     if not drawn:
         return _empty(title, empty_message, width, height)
-    left, right, top, bottom = 64, 16, 34, 58 + 16 * ((len(drawn) + 2) // 3 - 1)
+    legend, x_cursor, rows = [], 0.0, 0
+    for s in drawn:  # legend entries flow left to right, wrapping
+        entry_w = 30 + 6 * len(s.label)
+        if x_cursor and x_cursor + entry_w > width - 80:
+            x_cursor, rows = 0.0, rows + 1
+        legend.append((s, x_cursor, rows))
+        x_cursor += entry_w
+    left, right, top, bottom = 64, 16, 34, 58 + 16 * rows
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for s in drawn for x in s.xs] + [m.x for m in markers]
     ys = [y for s in drawn for y in s.ys]
@@ -118,7 +128,7 @@ def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str
     y_lo, y_hi = y_lo - pad, y_hi + pad
     if min(ys) >= 0 and (y_lo < 0 or zero_based):
         y_lo = 0.0
-    x_ticks, y_ticks = nice_ticks(x_lo, x_hi), nice_ticks(y_lo, y_hi)
+    x_ticks, y_ticks = nice_ticks(x_lo, x_hi, integer=integer_x), nice_ticks(y_lo, y_hi)
     x_lo, x_hi = min(x_lo, x_ticks[0]), max(x_hi, x_ticks[-1])
     y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
     x_span, y_span = (x_hi - x_lo) or 1.0, (y_hi - y_lo) or 1.0
@@ -157,8 +167,8 @@ def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str
                 out.append(f"<circle cx='{px(x):.1f}' cy='{py(y):.1f}' r='2.6' fill='{s.color}'>"
                            f"<title>{escape(s.label)}: {x_format(x)}, {y_format(y)}</title></circle>")  # fmt: skip
     legend_y = top + plot_h + 48
-    for i, s in enumerate(drawn):
-        lx, ly = left + (i % 3) * (plot_w / 3), legend_y + (i // 3) * 16
+    for s, x_offset, row in legend:
+        lx, ly = left + x_offset, legend_y + row * 16
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         out.append(f"<line x1='{lx:.1f}' x2='{lx + 18:.1f}' y1='{ly - 4:.1f}' y2='{ly - 4:.1f}' stroke='{s.color}' "
                    f"stroke-width='2'{dash}/>")  # fmt: skip
@@ -202,11 +212,12 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
                     values.append((row[r] / median, row[r], steps[c]))
             column.append(max(values) if values else None)
         ratios.append(column)
-    row_h = 14 if world <= 32 else max(2, 448 // world)
-    left, right, top = 150, 130, 40
+    row_h = 22 if world <= 16 else 14 if world <= 32 else max(2, 448 // world)
+    left, right, top = 170, 130, 40
     plot_w = width - left - right
     plot_h = row_h * world
-    height = top + plot_h + 52
+    scale_h = max(min(plot_h, 160), 60)
+    height = top + max(plot_h, scale_h) + 52
     cell_w = plot_w / len(groups)
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
            f"<rect width='{width}' height='{height}' fill='white'/>", _text(14, 22, title, size=14, weight="600")]  # fmt: skip
@@ -226,16 +237,16 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
         for r in range(1, world + 1):
             if r == world or nodes[r] != nodes[start]:
                 y0, y1 = top + start * row_h, top + r * row_h
-                out.append(f"<line x1='{left - 58}' x2='{left + plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>")
-                out.append(f"<line x1='{left - 58}' x2='{left - 58}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>")
+                out.append(f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>")
+                out.append(f"<line x1='{left - 84}' x2='{left - 84}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>")
                 label = f"{nodes[start]}"
-                out.append(_text(left - 62, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600"))
+                out.append(_text(left - 90, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600"))
                 start = r
-        out.append(f"<line x1='{left - 58}' x2='{left + plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>")
+        out.append(f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>")
     if row_h >= 9:
         for r in range(world):
             red = r in slow_set
-            out.append(_text(left - 6, top + r * row_h + row_h - 3, f"rank {r}" + (" slow" if red else ""), size=10,
+            out.append(_text(left - 6, top + r * row_h + row_h / 2 + 4, f"rank {r}" + (" slow" if red else ""), size=10,
                              anchor="end", color="#c00" if red else "#555", weight="700" if red else "normal"))  # fmt: skip
     else:
         for r in sorted(slow_set):
@@ -247,16 +258,18 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
             x = left + after[0] * cell_w
             out.append(f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top - 4}' y2='{top + plot_h + 4}' "
                        f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>")  # fmt: skip
-    for i in sorted({0, len(groups) // 2, len(groups) - 1}):
+    for i in range(len(groups)) if len(groups) <= 16 else sorted({0, len(groups) // 2, len(groups) - 1}):
         out.append(_text(left + (i + 0.5) * cell_w, top + plot_h + 15, f"step {steps[groups[i][0]]}", size=10,
                          anchor="middle", color="#666"))  # fmt: skip
     out.append(_text(left + plot_w / 2, top + plot_h + 32, "probed steps (each rank's own time of the step: step time "
                      "minus the time it waited in collectives)", size=10, anchor="middle", color="#444"))  # fmt: skip
     # colour scale
     lx = left + plot_w + 16
+    band = scale_h / 11
     for k in range(11):
-        out.append(f"<rect x='{lx}' y='{top + k * 10}' width='14' height='10' fill='{ratio_color(2.0 - k / 10)}'/>")
+        out.append(f"<rect x='{lx}' y='{top + k * band:.1f}' width='14' height='{band + 0.3:.1f}' "
+                   f"fill='{ratio_color(2.0 - k / 10)}'/>")  # fmt: skip
     out.append(_text(lx + 20, top + 9, "2x+ median", size=10, color="#444"))
-    out.append(_text(lx + 20, top + 108, "1x median", size=10, color="#444"))
+    out.append(_text(lx + 20, top + scale_h - 2, "1x median", size=10, color="#444"))
     out.append("</svg>")
     return "".join(out)
