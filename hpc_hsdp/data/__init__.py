@@ -1,0 +1,3 @@
+"""Token data: the on-disk format (``tokens``), ``prepare-data``, the sampler and the
+synthetic source. numpy only, never torch.
+"""
