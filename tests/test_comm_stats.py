@@ -98,12 +98,12 @@ def measure_every_shard_size(ctx):
         out["comm"][s] = steps
     for accum in GRAD_ACCUMS:  # same mesh (S = 4), same global batch, N micro-batches per step
         training = dataclasses.replace(MODEL, global_batch_size=MODEL.batch_size * ctx.world_size * 2, grad_accum=accum)
+        sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
         steps = {}
         with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
-            ctx.comm_stats = recorder
-            train(ctx, training, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+            sub.comm_stats = recorder
+            train(sub, training, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
         out["accum"][accum] = steps
-    ctx.comm_stats = None
     for s in (1, 8):
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
