@@ -8,7 +8,8 @@ The loop's hooks, every rank::
 
     observer = RunObserver.start(ctx, training, start_step=start_step)  # before metrics.jsonl is cut back
     observer.step_begins(step)                 # right after the step's clock starts
-    observer.step_ends(step, record)           # record complete (comm taken); adds "stragglers"
+    observer.step_ends(step, record)           # after comm_stats.take(), before evaluation: adds "stragglers"
+    observer.write(record)                     # the finished record: TensorBoard (rank 0)
     observer.finish(stop_reason, last_step)    # after the loop
 
 Only rank 0 writes files; ``step_begins``/``step_ends`` are collective on probed steps.
@@ -58,9 +59,11 @@ class RunObserver:
             entry = self.probe.end(step, record["step_time_s"])
             if entry is not None:
                 record["stragglers"] = entry
+        return record
+
+    def write(self, record: dict) -> None:
         if self.tensorboard is not None:
             self.tensorboard.write(record)
-        return record
 
     def finish(self, stop_reason: str | None, last_step: int) -> None:
         if self.probe is not None:
