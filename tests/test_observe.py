@@ -209,7 +209,7 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     from hpc_hsdp.spec import RunSpec, TrainingSpec
 
     training = TrainingSpec(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=12, seed=5,
-                            checkpoint_every=4, straggler_every=2)  # fmt: skip
+                            checkpoint_every=4, straggler_every=2, eval_every=4, eval_batches=2)  # fmt: skip
     spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", training=training, timeout_s=30,
                    comm_stats=True)  # fmt: skip
     slow = {"HPC_HSDP_FAULT_SLOW_RANK": "3:0.15"}
@@ -244,8 +244,10 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     for r in records:
         for tag, value in record_scalars(r).items():
             expected.setdefault(tag, []).append((r["step"], value))
-    assert set(scalars) == set(expected) and {"loss/train", "time/step_s", "comm/inter_node_wire_bytes",
+    assert set(scalars) == set(expected) and {"loss/train", "loss/eval", "optim/lr", "optim/grad_norm", "time/step_s",
+                                              "time/data_wait_s", "comm/inter_node_wire_bytes",
                                               "stragglers/slowest_rank"} <= set(scalars)  # fmt: skip
+    assert [s for s, _ in scalars["loss/eval"]] == [4, 8, 12]
     for tag, points in expected.items():
         got = scalars[tag]
         assert [s for s, _ in got] == [s for s, _ in points], tag
@@ -257,7 +259,7 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     html = (tmp_path / "report.html").read_text()
     assert "class='restart-marker'" in html and "restart 1: error" in html
     assert "rank 3 slow" in html and f"{words} (in {count} of 6 probes)" in html
-    assert html.count("<polyline") >= 5  # loss, loss/tokens, tokens/s, step time, memory, bytes
+    assert html.count("<polyline") >= 9  # loss, eval loss, loss/tokens, tokens/s, step time, lr, grad norm, memory, bytes
     for suffix in ("png", "svg"):
         out = hpc("report", str(run), "-o", str(tmp_path / f"report.{suffix}"))
         assert out.returncode == 0, out.stderr

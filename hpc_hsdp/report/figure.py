@@ -32,8 +32,8 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     plt, LinearSegmentedColormap, FuncFormatter = _matplotlib()
     single = len(runs) == 1
     heat_rows = len(runs)
-    fig = plt.figure(figsize=(13, 10.5 + 2.6 * heat_rows), dpi=90, layout="constrained")
-    grid = fig.add_gridspec(3 + heat_rows, 2, height_ratios=[1, 1, 1] + [0.9] * heat_rows)
+    fig = plt.figure(figsize=(13, 13.5 + 2.6 * heat_rows), dpi=90, layout="constrained")
+    grid = fig.add_gridspec(4 + heat_rows, 2, height_ratios=[1, 1, 1, 1] + [0.9] * heat_rows)
     title = "hpc-hsdp report: " + ", ".join(run.label for run in runs)
     lines = []
     for run in runs:
@@ -103,12 +103,22 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     finish(ax, "Step time", "step", seconds, drawn=drawn)
 
     ax = fig.add_subplot(grid[2, 0])
+    drawn = lines_of(ax, "lr", "lr")
+    mark(ax)
+    finish(ax, "Learning rate", "step", drawn=drawn, zero=True)
+
+    ax = fig.add_subplot(grid[2, 1])
+    drawn = lines_of(ax, "grad_norm", "global grad norm")
+    mark(ax)
+    finish(ax, "Gradient norm (before clipping)", "step", drawn=drawn)
+
+    ax = fig.add_subplot(grid[3, 0])
     factor, unit = byte_unit([y for run in runs for y in run.series("peak_mem_bytes")[1]])
     drawn = lines_of(ax, "peak_mem_bytes", "peak memory (rank 0)", factor=factor)
     mark(ax)
     finish(ax, "Peak memory", "step", drawn=drawn, ylabel=unit)
 
-    ax = fig.add_subplot(grid[2, 1])
+    ax = fig.add_subplot(grid[3, 1])
     drawn = False
     keys = ("inter_node_wire_bytes", "intra_node_wire_bytes")
     factor, unit = byte_unit([y for run in runs for key in keys for y in run.comm_series(key)[1]])
@@ -126,7 +136,7 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
 
     cmap = LinearSegmentedColormap.from_list("own", ["#ebf1f7", "#a50f15"])
     for k, run in enumerate(runs):
-        ax = fig.add_subplot(grid[3 + k, :])
+        ax = fig.add_subplot(grid[4 + k, :])
         probes = run.straggler_probes()
         label = "" if single else f" — {run.label}"
         ax.set_title(f"Own step time per rank, over the step's median{label}", loc="left", fontsize=11)

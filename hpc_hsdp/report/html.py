@@ -63,6 +63,11 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
     wait = _series(runs, "data_wait_s", label="data wait", dashed=True, color_offset=2 if single else 0)
     charts.append(("step-time", line_chart(title="Step time", series=step_time + wait, xlabel="step", integer_x=True, markers=marks,
                                            y_format=seconds)))  # fmt: skip
+    charts.append(("lr", line_chart(title="Learning rate", series=_series(runs, "lr", label="lr"), xlabel="step",
+                                    integer_x=True, markers=marks, zero_based=True)))  # fmt: skip
+    charts.append(("grad-norm", line_chart(title="Gradient norm (before clipping)",
+                                           series=_series(runs, "grad_norm", label="global grad norm"), xlabel="step",
+                                           integer_x=True, markers=marks)))  # fmt: skip
     memory = _series(runs, "peak_mem_bytes", label="peak memory (rank 0)")
     factor, unit = byte_unit([y for s in memory for y in s.ys])
     charts.append(("memory", line_chart(title="Peak memory", series=in_unit(memory, factor), xlabel="step", ylabel=unit, integer_x=True,
