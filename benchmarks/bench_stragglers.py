@@ -7,8 +7,10 @@ CPU, one thread each), the same model as bench_runtime.py; the variants run inte
 N times. The cost of a step is the median gap between consecutive steps' wall times on
 rank 0 (steps 3..N): it holds the step, the probe's all-gather and the wrappers that time
 every collective. Reported: each variant against --straggler-every 0 (nothing measured,
-no wrapper), and the probe itself (every=1 minus every=0) as a share of the step time
-(target: < 1% at the default of every 10 steps).
+no wrapper); and, from the records themselves, the probe's all-gather as rank 0 timed it
+(``stragglers.share_s``) over the step time, per probe and at the default of every 10
+steps (target < 1%). On a loaded machine every extra collective waits for four processes
+to be scheduled: the in-record share is the steadier number.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ VARIANTS = (0, 10, 1)
 TARGET_SHARE = 0.01
 
 
-def run_once(every: int, steps: int, work: Path) -> tuple[float, float]:
+def run_once(every: int, steps: int, work: Path) -> tuple[float, float, list[float]]:
     out = work / f"every-{every}"
     argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
             "--steps", str(steps), "--straggler-every", str(every),
@@ -36,7 +38,8 @@ def run_once(every: int, steps: int, work: Path) -> tuple[float, float]:
     job_step(argv, tasks_per_node=TASKS, log_dir=work / f"every-{every}-logs")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(records[2:], records[3:])]
-    return statistics.median(gaps), statistics.median(r["step_time_s"] for r in records[2:])
+    shares = [r["stragglers"]["share_s"] / r["step_time_s"] for r in records[2:] if "stragglers" in r]
+    return statistics.median(gaps), statistics.median(r["step_time_s"] for r in records[2:]), shares
 
 
 def main(argv=None) -> int:
@@ -46,11 +49,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     gaps: dict[int, list[float]] = {v: [] for v in VARIANTS}
     steps: dict[int, list[float]] = {v: [] for v in VARIANTS}
+    shares: list[float] = []
     for i in range(args.runs):
         for every in VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS)):
             with tempfile.TemporaryDirectory(prefix="hpc-hsdp-bench-") as tmp:
-                gap, step = run_once(every, args.steps, Path(tmp))
+                gap, step, share = run_once(every, args.steps, Path(tmp))
             gaps[every].append(gap)
+            shares += share
             steps[every].append(step)
     med = {v: statistics.median(g) for v, g in gaps.items()}
     base = med[0]
@@ -59,9 +64,10 @@ def main(argv=None) -> int:
     for v in VARIANTS:
         print(f"{v:<18} {med[v] * 1000:>16.2f} {med[v] / base:>7.4f}")
     probe = med[1] - base
-    share_default = probe / 10 / base
-    print(f"one probe (every 1 - every 0): {probe * 1000:.2f} ms = {probe / base:.2%} of a step; "
-          f"at every 10: {share_default:.3%} of step time (target < {TARGET_SHARE:.0%})")  # fmt: skip
+    print(f"one probe, step-to-step (every 1 - every 0): {probe * 1000:.2f} ms = {probe / base:.2%} of a step")
+    share = statistics.median(shares)
+    print(f"one probe's all-gather in the records: median {share:.3%} of the step time ({len(shares)} probes); "
+          f"at every 10: {share / 10:.3%} of step time (target < {TARGET_SHARE:.0%})")  # fmt: skip
     return 0
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from hpc_hsdp.stragglers import rank_ranges
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 FONT = "font-family='system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif'"
 
@@ -33,6 +35,22 @@ class Marker:
     x: float
     label: str
     color: str = "#555"
+
+
+def decimate(xs: Sequence[float], ys: Sequence[float], max_points: int = 2000) -> tuple[list[float], list[float]]:
+    """At most about ``max_points`` points: per bucket of consecutive points its lowest and
+    highest, in order (a noisy curve keeps its envelope)."""
+    if len(xs) <= max_points:
+        return list(xs), list(ys)
+    per = math.ceil(len(xs) / (max_points // 2))
+    out_x, out_y = [], []
+    for start in range(0, len(xs), per):
+        idx = range(start, min(start + per, len(xs)))
+        lo, hi = min(idx, key=ys.__getitem__), max(idx, key=ys.__getitem__)
+        for i in sorted({lo, hi}):
+            out_x.append(xs[i])
+            out_y.append(ys[i])
+    return out_x, out_y
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
@@ -157,7 +175,7 @@ def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str
                    f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>")  # fmt: skip
         out.append(_text(x + 3, top + 10, m.label, size=9, color=m.color))
     for s in drawn:
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(s.xs, s.ys))
+        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(*decimate(s.xs, s.ys)))
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         if len(s.xs) > 1:
             out.append(f"<polyline points='{points}' fill='none' stroke='{s.color}' stroke-width='1.6'{dash}>"
@@ -209,7 +227,7 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
                 row = own_times[c]
                 median = statistics.median_low(row)
                 if r < len(row) and median > 0:
-                    values.append((row[r] / median, row[r], steps[c]))
+                    values.append((row[r] / median, row[r], steps[c]))  # the largest ratio of the column
             column.append(max(values) if values else None)
         ratios.append(column)
     row_h = 22 if world <= 16 else 14 if world <= 32 else max(2, 448 // world)
@@ -228,9 +246,9 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
                 continue
             ratio, own, step = value
             node = f" ({nodes[r]})" if nodes and r < len(nodes) else ""
-            out.append(f"<rect x='{left + i * cell_w:.2f}' y='{top + r * row_h}' width='{cell_w + 0.3:.2f}' "
-                       f"height='{row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node}, step {step}: "
-                       f"{seconds(own)}, {ratio:.2f}x the median</title></rect>")  # fmt: skip
+            out.append(f"<rect x='{left + i * cell_w:.1f}' y='{top + r * row_h}' width='{cell_w + 0.3:.1f}' "
+                       f"height='{row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
+                       f"{seconds(own)}, {ratio:.2f}x</title></rect>")  # fmt: skip
     # node bands: a separator line and the node's name beside its ranks
     if nodes:
         start = 0
@@ -248,9 +266,13 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
             red = r in slow_set
             out.append(_text(left - 6, top + r * row_h + row_h / 2 + 4, f"rank {r}" + (" slow" if red else ""), size=10,
                              anchor="end", color="#c00" if red else "#555", weight="700" if red else "normal"))  # fmt: skip
-    else:
+    else:  # rows too thin for a label each: the slow ranks of each node beside its band
+        by_node: dict[str, list[int]] = {}
         for r in sorted(slow_set):
-            out.append(_text(left - 6, top + r * row_h + row_h, f"rank {r} slow", size=10, anchor="end", color="#c00",
+            by_node.setdefault(nodes[r] if nodes and r < len(nodes) else "", []).append(r)
+        for ranks in by_node.values():
+            middle = top + (ranks[0] + ranks[-1] + 1) / 2 * row_h + 4
+            out.append(_text(left - 6, middle, f"r{rank_ranges(ranks)} slow", size=9, anchor="end", color="#c00",
                              weight="700"))  # fmt: skip
     for m in markers:  # between the last column of the old attempt and the first of the new one
         after = [i for i, group in enumerate(groups) if steps[group[0]] > m.x]
@@ -259,7 +281,7 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
             out.append(f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top - 4}' y2='{top + plot_h + 4}' "
                        f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>")  # fmt: skip
     for i in range(len(groups)) if len(groups) <= 16 else sorted({0, len(groups) // 2, len(groups) - 1}):
-        out.append(_text(left + (i + 0.5) * cell_w, top + plot_h + 15, f"step {steps[groups[i][0]]}", size=10,
+        out.append(_text(left + (i + 0.5) * cell_w, top + plot_h + 15, f"step {steps[groups[i][-1]]}", size=10,
                          anchor="middle", color="#666"))  # fmt: skip
     out.append(_text(left + plot_w / 2, top + plot_h + 32, "probed steps (each rank's own time of the step: step time "
                      "minus the time it waited in collectives)", size=10, anchor="middle", color="#444"))  # fmt: skip

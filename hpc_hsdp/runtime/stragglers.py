@@ -16,7 +16,8 @@ compute of that one step in K.
 :class:`StragglerProbe` is the loop's component: ``begin(step)`` before the step,
 ``end(step, step_time_s)`` after it (after ``comm_stats.take()``, so that its all-gather
 is not counted in the step's traffic) returns the ``stragglers`` entry of the record
-(:func:`hpc_hsdp.stragglers.summarize`) on probed steps, None otherwise. Collective:
+(:func:`hpc_hsdp.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
+rank) on probed steps, None otherwise. Collective:
 every rank calls both at every step.
 """
 
@@ -141,7 +142,7 @@ class StragglerProbe:
         dist.all_gather_into_tensor(gathered, mine)
         times = gathered.tolist()
         self.gather_s = time.perf_counter() - began
-        return summarize(times, self.nodes)
+        return dict(summarize(times, self.nodes), share_s=round(self.gather_s, 6))
 
     def close(self) -> None:
         if self.clock is not None:
