@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import queue
-import re
 import shutil
 import signal
 import sys
@@ -71,9 +70,6 @@ ENGINES = ("auto", "processes", "threads")
 DECODE_ERRORS = ("strict", "replace")
 FAULT_SIGNAL = "HPC_HSDP_FAULT_PREPARE_SIGNAL"
 """Test hook: ``<blocks>:<SIGNAL>``; the run sends itself SIGNAL after writing that many blocks."""
-# a cut between two pieces of a long text: a line break between non-blank characters,
-# where byte-level pre-tokenizers split anyway (so the pieces encode as the whole would)
-_CLEAN_CUT = re.compile(rb"(?<=\S)\n(?=\S)")
 
 
 def available_cores() -> int:
@@ -207,12 +203,12 @@ def _checked_input(path: Path, decode_errors: str) -> InputFile:
         stream, raw = _open_binary(file)
         with raw, stream:
             first = stream.read(PEEK_BYTES)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise DataError(f"cannot read input {path} ({reason}); check that it is a readable"
                         f"{' gzip' if compressed else ''} file") from None  # fmt: skip
-    except (EOFError, zlib.error) as exc:
-        raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
     if not first:
         raise DataError(f"input {path} is empty{' after decompression' if compressed else ''}; leave it out")
     if decode_errors == "strict":
@@ -287,17 +283,18 @@ def is_val(key: bytes, fraction: float) -> bool:
 
 
 def _cut(data: bytes, final: bool) -> int:
-    """Where to end a piece of a long text (the rest goes to the next piece)."""
+    """Where to end a piece of a long text (the rest begins the next piece): before the last
+    line break (else space) that follows a printable ASCII character. Pre-tokenizers split
+    there anyway (a word or punctuation run ends, a whitespace run begins, and how far it
+    reaches depends only on what follows), so the pieces encode exactly as the whole does."""
     if final:
         return len(data)
-    window = len(data) * 3 // 4
-    matches = list(_CLEAN_CUT.finditer(data, window))
-    if matches:
-        return matches[-1].end()
-    newline = data.rfind(b"\n")
-    if newline >= 0:
-        return newline + 1
-    cut = len(data) - 1  # no line break at all: cut before the last character that starts here
+    for separator in (b"\n", b" "):
+        position = len(data)
+        while (position := data.rfind(separator, 0, position)) > 0:
+            if 0x21 <= data[position - 1] <= 0x7E:
+                return position
+    cut = len(data) - 1  # no such place: cut before the last character that starts here
     while cut > 0 and (data[cut] & 0xC0) == 0x80:
         cut -= 1
     return cut
@@ -622,17 +619,29 @@ class SplitWriter:
         self._writer: TokenFileWriter | None = None
 
     def append(self, tokens: np.ndarray, lengths: np.ndarray, continues: bool) -> None:
-        if not tokens.size and not lengths.size:
-            return
-        if self._writer is not None and self._writer.num_tokens >= self.shard_tokens and not self._writer.in_document:
+        """Append a chunk (see TokenFileWriter.append); a shard ends with the first document
+        that brings it to ``shard_tokens``."""
+        ends = np.cumsum(lengths)
+        while tokens.size or lengths.size:
+            if self._writer is None:
+                self._open_shard()
+            assert self._writer is not None
+            room = self.shard_tokens - self._writer.num_tokens
+            last = int(np.searchsorted(ends, room, side="left"))  # the document that fills the shard
+            if last >= lengths.size:
+                self._writer.append(tokens, lengths, continues=continues)
+                return
+            cut = int(ends[last])
+            self._writer.append(tokens[:cut], lengths[: last + 1])
             self._finish_shard()
-        if self._writer is None:
-            name = f"{self.split}/{len(self.shards):05d}.bin"
-            (self.root / self.split).mkdir(exist_ok=True)
-            self._writer = TokenFileWriter(self.root / name, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
-                                           eos_id=self.eos_id, dtype=self.dtype, extra={"split": self.split})  # fmt: skip
-            self.shards.append(name)
-        self._writer.append(tokens, lengths, continues=continues)
+            tokens, lengths, ends = tokens[cut:], lengths[last + 1 :], ends[last + 1 :] - cut
+
+    def _open_shard(self) -> None:
+        name = f"{self.split}/{len(self.shards):05d}.bin"
+        (self.root / self.split).mkdir(exist_ok=True)
+        self._writer = TokenFileWriter(self.root / name, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
+                                       eos_id=self.eos_id, dtype=self.dtype, extra={"split": self.split})  # fmt: skip
+        self.shards.append(name)
 
     def _finish_shard(self) -> None:
         assert self._writer is not None
