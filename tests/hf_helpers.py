@@ -1,0 +1,124 @@
+"""Tiny transformers models for the tests (built in a child process: importing transformers
+sets HF_HUB_OFFLINE, which the test process must not leak), and the fns tests run on ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 128, "tie_word_embeddings": False}  # fmt: skip
+TINY_GPT2 = {"model_type": "gpt2", "vocab_size": 96, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128,
+             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+             "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+TINY_BERT = {"model_type": "t5", "vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 1,
+             "num_heads": 4}  # fmt: skip
+
+
+def write_config(directory, values: dict) -> Path:
+    """A config.json as save_pretrained writes it (without importing transformers)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.json"
+    path.write_text(json.dumps(values, indent=1))
+    return directory
+
+
+def save_pretrained_tiny(directory, values: dict, seed: int = 7) -> str:
+    """In a child: a tiny model with random weights saved with save_pretrained (safetensors)."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = dict(values)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # not the init's plain values: make every tensor distinctive
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(directory)
+    return str(directory)
+
+
+def tokens_for(vocab: int, rows: int = 4, length: int = 17, seed: int = 11):
+    import torch
+
+    return torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+def shard_and_report(ctx):
+    """fn on every rank: the adapter of ``ctx.spec.training`` builds, shards and fills the
+    model (init or pretrained); rank 0 saves the full state; every rank reports its loss on
+    one fixed batch and how many parameter elements it holds."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from hpc_hsdp.models.hf import HFAdapter
+    from hpc_hsdp.runtime.hsdp import wrap_hsdp
+
+    training = ctx.spec.training
+    adapter = HFAdapter(training)
+    model = adapter.build_meta()
+    units = adapter.shard_units(model)
+    wrap_hsdp(model, ctx.mesh, block=units)
+    model.to_empty(device=ctx.device)
+    if adapter.has_pretrained_weights:
+        adapter.load_pretrained(model)
+    else:
+        adapter.init_weights(model, seed=training.seed)
+    tokens = tokens_for(adapter.vocab_size)
+    loss = adapter.loss(model, tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if ctx.is_rank0:
+        torch.save(full, ctx.run_dir / "full_state.pt")
+    params = list(model.parameters())
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    return {"rank": ctx.rank, "loss": float(loss), "units": sorted(u.__name__ for u in units), "tied": tied,
+            "local_numel": sum(p.to_local().numel() for p in params), "total_numel": sum(p.numel() for p in params)}
+
+
+def unsharded_reference(model_option: str, seed: int, state_path):
+    """In a child: the same adapter on one process without FSDP; its state equals the
+    sharded one bit for bit, and its loss with transformers' own labels equals ours."""
+    import torch
+
+    from hpc_hsdp.models.hf import HFAdapter
+    from hpc_hsdp.spec import TrainingSpec
+
+    adapter = HFAdapter(TrainingSpec(model=model_option, seed=seed))
+    model = adapter.build_meta()
+    model.to_empty(device="cpu")
+    if adapter.has_pretrained_weights:
+        adapter.load_pretrained(model)
+    else:
+        adapter.init_weights(model, seed=seed)
+    sharded = torch.load(state_path, weights_only=True)
+    ours = model.state_dict()
+    differ = sorted(k for k in sharded if not torch.equal(sharded[k], ours[k]))
+    tokens = tokens_for(adapter.vocab_size)
+    with torch.no_grad():
+        hf_loss = float(model(input_ids=tokens, labels=tokens).loss)
+        our_loss = float(adapter.loss(model, tokens[:, :-1], tokens[:, 1:]))
+    stds = {k: float(v.std()) for k, v in ours.items() if v.dim() == 2}
+    return {"differ": differ, "keys": sorted(sharded) == sorted(k for k in ours if k in sharded), "n": len(sharded),
+            "hf_loss": hf_loss, "our_loss": our_loss, "stds": stds,
+            "range": getattr(model.config, "initializer_range", None)}  # fmt: skip
+
+
+def from_pretrained_loss(directory: str):
+    """In a child: transformers' own loading of the directory, and its loss on the fixed batch."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokens = tokens_for(model.config.vocab_size)
+    with torch.no_grad():
+        return float(model(input_ids=tokens, labels=tokens).loss)
