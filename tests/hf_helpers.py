@@ -57,11 +57,11 @@ def shard_and_report(ctx):
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from hpc_hsdp.models.hf import HFAdapter
+    from hpc_hsdp.models.weights import tied_groups
     from hpc_hsdp.runtime.hsdp import wrap_hsdp
 
     training = ctx.spec.training
-    adapter = HFAdapter(training)
+    adapter = adapter_for(training)
     model = adapter.build_meta()
     units = adapter.shard_units(model)
     wrap_hsdp(model, ctx.mesh, block=units)
@@ -77,20 +77,29 @@ def shard_and_report(ctx):
     if ctx.is_rank0:
         torch.save(full, ctx.run_dir / "full_state.pt")
     params = list(model.parameters())
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    tied = [group for group in tied_groups(model)]
     return {"rank": ctx.rank, "loss": float(loss), "units": sorted(u.__name__ for u in units), "tied": tied,
             "local_numel": sum(p.to_local().numel() for p in params), "total_numel": sum(p.numel() for p in params)}
 
 
-def unsharded_reference(model_option: str, seed: int, state_path):
+def adapter_for(training):
+    if training.model.startswith("hf:"):
+        from hpc_hsdp.models.hf import HFAdapter
+
+        return HFAdapter(training)
+    from hpc_hsdp.models.factory import FactoryAdapter
+
+    return FactoryAdapter(training)
+
+
+def unsharded_reference(model_option: str, seed: int, state_path, training_values: dict | None = None):
     """In a child: the same adapter on one process without FSDP; its state equals the
     sharded one bit for bit, and its loss with transformers' own labels equals ours."""
     import torch
 
-    from hpc_hsdp.models.hf import HFAdapter
     from hpc_hsdp.spec import TrainingSpec
 
-    adapter = HFAdapter(TrainingSpec(model=model_option, seed=seed))
+    adapter = adapter_for(TrainingSpec(model=model_option, seed=seed, **(training_values or {})))
     model = adapter.build_meta()
     model.to_empty(device="cpu")
     if adapter.has_pretrained_weights:
@@ -102,12 +111,12 @@ def unsharded_reference(model_option: str, seed: int, state_path):
     differ = sorted(k for k in sharded if not torch.equal(sharded[k], ours[k]))
     tokens = tokens_for(adapter.vocab_size)
     with torch.no_grad():
-        hf_loss = float(model(input_ids=tokens, labels=tokens).loss)
+        hf_loss = float(model(input_ids=tokens, labels=tokens).loss) if model_option.startswith("hf:") else None
         our_loss = float(adapter.loss(model, tokens[:, :-1], tokens[:, 1:]))
     stds = {k: float(v.std()) for k, v in ours.items() if v.dim() == 2}
     return {"differ": differ, "keys": sorted(sharded) == sorted(k for k in ours if k in sharded), "n": len(sharded),
             "hf_loss": hf_loss, "our_loss": our_loss, "stds": stds,
-            "range": getattr(model.config, "initializer_range", None)}  # fmt: skip
+            "range": getattr(getattr(model, "config", None), "initializer_range", None)}  # fmt: skip
 
 
 def from_pretrained_loss(directory: str):

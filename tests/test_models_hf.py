@@ -63,7 +63,7 @@ def test_config_only_model_is_sharded_and_initialised_independently_of_the_mesh(
 def test_tied_embeddings_stay_tied_in_the_root_unit(tmp_path):
     model_dir = write_config(tmp_path / "model", dict(TINY_LLAMA, tie_word_embeddings=True))
     run_dir, by_rank = _launch(tmp_path, f"hf:{model_dir}", tasks_per_node=[2], shard=2)
-    assert all(v["tied"] for v in by_rank.values())
+    assert all(v["tied"] == [["model.embed_tokens.weight", "lm_head.weight"]] for v in by_rank.values())
     ref = in_child(unsharded_reference, f"hf:{model_dir}", 5, run_dir / "full_state.pt")
     assert ref["differ"] == []
 

@@ -166,7 +166,6 @@ class HFAdapter:
     def _initialise(self, model, *, seed: int, buffers_only: bool) -> None:
         from hpc_hsdp.models.weights import init_unit_by_unit
 
-        _retie(model)
         fresh = self.build_meta()
         units = self.shard_units(fresh)
         guard = _init_guard()
@@ -205,15 +204,6 @@ class HFAdapter:
         """What run.json records about the model (export rebuilds it from this)."""
         return {"kind": "hf", "model": self.name, "config": self.config.to_dict(),
                 "weights": str(self.weights_dir) if self.weights_dir else None}  # fmt: skip
-
-
-def _retie(model) -> None:
-    """``to_empty`` on a model without FSDP replaces each module's parameters one by one,
-    which unties a tied head; FSDP2 keeps the tie. Re-tie where it was lost."""
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    tied = bool(getattr(model, "all_tied_weights_keys", None) or getattr(model.config, "tie_word_embeddings", False))
-    if tied and head is not None and embedding is not None and head.weight is not embedding.weight:
-        model.tie_weights()
 
 
 def _init_guard():

@@ -88,6 +88,19 @@ def check_tied_parameters(model: nn.Module, unit_classes: tuple[type, ...], *, w
             )
 
 
+def retie_like(target: nn.Module, reference: nn.Module) -> None:
+    """Tie ``target``'s parameters as they are tied in ``reference`` (the same model on meta):
+    ``to_empty`` on a model without FSDP replaces each module's parameters one by one and
+    so unties a tied head; FSDP2 keeps ties, and then this does nothing."""
+    for group in tied_groups(reference):
+        first = target.get_parameter(group[0])
+        for name in group[1:]:
+            owner, _, attribute = name.rpartition(".")
+            module = target.get_submodule(owner)
+            if getattr(module, attribute) is not first:
+                setattr(module, attribute, first)
+
+
 def _local_part(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``full`` for ``target`` (a DTensor shard, or the whole tensor)."""
     if isinstance(target, DTensor):
@@ -130,6 +143,7 @@ def init_unit_by_unit(
     module docstring). ``init_module(module, name)`` initialises one module of the copy
     in place. ``buffers_only``: set only the buffers (the rest comes from pretrained weights).
     """
+    retie_like(target, fresh_meta)
     units = unit_names(fresh_meta, unit_classes)
     target_tensors = {**dict(target.named_parameters()), **dict(target.named_buffers())}
     canonical = set(target_tensors)  # a tied parameter's first name only
