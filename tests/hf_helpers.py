@@ -131,3 +131,117 @@ def from_pretrained_loss(directory: str):
     tokens = tokens_for(model.config.vocab_size)
     with torch.no_grad():
         return float(model(input_ids=tokens, labels=tokens).loss)
+
+
+# ----------------------------------------------------------------------------- the loop on a real corpus
+
+CORPUS_FILES = ("argparse.py", "ast.py", "dataclasses.py", "functools.py", "inspect.py", "pathlib.py", "typing.py")
+
+
+def make_corpus(root: str, vocab_size: int = 320) -> dict:
+    """In a child: a byte-level BPE trained on a few of the standard library's own files,
+    those files tokenised with it as a token dataset (train/val splits, tokenizer/)."""
+    import os
+    import sysconfig
+
+    import numpy as np
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from hpc_hsdp.data.tokens import write_dataset_manifest, write_token_file
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    paths = [os.path.join(stdlib, name) for name in CORPUS_FILES]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"], show_progress=False)  # fmt: skip
+    tokenizer.train(paths, trainer)
+    eos = tokenizer.token_to_id("<eos>")
+    texts = [open(p, encoding="utf-8").read() for p in paths]
+    ids = [np.append(np.asarray(e.ids, dtype=np.int64), eos) for e in tokenizer.encode_batch(texts)]
+    root_path = Path(root)
+    for sub in ("tokenizer", "train", "val"):
+        (root_path / sub).mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(root_path / "tokenizer" / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    description = {"kind": "bpe", "files": list(CORPUS_FILES), "vocab_size": vocab}
+    write_token_file(root_path / "train" / "00000.bin", np.concatenate(ids[:-1]), vocab_size=vocab,
+                     tokenizer=description, eos_id=eos)  # fmt: skip
+    write_token_file(root_path / "val" / "00000.bin", ids[-1], vocab_size=vocab, tokenizer=description, eos_id=eos)
+    write_dataset_manifest(root_path, vocab_size=vocab, dtype="uint16", tokenizer=description,
+                           splits={"train": ["train/00000.bin"], "val": ["val/00000.bin"]})  # fmt: skip
+    return {"path": str(root_path), "vocab_size": vocab, "tokens": int(sum(len(i) for i in ids[:-1]))}
+
+
+def _train_hf(ctx, *, signal_at=None):
+    import os
+    import signal
+
+    from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.runtime.loop import train
+
+    training = ctx.spec.training
+    records = {}
+
+    def on_step(step, record):
+        records[step] = {"loss": record["loss"], "sample_ids": record["sample_ids"]}
+        if signal_at is not None and step == signal_at and ctx.rank == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    adapter = resolve_model(training, data_vocab_size=None)
+    result = train(ctx, training, adapter=adapter, on_step=on_step)
+    params = list(result.model.parameters())
+    out = {"summary": result.summary(ctx), "records": records,
+           "local_numel": sum(p.to_local().numel() for p in params), "total_numel": sum(p.numel() for p in params)}  # fmt: skip
+    if not result.stopped:
+        import torch
+
+        result.model.eval()
+        with torch.no_grad():
+            logits = adapter.logits(result.model, tokens_for(adapter.vocab_size, rows=2, length=16))
+        out["logits"] = logits.float().tolist() if ctx.is_rank0 else None
+    return out
+
+
+def train_hf(ctx):
+    return _train_hf(ctx)
+
+
+def train_hf_signalled_at_3(ctx):
+    return _train_hf(ctx, signal_at=3)
+
+
+def exported_logits(directory: str):
+    """In a child: transformers loads the exported directory; its logits on the fixed input."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=tokens_for(model.config.vocab_size, rows=2, length=16)).logits
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(directory, "tokenizer.json"))
+    return {"logits": logits.tolist(), "decoded": tokenizer.decode(tokenizer.encode("def f(x):\n    return x"))}
+
+
+def first_step_reference(model_dir: str, data_path: str, seq_len: int, sample_ids: list[int]):
+    """In a child: transformers' own model from the directory, its mean loss over the step's
+    samples (all ranks' rows) with its own label shifting."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hpc_hsdp.data.sampler import DatasetSamples
+    from hpc_hsdp.data.tokens import open_dataset
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    rows = torch.as_tensor(DatasetSamples(open_dataset(data_path), seq_len).read(np.asarray(sample_ids)))
+    with torch.no_grad():
+        return float(model(input_ids=rows, labels=rows).loss)

@@ -206,6 +206,21 @@ class HFAdapter:
                 "weights": str(self.weights_dir) if self.weights_dir else None}  # fmt: skip
 
 
+def model_from_config_dict(values: dict):
+    """The causal LM of a config as ``config.to_dict()`` wrote it, on the meta device (export)."""
+    import torch
+
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    with torch.device("meta"):
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except TypeError:
+            return transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+
+
 def _init_guard():
     try:
         from transformers.initialization import guard_torch_init_functions
