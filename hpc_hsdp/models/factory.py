@@ -184,3 +184,20 @@ def _vocab_size(model, *, what: str) -> int:
     if not isinstance(value, int) or value < 1:
         raise SpecError(f"{what}: cannot tell the model's vocabulary; give the module a vocab_size attribute")
     return value
+
+
+def read_shapes(model: str):
+    """``plan --model MODULE:FUNCTION``: the factory's model built on the meta device (torch)."""
+    from hpc_hsdp.models.hf_shapes import ModelShapes
+    from hpc_hsdp.models.weights import tied_groups, unit_names, unit_of
+    from hpc_hsdp.spec import TrainingSpec
+
+    adapter = FactoryAdapter(TrainingSpec(model=model))
+    meta = adapter.build_meta()
+    units = adapter.shard_units(meta)
+    names = unit_names(meta, units)
+    shapes = tuple((n, tuple(p.shape), unit_of(n, names) == "") for n, p in meta.named_parameters())
+    layers = sum(1 for m in meta.modules() if units and isinstance(m, units))
+    return (ModelShapes(model_type=type(meta).__name__, block_class=",".join(u.__name__ for u in units) or "none",
+                        layers=layers, shapes=shapes, tied=bool(tied_groups(meta))),
+            "meta-device build of the factory (torch)")  # fmt: skip

@@ -253,3 +253,39 @@ def classes_named(model, names: list[str], *, source: str, what: str) -> tuple[t
         raise SpecError(f"{what}: {source} names the model's own class {type(model).__name__}; name its blocks "
                         f"(the root is always wrapped last)")  # fmt: skip
     return tuple(dict.fromkeys(found))
+
+
+def read_shapes(model: str):
+    """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
+    and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
+    families, else by building the model on the meta device (imports torch and transformers)."""
+    import json
+
+    from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
+
+    config_path, _ = locate(model)
+    try:
+        values = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+    shapes = shapes_from_config(values)
+    if shapes is not None:
+        return shapes, "config.json formula (no torch)"
+    from hpc_hsdp.models.weights import unit_names, unit_of
+    from hpc_hsdp.spec import TrainingSpec
+
+    adapter = HFAdapter(TrainingSpec(model=model))
+    meta = adapter.build_meta()
+    units = adapter.shard_units(meta)
+    names = unit_names(meta, units)
+    out = tuple((n, tuple(p.shape), unit_of(n, names) == "") for n, p in meta.named_parameters())
+    layers = sum(1 for m in meta.modules() if isinstance(m, units))
+    shapes = ModelShapes(model_type=adapter.config.model_type, block_class=",".join(u.__name__ for u in units),
+                         layers=layers, shapes=out, tied=bool(_tied(meta)))  # fmt: skip
+    return shapes, "meta-device build (torch and transformers: no formula for this model_type)"
+
+
+def _tied(model) -> list:
+    from hpc_hsdp.models.weights import tied_groups
+
+    return tied_groups(model)
