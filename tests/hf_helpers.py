@@ -4,6 +4,7 @@ sets HF_HUB_OFFLINE, which the test process must not leak), and the fns tests ru
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
@@ -139,39 +140,19 @@ CORPUS_FILES = ("argparse.py", "ast.py", "dataclasses.py", "functools.py", "insp
 
 
 def make_corpus(root: str, vocab_size: int = 320) -> dict:
-    """In a child: a byte-level BPE trained on a few of the standard library's own files,
-    those files tokenised with it as a token dataset (train/val splits, tokenizer/)."""
-    import os
+    """A few of the standard library's own files through the real `hpc-hsdp prepare-data`
+    (a byte-level BPE of ``vocab_size`` ids trained on them, a held-out split)."""
+    import subprocess
+    import sys
     import sysconfig
 
-    import numpy as np
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from hpc_hsdp.data.tokens import write_dataset_manifest, write_token_file
-
     stdlib = sysconfig.get_paths()["stdlib"]
-    paths = [os.path.join(stdlib, name) for name in CORPUS_FILES]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<eos>"], show_progress=False)  # fmt: skip
-    tokenizer.train(paths, trainer)
-    eos = tokenizer.token_to_id("<eos>")
-    texts = [open(p, encoding="utf-8").read() for p in paths]
-    ids = [np.append(np.asarray(e.ids, dtype=np.int64), eos) for e in tokenizer.encode_batch(texts)]
-    root_path = Path(root)
-    for sub in ("tokenizer", "train", "val"):
-        (root_path / sub).mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(root_path / "tokenizer" / "tokenizer.json"))
-    vocab = tokenizer.get_vocab_size()
-    description = {"kind": "bpe", "files": list(CORPUS_FILES), "vocab_size": vocab}
-    write_token_file(root_path / "train" / "00000.bin", np.concatenate(ids[:-1]), vocab_size=vocab,
-                     tokenizer=description, eos_id=eos)  # fmt: skip
-    write_token_file(root_path / "val" / "00000.bin", ids[-1], vocab_size=vocab, tokenizer=description, eos_id=eos)
-    write_dataset_manifest(root_path, vocab_size=vocab, dtype="uint16", tokenizer=description,
-                           splits={"train": ["train/00000.bin"], "val": ["val/00000.bin"]})  # fmt: skip
-    return {"path": str(root_path), "vocab_size": vocab, "tokens": int(sum(len(i) for i in ids[:-1]))}
+    args = [sys.executable, "-m", "hpc_hsdp", "prepare-data", *(os.path.join(stdlib, n) for n in CORPUS_FILES),
+            "-o", root, "--train-tokenizer", str(vocab_size), "--val-fraction", "0.2", "--workers", "1"]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((Path(root) / "dataset.json").read_text())
+    return {"path": root, "vocab_size": manifest["vocab_size"], "tokens": manifest["num_tokens"]["train"]}
 
 
 def _train_hf(ctx, *, signal_at=None):
