@@ -90,20 +90,18 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
 def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
                threshold: float = SLOW_THRESHOLD) -> tuple[str, int, int] | None:  # fmt: skip
     """The ranks named slow in at least half of ``entries`` (several probes: one noisy step
-    names nobody), in words with each rank's median ratio over those probes; with how many
+    names nobody), in words with each rank's median ratio in the probes that named it; with how many
     probes named the most persistent of them, and how many there were. None: nobody."""
     entries = [e for e in entries if e and e.get("own_time_s")]
     if not entries:
         return None
     counts: dict[int, int] = {}
-    ratios: dict[int, list[float]] = {}
+    ratios: dict[int, list[float]] = {}  # per rank: its ratio to the median in the probes that named it
     for entry in entries:
         median = entry.get("median_s") or statistics.median_low(entry["own_time_s"])
         for r in slow_ranks(entry, threshold):
             counts[r] = counts.get(r, 0) + 1
-        for r, t in enumerate(entry["own_time_s"]):
-            if median > 0:
-                ratios.setdefault(r, []).append(t / median)
+            ratios.setdefault(r, []).append(entry["own_time_s"][r] / median)
     named = persistent_ranks(entries, threshold)
     if not named:
         return None
