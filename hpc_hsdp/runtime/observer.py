@@ -18,6 +18,7 @@ Only rank 0 writes files; ``step_begins``/``step_ends`` are collective on probed
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from hpc_hsdp import attempts
@@ -27,17 +28,27 @@ from hpc_hsdp.runtime.stragglers import StragglerProbe
 
 
 class RunObserver:
-    def __init__(self, ctx, *, probe: StragglerProbe | None, tensorboard=None) -> None:
+    def __init__(self, ctx, *, probe: StragglerProbe | None, opening: threading.Thread | None = None,
+                 opened: list | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.probe = probe
-        self.tensorboard = tensorboard
         self.run_dir = ctx.run_dir if ctx.is_rank0 else None
+        self._opening, self._opened = opening, opened or [None]
+
+    @property
+    def tensorboard(self):
+        """The TensorBoard writer (None without the package, or off rank 0); opened in a
+        thread at start (importing tensorboard takes about as long as a first step), waited for here."""
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
+        return self._opened[0]
 
     @classmethod
     def start(cls, ctx, training, *, start_step: int, verbose: bool = True) -> RunObserver:
         every = getattr(training, "straggler_every", 0)
         probe = StragglerProbe.for_context(ctx, every) if every and ctx.world_size > 1 else None
-        tensorboard = None
+        opening, opened = None, [None]
         if ctx.is_rank0 and ctx.run_dir is not None:
             restart = getattr(ctx.preemption, "restart_count", None)
             restart = restart if restart is not None else restart_count(os.environ)
@@ -45,8 +56,12 @@ class RunObserver:
                                    total_steps=training.steps)  # fmt: skip
             from hpc_hsdp.runtime.tensorboard import open_writer
 
-            tensorboard = open_writer(ctx.run_dir, start_step=start_step, verbose=verbose)
-        ctx.observer = observer = cls(ctx, probe=probe, tensorboard=tensorboard)
+            def open_in_background() -> None:
+                opened[0] = open_writer(ctx.run_dir, start_step=start_step, verbose=verbose)
+
+            opening = threading.Thread(target=open_in_background, name="hpc-hsdp-tensorboard", daemon=True)
+            opening.start()
+        ctx.observer = observer = cls(ctx, probe=probe, opening=opening, opened=opened)
         return observer
 
     def step_begins(self, step: int) -> None:
