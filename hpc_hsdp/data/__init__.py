@@ -1,4 +1,5 @@
-"""Token data: the on-disk format (``tokens``), ``prepare-data`` and its tokenizers.
+"""Token data: the on-disk format (``tokens``), ``prepare-data`` and its tokenizers, the
+sampler and the synthetic source.
 
 numpy only, never torch: ``hpc-hsdp prepare-data`` and ``plan`` stay light, and the
 training loop reads the same files through memory maps.
