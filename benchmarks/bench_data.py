@@ -8,8 +8,9 @@ Each measurement is a fresh process, run N times interleaved (median):
 
   encode_batch     tokenizers.Tokenizer.encode_batch(texts) on all of 1x, texts already in memory,
                    the library's own thread pool over every core: the baseline (compute only)
-  prepare-data     hpc-hsdp prepare-data DIR --glob '*.py' --tokenizer tokenizer.json, end to end:
-                   start-up, reading, encoding, writing the shards (--engine processes / threads)
+  prepare-data     hpc-hsdp prepare-data DIR --glob '*.py' --tokenizer tokenizer.json (its click command,
+                   in the measuring process): reading, encoding, writing the shards, --engine
+                   processes / threads
 
 and prints tokens/s with the ratio to encode_batch on the same input (target >= 0.8), and
 the peak RSS (ru_maxrss) of the prepare-data process and of its largest worker per size
@@ -49,12 +50,17 @@ BASELINE = textwrap.dedent("""
 
 PREPARE = textwrap.dedent("""
     import json, resource, sys, time
-    from hpc_hsdp.data.prepare import PrepareSpec, prepare
+    from pathlib import Path
+    from hpc_hsdp.cli import main
     tokenizer, output, engine, *inputs = sys.argv[1:]
     start = time.perf_counter()
-    result = prepare(PrepareSpec(inputs=tuple(inputs), output=output, tokenizer=tokenizer, glob="*.py", engine=engine))
+    try:
+        main(["prepare-data", *inputs, "--glob", "*.py", "--tokenizer", tokenizer, "--engine", engine, "-o", output, "-q"])
+    except SystemExit as exc:
+        assert exc.code in (0, None), exc.code
     seconds = time.perf_counter() - start
-    print(json.dumps({"tokens": sum(result.num_tokens.values()), "seconds": seconds, "engine": result.engine,
+    manifest = json.loads((Path(output) / "dataset.json").read_text())
+    print(json.dumps({"tokens": sum(manifest["num_tokens"].values()), "seconds": seconds,
                       "rss_main": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "rss_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 """)
