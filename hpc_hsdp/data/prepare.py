@@ -43,6 +43,7 @@ from hpc_hsdp.data.tokenizer import (
     check_trained_vocab,
     copy_tokenizer_files,
     load_tokenizer_file,
+    require_tokenizers,
     tokenizer_from_worker_state,
     train_bpe,
 )
@@ -497,9 +498,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     if spec.train_tokenizer is not None:
         if spec.eos_token is not None:
             raise DataError("--eos-token is for --tokenizer PATH; a trained tokenizer's is <|endoftext|>: leave it out")
-        from hpc_hsdp.data.tokenizer import _import_tokenizers
-
-        _import_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
+        require_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
     elif spec.tokenizer == BYTE:
         if spec.eos_token is not None:
             raise DataError("--eos-token is for --tokenizer PATH; the byte tokenizer's is id 256: leave it out")
