@@ -91,22 +91,10 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
                                 split="val") if training.eval_every else None)  # fmt: skip
         return TrainData(train=train, val=val, order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
                          layout=layout, vocab_size=None, description="synthetic")  # fmt: skip
-    from hpc_hsdp.data.tokens import DataError, open_dataset
+    from hpc_hsdp.data.tokens import DataError, open_dataset, open_eval_dataset
 
     train_ds = open_dataset(training.data, split="train")
-    val_ds = None
-    if training.eval_every:
-        if training.val_data is not None:
-            try:
-                val_ds = open_dataset(training.val_data, split="val")
-            except DataError:
-                val_ds = open_dataset(training.val_data, split="train")  # a plain token file or a one-split dataset
-        else:
-            try:
-                val_ds = open_dataset(training.data, split="val")
-            except DataError as exc:
-                raise DataError(f"--eval-every {training.eval_every} needs held-out data: {exc}; give --val-data PATH "
-                                f"or prepare the data with --val-fraction") from None  # fmt: skip
+    val_ds = open_eval_dataset(training.data, training.val_data) if training.eval_every else None
     train = DatasetSamples(train_ds, training.seq_len)
     val = DatasetSamples(val_ds, training.seq_len) if val_ds is not None else None
     if train.num_samples < 1:
@@ -152,20 +140,20 @@ def check_data_position(saved: dict | None, data: TrainData, *, step: int, seed:
     """A checkpoint's data position must continue this run's sample stream exactly."""
     if not saved:
         return
-    from hpc_hsdp.errors import SpecError
+    from hpc_hsdp.data.tokens import DataError
 
     where = f"checkpoint {path.name} (step {step})"
     if saved["global_batch"] != data.layout.global_batch:
-        raise SpecError(
+        raise DataError(
             f"{where} was trained with a global batch of {saved['global_batch']} samples, this run has "
             f"{data.layout.global_batch}; resuming would repeat or skip samples: resume with --global-batch-size "
             f"{saved['global_batch']} (any number of nodes), or start a new --run-dir"
         )
     if saved["seed"] != seed:
-        raise SpecError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
+        raise DataError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
                         f"follows the seed: resume with --seed {saved['seed']}")  # fmt: skip
     if saved["num_samples"] != data.train.num_samples:
-        raise SpecError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
+        raise DataError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
                         f"has {data.train.num_samples}; resume on the same data and --seq-len")  # fmt: skip
 
 
