@@ -18,10 +18,13 @@ Two ways in, shared by the ``hf:`` and ``MODULE:FUNCTION`` adapters:
     the unit's initialisation was not initialised by the model and is a clear error.
 
 :func:`load_safetensors_shards`
-    Pretrained weights: every rank reads, from the safetensors files, only the rows of its
-    own shard of each parameter (a safetensors slice is read from the memory-mapped file
-    without the rest of the tensor). No collective, no full copy anywhere; the model
-    directory must be visible on every node (as the run directory already is).
+    Pretrained weights: every rank reads, from the safetensors files, only the bytes of the
+    rows of its own shard of each parameter (``os.pread`` at offsets from the file's
+    header; FSDP2 shards dim 0, so a shard is one contiguous byte range). No collective,
+    no memory map (its pages would count in the rank's resident memory), no full copy
+    anywhere; the model directory must be visible on every node (as the run directory
+    already is). Measured: a rank's resident memory grows by its shard plus one tensor's
+    rows at a time.
 
 Tied parameters (one ``nn.Parameter`` under two names, e.g. a language-model head tied to
 the input embedding) are set once, under their first name; :func:`check_tied_parameters`
@@ -35,7 +38,6 @@ import math
 import os
 import zlib
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -313,7 +315,3 @@ def fsdp_forward_method(model: nn.Module, method: str) -> None:
     if isinstance(model, FSDPModule) and method not in getattr(model, "_hpc_hsdp_forward_methods", ()):
         register_fsdp_forward_method(model, method)
         model._hpc_hsdp_forward_methods = (*getattr(model, "_hpc_hsdp_forward_methods", ()), method)
-
-
-def no_context():
-    return nullcontext()
