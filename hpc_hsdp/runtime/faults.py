@@ -11,6 +11,9 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
     that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
     its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_SIGNAL_AT=<rank>:<step>``
+    that rank sends itself the job's warning signal (SIGUSR2) at the start of that step,
+    as ``scancel --signal=USR2`` would: the ranks agree to stop after that step and save.
 ``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
     test to signal it mid-training.
@@ -32,6 +35,7 @@ RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
 KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
 KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
+SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 
 
 class InjectedFault(RuntimeError):
@@ -54,12 +58,14 @@ class Faults:
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
     step_delay_s: float = 0.0
+    signal_at: tuple[int, int] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
-                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0)  # fmt: skip
+                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
+                   signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
 
 
 _active = Faults()
@@ -89,6 +95,8 @@ def at_step(rank: int, step: int) -> None:
         raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
     if _active.kill_at == (rank, step):
         _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
+    if _active.signal_at == (rank, step):
+        os.kill(os.getpid(), signal.SIGUSR2)
 
 
 def in_save(rank: int, step: int) -> None:

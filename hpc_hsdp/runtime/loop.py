@@ -355,6 +355,32 @@ def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, 
     return int(state["step"]), state
 
 
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed torch's RNGs (CPU and CUDA) from ``(seed, step, rank)`` before a step, so that
+    dropout draws the same masks in a resumed run as in an uninterrupted one."""
+    torch.manual_seed((seed * 1_000_003 + step * 65_537 + rank) % (2**63))
+
+
+MODEL_RECORD = "model.json"
+
+
+def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
+    """``<run_dir>/model.json`` (rank 0): which model this run trains (``adapter.describe()``:
+    for ``hf:`` models the whole config) and the data it reads; ``hpc-hsdp export`` rebuilds
+    the model from it without the job's nodes."""
+    if ctx.run_dir is None or not ctx.is_rank0:
+        return
+    import json
+    from dataclasses import asdict
+
+    from hpc_hsdp.runtime.files import atomic_write_text
+
+    describe = getattr(adapter, "describe", None)
+    record = {"model": adapter.name, "vocab_size": adapter.vocab_size, "training": asdict(training),
+              "adapter": describe() if callable(describe) else {"kind": adapter.name}}  # fmt: skip
+    atomic_write_text(ctx.run_dir / MODEL_RECORD, json.dumps(record, indent=1) + "\n")
+
+
 class MetricsLog:
     """``<run_dir>/metrics.jsonl`` on rank 0: records after ``start_step`` are dropped on
     resume (the resumed run rewrites them), then one line per step."""
@@ -449,6 +475,7 @@ def train(
     data = open_data(training, ctx.world_size)
     adapter = adapter or resolve_model(training, data_vocab_size=data.vocab_size)
     check_data(data, model_vocab_size=adapter.vocab_size, training=training)
+    record_model(ctx, adapter, training)
     precision = resolve_precision(training.precision, ctx.device)
     configure_device(ctx.device)
     model = build_model(ctx, adapter, training, precision=precision)
@@ -486,6 +513,7 @@ def train(
                           f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
                 break
             faults.at_step(ctx.rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
+            seed_step(training.seed, step, ctx.rank)
             t0 = time.perf_counter()
             reset_peak_memory(ctx.device)
             if ctx.comm_stats is not None:
