@@ -215,11 +215,11 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     slow = {"HPC_HSDP_FAULT_SLOW_RANK": "3:0.15"}
     # attempt 1: rank 1 raises at the start of step 7 (steps 1-6 logged, checkpoints at 4)
     first = launch(spec, tasks_per_node=[2, 2], extra_env={**slow, "HPC_HSDP_FAULT_RAISE_AT": "1:7"},
-                   expect_failure=True, timeout_s=120)  # fmt: skip
+                   expect_failure=True, timeout_s=240)  # fmt: skip
     assert not any(o.ok for o in first)
     run = tmp_path / "run"
     assert attempts.read_attempt(run)["ended"]["reason"] == "error"
-    launch(spec, tasks_per_node=[2, 2], extra_env={**slow, "SLURM_RESTART_COUNT": "1"}, timeout_s=120)
+    launch(spec, tasks_per_node=[2, 2], extra_env={**slow, "SLURM_RESTART_COUNT": "1"}, timeout_s=240)
 
     restarts = attempts.read_restarts(run)
     assert [(r["restart"], r["resumed_from_step"], r["previous_last_step"], r["reason"]) for r in restarts] == [
@@ -317,7 +317,7 @@ def test_submit_wait_and_status_name_the_slow_node_without_torch(tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_status_compares_the_eta_with_slurms_time_left(slurm_cluster, tmp_path):
     run = tmp_path / "run"
     out = hpc("submit", "--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8",
@@ -325,7 +325,7 @@ def test_status_compares_the_eta_with_slurms_time_left(slurm_cluster, tmp_path):
               "--time", "3", "--signal", "USR2@20", "--run-dir", str(run), "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.5")  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 330  # the shared dev cluster may hold it PENDING behind other jobs
     while True:
         data = json.loads(hpc("status", str(run), "--json").stdout)
         if data["progress"]["time_left_s"] is not None and data["progress"]["eta_s"] is not None:
