@@ -9,6 +9,7 @@
 6 recovery   USR2 -> first resumed step, dev cluster                      (bench_recovery.py)
 7 data       prepare-data tokens/s vs tokenizers encode_batch, peak RSS   (bench_data.py)
 8 loop       bf16+accum+clip+cosine step vs hand-written FSDP2; data wait  (bench_loop.py)
+9 stragglers the per-rank time probe's all-gather vs the step time        (bench_stragglers.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -31,6 +32,7 @@ SUITE = [
     ("recovery", "bench_recovery.py", ["--runs", "3"], ["--runs", "1"]),
     ("data", "bench_data.py", ["--runs", "3", "--megabytes", "4"], ["--runs", "1", "--megabytes", "1"]),
     ("loop", "bench_loop.py", ["--runs", "3", "--steps", "20"], ["--runs", "1", "--steps", "10"]),
+    ("stragglers", "bench_stragglers.py", ["--runs", "3", "--steps", "30"], ["--runs", "1", "--steps", "12"]),
 ]
 
 
