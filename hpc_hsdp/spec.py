@@ -133,6 +133,8 @@ class TrainingSpec:
     eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
     checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
     keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
+    straggler_every: int = _option(10, "Every K steps the ranks share their own compute time of the step (one "
+                                   "small all-gather) and metrics.jsonl names the slowest rank (0: never).", minimum=0)
 
     def __post_init__(self) -> None:
         for f in fields(self):
