@@ -93,7 +93,7 @@ def test_preempt_requeue_resume_is_bit_identical_also_onto_one_node(uninterrupte
 def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupted, tmp_path):
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "-o", str(out)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "exported step 6 (hf)" in done.stdout
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -104,7 +104,7 @@ def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupt
     assert torch.allclose(torch.tensor(loaded["logits"]), torch.tensor(sharded), atol=1e-5, rtol=0)
     assert loaded["decoded"] == "def f(x):\n    return x"  # the run's tokenizer, copied beside the weights
     again = subprocess.run([sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "--step", "4",
-                            "-o", str(tmp_path / "other")], capture_output=True, text=True, timeout=120)  # fmt: skip
+                            "-o", str(tmp_path / "other")], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert again.returncode == 2 and again.stderr.strip().splitlines() == [
         again.stderr.strip()] and "no complete checkpoint of step 4; it has steps 3, 6" in again.stderr  # fmt: skip
 
