@@ -36,8 +36,7 @@ def _usable(address: str) -> bool:
     return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast)
 
 
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of network interface ``name`` (Linux), or None."""
+def _ipv4_of(name: str) -> str | None:
     import fcntl
     import struct
 
@@ -47,6 +46,20 @@ def interface_address(name: str) -> str | None:
         except OSError:
             return None
     return socket.inet_ntoa(packed[20:24])
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface ``name`` (Linux), or None. As NCCL reads
+    ``NCCL_SOCKET_IFNAME``: ``=ib0`` is that interface exactly, ``ib`` the first whose name
+    starts so (ib0, ib1, ...)."""
+    if name.startswith("="):
+        return _ipv4_of(name[1:])
+    for _, candidate in sorted(socket.if_nameindex()):
+        if candidate.startswith(name):
+            address = _ipv4_of(candidate)
+            if address is not None:
+                return address
+    return None
 
 
 def host_name_addresses() -> list[str]:
@@ -69,12 +82,15 @@ def route_source_address() -> str | None:
 
 
 def named_interface(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """(variable, interface) of the first plain interface name NCCL/gloo are told to use."""
+    """(variable, interface) of the first interface NCCL/gloo are told to use; an exclusion
+    list (``^docker,lo``) names none."""
     for variable in IFNAME_VARIABLES:
-        for item in env.get(variable, "").split(","):
-            name = item.strip()
-            if name and not name.startswith(("^", "=")):
-                return variable, name
+        value = env.get(variable, "").strip()
+        if not value or value.startswith("^"):
+            continue
+        first = value.split(",")[0].strip()
+        if first.lstrip("="):
+            return variable, first
     return None
 
 

@@ -63,13 +63,14 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
 
 
-def pick_device(requested: str, layout: RankLayout) -> tuple[torch.device, str | None]:
+def pick_device(requested: str, layout: RankLayout, env: Mapping[str, str] | None = None) -> tuple[torch.device, str | None]:
     """The torch device of this task and an optional one-line note."""
+    env = os.environ if env is None else env
     if requested == "cpu":
         return torch.device("cpu"), None
     available = torch.cuda.is_available()
     if not available:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        visible = env.get("CUDA_VISIBLE_DEVICES", "<unset>")
         if requested == "cuda":
             raise HsdpError(
                 f"--device cuda but CUDA is not usable on node {layout.node} ({cuda_unusable_reason()}, "
@@ -214,7 +215,7 @@ def init(
             f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
             f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
         )
-    torch_device, note = pick_device(device, layout)
+    torch_device, note = pick_device(device, layout, env)
     torch_env = layout.torch_env()
     if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
         torch_env["RANK"] = str(layout.slurm_procid)
