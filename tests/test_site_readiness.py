@@ -148,3 +148,35 @@ def test_hostfile_lines(counts, distribution, expected):
 def test_hostfile_needs_one_count_per_node():
     with pytest.raises(SlurmEnvError, match="submit with --nodes 2"):
         hostfile_lines({"SLURM_JOB_NODELIST": "a[1-3]"}, (8, 4), "block")
+
+
+# ----------------------------------------------------------------------------- plan: the request and KillWait
+
+
+def _plan(*args: str):
+    from click.testing import CliRunner
+
+    from hpc_hsdp.cli import cli
+
+    return CliRunner().invoke(cli, ["plan", *args])
+
+
+def test_plan_shows_each_ranks_share_of_the_node():
+    out = _plan("--nodes", "2", "--shard", "4")
+    assert out.exit_code == 0, out.output
+    assert "request: whole nodes (--exclusive, --mem=0), 8 task(s) and GPU(s) per node: each rank gets 1/8" in out.output
+
+
+def test_plan_warns_when_a_save_cannot_fit_kill_wait():
+    """70B bf16 + AdamW on 2 x 8, shard 8: 652 GiB at 1 GiB/s per node is 326 s, not 30."""
+    big = _plan("--nodes", "2", "--shard", "8", "--model-params", "70B", "--dtype", "bf16")
+    assert big.exit_code == 0, big.output
+    assert "warning: a checkpoint of 651.93 GiB takes about 326 s" in big.output and "KillWait (30 s)" in big.output
+    small = _plan("--nodes", "2", "--shard", "8", "--model-params", "1B", "--dtype", "bf16", "--kill-wait", "30")
+    assert "checkpoint: 9.31 GiB, about 5 s" in small.output and "warning" not in small.output
+    fast = _plan("--nodes", "2", "--shard", "8", "--model-params", "70B", "--dtype", "bf16", "--save-rate", "20GiB",
+                 "--json")  # fmt: skip
+    import json
+
+    assert json.loads(fast.output)["save"] == {"checkpoint_bytes": 700000000000, "seconds": 16.3, "kill_wait_s": 30,
+                                               "rate_bytes_per_s": 20 * 2**30, "fits": True}  # fmt: skip
