@@ -274,9 +274,9 @@ def default_launch_command(spec: JobSpec) -> str:
     return "bash -c " + q(" ".join(inner))
 
 
-TORCHRUN_SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
-"""What torchrun's agent handles (torch >= 2.9 reads the variable; its default adds SIGQUIT,
+"""What torchrun's agent handles (torchrun --signals-to-handle, from torch 2.9; older agents ignore it and still end the job on QUIT). Its default adds SIGQUIT,
 with which ``scancel --signal=QUIT`` would end the job instead of printing stacks)."""
 
 

@@ -99,7 +99,7 @@ def test_override_changes_only_the_launch_command() -> None:
         before, after = changed[0]
         assert after == f"    {SUBMITIT_COMMAND} || status=$?"
         assert before.startswith("    python -m hpc_hsdp run ") or before.startswith(
-            """    bash -c 'trap "" "$HPC_HSDP_WARNING_SIGNAL" QUIT; TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP exec torchrun """
+            """    bash -c 'trap "" "$HPC_HSDP_WARNING_SIGNAL" QUIT; PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP exec torchrun """
         )
 
 

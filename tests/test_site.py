@@ -125,6 +125,9 @@ def test_scancel_quit_prints_stacks_and_the_job_goes_on(slurm_cluster, tmp_path,
                        for p in (run / "logs").glob("*_log.err"))  # fmt: skip
 
         _wait_for(lambda: stacks() >= 4, 60, "stacks of all 4 ranks")
+        time.sleep(8)  # a torchrun agent that takes QUIT as a death signal ends its workers within ~1 s
+        errors = "".join(p.read_text(errors="replace") for p in (run / "logs").glob("*_log.err"))
+        assert "death signal" not in errors and "Terminating" not in errors, errors[-3000:]
         steps_then = len((run / "metrics.jsonl").read_text().splitlines())
         _wait_for(lambda: len((run / "metrics.jsonl").read_text().splitlines()) > steps_then + 2, 60,
                   "steps after the stack dump")  # fmt: skip
