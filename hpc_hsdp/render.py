@@ -276,8 +276,9 @@ def default_launch_command(spec: JobSpec) -> str:
 
 TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
-"""What torchrun's agent handles (torchrun --signals-to-handle, from torch 2.9; older agents ignore it and still end the job on QUIT). Its default adds SIGQUIT,
-with which ``scancel --signal=QUIT`` would end the job instead of printing stacks)."""
+"""What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
+torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
+job instead of printing stacks; older agents ignore the variable and still do."""
 
 
 def plan_command(spec: JobSpec) -> str:
