@@ -91,7 +91,12 @@ def pick_device(requested: str, layout: RankLayout, env: Mapping[str, str] | Non
             f"rank {layout.rank} (local rank {layout.local_rank}) wants cuda:{index} but only {count} GPU(s) are visible "
             f"on node {layout.node}; start one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
         )
-    return torch.device("cuda", index), None
+    note = None
+    if layout.local_world_size < count and layout.launch_mode == "task-per-gpu":
+        note = (f"note: rank {layout.rank}: node {layout.node} runs {layout.local_world_size} task(s) but {count} GPUs "
+                f"are visible; this rank uses cuda:{index} only (one task per GPU: --ntasks-per-node {count}, or "
+                f"--launcher torchrun)")
+    return torch.device("cuda", index), note
 
 
 def cuda_unusable_reason() -> str:
