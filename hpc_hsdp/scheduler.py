@@ -378,7 +378,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
             f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
-            f"sbatch it (hpc-hsdp render ... -o job.sbatch): see the README's 'Containers'"
+            f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
         )
     _check_entry_importable(spec.run.entry)
     target, reason = resolve_cluster(cluster)

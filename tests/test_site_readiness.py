@@ -180,3 +180,48 @@ def test_plan_warns_when_a_save_cannot_fit_kill_wait():
 
     assert json.loads(fast.output)["save"] == {"checkpoint_bytes": 700000000000, "seconds": 16.3, "kill_wait_s": 30,
                                                "rate_bytes_per_s": 20 * 2**30, "fits": True}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- containers
+
+
+def test_container_job_runs_layout_in_the_image_and_requeues_from_the_host():
+    text = _render("--nodes", "2", "--shard", "4", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3",
+                   "--container-mounts", "/runs:/runs")  # fmt: skip
+    rendezvous = next(line for line in text.splitlines() if line.startswith("rendezvous="))
+    assert rendezvous.startswith('rendezvous="$(srun --nodes=1 --ntasks=1') and "--container-name=hpc-hsdp" in rendezvous
+    assert "export HPC_HSDP_REQUEUE_FILE=/runs/x/logs/requeue." in text
+    assert text.index("|| status=$?") < text.index('scontrol requeue "$SLURM_JOB_ID"')
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--container-image", "img"], "--run-dir '/runs/x' is not mounted into the container at the same path"),
+        (["--container-image", "img", "--container-mounts", "/runs:/mnt"], "not mounted into the container"),
+    ],
+)
+def test_container_without_the_run_dir_mounted_is_refused(argv, message):
+    from hpc_hsdp.errors import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        _render("--shard", "8", *argv)
+
+
+def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
+    from hpc_hsdp.scheduler import requeue_job
+
+    request = tmp_path / "requeue.77"
+    ok, said = requeue_job("77", env={"PATH": str(tmp_path), "HPC_HSDP_REQUEUE_FILE": str(request)})
+    assert ok and request.read_text() == "77\n" and "asked the batch shell" in said
+
+
+def test_submit_with_a_container_is_refused_before_submitting(tmp_path):
+    from hpc_hsdp.errors import SpecError
+    from hpc_hsdp.scheduler import submit_spec
+
+    spec = spec_from_argv(["--shard", "8", "--venv", "none", "--run-dir", str(tmp_path), "--container-image", "img",
+                           "--container-mounts", f"{tmp_path}:{tmp_path}"])  # fmt: skip
+    with pytest.raises(SpecError, match="submit --container-image 'img': submit runs this machine's interpreter"):
+        submit_spec(spec, cluster="local")
+    assert not (tmp_path / "job.json").exists()
