@@ -152,8 +152,7 @@ def workers_per_task(spec: JobSpec) -> int:
 
 def cpu_share(spec: JobSpec) -> dict | None:
     """Without ``--cpus-per-task``: the script gives each task ``SLURM_CPUS_ON_NODE / tasks``
-    CPUs (``tasks``: the most tasks on one node) and each rank ``/ workers`` OpenMP threads.
-    None when ``--cpus-per-task`` is given."""
+    CPUs (``tasks``: the most tasks on one node). None when ``--cpus-per-task`` is given."""
     if spec.scheduler.cpus_per_task is not None:
         return None
     tasks = 1 if spec.launch.launcher == "torchrun" else max(spec.tasks_per_node)
@@ -165,9 +164,10 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     torch's own default of ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (tear down on a failed or
     timed-out collective) is left alone."""
     cpus = spec.scheduler.cpus_per_task
-    settings = []
-    if cpus is not None:
-        settings.append(("OMP_NUM_THREADS", str(max(1, cpus // workers_per_task(spec)))))
+    # the share of CPUs is room for each rank's Python, data loading and NCCL threads; OpenMP
+    # stays at one thread per rank (torchrun's default) unless --cpus-per-task says more
+    threads = max(1, cpus // workers_per_task(spec)) if cpus is not None else 1
+    settings = [("OMP_NUM_THREADS", str(threads))]
     settings += [
         ("PYTHONUNBUFFERED", "1"),
         ("NCCL_DEBUG", "INFO" if spec.environment.debug else "WARN"),

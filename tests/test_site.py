@@ -57,7 +57,7 @@ def test_site_nodes_uneven_tasks_cpus_and_rendezvous(slurm_cluster, tmp_path):
     layout, ranks = _ranks(run)
     assert layout["plan"]["tasks_per_node"] == [8, 4]
     assert [r["node"] for r in ranks] == ["site1"] * 8 + ["site2"] * 4
-    assert {(r["cpus"], r["omp"]) for r in results} == {("4", "4")}
+    assert {(r["cpus"], r["omp"]) for r in results} == {("4", "1")}
     masters = {r["master"] for r in results}
     assert len(masters) == 1 and masters != {"site1"} and masters != {"login7.stale.invalid"}
     assert layout["master_addr"] == masters.pop() and layout["master_port"] != 29500
@@ -65,7 +65,7 @@ def test_site_nodes_uneven_tasks_cpus_and_rendezvous(slurm_cluster, tmp_path):
 
 def test_torchrun_gets_all_of_the_nodes_cpus(slurm_cluster, tmp_path):
     """One torchrun task per node: its agent and 8 workers share all 32 CPUs (not one CPU
-    for the whole node), OMP_NUM_THREADS = 32 / 8 for each worker."""
+    for the whole node)."""
     _site_partition(slurm_cluster)
     run = tmp_path / "torchrun"
     script = tmp_path / "train.sbatch"
@@ -83,7 +83,7 @@ def test_torchrun_gets_all_of_the_nodes_cpus(slurm_cluster, tmp_path):
     probes = [json.loads(line.split("PROBE ", 1)[1]) for p in (run / "logs").glob("*_log.out")
               for line in p.read_text().splitlines() if line.startswith("PROBE ")]  # fmt: skip
     assert len(probes) == 2
-    assert all(p == {"SLURM_CPUS_PER_TASK": "32", "OMP_NUM_THREADS": "4", "SLURM_CPUS_ON_NODE": "32"} for p in probes)
+    assert all(p == {"SLURM_CPUS_PER_TASK": "32", "OMP_NUM_THREADS": "1", "SLURM_CPUS_ON_NODE": "32"} for p in probes)
     assert _ranks(run)[0]["launch_mode"] == "torchrun"
 
 
