@@ -71,6 +71,10 @@ def run_task(
                 result = fn(ctx)
             preemption.finish(rank=ctx.rank)  # collective; nothing to do when no stop was agreed
             return result
+        except BaseException as exc:
+            if getattr(ctx, "observer", None) is not None:  # set by the loop's RunObserver
+                ctx.observer.close_on_error(exc, None)
+            raise
         finally:
             ctx.shutdown()
     finally:

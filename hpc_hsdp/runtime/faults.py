@@ -11,9 +11,15 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
     that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
     its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_SIGNAL_AT=<rank>:<step>``
+    that rank sends itself the job's warning signal (SIGUSR2) at the start of that step,
+    as ``scancel --signal=USR2`` would: the ranks agree to stop after that step and save.
 ``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
     test to signal it mid-training.
+``HPC_HSDP_FAULT_SLOW_RANK=<rank>:<seconds>[,<rank>:<seconds>...]``
+    that rank sleeps that long inside every step's timed work (a straggler: its own time
+    grows, the others wait for it in the collectives).
 
 (``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` is the other hook.)
 :func:`install` is called by ``run_task`` with the task's environment; ``clear`` undoes it.
@@ -32,6 +38,8 @@ RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
 KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
 KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
+SLOW_RANK = "HPC_HSDP_FAULT_SLOW_RANK"
+SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 
 
 class InjectedFault(RuntimeError):
@@ -48,18 +56,35 @@ def _rank_step(env: Mapping[str, str], name: str) -> tuple[int, int] | None:
     return int(rank), int(step)
 
 
+def _slow_ranks(env: Mapping[str, str]) -> dict[int, float]:
+    value = env.get(SLOW_RANK, "").strip()
+    slow: dict[int, float] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        rank, sep, seconds = item.partition(":")
+        try:
+            slow[int(rank)] = float(seconds)
+        except ValueError:
+            raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2") from None
+        if not sep or slow[int(rank)] < 0:
+            raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2")
+    return slow
+
+
 @dataclass(frozen=True)
 class Faults:
     raise_at: tuple[int, int] | None = None
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
     step_delay_s: float = 0.0
+    slow_ranks: tuple[tuple[int, float], ...] = ()
+    signal_at: tuple[int, int] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
-                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0)  # fmt: skip
+                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
+                   slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
 
 
 _active = Faults()
@@ -89,6 +114,15 @@ def at_step(rank: int, step: int) -> None:
         raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
     if _active.kill_at == (rank, step):
         _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
+    if _active.signal_at == (rank, step):
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+
+def in_step(rank: int) -> None:
+    """Called by the loop inside every step's timed work."""
+    for slow_rank, seconds in _active.slow_ranks:
+        if slow_rank == rank:
+            time.sleep(seconds)
 
 
 def in_save(rank: int, step: int) -> None:
