@@ -312,7 +312,7 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         qos=o.get("qos"),
         time=o.get("time"),
         constraint=o.get("constraint"),
-        exclusive=o.get("exclusive", False),
+        exclusive=o.get("exclusive", SchedulerSpec.exclusive),
         mem=o.get("mem"),
         cpus_per_task=o.get("cpus_per_task"),
         signal=signal,

@@ -299,3 +299,51 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
                          f"--shard {others[0].shard_size}, and less traffic inside the node "
                          f"({format_bytes(e.intra_node_wire_bytes)} against {format_bytes(nxt.intra_node_wire_bytes)})")  # fmt: skip
     return lines
+
+
+# ----------------------------------------------------------------------------- saving within KillWait
+
+SLURM_KILL_WAIT_S = 30
+"""Slurm's default ``KillWait``: seconds from SIGTERM (scancel, preemption, the time limit)
+to SIGKILL. A checkpoint started on SIGTERM must be written within it."""
+DEFAULT_SAVE_RATE = 1 << 30
+"""Assumed write rate of one node to the checkpoint file system, bytes per second (1 GiB/s:
+a parallel file system's client; local NVMe is faster, NFS slower): ``plan --save-rate``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveTime:
+    """How long a full checkpoint takes, against ``KillWait``."""
+
+    checkpoint_bytes: int
+    """Parameters and optimizer state of the whole model (one replica: DCP writes replicated
+    shards once)."""
+    seconds: float
+    """``checkpoint_bytes`` written by every node at ``rate`` bytes/s each."""
+    kill_wait_s: int
+    rate: int
+
+    @property
+    def fits(self) -> bool:
+        return self.seconds <= self.kill_wait_s
+
+    def warning(self) -> str | None:
+        if self.fits:
+            return None
+        return (f"warning: a checkpoint of {format_bytes(self.checkpoint_bytes)} takes about {self.seconds:.0f} s at "
+                f"{format_bytes(self.rate)}/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
+                f"SIGTERM (scancel, preemption, the time limit) is killed half-written and the run resumes from the "
+                f"previous one; save on the warning signal (--signal USR2@SECONDS, at least "
+                f"{int(self.seconds * 2) + 60} s) or checkpoint more often (--checkpoint-every)")
+
+    def to_dict(self) -> dict:
+        return {"checkpoint_bytes": self.checkpoint_bytes, "seconds": round(self.seconds, 1),
+                "kill_wait_s": self.kill_wait_s, "rate_bytes_per_s": self.rate, "fits": self.fits}
+
+
+def save_time(plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KILL_WAIT_S,
+              rate: int = DEFAULT_SAVE_RATE) -> SaveTime:
+    """A full checkpoint's size and write time for ``est`` on ``plan``'s nodes."""
+    checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.shard_size
+    return SaveTime(checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate),
+                    kill_wait_s=kill_wait_s, rate=rate)

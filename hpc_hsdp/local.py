@@ -288,10 +288,27 @@ def _srun_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label", "-l", action="store_true")
     parser.add_argument("--export", default=None)
     parser.add_argument("--cpu-bind", default=None)
+    parser.add_argument("--cpus-per-task", "-c", type=int, default=None)  # every task runs on this machine's CPUs
     parser.add_argument("--container-image", default=None)
+    parser.add_argument("--container-name", default=None)
     parser.add_argument("--container-mounts", default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     return parser
+
+
+def _hostfile_layout(path: str, node_names: Sequence[str]) -> tuple[tuple[int, ...], str]:
+    """Tasks per node and their order (block or cyclic) from ``SLURM_HOSTFILE``."""
+    from hpc_hsdp.address import hostfile_lines
+
+    if not path or not Path(path).is_file():
+        raise ValueError(f"SLURM_HOSTFILE={path!r} is not a file")
+    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    counts = tuple(lines.count(name) for name in node_names)
+    env = {"SLURM_JOB_NODELIST": ",".join(node_names)}
+    for distribution in DISTRIBUTIONS:
+        if hostfile_lines(env, counts, distribution) == lines:
+            return counts, distribution
+    raise ValueError("the emulator places tasks node by node (block) or round-robin (cyclic) only")
 
 
 def _srun(argv: Sequence[str]) -> int:
@@ -310,6 +327,12 @@ def _srun(argv: Sequence[str]) -> int:
     if args.ntasks_per_node is not None:
         counts = (args.ntasks_per_node,) * len(counts)
     distribution = args.distribution.split(":")[0].split(",")[0]
+    if distribution == "arbitrary":
+        try:
+            counts, distribution = _hostfile_layout(env.get("SLURM_HOSTFILE", ""), node_names)
+        except ValueError as exc:
+            print(f"srun (emulator): --distribution=arbitrary: {exc}", file=sys.stderr)
+            return 2
     if distribution not in DISTRIBUTIONS:
         print(f"srun (emulator): --distribution={args.distribution} is not emulated; use block or cyclic",
               file=sys.stderr)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, format_bytes
+from hpc_hsdp.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime, format_bytes
 from hpc_hsdp.topology import TopologyPlan
 
 
@@ -48,8 +48,16 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
     return lines
 
 
+def request_lines(plan: TopologyPlan) -> list[str]:
+    """What the job asks SLURM for by default, per node: the CPUs and memory each rank gets."""
+    tasks = max(plan.tasks_per_node)
+    return [f"request: whole nodes (--exclusive, --mem=0), {tasks} task(s) and GPU(s) per node: each rank gets "
+            f"1/{tasks} of its node's CPUs (srun --cpus-per-task) and memory; --no-exclusive with --cpus-per-task "
+            f"and --mem to share nodes"]  # fmt: skip
+
+
 def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit | None = None,
-              gpu_memory: int | None = None) -> str:  # fmt: skip
+              gpu_memory: int | None = None, save: SaveTime | None = None) -> str:  # fmt: skip
     shard_labels, replicate_labels = _group_labels(plan.shard_groups), _group_labels(plan.replicate_groups)
     rows = [("node", "gpu", "rank", "shard group", "replicate group")]
     for rank in range(plan.world_size):
@@ -70,6 +78,7 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
             out.append("  ".join("-" * w for w in widths))
     out.append("")
     out.extend(traffic_verdict(plan))
+    out.extend(request_lines(plan))
     if estimate is not None:
         out.append("")
         out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
@@ -80,6 +89,11 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
             out.append(f"  {t.kind:<14} over {t.axis:<9} {format_bytes(t.wire_bytes):>11} on the wire per step ({where})")
         out.append(f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
                    f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node")  # fmt: skip
+    if save is not None:
+        out.append(f"checkpoint: {format_bytes(save.checkpoint_bytes)}, about {save.seconds:.0f} s at "
+                   f"{format_bytes(save.rate)}/s per node (KillWait {save.kill_wait_s} s)")  # fmt: skip
+        if save.warning():
+            out.append(save.warning())
     if gpu_memory is not None:
         if fit is None:
             out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")

@@ -121,14 +121,13 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     """The #SBATCH options in their fixed order; ``--sbatch`` passthrough last, by key."""
     s = spec.scheduler
     opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", str(spec.nodes))]
-    if spec.ntasks is not None:
-        opts.append(("ntasks", str(spec.ntasks)))
-    else:
-        opts.append(("ntasks-per-node", "1" if spec.launch.launcher == "torchrun" else str(spec.gpus_per_node)))
+    # --ntasks (uneven): the allocation holds one task slot per GPU on every node, and the
+    # step places exactly the planned counts (--ntasks alone lets SLURM put 11,1 or 6,6)
+    opts.append(("ntasks-per-node", "1" if spec.launch.launcher == "torchrun" else str(spec.gpus_per_node)))
     opts.append(("gpus-per-node", str(spec.gpus_per_node)))
     if s.cpus_per_task is not None:
         opts.append(("cpus-per-task", str(s.cpus_per_task)))
-    for key, value in (("mem", s.mem), ("time", s.time), ("partition", s.partition), ("account", s.account),
+    for key, value in (("mem", s.mem_per_node), ("time", s.time), ("partition", s.partition), ("account", s.account),
                        ("qos", s.qos), ("constraint", s.constraint)):  # fmt: skip
         if value is not None:
             opts.append((key, value))
@@ -146,17 +145,31 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     return opts + list(s.extra)
 
 
+def workers_per_task(spec: JobSpec) -> int:
+    """Ranks one srun task runs: 1 (srun launcher) or the node's GPUs (torchrun)."""
+    return spec.gpus_per_node if spec.launch.launcher == "torchrun" else 1
+
+
+def cpu_share(spec: JobSpec) -> dict | None:
+    """Without ``--cpus-per-task``: the script gives each task ``SLURM_CPUS_ON_NODE / tasks``
+    CPUs (``tasks``: the most tasks on one node). None when ``--cpus-per-task`` is given."""
+    if spec.scheduler.cpus_per_task is not None:
+        return None
+    tasks = 1 if spec.launch.launcher == "torchrun" else max(spec.tasks_per_node)
+    return {"tasks": tasks, "workers": workers_per_task(spec)}
+
+
 def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
-    """NCCL and torch variables the script exports before the user's ``--env`` (which wins)."""
+    """NCCL and torch variables the script exports before the user's ``--env`` (which wins).
+    torch's own default of ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (tear down on a failed or
+    timed-out collective) is left alone."""
     cpus = spec.scheduler.cpus_per_task
-    if spec.launch.launcher == "torchrun":
-        threads = max(1, cpus // spec.gpus_per_node) if cpus else 1
-    else:
-        threads = cpus or 1
-    settings = [
-        ("OMP_NUM_THREADS", str(threads)),
+    # the share of CPUs is room for each rank's Python, data loading and NCCL threads; OpenMP
+    # stays at one thread per rank (torchrun's default) unless --cpus-per-task says more
+    threads = max(1, cpus // workers_per_task(spec)) if cpus is not None else 1
+    settings = [("OMP_NUM_THREADS", str(threads))]
+    settings += [
         ("PYTHONUNBUFFERED", "1"),
-        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         ("NCCL_DEBUG", "INFO" if spec.environment.debug else "WARN"),
     ]
     if spec.environment.debug:
@@ -190,15 +203,41 @@ def warning_signal_name(spec: JobSpec) -> str:
 
 def srun_options(spec: JobSpec) -> list[str]:
     """srun's options, unquoted, one per item (``--output=...``: one word each)."""
-    opts = ["--kill-on-bad-exit=1", "--unbuffered", f"--distribution={spec.launch.distribution}"]
+    opts = ["--kill-on-bad-exit=1", "--unbuffered"]
+    if spec.ntasks is not None:
+        opts += [f"--ntasks={spec.ntasks}", "--distribution=arbitrary"]  # the hostfile says where each task goes
+    else:
+        opts.append(f"--distribution={spec.launch.distribution}")
     if spec.scheduler.cpus_per_task is not None:
         opts.append(f"--cpus-per-task={spec.scheduler.cpus_per_task}")  # not inherited by srun in Slurm 22.05
     opts += [f"--output={spec.log_dir}/%j_%t_log.out", f"--error={spec.log_dir}/%j_%t_log.err"]
-    if spec.launch.container_image is not None:
-        opts.append(f"--container-image={spec.launch.container_image}")
+    return opts + container_options(spec)
+
+
+CONTAINER_NAME = "hpc-hsdp"
+"""Pyxis ``--container-name``: the batch shell's layout step and the launch step share one
+container per node (imported once); pyxis removes it when the job ends."""
+
+
+def container_options(spec: JobSpec) -> list[str]:
+    """Pyxis options of every srun step that runs inside the image; [] without one."""
+    if spec.launch.container_image is None:
+        return []
+    opts = [f"--container-image={spec.launch.container_image}", f"--container-name={CONTAINER_NAME}"]
     if spec.launch.container_mounts is not None:
         opts.append(f"--container-mounts={spec.launch.container_mounts}")
     return opts
+
+
+def layout_command(spec: JobSpec, *layout_args: str) -> str:
+    """``python -m hpc_hsdp layout ARGS`` as the batch shell runs it: directly, or in a
+    one-task step inside the container (where hpc-hsdp is installed, not on the host)."""
+    q = shlex.quote
+    argv = [spec.environment.python, "-m", "hpc_hsdp", "layout", *layout_args]
+    if spec.launch.container_image is not None:
+        argv = ["srun", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--kill-on-bad-exit=1",
+                *container_options(spec), *argv]  # fmt: skip
+    return " ".join(q(a) for a in argv)
 
 
 def default_launch_command(spec: JobSpec) -> str:
@@ -217,9 +256,11 @@ def default_launch_command(spec: JobSpec) -> str:
     layout_argv = [python, "-m", "hpc_hsdp", "layout", "--shard", str(spec.run.shard_size),
                    "--nproc-per-node", str(spec.gpus_per_node), "--field", "node_rank"]  # fmt: skip
     inner = [
-        # torchrun's agent would die of the warning signal (Python's default action); the
-        # workers get it from SLURM directly, install their own handler and save
-        'trap "" "$HPC_HSDP_WARNING_SIGNAL";',
+        # torchrun's agent would die of the warning signal (Python's default action) and end
+        # the job on QUIT (its own handler); the workers get both from SLURM directly and
+        # handle them (save; print stacks)
+        'trap "" "$HPC_HSDP_WARNING_SIGNAL" QUIT;',
+        f"{TORCHRUN_SIGNALS_VAR}={TORCHRUN_SIGNALS}",
         "exec",
         "torchrun",
         f"--nnodes={spec.nodes}",
@@ -233,6 +274,13 @@ def default_launch_command(spec: JobSpec) -> str:
     return "bash -c " + q(" ".join(inner))
 
 
+TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
+"""What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
+torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
+job instead of printing stacks; older agents ignore the variable and still do."""
+
+
 def plan_command(spec: JobSpec) -> str:
     """The ``hpc-hsdp plan`` command that shows this job's layout."""
     if spec.ntasks is not None:
@@ -242,6 +290,11 @@ def plan_command(spec: JobSpec) -> str:
     else:
         args = ["--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node)]
     return " ".join(shlex.quote(a) for a in ["hpc-hsdp", "plan", *args, "--shard", str(spec.run.shard_size)])
+
+
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+"""Unset when the script starts (a submitting shell's stale values travel with
+``--export=ALL``); ``--env``, ``--pass-env`` and ``--setup`` lines may set them on purpose."""
 
 
 def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dict:
@@ -260,6 +313,12 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "python": spec.environment.python,
         "log_dir": spec.log_dir,
         "srun_options": srun_options(spec),
+        "cpu_share": cpu_share(spec),
+        "unset_on_entry": [name for name in RENDEZVOUS_VARIABLES if name not in spec.environment.pass_env],
+        "rendezvous_command": layout_command(spec, "--field", "rendezvous"),
+        "hostfile_command": (layout_command(spec, "--hostfile", ",".join(map(str, spec.tasks_per_node)),
+                                            "--distribution", spec.launch.distribution)
+                             if spec.ntasks is not None else None),
         "warning_signal": warning_signal_name(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }

@@ -407,11 +407,27 @@ def _restart_count(job_id: str) -> int:
     return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
 
 
-def requeue_job(job_id: str, *, timeout_s: float = 30.0) -> tuple[bool, str]:
+REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
+"""Set by the rendered script of a container job: where no ``scontrol`` exists (inside the
+image), rank 0 writes this file and the batch shell (on the host) requeues the job when the
+step has ended."""
+
+
+def requeue_job(job_id: str, *, timeout_s: float = 30.0, env=None) -> tuple[bool, str]:
     """``scontrol requeue <job_id>``, from inside the job: rank 0 calls it after every rank
     saved on the warning signal (:mod:`hpc_hsdp.runtime.preemption`). SLURM then ends this
     run (SIGTERM, SIGKILL after KillWait) and starts the job again with the same id and
-    ``SLURM_RESTART_COUNT`` + 1. Never raises: returns (requeued, what scontrol said)."""
+    ``SLURM_RESTART_COUNT`` + 1. Without ``scontrol`` here (a container) and with
+    ``HPC_HSDP_REQUEUE_FILE`` set, the request goes to the batch shell through that file.
+    Never raises: returns (requeued, what scontrol said)."""
+    env = os.environ if env is None else env
+    request = env.get(REQUEUE_FILE_VARIABLE, "").strip()
+    if request and shutil.which("scontrol", path=env.get("PATH")) is None:
+        try:
+            Path(request).write_text(f"{job_id}\n")
+        except OSError as exc:
+            return False, f"no scontrol here and the requeue request {request} cannot be written ({exc})"
+        return True, f"no scontrol here: asked the batch shell to requeue job {job_id} when the step ends ({request})"
     try:
         done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -426,6 +442,12 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0) -> tuple[bool, str]:
 def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
     """Submit ``spec``; returns the handle, the submitit-style job object and the reason line
     for the chosen cluster. Nothing is submitted when the spec or cluster is invalid."""
+    if spec.launch.container_image is not None:
+        raise SpecError(
+            f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
+            f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
+            f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
+        )
     _check_entry_importable(spec.run.entry)
     target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":

@@ -397,12 +397,24 @@ class SchedulerSpec:
     """Time limit in a SLURM form (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: the partition's."""
     constraint: str | None = None
     """``#SBATCH --constraint``: node features, e.g. ``h100&ib``."""
-    exclusive: bool = False
-    """``#SBATCH --exclusive``: no other job shares the nodes."""
+    exclusive: bool = True
+    """``#SBATCH --exclusive``: no other job shares the nodes. The default, as a site's
+    multi-GPU jobs are run: the job gets every CPU and (with ``mem`` None) all memory of
+    its nodes, shared equally by the ranks."""
     mem: str | None = None
-    """Memory per node (``512G``; ``0`` is all of it); None: the partition's default."""
+    """Memory per node (``512G``; ``0`` is all of it); None: ``0`` with ``exclusive``, else
+    the partition's default."""
     cpus_per_task: int | None = None
-    """CPUs per task; also passed to srun (Slurm 22.05 srun no longer inherits it)."""
+    """CPUs per task; also passed to srun (Slurm 22.05 srun no longer inherits it). None: an
+    equal share of the node's CPUs, computed by the script from ``SLURM_CPUS_ON_NODE``
+    (all the node's CPUs with ``exclusive``; without it SLURM allocates one per task)."""
+
+    @property
+    def mem_per_node(self) -> str | None:
+        """What ``#SBATCH --mem`` says: ``mem``, or ``0`` (all of it) for an exclusive job."""
+        if self.mem is not None:
+            return self.mem
+        return "0" if self.exclusive else None
     signal: str | None = DEFAULT_SIGNAL
     """``--signal`` value ``[R:|B:]SIG@SECONDS`` sent before the time limit; None: no signal."""
     requeue: bool = True
@@ -512,6 +524,24 @@ class LaunchSpec:
             raise SpecError("--container-mounts without --container-image; add the image (pyxis mounts into a container)")
 
 
+def check_container_mounts(mounts: str | None, run_dir: str) -> None:
+    """The run directory must appear inside the image at its own path: the tasks write the
+    checkpoints and logs there and the batch shell (on the host) reads the requeue request."""
+    import posixpath
+
+    same_path = []
+    for item in (mounts or "").split(","):
+        parts = item.strip().split(":")
+        if len(parts) >= 2 and parts[0] and parts[0] == parts[1]:
+            same_path.append(posixpath.normpath(parts[0]))
+    run = posixpath.normpath(run_dir)
+    if not any(run == m or run.startswith(m.rstrip("/") + "/") for m in same_path):
+        raise SpecError(
+            f"--run-dir {run_dir!r} is not mounted into the container at the same path; add it, e.g. "
+            f"--container-mounts {run}:{run}"
+        )
+
+
 def likely_tasks_per_node(*, nodes: int, gpus_per_node: int, ntasks: int) -> tuple[int, ...]:
     """The allocation ``--ntasks`` most likely gets on ``nodes`` nodes of ``gpus_per_node``
     GPUs: earlier nodes filled first, every node at least one task (e.g. 12 on 2 x 8: 8,4)."""
@@ -563,6 +593,8 @@ class JobSpec:
             raise SpecError(
                 f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; pick a path without them"
             )
+        if self.launch.container_image is not None:
+            check_container_mounts(self.launch.container_mounts, run_dir)
         if self.template is not None:
             check_text("--template", self.template)
             if not self.template.startswith("/"):

@@ -313,18 +313,34 @@ def visible_gpu_count(env: Mapping[str, str]) -> int:
 
 
 def select_device(env: Mapping[str, str], *, local_rank: int, local_world_size: int) -> str:
-    """The device of a task from what SLURM made visible to it."""
+    """The device of a task from what SLURM made visible to it.
+
+    One GPU visible: ``cuda:0``. Every GPU of the node visible (no ``--gpu-bind``, the
+    rendered script's way): ``cuda:LOCAL_RANK``. A part of the node's GPUs that can be
+    the task's own (``--gpus-per-task=N``: N visible x tasks on the node <= GPUs on the
+    node): the first of them. A part shared with other tasks (``--gpu-bind=closest``,
+    GPU masks: more visible x tasks than the node has): which one is this task's cannot
+    be told from its environment, so it is refused rather than guessed (every such task
+    would take ``cuda:0`` and NCCL fails)."""
     count = visible_gpu_count(env)
     if count == 0:
         return "cpu"
     if count == 1:
         return "cuda:0"
+    visible = env["CUDA_VISIBLE_DEVICES"]
     on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
     if on_node.isdigit() and count < int(on_node):
-        return "cuda:0"  # --gpus-per-task: this task sees only its own GPUs
+        if count * local_world_size <= int(on_node):
+            return "cuda:0"  # --gpus-per-task: these GPUs are this task's alone
+        raise SlurmEnvError(
+            f"task with SLURM_LOCALID={local_rank} sees {count} of its node's {on_node} GPUs "
+            f"(CUDA_VISIBLE_DEVICES={visible}), shared with other tasks (--gpu-bind=closest or a GPU mask?): "
+            f"which one is its own cannot be told; drop --gpu-bind (every task sees the node's GPUs and takes "
+            f"its local id) or give each task one GPU (--gpu-bind=single:1)"
+        )
     if local_rank >= count:
         raise SlurmEnvError(
-            f"SLURM_LOCALID={local_rank} but only {count} GPUs are visible (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}) "
+            f"SLURM_LOCALID={local_rank} but only {count} GPUs are visible (CUDA_VISIBLE_DEVICES={visible}) "
             f"for {local_world_size} tasks on this node; ask for one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
         )
     return f"cuda:{local_rank}"
@@ -423,8 +439,10 @@ class RankLayout:
     ) -> RankLayout:
         """Derive this task's layout from SLURM's (or torchrun's) environment.
 
-        ``nproc_per_node`` matters only for a task that launches torchrun on its node
-        (one task per node): the workers it will start; by default, the GPUs it sees.
+        ``nproc_per_node``: given only by the torchrun launcher (a task that will start
+        that many workers on its node); the task is then ``task-per-node``. Without it a
+        task is one rank (``task-per-gpu``), also in a job of one task per node: the
+        launcher is said, never guessed from the allocation's shape.
         """
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
             return cls._from_torchrun_env(env, shard_size=shard_size)
@@ -475,9 +493,16 @@ class RankLayout:
         master_addr, master_port = rendezvous_from_env(env)
         job_id = env.get("SLURM_JOB_ID")
 
-        workers = nproc_per_node or visible_gpu_count(env)
-        if set(tasks_per_node) == {1} and workers > 1:
-            # One task per node: this task launches torchrun, which starts the workers.
+        if nproc_per_node is not None:
+            # The torchrun launcher: this task starts nproc_per_node workers on its node.
+            if set(tasks_per_node) != {1}:
+                raise SlurmEnvError(
+                    f"--nproc-per-node {nproc_per_node} is for a step of one task per node, but this step runs "
+                    f"{tasks_text} tasks per node; start the torchrun launcher with srun --ntasks-per-node=1"
+                )
+            if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
+                raise SlurmEnvError(f"--nproc-per-node {nproc_per_node!r} must be a positive number of workers")
+            workers = nproc_per_node
             plan = TopologyPlan(tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names)
             return cls(
                 plan=plan, rank=plan.rank_of(node_rank, 0), local_rank=0, node_rank=node_rank,

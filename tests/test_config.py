@@ -172,7 +172,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         timeout = 60
         comm_stats = true
         container_image = "img"
-        container_mounts = "/a:/b"
+        container_mounts = "/a:/b,/tmp:/tmp,/r:/r"
         debug = true
         venv = "/v"
         python = "python3"
@@ -190,7 +190,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
                      "--template", "/nonexistent/is-checked-at-render.j2",
                      "--setup", "echo hi", "--env", "A=1", "--pass-env", "TOKEN", "--sbatch", "comment=c",
                      "--launcher", "srun", "--distribution", "cyclic", "--entry", "pkg.mod:fn", "--device", "cpu",
-                     "--timeout", "60", "--comm-stats", "--container-image", "img", "--container-mounts", "/a:/b", "--debug",
+                     "--timeout", "60", "--comm-stats", "--container-image", "img", "--container-mounts", "/a:/b,/tmp:/tmp,/r:/r", "--debug",
                      "--venv", "/v", "--python", "python3", "--steps", "9", "--lr", "0.01"], cwd=tmp_path)  # fmt: skip
     assert from_file == from_cli
 

@@ -129,6 +129,7 @@ def test_real_sbatch_parses_the_hostile_header(tmp_path: Path) -> None:
 STUB_PYTHON = r"""#!/bin/bash
 if [ "$1" = -m ] && [ "$2" = hpc_hsdp ] && [ "$3" = layout ]; then
     case " $* " in
+        *" rendezvous "*) echo "n1 29999" ;;
         *" master_addr "*) echo n1 ;;
         *" master_port "*) echo 29999 ;;
         *" node_rank "*) echo 0 ;;
@@ -169,7 +170,7 @@ def _hostile_argv(tmp: Path, launcher: str) -> tuple[list[str], Path, Path]:
         "--partition", f"gpu; touch {pwned}", "--sbatch", f"comment=$(touch {pwned})",
         "--setup", 'echo "setup ran" > "$STUB_LOG/setup"',
         "--entry", "my_pkg.train_hsdp:main", "--steps", "7",
-        "--container-image", f"img; touch {pwned}",
+        "--container-image", f"img; touch {pwned}", "--container-mounts", f"{tmp}:{tmp}",
     ]  # fmt: skip
     return argv, pwned, run_dir
 
@@ -186,7 +187,8 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
     for name, body in (("python", STUB_PYTHON), ("srun", STUB_SRUN), ("torchrun", STUB_TORCHRUN)):
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "PASSED_SECRET": "s3cr3t value", "HOME": str(tmp_path)}
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "PASSED_SECRET": "s3cr3t value", "HOME": str(tmp_path),
+           "MASTER_ADDR": "localhost", "MASTER_PORT": "1"}  # a dotfile's stale values: they must not win
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not pwned.exists(), "an injected command ran"
@@ -195,8 +197,10 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
 
     run_args = ["-m", "hpc_hsdp", "run", "--shard", "4", "--run-dir", str(run_dir), "--entry", "my_pkg.train_hsdp:main",
                 "--steps", "7"]  # fmt: skip
-    (srun,) = _calls(log, "srun")
-    options = [a for a in srun if a.startswith("--")][:7]
+    layout_step, srun = sorted(_calls(log, "srun"), key=lambda call: any(a.startswith("--output=") for a in call))
+    assert layout_step[-4:] == ["hpc_hsdp", "layout", "--field", "rendezvous"]  # in the image, not on the host
+    assert f"--container-image=img; touch {pwned}" in layout_step
+    options = [a for a in srun if a.startswith("--")][:9]
     assert f"--output={run_dir}/logs/%j_%t_log.out" in options
     assert f"--container-image=img; touch {pwned}" in options
     if launcher == "srun":

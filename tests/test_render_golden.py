@@ -33,7 +33,7 @@ HOSTILE = (
     "--sbatch", 'comment=a "b" #c $(d) \\e', "--sbatch", "mail-user=me@example.org",
     "--setup", "module load cuda/12.4  # raw: the author's own line",
     "--entry", "my_pkg.train_hsdp:main",
-    "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/data dir:/data",
+    "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/data dir:/data,/scratch/hsdp:/scratch/hsdp",
     "--time", "1-00:30",
 )  # fmt: skip
 
@@ -99,7 +99,7 @@ def test_override_changes_only_the_launch_command() -> None:
         before, after = changed[0]
         assert after == f"    {SUBMITIT_COMMAND} || status=$?"
         assert before.startswith("    python -m hpc_hsdp run ") or before.startswith(
-            """    bash -c 'trap "" "$HPC_HSDP_WARNING_SIGNAL"; exec torchrun """
+            """    bash -c 'trap "" "$HPC_HSDP_WARNING_SIGNAL" QUIT; PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP exec torchrun """
         )
 
 

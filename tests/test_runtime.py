@@ -487,12 +487,23 @@ def test_cuda_requested_without_cuda_is_a_clear_error():
         init(1, "cuda", env=env)
 
 
-def test_one_task_per_node_is_refused_with_the_torchrun_hint():
+def test_device_auto_with_gpus_given_but_cuda_unusable_fails_with_the_reason():
+    """SLURM gave the task GPUs (CUDA_VISIBLE_DEVICES) but this torch cannot use them (a CPU
+    build here): --device auto must not fall back to a slow CPU run that "succeeds"."""
+    import torch
+
     from hpc_hsdp.runtime.dist import init
 
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
     env = task_environments(tasks_per_node=[1, 1], node_names=["tn1", "tn2"], job_id="7", gpus_per_node=4)[0]
-    with pytest.raises(HsdpError, match="torchrun"):
-        init(4, "auto", env=env)
+    with pytest.raises(HsdpError, match=r"was given GPUs \(CUDA_VISIBLE_DEVICES=0,1,2,3\) but CUDA is not usable: "
+                                        r"this torch \(.*\) is a CPU-only build; .*--device cpu"):
+        init(1, "auto", env=env)
+    env_without_gpus = task_environments(tasks_per_node=[1], node_names=["tn1"], job_id="7")[0]
+    from hpc_hsdp.topology import RankLayout
+
+    assert RankLayout.from_env(env_without_gpus, shard_size=1).device == "cpu"  # no GPU given: CPU is fine
 
 
 def _device_of(ctx):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
@@ -205,7 +207,6 @@ def test_layout_json_fields():
         ("NoDevFiles", None, 0, "cpu"),
         ("0,1,2,3,4,5,6,7", "8", 5, "cuda:5"),
         ("3", "8", 3, "cuda:0"),  # --gpu-bind=single:1
-        ("2,3", "8", 1, "cuda:0"),  # --gpus-per-task=2
         ("0,1,2,3,4,5,6,7", None, 7, "cuda:7"),
     ],
 )
@@ -224,13 +225,52 @@ def test_select_device_rejects_local_rank_beyond_gpus():
         select_device(env, local_rank=5, local_world_size=8)
 
 
-def test_one_task_per_node_is_reported_as_launcher():
-    envs = task_environments(tasks_per_node=(1, 1), node_names=["n1", "n2"], job_id="9", gpus_per_node=8)
-    layouts = _layouts(envs, 4)
-    assert [lay.launch_mode for lay in layouts] == ["task-per-node", "task-per-node"]
-    assert [lay.node_rank for lay in layouts] == [0, 1]
-    assert [lay.rank for lay in layouts] == [0, 8]
-    assert layouts[1].plan.to_dict()["shard_groups"] == THREAD_SHARD
+CAPTURED = Path(__file__).resolve().parent / "data" / "slurm-env"
+"""Task environments captured on the dev cluster (Slurm 22.05, `env` in an srun task)."""
+
+
+def captured(name: str) -> dict[str, str]:
+    lines = (CAPTURED / f"{name}.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_torchrun_launcher_task_is_said_by_the_launcher_not_guessed():
+    """`srun --ntasks-per-node=1 --gpus-per-node=8` on two nodes: one task per node sees 8
+    GPUs. Only the torchrun launcher (which passes --nproc-per-node) is the launcher task."""
+    envs = [captured("pernode.0"), captured("pernode.1")]
+    launchers = [RankLayout.from_env(env, shard_size=4, nproc_per_node=8) for env in envs]
+    assert [lay.launch_mode for lay in launchers] == ["task-per-node", "task-per-node"]
+    assert [lay.node_rank for lay in launchers] == [0, 1]
+    assert [lay.rank for lay in launchers] == [0, 8]
+    assert launchers[1].plan.to_dict()["shard_groups"] == THREAD_SHARD
+
+
+def test_one_task_per_node_srun_job_is_one_rank_per_node():
+    """The same step running `hpc-hsdp run` itself: world 2, one rank per node on its cuda:0,
+    not a torchrun launcher with 16 workers that never start."""
+    layouts = [RankLayout.from_env(captured(f"pernode.{i}"), shard_size=1) for i in (0, 1)]
+    assert [lay.launch_mode for lay in layouts] == ["task-per-gpu", "task-per-gpu"]
+    assert [(lay.rank, lay.world_size, lay.device) for lay in layouts] == [(0, 2, "cuda:0"), (1, 2, "cuda:0")]
+
+
+def test_nproc_per_node_needs_one_task_per_node():
+    with pytest.raises(SlurmEnvError, match="one task per node"):
+        RankLayout.from_env(captured("mask.0"), shard_size=1, nproc_per_node=4)
+
+
+def test_gpus_per_task_maps_each_task_to_its_own_gpu():
+    """`srun -n2 --gpus-per-task=2` (node of 4 GPUs): each task sees its own pair."""
+    layouts = [RankLayout.from_env(captured(f"gpt2.{i}"), shard_size=2) for i in (0, 1)]
+    assert [(lay.device, captured(f"gpt2.{lay.rank}")["CUDA_VISIBLE_DEVICES"]) for lay in layouts] == [
+        ("cuda:0", "0,1"), ("cuda:0", "2,3")]
+
+
+@pytest.mark.parametrize("name", ["mask.0", "mask.2"])
+def test_gpus_shared_by_several_tasks_are_refused_with_the_fix(name):
+    """`--gpu-bind=mask_gpu:0x3,0x3,0xc,0xc` (like --gpu-bind=closest on a two-socket node):
+    tasks 0 and 1 both see GPUs 0,1. Taking cuda:0 would put two ranks on one GPU."""
+    with pytest.raises(SlurmEnvError, match=r"sees 2 of its node's 4 GPUs .*drop --gpu-bind"):
+        RankLayout.from_env(captured(name), shard_size=2)
 
 
 def test_one_task_per_node_without_gpus_is_one_rank_per_node():

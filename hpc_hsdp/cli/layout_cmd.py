@@ -7,15 +7,22 @@ import os
 
 import click
 
-from hpc_hsdp.topology import RankLayout, rendezvous_from_env
+from hpc_hsdp.spec import DISTRIBUTIONS
+from hpc_hsdp.topology import RankLayout, parse_tasks_per_node, rendezvous_from_env
 
 
 @click.command()
 @click.option("--shard", "shard_size", type=int, default=1, show_default=True, help="Shard-group size S of the job.")
 @click.option("--nproc-per-node", type=int, default=None,
-              help="Workers per node when this is a one-task-per-node (torchrun) step.  [default: GPUs visible]")
-@click.option("--field", default=None, help="Print only this field, raw (for scripts), e.g. master_addr or node_rank.")
-def layout(shard_size, nproc_per_node, field) -> None:
+              help="Workers per node: this task is the torchrun launcher of its node.  [default: this task is one rank]")
+@click.option("--field", default=None,
+              help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
+                   "(\"ADDRESS PORT\": this node's reachable address and the job's port).")
+@click.option("--hostfile", "hostfile_counts", default=None, metavar="COUNTS",
+              help="In the batch script: print SLURM_HOSTFILE lines placing COUNTS ('8,4') tasks on the job's nodes.")
+@click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="block", show_default=True,
+              help="Order of the --hostfile lines.")
+def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> None:
     """Inside a SLURM task, print the layout this task derives, as one JSON object.
 
     The rank is node-major (tasks on earlier nodes + SLURM_LOCALID), whatever
@@ -25,6 +32,17 @@ def layout(shard_size, nproc_per_node, field) -> None:
     \b
     srun hpc-hsdp layout --shard 4
     """
+    if hostfile_counts is not None:
+        from hpc_hsdp.address import hostfile_lines
+
+        click.echo("\n".join(hostfile_lines(os.environ, parse_tasks_per_node(hostfile_counts), distribution)))
+        return
+    if field == "rendezvous":
+        from hpc_hsdp.address import node_address
+
+        _, port = rendezvous_from_env({k: v for k, v in os.environ.items() if k != "MASTER_PORT"})
+        click.echo(f"{node_address(os.environ)} {port}")
+        return
     if field in ("master_addr", "master_port"):
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)
         click.echo(addr if field == "master_addr" else port)

@@ -9,7 +9,15 @@ import click
 
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, recommend, smallest_fitting_shard
+from hpc_hsdp.estimates import (
+    SLURM_KILL_WAIT_S,
+    estimate,
+    parse_bytes,
+    parse_count,
+    recommend,
+    save_time,
+    smallest_fitting_shard,
+)
 from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
 from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 
@@ -40,11 +48,15 @@ from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_nod
               help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
                    "reduce-scatters on each, the replicas all-reduce once.")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
+@click.option("--kill-wait", type=click.IntRange(min=1), default=SLURM_KILL_WAIT_S, show_default=True,
+              metavar="SECONDS", help="The cluster's KillWait (scontrol show config): the time a save on SIGTERM has.")
+@click.option("--save-rate", default="1GiB", show_default=True, metavar="BYTES",
+              help="Checkpoint write rate per node, per second, for the KillWait check (with --model-params).")
 @click.option("--recommend", is_flag=True,
               help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
                    "with a table of every shard size.")
 def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model, model_params,
-         root_params, dtype, optimizer, grad_accum, gpu_memory, recommend: bool) -> None:  # fmt: skip
+         root_params, dtype, optimizer, grad_accum, gpu_memory, kill_wait, save_rate, recommend: bool) -> None:  # fmt: skip
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -104,6 +116,8 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
                     grad_accum=grad_accum) if params else None)  # fmt: skip
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
+    rate = parse_bytes(save_rate, option="--save-rate")
+    saving = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate) if est is not None else None
     if svg_path:
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
@@ -112,6 +126,7 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
             data["model"] = model_info["record"]
         if est is not None:
             data["estimate"] = est.to_dict()
+            data["save"] = saving.to_dict()
         if memory is not None:
             data["gpu_memory"] = memory
             data["smallest_fitting_shard"] = fit.shard_size if fit else None
@@ -119,7 +134,7 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     else:
         if model_info is not None:
             click.echo(model_info["line"])
-        click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory), nl=False)
+        click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=saving), nl=False)
 
 
 def _model_summary(model: str) -> dict:

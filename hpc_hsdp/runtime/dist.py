@@ -63,19 +63,27 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
 
 
-def pick_device(requested: str, layout: RankLayout) -> tuple[torch.device, str | None]:
+def pick_device(requested: str, layout: RankLayout, env: Mapping[str, str] | None = None) -> tuple[torch.device, str | None]:
     """The torch device of this task and an optional one-line note."""
+    env = os.environ if env is None else env
     if requested == "cpu":
         return torch.device("cpu"), None
     available = torch.cuda.is_available()
     if not available:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "<unset>")
         if requested == "cuda":
             raise HsdpError(
-                f"--device cuda but CUDA is not usable on node {layout.node} (torch.cuda.is_available() is False, "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); ask SLURM for GPUs "
-                f"(--gpus-per-node) or run with --device auto or --device cpu"
+                f"--device cuda but CUDA is not usable on node {layout.node} ({cuda_unusable_reason()}, "
+                f"CUDA_VISIBLE_DEVICES={visible}); ask SLURM for GPUs (--gpus-per-node) or run with --device cpu"
             )
-        return torch.device("cpu"), f"note: rank {layout.rank}: CUDA is not available, running on CPU with gloo"
+        if layout.device.startswith("cuda"):
+            # SLURM gave this task GPUs: a CPU fallback would "succeed", slowly
+            raise HsdpError(
+                f"rank {layout.rank} on node {layout.node} was given GPUs (CUDA_VISIBLE_DEVICES={visible}) but CUDA "
+                f"is not usable: {cuda_unusable_reason()}; install a CUDA build of torch for this node's driver, "
+                f"or run on CPU on purpose with --device cpu"
+            )
+        return torch.device("cpu"), f"note: rank {layout.rank}: no GPU given, running on CPU with gloo"
     index = int(layout.device.split(":")[1]) if layout.device.startswith("cuda") else layout.local_rank
     count = torch.cuda.device_count()
     if index >= count:
@@ -83,7 +91,23 @@ def pick_device(requested: str, layout: RankLayout) -> tuple[torch.device, str |
             f"rank {layout.rank} (local rank {layout.local_rank}) wants cuda:{index} but only {count} GPU(s) are visible "
             f"on node {layout.node}; start one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
         )
-    return torch.device("cuda", index), None
+    note = None
+    if layout.local_world_size < count and layout.launch_mode == "task-per-gpu":
+        note = (f"note: rank {layout.rank}: node {layout.node} runs {layout.local_world_size} task(s) but {count} GPUs "
+                f"are visible; this rank uses cuda:{index} only (one task per GPU: --ntasks-per-node {count}, or "
+                f"--launcher torchrun)")
+    return torch.device("cuda", index), note
+
+
+def cuda_unusable_reason() -> str:
+    """Why ``torch.cuda.is_available()`` is False, in words."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # the driver's or the runtime's own reason
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA: {' '.join(str(exc).split())}"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
 
 
 @dataclass(eq=False)
@@ -196,7 +220,7 @@ def init(
             f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
             f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
         )
-    torch_device, note = pick_device(device, layout)
+    torch_device, note = pick_device(device, layout, env)
     torch_env = layout.torch_env()
     if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
         torch_env["RANK"] = str(layout.slurm_procid)

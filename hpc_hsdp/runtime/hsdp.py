@@ -49,14 +49,16 @@ def wrap_hsdp(
     ``reshard_after_forward``: None (default) or True reshards each block after its forward
     and keeps the root's parameters (backward needs them first: no re-gather of the root),
     as FSDP2's own default does; False keeps every unit's parameters (ZeRO-2-like).
+    ``fully_shard`` always gets a bool: torch before 2.8 refuses None (ValueError at wrap);
+    2.8+ reads None for the root as False, which is what the root gets here.
     """
     _check_mesh(mesh)
     matches = _matcher(block)
     policy = mp_policy or MixedPrecisionPolicy()
     # model.modules() lists parents before children: reversed, nested blocks come first.
     blocks = [m for m in reversed(list(model.modules())) if m is not model and matches(m)]
-    block_reshard = True if reshard_after_forward is None else reshard_after_forward
-    root_reshard = None if reshard_after_forward in (None, True) else reshard_after_forward
+    block_reshard = True if reshard_after_forward is None else bool(reshard_after_forward)
+    root_reshard = False
     for module in blocks:
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=block_reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=root_reshard)

@@ -38,13 +38,22 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     so that the requeued job's result is the one submitit reports."""
     from hpc_hsdp.runtime.preemption import warning_signal_from
 
+    from hpc_hsdp.render import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
+
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []
     for sig in (warning, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # scancel --signal=QUIT: the workers print their stacks
+
+    def agent_signals() -> None:
+        # torchrun's agent: ignores the warning; QUIT neither kills it nor ends the job
+        signal.signal(warning, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
     command = torchrun_command(spec, nproc_per_node=nproc_per_node)
     print("launching:", " ".join(command), flush=True)
-    code = subprocess.call(command, preexec_fn=lambda: signal.signal(warning, signal.SIG_IGN))
+    code = subprocess.call(command, preexec_fn=agent_signals, env={**os.environ, TORCHRUN_SIGNALS_VAR: TORCHRUN_SIGNALS})
     if stopped:
         # the workers saved; SLURM ends (and maybe requeues) the step, and torchrun's agent
         # reports the SIGTERM it then gets as a failure: not one of the run

@@ -1,0 +1,153 @@
+"""The address of this node that the job's other nodes reach: ``MASTER_ADDR`` of the batch shell.
+
+The batch script runs on the job's first node, where rank 0 (and torch's TCP store) will
+run. Its SLURM name is not always resolvable on the other nodes (sites that address
+nodes by IP, names only the controller's ``slurm.conf`` knows), and the host name often
+resolves to a loopback address (Debian's ``127.0.1.1``), which the other nodes cannot
+reach. So the script says an address of its own, in this order:
+
+1. a job on one node (or the local emulator): ``127.0.0.1``;
+2. the interface named by ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` (the first
+   plain name of the list), as NCCL and gloo will use it;
+3. a non-loopback address the host name resolves to;
+4. the source address of the route to the outside (the default route's interface).
+
+Nothing found: an error that names the fix (``--env MASTER_ADDR=...`` or the interface).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Mapping
+
+from hpc_hsdp.errors import SlurmEnvError
+from hpc_hsdp.topology import expand_nodelist
+
+IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+_ROUTE_PROBE = "10.255.255.255"  # a UDP "connect" only picks a route and source address; nothing is sent
+
+
+def _usable(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast)
+
+
+def _ipv4_of(name: str) -> str | None:
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface ``name`` (Linux), or None. As NCCL reads
+    ``NCCL_SOCKET_IFNAME``: ``=ib0`` is that interface exactly, ``ib`` the first whose name
+    starts so (ib0, ib1, ...)."""
+    if name.startswith("="):
+        return _ipv4_of(name[1:])
+    for _, candidate in sorted(socket.if_nameindex()):
+        if candidate.startswith(name):
+            address = _ipv4_of(candidate)
+            if address is not None:
+                return address
+    return None
+
+
+def host_name_addresses() -> list[str]:
+    """The addresses this host's own name resolves to (none when it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return [info[4][0] for info in infos]
+
+
+def route_source_address() -> str | None:
+    """The source address the kernel picks for the outside (default route), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((_ROUTE_PROBE, 9))
+            return sock.getsockname()[0]
+        except OSError:
+            return None
+
+
+def named_interface(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, interface) of the first interface NCCL/gloo are told to use; an exclusion
+    list (``^docker,lo``) names none."""
+    for variable in IFNAME_VARIABLES:
+        value = env.get(variable, "").strip()
+        if not value or value.startswith("^"):
+            continue
+        first = value.split(",")[0].strip()
+        if first.lstrip("="):
+            return variable, first
+    return None
+
+
+def node_address(
+    env: Mapping[str, str],
+    *,
+    by_interface: Callable[[str], str | None] = interface_address,
+    by_host_name: Callable[[], list[str]] = host_name_addresses,
+    by_route: Callable[[], str | None] = route_source_address,
+) -> str:
+    """An address of this node that the job's other nodes reach (see the module docstring)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    nodes = expand_nodelist(nodelist) if nodelist else ()
+    here = env.get("SLURMD_NODENAME", "").strip()
+    if nodes and here and here != nodes[0]:
+        raise SlurmEnvError(
+            f"the rendezvous address is rank 0's node's, {nodes[0]}, but this runs on {here}; "
+            f"run it in the batch script (on the job's first node)"
+        )
+    if env.get("HPC_HSDP_EMULATOR") == "1" or len(nodes) == 1:
+        return "127.0.0.1"
+    named = named_interface(env)
+    if named is not None:
+        variable, name = named
+        address = by_interface(name)
+        if address is None:
+            raise SlurmEnvError(
+                f"{variable} names interface {name!r}, which has no IPv4 address on node {here or '?'}; "
+                f"fix {variable} or set --env MASTER_ADDR=<address of the first node>"
+            )
+        return address
+    for address in by_host_name():
+        if _usable(address):
+            return address
+    address = by_route()
+    if address is not None and _usable(address):
+        return address
+    raise SlurmEnvError(
+        f"node {here or '?'} has no address the other nodes can reach (its name resolves only to loopback "
+        f"or not at all, and no route leaves it); set --env MASTER_ADDR=<its address> or "
+        f"--env NCCL_SOCKET_IFNAME=<its interface>"
+    )
+
+
+def hostfile_lines(env: Mapping[str, str], counts: tuple[int, ...], distribution: str) -> list[str]:
+    """``SLURM_HOSTFILE`` for ``srun --distribution=arbitrary``: the node of each task, in
+    task order, so that node K runs exactly ``counts[K]`` tasks (``block``: node by node;
+    ``cyclic``: round-robin)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    if not nodelist:
+        raise SlurmEnvError("SLURM_JOB_NODELIST is not set; run this in the batch script of a SLURM job")
+    nodes = expand_nodelist(nodelist)
+    if len(nodes) != len(counts):
+        raise SlurmEnvError(
+            f"the job has {len(nodes)} nodes ({nodelist}) but the plan places tasks on {len(counts)}; "
+            f"submit with --nodes {len(counts)}"
+        )
+    if distribution == "block":
+        return [node for node, count in zip(nodes, counts) for _ in range(count)]
+    return [node for round_ in range(max(counts)) for node, count in zip(nodes, counts) if round_ < count]
