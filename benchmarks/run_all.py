@@ -7,6 +7,7 @@
 4 traffic    inter-node bytes per step, 2 x 8, shard 1/4/16, vs analytic  (bench_traffic.py)
 5 scheduler  hpc-hsdp submit vs sbatch to RUNNING, dev cluster            (bench_scheduler.py)
 6 recovery   USR2 -> first resumed step, dev cluster                      (bench_recovery.py)
+7 sizes      plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -27,6 +28,7 @@ SUITE = [
     ("traffic", "bench_traffic.py", [], []),
     ("scheduler", "bench_scheduler.py", ["--runs", "5"], ["--runs", "2"]),
     ("recovery", "bench_recovery.py", ["--runs", "3"], ["--runs", "1"]),
+    ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
 ]
 
 

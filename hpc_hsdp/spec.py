@@ -524,6 +524,10 @@ class JobSpec:
         _positive_int("--nodes", self.nodes)
         _positive_int("--gpus-per-node", self.gpus_per_node)
         _positive_int("--ntasks", self.ntasks, optional=True)
+        from hpc_hsdp.topology import check_sizes
+
+        check_sizes(nodes=self.nodes, tasks_per_node=self.gpus_per_node,
+                    world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node))
         if not isinstance(self.run, RunSpec):
             raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
         run_dir = check_text("--run-dir", self.run.run_dir)

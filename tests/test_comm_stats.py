@@ -32,7 +32,7 @@ EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard
 
 
 def plan_of(shard_size: int) -> TopologyPlan:
-    return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("tn1", "tn2"))
+    return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("n1", "n2"))
 
 
 def predicted(shard_size: int):
