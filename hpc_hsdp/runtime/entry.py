@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SpecError
@@ -72,6 +73,8 @@ def run_task(
             preemption.finish(rank=ctx.rank)  # collective; nothing to do when no stop was agreed
             return result
         finally:
+            if "hpc_hsdp.runtime.checkpoint" in sys.modules:  # a periodic save still being written
+                sys.modules["hpc_hsdp.runtime.checkpoint"].finish_open_saves()
             ctx.shutdown()
     finally:
         faults.clear()

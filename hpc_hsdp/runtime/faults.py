@@ -11,6 +11,12 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
     that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
     its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_SKIP_SPACE_CHECK=1``
+    checkpoint saves skip their free-space check, so that a test reaches the disk filling up in
+    the middle of a write (ENOSPC from the writes themselves).
+``HPC_HSDP_FAULT_FREEZE_AT=<rank>:<step>``
+    that rank stops at the start of that step as a rank stuck in a collective would: it sleeps
+    (signals still run their handlers) and never reaches the step's collectives.
 ``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
     test to signal it mid-training.
@@ -32,6 +38,8 @@ RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
 KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
 KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
+SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
+FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
 
 
 class InjectedFault(RuntimeError):
@@ -54,12 +62,15 @@ class Faults:
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
     step_delay_s: float = 0.0
+    skip_space_check: bool = False
+    freeze_at: tuple[int, int] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
-                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0)  # fmt: skip
+                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
+                   skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT))  # fmt: skip
 
 
 _active = Faults()
@@ -89,6 +100,16 @@ def at_step(rank: int, step: int) -> None:
         raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
     if _active.kill_at == (rank, step):
         _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
+    if _active.freeze_at == (rank, step):
+        print(f"[hpc-hsdp] fault injected: rank {rank} freezes at step {step} ({FREEZE_AT}, test hook)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        while True:
+            time.sleep(3600)
+
+
+def skip_space_check() -> bool:
+    """Whether checkpoint saves skip their free-space check (``HPC_HSDP_FAULT_SKIP_SPACE_CHECK``)."""
+    return _active.skip_space_check
 
 
 def in_save(rank: int, step: int) -> None:

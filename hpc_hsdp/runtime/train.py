@@ -133,13 +133,24 @@ def train(
     began = time.time()
     loss_sum = torch.zeros((), device=ctx.device)
 
-    def save(step: int) -> None:
+    saver = None
+    if run_dir is not None and training.checkpoint_every:
+        saver = checkpoint.AsyncSaver(run_dir, keep=training.keep_checkpoints,
+                                      timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300))  # fmt: skip
+
+    def save(step: int, *, periodic: bool = False) -> None:
         nonlocal saved_step
         # the data position is the step: batches depend on (seed, step, rank, world size, batch size)
         train_state = {"seed": training.seed, "world_size": world, "batch_size": training.batch_size,
                        "mesh_shape": list(ctx.plan.mesh_shape)}  # fmt: skip
-        path = checkpoint.save(run_dir, model, optimizer, step=step, train_state=train_state,
-                               keep=training.keep_checkpoints)  # fmt: skip
+        if periodic and saver is not None:  # written in the background while training goes on
+            saver.save(model, optimizer, step=step, train_state=train_state)
+            path = f"{checkpoint.checkpoint_root(run_dir) / checkpoint.step_dir_name(step)} (writing in the background)"
+        else:  # on a stop signal and at the end: written before the task goes on
+            if saver is not None:
+                saver.wait()
+            path = checkpoint.save(run_dir, model, optimizer, step=step, train_state=train_state,
+                                   keep=training.keep_checkpoints)  # fmt: skip
         saved_step = step
         if ctx.is_rank0 and verbose:
             print(f"[hpc-hsdp] checkpoint {path}", flush=True)
@@ -203,10 +214,12 @@ def train(
             on_step(step, record)
         every = training.checkpoint_every
         if run_dir is not None and every and step % every == 0 and step != training.steps:
-            save(step)
+            save(step, periodic=True)
 
     if run_dir is not None and result.last_step > 0 and saved_step != result.last_step:
         save(result.last_step)
+    if saver is not None:
+        saver.close()
     sys.stdout.flush()
     return result
 
