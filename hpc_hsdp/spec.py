@@ -106,6 +106,12 @@ class TrainingSpec:
     eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
     checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
     keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
+    # ------------------------------------------------------------------ failures
+    hang_timeout: float = _option(0.0, "Seconds without a completed step after which every rank dumps its stacks and "
+                                  "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
+                                  "least 120 s.", minimum=0.0)
+    max_restarts: int = _option(3, "Requeues after failures (a hang, a node failure) before the job gives up; "
+                                "preemption and time-limit requeues do not count.", minimum=0)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -201,7 +201,7 @@ def entry_train_until_stop(ctx):
     """``--entry dist_helpers:entry_train_until_stop``: train, ask to stop after 2 steps, record."""
     import json
 
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
 
     done = []
     result = train(ctx, stop_requested=lambda: len(done) >= 2, on_step=lambda step, record: done.append(step))

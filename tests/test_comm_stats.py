@@ -29,15 +29,17 @@ MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, voca
 TASKS_PER_NODE = (8, 8)
 SHARD_SIZES = (1, 2, 4, 8)
 EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard
+GRAD_ACCUMS = (1, 2)
 
 
 def plan_of(shard_size: int) -> TopologyPlan:
     return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("n1", "n2"))
 
 
-def predicted(shard_size: int):
+def predicted(shard_size: int, grad_accum: int = 1):
     counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=shard_size)
-    return estimate(plan_of(shard_size), model_params=counts.params, root_params=counts.root_params)
+    return estimate(plan_of(shard_size), model_params=counts.params, root_params=counts.root_params,
+                    grad_accum=grad_accum)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- child side
@@ -48,19 +50,19 @@ def _memory_of_one_step(ctx, training):
     import torch
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from hpc_hsdp.runtime.data import rank_batch
-    from hpc_hsdp.runtime.model import loss_fn
-    from hpc_hsdp.runtime.train import build_hsdp_model, make_optimizer
+    from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.runtime.loader import read_rows
+    from hpc_hsdp.runtime.loop import build_model, make_optimizer, open_data
 
-    model = build_hsdp_model(ctx, training)
+    adapter = resolve_model(training)
+    model = build_model(ctx, adapter, training)
     optimizer = make_optimizer(model, training)
-    inputs, targets = rank_batch(seed=0, step=1, rank=ctx.rank, world_size=ctx.world_size,
-                                 batch_size=training.batch_size, seq_len=training.seq_len,
-                                 vocab_size=training.vocab_size)  # fmt: skip
+    data = open_data(training, ctx.world_size)
+    inputs, targets = read_rows(data.train, data.order.sample_ids(data.layout.positions(1, 0, ctx.rank)))
     tracker = FSDPMemTracker(model, optimizer)
     tracker.track_inputs((inputs, targets))
     with tracker:
-        loss = loss_fn(model(inputs), targets)
+        loss = adapter.loss(model, inputs, targets)
         loss.backward()
         optimizer.step()
     snapshot = tracker.get_tracker_snapshot("current")
@@ -74,10 +76,10 @@ def measure_every_shard_size(ctx):
 
     from hpc_hsdp.runtime.comm_stats import CommStats
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
     from test_runtime import wrapped_collectives
 
-    out = {"comm": {}, "memory": {}}
+    out = {"comm": {}, "memory": {}, "accum": {}}
     steps: dict[int, dict] = {}
     train(ctx, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
     out["comm"][ctx.plan.shard_size] = steps
@@ -94,6 +96,14 @@ def measure_every_shard_size(ctx):
             sub.comm_stats = recorder
             train(sub, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
         out["comm"][s] = steps
+    for accum in GRAD_ACCUMS:  # same mesh (S = 4), same global batch, N micro-batches per step
+        training = dataclasses.replace(MODEL, global_batch_size=MODEL.batch_size * ctx.world_size * 2, grad_accum=accum)
+        sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
+        steps = {}
+        with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
+            sub.comm_stats = recorder
+            train(sub, training, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+        out["accum"][accum] = steps
     for s in (1, 8):
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
@@ -118,8 +128,8 @@ def measured(tmp_path_factory):
 def _built_model_shapes():
     import torch
 
-    from hpc_hsdp.runtime.model import ModelConfig, Transformer
-    from hpc_hsdp.runtime.model import parameter_counts as model_counts
+    from hpc_hsdp.models.builtin import ModelConfig, Transformer
+    from hpc_hsdp.models.builtin import parameter_counts as model_counts
 
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_training(MODEL))
@@ -156,14 +166,34 @@ def test_measured_bytes_equal_the_prediction(measured, shard_size):
                 assert seen[key]["tensor_bytes"] == t.tensor_bytes, (rank, step, key)
                 assert seen[key]["wire_bytes"] == t.wire_bytes, (rank, step, key)
                 assert comm[key[0]]["inter_node"] is t.inter_node, (rank, step, key)
-            # the payload's loss all-reduce: one fp32 scalar over the world, across both nodes
-            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 4,
-                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 4)}  # fmt: skip
+            # the loop's one metrics all-reduce: loss and squared gradient norm, two fp32 values over the world
+            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 8,
+                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 8)}  # fmt: skip
             assert comm["world"]["inter_node"] is True
             model_inter = sum(comm[a][k]["wire_bytes"] for a, k in seen if comm[a]["inter_node"])
             assert model_inter == est.inter_node_wire_bytes
             assert comm["inter_node_wire_bytes"] == est.inter_node_wire_bytes + comm["world"]["all_reduce"]["wire_bytes"]
             assert comm["intra_node_wire_bytes"] == est.intra_node_wire_bytes
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("grad_accum", GRAD_ACCUMS)
+def test_accumulation_all_reduces_across_replicas_once_per_step(measured, grad_accum):
+    """--grad-accum N: the shard group reduce-scatters (and gathers) every micro-batch, the
+    replicas all-reduce once per optimizer step: replicate-axis bytes do not depend on N,
+    and the plan's estimate says the same."""
+    est = predicted(4, grad_accum)
+    expected = {(t.axis, t.kind): t.tensor_bytes for t in est.traffic}
+    assert expected[("replicate", "all_reduce")] == predicted(4).traffic[-1].tensor_bytes
+    for value in measured["values"]:
+        for step, comm in value["accum"][grad_accum].items():
+            seen = {(axis, kind): comm[axis][kind]["tensor_bytes"] for axis in ("shard", "replicate")
+                    for kind in ("all_gather", "reduce_scatter", "all_reduce") if kind in comm[axis]}  # fmt: skip
+            assert seen == expected, (step, grad_accum)
+            assert comm["replicate"]["all_reduce"]["calls"] == value["accum"][1][step]["replicate"]["all_reduce"]["calls"]
+    one, two = (measured["values"][0]["accum"][n][2] for n in (1, 2))
+    assert two["shard"]["reduce_scatter"]["tensor_bytes"] == 2 * one["shard"]["reduce_scatter"]["tensor_bytes"]
+    assert two["replicate"] == one["replicate"]
 
 
 @pytest.mark.dist

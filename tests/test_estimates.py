@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hpc_hsdp.errors import SpecError
@@ -72,3 +74,34 @@ def test_parse_bytes(text, value):
 def test_parse_rejects(text):
     with pytest.raises(SpecError):
         parse_count(text)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2, 4, 8])
+def test_grad_accum_multiplies_shard_traffic_but_not_the_replicate_all_reduce(grad_accum):
+    plan = plan_for(nodes=2, gpus_per_node=8, shard_size=4)
+    one = {(t.axis, t.kind): t for t in estimate(plan, model_params=1_000_000, root_params=1000).traffic}
+    many = {(t.axis, t.kind): t for t in estimate(plan, model_params=1_000_000, root_params=1000,
+                                                  grad_accum=grad_accum).traffic}  # fmt: skip
+    assert many[("shard", "all_gather")].tensor_bytes == grad_accum * one[("shard", "all_gather")].tensor_bytes
+    assert many[("shard", "reduce_scatter")].tensor_bytes == grad_accum * one[("shard", "reduce_scatter")].tensor_bytes
+    assert many[("replicate", "all_reduce")] == one[("replicate", "all_reduce")]
+
+
+def test_plan_cli_takes_grad_accum():
+    import subprocess
+    import sys
+
+    def plan(*extra):
+        return subprocess.run([sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "2", "--shard", "8",
+                               "--model-params", "1B", "--json", *extra], capture_output=True, text=True)  # fmt: skip
+
+    def wire(*extra):
+        out = plan(*extra)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)["estimate"]
+        return data["inter_node_wire_bytes"], data["intra_node_wire_bytes"]
+
+    assert wire("--grad-accum", "4")[0] == wire()[0]  # S = 8: only the all-reduce crosses nodes
+    assert wire("--grad-accum", "4")[1] == 4 * wire()[1]
+    bad = plan("--grad-accum", "0")
+    assert bad.returncode == 2 and "--grad-accum 0" in bad.stderr

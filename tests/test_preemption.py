@@ -168,7 +168,7 @@ def test_failure_summary_of_the_emulator(tmp_path):
 
 def train_with_signal_on_rank3(ctx):
     """fn: the payload, with SIGUSR2 delivered to rank 3 only, during step 3."""
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
 
     def on_step(step, record):
         if step == 3 and ctx.rank == 3:

@@ -8,6 +8,7 @@ restart from or reshape its checkpoint. Tensor work happens in child processes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -41,7 +42,7 @@ def train_and_report(ctx):
     """fn for run_task: the built-in training, then what the tests inspect."""
     from torch.distributed.tensor import DTensor
 
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
 
     result = train(ctx)
     params = dict(result.model.named_parameters())
@@ -71,7 +72,7 @@ class SimulatedCrash(Exception):
 
 
 def train_then_crash_at_4(ctx):
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
 
     def on_step(step, record):
         if step == 4:
@@ -89,7 +90,7 @@ def load_and_dump_full_state(ctx):
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    from hpc_hsdp.runtime.train import train
+    from hpc_hsdp.runtime.loop import train
 
     result = train(ctx)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -100,12 +101,25 @@ def load_and_dump_full_state(ctx):
     return {"start_step": result.start_step, "last_step": result.last_step}
 
 
+def synthetic_rows(training: TrainingSpec, *, step: int, rank: int, world_size: int, batch_size: int):
+    """(inputs, targets) of ``rank``'s rows of ``step`` from the loop's synthetic source."""
+    import torch
+
+    from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
+    from hpc_hsdp.data.synthetic import SyntheticSamples
+
+    source = SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size)
+    layout = BatchLayout(global_batch=batch_size * world_size, world_size=world_size)
+    ids = SampleOrder(num_samples=source.num_samples, seed=training.seed).sample_ids(layout.positions(step, 0, rank))
+    rows = torch.from_numpy(source.read(ids))
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
 def fsdp1_steps(ctx):
     import torch
 
-    from hpc_hsdp.runtime.data import rank_batch
+    from hpc_hsdp.models.builtin import ModelConfig, TransformerBlock, build_model, init_parameters, loss_fn
     from hpc_hsdp.runtime.hsdp import wrap_hsdp_fsdp1
-    from hpc_hsdp.runtime.model import ModelConfig, TransformerBlock, build_model, init_parameters, loss_fn
 
     losses = {}
     for zero2 in (False, True):
@@ -114,8 +128,7 @@ def fsdp1_steps(ctx):
         model = wrap_hsdp_fsdp1(model, ctx.mesh, zero2=zero2, block=TransformerBlock)
         opt = torch.optim.AdamW(model.parameters(), lr=TINY.lr)
         for step in (1, 2):
-            x, y = rank_batch(seed=1, step=step, rank=ctx.rank, world_size=ctx.world_size, batch_size=2,
-                              seq_len=TINY.seq_len, vocab_size=TINY.vocab_size)  # fmt: skip
+            x, y = synthetic_rows(TINY, step=step, rank=ctx.rank, world_size=ctx.world_size, batch_size=2)
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
@@ -187,17 +200,15 @@ def single_process_reference(training: TrainingSpec, world_size: int, ckpt_path)
     """Same model, same global batches, plain AdamW, no FSDP; compared with the HSDP checkpoint."""
     import torch
 
-    from hpc_hsdp.runtime.data import global_batch
-    from hpc_hsdp.runtime.model import ModelConfig, build_model, init_parameters, loss_fn
+    from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
 
     model = build_model(ModelConfig.from_training(training), device="cpu")
     init_parameters(model, seed=training.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=training.lr, weight_decay=0.0)
     losses = {}
     for step in range(1, training.steps + 1):
-        tokens = global_batch(seed=training.seed, step=step, rows=world_size * training.batch_size,
-                              seq_len=training.seq_len, vocab_size=training.vocab_size)  # fmt: skip
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        x, y = synthetic_rows(training, step=step, rank=0, world_size=1, batch_size=world_size * training.batch_size)
+        loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -316,7 +327,9 @@ def test_resume_on_the_same_mesh_continues_exactly(hsdp_run, tmp_path):
 def test_resume_on_another_mesh_shape_loads_exactly(hsdp_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(hsdp_run["run_dir"] / "checkpoints", run_dir / "checkpoints")
-    spec = RunSpec(shard_size=4, run_dir=str(run_dir), device="cpu", training=TINY, timeout_s=120)
+    # half the ranks, the same global batch (8 ranks x 4 samples): the data position carries over
+    training = dataclasses.replace(TINY, global_batch_size=8 * TINY.batch_size)
+    spec = RunSpec(shard_size=4, run_dir=str(run_dir), device="cpu", training=training, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=[4], fn=load_and_dump_full_state, timeout_s=120)
     assert {(o.value["start_step"], o.value["last_step"]) for o in outcomes} == {(6, 6)}
     result = in_child(compare_loaded_with_checkpoint, run_dir / "loaded_full.pt",

@@ -33,12 +33,15 @@ from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_nod
               help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]")
 @click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
 @click.option("--optimizer", default="adamw", show_default=True, help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.")
+@click.option("--grad-accum", type=int, default=1, show_default=True,
+              help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
+                   "reduce-scatters on each, the replicas all-reduce once.")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
 @click.option("--recommend", is_flag=True,
               help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
                    "with a table of every shard size.")
 def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model_params, root_params,
-         dtype, optimizer, gpu_memory, recommend: bool) -> None:  # fmt: skip
+         dtype, optimizer, grad_accum, gpu_memory, recommend: bool) -> None:  # fmt: skip
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -49,6 +52,7 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     hpc-hsdp plan --nodes 4 --shard 16 --svg layout.svg
     hpc-hsdp plan --tasks-per-node '8(x2),4' --shard 4 --json
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --dtype bf16 --gpu-memory 80GiB
+    hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     """
     if recommend:
@@ -78,8 +82,10 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
             click.echo(recommend_text(rec, the_plan), nl=False)
         return
     params, p_root = params_for_shard(the_plan.shard_size) if params_for_shard else (None, 0)
-    est = (estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer)
-           if params else None)  # fmt: skip
+    if grad_accum < 1:
+        raise SpecError(f"--grad-accum {grad_accum} must be at least 1")
+    est = (estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
+                    grad_accum=grad_accum) if params else None)  # fmt: skip
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
     if svg_path:

@@ -1,6 +1,7 @@
-"""On-node runtime: the only part of hpc-hsdp that imports torch.
+"""On-node runtime: the only part of hpc-hsdp that imports torch (with ``models/<adapter>.py``).
 
 ``dist`` (process group, DeviceMesh, realized-group check), ``hsdp`` (wrappers),
-``model``/``data``/``train``/``checkpoint`` (the built-in payload), ``entry`` (what each
-task runs). ``verify`` is pure and imports no torch.
+``loop`` (the one training loop, for every model), ``loader`` (prefetching batches),
+``schedule`` (learning rate), ``checkpoint``, ``preemption``, ``entry`` (what each task
+runs). ``verify`` and ``schedule`` are pure and import no torch.
 """

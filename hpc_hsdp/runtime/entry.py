@@ -65,7 +65,7 @@ def run_task(
             ctx.spec = spec
             ctx.preemption = preemption
             if fn is None:
-                from hpc_hsdp.runtime.train import payload
+                from hpc_hsdp.runtime.loop import payload
 
                 result = payload(ctx)
             else:

@@ -16,7 +16,7 @@ What happens on each task (:class:`Preemption`):
    only global rank 0 checkpoint and requeue). The handler only records the signal.
 2. At every step boundary ``should_stop()`` agrees on it with one all_reduce(MAX) of an
    int (0 nothing, 1 warning, 2 SIGTERM; SIGTERM wins): all ranks stop at the same step.
-3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.train.train`) then writes
+3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
    through :func:`hpc_hsdp.requeue.requeue_job`) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
@@ -149,9 +149,11 @@ class Preemption:
 
     # ------------------------------------------------------------------ agreement (all ranks)
 
-    def should_stop(self, step: int | None = None, *, device=None) -> bool:
+    def should_stop(self, step: int | None = None, *, device=None, group=None) -> bool:
         """Collective, at a step boundary: True on every rank when any rank got a signal.
-        ``step``: the last completed step (for the log and ``finish``)."""
+        ``step``: the last completed step (for the log and ``finish``); ``group``: the
+        process group to agree in (default: the world), e.g. a gloo group on GPU runs so
+        that the agreement costs no device sync (then ``device`` is the CPU)."""
         import torch
         import torch.distributed as dist
 
@@ -163,7 +165,7 @@ class Preemption:
                     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
                 self._tensor = torch.zeros((), dtype=torch.int32, device=device)
             self._tensor.fill_(self._local)
-            dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX)
+            dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX, group=group)
             code = int(self._tensor.item())
         if code > self.agreed:
             self.agreed = code

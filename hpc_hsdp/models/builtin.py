@@ -1,4 +1,4 @@
-"""The built-in payload's model: a small decoder-only transformer (nanoGPT-like).
+"""The built-in model (``--model builtin``): a small decoder-only transformer (nanoGPT-like).
 
 Embedding + learned positions, ``layers`` pre-norm blocks (causal self-attention, MLP),
 final norm, LM head (not tied, so that every parameter belongs to exactly one FSDP unit).
@@ -6,6 +6,7 @@ final norm, LM head (not tied, so that every parameter belongs to exactly one FS
 :func:`init_parameters` gives every parameter a full value that depends only on the seed
 and the parameter's name; a sharded (DTensor) parameter takes its shard of that value.
 So a model is the same whatever the mesh: (2, 4), (1, 8) or no FSDP at all.
+:class:`BuiltinAdapter` is its :class:`~hpc_hsdp.models.base.ModelAdapter`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class ModelConfig:
     layers: int
 
     @classmethod
-    def from_training(cls, training) -> ModelConfig:
-        return cls(vocab_size=training.vocab_size, seq_len=training.seq_len, width=training.width,
+    def from_training(cls, training, *, vocab_size: int | None = None) -> ModelConfig:
+        """The model of a TrainingSpec; ``vocab_size`` (a dataset's) replaces ``training.vocab_size``."""
+        return cls(vocab_size=vocab_size or training.vocab_size, seq_len=training.seq_len, width=training.width,
                    heads=training.heads, layers=training.layers)  # fmt: skip
 
 
@@ -140,3 +142,33 @@ def init_parameters(model: Transformer, *, seed: int) -> None:
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "meta") -> Transformer:
     with torch.device(device):
         return Transformer(cfg)
+
+
+class BuiltinAdapter:
+    """``--model builtin`` for the loop (see :mod:`hpc_hsdp.models.base`)."""
+
+    name = "builtin"
+    has_pretrained_weights = False
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+
+    @classmethod
+    def from_training(cls, training, *, data_vocab_size: int | None = None) -> BuiltinAdapter:
+        return cls(ModelConfig.from_training(training, vocab_size=data_vocab_size))
+
+    def build_meta(self) -> Transformer:
+        return build_model(self.cfg, device="meta")
+
+    def shard_units(self, model: nn.Module) -> tuple[type, ...]:
+        return (TransformerBlock,)
+
+    def init_weights(self, model: nn.Module, *, seed: int) -> None:
+        init_parameters(model, seed=seed)
+
+    def load_pretrained(self, model: nn.Module) -> None:
+        raise NotImplementedError("the built-in model has no pretrained weights")
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(model(inputs), targets)

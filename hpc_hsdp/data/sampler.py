@@ -1,0 +1,196 @@
+"""Which samples each rank reads at each step: pure index arithmetic, numpy only.
+
+A *sample* is ``seq_len + 1`` tokens starting at ``i * seq_len`` (inputs and the targets
+shifted by one); a token stream of ``T`` tokens holds ``N = (T - 1) // seq_len`` of them,
+without overlap. Samples are visited in an infinite *stream*: epoch ``e`` is a seeded
+bijective permutation of ``[0, N)`` (a Feistel network with cycle walking, so no O(N)
+index array), a new order every epoch; stream position ``p`` is sample
+``perm(seed, p // N)(p % N)``.
+
+The global batch of optimizer step ``k`` (1-based) is stream positions
+``[(k-1)*G, k*G)`` for a global batch of ``G`` samples: it depends only on
+``(seed, k, G)``, never on the mesh shape or the node count. Within it, micro-batch ``m``
+of rank ``r`` (``W`` ranks, ``b`` samples each) holds positions
+``(k-1)*G + m*W*b + r*b + [0, b)``, so every rank computes and reads only its own rows.
+
+The data position saved in a checkpoint is therefore ``k * G`` samples consumed, with
+``G`` and the seed: a run resumed with the same ``G`` on any number of ranks continues
+with exactly the samples an uninterrupted run would see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix_int(x: int) -> int:
+    """splitmix64's finaliser on a Python int (for keys)."""
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def hash64(values: np.ndarray, key: int) -> np.ndarray:
+    """A well-mixed 64-bit hash of each (value, key): splitmix64's finaliser, vectorised
+    (uint64 arithmetic wraps, as it should)."""
+    x = np.asarray(values).astype(np.uint64) ^ np.uint64(key & _MASK64)
+    x = x + np.uint64(_GOLDEN)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def derive_key(*parts: int) -> int:
+    """One 64-bit key from integers (seed, epoch, salt ...)."""
+    key = 0x243F6A8885A308D3
+    for part in parts:
+        key = _mix_int(key ^ _mix_int(int(part) & _MASK64))
+    return key
+
+
+class FeistelPermutation:
+    """A seeded bijection of ``[0, n)`` in O(1) memory.
+
+    A balanced Feistel network on the smallest even number of bits covering ``n`` (a
+    domain of at most ``4n``) permutes that domain; *cycle walking* (apply it again while
+    the result is ``>= n``) restricts it to ``[0, n)`` and stays a bijection.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, key: int) -> None:
+        if n < 1:
+            raise ValueError(f"a permutation needs n >= 1, got {n}")
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        self.half_bits = (bits + 1) // 2
+        self._mask = np.uint64((1 << self.half_bits) - 1)
+        self._keys = [derive_key(key, round_index) for round_index in range(self.ROUNDS)]
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        half = np.uint64(self.half_bits)
+        left, right = x >> half, x & self._mask
+        for round_key in self._keys:
+            left, right = right, left ^ (hash64(right, round_key) & self._mask)
+        return (left << half) | right
+
+    def __call__(self, indices) -> np.ndarray:
+        """The images of ``indices`` (each in ``[0, n)``) as int64."""
+        x = np.asarray(indices, dtype=np.int64)
+        if x.size and (x.min() < 0 or x.max() >= self.n):
+            raise ValueError(f"indices must lie in [0, {self.n})")
+        if self.n == 1:
+            return np.zeros_like(x)
+        y = self._encrypt(x.astype(np.uint64))
+        outside = y >= np.uint64(self.n)
+        while outside.any():
+            y[outside] = self._encrypt(y[outside])
+            outside = y >= np.uint64(self.n)
+        return y.astype(np.int64)
+
+
+def num_samples(num_tokens: int, seq_len: int) -> int:
+    """Non-overlapping samples of ``seq_len + 1`` tokens in ``num_tokens`` tokens."""
+    return max(0, (num_tokens - 1) // seq_len)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleOrder:
+    """The infinite stream of sample ids over ``num_samples`` samples, reshuffled each epoch."""
+
+    num_samples: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise ValueError(f"a sample order needs at least one sample, got {self.num_samples}")
+
+    def epoch_permutation(self, epoch: int) -> FeistelPermutation:
+        return FeistelPermutation(self.num_samples, derive_key(self.seed, epoch, 0x5A3))
+
+    def sample_ids(self, positions) -> np.ndarray:
+        """Sample id at each stream position (int64)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, within = np.divmod(positions, self.num_samples)
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            here = epochs == epoch
+            out[here] = self.epoch_permutation(int(epoch))(within[here])
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchLayout:
+    """How one optimizer step's ``global_batch`` samples split into ``grad_accum``
+    micro-batches of ``rank_batch`` samples on each of ``world_size`` ranks."""
+
+    global_batch: int
+    world_size: int
+    grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        per_step = self.world_size * self.grad_accum
+        if self.global_batch < 1 or self.world_size < 1 or self.grad_accum < 1 or self.global_batch % per_step:
+            raise ValueError(f"global batch {self.global_batch} does not split over {self.world_size} ranks x "
+                             f"{self.grad_accum} micro-batches")  # fmt: skip
+
+    @property
+    def rank_batch(self) -> int:
+        return self.global_batch // (self.world_size * self.grad_accum)
+
+    def step_positions(self, step: int) -> np.ndarray:
+        """Stream positions of the whole global batch of ``step`` (1-based)."""
+        if step < 1:
+            raise ValueError(f"steps count from 1, got {step}")
+        return np.arange((step - 1) * self.global_batch, step * self.global_batch, dtype=np.int64)
+
+    def positions(self, step: int, micro: int, rank: int) -> np.ndarray:
+        """Stream positions of ``rank``'s rows of micro-batch ``micro`` (0-based) of ``step``."""
+        if not (0 <= micro < self.grad_accum and 0 <= rank < self.world_size):
+            raise ValueError(f"micro-batch {micro} of {self.grad_accum}, rank {rank} of {self.world_size}")
+        b = self.rank_batch
+        first = (step - 1) * self.global_batch + micro * self.world_size * b + rank * b
+        return np.arange(first, first + b, dtype=np.int64)
+
+    def samples_consumed(self, step: int) -> int:
+        """Samples of the stream used by steps ``1..step``."""
+        return step * self.global_batch
+
+
+def eval_sample_ids(*, num_samples: int, count: int, seed: int) -> np.ndarray:
+    """The fixed held-out samples of every evaluation: ``min(count, num_samples)`` distinct
+    samples spread over the split (a seeded permutation's first ones); the same set on
+    every mesh shape."""
+    order = SampleOrder(num_samples=num_samples, seed=derive_key(seed, 0xE7A1))
+    return order.sample_ids(np.arange(min(count, num_samples), dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class DatasetSamples:
+    """Samples of a token dataset (anything with ``read(start, length)`` and ``num_tokens``,
+    e.g. :class:`hpc_hsdp.data.tokens.TokenDataset`): ``read(sample_ids)`` reads only those
+    rows (memory-mapped) as ``(len(ids), seq_len + 1)`` int64."""
+
+    dataset: object
+    seq_len: int
+
+    @property
+    def num_samples(self) -> int:
+        return num_samples(self.dataset.num_tokens, self.seq_len)
+
+    @property
+    def max_token_id(self) -> int:
+        return self.dataset.max_token_id
+
+    def read(self, sample_ids) -> np.ndarray:
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        out = np.empty((len(ids), self.seq_len + 1), dtype=np.int64)
+        for row, sample in enumerate(ids.tolist()):
+            out[row] = self.dataset.read(sample * self.seq_len, self.seq_len + 1)
+        return out
