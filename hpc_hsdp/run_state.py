@@ -154,3 +154,46 @@ def resubmission_note(run_dir: str | Path, *, steps: int) -> str | None:
         )
     return (f"run directory {run_dir} has a checkpoint at step {state.resume_step}: the job resumes from step "
             f"{state.resume_step} and trains to step {steps}{damaged}")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- restarts and their causes
+
+RESTARTS = "restarts.jsonl"
+RESTART_KINDS = ("preemption", "hang", "node-failure", "unknown")
+"""``preemption``: the warning signal or SIGTERM (time limit, preemption); the others count
+against ``--max-restarts``."""
+
+
+def record_restart(run_dir: str | Path, *, restart: int, kind: str, cause: str, job_id: str = "") -> None:
+    """Append why the job restarts (or restarted) as restart number ``restart``; the first
+    record of a restart number wins (a later guess never overwrites what the run that ended knew)."""
+    if any(r.get("restart") == restart for r in restarts(run_dir)):
+        return
+    path = Path(run_dir) / RESTARTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import time
+
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"restart": restart, "kind": kind, "cause": cause, "job_id": job_id,
+                            "time": time.time()}) + "\n")  # fmt: skip
+
+
+def restarts(run_dir: str | Path) -> list[dict]:
+    """The recorded restarts of the run, in order (``restarts.jsonl``)."""
+    path = Path(run_dir) / RESTARTS
+    found = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return sorted(found, key=lambda r: r.get("restart", 0))
+
+
+def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
+    """Restarts of this job caused by failures (hang, node failure, unknown), not by preemption."""
+    return sum(1 for r in restarts(run_dir) if r.get("kind") != "preemption" and (not job_id or r.get("job_id") == job_id))

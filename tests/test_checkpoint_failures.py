@@ -130,11 +130,13 @@ def small_disk(tmp_path, finished):
 
 def load_newest(ctx):
     """fn: build the model, load the newest whole checkpoint (verified), report its step."""
+    from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime import checkpoint
-    from hpc_hsdp.runtime.train import build_hsdp_model, make_optimizer
+    from hpc_hsdp.runtime.loop import build_model, make_optimizer
 
-    model = build_hsdp_model(ctx, ctx.spec.training)
-    optimizer = make_optimizer(model, ctx.spec.training)
+    training = ctx.spec.training
+    model = build_model(ctx, resolve_model(training, data_vocab_size=None), training)
+    optimizer = make_optimizer(model, training)
     step, path = checkpoint.latest_checkpoint(ctx.run_dir)
     return checkpoint.load(path, model, optimizer)["step"]
 

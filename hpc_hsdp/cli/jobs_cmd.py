@@ -86,15 +86,20 @@ def status(job, as_json) -> None:
     handle = JobHandle.find(job)
     st = handle.status()
     metrics = handle.last_metrics()
+    from hpc_hsdp.run_state import restarts
+
+    causes = [r for r in restarts(handle.record.run_dir) if r.get("job_id") in ("", handle.job_id)]
     data = {"job_id": handle.job_id, "cluster": handle.record.cluster, "state": st.state, "exit_code": st.exit_code,
             "restarts": st.restarts, "reason": st.reason, "run_dir": handle.record.run_dir,
-            "last_step": metrics}  # fmt: skip
+            "last_step": metrics, "restart_causes": causes}  # fmt: skip
     if as_json:
         click.echo(json.dumps(data))
         return
     click.echo(f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
                + (f", exit {st.exit_code}" if st.exit_code else "") + (f", reason {st.reason}" if st.reason else "")
                + f", restarts {st.restarts}")  # fmt: skip
+    for record in causes:
+        click.echo(f"restart {record['restart']} ({record['kind']}): {record['cause']}")
     step = step_text(metrics)
     if step:
         click.echo(f"last {step}")

@@ -265,6 +265,8 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
     """Collective, synchronous: every rank writes its shards; returns the final directory.
     Raises :class:`CheckpointSpaceError` on every rank when the disk or quota has no room (the
     partial ``.tmp`` removed, earlier checkpoints untouched)."""
+    for saver in list(_open_savers):  # a background save in flight is committed first
+        saver.wait()
     root, final, tmp = _paths(run_dir, step)
     _prepare(root)
     state = _state(model, optimizer)
@@ -311,6 +313,14 @@ class AsyncSaver:
         self._commit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpc-hsdp-checkpoint")
         self.last_committed: Path | None = None
         _open_savers.append(self)
+
+    @classmethod
+    def for_run(cls, ctx, training) -> AsyncSaver | None:
+        """The saver of a run with periodic checkpoints (``--checkpoint-every``), else None."""
+        if ctx.run_dir is None or not training.checkpoint_every:
+            return None
+        return cls(ctx.run_dir, keep=training.keep_checkpoints,
+                   timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300))  # fmt: skip
 
     def save(self, model, optimizer, *, step: int, train_state: dict) -> None:
         self.wait()

@@ -70,7 +70,7 @@ def run_task(
                 result = payload(ctx)
             else:
                 result = fn(ctx)
-            preemption.finish(rank=ctx.rank)  # collective; nothing to do when no stop was agreed
+            preemption.finish(rank=ctx.rank, run_dir=ctx.run_dir)  # collective; nothing to do when no stop was agreed
             return result
         finally:
             if "hpc_hsdp.runtime.checkpoint" in sys.modules:  # a periodic save still being written
