@@ -256,3 +256,39 @@ def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_p
     assert "submitted job" in longer.stdout
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
     assert "resumed from step 3" in "".join(p.read_text() for p in (run / "logs").glob("*_log.out"))
+
+
+# ----------------------------------------------------------------------------- the save against the warning
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--nodes", "2", "--model-params", "7B", "--dtype", "bf16"],
+         ["checkpoint: 65.19 GiB (parameters and optimizer state, replicas stored once), 32.60 GiB per node: about 35 s "
+          "at 1 GB/s per node (--write-bandwidth)", "fits the 120 s between --signal USR2@120 and the time limit"]),
+        (["--nodes", "1", "--model-params", "70B", "--signal", "USR2@300", "--write-bandwidth", "2GB/s"],
+         ["checkpoint: 782.31 GiB (parameters and optimizer state, replicas stored once), 782.31 GiB per node: about "
+          "420 s at 2 GB/s per node (--write-bandwidth)",
+          "warning: that is longer than the 300 s between --signal USR2@300 and the time limit: the save on the "
+          "warning would not finish; give --signal USR2@660 (1.5x the save and 30 s), or a faster file system"]),
+        (["--nodes", "1", "--model-params", "1B", "--signal", "USR1"],
+         ["checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
+          "at 1 GB/s per node (--write-bandwidth)", "fits the 60 s between --signal USR1 and the time limit"]),
+        (["--nodes", "1", "--model-params", "1B", "--signal", "none"],
+         ["checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
+          "at 1 GB/s per node (--write-bandwidth)",
+          "no warning signal (--signal none): a time limit or preemption ends the job without a save"]),
+    ],
+)  # fmt: skip
+def test_plan_estimates_the_save_time_against_the_signal_lead(args, expected):
+    out = hpc("plan", "--gpus-per-node", "8", "--shard", "8", *args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == expected
+
+
+def test_a_bad_write_bandwidth_or_signal_is_one_line():
+    for args, message in ((["--write-bandwidth", "fast"], "--write-bandwidth 'fast' is not a size"),
+                          (["--signal", "USR2@x"], "--signal 'USR2@x' is not SIG@SECONDS")):  # fmt: skip
+        out = hpc("plan", "--nodes", "1", "--shard", "8", "--model-params", "7B", *args)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
