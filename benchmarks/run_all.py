@@ -8,6 +8,7 @@
 5 scheduler  hpc-hsdp submit vs sbatch to RUNNING, dev cluster            (bench_scheduler.py)
 6 recovery   USR2 -> first resumed step, dev cluster                      (bench_recovery.py)
 7 sizes      plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
+8 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -29,6 +30,7 @@ SUITE = [
     ("scheduler", "bench_scheduler.py", ["--runs", "5"], ["--runs", "2"]),
     ("recovery", "bench_recovery.py", ["--runs", "3"], ["--runs", "1"]),
     ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
+    ("checkpoint", "bench_checkpoint.py", ["--runs", "3"], ["--runs", "1", "--width", "256"]),
 ]
 
 
