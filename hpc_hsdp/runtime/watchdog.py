@@ -281,9 +281,12 @@ class Watchdog:
         if rank == 0:
             reports.update(self._collect(store, world, rank))
             verdict = describe_hang(reports, world, timeout_s=timeout)
-            requeue = self._requeue_and_record(verdict)
-            verdict = f"{verdict}; {requeue}"
-            _note(f"[hpc-hsdp] {verdict}")
+            lost = self._lost_peers(verdict) if len(reports) < world else None
+            if lost is not None:  # a node died with the silent ranks: requeued without it
+                verdict = lost
+            else:
+                verdict = f"{verdict}; {self._requeue_and_record(verdict)}"
+                _note(f"[hpc-hsdp] {verdict}")
             if store is not None:
                 try:
                     store.set(self._prefix + "verdict", verdict)
@@ -294,6 +297,10 @@ class Watchdog:
         elif store is not None:
             verdict = self._wait_verdict(store)
             _note(f"[hpc-hsdp] watchdog: rank {rank}: stacks above; " + (verdict or "rank 0 did not answer"))
+            if verdict is None:  # rank 0 is gone: perhaps with its node
+                self._lost_peers(f"hang after step {self.last_step}: rank 0 did not answer the watchdog")
+        else:
+            self._lost_peers(f"hang after step {self.last_step}: the job's store is unreachable")
             try:
                 store.set(self._prefix + f"read{rank}", "1")
             except Exception:  # noqa: BLE001
@@ -330,6 +337,15 @@ class Watchdog:
                 return None
             time.sleep(0.2)
         return None
+
+    def _lost_peers(self, reason: str) -> str | None:
+        from hpc_hsdp.runtime.node_failure import handle_lost_peers
+
+        try:
+            return handle_lost_peers(self.ctx, max_restarts=self.max_restarts, env=self.env, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must still end the job
+            _note(f"[hpc-hsdp] watchdog: could not check the job's nodes ({exc})")
+            return None
 
     def _dump_nccl_trace(self, rank: int) -> None:
         import torch
