@@ -110,7 +110,7 @@ class TrainingSpec:
     hang_timeout: float = _option(0.0, "Seconds without a completed step after which every rank dumps its stacks and "
                                   "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
                                   "least 120 s.", minimum=0.0)
-    max_restarts: int = _option(3, "Requeues after failures (a hang, a node failure) before the job gives up; "
+    max_restarts: int = _option(2, "Requeues after failures (a hang, a node failure) before the job gives up; "
                                 "preemption and time-limit requeues do not count.", minimum=0)
 
     def __post_init__(self) -> None:
