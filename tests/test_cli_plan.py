@@ -170,3 +170,12 @@ def test_plan_and_layout_never_import_torch(args):
     out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
                          env={**os.environ, **env})  # fmt: skip
     assert out.returncode == 0 and "no torch" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("tokenizer_args", [[], ["--train-tokenizer", "300"]])
+def test_prepare_data_never_imports_torch(tmp_path, tokenizer_args):
+    (tmp_path / "doc.txt").write_text("a small document to tokenize, twice: a small document\n")
+    args = ["prepare-data", str(tmp_path / "doc.txt"), "-o", str(tmp_path / "out"), "-q", *tokenizer_args]
+    out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True)
+    assert out.returncode == 0 and "no torch" in out.stdout, out.stderr
+    assert (tmp_path / "out" / "dataset.json").is_file()

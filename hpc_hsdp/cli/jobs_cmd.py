@@ -33,16 +33,43 @@ def watch(handle, *, poll_s: float = 1.0) -> Iterator:
         time.sleep(poll_s)
 
 
-def step_text(metrics: dict | None, total_steps: int | None = None) -> str:
-    """``step 12/20 loss 5.5022 5769 tok/s`` from a metrics.jsonl record ('' without one)."""
+def step_text(metrics: dict | None, total_steps: int | None = None, last_eval: tuple[int, float] | None = None) -> str:
+    """``step 12/20 loss 5.5022 eval 5.61 (step 10) 5769 tok/s`` from a metrics.jsonl record
+    ('' without one); ``last_eval``: the latest (step, eval loss) when the record has none."""
     if not metrics or metrics.get("step") is None:
         return ""
     text = f"step {metrics['step']}" + (f"/{total_steps}" if total_steps else "")
     if isinstance(metrics.get("loss"), (int, float)):
         text += f" loss {metrics['loss']:.4f}"
+    if isinstance(metrics.get("eval_loss"), (int, float)):
+        text += f" eval {metrics['eval_loss']:.4f}"
+    elif last_eval is not None and last_eval[0] <= metrics["step"]:
+        text += f" eval {last_eval[1]:.4f} (step {last_eval[0]})"
     if isinstance(metrics.get("tokens_per_s"), (int, float)):
         text += f" {metrics['tokens_per_s']:.0f} tok/s"
     return text
+
+
+def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int, float] | None:
+    """(step, eval_loss) of the newest record of ``<run_dir>/metrics.jsonl`` that has one,
+    looking at the file's tail only."""
+    try:
+        with open(Path(run_dir) / "metrics.jsonl", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if '"eval_loss"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record.get("eval_loss"), (int, float)) and isinstance(record.get("step"), int):
+            return record["step"], record["eval_loss"]
+    return None
 
 
 def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> int:
@@ -54,7 +81,9 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         line = f"job {handle.job_id} {status.state}"
         if status.restarts:
             line += f" (restarts {status.restarts})"
-        step = step_text(handle.last_metrics(), total_steps)
+        metrics = handle.last_metrics()
+        step = step_text(metrics, total_steps, None if metrics is None or "eval_loss" in metrics
+                         else latest_eval(handle.record.run_dir))  # fmt: skip
         line += f" | {step}" if step else ""
         if tty:
             shown = f"[{time.monotonic() - start:5.0f}s] {line}"
@@ -100,7 +129,8 @@ def status(job, as_json) -> None:
                + f", restarts {st.restarts}")  # fmt: skip
     for record in causes:
         click.echo(f"restart {record['restart']} ({record['kind']}): {record['cause']}")
-    step = step_text(metrics)
+    step = step_text(metrics, last_eval=None if metrics is None or "eval_loss" in metrics
+                     else latest_eval(handle.record.run_dir))  # fmt: skip
     if step:
         click.echo(f"last {step}")
     click.echo(f"run directory: {handle.record.run_dir}")

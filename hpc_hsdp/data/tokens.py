@@ -200,7 +200,8 @@ class TokenDataset:
     background thread or process.
     """
 
-    def __init__(self, *, path: str, split: str, files: Sequence[TokenFile], tokenizer: dict[str, Any] | None = None):
+    def __init__(self, *, path: str, split: str, files: Sequence[TokenFile], tokenizer: dict[str, Any] | None = None,
+                 tokenizer_base: Path | None = None):  # fmt: skip
         if not files:
             raise DataError(f"{path}: the {split!r} split has no token files; {_PREPARE_HINT}")
         first = files[0]
@@ -217,6 +218,8 @@ class TokenDataset:
         self.vocab_size: int = first.vocab_size
         self.eos_id: int | None = first.eos_id
         self.tokenizer: dict[str, Any] = dict(tokenizer if tokenizer is not None else first.tokenizer)
+        self.tokenizer_base: Path = tokenizer_base if tokenizer_base is not None else first.path.parent
+        """The directory that a relative ``tokenizer["path"]`` is relative to."""
         self.max_token_id: int = max(f.max_token_id for f in files)
         self.num_documents: int = sum(f.num_documents for f in files)
         self._ends: list[int] = np.cumsum([f.num_tokens for f in files]).tolist()
@@ -316,7 +319,9 @@ def _open_manifest(given: str, root: Path, manifest: Path, split: str) -> TokenD
             raise DataError(f"{manifest} says {key} {data[key]!r} but shard {files[0].path.name} says "
                             f"{getattr(files[0], key)!r}: manifest and shards disagree; {_PREPARE_HINT}")  # fmt: skip
     tokenizer = data.get("tokenizer")
-    return TokenDataset(path=given, split=split, files=files, tokenizer=tokenizer if isinstance(tokenizer, dict) else None)
+    if not isinstance(tokenizer, dict):
+        return TokenDataset(path=given, split=split, files=files)
+    return TokenDataset(path=given, split=split, files=files, tokenizer=tokenizer, tokenizer_base=root)
 
 
 def check_for_training(ds: TokenDataset, *, model_vocab_size: int, seq_len: int, global_batch: int) -> None:
@@ -372,6 +377,7 @@ class TokenFileWriter:
         self.num_tokens = 0
         self.num_documents = 0
         self.max_token_id = -1
+        self._last_end = 0
         suffix = f".tmp-{os.getpid()}-{os.urandom(3).hex()}"
         self._bin_tmp = self.path.with_name(self.path.name + suffix)
         self._idx_tmp = self.path.with_name(self.path.with_suffix(".idx").name + suffix)
@@ -380,14 +386,18 @@ class TokenFileWriter:
         self._idx.write(np.zeros(1, dtype=INDEX_DTYPE).tobytes())
         self._closed = False
 
-    def append(self, tokens: np.ndarray, document_lengths: Iterable[int]) -> None:
-        """Append whole documents: ``tokens`` is their concatenation (end-of-document tokens
-        included), ``document_lengths`` the token count of each, summing to ``len(tokens)``."""
+    def append(self, tokens: np.ndarray, document_lengths: Iterable[int], *, continues: bool = False) -> None:
+        """Append a chunk of documents: ``tokens`` is their concatenation (end-of-document
+        tokens included), ``document_lengths`` the tokens of each document that ends in this
+        chunk (the first may have begun in an earlier chunk). With ``continues``, the tokens
+        after the last of them begin a document that a later chunk (or ``close``) ends."""
         tokens = np.asarray(tokens)
         lengths = np.asarray(list(document_lengths) if not isinstance(document_lengths, np.ndarray)
                              else document_lengths, dtype=np.int64)  # fmt: skip
-        if int(lengths.sum()) != tokens.size or (lengths < 0).any():
-            raise ValueError(f"document lengths sum to {int(lengths.sum())}, not to the {tokens.size} tokens given")
+        covered = int(lengths.sum())
+        if (lengths < 0).any() or covered > tokens.size or (covered != tokens.size and not continues):
+            raise ValueError(f"document lengths sum to {covered}, not to the {tokens.size} tokens given "
+                             f"(pass continues=True for a document that goes on)")  # fmt: skip
         if tokens.size:
             low, high = int(tokens.min()), int(tokens.max())
             if low < 0 or high >= self.vocab_size:
@@ -398,14 +408,24 @@ class TokenFileWriter:
         if lengths.size:
             ends = self.num_tokens + np.cumsum(lengths)
             self._idx.write(ends.astype(INDEX_DTYPE).tobytes())
+            self._last_end = int(ends[-1])
+            self.num_documents += lengths.size
         self.num_tokens += tokens.size
-        self.num_documents += lengths.size
+
+    @property
+    def in_document(self) -> bool:
+        """A document has begun and not ended yet (see ``continues``)."""
+        return self.num_tokens > self._last_end
 
     def close(self) -> TokenFile:
         """Finish the file: data renamed into place, sidecar written last (atomically)."""
         if self._closed:
             raise ValueError(f"{self.path} is already closed")
         self._closed = True
+        if self.in_document:
+            self._idx.write(np.array([self.num_tokens], dtype=INDEX_DTYPE).tobytes())
+            self._last_end = self.num_tokens
+            self.num_documents += 1
         for f in (self._bin, self._idx):
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,905 @@
+"""``hpc-hsdp prepare-data``: text in, a token dataset directory out.
+
+The pipeline streams: the input is read in blocks of about a MiB of text (many small
+files, or pieces of a large one cut at line breaks), each block is encoded into the
+token dtype (by a pool of worker processes, or in this process by the ``tokenizers``
+library's own threads), and the blocks are appended, in input order, to the shards of
+the train and val splits. Memory holds a bounded number of blocks, whatever the input's
+size. Every document ends with the end-of-document token; a document's split is decided
+by a hash of its text, so it does not depend on the order, the block size or the workers.
+
+Everything a user can get wrong is checked before the first byte is written; the output
+is built in ``DIR.tmp-XXXX`` and renamed to ``DIR`` only when it is complete.
+"""
+
+from __future__ import annotations
+
+import codecs
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from hpc_hsdp.data.tokenizer import (
+    BYTE,
+    TOKENIZER_DIR,
+    ByteTokenizer,
+    HFTokenizer,
+    check_trained_vocab,
+    copy_tokenizer_files,
+    load_tokenizer_file,
+    tokenizer_from_worker_state,
+    train_bpe,
+)
+from hpc_hsdp.data.tokens import (
+    DATASET_MANIFEST,
+    TOKEN_DTYPES,
+    DataError,
+    TokenFileWriter,
+    token_dtype_for,
+    write_dataset_manifest,
+)
+
+BLOCK_BYTES = 1 << 20
+PEEK_BYTES = 1 << 12
+DEFAULT_SHARD_TOKENS = 100_000_000
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+SPLITS = ("train", "val")
+ENGINES = ("auto", "processes", "threads")
+DECODE_ERRORS = ("strict", "replace")
+FAULT_SIGNAL = "HPC_HSDP_FAULT_PREPARE_SIGNAL"
+"""Test hook: ``<blocks>:<SIGNAL>``; the run sends itself SIGNAL after writing that many blocks."""
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareSpec:
+    """What ``hpc-hsdp prepare-data`` was asked to do."""
+
+    inputs: tuple[str, ...]
+    """Text files, JSONL files (``--field``), directories of them (recursive), any of them gzip'd."""
+    output: str
+    """The dataset directory to create."""
+    field: str | None = None
+    """The JSONL key that holds a document's text."""
+    tokenizer: str = BYTE
+    """``byte``, or a tokenizer.json / transformers tokenizer directory."""
+    train_tokenizer: int | None = None
+    """Train a byte-level BPE of this many ids on the input instead."""
+    eos_token: str | None = None
+    val_fraction: float = 0.0
+    glob: str | None = None
+    """In directories, only files whose name matches (e.g. ``*.txt``)."""
+    workers: int = dataclass_field(default_factory=available_cores)
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    decode_errors: str = "strict"
+    engine: str = "auto"
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise DataError("prepare-data needs at least one INPUT (a text or JSONL file, or a directory of them)")
+        if not isinstance(self.val_fraction, (int, float)) or not 0.0 <= self.val_fraction < 1.0:
+            raise DataError(f"--val-fraction {self.val_fraction} is outside [0, 1); give the held-out share of "
+                            f"documents, e.g. --val-fraction 0.01")  # fmt: skip
+        if self.workers < 1:
+            raise DataError(f"--workers {self.workers}: give at least 1")
+        if self.shard_tokens < 1:
+            raise DataError(f"--shard-tokens {self.shard_tokens}: give at least 1, e.g. --shard-tokens 100000000")
+        if self.train_tokenizer is not None:
+            if self.tokenizer != BYTE:
+                raise DataError(f"--train-tokenizer and --tokenizer {self.tokenizer} exclude each other; give one")
+            check_trained_vocab(self.train_tokenizer)
+        if self.decode_errors not in DECODE_ERRORS:
+            raise DataError(f"--decode-errors {self.decode_errors!r}: give one of {', '.join(DECODE_ERRORS)}")
+        if self.engine not in ENGINES:
+            raise DataError(f"--engine {self.engine!r}: give one of {', '.join(ENGINES)}")
+        if self.field is not None and not self.field:
+            raise DataError("--field is empty; give the JSONL key that holds the text, e.g. --field text")
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    kind: str
+    """``text`` (the file is one document) or ``jsonl`` (one document per line)."""
+    compressed: bool
+    size: int
+    """Bytes on disk."""
+
+
+def _kind_of(path: Path) -> tuple[str, bool]:
+    compressed = path.suffix == ".gz"
+    stem = path.with_suffix("") if compressed else path
+    return ("jsonl" if stem.suffix in JSONL_SUFFIXES else "text"), compressed
+
+
+def discover_inputs(spec: PrepareSpec) -> tuple[list[InputFile], int]:
+    """The input files in order (each directory walked recursively, sorted, hidden names
+    skipped), and how many empty files inside directories were left out. Raises DataError."""
+    files: list[InputFile] = []
+    skipped_empty = 0
+    for given in spec.inputs:
+        path = Path(given)
+        if not path.exists():
+            raise DataError(f"input {given} does not exist; check the path")
+        if path.is_dir():
+            found = 0
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(names):
+                    if name.startswith(".") or (spec.glob and not fnmatch.fnmatch(name, spec.glob)):
+                        continue
+                    file = Path(root) / name
+                    if not file.is_file():
+                        continue
+                    if file.stat().st_size == 0:
+                        skipped_empty += 1
+                        continue
+                    files.append(_checked_input(file, spec.decode_errors))
+                    found += 1
+            if not found:
+                what = f"no non-empty file matching {spec.glob!r}" if spec.glob else "no non-empty file"
+                raise DataError(f"input directory {given} holds {what}; check the path"
+                                f"{' or --glob' if spec.glob else ''}")  # fmt: skip
+        elif path.is_file():
+            if path.stat().st_size == 0:
+                raise DataError(f"input {given} is empty; leave it out")
+            files.append(_checked_input(path, spec.decode_errors))
+        else:
+            raise DataError(f"input {given} is neither a file nor a directory; give text or JSONL files")
+    jsonl = [f for f in files if f.kind == "jsonl"]
+    if jsonl and spec.field is None:
+        raise DataError(f"input {jsonl[0].path} is JSONL: say which key holds the text with --field, e.g. --field text")
+    if spec.field is not None and not jsonl:
+        raise DataError(f"--field {spec.field} is for JSONL inputs (.jsonl, .ndjson, .gz of them) but none was given; "
+                        f"leave --field out for text files")  # fmt: skip
+    for file in jsonl:
+        _check_first_jsonl_line(file, spec.field)
+    return files, skipped_empty
+
+
+def _open_binary(file: InputFile) -> tuple[IO[bytes], IO[bytes]]:
+    """(the decompressed stream, the file on disk) of an input."""
+    raw = open(file.path, "rb")
+    return (gzip.GzipFile(fileobj=raw, mode="rb") if file.compressed else raw), raw
+
+
+def _checked_input(path: Path, decode_errors: str) -> InputFile:
+    """An input that exists, is readable, holds something, and (strict) starts as UTF-8 text."""
+    kind, compressed = _kind_of(path)
+    file = InputFile(path=path, kind=kind, compressed=compressed, size=path.stat().st_size)
+    try:
+        stream, raw = _open_binary(file)
+        with raw, stream:
+            first = stream.read(PEEK_BYTES)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise DataError(f"cannot read input {path} ({reason}); check that it is a readable"
+                        f"{' gzip' if compressed else ''} file") from None  # fmt: skip
+    if not first:
+        raise DataError(f"input {path} is empty{' after decompression' if compressed else ''}; leave it out")
+    if decode_errors == "strict":
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(first, final=False)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"input {path} is not UTF-8 text (byte {exc.start} is {first[exc.start:exc.start + 1]!r}); "
+                            f"leave it out (e.g. with --glob) or pass --decode-errors replace") from None  # fmt: skip
+    return file
+
+
+def _check_first_jsonl_line(file: InputFile, key: str | None) -> None:
+    stream, raw = _open_binary(file)
+    with raw, stream:
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                _jsonl_text(line, key, str(file.path), number)
+                return
+            if number > 1000:
+                break
+    raise DataError(f"input {file.path} has no JSON line in its first 1000 lines; leave it out or check the format")
+
+
+def _jsonl_text(line: bytes, key: str | None, source: str, number: int) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise DataError(f"{source} line {number} is not JSON ({exc}); fix the line or leave the file out") from None
+    if not isinstance(record, dict) or key not in record:
+        has = ", ".join(map(repr, list(record)[:8])) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        raise DataError(f"{source} line {number} has no {key!r} key (it has: {has}); give the key that holds the text "
+                        f"with --field")  # fmt: skip
+    text = record[key]
+    if not isinstance(text, str):
+        raise DataError(f"{source} line {number}: {key!r} holds a {type(text).__name__}, not text; give the key that "
+                        f"holds the text with --field")  # fmt: skip
+    return text
+
+
+# ---------------------------------------------------------------------------- blocks of input
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text of one input: a whole text file, a piece of a long one, or a run of JSONL lines."""
+
+    source: str
+    kind: str
+    data: bytes
+    start: int
+    """Text: byte offset of ``data`` in the file; JSONL: the number of its first line."""
+    ends_document: bool = True
+    """Text: the document (file) ends with this piece."""
+    val: bool = False
+    """Text: the document belongs to the val split."""
+
+
+@dataclass(frozen=True)
+class Block:
+    pieces: tuple[Piece, ...]
+    disk_bytes: int
+    """Input bytes on disk consumed by this block (compressed ones for .gz)."""
+
+
+def is_val(key: bytes, fraction: float) -> bool:
+    """Whether the document with this text goes to the held-out split: a hash, so the
+    decision depends on the document alone."""
+    if fraction <= 0.0:
+        return False
+    value = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return value < fraction * (1 << 64)
+
+
+def _cut(data: bytes, final: bool) -> int:
+    """Where to end a piece of a long text (the rest begins the next piece): before the last
+    line break (else space) that follows a printable ASCII character. Pre-tokenizers split
+    there anyway (a word or punctuation run ends, a whitespace run begins, and how far it
+    reaches depends only on what follows), so the pieces encode exactly as the whole does."""
+    if final:
+        return len(data)
+    for separator in (b"\n", b" "):
+        position = len(data)
+        while (position := data.rfind(separator, 0, position)) > 0:
+            if 0x21 <= data[position - 1] <= 0x7E:
+                return position
+    cut = len(data) - 1  # no such place: cut before the last character that starts here
+    while cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut
+
+
+def _text_pieces(stream: IO[bytes], source: str, block_bytes: int, val_fraction: float) -> Iterator[Piece]:
+    """A text file as one document: the whole file, or pieces of about ``block_bytes``."""
+    pending = stream.read(block_bytes)
+    offset = 0
+    val: bool | None = None
+    while pending:
+        more = stream.read(block_bytes)
+        final = not more
+        end = _cut(pending, final) or len(pending)
+        text = pending[:end]
+        if val is None:
+            val = is_val(text, val_fraction)
+        yield Piece(source, "text", text, offset, ends_document=final and end == len(pending), val=val)
+        offset += end
+        pending = pending[end:] + more
+
+
+def _jsonl_pieces(stream: IO[bytes], source: str, block_bytes: int) -> Iterator[Piece]:
+    """Runs of whole JSONL lines of about ``block_bytes``."""
+    carry = b""
+    number = 1
+    while True:
+        chunk = stream.read(block_bytes)
+        data = carry + chunk
+        if not chunk:
+            if data.strip():
+                yield Piece(source, "jsonl", data, number)
+            return
+        end = data.rfind(b"\n") + 1
+        if end == 0:  # a line longer than a block: read on
+            carry = data
+            continue
+        yield Piece(source, "jsonl", data[:end], number)
+        number += data.count(b"\n", 0, end)
+        carry = data[end:]
+
+
+def iter_blocks(files: list[InputFile], *, val_fraction: float, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The inputs as blocks of about ``block_bytes`` of text, in order."""
+    pieces: list[Piece] = []
+    size = 0
+    reported = 0
+    finished = 0
+    for file in files:
+        stream, raw = _open_binary(file)
+        with raw, stream:
+            source = str(file.path)
+            if file.kind == "jsonl":
+                file_pieces = _jsonl_pieces(stream, source, block_bytes)
+            else:
+                file_pieces = _text_pieces(stream, source, block_bytes, val_fraction)
+            for piece in file_pieces:
+                pieces.append(piece)
+                size += len(piece.data)
+                if size >= block_bytes:
+                    position = finished + min(raw.tell(), file.size)
+                    yield Block(tuple(pieces), position - reported)
+                    reported, pieces, size = position, [], 0
+        finished += file.size
+    if pieces or finished > reported:
+        yield Block(tuple(pieces), finished - reported)
+
+
+# ---------------------------------------------------------------------------- encoding a block
+
+
+@dataclass(frozen=True)
+class EncodedBlock:
+    """A block's tokens, per split, in the output dtype, end-of-document tokens in place."""
+
+    tokens: dict[str, np.ndarray]
+    lengths: dict[str, np.ndarray]
+    """Per split: the tokens in this block of each document that ends in it."""
+    continues: dict[str, bool]
+    """Per split: the block ends inside a document (a long text continued by the next)."""
+    documents: int
+    empty_documents: int
+    text_bytes: int
+    disk_bytes: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(t.size for t in self.tokens.values())
+
+
+class BlockEncoder:
+    """Block -> EncodedBlock: decode, parse, split, tokenize (one batch per block)."""
+
+    def __init__(self, tokenizer: ByteTokenizer | HFTokenizer, *, field: str | None, val_fraction: float,
+                 decode_errors: str, dtype: str):  # fmt: skip
+        self.tokenizer = tokenizer
+        self.field = field
+        self.val_fraction = val_fraction
+        self.decode_errors = decode_errors
+        self.dtype = TOKEN_DTYPES[dtype]
+
+    def documents(self, block: Block) -> tuple[list[str], list[bool], list[bool], int]:
+        """(texts, is-val of each, ends-a-document of each, empty JSONL documents left out)."""
+        texts: list[str] = []
+        vals: list[bool] = []
+        ends: list[bool] = []
+        empty = 0
+        for piece in block.pieces:
+            if piece.kind == "text":
+                try:
+                    texts.append(piece.data.decode("utf-8", errors=self.decode_errors))
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"input {piece.source} is not UTF-8 text (byte {piece.start + exc.start} is "
+                                    f"{piece.data[exc.start:exc.start + 1]!r}); leave it out (e.g. with --glob) or "
+                                    f"pass --decode-errors replace") from None  # fmt: skip
+                vals.append(piece.val)
+                ends.append(piece.ends_document)
+                continue
+            for number, line in enumerate(piece.data.split(b"\n"), start=piece.start):
+                if not line.strip():
+                    continue
+                text = _jsonl_text(line, self.field, piece.source, number)
+                if not text:
+                    empty += 1
+                    continue
+                texts.append(text)
+                vals.append(is_val(text.encode("utf-8", errors="surrogatepass"), self.val_fraction))
+                ends.append(True)
+        return texts, vals, ends, empty
+
+    def __call__(self, block: Block) -> EncodedBlock:
+        texts, vals, ends, empty = self.documents(block)
+        ids = self.tokenizer.encode_batch(texts) if texts else []
+        eos = self.tokenizer.eos_id
+        tokens: dict[str, np.ndarray] = {}
+        lengths: dict[str, np.ndarray] = {}
+        continues: dict[str, bool] = {}
+        for split in SPLITS:
+            chosen = [i for i, val in enumerate(vals) if val == (split == "val")]
+            out = np.empty(sum(ids[i].size + ends[i] for i in chosen), dtype=self.dtype)
+            split_lengths: list[int] = []
+            position = 0
+            open_tokens = 0
+            for i in chosen:
+                piece = ids[i]
+                out[position : position + piece.size] = piece
+                position += piece.size
+                open_tokens += piece.size
+                if ends[i]:
+                    out[position] = eos
+                    position += 1
+                    split_lengths.append(open_tokens + 1)
+                    open_tokens = 0
+            tokens[split] = out
+            lengths[split] = np.asarray(split_lengths, dtype=np.int64)
+            continues[split] = bool(chosen) and not ends[chosen[-1]]
+        return EncodedBlock(tokens=tokens, lengths=lengths, continues=continues, documents=sum(ends),
+                            empty_documents=empty, text_bytes=sum(len(p.data) for p in block.pieces),
+                            disk_bytes=block.disk_bytes)  # fmt: skip
+
+
+_WORKER_ENCODER: BlockEncoder | None = None
+
+
+def _init_worker(tokenizer_state: tuple[str, Any], settings: dict[str, Any], parent_pid: int) -> None:
+    global _WORKER_ENCODER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _WORKER_ENCODER = BlockEncoder(tokenizer_from_worker_state(tokenizer_state), **settings)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while True:  # a parent killed with SIGKILL cannot stop its pool; the workers notice
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def _encode_in_worker(block: Block) -> EncodedBlock:
+    assert _WORKER_ENCODER is not None
+    return _WORKER_ENCODER(block)
+
+
+def _encode_in_processes(blocks: Iterator[Block], encoder: BlockEncoder, workers: int,
+                         settings: dict[str, Any]) -> Iterator[EncodedBlock]:  # fmt: skip
+    """Blocks encoded by ``workers`` processes, in order, at most 2 per worker in flight."""
+    with _tokenizers_parallelism_off():  # the fork happens here; workers encode on one thread each
+        pool = ProcessPoolExecutor(workers, mp_context=_worker_context(), initializer=_init_worker,
+                                   initargs=(encoder.tokenizer.worker_state(), settings, os.getpid()))  # fmt: skip
+        try:
+            pool.submit(time.sleep, 0).result()  # start the workers now, inside the context
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    try:
+        pending: deque = deque()
+        for block in blocks:
+            pending.append(pool.submit(_encode_in_worker, block))
+            while len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise RuntimeError("a prepare-data worker process died (out of memory?); try fewer --workers") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    # fork: a worker needs no re-import of the caller's __main__ (spawn would run a script's
+    # or a REPL's main again); the tokenizers library makes forking after its threads safe
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+@contextmanager
+def _tokenizers_parallelism_off() -> Iterator[None]:
+    """TOKENIZERS_PARALLELISM=false while the workers fork (silences the library's fork
+    warning and keeps each worker on one thread); restored afterwards."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+class _ReaderFailed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items`` produced by a background thread, at most ``depth`` ahead."""
+    done = object()
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer
+            put(_ReaderFailed(exc))
+        finally:
+            put(done)
+
+    thread = threading.Thread(target=produce, name="prepare-data-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is done:
+                return
+            if isinstance(item, _ReaderFailed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def _library_threads(workers: int) -> Iterator[None]:
+    """The tokenizers library's thread pool size for this process (read when it starts)."""
+    previous = os.environ.get("RAYON_NUM_THREADS")
+    if previous is None:
+        os.environ["RAYON_NUM_THREADS"] = str(workers)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("RAYON_NUM_THREADS", None)
+
+
+def _encode_in_threads(blocks: Iterator[Block], encoder: BlockEncoder, workers: int) -> Iterator[EncodedBlock]:
+    with _library_threads(workers):
+        for block in _prefetched(blocks):
+            yield encoder(block)
+
+
+def choose_engine(spec: PrepareSpec) -> str:
+    if spec.engine != "auto":
+        return spec.engine
+    return "processes" if spec.workers > 1 else "threads"
+
+
+# ---------------------------------------------------------------------------- output
+
+
+class SplitWriter:
+    """One split's shards: ``DIR/<split>/00000.bin`` and on, each about ``shard_tokens``."""
+
+    def __init__(self, root: Path, split: str, *, vocab_size: int, dtype: str, eos_id: int,
+                 tokenizer: dict[str, Any], shard_tokens: int):  # fmt: skip
+        self.root = root
+        self.split = split
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.eos_id = eos_id
+        self.tokenizer = dict(tokenizer)
+        if "path" in self.tokenizer:  # relative to the sidecar, one level below the dataset
+            self.tokenizer["path"] = f"../{self.tokenizer['path']}"
+        self.shard_tokens = shard_tokens
+        self.shards: list[str] = []
+        self.num_tokens = 0
+        self.num_documents = 0
+        self._writer: TokenFileWriter | None = None
+
+    def append(self, tokens: np.ndarray, lengths: np.ndarray, continues: bool) -> None:
+        """Append a chunk (see TokenFileWriter.append); a shard ends with the first document
+        that brings it to ``shard_tokens``."""
+        ends = np.cumsum(lengths)
+        while tokens.size or lengths.size:
+            if self._writer is None:
+                self._open_shard()
+            assert self._writer is not None
+            room = self.shard_tokens - self._writer.num_tokens
+            last = int(np.searchsorted(ends, room, side="left"))  # the document that fills the shard
+            if last >= lengths.size:
+                self._writer.append(tokens, lengths, continues=continues)
+                return
+            cut = int(ends[last])
+            self._writer.append(tokens[:cut], lengths[: last + 1])
+            self._finish_shard()
+            tokens, lengths, ends = tokens[cut:], lengths[last + 1 :], ends[last + 1 :] - cut
+
+    def _open_shard(self) -> None:
+        name = f"{self.split}/{len(self.shards):05d}.bin"
+        (self.root / self.split).mkdir(exist_ok=True)
+        self._writer = TokenFileWriter(self.root / name, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
+                                       eos_id=self.eos_id, dtype=self.dtype, extra={"split": self.split})  # fmt: skip
+        self.shards.append(name)
+
+    def _finish_shard(self) -> None:
+        assert self._writer is not None
+        info = self._writer.close()
+        self.num_tokens += info.num_tokens
+        self.num_documents += info.num_documents
+        self._writer = None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._finish_shard()
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+
+def _check_output(spec: PrepareSpec, files: list[InputFile]) -> Path:
+    output = Path(spec.output).expanduser()
+    if output.exists() and not output.is_dir():
+        raise DataError(f"-o {spec.output} is a file; give a directory to create")
+    if output.is_dir() and any(output.iterdir()):
+        if not spec.force:
+            raise DataError(f"-o {spec.output} exists and is not empty; choose a new directory, or add --force to "
+                            f"replace it")  # fmt: skip
+        if not (output / DATASET_MANIFEST).is_file():
+            raise DataError(f"-o {spec.output} is not a dataset written by prepare-data (no {DATASET_MANIFEST}); "
+                            f"--force replaces only those: choose a new directory")  # fmt: skip
+    resolved = output.resolve()
+    for given in spec.inputs:
+        folder = Path(given).resolve()
+        if folder.is_dir() and (resolved == folder or folder in resolved.parents):
+            raise DataError(f"-o {spec.output} lies inside input directory {given}; write the dataset elsewhere")
+    parent = resolved.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"-o {spec.output}: cannot create it in {parent} (not writable); choose another directory")
+    return output
+
+
+def _publish(tmp: Path, output: Path) -> None:
+    """Rename the finished ``tmp`` to ``output``, replacing what ``--force`` allowed."""
+    if output.exists():
+        old = output.with_name(f"{output.name}.old-{os.urandom(3).hex()}")
+        os.rename(output, old)
+        os.rename(tmp, output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, output)
+
+
+def _fault_after_blocks() -> tuple[int, int] | None:
+    value = os.environ.get(FAULT_SIGNAL, "").strip()
+    if not value:
+        return None
+    blocks, _, name = value.partition(":")
+    return int(blocks), int(getattr(signal, f"SIG{name.upper().removeprefix('SIG')}"))
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _human_count(n: float) -> str:
+    for unit in ("", "K", "M", "G"):
+        if n < 1000 or unit == "G":
+            return f"{n:.0f}{unit}" if not unit else f"{n:.2f}{unit}"
+        n /= 1000
+    return f"{n:.2f}G"
+
+
+class Progress:
+    """A progress line on stderr: input share, text bytes/s, tokens/s. Redrawn in place on a
+    terminal; a line every ``interval`` seconds otherwise (logs)."""
+
+    def __init__(self, stream: IO[str] | None = None, *, enabled: bool = True, interval: float | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval if interval is not None else (0.25 if self.tty else 15.0)
+        self.start("", 0)
+
+    def start(self, phase: str, total_disk_bytes: int) -> None:
+        self.phase = phase
+        self.total = total_disk_bytes
+        self.disk = self.text = self.tokens = 0
+        self.began = self.last = time.monotonic()
+        self._drawn: tuple | None = None
+
+    def update(self, *, disk_bytes: int = 0, text_bytes: int = 0, tokens: int = 0) -> None:
+        self.disk += disk_bytes
+        self.text += text_bytes
+        self.tokens += tokens
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            self._draw(final=False)
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.began, 1e-9)
+        share = f"{100 * self.disk / self.total:3.0f}% " if self.total else ""
+        text = f"{self.phase}: {share}{_human_bytes(self.disk)}/{_human_bytes(self.total)}, " \
+               f"{_human_bytes(self.text / elapsed)}/s of text"
+        if self.tokens:
+            text += f", {_human_count(self.tokens / elapsed)} tokens/s, {_human_count(self.tokens)} tokens"
+        return f"{text}, {elapsed:.1f} s"
+
+    def _draw(self, *, final: bool) -> None:
+        state = (self.phase, self.disk, self.text, self.tokens)
+        if not self.enabled or (final and not self.tty and state == self._drawn):
+            return
+        self._drawn = state
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line() + ("\n" if final else ""))
+        else:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        self._draw(final=True)
+
+
+# ---------------------------------------------------------------------------- the whole run
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    output: Path
+    tokenizer: dict[str, Any]
+    vocab_size: int
+    dtype: str
+    num_tokens: dict[str, int]
+    num_documents: dict[str, int]
+    shards: dict[str, list[str]]
+    input_files: int
+    input_bytes: int
+    text_bytes: int
+    empty_documents: int
+    skipped_empty_files: int
+    engine: str
+    seconds: float
+
+    def summary(self) -> str:
+        splits = "; ".join(f"{split} {self.num_tokens[split]:,} tokens in {self.num_documents[split]:,} documents "
+                           f"({len(self.shards[split])} shard{'s' * (len(self.shards[split]) != 1)})"
+                           for split in SPLITS if self.shards[split])  # fmt: skip
+        rate = sum(self.num_tokens.values()) / max(self.seconds, 1e-9)
+        return (f"wrote {self.output}: {splits}; tokenizer {self.tokenizer.get('kind')} ({self.vocab_size} ids, "
+                f"{self.dtype}); {self.input_files} input files, {_human_bytes(self.text_bytes)} of text in "
+                f"{self.seconds:.1f} s ({_human_count(rate)} tokens/s)")  # fmt: skip
+
+
+def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes: int = BLOCK_BYTES) -> PrepareResult:
+    """Run prepare-data. Raises DataError before writing anything for every input it can
+    check up front; on any later failure the half-built directory is removed."""
+    began = time.monotonic()
+    progress = progress or Progress(enabled=False)
+    files, skipped_empty = discover_inputs(spec)
+    tokenizer: ByteTokenizer | HFTokenizer | None = None
+    if spec.train_tokenizer is not None:
+        if spec.eos_token is not None:
+            raise DataError("--eos-token is for --tokenizer PATH; a trained tokenizer's is <|endoftext|>: leave it out")
+        from hpc_hsdp.data.tokenizer import _import_tokenizers
+
+        _import_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
+    elif spec.tokenizer == BYTE:
+        if spec.eos_token is not None:
+            raise DataError("--eos-token is for --tokenizer PATH; the byte tokenizer's is id 256: leave it out")
+        tokenizer = ByteTokenizer()
+    else:
+        tokenizer = load_tokenizer_file(spec.tokenizer, eos_token=spec.eos_token)
+    output = _check_output(spec, files)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+    tmp.mkdir()
+    writers: dict[str, SplitWriter] = {}
+    published = False
+    total_disk = sum(f.size for f in files)
+    engine = choose_engine(spec)
+    try:
+        if tokenizer is None:
+            progress.start("training tokenizer", total_disk)
+            tokenizer = train_bpe(_training_texts(files, spec, progress, block_bytes), vocab_size=spec.train_tokenizer)
+            progress.finish()
+            tokenizer.save(tmp / TOKENIZER_DIR)
+        elif isinstance(tokenizer, HFTokenizer):
+            copy_tokenizer_files(spec.tokenizer, tmp / TOKENIZER_DIR)
+        description = tokenizer.description()
+        dtype = token_dtype_for(tokenizer.vocab_size)
+        writers = {split: SplitWriter(tmp, split, vocab_size=tokenizer.vocab_size, dtype=dtype,
+                                      eos_id=tokenizer.eos_id, tokenizer=description, shard_tokens=spec.shard_tokens)
+                   for split in SPLITS}  # fmt: skip
+        settings = {"field": spec.field, "val_fraction": spec.val_fraction, "decode_errors": spec.decode_errors,
+                    "dtype": dtype}  # fmt: skip
+        encoder = BlockEncoder(tokenizer, **settings)
+        blocks = iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)
+        if engine == "processes":
+            encoded_blocks = _encode_in_processes(blocks, encoder, spec.workers, settings)
+        else:
+            encoded_blocks = _encode_in_threads(blocks, encoder, spec.workers)
+        fault = _fault_after_blocks()
+        text_bytes = empty_documents = 0
+        progress.start("tokenizing", total_disk)
+        for count, encoded in enumerate(encoded_blocks, start=1):
+            for split in SPLITS:
+                writers[split].append(encoded.tokens[split], encoded.lengths[split], encoded.continues[split])
+            text_bytes += encoded.text_bytes
+            empty_documents += encoded.empty_documents
+            progress.update(disk_bytes=encoded.disk_bytes, text_bytes=encoded.text_bytes, tokens=encoded.num_tokens)
+            if fault is not None and count == fault[0]:
+                os.kill(os.getpid(), fault[1])
+        for writer in writers.values():
+            writer.close()
+        progress.finish()
+        if not writers["train"].num_documents:
+            raise DataError(f"no document went to the train split ({writers['val'].num_documents} went to val); "
+                            f"lower --val-fraction or give more input")  # fmt: skip
+        if spec.val_fraction > 0 and not writers["val"].num_documents:
+            raise DataError(f"--val-fraction {spec.val_fraction} chose none of the {writers['train'].num_documents} "
+                            f"documents for the val split; raise it or give more documents")  # fmt: skip
+        shards = {split: writers[split].shards for split in SPLITS}
+        num_tokens = {split: writers[split].num_tokens for split in SPLITS}
+        num_documents = {split: writers[split].num_documents for split in SPLITS}
+        from hpc_hsdp import __version__
+
+        write_dataset_manifest(tmp, vocab_size=tokenizer.vocab_size, dtype=dtype, tokenizer=description,
+                               splits={split: names for split, names in shards.items() if names},
+                               extra={"eos_id": tokenizer.eos_id, "num_tokens": num_tokens,
+                                      "num_documents": num_documents, "val_fraction": spec.val_fraction,
+                                      "inputs": list(spec.inputs), "input_files": len(files),
+                                      "created_by": f"hpc-hsdp {__version__} prepare-data"})  # fmt: skip
+        _publish(tmp, output)
+        published = True
+    finally:
+        if not published:
+            for writer in writers.values():
+                writer.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PrepareResult(output=output, tokenizer=description, vocab_size=tokenizer.vocab_size, dtype=dtype,
+                         num_tokens=num_tokens, num_documents=num_documents, shards=shards, input_files=len(files),
+                         input_bytes=total_disk, text_bytes=text_bytes, empty_documents=empty_documents,
+                         skipped_empty_files=skipped_empty, engine=engine, seconds=time.monotonic() - began)  # fmt: skip
+
+
+def _training_texts(files: list[InputFile], spec: PrepareSpec, progress: Progress, block_bytes: int) -> Iterator[str]:
+    """The train split's texts, streamed, for training the tokenizer."""
+    parser = BlockEncoder(ByteTokenizer(), field=spec.field, val_fraction=spec.val_fraction,
+                          decode_errors=spec.decode_errors, dtype="uint16")  # fmt: skip
+    for block in _prefetched(iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)):
+        texts, vals, _, _ = parser.documents(block)
+        progress.update(disk_bytes=block.disk_bytes, text_bytes=sum(len(p.data) for p in block.pieces))
+        yield from (text for text, val in zip(texts, vals) if not val)
