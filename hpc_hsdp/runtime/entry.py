@@ -72,6 +72,8 @@ def run_task(
                 else:
                     result = fn(ctx)
             except Exception as exc:
+                if "hpc_hsdp.runtime.watchdog" in sys.modules:  # a hang being reported: the watchdog ends the task
+                    sys.modules["hpc_hsdp.runtime.watchdog"].wait_if_ending()
                 _requeue_if_a_node_died(ctx, spec, env, exc)
                 raise
             preemption.finish(rank=ctx.rank, run_dir=ctx.run_dir)  # collective; nothing to do when no stop was agreed

@@ -43,6 +43,10 @@ EXIT_HUNG = 86
 GATHER_S = 10.0
 """How long rank 0 waits for the other ranks' reports after its own timer fired."""
 
+ENDING = threading.Event()
+"""Set when this process's watchdog decided to end the job: an error the main thread gets
+meanwhile (a peer that already exited) must not end the task before the watchdog does."""
+
 _COUNTED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
             "all_reduce", "broadcast", "all_gather", "barrier", "all_to_all_single", "reduce", "gather", "scatter")  # fmt: skip
 
@@ -156,6 +160,13 @@ def hang_timeout(configured: float, step_times: list[float]) -> float:
     return max(HANG_TIMEOUT_FLOOR_S, HANG_TIMEOUT_STEP_FACTOR * typical)
 
 
+def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
+    """Called by the task on an error: when the watchdog is ending the job, let it finish (it
+    exits the process with EXIT_HUNG) instead of ending the task with a peer's disappearance."""
+    if ENDING.is_set():
+        time.sleep(limit_s)
+
+
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. On a restart (``SLURM_RESTART_COUNT`` > 0) whose cause the previous run did
     not record (it died: a node failure, SLURM requeued it), record one; raise HsdpError on
@@ -262,6 +273,7 @@ class Watchdog:
                 "pid": os.getpid()}  # fmt: skip
 
     def _hung(self) -> None:
+        ENDING.set()
         rank, world = self.ctx.rank, self.ctx.world_size
         timeout = self.timeout_s
         _note(f"[hpc-hsdp] watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
