@@ -7,18 +7,27 @@ built-in one, written out here so that none of hpc-hsdp is imported. Writes one 
 per step to --out (rank 0): step, wall_time (end of the step), step_time_s.
 
     python benchmarks/handwritten_fsdp2.py --shard 2 --steps 20 --out times.jsonl [--layers 4 --width 128 ...]
+
+The training options of bench_loop.py, written the way a person writes them by hand:
+``--precision bf16`` (MixedPrecisionPolicy: bf16 params, fp32 reduction), ``--grad-accum N``
+(set_requires_all_reduce on the last micro-batch only), ``--clip-grad`` (clip_grad_norm_ on
+the DTensor gradients), ``--cosine`` with ``--warmup-steps`` (LambdaLR), and ``--data FILE.bin``
+(uint16/uint32 tokens read with np.memmap at random offsets, nanoGPT's get_batch).
 """
 
 import argparse
 import json
+import math
 import time
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 class Block(nn.Module):
@@ -55,8 +64,12 @@ class Model(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("shard", 1), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
-                          ("batch-size", 4), ("vocab-size", 256)):  # fmt: skip
+                          ("batch-size", 4), ("vocab-size", 256), ("grad-accum", 1), ("warmup-steps", 0)):  # fmt: skip
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--clip-grad", type=float, default=0.0)
+    p.add_argument("--cosine", action="store_true")
+    p.add_argument("--data", default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     dist.init_process_group("gloo")
@@ -64,9 +77,11 @@ def main():
     mesh = init_device_mesh("cpu", (world // a.shard, a.shard), mesh_dim_names=("replicate", "shard"))
     with torch.device("meta"):
         model = Model(a.vocab_size, a.seq_len, a.width, a.heads, a.layers)
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.precision == "bf16"
+          else MixedPrecisionPolicy())  # fmt: skip
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():  # as the built-in model: norms 1/0, biases 0, weights N(0, 0.02)
@@ -78,23 +93,51 @@ def main():
             else:
                 param.normal_(0, 0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+
+    def lr_factor(i):  # i = 0 for the first step
+        if a.warmup_steps and i < a.warmup_steps:
+            return (i + 1) / a.warmup_steps
+        if not a.cosine:
+            return 1.0
+        progress = (i + 1 - a.warmup_steps) / max(1, a.steps - a.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     gen = torch.Generator().manual_seed(rank)
+    if a.data:
+        meta = json.load(open(a.data[: -len(".bin")] + ".json"))
+        tokens_file = np.memmap(a.data, dtype=np.dtype(meta["dtype"]), mode="r")
+
+    def get_batch():
+        if not a.data:
+            return torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), generator=gen)
+        ix = torch.randint(len(tokens_file) - a.seq_len - 1, (a.batch_size,), generator=gen).tolist()
+        return torch.from_numpy(np.stack([tokens_file[i : i + a.seq_len + 1].astype(np.int64) for i in ix]))
+
     loss_sum = torch.zeros(())
     out = open(a.out, "w") if rank == 0 else None
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
-        tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), generator=gen)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        for micro in range(a.grad_accum):
+            if a.grad_accum > 1:
+                model.set_requires_all_reduce(micro == a.grad_accum - 1)
+            tokens = get_batch()
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+            (loss / a.grad_accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip_grad if a.clip_grad > 0 else float("inf"))
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
-        loss_sum.copy_(loss.detach())
         dist.all_reduce(loss_sum)
-        loss_value = loss_sum.item() / world
+        loss_value = loss_sum.item() / (world * a.grad_accum)
+        loss_sum.zero_()
+        norm_value = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         step_time = time.perf_counter() - t0
         if out is not None:
-            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "loss": loss_value}) + "\n")
+            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "loss": loss_value,
+                                  "grad_norm": norm_value}) + "\n")  # fmt: skip
             out.flush()
     dist.destroy_process_group()
 

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.topology import RankLayout, TopologyPlan, plan_for
 
-__all__ = ["HsdpError", "RankLayout", "TopologyPlan", "init", "plan_for", "submit", "wrap_hsdp", "__version__"]
+__all__ = ["HsdpError", "RankLayout", "TopologyPlan", "TrainingRun", "init", "plan_for", "submit", "wrap_hsdp", "__version__"]
 
 # name -> module that defines it; loaded on first use so `import hpc_hsdp` stays torch-free
 _LAZY = {
@@ -19,6 +19,7 @@ _LAZY = {
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
     "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
     "submit": "hpc_hsdp.scheduler",
+    "TrainingRun": "hpc_hsdp.runtime.own_loop",
 }
 
 

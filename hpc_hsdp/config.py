@@ -44,6 +44,7 @@ from hpc_hsdp.spec import (
     RunSpec,
     SchedulerSpec,
     TrainingSpec,
+    model_with_absolute_path,
     option_flag,
     training_field_kind,
 )
@@ -157,6 +158,8 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
         value = check_kind(raw_key, value, kind, where)
         if kind == "path" and not (key == "venv" and value == _NO_VENV):
             value = str(base_dir / os.path.expanduser(value)) if value else value
+        if key == "model" and isinstance(value, str):
+            value = model_with_absolute_path(value, base_dir)
         out[key] = value
     return out
 
@@ -307,6 +310,8 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
     for name, kind in _TRAINING_KINDS.items():
         if kind == "path" and name in training_values:
             training_values[name] = absolute(training_values[name], option_flag(name))
+    if isinstance(training_values.get("model"), str):
+        training_values["model"] = model_with_absolute_path(training_values["model"], cwd)
     training = TrainingSpec(**training_values)
     run = RunSpec(
         shard_size=o["shard"],

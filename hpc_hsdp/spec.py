@@ -6,6 +6,7 @@ The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 
@@ -21,6 +22,32 @@ DEVICES = ("auto", "cpu", "cuda")
 def check_entry(entry: str | None) -> None:
     if entry is not None and not _ENTRY.match(entry):
         raise SpecError(f"--entry {entry!r} is not module:function; write e.g. 'mypkg.train:main'")
+
+
+MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
+
+
+def check_model(model: str) -> str:
+    """``--model``: ``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``; returns it unchanged.
+    Only the form is checked here (no file is read: render and submit run elsewhere)."""
+    check_text("--model", model)
+    if model == "builtin":
+        return model
+    if model.startswith("hf:"):
+        if not model[3:].strip():
+            raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
+        return model
+    if _ENTRY.match(model):
+        return model
+    raise SpecError(f"--model {model!r} is not one of {MODEL_FORMS}; e.g. --model hf:/models/llama-1b")
+
+
+def model_with_absolute_path(model: str, base_dir: str | os.PathLike) -> str:
+    """``hf:relative/dir`` -> ``hf:/base/relative/dir`` (the job may start elsewhere); other forms unchanged."""
+    if not model.startswith("hf:"):
+        return model
+    path = os.path.expanduser(model[3:])
+    return "hf:" + os.path.normpath(os.path.join(base_dir, path))
 
 
 def _flag(option: str, value: object) -> None:
@@ -116,6 +143,7 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             check_training_value(f, getattr(self, f.name))
+        check_model(self.model)
         if self.width % self.heads:
             raise SpecError(f"--width {self.width} is not divisible by --heads {self.heads}; pick a width that is a multiple of it")
         if self.val_data is not None and self.data is None:

@@ -208,3 +208,33 @@ def entry_train_until_stop(ctx):
     summary = dict(result.summary(ctx), on_step_calls=list(done))
     (ctx.run_dir / f"entry-rank{ctx.rank}.json").write_text(json.dumps(summary))
     return summary
+
+
+def entry_gpu_report(ctx):
+    """``--entry dist_helpers:entry_gpu_report`` (GPU test): train, counting the host syncs
+    torch reports (``set_sync_debug_mode``) in steps 3 and 4, and write what the test checks."""
+    import json
+    import warnings
+
+    import torch
+
+    from hpc_hsdp.runtime.loop import train
+
+    state, syncs = {}, []
+
+    def on_step(step, record):
+        if step == 2:
+            state["catch"] = warnings.catch_warnings(record=True)
+            state["log"] = state["catch"].__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        if step == 4:
+            torch.cuda.set_sync_debug_mode("default")
+            state["catch"].__exit__(None, None, None)
+            syncs.extend(str(w.message) for w in state["log"] if "synchroniz" in str(w.message).lower())
+
+    result = train(ctx, on_step=on_step)
+    report = dict(result.summary(ctx), syncs_in_steps_3_and_4=syncs,
+                  tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
+    (ctx.run_dir / f"gpu-report-rank{ctx.rank}.json").write_text(json.dumps(report))
+    return report

@@ -156,6 +156,7 @@ try:
 except SystemExit as exc:
     assert exc.code in (0, None), exc.code
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))[:5]
+assert "transformers" not in sys.modules, "transformers imported"
 print("no torch")
 """
 

@@ -271,7 +271,7 @@ def test_resuming_with_another_global_batch_is_refused(reference, tmp_path):
                    timeout_s=60)  # fmt: skip
     outcomes = launch(spec, tasks_per_node=[2, 2], timeout_s=120, expect_failure=True)
     for o in outcomes:
-        assert not o.ok and "SpecError: checkpoint step-000006 (step 6) was trained with a global batch of 16 samples, " \
+        assert not o.ok and "DataError: checkpoint step-000006 (step 6) was trained with a global batch of 16 samples, " \
                             "this run has 8" in o.value  # fmt: skip
         assert "--global-batch-size 16" in o.value
 

@@ -284,3 +284,27 @@ def test_a_tokenizer_without_an_end_of_document_token_needs_eos_token(tmp_path, 
         main(["prepare-data", "in.txt", "--tokenizer", "wl.json", "--eos-token", "<doc>", "-o", "out", "-q"])
     assert exited.value.code == 0
     assert open_dataset(tmp_path / "out").read(0, 5).tolist() == [1, 1, 0, 1, 2]
+
+
+def test_a_transformers_tokenizer_directory_gives_its_eos_token(stdlib_dataset, tmp_path, monkeypatch, capsys):
+    """A directory as transformers' save_pretrained writes it: tokenizer.json, and the
+    end-of-document token named in tokenizer_config.json (here not a well-known one)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(stdlib_dataset / "tokenizer" / "tokenizer.json"))
+    tokenizer.add_special_tokens(["<|doc_end|>"])
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    config = {"eos_token": {"content": "<|doc_end|>", "special": True}, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    _text(tmp_path, "in.txt", "def f(x):\n    return x\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["prepare-data", "in.txt", "--tokenizer", "tok", "-o", "out", "-q"])
+    assert exited.value.code == 0, capsys.readouterr().err
+    ds = open_dataset(tmp_path / "out")
+    assert ds.eos_id == tokenizer.token_to_id("<|doc_end|>") == VOCAB and ds.vocab_size == VOCAB + 1
+    assert ds.read(ds.num_tokens - 1, 1).tolist() == [VOCAB]
+    assert sorted(p.name for p in (tmp_path / "out" / "tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    assert load_dataset_tokenizer(ds.tokenizer, ds.tokenizer_base).decode(ds.read(0, ds.num_tokens - 1)) == \
+        "def f(x):\n    return x\n"

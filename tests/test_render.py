@@ -440,7 +440,7 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
         result = CliRunner().invoke(cli, ["render", "--nodes", "2", "--shard", "4", "--launcher", "torchrun",
                                           "-o", {str(tmp_path / "job.sbatch")!r}, "--run-dir", {str(tmp_path / "run")!r}])
         assert result.exit_code == 0, result.output
-        heavy = sorted(m for m in ("torch", "numpy", "submitit") if m in sys.modules)
+        heavy = sorted(m for m in ("torch", "numpy", "submitit", "transformers") if m in sys.modules)
         print(",".join(heavy) or "clean")
         """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

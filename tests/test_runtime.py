@@ -515,16 +515,25 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
     that initialised the CUDA driver cannot use it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(job_envs(tasks_per_node=[1])[0])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(tmp_path), "--device", "cuda",
-            "--timeout", "120", "--steps", "3", "--layers", "2", "--width", "64", "--heads", "4", "--seq-len", "32"]  # fmt: skip
+            "--timeout", "120", "--steps", "5", "--layers", "2", "--width", "64", "--heads", "4", "--seq-len", "32",
+            "--grad-accum", "2", "--clip-grad", "1.0", "--lr-schedule", "cosine", "--eval-every", "5",
+            "--entry", "dist_helpers:entry_gpu_report"]  # fmt: skip
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     layout = json.loads((tmp_path / "layout.json").read_text())
     assert layout["backend"] == "nccl" and layout["ranks"][0]["device"] == "cuda:0"
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert records[-1]["peak_mem_kind"] == "cuda_max_allocated" and records[-1]["peak_mem_bytes"] > 0
-    assert [s for s, _ in complete_checkpoints(tmp_path)] == [3]
+    assert records[-1]["peak_mem_reserved_bytes"] >= records[-1]["peak_mem_bytes"]
+    assert {r["precision"] for r in records} == {"bf16"}  # --precision auto on CUDA
+    assert "eval_loss" in records[-1] and all(r["data_wait_s"] >= 0 for r in records)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [5]
+    report = json.loads((tmp_path / "gpu-report-rank0.json").read_text())
+    assert report["tf32_matmul"] and report["tf32_cudnn"]
+    assert len(report["syncs_in_steps_3_and_4"]) <= 2, report["syncs_in_steps_3_and_4"]  # one host sync per step
 
 
 def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):

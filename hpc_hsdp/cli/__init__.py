@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
+    "export": ("export_cmd", "export", "A run's checkpoint as a transformers directory or one safetensors file (offline)."),
     "prepare-data": ("prepare_data_cmd", "prepare_data", "Tokenize text or JSONL into token files for --data (no torch)."),
 }
 

@@ -39,6 +39,9 @@ from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_nod
 @click.option("--model-params", default=None,
               help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...), or 'builtin' "
                    "for the built-in payload's model, e.g. 'builtin:layers=4,width=128' (dim 0 padded as FSDP2 pads it).")
+@click.option("--model", "model", default=None, metavar="MODEL",
+              help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no torch for "
+                   "the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports torch).")
 @click.option("--root-params", default=None,
               help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]")
 @click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
@@ -55,8 +58,8 @@ from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_nod
 @click.option("--recommend", is_flag=True,
               help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
                    "with a table of every shard size.")
-def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model_params, root_params,
-         dtype, optimizer, grad_accum, write_bandwidth, signal, gpu_memory, recommend: bool) -> None:  # fmt: skip
+def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model, model_params,
+         root_params, dtype, optimizer, grad_accum, write_bandwidth, signal, gpu_memory, recommend: bool) -> None:  # fmt: skip
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -69,7 +72,13 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --dtype bf16 --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
+    hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
     """
+    model_info = None
+    if model is not None:
+        if model_params is not None or root_params is not None:
+            raise SpecError("--model and --model-params both say what the model is; keep one")
+        model_params, model_info = "", _model_summary(model)
     if recommend:
         if model_params is None:
             raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
@@ -80,7 +89,10 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     if root_params is not None and model_params is None:
         raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
     the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
-    params_for_shard = _params_for_shard(model_params, root_params) if model_params is not None else None
+    if model_info is not None:
+        params_for_shard = model_info["counts"]
+    else:
+        params_for_shard = _params_for_shard(model_params, root_params) if model_params is not None else None
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
@@ -88,12 +100,16 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer)
         if as_json:
             data = {"recommendation": rec.to_dict()}
+            if model_info is not None:
+                data["model"] = model_info["record"]
             if rec.chosen is not None:
                 chosen = _build_plan(nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text)
                 data["plan"] = chosen.to_dict()
                 data["estimate"] = rec.chosen.estimate.to_dict()
             click.echo(json.dumps(data))
         else:
+            if model_info is not None:
+                click.echo(model_info["line"])
             click.echo(recommend_text(rec, the_plan), nl=False)
         return
     params, p_root = params_for_shard(the_plan.shard_size) if params_for_shard else (None, 0)
@@ -114,6 +130,8 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
         data = the_plan.to_dict()
+        if model_info is not None:
+            data["model"] = model_info["record"]
         if est is not None:
             data["estimate"] = est.to_dict()
         if saving is not None:
@@ -123,9 +141,36 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
             data["smallest_fitting_shard"] = fit.shard_size if fit else None
         click.echo(json.dumps(data))
     else:
+        if model_info is not None:
+            click.echo(model_info["line"])
         click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory), nl=False)
         if saving is not None:
             click.echo("\n".join(saving.lines()))
+
+
+def _model_summary(model: str) -> dict:
+    """``--model`` -> {"counts": shard size -> (parameters, root parameters), "record": JSON, "line": text}."""
+    from hpc_hsdp.spec import check_model
+
+    check_model(model)
+    if model == "builtin":
+        counts = _builtin_counts("")
+        params, root = counts(1)
+        return {"counts": counts, "record": {"model": model, "params": params, "root_params": root},
+                "line": f"model builtin: {params:,} parameters, {root:,} in the root"}  # fmt: skip
+    if model.startswith("hf:"):
+        from hpc_hsdp.models.hf import read_shapes
+
+        shapes, source = read_shapes(model)
+    else:
+        from hpc_hsdp.models.factory import read_shapes
+
+        shapes, source = read_shapes(model)
+    record = {"model": model, **shapes.to_dict(), "source": source}
+    tied = ", tied embeddings" if shapes.tied else ""
+    line = (f"model {model}: {shapes.model_type}, {shapes.params:,} parameters = {shapes.layers} x "
+            f"{shapes.block_class} of {shapes.block_params:,} + root {shapes.root_params:,}{tied} ({source})")  # fmt: skip
+    return {"counts": shapes.counts, "record": record, "line": line}
 
 
 def recommend_for(the_plan, params_for_shard, memory, dtype, optimizer):

@@ -827,6 +827,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
     tmp.mkdir()
     writers: dict[str, SplitWriter] = {}
+    encoded_blocks: Iterator[EncodedBlock] | None = None
     published = False
     total_disk = sum(f.size for f in files)
     engine = choose_engine(spec)
@@ -885,6 +886,8 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         _publish(tmp, output)
         published = True
     finally:
+        if encoded_blocks is not None:
+            encoded_blocks.close()  # stops the worker pool or the reader thread now, not at garbage collection
         if not published:
             for writer in writers.values():
                 writer.abort()

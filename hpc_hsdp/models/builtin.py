@@ -172,3 +172,12 @@ class BuiltinAdapter:
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return loss_fn(model(inputs), targets)
+
+    def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs)
+
+    def describe(self) -> dict:
+        """What run.json's model record holds (export rebuilds the model from it)."""
+        from dataclasses import asdict
+
+        return {"kind": "builtin", "config": asdict(self.cfg)}

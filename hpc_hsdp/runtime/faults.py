@@ -17,6 +17,9 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_FREEZE_AT=<rank>:<step>``
     that rank stops at the start of that step as a rank stuck in a collective would: it sleeps
     (signals still run their handlers) and never reaches the step's collectives.
+``HPC_HSDP_FAULT_SIGNAL_AT=<rank>:<step>``
+    that rank sends itself the job's warning signal (SIGUSR2) at the start of that step,
+    as ``scancel --signal=USR2`` would: the ranks agree to stop after that step and save.
 ``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
     test to signal it mid-training.
@@ -40,6 +43,7 @@ KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
 SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
 FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
+SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 
 
 class InjectedFault(RuntimeError):
@@ -64,13 +68,15 @@ class Faults:
     step_delay_s: float = 0.0
     skip_space_check: bool = False
     freeze_at: tuple[int, int] | None = None
+    signal_at: tuple[int, int] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
                    kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
-                   skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT))  # fmt: skip
+                   skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT),
+                   signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
 
 
 _active = Faults()
@@ -100,6 +106,8 @@ def at_step(rank: int, step: int) -> None:
         raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
     if _active.kill_at == (rank, step):
         _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
+    if _active.signal_at == (rank, step):
+        os.kill(os.getpid(), signal.SIGUSR2)
     if _active.freeze_at == (rank, step):
         print(f"[hpc-hsdp] fault injected: rank {rank} freezes at step {step} ({FREEZE_AT}, test hook)",
               file=sys.stderr, flush=True)  # fmt: skip

@@ -92,22 +92,10 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
                                 split="val") if training.eval_every else None)  # fmt: skip
         return TrainData(train=train, val=val, order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
                          layout=layout, vocab_size=None, description="synthetic")  # fmt: skip
-    from hpc_hsdp.data.tokens import DataError, open_dataset
+    from hpc_hsdp.data.tokens import DataError, open_dataset, open_eval_dataset
 
     train_ds = open_dataset(training.data, split="train")
-    val_ds = None
-    if training.eval_every:
-        if training.val_data is not None:
-            try:
-                val_ds = open_dataset(training.val_data, split="val")
-            except DataError:
-                val_ds = open_dataset(training.val_data, split="train")  # a plain token file or a one-split dataset
-        else:
-            try:
-                val_ds = open_dataset(training.data, split="val")
-            except DataError as exc:
-                raise DataError(f"--eval-every {training.eval_every} needs held-out data: {exc}; give --val-data PATH "
-                                f"or prepare the data with --val-fraction") from None  # fmt: skip
+    val_ds = open_eval_dataset(training.data, training.val_data) if training.eval_every else None
     train = DatasetSamples(train_ds, training.seq_len)
     val = DatasetSamples(val_ds, training.seq_len) if val_ds is not None else None
     if train.num_samples < 1:
@@ -153,20 +141,20 @@ def check_data_position(saved: dict | None, data: TrainData, *, step: int, seed:
     """A checkpoint's data position must continue this run's sample stream exactly."""
     if not saved:
         return
-    from hpc_hsdp.errors import SpecError
+    from hpc_hsdp.data.tokens import DataError
 
     where = f"checkpoint {path.name} (step {step})"
     if saved["global_batch"] != data.layout.global_batch:
-        raise SpecError(
+        raise DataError(
             f"{where} was trained with a global batch of {saved['global_batch']} samples, this run has "
             f"{data.layout.global_batch}; resuming would repeat or skip samples: resume with --global-batch-size "
             f"{saved['global_batch']} (any number of nodes), or start a new --run-dir"
         )
     if saved["seed"] != seed:
-        raise SpecError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
+        raise DataError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
                         f"follows the seed: resume with --seed {saved['seed']}")  # fmt: skip
     if saved["num_samples"] != data.train.num_samples:
-        raise SpecError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
+        raise DataError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
                         f"has {data.train.num_samples}; resume on the same data and --seq-len")  # fmt: skip
 
 
@@ -372,6 +360,32 @@ def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, 
     return int(state["step"]), state
 
 
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed torch's RNGs (CPU and CUDA) from ``(seed, step, rank)`` before a step, so that
+    dropout draws the same masks in a resumed run as in an uninterrupted one."""
+    torch.manual_seed((seed * 1_000_003 + step * 65_537 + rank) % (2**63))
+
+
+MODEL_RECORD = "model.json"
+
+
+def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
+    """``<run_dir>/model.json`` (rank 0): which model this run trains (``adapter.describe()``:
+    for ``hf:`` models the whole config) and the data it reads; ``hpc-hsdp export`` rebuilds
+    the model from it without the job's nodes."""
+    if ctx.run_dir is None or not ctx.is_rank0:
+        return
+    import json
+    from dataclasses import asdict
+
+    from hpc_hsdp.runtime.files import atomic_write_text
+
+    describe = getattr(adapter, "describe", None)
+    record = {"model": adapter.name, "vocab_size": adapter.vocab_size, "training": asdict(training),
+              "adapter": describe() if callable(describe) else {"kind": adapter.name}}  # fmt: skip
+    atomic_write_text(ctx.run_dir / MODEL_RECORD, json.dumps(record, indent=1) + "\n")
+
+
 class MetricsLog:
     """``<run_dir>/metrics.jsonl`` on rank 0: records after ``start_step`` are dropped on
     resume (the resumed run rewrites them), then one line per step."""
@@ -466,6 +480,7 @@ def train(
     data = open_data(training, ctx.world_size)
     adapter = adapter or resolve_model(training, data_vocab_size=data.vocab_size)
     check_data(data, model_vocab_size=adapter.vocab_size, training=training)
+    record_model(ctx, adapter, training)
     precision = resolve_precision(training.precision, ctx.device)
     configure_device(ctx.device)
     model = build_model(ctx, adapter, training, precision=precision)
@@ -507,6 +522,7 @@ def train(
                           f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
                 break
             faults.at_step(ctx.rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
+            seed_step(training.seed, step, ctx.rank)
             t0 = time.perf_counter()
             reset_peak_memory(ctx.device)
             if ctx.comm_stats is not None:

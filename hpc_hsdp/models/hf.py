@@ -1,0 +1,291 @@
+"""``--model hf:PATH``: a Hugging Face transformers causal LM, from a local directory or config.json.
+
+PATH is a directory written by ``save_pretrained`` (``config.json``, and optionally
+``model.safetensors`` or ``model.safetensors.index.json`` with its files) or a
+``config.json`` file. Nothing is ever fetched from a hub: transformers is imported with
+``HF_HUB_OFFLINE=1`` and a PATH that does not exist is one clear error.
+
+- Build: ``AutoModelForCausalLM.from_config(config)`` under ``torch.device("meta")``, fp32
+  parameters (``--precision`` casts for compute).
+- Shard units: the model's ``_no_split_modules`` (e.g. ``LlamaDecoderLayer``), or the
+  classes named by ``--shard-unit CLASS[,CLASS]``. A tied head and input embedding stay
+  tied: both live in the root unit; shard units that would split a tie are refused.
+- Without weights: the model's own ``_init_weights``, applied unit by unit on an
+  unsharded meta copy with the RNG seeded by ``(seed, module name)`` (see
+  :mod:`hpc_hsdp.models.weights`): the same values on every mesh shape, never more than
+  one unit unsharded on a rank. These are the model's own distributions, not the very
+  numbers of ``from_config`` on one process (whose single RNG stream depends on order).
+- With safetensors weights: every rank reads only its own shard of each tensor from the
+  files; non-persistent buffers (rotary frequencies) come from the model's initialisation.
+- Loss: the logits of ``model(input_ids=inputs)`` against the loop's ``targets`` (the
+  inputs shifted by one, already), cross-entropy in fp32, mean over all tokens: exactly
+  what ``model(input_ids=tokens, labels=tokens).loss`` gives on the unshifted sample
+  (transformers shifts the labels itself; the loop has shifted them already, so labels
+  are not passed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+
+PREFIX = "hf:"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def locate(model: str) -> tuple[Path, Path | None]:
+    """``hf:PATH`` -> (config.json, the directory whose weights to load or None); no torch,
+    no transformers. A PATH that does not exist is a :class:`SpecError` (one line)."""
+    text = model[len(PREFIX):] if model.startswith(PREFIX) else model
+    if not text:
+        raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
+    path = Path(text).expanduser()
+    if not path.exists():
+        if not path.is_absolute() and not text.startswith((".", "~")) and _HUB_ID.match(text):
+            raise SpecError(
+                f"--model {model!r}: no local directory or file {text!r}; it looks like a hub model id, and nothing is "
+                f"downloaded: fetch it once (huggingface-cli download {text} --local-dir DIR) and give hf:DIR"
+            )
+        raise SpecError(f"--model {model!r}: {str(path)!r} does not exist; give a directory written by "
+                        f"save_pretrained or a config.json")  # fmt: skip
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise SpecError(f"--model {model!r}: the directory {str(path)!r} has no config.json; give the directory "
+                            f"written by save_pretrained (or the config.json itself)")  # fmt: skip
+        has_safetensors = (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+        if not has_safetensors and any((path / n).is_file() for n in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+            raise SpecError(
+                f"--model {model!r}: the weights in {str(path)!r} are pytorch_model.bin, which is read only whole; "
+                f"save them as safetensors (model.save_pretrained(dir, safe_serialization=True)), or give "
+                f"hf:{config} to train from the config alone"
+            )
+        return config, (path if has_safetensors else None)
+    if path.suffix != ".json":
+        raise SpecError(f"--model {model!r}: {str(path)!r} is a file but not a config.json; give a directory written "
+                        f"by save_pretrained or its config.json")  # fmt: skip
+    return path, None
+
+
+def _transformers():
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import transformers
+    except ImportError:
+        raise SpecError("--model hf:... needs transformers on every task: pip install 'hpc-hsdp[hf]'") from None
+    return transformers
+
+
+def load_config(config_path: Path, *, model: str):
+    """The transformers config of ``config_path``; a config that is not a causal LM is a SpecError."""
+    transformers = _transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(config_path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"--model {model!r}: transformers cannot read {str(config_path)!r}: {first}") from None
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise SpecError(
+            f"--model {model!r}: {type(config).__name__} (model_type {config.model_type!r}) is not a causal language "
+            f"model (no AutoModelForCausalLM class for it); give a decoder LM such as llama or gpt2"
+        )
+    return config
+
+
+class HFAdapter:
+    """:class:`~hpc_hsdp.models.base.ModelAdapter` of a transformers causal LM (see the module docstring)."""
+
+    def __init__(self, training, *, data_vocab_size: int | None = None) -> None:
+        self.name = training.model
+        self.config_path, self.weights_dir = locate(training.model)
+        self.config = load_config(self.config_path, model=self.name)
+        self.vocab_size = int(self.config.vocab_size)
+        self.shard_unit_option = training.shard_unit
+        self._files = None
+        self.has_pretrained_weights = self.weights_dir is not None
+        if data_vocab_size is not None and data_vocab_size > self.vocab_size:
+            raise SpecError(
+                f"--model {self.name!r} has a vocabulary of {self.vocab_size} tokens but the data's tokenizer has "
+                f"{data_vocab_size}: token ids would fall outside the embedding; tokenize the data with the model's "
+                f"tokenizer (hpc-hsdp prepare-data --tokenizer ...)"
+            )
+
+    # ------------------------------------------------------------------ build and shard
+
+    def build_meta(self):
+        import torch
+
+        transformers = _transformers()
+        with torch.device("meta"):
+            try:
+                return transformers.AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+            except TypeError:  # transformers < 4.56 names it torch_dtype
+                return transformers.AutoModelForCausalLM.from_config(self.config, torch_dtype=torch.float32)
+
+    def shard_units(self, model) -> tuple[type, ...]:
+        from hpc_hsdp.models.weights import check_tied_parameters
+
+        if self.shard_unit_option:
+            wanted = [n.strip() for n in self.shard_unit_option.split(",") if n.strip()]
+            source = "--shard-unit"
+        else:
+            wanted = sorted(getattr(model, "_no_split_modules", None) or [])
+            source = f"{type(model).__name__}._no_split_modules"
+            if not wanted:
+                raise SpecError(f"--model {self.name!r}: {type(model).__name__} names no blocks to shard "
+                                f"(_no_split_modules is empty); name them with --shard-unit CLASS")  # fmt: skip
+        units = classes_named(model, wanted, source=source, what=f"--model {self.name!r}")
+        check_tied_parameters(model, units, what=f"--model {self.name!r}")
+        return units
+
+    # ------------------------------------------------------------------ values
+
+    def _init_module_fn(self, fresh):
+        from transformers import PreTrainedModel
+
+        owners = {}
+        for name, module in fresh.named_modules():
+            parent = name.rpartition(".")[0] if name else None
+            owners[name] = module if isinstance(module, PreTrainedModel) else owners.get(parent, fresh)
+
+        def init_module(module, name):
+            owner = owners[name]
+            if hasattr(owner, "_initialize_weights"):
+                owner._initialize_weights(module)
+            else:
+                owner._init_weights(module)
+
+        return init_module
+
+    def _initialise(self, model, *, seed: int, buffers_only: bool) -> None:
+        from hpc_hsdp.models.weights import init_unit_by_unit
+
+        fresh = self.build_meta()
+        units = self.shard_units(fresh)
+        guard = _init_guard()
+        with guard:
+            init_unit_by_unit(model, fresh, units, seed=seed, init_module=self._init_module_fn(fresh),
+                              what=f"--model {self.name!r}", buffers_only=buffers_only)  # fmt: skip
+
+    def init_weights(self, model, *, seed: int) -> None:
+        self._initialise(model, seed=seed, buffers_only=False)
+
+    def load_pretrained(self, model) -> None:
+        from hpc_hsdp.models.weights import load_safetensors_shards, safetensors_files
+
+        if self.weights_dir is None:
+            raise SpecError(f"--model {self.name!r} has no safetensors weights to load")
+        self._initialise(model, seed=0, buffers_only=True)  # non-persistent buffers are in no file
+        files = safetensors_files(self.weights_dir)
+        prefix = getattr(model, "base_model_prefix", "")
+        load_safetensors_shards(model, files, what=f"--model {self.name!r}",
+                                strip_prefixes=(f"{prefix}.",) if prefix else ())  # fmt: skip
+
+    # ------------------------------------------------------------------ the step
+
+    def loss(self, model, inputs, targets):
+        import torch.nn.functional as F
+
+        logits = model(input_ids=inputs, use_cache=False).logits
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def logits(self, model, inputs):
+        return model(input_ids=inputs, use_cache=False).logits
+
+    # ------------------------------------------------------------------ records and export
+
+    def describe(self) -> dict:
+        """What run.json records about the model (export rebuilds it from this)."""
+        return {"kind": "hf", "model": self.name, "config": self.config.to_dict(),
+                "weights": str(self.weights_dir) if self.weights_dir else None}  # fmt: skip
+
+
+def model_from_config_dict(values: dict):
+    """The causal LM of a config as ``config.to_dict()`` wrote it, on the meta device (export)."""
+    import torch
+
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    with torch.device("meta"):
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except TypeError:
+            return transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+
+
+def _init_guard():
+    try:
+        from transformers.initialization import guard_torch_init_functions
+    except ImportError:  # transformers 4.x: its init functions have no guard to install
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return guard_torch_init_functions()
+
+
+def classes_named(model, names: list[str], *, source: str, what: str) -> tuple[type, ...]:
+    """The module classes of ``model`` whose names are ``names`` (``Class`` or
+    ``module.Class``); a name that matches no module, or the root's own class, is a SpecError."""
+    present: dict[str, type] = {}
+    for module in model.modules():
+        cls = type(module)
+        present.setdefault(cls.__name__, cls)
+        present.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
+    found, unknown = [], []
+    for name in names:
+        if name in present:
+            found.append(present[name])
+        else:
+            unknown.append(name)
+    if unknown:
+        blocks = sorted({type(m).__name__ for m in model.modules() if m is not model and any(True for _ in m.children())})
+        raise SpecError(f"{what}: {source} names {', '.join(map(repr, unknown))}, which matches no module of "
+                        f"{type(model).__name__}; its composite modules are {', '.join(blocks[:12])}")  # fmt: skip
+    if type(model) in found:
+        raise SpecError(f"{what}: {source} names the model's own class {type(model).__name__}; name its blocks "
+                        f"(the root is always wrapped last)")  # fmt: skip
+    return tuple(dict.fromkeys(found))
+
+
+def read_shapes(model: str):
+    """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
+    and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
+    families, else by building the model on the meta device (imports torch and transformers)."""
+    import json
+
+    from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
+
+    config_path, _ = locate(model)
+    try:
+        values = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+    shapes = shapes_from_config(values)
+    if shapes is not None:
+        return shapes, "config.json formula (no torch)"
+    from hpc_hsdp.models.weights import unit_names, unit_of
+    from hpc_hsdp.spec import TrainingSpec
+
+    adapter = HFAdapter(TrainingSpec(model=model))
+    meta = adapter.build_meta()
+    units = adapter.shard_units(meta)
+    names = unit_names(meta, units)
+    out = tuple((n, tuple(p.shape), unit_of(n, names) == "") for n, p in meta.named_parameters())
+    layers = sum(1 for m in meta.modules() if isinstance(m, units))
+    shapes = ModelShapes(model_type=adapter.config.model_type, block_class=",".join(u.__name__ for u in units),
+                         layers=layers, shapes=out, tied=bool(_tied(meta)))  # fmt: skip
+    return shapes, "meta-device build (torch and transformers: no formula for this model_type)"
+
+
+def _tied(model) -> list:
+    from hpc_hsdp.models.weights import tied_groups
+
+    return tied_groups(model)
