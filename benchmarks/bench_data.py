@@ -8,12 +8,14 @@ Each measurement is a fresh process, run N times interleaved (median):
 
   encode_batch     tokenizers.Tokenizer.encode_batch(texts) on all of 1x, texts already in memory,
                    the library's own thread pool over every core: the baseline (compute only)
-  prepare-data     hpc-hsdp prepare-data DIR --glob '*.py' --tokenizer tokenizer.json, end to end:
-                   start-up, reading, encoding, writing the shards (--engine processes / threads)
+  prepare-data     hpc-hsdp prepare-data DIR --glob '*.py' --tokenizer tokenizer.json (its click command,
+                   in the measuring process): reading, encoding, writing the shards, --engine
+                   processes / threads
 
-and prints tokens/s with the ratio to encode_batch (target >= 0.8), then the peak RSS
-(ru_maxrss) of the prepare-data process and of its largest worker at 1x and 4x (target:
-flat), beside encode_batch's, which holds every text and encoding at once.
+and prints tokens/s with the ratio to encode_batch on the same input (target >= 0.8), and
+the peak RSS (ru_maxrss) of the prepare-data process and of its largest worker per size
+(target: flat as the input grows), beside encode_batch's, which holds every text and
+encoding at once. `--sizes 1,4,16 --only processes` shows where prepare-data's levels off.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import textwrap
 from pathlib import Path
 
 TARGET_RATIO = 0.8
-TARGET_MEMORY_GROWTH = 1.25
 
 BASELINE = textwrap.dedent("""
     import json, resource, sys, time
@@ -49,12 +50,17 @@ BASELINE = textwrap.dedent("""
 
 PREPARE = textwrap.dedent("""
     import json, resource, sys, time
-    from hpc_hsdp.data.prepare import PrepareSpec, prepare
+    from pathlib import Path
+    from hpc_hsdp.cli import main
     tokenizer, output, engine, *inputs = sys.argv[1:]
     start = time.perf_counter()
-    result = prepare(PrepareSpec(inputs=tuple(inputs), output=output, tokenizer=tokenizer, glob="*.py", engine=engine))
+    try:
+        main(["prepare-data", *inputs, "--glob", "*.py", "--tokenizer", tokenizer, "--engine", engine, "-o", output, "-q"])
+    except SystemExit as exc:
+        assert exc.code in (0, None), exc.code
     seconds = time.perf_counter() - start
-    print(json.dumps({"tokens": sum(result.num_tokens.values()), "seconds": seconds, "engine": result.engine,
+    manifest = json.loads((Path(output) / "dataset.json").read_text())
+    print(json.dumps({"tokens": sum(manifest["num_tokens"].values()), "seconds": seconds,
                       "rss_main": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "rss_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 """)
@@ -113,46 +119,55 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--megabytes", type=float, default=8.0, help="size of the 1x corpus")
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--sizes", default="1,4", help="input sizes in copies of the 1x corpus, e.g. 1,4,16")
+    parser.add_argument("--only", default="encode_batch,processes,threads",
+                        help="variants: encode_batch, processes, threads (prepare-data --engine)")  # fmt: skip
     args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    wanted = args.only.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
         files = stdlib_corpus(args.megabytes)
-        one_x = build_inputs(work / "1x", files, 1)
-        four_x = build_inputs(work / "4x", files, 4)
+        inputs = {n: build_inputs(work / f"{n}x", files, n) for n in sizes}
         size = sum(p.stat().st_size for p in files)
-        tokenizer = train_tokenizer(work, one_x, args.vocab)
-        print(f"corpus 1x: {len(files)} standard-library files, {size / 1e6:.1f} MB; 4x: {4 * size / 1e6:.1f} MB; "
+        tokenizer = train_tokenizer(work, inputs[sizes[0]][:1], args.vocab)
+        print(f"corpus 1x: {len(files)} standard-library files, {size / 1e6:.1f} MB; sizes {args.sizes} x; "
               f"BPE {args.vocab}; {os.cpu_count()} CPUs; runs {args.runs}, interleaved")  # fmt: skip
         variants = {
-            "encode_batch": lambda inputs: run_json(BASELINE, [str(tokenizer), *inputs]),
-            "prepare-data (processes)": lambda inputs: _prepare(work, tokenizer, "processes", inputs),
-            "prepare-data (threads)": lambda inputs: _prepare(work, tokenizer, "threads", inputs),
+            "encode_batch": lambda folders: run_json(BASELINE, [str(tokenizer), *folders]),
+            "processes": lambda folders: _prepare(work, tokenizer, "processes", folders),
+            "threads": lambda folders: _prepare(work, tokenizer, "threads", folders),
         }
-        results: dict[tuple[str, str], list[dict]] = {}
+        variants = {name: run for name, run in variants.items() if name in wanted}
+        results: dict[tuple[str, int], list[dict]] = {}
         for _ in range(args.runs):
-            for size_name, inputs in (("1x", one_x), ("4x", four_x)):
+            for n in sizes:
                 for name, run in variants.items():
-                    results.setdefault((name, size_name), []).append(run(inputs))
-    base = statistics.median(r["tokens"] / r["seconds"] for r in results[("encode_batch", "1x")])
-    print(f"\n{'variant':<26} {'tokens':>11} {'tokens/s 1x':>12} {'ratio':>6} {'tokens/s 4x':>12} "
-          f"{'peak RSS 1x':>12} {'peak RSS 4x':>12} {'growth':>7}")  # fmt: skip
+                    results.setdefault((name, n), []).append(run(inputs[n]))
+    print(f"\n{'variant':<26} {'size':>5} {'tokens':>12} {'tokens/s':>10} {'ratio':>6} {'peak RSS':>9} "
+          f"{'main':>8} {'worker':>8}")  # fmt: skip
     verdicts = []
     for name in variants:
-        rate = {s: statistics.median(r["tokens"] / r["seconds"] for r in results[(name, s)]) for s in ("1x", "4x")}
-        rss = {s: statistics.median(max(r["rss_main"], r["rss_worker"]) for r in results[(name, s)]) for s in ("1x", "4x")}
-        tokens = results[(name, "1x")][0]["tokens"]
-        growth = rss["4x"] / rss["1x"]
-        print(f"{name:<26} {tokens:>11,} {rate['1x'] / 1e6:>10.3f} M {rate['1x'] / base:>6.2f} {rate['4x'] / 1e6:>10.3f} M "
-              f"{megabytes(rss['1x']):>12} {megabytes(rss['4x']):>12} {growth:>6.2f}x")  # fmt: skip
-        if name.startswith("prepare-data"):
-            main_rss = {s: statistics.median(r["rss_main"] for r in results[(name, s)]) for s in ("1x", "4x")}
-            print(f"{'':<26} (main process alone: {megabytes(main_rss['1x'])} -> {megabytes(main_rss['4x'])})")
-            verdicts.append((name, rate["1x"] / base, growth))
-    for name, ratio, growth in verdicts:
-        speed = "ok" if ratio >= TARGET_RATIO else "BELOW TARGET"
-        memory = "flat" if growth <= TARGET_MEMORY_GROWTH else "GROWS"
-        print(f"{name}: {ratio:.2f}x encode_batch (target >= {TARGET_RATIO}): {speed}; "
-              f"peak memory 4x/1x = {growth:.2f} (target <= {TARGET_MEMORY_GROWTH}): {memory}")
+        label = "encode_batch (baseline)" if name == "encode_batch" else f"prepare-data ({name})"
+        for n in sizes:
+            runs = results[(name, n)]
+            rate = statistics.median(r["tokens"] / r["seconds"] for r in runs)
+            base_runs = results.get(("encode_batch", n))
+            ratio = rate / statistics.median(r["tokens"] / r["seconds"] for r in base_runs) if base_runs else None
+            peak = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in runs)
+            main_rss = statistics.median(r["rss_main"] for r in runs)
+            worker = statistics.median(r["rss_worker"] for r in runs)
+            print(f"{label:<26} {n:>4}x {runs[0]['tokens']:>12,} {rate / 1e6:>8.3f} M "
+                  f"{'' if ratio is None else f'{ratio:.2f}':>6} {megabytes(peak):>9} {megabytes(main_rss):>8} "
+                  f"{megabytes(worker):>8}")  # fmt: skip
+            if ratio is not None and name != "encode_batch":
+                verdicts.append(f"prepare-data ({name}) at {n}x: {ratio:.2f}x encode_batch (target >= {TARGET_RATIO}): "
+                                f"{'ok' if ratio >= TARGET_RATIO else 'BELOW TARGET'}")  # fmt: skip
+        first = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in results[(name, sizes[0])])
+        last = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in results[(name, sizes[-1])])
+        verdicts.append(f"{label}: input {sizes[-1] / sizes[0]:.0f}x larger, peak RSS {last / first:.2f}x "
+                        f"({megabytes(first)} -> {megabytes(last)})")  # fmt: skip
+    print("\n" + "\n".join(verdicts))
     return 0
 
 

@@ -16,8 +16,10 @@ Reported side by side (medians over the interleaved runs, steps 3..N):
   data wait: the step's time waiting for the loader / step time (target <= 2 %);
   loader alone: tokens/s one rank's loader reads (no training) / tokens/s a step consumes
   per rank (target >= 100).
-With ``--data`` both read the same token file (the train split's first shard for the
-hand-written one); without it, hpc-hsdp's synthetic source and torch.randint.
+Both read the same token file (the train split's first shard for the hand-written one):
+``--data``, else the Python standard library's source tokenised first with
+``hpc-hsdp prepare-data --train-tokenizer 512``; ``--synthetic``: hpc-hsdp's synthetic
+source against torch.randint.
 """
 
 from __future__ import annotations
@@ -97,8 +99,24 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data", type=Path, default=None, help="a prepare-data directory or a .bin token file")
+    parser.add_argument("--synthetic", action="store_true", help="no token files: synthetic tokens")
     args = parser.parse_args(argv)
-    data = args.data.resolve() if args.data else None
+    with tempfile.TemporaryDirectory(prefix="hpc-hsdp-bench-data-") as tmp:
+        data = args.data.resolve() if args.data else None if args.synthetic else prepare_stdlib(Path(tmp) / "stdlib")
+        return measure(args, data)
+
+
+def prepare_stdlib(out: Path) -> Path:
+    import os
+    import subprocess
+
+    files = sorted(str(p) for p in Path(os.__file__).parent.glob("*.py"))
+    subprocess.run([*hpc_hsdp_command(), "prepare-data", *files, "-o", str(out), "--train-tokenizer", "512",
+                    "--val-fraction", "0.05"], check=True, capture_output=True)  # fmt: skip
+    return out
+
+
+def measure(args, data: Path | None) -> int:
     results: dict[str, list[list[dict]]] = {"handwritten": [], "hpc-hsdp": []}
     for i in range(args.runs):
         for variant in (("handwritten", "hpc-hsdp") if i % 2 == 0 else ("hpc-hsdp", "handwritten")):

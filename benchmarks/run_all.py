@@ -7,8 +7,11 @@
 4 traffic    inter-node bytes per step, 2 x 8, shard 1/4/16, vs analytic  (bench_traffic.py)
 5 scheduler  hpc-hsdp submit vs sbatch to RUNNING, dev cluster            (bench_scheduler.py)
 6 recovery   USR2 -> first resumed step, dev cluster                      (bench_recovery.py)
-7 sizes      plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
-8 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
+7 data       prepare-data tokens/s vs tokenizers encode_batch, peak RSS   (bench_data.py)
+8 loop       bf16+accum+clip+cosine step vs hand-written FSDP2; data wait  (bench_loop.py)
+9 stragglers the per-rank time probe's all-gather vs the step time        (bench_stragglers.py)
+10 sizes     plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
+11 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -29,6 +32,9 @@ SUITE = [
     ("traffic", "bench_traffic.py", [], []),
     ("scheduler", "bench_scheduler.py", ["--runs", "5"], ["--runs", "2"]),
     ("recovery", "bench_recovery.py", ["--runs", "3"], ["--runs", "1"]),
+    ("data", "bench_data.py", ["--runs", "3", "--megabytes", "4"], ["--runs", "1", "--megabytes", "1"]),
+    ("loop", "bench_loop.py", ["--runs", "3", "--steps", "20"], ["--runs", "1", "--steps", "10"]),
+    ("stragglers", "bench_stragglers.py", ["--runs", "3", "--steps", "30"], ["--runs", "1", "--steps", "12"]),
     ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
     ("checkpoint", "bench_checkpoint.py", ["--runs", "3"], ["--runs", "1", "--width", "256"]),
 ]
@@ -51,7 +57,7 @@ def machine() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier ratios)")
-    parser.add_argument("--only", default=None, help="comma-separated names: cli,runtime,traffic,scheduler,recovery")
+    parser.add_argument("--only", default=None, help="comma-separated names: " + ",".join(name for name, *_ in SUITE))
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {machine()}")

@@ -157,43 +157,25 @@ def resubmission_note(run_dir: str | Path, *, steps: int) -> str | None:
 
 
 # ----------------------------------------------------------------------------- restarts and their causes
+# The record itself is hpc_hsdp.attempts' (attempt.json, restarts.jsonl): the components that
+# know why an attempt ends (the watchdog: a hang; the survivors of a node failure) write it there.
 
-RESTARTS = "restarts.jsonl"
-RESTART_KINDS = ("preemption", "hang", "node-failure", "unknown")
-"""``preemption``: the warning signal or SIGTERM (time limit, preemption); the others count
-against ``--max-restarts``."""
-
-
-def record_restart(run_dir: str | Path, *, restart: int, kind: str, cause: str, job_id: str = "") -> None:
-    """Append why the job restarts (or restarted) as restart number ``restart``; the first
-    record of a restart number wins (a later guess never overwrites what the run that ended knew)."""
-    if any(r.get("restart") == restart for r in restarts(run_dir)):
-        return
-    path = Path(run_dir) / RESTARTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    import time
-
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"restart": restart, "kind": kind, "cause": cause, "job_id": job_id,
-                            "time": time.time()}) + "\n")  # fmt: skip
+FAILURE_REASONS = ("hang", "node_failure", "killed", "error", "unknown")
+"""Restart reasons that count against ``--max-restarts`` (not the warning signal, SIGTERM,
+a requested stop or a resubmission)."""
 
 
-def restarts(run_dir: str | Path) -> list[dict]:
-    """The recorded restarts of the run, in order (``restarts.jsonl``)."""
-    path = Path(run_dir) / RESTARTS
-    found = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return sorted(found, key=lambda r: r.get("restart", 0))
+def record_restart(run_dir: str | Path, *, reason: str, cause: str, step: int | None = None) -> bool:
+    """Why the current attempt ends (the first cause written wins): the next attempt's line in
+    restarts.jsonl carries it."""
+    from hpc_hsdp.attempts import end_attempt
+
+    return end_attempt(run_dir, reason=reason, step=step, detail=cause)
 
 
 def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
-    """Restarts of this job caused by failures (hang, node failure, unknown), not by preemption."""
-    return sum(1 for r in restarts(run_dir) if r.get("kind") != "preemption" and (not job_id or r.get("job_id") == job_id))
+    """Restarts of this job after failures (hang, node failure, killed, error)."""
+    from hpc_hsdp.attempts import read_restarts
+
+    return sum(1 for r in read_restarts(run_dir)
+               if r.get("reason") in FAILURE_REASONS and (not job_id or str(r.get("job_id")) == job_id))  # fmt: skip

@@ -202,6 +202,35 @@ class JobHandle:
         except (OSError, json.JSONDecodeError):
             return None
 
+    def recent_metrics(self, max_bytes: int = 262_144) -> list[dict]:
+        """The records in the last ``max_bytes`` of ``<run-dir>/metrics.jsonl`` (a torn line is skipped)."""
+        try:
+            with open(Path(self.record.run_dir) / "metrics.jsonl", "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+        if size > max_bytes:
+            lines = lines[1:]  # the first one is cut
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+        return records
+
+    def time_limits(self) -> tuple[float | None, float | None] | None:
+        """(seconds left, time limit per run) of the running job from SLURM; None for the
+        local emulator and when SLURM does not say (pending, ended, UNLIMITED)."""
+        if self.record.cluster != "slurm":
+            return None
+        return time_limits(self.job_id)
+
     def procid_of_rank(self, rank: int) -> int:
         """SLURM's task id of a node-major rank, from layout.json: they differ under cyclic,
         and under torchrun, whose workers all belong to their node's one task."""
@@ -327,6 +356,45 @@ def _slurm_status(job_id: str) -> JobStatus:
         return JobStatus(state="UNKNOWN", restarts=restarts, reason=(acct.stderr.strip() or "no accounting record")[:200])
     state, _, code = rows[-1].partition("|")
     return JobStatus(state=state.split()[0], exit_code=code, restarts=restarts)
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """SLURM's ``[days-]hours:minutes:seconds`` / ``minutes:seconds`` / ``minutes`` -> seconds;
+    None for ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and anything else."""
+    text = text.strip()
+    days, has_days = 0, "-" in text
+    if has_days:
+        head, _, text = text.partition("-")
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts]
+    if has_days:  # days-hours[:minutes[:seconds]]
+        numbers += [0] * (3 - len(numbers))
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    elif len(parts) == 1:  # minutes
+        seconds = numbers[0] * 60
+    elif len(parts) == 2:  # minutes:seconds
+        seconds = numbers[0] * 60 + numbers[1]
+    else:
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    return float(days * 86400 + seconds)
+
+
+def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
+    """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
+    try:
+        shown = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L|%l"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = [r for r in shown.stdout.splitlines() if "|" in r]
+    if shown.returncode != 0 or not rows:
+        return None
+    left, _, limit = rows[0].partition("|")
+    return parse_slurm_duration(left), parse_slurm_duration(limit)
 
 
 def _restart_count(job_id: str) -> int:

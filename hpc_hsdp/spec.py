@@ -133,6 +133,8 @@ class TrainingSpec:
     eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
     checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
     keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
+    straggler_every: int = _option(10, "Every K steps the ranks share their own compute time of the step (one "
+                                   "small all-gather) and metrics.jsonl names the slowest rank (0: never).", minimum=0)
     # ------------------------------------------------------------------ failures
     hang_timeout: float = _option(0.0, "Seconds without a completed step after which every rank dumps its stacks and "
                                   "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "

@@ -226,3 +226,65 @@ def first_step_reference(model_dir: str, data_path: str, seq_len: int, sample_id
     rows = torch.as_tensor(DatasetSamples(open_dataset(data_path), seq_len).read(np.asarray(sample_ids)))
     with torch.no_grad():
         return float(model(input_ids=rows, labels=rows).loss)
+
+
+# ----------------------------------------------------------------------------- host memory of a pretrained load
+
+MEDIUM_LLAMA = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1408,
+                "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip
+
+
+def _status_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_rss_during(fn) -> tuple[int, float]:
+    """(bytes the resident set grew to above its size before ``fn``, seconds): the kernel's
+    high-water mark (VmHWM), reset first through /proc/self/clear_refs."""
+    import gc
+    import time
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    before = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - t0
+    return (_status_kib("VmHWM") - before) * 1024, elapsed
+
+
+def load_memory_report(ctx):
+    """fn on every rank: the host memory a pretrained load adds to a rank, sharded (each rank
+    reads its own rows) and naive (every rank reads the whole file)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hpc_hsdp.models.hf import HFAdapter
+    from hpc_hsdp.runtime.hsdp import wrap_hsdp
+
+    adapter = HFAdapter(ctx.spec.training)
+    model = adapter.build_meta()
+    wrap_hsdp(model, ctx.mesh, block=adapter.shard_units(model))
+    model.to_empty(device="cpu")
+    model_bytes = sum(p.numel() * 4 for p in model.parameters())
+    sharded, sharded_s = peak_rss_during(lambda: adapter.load_pretrained(model))
+    ctx.barrier()
+    tokens = tokens_for(adapter.vocab_size)
+    loss = float(adapter.loss(model, tokens[:, :-1], tokens[:, 1:]))
+    plain = adapter.build_meta()
+    plain.to_empty(device="cpu")
+
+    def naive():
+        state = load_file(str(adapter.weights_dir / "model.safetensors"))
+        plain.load_state_dict(state, strict=False)
+
+    naive_bytes, naive_s = peak_rss_during(naive)
+    del plain
+    torch.distributed.barrier()
+    return {"rank": ctx.rank, "model_bytes": model_bytes, "sharded": sharded, "sharded_s": sharded_s,
+            "naive": naive_bytes, "naive_s": naive_s, "loss": loss}  # fmt: skip

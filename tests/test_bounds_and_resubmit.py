@@ -176,7 +176,7 @@ def test_the_runtime_does_not_import_the_submitting_side():
         wrong = sorted(name for name in _imports(path) if name.startswith(submitting_side))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
     assert _imports(package / "requeue.py") == set()
-    assert _imports(package / "run_state.py") == {"hpc_hsdp.errors"}
+    assert _imports(package / "run_state.py") == {"hpc_hsdp.errors", "hpc_hsdp.attempts"}
 
 
 # ----------------------------------------------------------------------------- run directories

@@ -6,7 +6,7 @@ payload logs ``comm`` into metrics.jsonl), then builds meshes for S = 1, 2 and 8
 same process group and trains the built-in payload on each under its own recorder. Per
 step, per rank, the recorded tensor bytes of every (axis, collective) must EQUAL
 ``estimate(plan, model_params, root_params)`` with the counts of
-``runtime.model.parameter_counts`` (seq_len 12 makes S = 8 pad ``pos_emb``: padding is
+``models.builtin.parameter_counts`` (seq_len 12 makes S = 8 pad ``pos_emb``: padding is
 modelled, not avoided), and the wire bytes the ring formulas. FSDP2's own memory tracker
 then checks the per-rank memory estimate (parameters + gradients + AdamW states).
 """

@@ -16,7 +16,6 @@ from hpc_hsdp.data.tokens import (
     check_for_training,
     open_dataset,
     open_eval_dataset,
-    read_token_file,
     token_dtype_for,
     write_dataset_manifest,
     write_token_file,

@@ -155,7 +155,8 @@ def test_submit_and_status_never_import_torch(tmp_path):
     run = tmp_path / "run"
     args = [["submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1",
              "--run-dir", str(run), "--wait"], ["status", str(run)], ["logs", str(run)],
-            ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)]]  # fmt: skip
+            ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)],
+            ["runs", str(tmp_path)], ["report", str(run), "-o", str(tmp_path / "report.html")]]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
                          timeout=200)  # fmt: skip
     assert out.returncode == 0 and "no torch" in out.stdout, out.stdout + out.stderr

@@ -116,3 +116,23 @@ def test_bad_models_are_one_clear_error(tmp_path):
     for (case, expected), message in zip(cases.items(), messages):
         assert expected in message, (case, message)
         assert "\n" not in message
+
+
+def test_pretrained_load_holds_one_shard_per_rank_not_the_model(tmp_path):
+    """Peak host memory a pretrained load adds to each rank (kernel high-water mark), a 20M
+    parameter Llama sharded over 4 ranks: each rank reads only its rows of the file (its
+    quarter, written into its shard, plus one tensor's rows at a time); a naive full read
+    (every rank loads model.safetensors) adds at least the whole model."""
+    from hf_helpers import MEDIUM_LLAMA, load_memory_report
+
+    model_dir = in_child(save_pretrained_tiny, str(tmp_path / "medium"), MEDIUM_LLAMA)
+    spec = RunSpec(shard_size=4, run_dir=str(tmp_path / "run"), device="cpu",
+                   training=TrainingSpec(model=f"hf:{model_dir}"), timeout_s=120)  # fmt: skip
+    reports = [o.value for o in launch(spec, tasks_per_node=[4], fn=load_memory_report, timeout_s=300)]
+    size = reports[0]["model_bytes"]
+    print({r["rank"]: {k: (round(v / size, 3) if k in ("sharded", "naive") else v) for k, v in r.items()} for r in reports})
+    for report in reports:
+        assert report["sharded"] < 0.5 * size, (report["sharded"] / size, report)
+        assert report["naive"] > 0.95 * size, (report["naive"] / size, report)
+    expected = in_child(from_pretrained_loss, model_dir)
+    assert all(abs(r["loss"] - expected) < 1e-5 for r in reports)

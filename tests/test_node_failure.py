@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_hsdp.run_state import restarts
+from hpc_hsdp import attempts
 from hpc_hsdp.topology import plan_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,16 +80,19 @@ def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fak
     from hpc_hsdp.runtime.node_failure import handle_lost_peers
 
     env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0"}
+    attempts.begin_attempt(tmp_path, restart=0, job_id="41", start_step=0, total_steps=9)
     assert handle_lost_peers(_ctx(1, tmp_path), max_restarts=2, env=env, reason="r") is None  # rank 0 does it
     assert not fake_scontrol.exists()
     line = handle_lost_peers(_ctx(0, tmp_path), max_restarts=2, env=env, reason="the step failed: RuntimeError: gloo")
     assert line == ("node n2 died (slurmd unreachable) with ranks 2-3; the step failed: RuntimeError: gloo; requeued "
                     "job 41 without n2 (failure restart 1 of at most 2)")  # fmt: skip
     assert fake_scontrol.read_text().splitlines() == ["requeuehold 41", "update JobId=41 ExcNodeList=n2", "release 41"]
-    [record] = restarts(tmp_path)
-    assert (record["restart"], record["kind"], record["job_id"]) == (1, "node-failure", "41")
+    ended = attempts.read_attempt(tmp_path)["ended"]
+    assert ended["reason"] == "node_failure" and ended["detail"].startswith("node n2 died")
 
-    # the budget: --max-restarts 1 is spent by that restart
+    # the next attempt's restart line carries the cause; --max-restarts 1 is then spent
+    [restart] = [attempts.begin_attempt(tmp_path, restart=1, job_id="41", start_step=4, total_steps=9)]
+    assert (restart["reason"], restart["resumed_from_step"]) == ("node_failure", 4)
     env["SLURM_RESTART_COUNT"] = "1"
     line = handle_lost_peers(_ctx(0, tmp_path), max_restarts=1, env=env, reason="r")
     assert line.endswith("not requeued: the job already restarted 1 times after failures (--max-restarts 1)")
@@ -99,24 +102,18 @@ def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fak
 
 
 def test_status_shows_each_restart_with_its_cause(tmp_path):
-    from hpc_hsdp.run_state import record_restart
-
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "5_local.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "5", "cluster": "local", "run_dir": str(tmp_path),
                                                    "logs_dir": str(logs), "job_name": "x", "ntasks": 4,
                                                    "launcher": "srun", "submitted_at": 0.0}))  # fmt: skip
-    record_restart(tmp_path, restart=1, kind="node-failure", cause="node n2 died", job_id="5")
-    record_restart(tmp_path, restart=2, kind="preemption", cause="USR2 after step 9: requeued", job_id="5")
-    record_restart(tmp_path, restart=2, kind="unknown", cause="a later guess", job_id="5")  # the first record wins
+    attempts.begin_attempt(tmp_path, restart=0, job_id="5", start_step=0, total_steps=9)
+    attempts.end_attempt(tmp_path, reason="node_failure", step=None, detail="node n2 died")
+    attempts.begin_attempt(tmp_path, restart=1, job_id="5", start_step=4, total_steps=9)
     out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "restart 1 (node-failure): node n2 died" in out.stdout.splitlines()
-    assert "restart 2 (preemption): USR2 after step 9: requeued" in out.stdout.splitlines()
-    shown = json.loads(subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(tmp_path), "--json"],
-                                      capture_output=True, text=True).stdout)  # fmt: skip
-    assert [r["kind"] for r in shown["restart_causes"]] == ["node-failure", "preemption"]
+    assert "restarts: step 4: node failure" in out.stdout, out.stdout
 
 
 # ----------------------------------------------------------------------------- the real dev cluster
@@ -169,8 +166,8 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
     finally:
         subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
-    causes = [r for r in final["restart_causes"] if r["kind"] == "node-failure"]
-    assert causes and f"node {victim} died" in causes[0]["cause"], final["restart_causes"]
+    lines = [r for r in attempts.read_restarts(run) if r["reason"] == "node_failure"]
+    assert lines and f"node {victim} died" in lines[0]["detail"], attempts.read_restarts(run)
     records = _steps(run)
     assert [r["step"] for r in records] == list(range(1, 41))
     resumed = next(r for r in records if r["wall_time"] > died_at)
@@ -179,5 +176,5 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
     layout = json.loads((run / "layout.json").read_text())
     assert victim not in {r["node"] for r in layout["ranks"]}
     shown = hpc("status", str(run)).stdout
-    assert f"(node-failure): node {victim} died" in shown
+    assert "node failure" in shown
     print(f"node death -> first resumed step done: {resumed['wall_time'] - died_at:.1f} s; steps redone: {redone}")

@@ -220,6 +220,8 @@ BAD_INPUTS = [
     ("empty gzip", lambda d: [str(_bytes(d, "e.txt.gz", gzip.compress(b""))), "-o", "out"], "is empty after decompression"),
     ("not gzip", lambda d: [str(_bytes(d, "x.txt.gz", b"plain")), "-o", "out"], "not a valid gzip file"),
     ("binary file", lambda d: [str(_bytes(d, "b.txt", b"\x80\x81binary")), "-o", "out"], "is not UTF-8 text (byte 0"),
+    ("not UTF-8 past the first bytes", lambda d: [str(_bytes(d, "late.txt", b"ok\n" * 3000 + b"\xff")), "-o", "out"],
+     "late.txt is not UTF-8 text (byte 9000 is b'\\xff')"),
     ("missing directory", lambda d: [str(_text(d)), str(d / "sub"), "-o", "out"], "sub does not exist"),
     ("no file matches the glob", lambda d: [str(_text(d / "docs").parent), "--glob", "*.md", "-o", "out"],
      "holds no non-empty file matching '*.md'"),

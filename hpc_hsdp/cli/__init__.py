@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
     "export": ("export_cmd", "export", "A run's checkpoint as a transformers directory or one safetensors file (offline)."),
     "prepare-data": ("prepare_data_cmd", "prepare_data", "Tokenize text or JSONL into token files for --data (no torch)."),
+    "runs": ("jobs_cmd", "runs", "List the runs under a directory: state, step, loss, last activity."),
+    "report": ("report_cmd", "report", "Draw runs (HTML, PNG, SVG): loss, throughput, per-rank step times, restarts."),
 }
 
 

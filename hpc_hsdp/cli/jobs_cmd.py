@@ -14,6 +14,8 @@ import click
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
 """How long a job may stay UNKNOWN (no squeue nor sacct record) before following it stops."""
+LIVE_PROBES = 5
+"""status and submit --wait name the ranks that were slow in at least half of this many latest probes."""
 
 
 def watch(handle, *, poll_s: float = 1.0) -> Iterator:
@@ -72,6 +74,36 @@ def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int,
     return None
 
 
+def run_facts(handle, status=None) -> dict:
+    """What a person watching the job wants besides its state: speed, ETA against the time
+    left (SLURM), the slow rank or node in words, the restarts and their causes."""
+    from hpc_hsdp import attempts
+    from hpc_hsdp.progress import progress_of
+    from hpc_hsdp.stragglers import persistent
+
+    run_dir = Path(handle.record.run_dir)
+    records = handle.recent_metrics()
+    attempt = attempts.read_attempt(run_dir) or {}
+    limits = handle.time_limits() if status is None or status.state.split()[0] == "RUNNING" else None
+    left, limit = limits if limits else (None, None)
+    progress = progress_of(records, total_steps=attempt.get("total_steps"), attempt_start_step=attempt.get("start_step") or 0,
+                           time_left_s=left, time_limit_s=limit)  # fmt: skip
+    probes = [r for r in records if isinstance(r.get("stragglers"), dict)]
+    nodes = None
+    try:
+        layout = json.loads((run_dir / "layout.json").read_text())
+        nodes = [str(r["node"]) for r in sorted(layout["ranks"], key=lambda r: r["rank"])]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = persistent([r["stragglers"] for r in probes[-LIVE_PROBES:]], nodes)
+    slow = f"{found[0]} (in {found[1]} of the last {found[2]} probes)" if found else None
+    restarts = [f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
+                for r in attempts.read_restarts(run_dir)]  # fmt: skip
+    return {"last": records[-1] if records else None, "total_steps": attempt.get("total_steps"),
+            "progress": progress, "stragglers": slow, "straggler_step": probes[-1]["step"] if probes else None,
+            "restarts": restarts}  # fmt: skip
+
+
 def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> int:
     """Show a live line until the job ends; 0 when it completed, 1 otherwise."""
     start = time.monotonic()
@@ -81,10 +113,14 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         line = f"job {handle.job_id} {status.state}"
         if status.restarts:
             line += f" (restarts {status.restarts})"
-        metrics = handle.last_metrics()
-        step = step_text(metrics, total_steps, None if metrics is None or "eval_loss" in metrics
+        facts = run_facts(handle, status)
+        metrics = facts["last"]
+        step = step_text(metrics, total_steps or facts["total_steps"], None if metrics is None or "eval_loss" in metrics
                          else latest_eval(handle.record.run_dir))  # fmt: skip
         line += f" | {step}" if step else ""
+        timing = facts["progress"].words() if not status.finished else ""
+        line += f" | {timing}" if timing else ""
+        line += f" | {facts['stragglers']}" if facts["stragglers"] else ""
         if tty:
             shown = f"[{time.monotonic() - start:5.0f}s] {line}"
             click.echo("\r" + shown.ljust(len(last_shown)), nl=False, err=True)
@@ -114,25 +150,32 @@ def status(job, as_json) -> None:
 
     handle = JobHandle.find(job)
     st = handle.status()
-    metrics = handle.last_metrics()
-    from hpc_hsdp.run_state import restarts
-
-    causes = [r for r in restarts(handle.record.run_dir) if r.get("job_id") in ("", handle.job_id)]
+    facts = run_facts(handle, st)
+    metrics = facts["last"]
+    progress = facts["progress"]
     data = {"job_id": handle.job_id, "cluster": handle.record.cluster, "state": st.state, "exit_code": st.exit_code,
             "restarts": st.restarts, "reason": st.reason, "run_dir": handle.record.run_dir,
-            "last_step": metrics, "restart_causes": causes}  # fmt: skip
+            "last_step": metrics, "total_steps": facts["total_steps"], "progress": progress.to_dict(),
+            "stragglers": facts["stragglers"], "restart_causes": facts["restarts"]}  # fmt: skip
     if as_json:
         click.echo(json.dumps(data))
         return
     click.echo(f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
                + (f", exit {st.exit_code}" if st.exit_code else "") + (f", reason {st.reason}" if st.reason else "")
                + f", restarts {st.restarts}")  # fmt: skip
-    for record in causes:
-        click.echo(f"restart {record['restart']} ({record['kind']}): {record['cause']}")
-    step = step_text(metrics, last_eval=None if metrics is None or "eval_loss" in metrics
+    step = step_text(metrics, facts["total_steps"], None if metrics is None or "eval_loss" in metrics
                      else latest_eval(handle.record.run_dir))  # fmt: skip
     if step:
         click.echo(f"last {step}")
+    timing = progress.words() if not st.finished else ""
+    if timing:
+        click.echo(f"time: {timing}")
+    elif not st.finished and handle.record.cluster == "local":
+        click.echo("time: no time limit (local emulator)")
+    if facts["stragglers"]:
+        click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
+    if facts["restarts"]:
+        click.echo(f"restarts: {'; '.join(facts['restarts'])}")
     click.echo(f"run directory: {handle.record.run_dir}")
 
 
@@ -184,3 +227,73 @@ def cancel(job) -> None:
         return
     handle.cancel()
     click.echo(f"cancelled job {handle.job_id}")
+
+
+@click.command()
+@click.argument("directory", default=".", type=click.Path(file_okay=False))
+@click.option("--depth", default=4, show_default=True, help="How deep to look for run directories.")
+def runs(directory, depth) -> None:
+    """List the runs under DIRECTORY: state, step, loss, last activity (newest first)."""
+    from hpc_hsdp.errors import SpecError
+    from hpc_hsdp.report.data import load_run
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise SpecError(f"{directory!r} is not a directory; give the directory that holds your run directories")
+    found = find_run_dirs(root, depth)
+    if not found:
+        click.echo(f"no runs under {root} (a run directory holds metrics.jsonl, attempt.json or job.json)")
+        return
+    rows = []
+    for path in found:
+        run = load_run(path)
+        state = run.state
+        if (path / "job.json").is_file():
+            from hpc_hsdp.scheduler import JobHandle
+
+            try:
+                job_state = JobHandle.find(str(path)).status().state
+                state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
+            except Exception as exc:  # noqa: BLE001 - a broken record is shown, not fatal
+                state = f"{state} (job.json: {type(exc).__name__})"
+        last = run.last or {}
+        loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
+        step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
+        age = "-" if run.last_activity is None else f"{_ago(time.time() - run.last_activity)} ago"
+        label = str(path.relative_to(root)) if path != root else "."
+        rows.append((run.last_activity or 0, [label, state, step, loss, age]))
+    rows.sort(key=lambda row: -row[0])
+    table = [["RUN", "STATE", "STEP", "LOSS", "LAST ACTIVITY"]] + [row for _, row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def _ago(seconds: float) -> str:
+    from hpc_hsdp.progress import duration
+
+    return duration(seconds)
+
+
+RUN_MARKERS = ("metrics.jsonl", "attempt.json", "job.json")
+
+
+def find_run_dirs(root: Path, depth: int) -> list[Path]:
+    """Directories holding a run's files, not looking inside a run (checkpoints, tb, logs)."""
+    found: list[Path] = []
+
+    def visit(path: Path, level: int) -> None:
+        if any((path / marker).is_file() for marker in RUN_MARKERS):
+            found.append(path)
+            return
+        if level >= depth:
+            return
+        try:
+            children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return
+        for child in children:
+            visit(child, level + 1)
+
+    visit(root, 0)
+    return found

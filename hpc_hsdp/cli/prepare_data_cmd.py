@@ -26,6 +26,22 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise _Terminated(128 + signum)
 
 
+def _steady_allocator() -> None:
+    """glibc raises its mmap threshold to the largest block freed so far, after which the
+    1 MiB text blocks come from the heap and fragment it: RSS crept up with the input size
+    (43 -> 54 -> 67 MiB for 1x/4x/16x). A fixed threshold returns them to the system on
+    free (40 -> 47 -> 48 MiB). Workers fork from this process and inherit it."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform.startswith("linux") and name:
+        try:
+            ctypes.CDLL(name).mallopt(-3, 1 << 17)  # M_MMAP_THRESHOLD = 128 KiB, fixed
+        except (OSError, AttributeError):
+            pass  # not glibc
+
+
 @click.command("prepare-data")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("-o", "--output", required=True, metavar="DIR",
@@ -70,6 +86,7 @@ def prepare_data(inputs, output, field, tokenizer, train_tokenizer, eos_token, v
                        train_tokenizer=train_tokenizer, eos_token=eos_token, val_fraction=val_fraction, glob=glob,
                        workers=workers or available_cores(), shard_tokens=shard_tokens, decode_errors=decode_errors,
                        engine=engine, force=force)  # fmt: skip
+    _steady_allocator()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         result = prepare(spec, progress=Progress(enabled=not quiet))

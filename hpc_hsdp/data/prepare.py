@@ -14,33 +14,27 @@ is built in ``DIR.tmp-XXXX`` and renamed to ``DIR`` only when it is complete.
 
 from __future__ import annotations
 
-import codecs
-import fnmatch
-import gzip
-import hashlib
-import io
-import json
 import multiprocessing
 import os
 import queue
 import shutil
 import signal
-import sys
 import threading
 import time
-import zlib
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from hpc_hsdp.data.inputs import BLOCK_BYTES, Block, InputFile, discover_inputs, is_val, iter_blocks, jsonl_text
+from hpc_hsdp.data.progress import Progress, human_bytes, human_count
 from hpc_hsdp.data.tokenizer import (
     BYTE,
     TOKENIZER_DIR,
@@ -49,6 +43,7 @@ from hpc_hsdp.data.tokenizer import (
     check_trained_vocab,
     copy_tokenizer_files,
     load_tokenizer_file,
+    require_tokenizers,
     tokenizer_from_worker_state,
     train_bpe,
 )
@@ -61,10 +56,7 @@ from hpc_hsdp.data.tokens import (
     write_dataset_manifest,
 )
 
-BLOCK_BYTES = 1 << 20
-PEEK_BYTES = 1 << 12
 DEFAULT_SHARD_TOKENS = 100_000_000
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SPLITS = ("train", "val")
 ENGINES = ("auto", "processes", "threads")
 DECODE_ERRORS = ("strict", "replace")
@@ -125,244 +117,6 @@ class PrepareSpec:
             raise DataError("--field is empty; give the JSONL key that holds the text, e.g. --field text")
 
 
-# ---------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class InputFile:
-    path: Path
-    kind: str
-    """``text`` (the file is one document) or ``jsonl`` (one document per line)."""
-    compressed: bool
-    size: int
-    """Bytes on disk."""
-
-
-def _kind_of(path: Path) -> tuple[str, bool]:
-    compressed = path.suffix == ".gz"
-    stem = path.with_suffix("") if compressed else path
-    return ("jsonl" if stem.suffix in JSONL_SUFFIXES else "text"), compressed
-
-
-def discover_inputs(spec: PrepareSpec) -> tuple[list[InputFile], int]:
-    """The input files in order (each directory walked recursively, sorted, hidden names
-    skipped), and how many empty files inside directories were left out. Raises DataError."""
-    files: list[InputFile] = []
-    skipped_empty = 0
-    for given in spec.inputs:
-        path = Path(given)
-        if not path.exists():
-            raise DataError(f"input {given} does not exist; check the path")
-        if path.is_dir():
-            found = 0
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(names):
-                    if name.startswith(".") or (spec.glob and not fnmatch.fnmatch(name, spec.glob)):
-                        continue
-                    file = Path(root) / name
-                    if not file.is_file():
-                        continue
-                    if file.stat().st_size == 0:
-                        skipped_empty += 1
-                        continue
-                    files.append(_checked_input(file, spec.decode_errors))
-                    found += 1
-            if not found:
-                what = f"no non-empty file matching {spec.glob!r}" if spec.glob else "no non-empty file"
-                raise DataError(f"input directory {given} holds {what}; check the path"
-                                f"{' or --glob' if spec.glob else ''}")  # fmt: skip
-        elif path.is_file():
-            if path.stat().st_size == 0:
-                raise DataError(f"input {given} is empty; leave it out")
-            files.append(_checked_input(path, spec.decode_errors))
-        else:
-            raise DataError(f"input {given} is neither a file nor a directory; give text or JSONL files")
-    jsonl = [f for f in files if f.kind == "jsonl"]
-    if jsonl and spec.field is None:
-        raise DataError(f"input {jsonl[0].path} is JSONL: say which key holds the text with --field, e.g. --field text")
-    if spec.field is not None and not jsonl:
-        raise DataError(f"--field {spec.field} is for JSONL inputs (.jsonl, .ndjson, .gz of them) but none was given; "
-                        f"leave --field out for text files")  # fmt: skip
-    for file in jsonl:
-        _check_first_jsonl_line(file, spec.field)
-    return files, skipped_empty
-
-
-def _open_binary(file: InputFile) -> tuple[IO[bytes], IO[bytes]]:
-    """(the decompressed stream, the file on disk) of an input."""
-    raw = open(file.path, "rb")
-    return (gzip.GzipFile(fileobj=raw, mode="rb") if file.compressed else raw), raw
-
-
-def _checked_input(path: Path, decode_errors: str) -> InputFile:
-    """An input that exists, is readable, holds something, and (strict) starts as UTF-8 text."""
-    kind, compressed = _kind_of(path)
-    file = InputFile(path=path, kind=kind, compressed=compressed, size=path.stat().st_size)
-    try:
-        stream, raw = _open_binary(file)
-        with raw, stream:
-            first = stream.read(PEEK_BYTES)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise DataError(f"cannot read input {path} ({reason}); check that it is a readable"
-                        f"{' gzip' if compressed else ''} file") from None  # fmt: skip
-    if not first:
-        raise DataError(f"input {path} is empty{' after decompression' if compressed else ''}; leave it out")
-    if decode_errors == "strict":
-        try:
-            codecs.getincrementaldecoder("utf-8")().decode(first, final=False)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"input {path} is not UTF-8 text (byte {exc.start} is {first[exc.start:exc.start + 1]!r}); "
-                            f"leave it out (e.g. with --glob) or pass --decode-errors replace") from None  # fmt: skip
-    return file
-
-
-def _check_first_jsonl_line(file: InputFile, key: str | None) -> None:
-    stream, raw = _open_binary(file)
-    with raw, stream:
-        for number, line in enumerate(stream, start=1):
-            if line.strip():
-                _jsonl_text(line, key, str(file.path), number)
-                return
-            if number > 1000:
-                break
-    raise DataError(f"input {file.path} has no JSON line in its first 1000 lines; leave it out or check the format")
-
-
-def _jsonl_text(line: bytes, key: str | None, source: str, number: int) -> str:
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise DataError(f"{source} line {number} is not JSON ({exc}); fix the line or leave the file out") from None
-    if not isinstance(record, dict) or key not in record:
-        has = ", ".join(map(repr, list(record)[:8])) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
-        raise DataError(f"{source} line {number} has no {key!r} key (it has: {has}); give the key that holds the text "
-                        f"with --field")  # fmt: skip
-    text = record[key]
-    if not isinstance(text, str):
-        raise DataError(f"{source} line {number}: {key!r} holds a {type(text).__name__}, not text; give the key that "
-                        f"holds the text with --field")  # fmt: skip
-    return text
-
-
-# ---------------------------------------------------------------------------- blocks of input
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Text of one input: a whole text file, a piece of a long one, or a run of JSONL lines."""
-
-    source: str
-    kind: str
-    data: bytes
-    start: int
-    """Text: byte offset of ``data`` in the file; JSONL: the number of its first line."""
-    ends_document: bool = True
-    """Text: the document (file) ends with this piece."""
-    val: bool = False
-    """Text: the document belongs to the val split."""
-
-
-@dataclass(frozen=True)
-class Block:
-    pieces: tuple[Piece, ...]
-    disk_bytes: int
-    """Input bytes on disk consumed by this block (compressed ones for .gz)."""
-
-
-def is_val(key: bytes, fraction: float) -> bool:
-    """Whether the document with this text goes to the held-out split: a hash, so the
-    decision depends on the document alone."""
-    if fraction <= 0.0:
-        return False
-    value = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-    return value < fraction * (1 << 64)
-
-
-def _cut(data: bytes, final: bool) -> int:
-    """Where to end a piece of a long text (the rest begins the next piece): before the last
-    line break (else space) that follows a printable ASCII character. Pre-tokenizers split
-    there anyway (a word or punctuation run ends, a whitespace run begins, and how far it
-    reaches depends only on what follows), so the pieces encode exactly as the whole does."""
-    if final:
-        return len(data)
-    for separator in (b"\n", b" "):
-        position = len(data)
-        while (position := data.rfind(separator, 0, position)) > 0:
-            if 0x21 <= data[position - 1] <= 0x7E:
-                return position
-    cut = len(data) - 1  # no such place: cut before the last character that starts here
-    while cut > 0 and (data[cut] & 0xC0) == 0x80:
-        cut -= 1
-    return cut
-
-
-def _text_pieces(stream: IO[bytes], source: str, block_bytes: int, val_fraction: float) -> Iterator[Piece]:
-    """A text file as one document: the whole file, or pieces of about ``block_bytes``."""
-    pending = stream.read(block_bytes)
-    offset = 0
-    val: bool | None = None
-    while pending:
-        more = stream.read(block_bytes)
-        final = not more
-        end = _cut(pending, final) or len(pending)
-        text = pending[:end]
-        if val is None:
-            val = is_val(text, val_fraction)
-        yield Piece(source, "text", text, offset, ends_document=final and end == len(pending), val=val)
-        offset += end
-        pending = pending[end:] + more
-
-
-def _jsonl_pieces(stream: IO[bytes], source: str, block_bytes: int) -> Iterator[Piece]:
-    """Runs of whole JSONL lines of about ``block_bytes``."""
-    carry = b""
-    number = 1
-    while True:
-        chunk = stream.read(block_bytes)
-        data = carry + chunk
-        if not chunk:
-            if data.strip():
-                yield Piece(source, "jsonl", data, number)
-            return
-        end = data.rfind(b"\n") + 1
-        if end == 0:  # a line longer than a block: read on
-            carry = data
-            continue
-        yield Piece(source, "jsonl", data[:end], number)
-        number += data.count(b"\n", 0, end)
-        carry = data[end:]
-
-
-def iter_blocks(files: list[InputFile], *, val_fraction: float, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
-    """The inputs as blocks of about ``block_bytes`` of text, in order."""
-    pieces: list[Piece] = []
-    size = 0
-    reported = 0
-    finished = 0
-    for file in files:
-        stream, raw = _open_binary(file)
-        with raw, stream:
-            source = str(file.path)
-            if file.kind == "jsonl":
-                file_pieces = _jsonl_pieces(stream, source, block_bytes)
-            else:
-                file_pieces = _text_pieces(stream, source, block_bytes, val_fraction)
-            for piece in file_pieces:
-                pieces.append(piece)
-                size += len(piece.data)
-                if size >= block_bytes:
-                    position = finished + min(raw.tell(), file.size)
-                    yield Block(tuple(pieces), position - reported)
-                    reported, pieces, size = position, [], 0
-        finished += file.size
-    if pieces or finished > reported:
-        yield Block(tuple(pieces), finished - reported)
-
-
 # ---------------------------------------------------------------------------- encoding a block
 
 
@@ -416,7 +170,7 @@ class BlockEncoder:
             for number, line in enumerate(piece.data.split(b"\n"), start=piece.start):
                 if not line.strip():
                     continue
-                text = _jsonl_text(line, self.field, piece.source, number)
+                text = jsonl_text(line, self.field, piece.source, number)
                 if not text:
                     empty += 1
                     continue
@@ -703,76 +457,6 @@ def _fault_after_blocks() -> tuple[int, int] | None:
     return int(blocks), int(getattr(signal, f"SIG{name.upper().removeprefix('SIG')}"))
 
 
-# ---------------------------------------------------------------------------- progress
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def _human_count(n: float) -> str:
-    for unit in ("", "K", "M", "G"):
-        if n < 1000 or unit == "G":
-            return f"{n:.0f}{unit}" if not unit else f"{n:.2f}{unit}"
-        n /= 1000
-    return f"{n:.2f}G"
-
-
-class Progress:
-    """A progress line on stderr: input share, text bytes/s, tokens/s. Redrawn in place on a
-    terminal; a line every ``interval`` seconds otherwise (logs)."""
-
-    def __init__(self, stream: IO[str] | None = None, *, enabled: bool = True, interval: float | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval = interval if interval is not None else (0.25 if self.tty else 15.0)
-        self.start("", 0)
-
-    def start(self, phase: str, total_disk_bytes: int) -> None:
-        self.phase = phase
-        self.total = total_disk_bytes
-        self.disk = self.text = self.tokens = 0
-        self.began = self.last = time.monotonic()
-        self._drawn: tuple | None = None
-
-    def update(self, *, disk_bytes: int = 0, text_bytes: int = 0, tokens: int = 0) -> None:
-        self.disk += disk_bytes
-        self.text += text_bytes
-        self.tokens += tokens
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
-            self._draw(final=False)
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.began, 1e-9)
-        share = f"{100 * self.disk / self.total:3.0f}% " if self.total else ""
-        text = f"{self.phase}: {share}{_human_bytes(self.disk)}/{_human_bytes(self.total)}, " \
-               f"{_human_bytes(self.text / elapsed)}/s of text"
-        if self.tokens:
-            text += f", {_human_count(self.tokens / elapsed)} tokens/s, {_human_count(self.tokens)} tokens"
-        return f"{text}, {elapsed:.1f} s"
-
-    def _draw(self, *, final: bool) -> None:
-        state = (self.phase, self.disk, self.text, self.tokens)
-        if not self.enabled or (final and not self.tty and state == self._drawn):
-            return
-        self._drawn = state
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.line() + ("\n" if final else ""))
-        else:
-            self.stream.write(self.line() + "\n")
-        self.stream.flush()
-
-    def finish(self) -> None:
-        self._draw(final=True)
-
-
 # ---------------------------------------------------------------------------- the whole run
 
 
@@ -799,8 +483,8 @@ class PrepareResult:
                            for split in SPLITS if self.shards[split])  # fmt: skip
         rate = sum(self.num_tokens.values()) / max(self.seconds, 1e-9)
         return (f"wrote {self.output}: {splits}; tokenizer {self.tokenizer.get('kind')} ({self.vocab_size} ids, "
-                f"{self.dtype}); {self.input_files} input files, {_human_bytes(self.text_bytes)} of text in "
-                f"{self.seconds:.1f} s ({_human_count(rate)} tokens/s)")  # fmt: skip
+                f"{self.dtype}); {self.input_files} input files, {human_bytes(self.text_bytes)} of text in "
+                f"{self.seconds:.1f} s ({human_count(rate)} tokens/s)")  # fmt: skip
 
 
 def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes: int = BLOCK_BYTES) -> PrepareResult:
@@ -808,14 +492,13 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     check up front; on any later failure the half-built directory is removed."""
     began = time.monotonic()
     progress = progress or Progress(enabled=False)
-    files, skipped_empty = discover_inputs(spec)
+    files, skipped_empty = discover_inputs(spec.inputs, glob=spec.glob, field=spec.field,
+                                           decode_errors=spec.decode_errors)
     tokenizer: ByteTokenizer | HFTokenizer | None = None
     if spec.train_tokenizer is not None:
         if spec.eos_token is not None:
             raise DataError("--eos-token is for --tokenizer PATH; a trained tokenizer's is <|endoftext|>: leave it out")
-        from hpc_hsdp.data.tokenizer import _import_tokenizers
-
-        _import_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
+        require_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
     elif spec.tokenizer == BYTE:
         if spec.eos_token is not None:
             raise DataError("--eos-token is for --tokenizer PATH; the byte tokenizer's is id 256: leave it out")

@@ -110,7 +110,7 @@ def tokenizer_from_worker_state(state: tuple[str, Any]) -> ByteTokenizer | HFTok
     return HFTokenizer(Tokenizer.from_str(text), eos_token=eos_token, description=description)
 
 
-def _import_tokenizers(why: str):
+def require_tokenizers(why: str):
     try:
         import tokenizers
     except ImportError:
@@ -177,7 +177,7 @@ def load_tokenizer_file(path_text: str, *, eos_token: str | None = None) -> HFTo
     its end-of-document token (``--eos-token``, the directory's tokenizer_config.json, or a
     well-known special token)."""
     file = tokenizer_json_of(path_text)
-    tokenizers = _import_tokenizers(f"--tokenizer {path_text}")
+    tokenizers = require_tokenizers(f"--tokenizer {path_text}")
     try:
         tokenizer = tokenizers.Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises its own exception types
@@ -218,7 +218,7 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int) -> HFTokenizer:
     """A byte-level BPE (GPT-2 style pre-tokenization, every byte in the alphabet, so any
     text encodes) trained on ``texts`` with the ``tokenizers`` library; id 0 is <|endoftext|>."""
     check_trained_vocab(vocab_size)
-    tokenizers = _import_tokenizers(f"--train-tokenizer {vocab_size}")
+    tokenizers = require_tokenizers(f"--train-tokenizer {vocab_size}")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tokenizer = tokenizers.Tokenizer(models.BPE())
@@ -246,7 +246,7 @@ def load_dataset_tokenizer(description: dict[str, Any], base: str | os.PathLike)
         if not file.is_file():
             raise DataError(f"the dataset's tokenizer {file} is missing; copy the dataset's tokenizer/ directory "
                             f"with it")  # fmt: skip
-        tokenizers = _import_tokenizers("decoding this dataset")
+        tokenizers = require_tokenizers("decoding this dataset")
         return HFTokenizer(tokenizers.Tokenizer.from_file(str(file)), eos_token=description["eos_token"],
                            description=description)  # fmt: skip
     raise DataError(f"cannot rebuild a tokenizer from {description!r}; it was not written by prepare-data")

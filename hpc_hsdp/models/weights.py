@@ -18,10 +18,13 @@ Two ways in, shared by the ``hf:`` and ``MODULE:FUNCTION`` adapters:
     the unit's initialisation was not initialised by the model and is a clear error.
 
 :func:`load_safetensors_shards`
-    Pretrained weights: every rank reads, from the safetensors files, only the rows of its
-    own shard of each parameter (a safetensors slice is read from the memory-mapped file
-    without the rest of the tensor). No collective, no full copy anywhere; the model
-    directory must be visible on every node (as the run directory already is).
+    Pretrained weights: every rank reads, from the safetensors files, only the bytes of the
+    rows of its own shard of each parameter (``os.pread`` at offsets from the file's
+    header; FSDP2 shards dim 0, so a shard is one contiguous byte range). No collective,
+    no memory map (its pages would count in the rank's resident memory), no full copy
+    anywhere; the model directory must be visible on every node (as the run directory
+    already is). Measured: a rank's resident memory grows by its shard plus one tensor's
+    rows at a time.
 
 Tied parameters (one ``nn.Parameter`` under two names, e.g. a language-model head tied to
 the input embedding) are set once, under their first name; :func:`check_tied_parameters`
@@ -32,9 +35,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import zlib
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -154,6 +157,8 @@ def init_unit_by_unit(
     order = sorted(by_unit, key=lambda u: (u == ROOT_UNIT, -u.count(".")))
     for unit in order:
         modules = list(reversed(by_unit[unit]))
+        if buffers_only:  # only the modules that own buffers are materialized and initialised
+            modules = [(n, m) for n, m in modules if any(b is not None for b in m._buffers.values())]
         for _, module in modules:
             module.to_empty(device="cpu", recurse=False)
             for _, tensor, _ in _own_tensors(module):
@@ -181,6 +186,48 @@ def init_unit_by_unit(
 # ----------------------------------------------------------------------------- safetensors
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}  # fmt: skip
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file read with ``os.pread``: its header (names, dtypes, shapes,
+    byte ranges) and, per tensor, any range of rows, reading exactly those bytes (no
+    memory map: mapped pages would count in the rank's resident memory)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        size = int.from_bytes(os.pread(self._fd, 8, 0), "little")
+        header = json.loads(os.pread(self._fd, size, 8))
+        header.pop("__metadata__", None)
+        self.tensors: dict[str, dict] = header
+        self._data_start = 8 + size
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name]["shape"])
+
+    def read_rows(self, name: str, start: int, count: int) -> torch.Tensor:
+        """Rows ``[start, start + count)`` (dim 0) of tensor ``name``."""
+        entry = self.tensors[name]
+        dtype, shape = _SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
+        begin, _ = entry["data_offsets"]
+        row_bytes = (math.prod(shape[1:]) if len(shape) > 1 else 1) * torch.empty((), dtype=dtype).element_size()
+        rows = (count, *shape[1:]) if shape else ()
+        if count == 0 or not shape:
+            length = 0 if count == 0 else row_bytes
+            raw = bytearray(os.pread(self._fd, length, self._data_start + begin)) if length else bytearray()
+        else:
+            raw = bytearray(os.pread(self._fd, count * row_bytes, self._data_start + begin + start * row_bytes))
+        if not raw:
+            return torch.empty(rows, dtype=dtype)
+        return torch.frombuffer(raw, dtype=dtype).reshape(rows)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 def safetensors_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> the ``.safetensors`` file holding it (``model.safetensors`` or the
     files of ``model.safetensors.index.json``); empty when the directory has none."""
@@ -191,20 +238,20 @@ def safetensors_files(directory: Path) -> dict[str, Path]:
     single = directory / "model.safetensors"
     if not single.is_file():
         return {}
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as handle:
-        return {name: single for name in handle.keys()}
+    handle = SafetensorsFile(single)
+    try:
+        return {name: single for name in handle.tensors}
+    finally:
+        handle.close()
 
 
 @torch.no_grad()
 def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: str,
                             strip_prefixes: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
     """Read each parameter's (and persistent buffer's) own shard from ``files`` into
-    ``target``; returns the file's tensor names that the model did not take. A missing
-    parameter or a shape that differs is a :class:`SpecError`."""
-    from safetensors import safe_open
-
+    ``target`` (only its rows' bytes: FSDP2 shards dim 0); returns the file's tensor names
+    that the model did not take. A missing parameter or a shape that differs is a
+    :class:`SpecError`."""
     persistent = {
         (f"{name}.{b}" if name else b)
         for name, module in target.named_modules()
@@ -214,7 +261,7 @@ def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: 
     wanted = {**dict(target.named_parameters()),
               **{n: b for n, b in target.named_buffers() if n in persistent}}  # fmt: skip
     aliases = {group[0]: group for group in tied_groups(target)}
-    handles: dict[Path, object] = {}
+    handles: dict[Path, SafetensorsFile] = {}
     used: set[str] = set()
     missing: list[str] = []
     try:
@@ -229,27 +276,31 @@ def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: 
                 continue
             path = files[key]
             if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt").__enter__()
-            piece = handles[path].get_slice(key)
-            shape = tuple(piece.get_shape())
+                handles[path] = SafetensorsFile(path)
+            handle = handles[path]
+            shape = handle.shape(key)
             if shape != tuple(tensor.shape):
                 raise SpecError(f"{what}: {key} has shape {shape} in {path.name} but the config builds "
                                 f"{tuple(tensor.shape)}; the weights do not belong to this config.json")  # fmt: skip
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            start, count = 0, (shape[0] if shape else 1)
             if isinstance(tensor, DTensor):
                 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
                 local_shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh,
                                                                             tensor.placements)  # fmt: skip
-                index = tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
-                part = piece[index] if all(n > 0 for n in local_shape) else torch.empty(local_shape)
-                local = tensor.to_local()
-            else:
-                part, local = piece[:], tensor
-            local.copy_(part.to(device=local.device, dtype=local.dtype))
+                if any(offset[1:]) or tuple(local_shape[1:]) != shape[1:]:
+                    full = handle.read_rows(key, 0, shape[0])  # sharded beyond dim 0: take it whole
+                    local.copy_(_local_part(full, tensor).to(device=local.device, dtype=local.dtype))
+                    used.add(key)
+                    continue
+                start, count = offset[0], local_shape[0]
+            part = handle.read_rows(key, start, count)
+            local.copy_(part.reshape(local.shape).to(device=local.device, dtype=local.dtype))
             used.add(key)
     finally:
         for handle in handles.values():
-            handle.__exit__(None, None, None)
+            handle.close()
     if missing:
         raise SpecError(f"{what}: the safetensors weights lack {len(missing)} parameter(s) of the model, e.g. "
                         f"{', '.join(missing[:3])}; they were saved from another model class or config")  # fmt: skip
@@ -264,7 +315,3 @@ def fsdp_forward_method(model: nn.Module, method: str) -> None:
     if isinstance(model, FSDPModule) and method not in getattr(model, "_hpc_hsdp_forward_methods", ()):
         register_fsdp_forward_method(model, method)
         model._hpc_hsdp_forward_methods = (*getattr(model, "_hpc_hsdp_forward_methods", ()), method)
-
-
-def no_context():
-    return nullcontext()

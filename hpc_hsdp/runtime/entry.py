@@ -78,6 +78,10 @@ def run_task(
                 raise
             preemption.finish(rank=ctx.rank, run_dir=ctx.run_dir)  # collective; nothing to do when no stop was agreed
             return result
+        except BaseException as exc:
+            if getattr(ctx, "observer", None) is not None:  # set by the loop's RunObserver
+                ctx.observer.close_on_error(exc, None)
+            raise
         finally:
             if "hpc_hsdp.runtime.checkpoint" in sys.modules:  # a periodic save still being written
                 sys.modules["hpc_hsdp.runtime.checkpoint"].finish_open_saves()

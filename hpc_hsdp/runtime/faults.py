@@ -23,6 +23,9 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
     test to signal it mid-training.
+``HPC_HSDP_FAULT_SLOW_RANK=<rank>:<seconds>[,<rank>:<seconds>...]``
+    that rank sleeps that long inside every step's timed work (a straggler: its own time
+    grows, the others wait for it in the collectives).
 
 (``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` is the other hook.)
 :func:`install` is called by ``run_task`` with the task's environment; ``clear`` undoes it.
@@ -43,6 +46,7 @@ KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
 SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
 FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
+SLOW_RANK = "HPC_HSDP_FAULT_SLOW_RANK"
 SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 
 
@@ -60,6 +64,20 @@ def _rank_step(env: Mapping[str, str], name: str) -> tuple[int, int] | None:
     return int(rank), int(step)
 
 
+def _slow_ranks(env: Mapping[str, str]) -> dict[int, float]:
+    value = env.get(SLOW_RANK, "").strip()
+    slow: dict[int, float] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        rank, sep, seconds = item.partition(":")
+        try:
+            slow[int(rank)] = float(seconds)
+        except ValueError:
+            raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2") from None
+        if not sep or slow[int(rank)] < 0:
+            raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2")
+    return slow
+
+
 @dataclass(frozen=True)
 class Faults:
     raise_at: tuple[int, int] | None = None
@@ -68,6 +86,7 @@ class Faults:
     step_delay_s: float = 0.0
     skip_space_check: bool = False
     freeze_at: tuple[int, int] | None = None
+    slow_ranks: tuple[tuple[int, float], ...] = ()
     signal_at: tuple[int, int] | None = None
 
     @classmethod
@@ -76,7 +95,7 @@ class Faults:
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
                    kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
                    skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT),
-                   signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
+                   slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
 
 
 _active = Faults()
@@ -118,6 +137,13 @@ def at_step(rank: int, step: int) -> None:
 def skip_space_check() -> bool:
     """Whether checkpoint saves skip their free-space check (``HPC_HSDP_FAULT_SKIP_SPACE_CHECK``)."""
     return _active.skip_space_check
+
+
+def in_step(rank: int) -> None:
+    """Called by the loop inside every step's timed work."""
+    for slow_rank, seconds in _active.slow_ranks:
+        if slow_rank == rank:
+            time.sleep(seconds)
 
 
 def in_save(rank: int, step: int) -> None:

@@ -51,6 +51,7 @@ from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
+from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.watchdog import Watchdog
@@ -486,6 +487,7 @@ def train(
     model = build_model(ctx, adapter, training, precision=precision)
     optimizer = make_optimizer(model, training)
     start_step, _ = resume(ctx, model, optimizer, data=data, training=training, verbose=verbose)
+    observer = RunObserver.start(ctx, training, start_step=start_step, verbose=verbose)  # before metrics are cut back
     metrics = MetricsLog(ctx, start_step=start_step)
     stop_group = control_group(ctx)
     evaluation = eval_samples(data, training) if data.val is not None and training.eval_every else None
@@ -524,6 +526,7 @@ def train(
             faults.at_step(ctx.rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
             seed_step(training.seed, step, ctx.rank)
             t0 = time.perf_counter()
+            observer.step_begins(step)
             reset_peak_memory(ctx.device)
             if ctx.comm_stats is not None:
                 ctx.comm_stats.reset()
@@ -543,6 +546,7 @@ def train(
             }  # fmt: skip
             if ctx.comm_stats is not None:
                 record["comm"] = ctx.comm_stats.take()
+            observer.step_ends(step, record)  # every K steps: each rank's own time, the slowest named
             if evaluation is not None and (step % training.eval_every == 0 or step == training.steps):
                 t_eval = time.perf_counter()
                 record["eval_loss"] = evaluate(ctx, model, adapter, data.val, evaluation, rows_per_rank=layout.rank_batch)
@@ -552,6 +556,7 @@ def train(
             record["elapsed_s"] = record["wall_time"] - began
             result.losses[step] = loss
             result.last_step = step
+            observer.write(record)
             metrics.write(record)
             if ctx.is_rank0 and verbose:
                 print(step_line(record, training.steps), flush=True)
@@ -569,6 +574,7 @@ def train(
         save(result.last_step)  # on a stop signal and at the end: synchronous
     if periodic is not None:
         periodic.close()
+    observer.finish(result.stop_reason, result.last_step)
     sys.stdout.flush()
     return result
 

@@ -81,8 +81,8 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
         line = f"{cause}; not requeued: the job already restarted {failures} times after failures (--max-restarts {max_restarts})"
     else:
         ok, said = requeue_job(job_id, exclude=tuple(dead))
-        if ok and ctx.run_dir is not None:
-            record_restart(ctx.run_dir, restart=restart_count(env) + 1, kind="node-failure", cause=cause, job_id=job_id)
+        if ctx.run_dir is not None:
+            record_restart(ctx.run_dir, reason="node_failure", cause=cause)
         line = (f"{cause}; requeued job {job_id} without {','.join(dead)} (failure restart {failures + 1} of at most "
                 f"{max_restarts}) {said}".rstrip() if ok else f"{cause}; scontrol requeue {job_id} failed: {said}")  # fmt: skip
     _note(f"[hpc-hsdp] {line}")

@@ -70,6 +70,7 @@ from hpc_hsdp.runtime.loop import (
     seed_step,
     should_stop,
 )
+from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.spec import TrainingSpec
 
@@ -113,6 +114,7 @@ class TrainingRun:
         self.last_step = self.start_step
         self.stopped: str | None = None
         """Why :meth:`steps` ended early: ``"USR2"``, ``"TERM"``, ``"requested"``, or None."""
+        self._observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
         self._metrics = MetricsLog(ctx, start_step=self.start_step)
         self._saved_step = self.start_step or None
         self._group = control_group(ctx)
@@ -147,6 +149,7 @@ class TrainingRun:
                 seed_step(training.seed, number, self.ctx.rank)
                 reset_peak_memory(self.ctx.device)
                 self._step_started = time.perf_counter()
+                self._observer.step_begins(number)
                 batches, waited = self._loader.next_step(number)
                 lr = lr_of(training, number)
                 for group in self.optimizer.param_groups:
@@ -182,6 +185,8 @@ class TrainingRun:
                   "precision": self.precision, **more, "wall_time": time.time()}  # fmt: skip
         record["elapsed_s"] = record["wall_time"] - self._began
         self.last_step = max(self.last_step, number)  # logged: the step is done (a break after it keeps it)
+        self._observer.step_ends(number, record)  # every K steps: each rank's own time (collective)
+        self._observer.write(record)
         self._metrics.write(record)
         if self.ctx.is_rank0 and self.verbose:
             print(f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}  "
@@ -207,6 +212,7 @@ class TrainingRun:
             if self._loader is not None:
                 self._loader.close()
             self.save()
+            self._observer.finish(self.stopped, self.last_step)
             sys.stdout.flush()
         return {"rank": self.ctx.rank, "world_size": self.ctx.world_size, "shard_size": self.ctx.plan.shard_size,
                 "start_step": self.start_step, "steps": self.last_step, "stopped": self.stopped is not None,

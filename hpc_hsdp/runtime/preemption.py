@@ -199,11 +199,6 @@ class Preemption:
             dist.broadcast_object_list(shared, src=0)
             requeued, message = shared[0]
         self.outcome = StopOutcome(reason=reason, step=self.agreed_step, requeued=requeued, message=message)
-        if rank == 0 and run_dir is not None and (requeued or reason == "TERM"):
-            from hpc_hsdp.run_state import record_restart
-
-            record_restart(run_dir, restart=self.restart_count + 1, kind="preemption", job_id=self.env.get("SLURM_JOB_ID", ""),
-                           cause=f"{reason} after step {self.agreed_step}: {message}")  # fmt: skip
         if rank == 0:
             _note(f"[hpc-hsdp] stopped after step {self.agreed_step} on {reason}: {message}")
         return self.outcome

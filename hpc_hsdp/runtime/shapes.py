@@ -1,6 +1,6 @@
 """Parameter shapes of the built-in model, without torch (so ``hpc-hsdp plan`` can use them).
 
-``runtime/model.py`` builds the model these shapes describe and re-exports
+``models/builtin.py`` builds the model these shapes describe and re-exports
 :func:`parameter_counts`; a test checks the two agree parameter by parameter.
 """
 

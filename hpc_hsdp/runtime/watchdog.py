@@ -168,23 +168,20 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 
 
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
-    """Collective. On a restart (``SLURM_RESTART_COUNT`` > 0) whose cause the previous run did
-    not record (it died: a node failure, SLURM requeued it), record one; raise HsdpError on
-    every rank when the failure restarts exceed ``max_restarts``."""
+    """Collective. Raise HsdpError on every rank when this job's restarts after failures
+    (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
+    from hpc_hsdp.attempts import read_restarts
     from hpc_hsdp.errors import HsdpError
-    from hpc_hsdp.run_state import failure_restarts, record_restart, restarts
-    from hpc_hsdp.runtime.preemption import restart_count
+    from hpc_hsdp.run_state import FAILURE_REASONS, failure_restarts
 
-    restart, job_id, run_dir = restart_count(env), env.get("SLURM_JOB_ID", ""), ctx.run_dir
+    job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
     verdict = [None]
-    if restart > 0 and run_dir is not None and ctx.rank == 0:
-        record_restart(run_dir, restart=restart, kind="unknown", job_id=job_id,
-                       cause="the previous run ended without saying why (a node failure, or SLURM requeued it); "
-                             "see sacct -D -j " + job_id)  # fmt: skip
+    if run_dir is not None and ctx.rank == 0 and job_id:
         failures = failure_restarts(run_dir, job_id=job_id)
         if failures > max_restarts:
-            causes = "; ".join(f"restart {r['restart']}: {r['cause']}" for r in restarts(run_dir)
-                               if r.get("kind") != "preemption" and r.get("job_id") == job_id)  # fmt: skip
+            causes = "; ".join(f"restart {r.get('restart')}: {r.get('detail') or r.get('reason')}"
+                               for r in read_restarts(run_dir)
+                               if r.get("reason") in FAILURE_REASONS and str(r.get("job_id")) == job_id)  # fmt: skip
             verdict[0] = (f"job {job_id} restarted {failures} times after failures, more than --max-restarts "
                           f"{max_restarts}: not training again ({causes})")  # fmt: skip
     if dist.is_initialized() and ctx.world_size > 1:
@@ -395,6 +392,6 @@ class Watchdog:
             requeued = ok
             outcome = (f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})" if ok
                        else f"scontrol requeue {job_id} failed: {said}")  # fmt: skip
-        if self.ctx.run_dir is not None and requeued:
-            record_restart(self.ctx.run_dir, restart=restarts + 1, kind="hang", cause=verdict, job_id=job_id)
+        if self.ctx.run_dir is not None:  # the cause of this attempt's end, for the next one and status
+            record_restart(self.ctx.run_dir, reason="hang", cause=verdict, step=self.last_step)
         return outcome

@@ -1,0 +1,95 @@
+"""Where the loop's step time goes on one GPU, mesh (1, 1): the built-in model through
+``hpc_hsdp.runtime.loop.train`` with the torch profiler over a few steps (the top operators
+by self CPU time and by device time), and the step time with AdamW's default (foreach)
+implementation against its fused one, side by side in the same run.
+
+    python benchmarks/gpu_profile_loop.py                 # needs CUDA
+    python benchmarks/gpu_profile_loop.py --device cpu    # tiny, checks the code path
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rows", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_profile_loop: CUDA is not available; pass --device cpu to exercise the code path", file=sys.stderr)
+        return 0
+    from hpc_hsdp.runtime import loop
+    from hpc_hsdp.runtime.dist import init
+    from hpc_hsdp.slurm_env import task_environments
+    from hpc_hsdp.spec import TrainingSpec
+
+    gpu = args.device == "cuda"
+    sizes = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu
+             else dict(layers=2, width=64, heads=4, seq_len=32, batch_size=2, vocab_size=256))  # fmt: skip
+    env = task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="prof")[0]
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    ctx = init(1, args.device, env=env, timeout_s=120)
+    default_optimizer = loop.make_optimizer
+
+    def fused_optimizer(model, training):
+        optimizer = default_optimizer(model, training)
+        return torch.optim.AdamW(optimizer.param_groups, lr=training.lr, fused=True)
+
+    try:
+        loop.configure_device(ctx.device)
+        training = TrainingSpec(**sizes, steps=args.steps, lr=1e-4, precision=args.precision, clip_grad=1.0,
+                                lr_schedule="cosine", warmup_steps=2)  # fmt: skip
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        times: dict[str, list[float]] = {}
+        for name, make in (("AdamW foreach (default)", default_optimizer), ("AdamW fused", fused_optimizer)):
+            loop.make_optimizer = make
+            state: dict = {}
+            records: list[dict] = []
+
+            def on_step(step, record, state=state, records=records, name=name):
+                records.append(record)
+                if name.endswith("(default)") and step == args.steps - 4:
+                    state["prof"] = profile(activities=activities)
+                    state["prof"].__enter__()
+                if "prof" in state and step == args.steps - 1:
+                    state["prof"].__exit__(None, None, None)
+
+            loop.train(ctx, training, on_step=on_step, verbose=False)
+            times[name] = [r["step_time_s"] for r in records[3:]]
+            if "prof" in state:
+                averages = state["prof"].key_averages()
+                print(f"== profile of steps {args.steps - 3}-{args.steps - 1}, {name}, {args.precision}: top by self CPU time")
+                print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+                if gpu:
+                    print("== top by device time")
+                    print(averages.table(sort_by="self_device_time_total", row_limit=15))
+            if gpu:
+                torch.cuda.empty_cache()
+        base = statistics.median(times["AdamW foreach (default)"])
+        for name, values in times.items():
+            print(f"{name:<26} median step {1000 * statistics.median(values):8.1f} ms  ratio {statistics.median(values) / base:.3f}")
+    finally:
+        loop.make_optimizer = default_optimizer
+        ctx.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

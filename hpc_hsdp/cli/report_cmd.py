@@ -1,0 +1,39 @@
+"""``hpc-hsdp report RUN_DIR... [-o FILE]``: a picture of one or several runs."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="report.html (one self-contained file), .png or .svg (matplotlib); default: "
+                   "<first RUN_DIR>/report.html.")  # fmt: skip
+def report(run_dirs, output) -> None:
+    """Draw runs: train and eval loss against steps and tokens, tokens/s, step time, peak
+    memory, inter- and intra-node bytes, each rank's own step time (ranks x steps, nodes
+    marked: a slow rank or node stands out) and a line at every restart with its cause.
+    Several runs are overlaid.
+
+    \b
+    hpc-hsdp report runs/a                      # runs/a/report.html
+    hpc-hsdp report runs/a runs/b -o cmp.png
+    """
+    from pathlib import Path
+
+    from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
+
+    runs = load_runs(run_dirs)
+    target = check_output(Path(output) if output else Path(run_dirs[0]) / "report.html")
+    for run in runs:
+        for note in run.notes:
+            click.echo(f"{run.label}: {note}", err=True)
+    try:
+        written = write_report(runs, target)
+    except NothingToDraw as exc:
+        click.echo(f"hpc-hsdp: nothing to draw: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"report: {written}")

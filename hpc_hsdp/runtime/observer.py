@@ -1,0 +1,99 @@
+"""What the training loop tells the outside world beyond metrics.jsonl, as one component.
+
+- ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.attempts`): each restart with its cause;
+- TensorBoard event files under ``<run-dir>/tb`` (:mod:`hpc_hsdp.runtime.tensorboard`);
+- the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.runtime.stragglers`).
+
+The loop's hooks, every rank::
+
+    observer = RunObserver.start(ctx, training, start_step=start_step)  # before metrics.jsonl is cut back
+    observer.step_begins(step)                 # right after the step's clock starts
+    observer.step_ends(step, record)           # after comm_stats.take(), before evaluation: adds "stragglers"
+    observer.write(record)                     # the finished record: TensorBoard (rank 0)
+    observer.finish(stop_reason, last_step)    # after the loop
+
+Only rank 0 writes files; ``step_begins``/``step_ends`` are collective on probed steps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from hpc_hsdp import attempts
+from hpc_hsdp.runtime import faults
+from hpc_hsdp.runtime.preemption import restart_count
+from hpc_hsdp.runtime.stragglers import StragglerProbe
+
+
+class RunObserver:
+    def __init__(self, ctx, *, probe: StragglerProbe | None, opening: threading.Thread | None = None,
+                 opened: list | None = None) -> None:  # fmt: skip
+        self.ctx = ctx
+        self.probe = probe
+        self.run_dir = ctx.run_dir if ctx.is_rank0 else None
+        self._opening, self._opened = opening, opened or [None]
+
+    @property
+    def tensorboard(self):
+        """The TensorBoard writer (None without the package, or off rank 0); opened in a
+        thread at start (importing tensorboard takes about as long as a first step), waited for here."""
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
+        return self._opened[0]
+
+    @classmethod
+    def start(cls, ctx, training, *, start_step: int, verbose: bool = True) -> RunObserver:
+        every = getattr(training, "straggler_every", 0)
+        probe = StragglerProbe.for_context(ctx, every) if every and ctx.world_size > 1 else None
+        opening, opened = None, [None]
+        if ctx.is_rank0 and ctx.run_dir is not None:
+            restart = getattr(ctx.preemption, "restart_count", None)
+            restart = restart if restart is not None else restart_count(os.environ)
+            attempts.begin_attempt(ctx.run_dir, restart=restart, job_id=ctx.layout.job_id, start_step=start_step,
+                                   total_steps=training.steps)  # fmt: skip
+            from hpc_hsdp.runtime.tensorboard import open_writer
+
+            def open_in_background() -> None:
+                opened[0] = open_writer(ctx.run_dir, start_step=start_step, verbose=verbose)
+
+            opening = threading.Thread(target=open_in_background, name="hpc-hsdp-tensorboard", daemon=True)
+            opening.start()
+        ctx.observer = observer = cls(ctx, probe=probe, opening=opening, opened=opened)
+        return observer
+
+    def step_begins(self, step: int) -> None:
+        if self.probe is not None:
+            self.probe.begin(step)
+        faults.in_step(self.ctx.rank)  # test hook HPC_HSDP_FAULT_SLOW_RANK; no-op otherwise
+
+    def step_ends(self, step: int, record: dict) -> dict:
+        if self.probe is not None:
+            entry = self.probe.end(step, record["step_time_s"])
+            if entry is not None:
+                record["stragglers"] = entry
+        return record
+
+    def write(self, record: dict) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+    def finish(self, stop_reason: str | None, last_step: int) -> None:
+        if self.probe is not None:
+            self.probe.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.run_dir is not None:
+            attempts.end_attempt(self.run_dir, reason=attempts.stop_reason_code(stop_reason), step=last_step,
+                                 now=time.time())  # fmt: skip
+
+    def close_on_error(self, exc: BaseException, step: int | None) -> None:
+        """After an exception in the loop: put the collectives back, record the error."""
+        if self.probe is not None:
+            self.probe.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.run_dir is not None:
+            attempts.end_attempt(self.run_dir, reason="error", step=step, detail=f"{type(exc).__name__}: {exc}")

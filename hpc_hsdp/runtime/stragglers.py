@@ -1,0 +1,149 @@
+"""Each rank's own time of a step, shared every K steps (one small all-gather).
+
+:class:`BlockedClock` replaces the ``torch.distributed`` collectives (the functions FSDP2
+looks up at call time, the loop's own, and ``Work.wait``) with wrappers that add the
+wall time this rank spends inside them to a counter, while a step is being probed. A
+rank's own time = step time - that blocked time: the waiting for slower peers and the
+transfer are left out, so the slow rank is the one with the largest own time although
+every rank's step time is the same.
+
+On CPU (gloo) the collectives block the calling thread, so the wall time inside them is
+the wait. On CUDA they only enqueue work; on a probed step the wrapper synchronizes the
+device before a collective (the compute before it is this rank's own) and after it (the
+collective's wait and transfer are not), which costs the overlap of communication and
+compute of that one step in K.
+
+:class:`StragglerProbe` is the loop's component: ``begin(step)`` before the step,
+``end(step, step_time_s)`` after it (after ``comm_stats.take()``, so that its all-gather
+is not counted in the step's traffic) returns the ``stragglers`` entry of the record
+(:func:`hpc_hsdp.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
+rank) on probed steps, None otherwise. Collective:
+every rank calls both at every step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from hpc_hsdp.stragglers import summarize
+
+COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+               "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "barrier",
+               "all_gather_object", "broadcast_object_list")  # fmt: skip
+
+
+class BlockedClock:
+    """Wall time spent inside collectives (outermost calls only) while ``running``."""
+
+    def __init__(self, *, device: torch.device | None = None) -> None:
+        self.sync_cuda = device is not None and device.type == "cuda"
+        self.device = device
+        self.running = False
+        self.blocked_s = 0.0
+        self._local = threading.local()
+        self._originals: dict[str, object] = {}
+        self._original_wait = None
+
+    def install(self) -> BlockedClock:
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None and name not in self._originals:
+                self._originals[name] = original
+                setattr(dist, name, self._wrap(original))
+        work = dist.distributed_c10d.Work
+        if self._original_wait is None:
+            self._original_wait = work.wait
+            work.wait = self._wrap(self._original_wait)
+        return self
+
+    def close(self) -> None:
+        """Put back exactly the functions it replaced (idempotent)."""
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+        if self._original_wait is not None:
+            dist.distributed_c10d.Work.wait = self._original_wait
+            self._original_wait = None
+
+    def start(self) -> None:
+        self.blocked_s = 0.0
+        self.running = True
+
+    def stop(self) -> float:
+        self.running = False
+        return self.blocked_s
+
+    def _sync(self) -> None:
+        if self.sync_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _wrap(self, original):
+        local = self._local
+
+        def wrapper(*args, **kwargs):
+            depth = getattr(local, "depth", 0)
+            if depth or not self.running:
+                local.depth = depth + 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    local.depth = depth
+            self._sync()
+            local.depth = 1
+            began = time.perf_counter()
+            try:
+                result = original(*args, **kwargs)
+                self._sync()
+                return result
+            finally:
+                self.blocked_s += time.perf_counter() - began
+                local.depth = 0
+
+        wrapper.__wrapped__ = original
+        wrapper.__name__ = getattr(original, "__name__", "collective")
+        return wrapper
+
+
+class StragglerProbe:
+    """Every ``every`` steps: this rank's own time, all-gathered, summarized (see the module doc)."""
+
+    def __init__(self, *, every: int, world_size: int, device: torch.device, nodes: list[str] | None = None) -> None:
+        self.every = every
+        self.world_size = world_size
+        self.device = device
+        self.nodes = nodes
+        self.clock = BlockedClock(device=device).install() if every else None
+        self.gather_s = 0.0
+        """Wall time of the last probe's all-gather (what sharing costs)."""
+
+    @classmethod
+    def for_context(cls, ctx, every: int) -> StragglerProbe:
+        nodes = [d["node"] for d in ctx.realized] if ctx.realized else None
+        return cls(every=every, world_size=ctx.world_size, device=ctx.device, nodes=nodes)
+
+    def probing(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
+    def begin(self, step: int) -> None:
+        if self.clock is not None and self.probing(step):
+            self.clock.start()
+
+    def end(self, step: int, step_time_s: float) -> dict | None:
+        if self.clock is None or not self.probing(step):
+            return None
+        own = max(step_time_s - self.clock.stop(), 0.0)
+        began = time.perf_counter()
+        mine = torch.tensor([own], dtype=torch.float64, device=self.device)
+        gathered = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
+        dist.all_gather_into_tensor(gathered, mine)
+        times = gathered.tolist()
+        self.gather_s = time.perf_counter() - began
+        return dict(summarize(times, self.nodes), share_s=round(self.gather_s, 6))
+
+    def close(self) -> None:
+        if self.clock is not None:
+            self.clock.close()

@@ -1,0 +1,63 @@
+"""The scalars of a metrics.jsonl record, under TensorBoard tag names (no torch).
+
+One mapping, used by the TensorBoard writer on rank 0 and by anything that compares
+event files with metrics.jsonl. A key absent from a record (eval loss between
+evaluations, ``comm`` without ``--comm-stats``) gives no scalar at that step.
+"""
+
+from __future__ import annotations
+
+import math
+
+# record key -> tag
+TAGS = {
+    "loss": "loss/train",
+    "eval_loss": "loss/eval",
+    "lr": "optim/lr",
+    "grad_norm": "optim/grad_norm",
+    "tokens_per_s": "throughput/tokens_per_s",
+    "tokens_seen": "throughput/tokens_seen",
+    "step_time_s": "time/step_s",
+    "data_wait_s": "time/data_wait_s",
+    "peak_mem_bytes": "memory/peak_bytes",
+}
+COMM_TOTALS = {"intra_node_wire_bytes": "comm/intra_node_wire_bytes", "inter_node_wire_bytes": "comm/inter_node_wire_bytes"}
+STRAGGLERS = {"spread": "stragglers/slowest_over_median", "slowest_rank": "stragglers/slowest_rank",
+              "median_s": "stragglers/median_own_time_s"}  # fmt: skip
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def record_scalars(record: dict) -> dict[str, float]:
+    """``{tag: value}`` of one record: the fields in :data:`TAGS`; with ``comm``, the intra-
+    and inter-node wire bytes and ``comm/<axis>_wire_bytes`` per mesh axis; with
+    ``stragglers``, the spread, the slowest rank and the median own time."""
+    out: dict[str, float] = {}
+    for key, tag in TAGS.items():
+        value = _number(record.get(key))
+        if value is not None:
+            out[tag] = value
+    comm = record.get("comm")
+    if isinstance(comm, dict):
+        for key, tag in COMM_TOTALS.items():
+            value = _number(comm.get(key))
+            if value is not None:
+                out[tag] = value
+        for axis, section in comm.items():
+            if isinstance(section, dict):
+                wire = [s.get("wire_bytes") for s in section.values() if isinstance(s, dict)]
+                wire = [w for w in wire if _number(w) is not None]
+                if wire:
+                    out[f"comm/{axis}_wire_bytes"] = float(sum(wire))
+    stragglers = record.get("stragglers")
+    if isinstance(stragglers, dict):
+        for key, tag in STRAGGLERS.items():
+            value = _number(stragglers.get(key))
+            if value is not None:
+                out[tag] = value
+    return out

@@ -1,0 +1,123 @@
+"""Which rank or node holds the others back: the pure part (no torch).
+
+In synchronous data parallel every rank's step lasts as long as the slowest rank's: the
+fast ranks wait inside the collectives. A rank's *own* time is its step time minus the
+time it spent blocked in collectives (:mod:`hpc_hsdp.runtime.stragglers` measures it
+and shares it every K steps). :func:`summarize` turns the per-rank own times into the
+``stragglers`` entry of a metrics.jsonl record; :func:`describe` into the words that
+``status`` and ``submit --wait`` print::
+
+    "stragglers": {"own_time_s": [0.021, 0.020, 0.022, 0.310],   # index = node-major rank
+                   "median_s": 0.0215, "slowest_rank": 3, "slowest_node": "tn2",
+                   "slowest_s": 0.310, "spread": 14.4}               # slowest / median
+
+The median is the lower middle value for an even number of ranks (``median_low``): when
+half of the ranks are slow (one node of two), the norm is still a fast rank's time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+SLOW_THRESHOLD = 1.2
+"""A rank whose own time is at least this many times the median is named as slow."""
+
+
+def summarize(own_time_s: Sequence[float], nodes: Sequence[str] | None = None) -> dict:
+    """The ``stragglers`` entry of a record from every rank's own time (index = rank)."""
+    times = [float(t) for t in own_time_s]
+    if not times:
+        raise ValueError("no per-rank times to summarize")
+    median = statistics.median_low(times)
+    slowest = max(range(len(times)), key=times.__getitem__)
+    return {
+        "own_time_s": [round(t, 6) for t in times],
+        "median_s": round(median, 6),
+        "slowest_rank": slowest,
+        "slowest_node": nodes[slowest] if nodes and slowest < len(nodes) else None,
+        "slowest_s": round(times[slowest], 6),
+        "spread": round(times[slowest] / median, 4) if median > 0 else None,
+    }
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[2, 3, 5, 8, 9, 10]`` -> ``"2-3,5,8-10"``."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = None
+    for r in [*ordered, None]:
+        if r is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ",".join(parts)
+
+
+def slow_ranks(entry: dict, threshold: float = SLOW_THRESHOLD) -> list[int]:
+    """Ranks whose own time is at least ``threshold`` x the median."""
+    times = entry.get("own_time_s") or []
+    median = entry.get("median_s") or (statistics.median_low(times) if times else 0)
+    if not times or not median or median <= 0:
+        return []
+    return [r for r, t in enumerate(times) if t >= threshold * median]
+
+
+def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: float = SLOW_THRESHOLD) -> str | None:
+    """``"node tn2: ranks 2-3 are 1.4x slower than the median"`` (one clause per node with
+    slow ranks, ``; ``-joined), or None when no rank passes ``threshold``."""
+    if not entry:
+        return None
+    slow = slow_ranks(entry, threshold)
+    if not slow:
+        return None
+    times, median = entry["own_time_s"], entry.get("median_s") or statistics.median_low(entry["own_time_s"])
+    by_node: dict[str | None, list[int]] = {}
+    for r in slow:
+        node = nodes[r] if nodes and r < len(nodes) else (entry.get("slowest_node") if r == entry.get("slowest_rank") else None)
+        by_node.setdefault(node, []).append(r)
+    clauses = []
+    for node, ranks in sorted(by_node.items(), key=lambda item: -max(times[r] for r in item[1])):
+        ratio = statistics.median_low([times[r] for r in ranks]) / median
+        who = f"rank {ranks[0]} is" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)} are"
+        where = f"node {node}: " if node else ""
+        clauses.append(f"{where}{who} {ratio:.1f}x slower than the median")
+    return "; ".join(clauses)
+
+
+def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
+               threshold: float = SLOW_THRESHOLD) -> tuple[str, int, int] | None:  # fmt: skip
+    """The ranks named slow in at least half of ``entries`` (several probes: one noisy step
+    names nobody), in words with each rank's median ratio in the probes that named it; with how many
+    probes named the most persistent of them, and how many there were. None: nobody."""
+    entries = [e for e in entries if e and e.get("own_time_s")]
+    if not entries:
+        return None
+    counts: dict[int, int] = {}
+    ratios: dict[int, list[float]] = {}  # per rank: its ratio to the median in the probes that named it
+    for entry in entries:
+        median = entry.get("median_s") or statistics.median_low(entry["own_time_s"])
+        for r in slow_ranks(entry, threshold):
+            counts[r] = counts.get(r, 0) + 1
+            ratios.setdefault(r, []).append(entry["own_time_s"][r] / median)
+    named = persistent_ranks(entries, threshold)
+    if not named:
+        return None
+    world = max(len(e["own_time_s"]) for e in entries)
+    typical = [statistics.median_low(ratios[r]) if r in named else 1.0 for r in range(world)]
+    words = describe({"own_time_s": typical, "median_s": 1.0}, nodes, threshold)
+    if words is None:
+        return None
+    return words, max(counts[r] for r in named), len(entries)
+
+
+def persistent_ranks(entries: Sequence[dict], threshold: float = SLOW_THRESHOLD) -> list[int]:
+    """Ranks named slow (:func:`slow_ranks`) in at least half of ``entries``."""
+    entries = [e for e in entries if e and e.get("own_time_s")]
+    counts: dict[int, int] = {}
+    for entry in entries:
+        for r in slow_ranks(entry, threshold):
+            counts[r] = counts.get(r, 0) + 1
+    return sorted(r for r, n in counts.items() if 2 * n >= len(entries))
