@@ -10,6 +10,8 @@
 7 data       prepare-data tokens/s vs tokenizers encode_batch, peak RSS   (bench_data.py)
 8 loop       bf16+accum+clip+cosine step vs hand-written FSDP2; data wait  (bench_loop.py)
 9 stragglers the per-rank time probe's all-gather vs the step time        (bench_stragglers.py)
+10 sizes     plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
+11 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -33,6 +35,8 @@ SUITE = [
     ("data", "bench_data.py", ["--runs", "3", "--megabytes", "4"], ["--runs", "1", "--megabytes", "1"]),
     ("loop", "bench_loop.py", ["--runs", "3", "--steps", "20"], ["--runs", "1", "--steps", "10"]),
     ("stragglers", "bench_stragglers.py", ["--runs", "3", "--steps", "30"], ["--runs", "1", "--steps", "12"]),
+    ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
+    ("checkpoint", "bench_checkpoint.py", ["--runs", "3"], ["--runs", "1", "--width", "256"]),
 ]
 
 

@@ -42,13 +42,14 @@ REASONS = {
     "sigterm": "SIGTERM (scancel, requeue or preemption): saved",
     "requested": "stop requested",
     "hang": "hang (watchdog)",
+    "node_failure": "node failure: requeued without the dead node",
     "error": "error",
     "killed": "killed without a word: node failure, SIGKILL or out of memory",
     "resubmitted": "resubmitted after it had finished",
     "unknown": "unknown",
 }
 SHORT = {"warning_signal": "warning signal", "sigterm": "SIGTERM", "requested": "stop requested", "hang": "hang",
-         "error": "error", "killed": "killed / node failure", "resubmitted": "resubmitted", "unknown": "unknown"}  # fmt: skip
+         "node_failure": "node failure", "error": "error", "killed": "killed / node failure", "resubmitted": "resubmitted", "unknown": "unknown"}  # fmt: skip
 
 
 def stop_reason_code(stop_reason: str | None) -> str:

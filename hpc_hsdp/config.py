@@ -248,19 +248,33 @@ def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
 _SANITIZE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def default_run_dir(job_name: str, cwd: str | Path) -> str:
-    """``<cwd>/hpc-hsdp-runs/<job name>``, the job name reduced to ``[A-Za-z0-9._-]``."""
+def default_run_dir(job_name: str, cwd: str | Path, *, new: bool = False) -> str:
+    """``<cwd>/hpc-hsdp-runs/<job name>``, the job name reduced to ``[A-Za-z0-9._-]``; with
+    ``new`` (every ``submit``), ``<job name>-<YYYYmmdd-HHMMSS>`` that does not exist yet, so that a
+    second submission starts a run of its own instead of resuming (or ending) the first."""
     safe = _SANITIZE.sub("_", job_name).strip("._") or "job"
-    return str(Path(cwd) / "hpc-hsdp-runs" / safe)
+    base = Path(cwd) / "hpc-hsdp-runs" / safe
+    if not new:
+        return str(base)
+    import time
+
+    stamped = base.with_name(f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
+    candidate, n = stamped, 1
+    while candidate.exists():
+        n += 1
+        candidate = stamped.with_name(f"{stamped.name}-{n}")
+    return str(candidate)
 
 
-def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv: str | None = None) -> JobSpec:
+def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv: str | None = None,
+                   new_run_dir: bool = False) -> JobSpec:  # fmt: skip
     """A JobSpec from merged options (config keys), filling the defaults.
 
     ``cwd``: against which a relative ``run_dir``/``venv``/``template`` of the command line
     is made absolute (config-file paths already are). ``default_venv``: the venv used when
     none is given (the caller passes the running interpreter's, if any); ``venv = "none"``
-    turns activation off.
+    turns activation off. ``new_run_dir``: without a ``run_dir``, a new directory for this job
+    (``submit``) rather than the job name's (``render``).
     """
     o = dict(options)
     unknown = set(o) - set(OPTION_KINDS)
@@ -277,7 +291,10 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
 
     job_name = o.get("job_name", "hpc-hsdp")
-    run_dir = absolute(o["run_dir"], "--run-dir") if o.get("run_dir") is not None else default_run_dir(str(job_name), cwd)
+    if o.get("run_dir") is not None:
+        run_dir = absolute(o["run_dir"], "--run-dir")
+    else:
+        run_dir = default_run_dir(str(job_name), cwd, new=new_run_dir)
     venv_option = o.get("venv")
     if venv_option == _NO_VENV:
         venv = None

@@ -306,9 +306,9 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
 SLURM_KILL_WAIT_S = 30
 """Slurm's default ``KillWait``: seconds from SIGTERM (scancel, preemption, the time limit)
 to SIGKILL. A checkpoint started on SIGTERM must be written within it."""
-DEFAULT_SAVE_RATE = 1 << 30
-"""Assumed write rate of one node to the checkpoint file system, bytes per second (1 GiB/s:
-a parallel file system's client; local NVMe is faster, NFS slower): ``plan --save-rate``."""
+DEFAULT_SAVE_RATE = 10**9
+"""Assumed write rate of one node to the checkpoint file system, bytes per second (1 GB/s:
+a parallel file system's client; local NVMe is faster, NFS slower): ``plan --write-bandwidth``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,7 +331,7 @@ class SaveTime:
         if self.fits:
             return None
         return (f"warning: a checkpoint of {format_bytes(self.checkpoint_bytes)} takes about {self.seconds:.0f} s at "
-                f"{format_bytes(self.rate)}/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
+                f"{self.rate / 1e9:g} GB/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
                 f"SIGTERM (scancel, preemption, the time limit) is killed half-written and the run resumes from the "
                 f"previous one; save on the warning signal (--signal USR2@SECONDS, at least "
                 f"{int(self.seconds * 2) + 60} s) or checkpoint more often (--checkpoint-every)")
@@ -347,3 +347,73 @@ def save_time(plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KIL
     checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.shard_size
     return SaveTime(checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate),
                     kill_wait_s=kill_wait_s, rate=rate)
+
+
+DEFAULT_WRITE_BANDWIDTH = "1GB"
+"""Bytes per second one node writes to the checkpoint's file system, when not measured
+(``benchmarks/bench_checkpoint.py`` measures the disk and what a save reaches of it)."""
+SLURM_DEFAULT_SIGNAL_LEAD_S = 60
+"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveEstimate:
+    """How long writing one checkpoint of the model takes, against the warning signal's lead."""
+
+    checkpoint_bytes: int
+    """Parameters (``dtype``) and optimizer state (fp32), replicated shards stored once."""
+    per_node_bytes: int
+    node_write_bandwidth: int
+    seconds: float
+    signal: str | None
+    lead_s: int | None
+    """Seconds between the warning signal and the time limit (None: no signal)."""
+
+    @property
+    def too_slow(self) -> bool:
+        return self.lead_s is not None and self.seconds > self.lead_s
+
+    @property
+    def suggested_lead_s(self) -> int:
+        return int(-(-(1.5 * self.seconds + 30) // 1))
+
+    def to_dict(self) -> dict:
+        return {"checkpoint_bytes": self.checkpoint_bytes, "per_node_bytes": self.per_node_bytes,
+                "node_write_bandwidth": self.node_write_bandwidth, "seconds": self.seconds, "signal": self.signal,
+                "lead_s": self.lead_s, "too_slow": self.too_slow}  # fmt: skip
+
+    def lines(self) -> list[str]:
+        head = (f"checkpoint: {format_bytes(self.checkpoint_bytes)} (parameters and optimizer state, replicas stored "
+                f"once), {format_bytes(self.per_node_bytes)} per node: about {self.seconds:,.0f} s at "
+                f"{self.node_write_bandwidth / 1e9:g} GB/s per node (--write-bandwidth)")  # fmt: skip
+        if self.lead_s is None:
+            return [head, "no warning signal (--signal none): a time limit or preemption ends the job without a save"]
+        if self.too_slow:
+            return [head, f"warning: that is longer than the {self.lead_s} s between --signal {self.signal} and the time "
+                          f"limit: the save on the warning would not finish; give --signal USR2@{self.suggested_lead_s} "
+                          f"(1.5x the save and 30 s), or a faster file system"]  # fmt: skip
+        return [head, f"fits the {self.lead_s} s between --signal {self.signal} and the time limit"]
+
+
+def signal_lead_s(signal: str | None) -> int | None:
+    """Seconds before the time limit that ``--signal`` sends its signal (None: no signal)."""
+    if signal is None or signal.strip().lower() == "none":
+        return None
+    _, at, seconds = signal.partition("@")
+    return int(seconds) if at and seconds.strip().isdigit() else SLURM_DEFAULT_SIGNAL_LEAD_S
+
+
+def parse_bandwidth(text: str) -> int:
+    """``2GB``, ``2GB/s``, ``500MiB/s`` -> bytes per second."""
+    return parse_bytes(str(text).strip().removesuffix("/s"), option="--write-bandwidth")
+
+
+def save_estimate(plan: TopologyPlan, *, model_params: int, dtype: str = "fp32", optimizer: str = "adamw",
+                  node_write_bandwidth: int, signal: str | None) -> SaveEstimate:  # fmt: skip
+    """The time to write one checkpoint: every node writes its share of the unique bytes (DCP
+    spreads the replicated shards over the ranks) at ``node_write_bandwidth``."""
+    check_model_options(dtype=dtype, optimizer=optimizer)
+    total = model_params * (DTYPE_BYTES[dtype] + 4 * OPTIMIZER_STATES[optimizer])
+    per_node = -(-total // plan.nodes)
+    return SaveEstimate(checkpoint_bytes=total, per_node_bytes=per_node, node_write_bandwidth=node_write_bandwidth,
+                        seconds=per_node / node_write_bandwidth, signal=signal, lead_s=signal_lead_s(signal))  # fmt: skip

@@ -29,9 +29,11 @@ from pathlib import Path
 
 from hpc_hsdp.files import write_atomically
 from hpc_hsdp.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
-from hpc_hsdp.topology import expand_nodelist, format_tasks_per_node, parse_tasks_per_node
+from hpc_hsdp.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
 
 KILL_WAIT_S = 5
+MAX_LOCAL_TASKS = 64
+"""The emulator runs every task as a process on this machine; more would only exhaust it."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -66,9 +68,15 @@ class LocalAllocation:
 
 def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_name: str) -> LocalAllocation:
     """The allocation of ``tasks_per_node`` (the job spec's: one task per GPU, ``--ntasks``
-    laid out as SLURM would, or one per node for torchrun) on nodes ``local1, local2, ...``."""
+    laid out as SLURM would, or one per node for torchrun) on nodes ``n1, n2, ...``, named as
+    ``plan`` and the dev cluster name them."""
     counts = tuple(tasks_per_node)
-    names = tuple(f"local{i + 1}" for i in range(len(counts)))
+    if sum(counts) > MAX_LOCAL_TASKS:
+        from hpc_hsdp.errors import SpecError
+
+        raise SpecError(f"the local emulator runs every task as a process on this machine: {sum(counts):,} tasks are more "
+                        f"than its {MAX_LOCAL_TASKS}; submit to SLURM (--cluster slurm) or use fewer --nodes/--gpus-per-node")  # fmt: skip
+    names = default_node_names(len(counts))
     return LocalAllocation(tasks_per_node=counts, node_names=names, job_name=job_name, gpus_per_node=gpus_per_node)
 
 

@@ -56,26 +56,46 @@ def request_lines(plan: TopologyPlan) -> list[str]:
             f"and --mem to share nodes"]  # fmt: skip
 
 
+TABLE_HEAD_NODES, TABLE_TAIL_NODES = 4, 2
+"""A plan of more nodes than these lists the first and the last nodes' ranks (``--json``: all)."""
+
+
+def _shown_nodes(plan: TopologyPlan) -> tuple[list[int], int | None]:
+    """Node indexes the table lists, and where the elided ones would be (None: all listed)."""
+    if plan.nodes <= TABLE_HEAD_NODES + TABLE_TAIL_NODES + 1:
+        return list(range(plan.nodes)), None
+    return list(range(TABLE_HEAD_NODES)) + list(range(plan.nodes - TABLE_TAIL_NODES, plan.nodes)), TABLE_HEAD_NODES
+
+
 def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit | None = None,
               gpu_memory: int | None = None, save: SaveTime | None = None) -> str:  # fmt: skip
-    shard_labels, replicate_labels = _group_labels(plan.shard_groups), _group_labels(plan.replicate_groups)
-    rows = [("node", "gpu", "rank", "shard group", "replicate group")]
-    for rank in range(plan.world_size):
-        rows.append((
-            plan.node_names[plan.node_of_rank[rank]],
-            str(plan.local_rank_of_rank[rank]),
-            str(rank),
-            shard_labels[rank // plan.shard_size],
-            replicate_labels[rank % plan.shard_size],
-        ))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    out = []
-    for i, row in enumerate(rows):
-        if i > 1 and plan.node_of_rank[i - 1] != plan.node_of_rank[i - 2]:
+    s = plan.shard_size
+    nodes, gap_at = _shown_nodes(plan)
+    header = ("node", "gpu", "rank", "shard group", "replicate group")
+    blocks: list[list[tuple[str, ...]]] = []
+    for node in nodes:
+        first = plan.first_rank_of_node[node]
+        blocks.append([(plan.node_names[node], str(local), str(first + local), f"{(first + local) // s}: "
+                        f"{_compact(plan.shard_group_of(first + local))}",
+                        f"{(first + local) % s}: {_compact(plan.replicate_group_of(first + local))}")
+                       for local in range(plan.tasks_per_node[node])])  # fmt: skip
+    widths = [max(len(row[i]) for row in [header, *(r for b in blocks for r in b)]) for i in range(len(header))]
+
+    def line(row) -> str:
+        return "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+
+    out = [line(header), "  ".join("-" * w for w in widths)]
+    for index, block in enumerate(blocks):
+        if index:
             out.append("")
-        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if i == 0:
-            out.append("  ".join("-" * w for w in widths))
+        if gap_at is not None and index == gap_at:
+            hidden_first, hidden_last = TABLE_HEAD_NODES, plan.nodes - TABLE_TAIL_NODES - 1
+            out.append(f"... {hidden_last - hidden_first + 1:,} more nodes ({plan.node_names[hidden_first]} to "
+                       f"{plan.node_names[hidden_last]}, ranks {plan.first_rank_of_node[hidden_first]}-"
+                       f"{plan.first_rank_of_node[hidden_last] + plan.tasks_per_node[hidden_last] - 1}): "
+                       f"--json lists every rank")  # fmt: skip
+            out.append("")
+        out.extend(line(row) for row in block)
     out.append("")
     out.extend(traffic_verdict(plan))
     out.extend(request_lines(plan))
@@ -90,10 +110,8 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
         out.append(f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
                    f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node")  # fmt: skip
     if save is not None:
-        out.append(f"checkpoint: {format_bytes(save.checkpoint_bytes)}, about {save.seconds:.0f} s at "
-                   f"{format_bytes(save.rate)}/s per node (KillWait {save.kill_wait_s} s)")  # fmt: skip
-        if save.warning():
-            out.append(save.warning())
+        out.append(save.warning() or f"a save on SIGTERM (about {save.seconds:.0f} s at {save.rate / 1e9:g} GB/s per "
+                                     f"node) fits KillWait ({save.kill_wait_s} s)")  # fmt: skip
     if gpu_memory is not None:
         if fit is None:
             out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 
 CLUSTERS = ("auto", "slurm", "local")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
@@ -49,7 +50,7 @@ def slurm_available(timeout_s: float = 5.0) -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol ping failed ({exc})"
     if ping.returncode != 0 or " is UP" not in ping.stdout:
-        said = " ".join((ping.stdout + ping.stderr).split())[:120]
+        said = " ".join((ping.stdout + ping.stderr).split()) or f"exit code {ping.returncode}"
         return False, f"the SLURM controller does not answer: {said}"
     return True, "the SLURM controller answers"
 
@@ -407,41 +408,38 @@ def _restart_count(job_id: str) -> int:
     return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
 
 
-REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
-"""Set by the rendered script of a container job: where no ``scontrol`` exists (inside the
-image), rank 0 writes this file and the batch shell (on the host) requeues the job when the
-step has ended."""
-
-
-def requeue_job(job_id: str, *, timeout_s: float = 30.0, env=None) -> tuple[bool, str]:
-    """``scontrol requeue <job_id>``, from inside the job: rank 0 calls it after every rank
-    saved on the warning signal (:mod:`hpc_hsdp.runtime.preemption`). SLURM then ends this
-    run (SIGTERM, SIGKILL after KillWait) and starts the job again with the same id and
-    ``SLURM_RESTART_COUNT`` + 1. Without ``scontrol`` here (a container) and with
-    ``HPC_HSDP_REQUEUE_FILE`` set, the request goes to the batch shell through that file.
-    Never raises: returns (requeued, what scontrol said)."""
-    env = os.environ if env is None else env
-    request = env.get(REQUEUE_FILE_VARIABLE, "").strip()
-    if request and shutil.which("scontrol", path=env.get("PATH")) is None:
-        try:
-            Path(request).write_text(f"{job_id}\n")
-        except OSError as exc:
-            return False, f"no scontrol here and the requeue request {request} cannot be written ({exc})"
-        return True, f"no scontrol here: asked the batch shell to requeue job {job_id} when the step ends ({request})"
-    try:
-        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"scontrol requeue could not run ({exc})"
-    said = " ".join((done.stdout + done.stderr).split())
-    return done.returncode == 0, said or f"exit code {done.returncode}"
-
-
 # ----------------------------------------------------------------------------- submission
+
+
+ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "SIGNALING", "STAGE_OUT")  # fmt: skip
+
+
+def check_run_dir(spec, *, own_function: bool = False) -> str | None:
+    """Before submitting into ``spec``'s run directory: refuse when a job still runs there or
+    its run already completed (SpecError, nothing submitted); else the line that says from
+    which step the job resumes (None: a fresh start)."""
+    from hpc_hsdp.run_state import resubmission_note
+
+    run_dir = Path(spec.run.run_dir)
+    if (run_dir / "job.json").is_file():
+        try:
+            handle = JobHandle.find(str(run_dir))
+            state = handle.status().state.split()[0]
+        except (HsdpError, OSError, subprocess.SubprocessError):
+            state = "UNKNOWN"
+        if state in ACTIVE_STATES:
+            raise SpecError(f"job {handle.job_id} is still {state} in run directory {run_dir}: nothing submitted; wait "
+                            f"for it, cancel it (hpc-hsdp cancel {run_dir}) or choose a new --run-dir")  # fmt: skip
+    if spec.run.entry is not None or own_function:
+        return None  # a function of the user's keeps its own state; it decides what resuming means
+    return resubmission_note(run_dir, steps=spec.run.training.steps)
 
 
 def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
     """Submit ``spec``; returns the handle, the submitit-style job object and the reason line
-    for the chosen cluster. Nothing is submitted when the spec or cluster is invalid."""
+    for the chosen cluster. Nothing is submitted when the spec or cluster is invalid, when
+    a job still runs in its run directory or the run there already completed."""
     if spec.launch.container_image is not None:
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
@@ -449,6 +447,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
             f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
         )
     _check_entry_importable(spec.run.entry)
+    check_run_dir(spec, own_function=fn is not None)
     target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":
         raise SpecError("a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher")
@@ -537,7 +536,7 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     ``job_id``, ``state``, ``done()``, ``wait()``, ``results()``, ``cancel()``."""
     from hpc_hsdp.cli.job_options import job_spec_from_options
 
-    spec = job_spec_from_options(api_options(options))
+    spec = job_spec_from_options(api_options(options), new_run_dir=True)
     _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
     return job
 

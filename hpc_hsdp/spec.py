@@ -135,6 +135,12 @@ class TrainingSpec:
     keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
     straggler_every: int = _option(10, "Every K steps the ranks share their own compute time of the step (one "
                                    "small all-gather) and metrics.jsonl names the slowest rank (0: never).", minimum=0)
+    # ------------------------------------------------------------------ failures
+    hang_timeout: float = _option(0.0, "Seconds without a completed step after which every rank dumps its stacks and "
+                                  "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
+                                  "least 120 s.", minimum=0.0)
+    max_restarts: int = _option(2, "Requeues after failures (a hang, a node failure) before the job gives up; "
+                                "preemption and time-limit requeues do not count.", minimum=0)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -584,6 +590,10 @@ class JobSpec:
         _positive_int("--nodes", self.nodes)
         _positive_int("--gpus-per-node", self.gpus_per_node)
         _positive_int("--ntasks", self.ntasks, optional=True)
+        from hpc_hsdp.topology import check_sizes
+
+        check_sizes(nodes=self.nodes, tasks_per_node=self.gpus_per_node,
+                    world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node))
         if not isinstance(self.run, RunSpec):
             raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
         run_dir = check_text("--run-dir", self.run.run_dir)

@@ -27,12 +27,56 @@ RENDEZVOUS_PORT_SPAN = 10000
 
 _TASKS_ITEM = re.compile(r"^([1-9][0-9]*)(?:\(x([1-9][0-9]*)\))?$")
 
+# Bounds on sizes: a typo (--nodes 99999999) must be one clear line, not a plan that takes all
+# the memory. The largest SLURM clusters have about 10,000 nodes and about 100,000 GPUs; the
+# bounds leave room above that and keep every plan's cost (linear in the ranks) small.
+MAX_NODES = 65_536
+MAX_TASKS_PER_NODE = 1_024
+MAX_WORLD_SIZE = 1_048_576
+_TYPO_HINT = "check for a typo"
+
+
+def check_sizes(*, nodes: int, tasks_per_node: int, world_size: int | None = None, what_nodes: str = "--nodes",
+                what_tasks: str = "--gpus-per-node") -> None:  # fmt: skip
+    """Raise TopologyError when a job's size is beyond what any cluster has (before anything
+    proportional to it is allocated)."""
+    if nodes > MAX_NODES:
+        raise TopologyError(f"{what_nodes} {nodes} is more than the {MAX_NODES:,} nodes hpc-hsdp plans for; {_TYPO_HINT}")
+    if tasks_per_node > MAX_TASKS_PER_NODE:
+        raise TopologyError(f"{what_tasks} {tasks_per_node} is more than the {MAX_TASKS_PER_NODE:,} tasks per node "
+                            f"hpc-hsdp plans for; {_TYPO_HINT}")  # fmt: skip
+    world = nodes * tasks_per_node if world_size is None else world_size
+    if world > MAX_WORLD_SIZE:
+        raise TopologyError(f"{world:,} ranks ({what_nodes} {nodes:,} x {tasks_per_node:,} per node) are more than the "
+                            f"{MAX_WORLD_SIZE:,} ranks hpc-hsdp plans for; {_TYPO_HINT}")  # fmt: skip
+
+
+def _nodelist_size(text: str) -> int:
+    """How many names a node list expands to, counted without expanding it (an upper bound
+    when ranges repeat names; a malformed list is left to the parser)."""
+    total, names = 0, 1
+    for part in re.split(r"(\[[^\]]*\]|,)", text):
+        if part == ",":
+            total, names = total + names, 1
+        elif part.startswith("["):
+            in_brackets = 0
+            for item in part[1:-1].split(","):
+                low, sep, high = item.partition("-")
+                numeric = sep and low.strip().isdigit() and high.strip().isdigit()
+                in_brackets += int(high) - int(low) + 1 if numeric else 1
+            names *= max(in_brackets, 1)
+    return total + names
+
 
 def expand_nodelist(nodelist: str) -> tuple[str, ...]:
     """Expand a SLURM node list (``gpu-a[01-04,07],login2``) in its given order."""
     text = nodelist.strip()
     if not text:
         raise TopologyError("empty node list; give node names such as 'n[1-2]' or 'gpu-a01,gpu-a02'")
+    size = _nodelist_size(text)
+    if size > MAX_NODES:
+        raise TopologyError(f"node list {nodelist[:80]!r} names {size:,} nodes, more than the {MAX_NODES:,} hpc-hsdp "
+                            f"plans for; {_TYPO_HINT}")  # fmt: skip
     try:
         names = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
@@ -54,6 +98,8 @@ def parse_tasks_per_node(text: str) -> tuple[int, ...]:
                 f"malformed tasks-per-node string {text!r}; expected SLURM's form such as '8(x2),4' or '4,8'"
             )
         count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        check_sizes(nodes=len(counts) + repeat, tasks_per_node=count, world_size=0,
+                    what_nodes=f"tasks-per-node {text.strip()[:80]!r}: nodes", what_tasks=f"tasks-per-node {item.strip()!r}:")  # fmt: skip
         counts.extend([count] * repeat)
     return tuple(counts)
 
@@ -83,6 +129,11 @@ def valid_shard_sizes(tasks_per_node: Sequence[int]) -> list[int]:
     return sizes
 
 
+def default_node_names(nodes: int) -> tuple[str, ...]:
+    """``n1, n2, ...``: the names of nodes nobody named, in ``plan``, the emulator and the dev cluster alike."""
+    return tuple(f"n{i + 1}" for i in range(nodes))
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -96,16 +147,19 @@ class TopologyPlan:
     shard_size: int
     """S: ranks that shard one copy of the model (the inner mesh axis, "shard")."""
     node_names: tuple[str, ...] = field(default=())
-    """Node names in node-list order; ``node0, node1, ...`` when not given."""
+    """Node names in node-list order; ``n1, n2, ...`` (the dev cluster's and the emulator's names) when not given."""
 
     def __post_init__(self) -> None:
         counts = tuple(self.tasks_per_node)
         object.__setattr__(self, "tasks_per_node", counts)
         if not counts:
             raise TopologyError("no nodes given; a job needs at least one node (--nodes 1 or more)")
+        if len(counts) > MAX_NODES:
+            check_sizes(nodes=len(counts), tasks_per_node=1, what_nodes="tasks per node: nodes")
         if any(c < 1 for c in counts):
-            raise TopologyError(f"tasks per node {list(counts)} includes a count below 1; every node needs >= 1 task")
-        names = tuple(self.node_names) or tuple(f"node{i}" for i in range(len(counts)))
+            raise TopologyError(f"tasks per node {list(counts)[:16]} includes a count below 1; every node needs >= 1 task")
+        check_sizes(nodes=len(counts), tasks_per_node=max(counts), world_size=sum(counts))
+        names = tuple(self.node_names) or default_node_names(len(counts))
         if len(names) != len(counts):
             raise TopologyError(
                 f"{len(names)} node names {list(names)} for {len(counts)} task counts {list(counts)}; give one count per node"
@@ -204,13 +258,19 @@ class TopologyPlan:
     def nodes_of_group(self, group: Sequence[int]) -> tuple[int, ...]:
         return tuple(sorted({self.node_of_rank[r] for r in group}))
 
+    def group_crosses_nodes(self, group: Sequence[int]) -> bool:
+        # ranks are node-major, so a group sits on one node when its lowest and highest rank do
+        return self.node_of_rank[min(group)] != self.node_of_rank[max(group)]
+
     @cached_property
     def shard_groups_cross_nodes(self) -> bool:
-        return any(len(self.nodes_of_group(g)) > 1 for g in self.shard_groups)
+        s, node = self.shard_size, self.node_of_rank
+        return any(node[start] != node[start + s - 1] for start in range(0, self.world_size, s))
 
     @cached_property
     def replicate_groups_cross_nodes(self) -> bool:
-        return any(len(self.nodes_of_group(g)) > 1 for g in self.replicate_groups)
+        s, node, last = self.shard_size, self.node_of_rank, self.world_size - self.shard_size
+        return any(node[offset] != node[last + offset] for offset in range(s))
 
     @property
     def kind(self) -> str:
@@ -248,6 +308,7 @@ def plan_for(*, nodes: int, gpus_per_node: int, shard_size: int, node_names: Seq
         raise TopologyError(f"--nodes {nodes!r} is invalid; a job needs at least 1 node")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise TopologyError(f"--gpus-per-node {gpus_per_node!r} is invalid; give at least 1 (one task per GPU)")
+    check_sizes(nodes=nodes, tasks_per_node=gpus_per_node)
     return TopologyPlan(tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names))
 
 
@@ -542,7 +603,7 @@ class RankLayout:
         nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
         node_names = expand_nodelist(nodelist) if nodelist else ()
         if len(node_names) != nnodes:
-            node_names = tuple(f"node{i}" for i in range(nnodes))
+            node_names = default_node_names(nnodes)
         plan = TopologyPlan(tasks_per_node=(local_world,) * nnodes, shard_size=shard_size, node_names=node_names)
         rank = plan.rank_of(node_rank, local_rank)
         if rank != torch_rank:

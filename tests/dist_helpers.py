@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def node_names_for(nodes: int) -> list[str]:
-    return [f"tn{i + 1}" for i in range(nodes)]
+    return [f"n{i + 1}" for i in range(nodes)]
 
 
 def job_envs(*, tasks_per_node, distribution="block", job_id="4242", extra_env=None) -> list[dict[str, str]]:

@@ -33,7 +33,7 @@ GRAD_ACCUMS = (1, 2)
 
 
 def plan_of(shard_size: int) -> TopologyPlan:
-    return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("tn1", "tn2"))
+    return TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=shard_size, node_names=("n1", "n2"))
 
 
 def predicted(shard_size: int, grad_accum: int = 1):

@@ -35,7 +35,7 @@ def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
     layout = json.loads((run / "layout.json").read_text())
     ranks = {r["rank"]: r for r in layout["ranks"]}
     assert layout["plan"]["shard_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert [ranks[r]["node"] for r in range(8)] == ["local1"] * 4 + ["local2"] * 4
+    assert [ranks[r]["node"] for r in range(8)] == ["n1"] * 4 + ["n2"] * 4
     assert ranks[1]["slurm_procid"] == 2 and ranks[4]["slurm_procid"] == 1  # cyclic, as srun deals them
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
@@ -94,7 +94,7 @@ print(json.dumps(job.results()))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout.strip().splitlines()[-1])
-    assert results == [[0, "local1", [0, 2]], [1, "local1", [1, 3]], [2, "local2", [0, 2]], [3, "local2", [1, 3]]]
+    assert results == [[0, "n1", [0, 2]], [1, "n1", [1, 3]], [2, "n2", [0, 2]], [3, "n2", [1, 3]]]
 
 
 def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):

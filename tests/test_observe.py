@@ -25,7 +25,7 @@ from hpc_hsdp.scheduler import parse_slurm_duration
 from hpc_hsdp.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
-NODES = ["tn1", "tn1", "tn2", "tn2"]
+NODES = ["n1", "n1", "n2", "n2"]
 
 
 def hpc(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
@@ -39,11 +39,11 @@ def hpc(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("times", "nodes", "expected"),
-    [([0.02, 0.02, 0.021, 0.30], NODES, "node tn2: rank 3 is 15.0x slower than the median"),
-     ([0.02, 0.021, 0.05, 0.06], NODES, "node tn2: ranks 2-3 are 2.4x slower than the median"),
+    [([0.02, 0.02, 0.021, 0.30], NODES, "node n2: rank 3 is 15.0x slower than the median"),
+     ([0.02, 0.021, 0.05, 0.06], NODES, "node n2: ranks 2-3 are 2.4x slower than the median"),
      ([0.02, 0.021, 0.022, 0.023], NODES, None),
-     ([0.06, 0.02, 0.02, 0.05], NODES, "node tn1: rank 0 is 3.0x slower than the median; "
-                                       "node tn2: rank 3 is 2.5x slower than the median"),
+     ([0.06, 0.02, 0.02, 0.05], NODES, "node n1: rank 0 is 3.0x slower than the median; "
+                                       "node n2: rank 3 is 2.5x slower than the median"),
      ([0.02] * 6 + [0.04, 0.04], ["a"] * 4 + ["b"] * 4, "node b: ranks 6-7 are 2.0x slower than the median"),
      ([0.02, 0.03], None, "rank 1 is 1.5x slower than the median")],
 )  # fmt: skip
@@ -233,9 +233,9 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     # 2-core machine another rank may be descheduled in one probe, not in most
     assert all(e["own_time_s"][3] >= 0.15 for e in entries), entries
     assert all(r["step_time_s"] >= 0.15 for r in probes)
-    assert sum((e["slowest_rank"], e["slowest_node"]) == (3, "tn2") and e["spread"] > 2 for e in entries) >= 5, entries
+    assert sum((e["slowest_rank"], e["slowest_node"]) == (3, "n2") and e["spread"] > 2 for e in entries) >= 5, entries
     words, count, total = persistent(entries, NODES)
-    assert words.startswith("node tn2: rank 3 is ") and count >= 5 and total == 6, (words, entries)
+    assert words.startswith("node n2: rank 3 is ") and count >= 5 and total == 6, (words, entries)
 
     # TensorBoard's own reader gives metrics.jsonl's numbers, each step once, in order, across the resume
     scalars = _scalars(run / "tb")
@@ -266,7 +266,7 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     png = (tmp_path / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 30_000
     svg = (tmp_path / "report.svg").read_text()
-    assert "rank 3 (tn2) slow" in svg and "restart 1: error" in svg and "node tn2: rank 3 is" in svg
+    assert "rank 3 (n2) slow" in svg and "restart 1: error" in svg and "node n2: rank 3 is" in svg
 
     listed = hpc("runs", str(tmp_path))
     assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[:4] == ["run", "completed", "12/12",
@@ -301,11 +301,11 @@ def test_submit_wait_and_status_name_the_slow_node_without_torch(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     live = [line for line in out.stderr.splitlines() if "RUNNING | step" in line]
     assert any("steps/s" in line and "last step in" in line for line in live), out.stderr
-    assert any("node local2: ranks 2-3 are" in line and "slower than the median" in line for line in live), out.stderr
+    assert any("node n2: ranks 2-3 are" in line and "slower than the median" in line for line in live), out.stderr
     status = hpc("status", str(run))
-    assert "slow: node local2: ranks 2-3 are" in status.stdout and "last step 16/16" in status.stdout, status.stdout
+    assert "slow: node n2: ranks 2-3 are" in status.stdout and "last step 16/16" in status.stdout, status.stdout
     data = json.loads(hpc("status", str(run), "--json").stdout)
-    assert data["stragglers"].startswith("node local2: ranks 2-3 are") and data["total_steps"] == 16
+    assert data["stragglers"].startswith("node n2: ranks 2-3 are") and data["total_steps"] == 16
     args = [["status", str(run)], ["runs", str(tmp_path)], ["report", str(run), "-o", str(tmp_path / "r.html")],
             ["report", str(run), "-o", str(tmp_path / "r.png")]]  # fmt: skip
     no_torch = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
@@ -347,7 +347,7 @@ def test_only_ranks_slow_in_half_of_the_probes_are_named():
     noisy = [0.020, 0.030, 0.020, 0.021]  # rank 1 once 1.5x: noise
     slow3 = [0.020, 0.021, 0.020, 0.200]
     entries = [summarize(t, NODES) for t in (slow3, noisy, slow3, fast)]
-    assert describe(entries[1], NODES) == "node tn1: rank 1 is 1.5x slower than the median"
-    assert persistent(entries, NODES) == ("node tn2: rank 3 is 10.0x slower than the median", 2, 4)
+    assert describe(entries[1], NODES) == "node n1: rank 1 is 1.5x slower than the median"
+    assert persistent(entries, NODES) == ("node n2: rank 3 is 10.0x slower than the median", 2, 4)
     assert persistent_ranks(entries) == [3]
     assert persistent([summarize(t, NODES) for t in (fast, noisy, fast)], NODES) is None

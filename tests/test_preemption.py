@@ -88,11 +88,11 @@ def test_requeue_is_skipped_outside_slurm(capsys):
     assert "[hpc-hsdp] stopped after step 7 on USR2: requeue skipped" in capsys.readouterr().err
 
 
-def test_in_slurm_rank0_requeues_through_the_scheduler_module(monkeypatch):
-    import hpc_hsdp.scheduler as scheduler
+def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
+    import hpc_hsdp.requeue as requeue
 
     calls = []
-    monkeypatch.setattr(scheduler, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
+    monkeypatch.setattr(requeue, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
     env = {"SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "2"}
     rank0, rank1 = Preemption(env), Preemption(env)
     for p in (rank0, rank1):
@@ -104,7 +104,7 @@ def test_in_slurm_rank0_requeues_through_the_scheduler_module(monkeypatch):
 
 
 def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
-    from hpc_hsdp.scheduler import requeue_job
+    from hpc_hsdp.requeue import requeue_job
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\nexit 1\n")

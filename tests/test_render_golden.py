@@ -111,9 +111,13 @@ def test_bash_syntax(name: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 @pytest.mark.parametrize("name", ALL)
 def test_shellcheck(name: str, tmp_path: Path) -> None:
+    if shutil.which("shellcheck") is None:
+        message = "shellcheck is not installed (scripts/bootstrap installs Debian's as root: apt-get install shellcheck)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the shellcheck tests: {message}")
+        pytest.skip(message)
     script = tmp_path / "job.sbatch"
     script.write_text(rendered(name))
     result = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)

@@ -233,7 +233,7 @@ def hsdp_run(tmp_path_factory):
 
 def test_layout_json_under_cyclic_procids_keeps_shard_groups_on_one_node(hsdp_run):
     layout = json.loads((hsdp_run["run_dir"] / "layout.json").read_text())
-    plan = plan_for(nodes=2, gpus_per_node=4, shard_size=2, node_names=("tn1", "tn2"))
+    plan = plan_for(nodes=2, gpus_per_node=4, shard_size=2, node_names=("n1", "n2"))
     assert layout["plan"] == plan.to_dict()
     ranks = layout["ranks"]
     assert [r["rank"] for r in ranks] == list(range(8))
@@ -246,7 +246,7 @@ def test_layout_json_under_cyclic_procids_keeps_shard_groups_on_one_node(hsdp_ru
         assert tuple(r["shard_group"]) == plan.shard_group_of(r["rank"])
         assert tuple(r["replicate_group"]) == plan.replicate_group_of(r["rank"])
         assert len({ranks[m]["node"] for m in r["shard_group"]}) == 1
-    assert (hsdp_run["run_dir"] / "logs" / "task-1.log").read_text().startswith("[hpc-hsdp] rank 4/8 node tn2 procid 1")
+    assert (hsdp_run["run_dir"] / "logs" / "task-1.log").read_text().startswith("[hpc-hsdp] rank 4/8 node n2 procid 1")
 
 
 def test_collectives_are_not_wrapped_without_comm_stats(hsdp_run):
@@ -347,7 +347,7 @@ def test_16_ranks_2x8_shard_4_groups_match_the_plan(tmp_path):
     outcomes = launch(spec, tasks_per_node=[8, 8], distribution="cyclic", timeout_s=240)
     assert {o.value["steps"] for o in outcomes} == {2}
     layout = json.loads((tmp_path / "layout.json").read_text())
-    plan = plan_for(nodes=2, gpus_per_node=8, shard_size=4, node_names=("tn1", "tn2"))
+    plan = plan_for(nodes=2, gpus_per_node=8, shard_size=4, node_names=("n1", "n2"))
     assert [tuple(r["shard_group"]) for r in layout["ranks"]] == [plan.shard_group_of(r) for r in range(16)]
     assert [tuple(r["replicate_group"]) for r in layout["ranks"]] == [plan.replicate_group_of(r) for r in range(16)]
     assert layout["plan"]["shard_groups"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
@@ -367,8 +367,8 @@ def test_wrong_layout_fails_loudly_on_every_rank(tmp_path):
         assert o.value.startswith("GroupMismatchError: the realized device mesh does not match the plan"), o.value[:300]
         assert "axis" in o.value and "planned" in o.value
         table = o.value.split("Traceback")[0]
-        assert re.search(r"^shard +\[0,1\] +\[0,1\] +tn1,tn2 +the plan puts this group inside one node", table, re.M)
-        assert re.search(r"^node +\[2,3\] +\[2,3\] +tn1,tn2 ", table, re.M)
+        assert re.search(r"^shard +\[0,1\] +\[0,1\] +n1,n2 +the plan puts this group inside one node", table, re.M)
+        assert re.search(r"^node +\[2,3\] +\[2,3\] +n1,n2 ", table, re.M)
     assert not (tmp_path / "layout.json").exists()
 
 
@@ -482,8 +482,8 @@ def test_cuda_requested_without_cuda_is_a_clear_error():
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    env = task_environments(tasks_per_node=[1], node_names=["tn1"], job_id="7")[0]
-    with pytest.raises(HsdpError, match="--device cuda but CUDA is not usable on node tn1"):
+    env = task_environments(tasks_per_node=[1], node_names=["n1"], job_id="7")[0]
+    with pytest.raises(HsdpError, match="--device cuda but CUDA is not usable on node n1"):
         init(1, "cuda", env=env)
 
 
@@ -496,11 +496,11 @@ def test_device_auto_with_gpus_given_but_cuda_unusable_fails_with_the_reason():
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    env = task_environments(tasks_per_node=[1, 1], node_names=["tn1", "tn2"], job_id="7", gpus_per_node=4)[0]
+    env = task_environments(tasks_per_node=[1, 1], node_names=["n1", "n2"], job_id="7", gpus_per_node=4)[0]
     with pytest.raises(HsdpError, match=r"was given GPUs \(CUDA_VISIBLE_DEVICES=0,1,2,3\) but CUDA is not usable: "
                                         r"this torch \(.*\) is a CPU-only build; .*--device cpu"):
         init(1, "auto", env=env)
-    env_without_gpus = task_environments(tasks_per_node=[1], node_names=["tn1"], job_id="7")[0]
+    env_without_gpus = task_environments(tasks_per_node=[1], node_names=["n1"], job_id="7")[0]
     from hpc_hsdp.topology import RankLayout
 
     assert RankLayout.from_env(env_without_gpus, shard_size=1).device == "cpu"  # no GPU given: CPU is fine

@@ -36,7 +36,7 @@ def _case_exact(plan):
 
 
 def _case_torchrun_names():
-    # torchrun outside SLURM: the plan says node0/node1, the hosts say otherwise.
+    # torchrun outside SLURM: the plan says n1/n2, the hosts say otherwise.
     plan = plan_for(nodes=2, gpus_per_node=4, shard_size=4)
     return plan, *planned(plan, node_names=("gpu-a01", "gpu-a02"))
 

@@ -41,6 +41,18 @@ def _module_exists(module: str) -> bool:
     return importlib.util.find_spec(f"hpc_hsdp.cli.{module}") is not None
 
 
+def _stdout_closed() -> None:
+    """A reader that stopped early (``hpc-hsdp logs JOB | head``) is not an error: end quietly
+    with 0, and keep Python from complaining when it flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    sys.exit(0)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name, (module, _, _) in COMMANDS.items() if _module_exists(module))
@@ -50,6 +62,12 @@ class LazyGroup(click.Group):
             return None
         module, attribute, _ = COMMANDS[name]
         return getattr(importlib.import_module(f"hpc_hsdp.cli.{module}"), attribute)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # before click turns it into exit status 1
+            _stdout_closed()
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]

@@ -77,7 +77,8 @@ def job_options(command):
                      help=f"Signal sent before the time limit; 'none' for no signal.  [default: {DEFAULT_SIGNAL}]"),
         click.option("--requeue/--no-requeue", default=None, help="Let SLURM requeue the job.  [default: requeue]"),
         click.option("--run-dir", default=None, metavar="DIR",
-                     help="Run directory (made absolute); logs in DIR/logs.  [default: ./hpc-hsdp-runs/<job-name>]"),
+                     help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.  [default: render: "
+                          "./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>]"),
         click.option("--setup", multiple=True, metavar="LINE",
                      help="A raw shell line run before launch (module load ...); repeatable; not quoted."),
         click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE", help="Export a variable (value quoted); repeatable."),
@@ -160,6 +161,7 @@ def job_spec_from_options(
     environ: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
     default_venv: str | None | bool = True,
+    new_run_dir: bool = False,
 ) -> JobSpec:
     """The JobSpec of a command's kwargs (from ``@job_options``): config file (``--config``
     or ``$HPC_HSDP_CONFIG``), profile (``--profile``, ``$HPC_HSDP_PROFILE`` or the file's
@@ -178,4 +180,4 @@ def job_spec_from_options(
     profile = select_profile(config, profile_name, config_path=config_path)
     top = {k: v for k, v in (config or {}).items() if k not in ("profile", "profiles")}
     options = merge_options(profile, top, cli_layer(kwargs))
-    return build_job_spec(options, cwd=cwd, default_venv=default_venv or None)
+    return build_job_spec(options, cwd=cwd, default_venv=default_venv or None, new_run_dir=new_run_dir)

@@ -10,15 +10,19 @@ import click
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.estimates import (
+    DEFAULT_WRITE_BANDWIDTH,
     SLURM_KILL_WAIT_S,
     estimate,
+    parse_bandwidth,
     parse_bytes,
     parse_count,
     recommend,
+    save_estimate,
     save_time,
     smallest_fitting_shard,
 )
 from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
+from hpc_hsdp.spec import DEFAULT_SIGNAL, check_signal
 from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 
 
@@ -47,16 +51,20 @@ from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_nod
 @click.option("--grad-accum", type=int, default=1, show_default=True,
               help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
                    "reduce-scatters on each, the replicas all-reduce once.")
+@click.option("--write-bandwidth", default=DEFAULT_WRITE_BANDWIDTH, show_default=True, metavar="BYTES/s",
+              help="What one node writes to the checkpoints' file system per second (e.g. 2GB/s); with --model-params, "
+                   "plan estimates the save time.")
+@click.option("--signal", "signal", default=DEFAULT_SIGNAL, show_default=True, metavar="SIG@SECONDS",
+              help="The job's warning signal (as for submit): the save on it must finish within SECONDS.")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
 @click.option("--kill-wait", type=click.IntRange(min=1), default=SLURM_KILL_WAIT_S, show_default=True,
               metavar="SECONDS", help="The cluster's KillWait (scontrol show config): the time a save on SIGTERM has.")
-@click.option("--save-rate", default="1GiB", show_default=True, metavar="BYTES",
-              help="Checkpoint write rate per node, per second, for the KillWait check (with --model-params).")
 @click.option("--recommend", is_flag=True,
               help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
                    "with a table of every shard size.")
 def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model, model_params,
-         root_params, dtype, optimizer, grad_accum, gpu_memory, kill_wait, save_rate, recommend: bool) -> None:  # fmt: skip
+         root_params, dtype, optimizer, grad_accum, write_bandwidth, signal, gpu_memory, kill_wait,
+         recommend: bool) -> None:  # fmt: skip
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -116,8 +124,15 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
                     grad_accum=grad_accum) if params else None)  # fmt: skip
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
-    rate = parse_bytes(save_rate, option="--save-rate")
-    saving = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate) if est is not None else None
+    rate = parse_bandwidth(write_bandwidth)
+    on_sigterm = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate) if est is not None else None
+    saving = None
+    if params:
+        if signal.strip().lower() != "none":
+            check_signal(signal)
+        saving = save_estimate(the_plan, model_params=params, dtype=dtype, optimizer=optimizer,
+                               node_write_bandwidth=parse_bandwidth(write_bandwidth),
+                               signal=None if signal.strip().lower() == "none" else signal)  # fmt: skip
     if svg_path:
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
@@ -126,7 +141,9 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
             data["model"] = model_info["record"]
         if est is not None:
             data["estimate"] = est.to_dict()
-            data["save"] = saving.to_dict()
+            data["save_on_sigterm"] = on_sigterm.to_dict()
+        if saving is not None:
+            data["checkpoint_estimate"] = saving.to_dict()
         if memory is not None:
             data["gpu_memory"] = memory
             data["smallest_fitting_shard"] = fit.shard_size if fit else None
@@ -134,7 +151,9 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     else:
         if model_info is not None:
             click.echo(model_info["line"])
-        click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=saving), nl=False)
+        click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=on_sigterm), nl=False)
+        if saving is not None:
+            click.echo("\n".join(saving.lines()))
 
 
 def _model_summary(model: str) -> dict:

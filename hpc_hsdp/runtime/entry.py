@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SpecError
@@ -63,23 +64,43 @@ def run_task(
         try:
             ctx.spec = spec
             ctx.preemption = preemption
-            if fn is None:
-                from hpc_hsdp.runtime.loop import payload
+            try:
+                if fn is None:
+                    from hpc_hsdp.runtime.loop import payload
 
-                result = payload(ctx)
-            else:
-                result = fn(ctx)
-            preemption.finish(rank=ctx.rank)  # collective; nothing to do when no stop was agreed
+                    result = payload(ctx)
+                else:
+                    result = fn(ctx)
+            except Exception as exc:
+                if "hpc_hsdp.runtime.watchdog" in sys.modules:  # a hang being reported: the watchdog ends the task
+                    sys.modules["hpc_hsdp.runtime.watchdog"].wait_if_ending()
+                _requeue_if_a_node_died(ctx, spec, env, exc)
+                raise
+            preemption.finish(rank=ctx.rank, run_dir=ctx.run_dir)  # collective; nothing to do when no stop was agreed
             return result
         except BaseException as exc:
             if getattr(ctx, "observer", None) is not None:  # set by the loop's RunObserver
                 ctx.observer.close_on_error(exc, None)
             raise
         finally:
+            if "hpc_hsdp.runtime.checkpoint" in sys.modules:  # a periodic save still being written
+                sys.modules["hpc_hsdp.runtime.checkpoint"].finish_open_saves()
             ctx.shutdown()
     finally:
         faults.clear()
         preemption.uninstall()
+
+
+def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: BaseException) -> None:
+    """A step that failed because peers vanished with their node: requeue without it
+    (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own."""
+    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+
+    try:
+        handle_lost_peers(ctx, max_restarts=spec.training.max_restarts, env=env,
+                          reason=f"the step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")  # fmt: skip
+    except Exception as probe:  # noqa: BLE001 - the payload's error is the one to raise
+        print(f"[hpc-hsdp] could not check the job's nodes after the failure ({probe})", file=sys.stderr, flush=True)
 
 
 def task_main(spec: RunSpec, *, fn: Callable | None = None):

@@ -11,6 +11,12 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
     that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
     its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_SKIP_SPACE_CHECK=1``
+    checkpoint saves skip their free-space check, so that a test reaches the disk filling up in
+    the middle of a write (ENOSPC from the writes themselves).
+``HPC_HSDP_FAULT_FREEZE_AT=<rank>:<step>``
+    that rank stops at the start of that step as a rank stuck in a collective would: it sleeps
+    (signals still run their handlers) and never reaches the step's collectives.
 ``HPC_HSDP_FAULT_SIGNAL_AT=<rank>:<step>``
     that rank sends itself the job's warning signal (SIGUSR2) at the start of that step,
     as ``scancel --signal=USR2`` would: the ranks agree to stop after that step and save.
@@ -38,6 +44,8 @@ RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
 KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
 KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
+SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
+FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
 SLOW_RANK = "HPC_HSDP_FAULT_SLOW_RANK"
 SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 
@@ -76,6 +84,8 @@ class Faults:
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
     step_delay_s: float = 0.0
+    skip_space_check: bool = False
+    freeze_at: tuple[int, int] | None = None
     slow_ranks: tuple[tuple[int, float], ...] = ()
     signal_at: tuple[int, int] | None = None
 
@@ -84,6 +94,7 @@ class Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
                    kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
+                   skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT),
                    slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
 
 
@@ -116,6 +127,16 @@ def at_step(rank: int, step: int) -> None:
         _kill_self(f"rank {rank} at step {step} ({KILL_AT})")
     if _active.signal_at == (rank, step):
         os.kill(os.getpid(), signal.SIGUSR2)
+    if _active.freeze_at == (rank, step):
+        print(f"[hpc-hsdp] fault injected: rank {rank} freezes at step {step} ({FREEZE_AT}, test hook)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        while True:
+            time.sleep(3600)
+
+
+def skip_space_check() -> bool:
+    """Whether checkpoint saves skip their free-space check (``HPC_HSDP_FAULT_SKIP_SPACE_CHECK``)."""
+    return _active.skip_space_check
 
 
 def in_step(rank: int) -> None:

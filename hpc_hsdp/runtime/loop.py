@@ -54,6 +54,7 @@ from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.schedule import lr_of
+from hpc_hsdp.runtime.watchdog import Watchdog
 from hpc_hsdp.spec import TrainingSpec
 
 OnStep = Callable[[int, dict], None]
@@ -320,14 +321,18 @@ def should_stop(ctx: RunContext, last_step: int, *, stop_requested: Callable[[],
 
 def save_checkpoint(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int,
                     training: TrainingSpec, data: TrainData, model_name: str = "builtin",
-                    extra: dict | None = None) -> Path:  # fmt: skip
+                    extra: dict | None = None, background: checkpoint.AsyncSaver | None = None) -> Path:  # fmt: skip
     """Collective: model, optimizer and the data position after ``step`` (plus ``extra``, any
-    JSON-able state of a custom loop) into ``<run_dir>/checkpoints/step-N`` atomically."""
+    JSON-able state of a custom loop) into ``<run_dir>/checkpoints/step-N`` atomically; with
+    ``background``, written by it while training goes on (else before returning)."""
     train_state = {
         "seed": training.seed, "world_size": ctx.world_size, "batch_size": data.layout.rank_batch,
         "grad_accum": data.layout.grad_accum, "mesh_shape": list(ctx.plan.mesh_shape), "model": model_name,
         "data": data_state(data, step, training.seed), "extra": extra or {},
     }  # fmt: skip
+    if background is not None:
+        background.save(model, optimizer, step=step, train_state=train_state)
+        return checkpoint.checkpoint_root(ctx.run_dir) / checkpoint.step_dir_name(step)
     return checkpoint.save(ctx.run_dir, model, optimizer, step=step, train_state=train_state,
                            keep=training.keep_checkpoints)  # fmt: skip
 
@@ -493,15 +498,19 @@ def train(
     saved_step = start_step if start_step else None
     began = time.time()
 
-    def save(step: int) -> None:
+    periodic = checkpoint.AsyncSaver.for_run(ctx, training)  # None without a run_dir or --checkpoint-every
+
+    def save(step: int, *, in_background: bool = False) -> None:
         nonlocal saved_step
-        path = save_checkpoint(ctx, model, optimizer, step=step, training=training, data=data, model_name=adapter.name)
+        path = save_checkpoint(ctx, model, optimizer, step=step, training=training, data=data, model_name=adapter.name,
+                               background=periodic if in_background else None)  # fmt: skip
         saved_step = step
         if ctx.is_rank0 and verbose:
-            print(f"[hpc-hsdp] checkpoint {path}", flush=True)
+            print(f"[hpc-hsdp] checkpoint {path}" + (" (writing in the background)" if in_background else ""), flush=True)
 
     model.train()
     loader = make_loader(ctx, data, first_step=start_step + 1, last_step=training.steps)
+    watchdog = Watchdog.for_run(ctx, training, step=start_step)  # a hang ends the job (and requeues it)
     try:
         for step in range(start_step + 1, training.steps + 1):
             # every rank agrees on stopping every step (a collective), before anything else
@@ -553,14 +562,18 @@ def train(
                 print(step_line(record, training.steps), flush=True)
             if on_step is not None:
                 on_step(step, dict(record, sample_ids=[b.sample_ids.tolist() for b in batches]))
+            watchdog.step_done(step)
             every = training.checkpoint_every
             if ctx.run_dir is not None and every and step % every == 0 and step != training.steps:
-                save(step)
+                save(step, in_background=True)
     finally:
+        watchdog.stop()
         loader.close()
 
     if ctx.run_dir is not None and result.last_step > 0 and saved_step != result.last_step:
-        save(result.last_step)
+        save(result.last_step)  # on a stop signal and at the end: synchronous
+    if periodic is not None:
+        periodic.close()
     observer.finish(result.stop_reason, result.last_step)
     sys.stdout.flush()
     return result

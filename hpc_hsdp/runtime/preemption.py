@@ -19,8 +19,7 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.scheduler.requeue_job`, the one module that talks to the
-   scheduler) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
+   through :func:`hpc_hsdp.requeue.requeue_job`) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
    which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
 5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
@@ -182,7 +181,7 @@ class Preemption:
             return self.warning_signal.name.removeprefix("SIG")
         return None
 
-    def finish(self, *, rank: int) -> StopOutcome | None:
+    def finish(self, *, rank: int, run_dir=None) -> StopOutcome | None:
         """Collective, after every rank saved: rank 0 requeues on the warning signal; all ranks
         learn the outcome. None when no stop was agreed."""
         reason = self.stop_reason
@@ -209,7 +208,7 @@ class Preemption:
         if not in_slurm(self.env):
             return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
                            "resubmit with the same --run-dir to resume")  # fmt: skip
-        from hpc_hsdp.scheduler import requeue_job
+        from hpc_hsdp.requeue import requeue_job
 
         ok, said = requeue_job(job_id)
         return ok, (f"requeued job {job_id} (scontrol requeue); it resumes from this checkpoint" if ok

@@ -49,7 +49,7 @@ def compare_groups(
     ``replicate_group_of_rank[r]`` the ranks of the groups rank ``r``'s mesh holds. Node
     names are matched by partition, not by spelling: the ranks the plan puts on one node
     must share one reported name, and different planned nodes different names (torchrun
-    outside SLURM names nodes ``node0, node1, ...`` while the host says otherwise).
+    outside SLURM names nodes ``n1, n2, ...`` while the host says otherwise).
     """
     world = plan.world_size
     for what, seq in (("node names", node_of_rank), ("shard groups", shard_group_of_rank),

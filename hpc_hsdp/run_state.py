@@ -1,0 +1,181 @@
+"""What a run directory holds, read without torch: its checkpoints, whether they are whole,
+and what submitting into it again would do.
+
+Layout of one checkpoint (written by :mod:`hpc_hsdp.runtime.checkpoint`):
+``<run_dir>/checkpoints/step-000010/`` with DCP's files (``.metadata``, ``__<rank>_<n>.distcp``),
+``train_state.json``, ``manifest.json`` (every file's size and CRC-32 at save time) and
+``COMPLETE``, the last file written. The submitting side (``submit``) and the tasks use the
+same functions, so that what ``submit`` says it resumes from is what the job loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+
+COMPLETE = "COMPLETE"
+TRAIN_STATE = "train_state.json"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "hpc-hsdp-checkpoint-manifest"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_CHUNK = 4 << 20
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of the checkpoints marked complete, oldest first (whole or not: see
+    :func:`damage`)."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and path.is_dir() and (path / COMPLETE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def crc32_of(path: str | Path) -> int:
+    """CRC-32 of a file's bytes (zlib's, about as fast as the disk reads)."""
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def file_record(path: str | Path, *, checksum: bool) -> dict:
+    record = {"bytes": os.path.getsize(path)}
+    if checksum:
+        record["crc32"] = crc32_of(path)
+    return record
+
+
+def read_manifest(path: str | Path) -> dict | None:
+    """The checkpoint's manifest (None: written before manifests existed, or unreadable)."""
+    try:
+        data = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
+
+
+def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str | None:
+    """What is wrong with a complete checkpoint, on one line; None when it is whole.
+
+    Sizes of every file in the manifest are always checked (a stat each); the CRC-32 of the
+    files named in ``checksum_files`` (all: ``["*"]``) is recomputed as well. A checkpoint
+    without a manifest (hpc-hsdp before 0.2) can only be checked for its train_state.json."""
+    path = Path(path)
+    if not (path / TRAIN_STATE).is_file():
+        return f"{TRAIN_STATE} is missing"
+    manifest = read_manifest(path)
+    if manifest is None:
+        return None if not (path / MANIFEST).exists() else f"{MANIFEST} is unreadable"
+    files = manifest.get("files", {})
+    for name, saved in sorted(files.items()):
+        file = path / name
+        try:
+            size = os.path.getsize(file)
+        except OSError:
+            return f"{name} is missing ({saved['bytes']:,} bytes at save)"
+        if size != saved["bytes"]:
+            return f"{name} has {size:,} bytes, {saved['bytes']:,} at save"
+    wanted = sorted(files) if checksum_files == ["*"] else sorted(checksum_files or [])
+    for name in wanted:
+        saved = files.get(name, {})
+        if "crc32" in saved and crc32_of(path / name) != saved["crc32"]:
+            return f"{name} has the right size but not the bytes saved (CRC-32 differs)"
+    return None
+
+
+def saved_step(path: str | Path) -> int:
+    return int(json.loads((Path(path) / TRAIN_STATE).read_text(encoding="utf-8"))["step"])
+
+
+@dataclass(frozen=True)
+class RunDirState:
+    """What submitting into a run directory would do."""
+
+    run_dir: str
+    resume_step: int | None
+    """Step of the newest whole checkpoint (None: starts from step 0)."""
+    checkpoint: str | None
+    skipped: tuple[str, ...] = ()
+    """Newer checkpoints found damaged (``step-000010: __1_0.distcp is missing ...``)."""
+
+
+def run_dir_state(run_dir: str | Path) -> RunDirState:
+    """The newest checkpoint whose files all have their saved sizes (no checksums: cheap)."""
+    skipped = []
+    for step, path in reversed(complete_checkpoints(run_dir)):
+        problem = damage(path)
+        if problem is None:
+            try:
+                step = saved_step(path)
+            except (OSError, ValueError, KeyError, json.JSONDecodeError):
+                skipped.append(f"{path.name}: {TRAIN_STATE} unreadable")
+                continue
+            return RunDirState(run_dir=str(run_dir), resume_step=step, checkpoint=str(path), skipped=tuple(skipped))
+        skipped.append(f"{path.name}: {problem}")
+    return RunDirState(run_dir=str(run_dir), resume_step=None, checkpoint=None, skipped=tuple(skipped))
+
+
+def resubmission_note(run_dir: str | Path, *, steps: int) -> str | None:
+    """Before submitting into ``run_dir``: raise SpecError when its run already reached
+    ``steps`` (nothing would train), else say from which step it resumes (None: fresh)."""
+    state = run_dir_state(run_dir)
+    damaged = f" (newer checkpoints damaged: {'; '.join(state.skipped)})" if state.skipped else ""
+    if state.resume_step is None:
+        if state.skipped:
+            raise SpecError(
+                f"every checkpoint in {run_dir} is damaged ({'; '.join(state.skipped)}), nothing submitted; restore the "
+                f"files, or remove {checkpoint_root(run_dir)} to start from step 0, or choose a new --run-dir"
+            )
+        return None
+    if state.resume_step >= steps:
+        raise SpecError(
+            f"run directory {run_dir} already completed step {state.resume_step} (--steps {steps}): nothing to train, "
+            f"nothing submitted; extend the run with --steps N (N > {state.resume_step}) or choose a new --run-dir"
+        )
+    return (f"run directory {run_dir} has a checkpoint at step {state.resume_step}: the job resumes from step "
+            f"{state.resume_step} and trains to step {steps}{damaged}")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- restarts and their causes
+# The record itself is hpc_hsdp.attempts' (attempt.json, restarts.jsonl): the components that
+# know why an attempt ends (the watchdog: a hang; the survivors of a node failure) write it there.
+
+FAILURE_REASONS = ("hang", "node_failure", "killed", "error", "unknown")
+"""Restart reasons that count against ``--max-restarts`` (not the warning signal, SIGTERM,
+a requested stop or a resubmission)."""
+
+
+def record_restart(run_dir: str | Path, *, reason: str, cause: str, step: int | None = None) -> bool:
+    """Why the current attempt ends (the first cause written wins): the next attempt's line in
+    restarts.jsonl carries it."""
+    from hpc_hsdp.attempts import end_attempt
+
+    return end_attempt(run_dir, reason=reason, step=step, detail=cause)
+
+
+def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
+    """Restarts of this job after failures (hang, node failure, killed, error)."""
+    from hpc_hsdp.attempts import read_restarts
+
+    return sum(1 for r in read_restarts(run_dir)
+               if r.get("reason") in FAILURE_REASONS and (not job_id or str(r.get("job_id")) == job_id))  # fmt: skip

@@ -1,0 +1,397 @@
+"""A watchdog on every rank: a job whose ranks stop making progress ends instead of burning
+its allocation until the time limit.
+
+A rank that hangs (stuck in a data read, a deadlock, a GPU that stopped answering) leaves
+the others waiting in the next collective until the process-group timeout, often 30 minutes
+or more. :class:`Watchdog` is a thread per rank. The loop calls ``step_done(step)`` after
+every step; when no step completes within the hang timeout (``--hang-timeout``; 0: 20 times
+the median step time seen so far, at least ``HANG_TIMEOUT_FLOOR_S``), every rank, from its
+watchdog thread:
+
+1. writes the Python stacks of all its threads to its log (faulthandler; on GPU also the
+   NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl`` when torch
+   records one: ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0);
+2. publishes where it is through the job's TCP store (which works while every collective
+   hangs): last step completed, collectives entered by the main thread (counted by light
+   wrappers of the torch.distributed functions FSDP2 and the loop call);
+3. rank 0 collects them and prints ONE line: the step, the ranks waiting in collective #N and
+   the ranks that never reached it; it records the hang in ``<run_dir>/restarts.jsonl``
+   (cause of the restart) and, inside SLURM and within ``--max-restarts``, requeues the job
+   (``scontrol requeue``), which resumes from the newest complete checkpoint;
+4. every rank exits with :data:`EXIT_HUNG` (its main thread is stuck; nothing else can end it).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch.distributed as dist
+
+HANG_TIMEOUT_FLOOR_S = 120.0
+HANG_TIMEOUT_STEP_FACTOR = 20
+EXIT_HUNG = 86
+"""Exit status of every task of a job its watchdog ended."""
+GATHER_S = 10.0
+"""How long rank 0 waits for the other ranks' reports after its own timer fired."""
+
+ENDING = threading.Event()
+"""Set when this process's watchdog decided to end the job: an error the main thread gets
+meanwhile (a peer that already exited) must not end the task before the watchdog does."""
+
+_COUNTED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+            "all_reduce", "broadcast", "all_gather", "barrier", "all_to_all_single", "reduce", "gather", "scatter")  # fmt: skip
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class CollectiveCounter:
+    """Counts the collectives the main thread enters (another thread's, e.g. a background
+    checkpoint's, would not be in the same order on every rank)."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.last_kind: str | None = None
+        self._main = threading.main_thread().ident
+        self._originals: dict[str, object] = {}
+
+    def install(self) -> CollectiveCounter:
+        for name in _COUNTED:
+            original = getattr(dist, name, None)
+            if original is None or name in self._originals:
+                continue
+            self._originals[name] = original
+            setattr(dist, name, self._wrap(name, original))
+        return self
+
+    def _wrap(self, name: str, original):
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            if threading.get_ident() == self._main:
+                self.entered += 1
+                self.last_kind = name
+            return original(*args, **kwargs)
+
+        counted.__hpc_hsdp_counter__ = self
+        return counted
+
+    def uninstall(self) -> None:
+        for name, original in self._originals.items():
+            current = getattr(dist, name, None)
+            if getattr(current, "__hpc_hsdp_counter__", None) is self:
+                setattr(dist, name, original)
+        self._originals.clear()
+
+
+def describe_hang(reports: Mapping[int, dict], world_size: int, *, timeout_s: float) -> str:
+    """The one line for a hang, from the ranks' reports (pure). A report: ``step`` (last
+    completed), ``collectives`` (entered by the main thread), ``kind`` (the last one's name),
+    ``waiting`` (the main thread is inside torch.distributed) and ``where`` (its innermost
+    frame). A rank without a report did not answer (dead, or frozen with the interpreter)."""
+    silent = sorted(set(range(world_size)) - set(reports))
+    if not reports:
+        return f"hang: no step completed within {timeout_s:.0f} s and no rank reported"
+    step = min(r["step"] for r in reports.values()) + 1
+    waiting = sorted(rank for rank, r in reports.items() if r.get("waiting", True))
+    elsewhere = sorted(rank for rank, r in reports.items() if not r.get("waiting", True))
+    line = f"hang at step {step}: no step completed within {timeout_s:.0f} s; "
+    if waiting:
+        furthest = max(reports[rank]["collectives"] for rank in waiting)
+        kind = next((reports[rank].get("kind") for rank in waiting if reports[rank]["collectives"] == furthest), None)
+        line += f"ranks {_ranks(waiting)} wait in a collective (furthest: #{furthest}" + (f" {kind}" if kind else "") + ")"
+    parts = []
+    if elsewhere:
+        where = "; ".join(f"rank {rank} at {reports[rank]['where']}" for rank in elsewhere[:4] if reports[rank].get("where"))
+        parts.append(f"ranks {_ranks(elsewhere)} never reached it" + (f" ({where})" if where else ""))
+    if silent:
+        parts.append(f"ranks {_ranks(silent)} did not answer (dead or frozen)")
+    if parts:
+        line += ("; " if waiting else "") + "; ".join(parts)
+    else:
+        line += " (every rank: a collective that never completes, a network or GPU fault)"
+    return line
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``0-2,5`` for [0, 1, 2, 5]."""
+    out, start = [], None
+    for i, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
+            out.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ",".join(out)
+
+
+def main_thread_position() -> tuple[bool, str | None]:
+    """Whether the main thread is inside torch.distributed (waiting in a collective, or in
+    FSDP's wait for one), and its innermost frame as ``file.py:LINE in function``."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return False, None
+    where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+    waiting = False
+    while frame is not None:
+        if f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.f_code.co_filename:
+            waiting = True
+            break
+        frame = frame.f_back
+    return waiting, where
+
+
+def hang_timeout(configured: float, step_times: list[float]) -> float:
+    """The timeout in effect: ``configured`` when > 0, else 20x the median step time so far,
+    at least the floor. Until the run's first step completed (start-up, warm-up, the first
+    batches) the floor applies to a smaller ``configured`` too."""
+    if configured > 0:
+        return configured if step_times else max(configured, HANG_TIMEOUT_FLOOR_S)
+    typical = statistics.median(step_times) if step_times else 0.0
+    return max(HANG_TIMEOUT_FLOOR_S, HANG_TIMEOUT_STEP_FACTOR * typical)
+
+
+def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
+    """Called by the task on an error: when the watchdog is ending the job, let it finish (it
+    exits the process with EXIT_HUNG) instead of ending the task with a peer's disappearance."""
+    if ENDING.is_set():
+        time.sleep(limit_s)
+
+
+def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
+    """Collective. Raise HsdpError on every rank when this job's restarts after failures
+    (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
+    from hpc_hsdp.attempts import read_restarts
+    from hpc_hsdp.errors import HsdpError
+    from hpc_hsdp.run_state import FAILURE_REASONS, failure_restarts
+
+    job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
+    verdict = [None]
+    if run_dir is not None and ctx.rank == 0 and job_id:
+        failures = failure_restarts(run_dir, job_id=job_id)
+        if failures > max_restarts:
+            causes = "; ".join(f"restart {r.get('restart')}: {r.get('detail') or r.get('reason')}"
+                               for r in read_restarts(run_dir)
+                               if r.get("reason") in FAILURE_REASONS and str(r.get("job_id")) == job_id)  # fmt: skip
+            verdict[0] = (f"job {job_id} restarted {failures} times after failures, more than --max-restarts "
+                          f"{max_restarts}: not training again ({causes})")  # fmt: skip
+    if dist.is_initialized() and ctx.world_size > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise HsdpError(verdict[0])
+
+
+class Watchdog:
+    """See the module docstring. ``start()`` after the process group exists, ``step_done(step)``
+    after every step, ``stop()`` before anything that may legitimately take long (the final
+    save) and at the end."""
+
+    def __init__(self, ctx, *, timeout_s: float = 0.0, max_restarts: int = 0, env: Mapping[str, str] | None = None,
+                 exit_fn=os._exit) -> None:  # fmt: skip
+        self.ctx = ctx
+        self.configured = float(timeout_s)
+        self.max_restarts = max_restarts
+        self.env = dict(os.environ if env is None else env)
+        self.exit_fn = exit_fn
+        self.counter = CollectiveCounter()
+        self.last_step = 0
+        self.last_progress = time.monotonic()
+        self.step_times: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store = None
+        self._prefix = ""
+
+    # ------------------------------------------------------------------ the loop's side
+
+    @classmethod
+    def for_run(cls, ctx, training, *, step: int = 0, env: Mapping[str, str] | None = None) -> Watchdog:
+        """Collective: record why this run is a restart when nobody did, refuse to train past
+        ``--max-restarts`` failure restarts, and start the watchdog at ``step``."""
+        env = dict(os.environ if env is None else env)
+        check_restart_budget(ctx, max_restarts=training.max_restarts, env=env)
+        return cls(ctx, timeout_s=training.hang_timeout, max_restarts=training.max_restarts, env=env).start(step=step)
+
+    def start(self, *, step: int = 0) -> Watchdog:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.last_step = step
+        self.last_progress = time.monotonic()
+        restart = self.env.get("SLURM_RESTART_COUNT", "0")
+        self._prefix = f"hpc-hsdp/watchdog/{self.env.get('SLURM_JOB_ID', 'job')}/{restart}/"
+        try:
+            self._store = _get_default_store()
+        except (RuntimeError, ValueError):
+            self._store = None
+        self.counter.install()
+        self._thread = threading.Thread(target=self._watch, name="hpc-hsdp-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def step_done(self, step: int) -> None:
+        now = time.monotonic()
+        if step > self.last_step:
+            self.step_times.append(now - self.last_progress)
+            del self.step_times[:-50]
+        self.last_step = step
+        self.last_progress = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.counter.uninstall()
+
+    @property
+    def timeout_s(self) -> float:
+        return hang_timeout(self.configured, self.step_times)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 10))):
+            if time.monotonic() - self.last_progress > self.timeout_s:
+                self._hung()
+                return
+
+    def _report(self) -> dict:
+        waiting, where = main_thread_position()
+        return {"step": self.last_step, "collectives": self.counter.entered, "kind": self.counter.last_kind,
+                "waiting": waiting, "where": where, "node": getattr(self.ctx.layout, "node", None),
+                "pid": os.getpid()}  # fmt: skip
+
+    def _hung(self) -> None:
+        ENDING.set()
+        rank, world = self.ctx.rank, self.ctx.world_size
+        timeout = self.timeout_s
+        _note(f"[hpc-hsdp] watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
+              f"(timeout {timeout:.0f} s) after step {self.last_step}; Python stacks of every thread follow")  # fmt: skip
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        self._dump_nccl_trace(rank)
+        reports = {rank: self._report()}
+        store = self._store
+        if store is not None:
+            try:
+                store.set(self._prefix + f"rank{rank}", json.dumps(reports[rank]))
+            except Exception as exc:  # noqa: BLE001 - the store may be gone with rank 0
+                _note(f"[hpc-hsdp] watchdog: rank {rank}: cannot reach the job's store ({exc})")
+                store = None
+        verdict = None
+        if rank == 0:
+            reports.update(self._collect(store, world, rank))
+            verdict = describe_hang(reports, world, timeout_s=timeout)
+            lost = self._lost_peers(verdict) if len(reports) < world else None
+            if lost is not None:  # a node died with the silent ranks: requeued without it
+                verdict = lost
+            else:
+                verdict = f"{verdict}; {self._requeue_and_record(verdict)}"
+                _note(f"[hpc-hsdp] {verdict}")
+            if store is not None:
+                try:
+                    store.set(self._prefix + "verdict", verdict)
+                    # rank 0's process holds the job's store: stay until the others have read the verdict
+                    self._collect(store, world, rank, key="read")
+                except Exception:  # noqa: BLE001
+                    pass
+        elif store is not None:
+            verdict = self._wait_verdict(store)
+            _note(f"[hpc-hsdp] watchdog: rank {rank}: stacks above; " + (verdict or "rank 0 did not answer"))
+            if verdict is None:  # rank 0 is gone: perhaps with its node
+                self._lost_peers(f"hang after step {self.last_step}: rank 0 did not answer the watchdog")
+        else:
+            self._lost_peers(f"hang after step {self.last_step}: the job's store is unreachable")
+            try:
+                store.set(self._prefix + f"read{rank}", "1")
+            except Exception:  # noqa: BLE001
+                pass
+        self.exit_fn(EXIT_HUNG)
+
+    def _collect(self, store, world: int, me: int, *, key: str = "rank") -> dict[int, dict]:
+        """The other ranks' ``<key><rank>`` entries that appear within GATHER_S."""
+        found: dict[int, dict] = {}
+        if store is None:
+            return found
+        deadline = time.monotonic() + GATHER_S
+        while time.monotonic() < deadline and len(found) < world - 1:
+            for other in range(world):
+                if other == me or other in found:
+                    continue
+                name = self._prefix + f"{key}{other}"
+                try:
+                    if store.check([name]):
+                        found[other] = json.loads(store.get(name))
+                except Exception:  # noqa: BLE001
+                    return found
+            time.sleep(0.2)
+        return found
+
+    def _wait_verdict(self, store) -> str | None:
+        deadline = time.monotonic() + GATHER_S + 10
+        key = self._prefix + "verdict"
+        while time.monotonic() < deadline:
+            try:
+                if store.check([key]):
+                    return store.get(key).decode()
+            except Exception:  # noqa: BLE001
+                return None
+            time.sleep(0.2)
+        return None
+
+    def _lost_peers(self, reason: str) -> str | None:
+        from hpc_hsdp.runtime.node_failure import handle_lost_peers
+
+        try:
+            return handle_lost_peers(self.ctx, max_restarts=self.max_restarts, env=self.env, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must still end the job
+            _note(f"[hpc-hsdp] watchdog: could not check the job's nodes ({exc})")
+            return None
+
+    def _dump_nccl_trace(self, rank: int) -> None:
+        import torch
+
+        dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+        run_dir = self.ctx.run_dir
+        if dump is None or run_dir is None or not torch.cuda.is_available():
+            return
+        try:
+            trace = dump()
+        except Exception as exc:  # noqa: BLE001 - not recording (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or failed
+            _note(f"[hpc-hsdp] watchdog: rank {rank}: no NCCL flight recorder trace ({exc})")
+            return
+        path = Path(run_dir) / "hang" / f"nccl-trace-rank{rank}.pkl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(trace)
+        _note(f"[hpc-hsdp] watchdog: rank {rank}: NCCL flight recorder trace in {path}")
+
+    def _requeue_and_record(self, verdict: str) -> str:
+        from hpc_hsdp.run_state import failure_restarts, record_restart
+        from hpc_hsdp.runtime.preemption import in_slurm, restart_count
+
+        restarts = restart_count(self.env)
+        job_id = self.env.get("SLURM_JOB_ID", "")
+        failures = failure_restarts(self.ctx.run_dir, job_id=job_id) if self.ctx.run_dir is not None else restarts
+        if not in_slurm(self.env):
+            outcome, requeued = "not in a SLURM job: not requeued; resubmit with the same --run-dir to resume", False
+        elif failures >= self.max_restarts:
+            outcome, requeued = (f"not requeued: the job already restarted {failures} times after failures "
+                                 f"(--max-restarts {self.max_restarts})"), False  # fmt: skip
+        else:
+            from hpc_hsdp.requeue import requeue_job
+
+            ok, said = requeue_job(job_id)
+            requeued = ok
+            outcome = (f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})" if ok
+                       else f"scontrol requeue {job_id} failed: {said}")  # fmt: skip
+        if self.ctx.run_dir is not None:  # the cause of this attempt's end, for the next one and status
+            record_restart(self.ctx.run_dir, reason="hang", cause=verdict, step=self.last_step)
+        return outcome
