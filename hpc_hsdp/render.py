@@ -42,7 +42,7 @@ from pathlib import Path
 import jinja2
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import JobSpec
+from hpc_hsdp.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
@@ -274,11 +274,6 @@ def default_launch_command(spec: JobSpec) -> str:
     return "bash -c " + q(" ".join(inner))
 
 
-TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
-"""What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
-torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
-job instead of printing stacks; older agents ignore the variable and still do."""
 
 
 def plan_command(spec: JobSpec) -> str:

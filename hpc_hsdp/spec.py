@@ -503,6 +503,13 @@ class EnvironmentSpec:
 
 
 LAUNCHERS = ("srun", "torchrun")
+
+TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
+"""What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
+torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
+job instead of printing stacks; older agents ignore the variable and still do."""
+
 DISTRIBUTIONS = ("block", "cyclic")
 
 

@@ -22,6 +22,14 @@ from collections.abc import Sequence
 
 SLOW_THRESHOLD = 1.2
 """A rank whose own time is at least this many times the median is named as slow."""
+MIN_MEDIAN_S = 1e-3
+"""The median own time is taken as at least this: when one rank holds the others back by far
+more than their own work, the fast ranks' own time (step time minus time blocked in
+collectives) comes out at or near zero, and a ratio against zero says nothing."""
+
+
+def _norm(median: float | None) -> float:
+    return max(float(median or 0.0), MIN_MEDIAN_S)
 
 
 def summarize(own_time_s: Sequence[float], nodes: Sequence[str] | None = None) -> dict:
@@ -37,7 +45,7 @@ def summarize(own_time_s: Sequence[float], nodes: Sequence[str] | None = None) -
         "slowest_rank": slowest,
         "slowest_node": nodes[slowest] if nodes and slowest < len(nodes) else None,
         "slowest_s": round(times[slowest], 6),
-        "spread": round(times[slowest] / median, 4) if median > 0 else None,
+        "spread": round(times[slowest] / _norm(median), 4),
     }
 
 
@@ -59,9 +67,9 @@ def rank_ranges(ranks: Sequence[int]) -> str:
 def slow_ranks(entry: dict, threshold: float = SLOW_THRESHOLD) -> list[int]:
     """Ranks whose own time is at least ``threshold`` x the median."""
     times = entry.get("own_time_s") or []
-    median = entry.get("median_s") or (statistics.median_low(times) if times else 0)
-    if not times or not median or median <= 0:
+    if not times:
         return []
+    median = _norm(entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(times))
     return [r for r, t in enumerate(times) if t >= threshold * median]
 
 
@@ -73,7 +81,8 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
     slow = slow_ranks(entry, threshold)
     if not slow:
         return None
-    times, median = entry["own_time_s"], entry.get("median_s") or statistics.median_low(entry["own_time_s"])
+    times = entry["own_time_s"]
+    median = _norm(entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(times))
     by_node: dict[str | None, list[int]] = {}
     for r in slow:
         node = nodes[r] if nodes and r < len(nodes) else (entry.get("slowest_node") if r == entry.get("slowest_rank") else None)
@@ -98,7 +107,8 @@ def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
     counts: dict[int, int] = {}
     ratios: dict[int, list[float]] = {}  # per rank: its ratio to the median in the probes that named it
     for entry in entries:
-        median = entry.get("median_s") or statistics.median_low(entry["own_time_s"])
+        median = _norm(entry.get("median_s") if entry.get("median_s") is not None
+                       else statistics.median_low(entry["own_time_s"]))  # fmt: skip
         for r in slow_ranks(entry, threshold):
             counts[r] = counts.get(r, 0) + 1
             ratios.setdefault(r, []).append(entry["own_time_s"][r] / median)

@@ -45,7 +45,9 @@ def hpc(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
      ([0.06, 0.02, 0.02, 0.05], NODES, "node n1: rank 0 is 3.0x slower than the median; "
                                        "node n2: rank 3 is 2.5x slower than the median"),
      ([0.02] * 6 + [0.04, 0.04], ["a"] * 4 + ["b"] * 4, "node b: ranks 6-7 are 2.0x slower than the median"),
-     ([0.02, 0.03], None, "rank 1 is 1.5x slower than the median")],
+     ([0.02, 0.03], None, "rank 1 is 1.5x slower than the median"),
+     # the others only waited for rank 3: their own time is nothing, the median is taken as 1 ms
+     ([0.0, 0.0, 0.0, 0.15], NODES, "node n2: rank 3 is 150.0x slower than the median")],
 )  # fmt: skip
 def test_stragglers_in_words(times, nodes, expected):
     entry = summarize(times, nodes)
@@ -231,7 +233,8 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     entries = [r["stragglers"] for r in probes]
     # the slow rank's own time holds the sleep, although every rank's step time does; on a loaded
     # 2-core machine another rank may be descheduled in one probe, not in most
-    assert all(e["own_time_s"][3] >= 0.15 for e in entries), entries
+    # (within 10%: the clocks around the collectives start and stop a little apart from the step's)
+    assert all(e["own_time_s"][3] >= 0.9 * 0.15 for e in entries), entries
     assert all(r["step_time_s"] >= 0.15 for r in probes)
     assert sum((e["slowest_rank"], e["slowest_node"]) == (3, "n2") and e["spread"] > 2 for e in entries) >= 5, entries
     words, count, total = persistent(entries, NODES)

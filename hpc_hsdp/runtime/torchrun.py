@@ -37,8 +37,7 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     submitit's handlers) and, after a stop, exits without a result, as an srun task does,
     so that the requeued job's result is the one submitit reports."""
     from hpc_hsdp.runtime.preemption import warning_signal_from
-
-    from hpc_hsdp.render import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
+    from hpc_hsdp.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
 
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []
