@@ -38,16 +38,10 @@ def record_scalars(record: dict) -> dict[str, float]:
     and inter-node wire bytes and ``comm/<axis>_wire_bytes`` per mesh axis; with
     ``stragglers``, the spread, the slowest rank and the median own time."""
     out: dict[str, float] = {}
-    for key, tag in TAGS.items():
-        value = _number(record.get(key))
-        if value is not None:
-            out[tag] = value
+    _copy_numbers(record, TAGS, out)
     comm = record.get("comm")
     if isinstance(comm, dict):
-        for key, tag in COMM_TOTALS.items():
-            value = _number(comm.get(key))
-            if value is not None:
-                out[tag] = value
+        _copy_numbers(comm, COMM_TOTALS, out)
         for axis, section in comm.items():
             if isinstance(section, dict):
                 wire = [s.get("wire_bytes") for s in section.values() if isinstance(s, dict)]
@@ -56,8 +50,13 @@ def record_scalars(record: dict) -> dict[str, float]:
                     out[f"comm/{axis}_wire_bytes"] = float(sum(wire))
     stragglers = record.get("stragglers")
     if isinstance(stragglers, dict):
-        for key, tag in STRAGGLERS.items():
-            value = _number(stragglers.get(key))
-            if value is not None:
-                out[tag] = value
+        _copy_numbers(stragglers, STRAGGLERS, out)
     return out
+
+
+def _copy_numbers(source: dict, tags: dict[str, str], out: dict[str, float]) -> None:
+    """``out[tag] = source[key]`` for each ``key -> tag`` whose value is a number."""
+    for key, tag in tags.items():
+        value = _number(source.get(key))
+        if value is not None:
+            out[tag] = value
