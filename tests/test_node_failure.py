@@ -4,7 +4,7 @@ Here: finding dead nodes by their slurmd (a real listening socket against a clos
 ``scontrol show node`` answered by a stand-in that prints what 22.05 prints), and the requeue
 that avoids them (requeuehold, ExcNodeList, release), recorded with its cause.
 
-On the real dev cluster (marked ``slurm``; needs 3 nodes: ``scripts/dev-cluster up --nodes 3``):
+On the real dev cluster (marked ``slurm``; needs 3 nodes, the default of ``scripts/dev-cluster up``):
 a 2-node job loses one node (``scripts/dev-cluster kill-node``: its slurmd and tasks killed,
 as a crashed machine); the survivors give up at once, the job is requeued without that node,
 lands on the healthy ones, resumes from the newest complete checkpoint and finishes, with at
@@ -147,7 +147,7 @@ def _wait(what: str, check, timeout_s: float):
 def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp_path):
     nodes = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%D"], capture_output=True, text=True).stdout.split()
     if sum(int(n) for n in nodes if n.isdigit()) < 3:
-        pytest.skip("needs a dev cluster of 3 nodes (scripts/dev-cluster up --nodes 3): one dies, the job needs 2")
+        pytest.skip("needs a dev cluster of 3 nodes (scripts/dev-cluster up, default --nodes 3): one dies, the job needs 2")
     run = tmp_path / "run"
     out = hpc("submit", *JOB, "--run-dir", str(run), "--steps", "40", "--checkpoint-every", str(EVERY),
               "--max-restarts", "2", "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
