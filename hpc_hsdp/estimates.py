@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.spec import signal_lead_seconds
 from hpc_hsdp.topology import TopologyPlan, valid_shard_sizes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -352,8 +353,6 @@ def save_time(plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KIL
 DEFAULT_WRITE_BANDWIDTH = "1GB"
 """Bytes per second one node writes to the checkpoint's file system, when not measured
 (``benchmarks/bench_checkpoint.py`` measures the disk and what a save reaches of it)."""
-SLURM_DEFAULT_SIGNAL_LEAD_S = 60
-"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,8 +398,7 @@ def signal_lead_s(signal: str | None) -> int | None:
     """Seconds before the time limit that ``--signal`` sends its signal (None: no signal)."""
     if signal is None or signal.strip().lower() == "none":
         return None
-    _, at, seconds = signal.partition("@")
-    return int(seconds) if at and seconds.strip().isdigit() else SLURM_DEFAULT_SIGNAL_LEAD_S
+    return signal_lead_seconds(signal)
 
 
 def parse_bandwidth(text: str) -> int:

@@ -344,6 +344,26 @@ def check_time(value: str) -> str:
     return value
 
 
+def time_limit_seconds(value: str) -> int:
+    """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
+    days, d_hours, d_minutes, d_seconds, first, second, third = _TIME.match(check_time(value)).groups()
+    if days is not None:
+        return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
+    if third is not None:
+        return (int(first) * 60 + int(second)) * 60 + int(third)
+    return int(first) * 60 + int(second or 0)
+
+
+SLURM_DEFAULT_SIGNAL_LEAD_S = 60
+"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
+
+
+def signal_lead_seconds(value: str) -> int:
+    """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
+    match = _SIGNAL.match(check_signal(value))
+    return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
+
+
 def check_signal(value: str) -> str:
     """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
     check_text("--signal", value)
@@ -359,6 +379,10 @@ def check_signal(value: str) -> str:
     if match.group(3) is not None and int(match.group(3)) > 65535:
         raise SpecError(f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds")
     return value
+
+
+def _signal_with_lead(value: str, lead: int) -> str:
+    return f"{value.partition('@')[0]}@{max(lead, 1)}"
 
 
 def check_sbatch_key(key: str) -> str:
@@ -444,6 +468,14 @@ class SchedulerSpec:
         _flag("--requeue", self.requeue)
         if self.signal is not None:
             check_signal(self.signal)
+            if self.time is not None:
+                lead, limit = signal_lead_seconds(self.signal), time_limit_seconds(self.time)
+                if lead >= limit:
+                    raise SpecError(
+                        f"--signal {self.signal} comes {lead} s before the time limit, but --time {self.time} is only "
+                        f"{limit} s: give a lead shorter than the limit (e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
+                        f"or a longer --time"
+                    )
         extra = _pairs(self.extra)
         for key, value in extra:
             check_sbatch_key(key)

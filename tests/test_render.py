@@ -314,6 +314,10 @@ REJECTED = [
     (["--shard", "4", "--env", "A=1", "--pass-env", "A"], ["both"]),
     (["--shard", "4", "--signal", "USR3@10"], ["--signal"]),
     (["--shard", "4", "--signal", "USR1@99999"], ["65535"]),
+    (["--shard", "4", "--time", "2"], ["--signal USR2@120", "120 s before", "--time 2 is only 120 s", "--signal USR2@30"]),
+    (["--shard", "4", "--time", "00:01:30", "--signal", "B:USR1@90"], ["90 s before", "--signal B:USR1@22"]),
+    (["--shard", "4", "--time", "1", "--signal", "TERM"], ["--signal TERM comes 60 s before", "60 s"]),
+    (["--shard", "4", "--time", "0-00:01", "--signal", "USR1@61"], ["61 s before", "only 60 s"]),
     (["--shard", "4", "--mem", "lots"], ["--mem"]),
     (["--shard", "4", "--launcher", "mpirun"], ["--launcher"]),
     (["--shard", "4", "--device", "tpu"], ["--device"]),
@@ -450,3 +454,25 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "clean"
+
+
+@pytest.mark.parametrize("time, seconds", [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600),
+                                           ("1-00:30", 88200), ("2-01:02:03", 176523)])  # fmt: skip
+def test_time_limit_seconds(time: str, seconds: int) -> None:
+    from hpc_hsdp.spec import time_limit_seconds
+
+    assert time_limit_seconds(time) == seconds
+
+
+@pytest.mark.parametrize("time, signal, accepted", [("3", "USR2@120", True), ("2", "USR2@119", True),
+                                                    ("2", "USR2@120", False), ("1", "USR1", False),
+                                                    ("2", "USR1", True), ("1", None, True)])  # fmt: skip
+def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str | None, accepted: bool) -> None:
+    from hpc_hsdp.errors import SpecError
+    from hpc_hsdp.spec import SchedulerSpec
+
+    if accepted:
+        assert SchedulerSpec(time=time, signal=signal).signal == signal
+    else:
+        with pytest.raises(SpecError, match="before the time limit"):
+            SchedulerSpec(time=time, signal=signal)
