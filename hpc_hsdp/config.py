@@ -46,6 +46,7 @@ from hpc_hsdp.spec import (
     TrainingSpec,
     model_with_absolute_path,
     option_flag,
+    parse_nodes,
     training_field_kind,
 )
 
@@ -58,7 +59,7 @@ _TRAINING_KINDS = {f.name: "path" if f.metadata.get("path") else training_field_
 
 # option (config key) -> kind of value
 OPTION_KINDS: dict[str, str] = {
-    "nodes": "int",
+    "nodes": "nodes",
     "gpus_per_node": "int",
     "shard": "int",
     "ntasks": "int",
@@ -96,8 +97,8 @@ OPTION_KINDS: dict[str, str] = {
 _TOP_LEVEL_ONLY = {"profile": "str", "profiles": "profiles"}
 
 _KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "path": "a path (string)",
-               "bool": "true or false", "list": "a list of strings", "table": "a table of KEY = value"}  # fmt: skip
-_EXAMPLES = {"int": "2", "float": "3e-3", "str": '"text"', "path": '"/path"', "bool": "true",
+               "bool": "true or false", "nodes": "a node count (an integer) or \"MIN-MAX\"", "list": "a list of strings", "table": "a table of KEY = value"}  # fmt: skip
+_EXAMPLES = {"int": "2", "nodes": '2 (or "1-2")', "float": "3e-3", "str": '"text"', "path": '"/path"', "bool": "true",
              "list": '["line one", "line two"]', "table": '{ KEY = "value" }'}  # fmt: skip
 
 _NO_VENV = "none"
@@ -106,6 +107,8 @@ _NO_VENV = "none"
 def check_kind(key: str, value: Any, kind: str, where: str) -> Any:
     ok = {
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "nodes": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, str) and re.fullmatch(r"\s*[0-9]+(-[0-9]+)?\s*", v) is not None),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
         "path": lambda v: isinstance(v, str),
@@ -351,8 +354,10 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
         container_image=o.get("container_image"),
         container_mounts=o.get("container_mounts"),
     )
+    min_nodes, nodes = parse_nodes(o.get("nodes", 1))
     return JobSpec(
-        nodes=o.get("nodes", 1),
+        nodes=nodes,
+        min_nodes=min_nodes if min_nodes != nodes else None,
         gpus_per_node=o.get("gpus_per_node", 8),
         ntasks=o.get("ntasks"),
         run=run,

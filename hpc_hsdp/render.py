@@ -120,7 +120,7 @@ def template_environment(template_dir: str | Path | None = None) -> jinja2.Envir
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     """The #SBATCH options in their fixed order; ``--sbatch`` passthrough last, by key."""
     s = spec.scheduler
-    opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", str(spec.nodes))]
+    opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", spec.nodes_text)]
     # --ntasks (uneven): the allocation holds one task slot per GPU on every node, and the
     # step places exactly the planned counts (--ntasks alone lets SLURM put 11,1 or 6,6)
     opts.append(("ntasks-per-node", "1" if spec.launch.launcher == "torchrun" else str(spec.gpus_per_node)))
@@ -263,7 +263,7 @@ def default_launch_command(spec: JobSpec) -> str:
         f"{TORCHRUN_SIGNALS_VAR}={TORCHRUN_SIGNALS}",
         "exec",
         "torchrun",
-        f"--nnodes={spec.nodes}",
+        '--nnodes="$SLURM_JOB_NUM_NODES"' if spec.flexible else f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.gpus_per_node}",
         f'--node-rank="$({" ".join(q(a) for a in layout_argv)})"',
         '--master-addr="$MASTER_ADDR"',
@@ -283,7 +283,7 @@ def plan_command(spec: JobSpec) -> str:
 
         args = ["--tasks-per-node", format_tasks_per_node(spec.tasks_per_node)]
     else:
-        args = ["--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node)]
+        args = ["--nodes", spec.nodes_text, "--gpus-per-node", str(spec.gpus_per_node)]
     return " ".join(shlex.quote(a) for a in ["hpc-hsdp", "plan", *args, "--shard", str(spec.run.shard_size)])
 
 

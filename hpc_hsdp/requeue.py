@@ -47,22 +47,27 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
     return done.returncode == 0, said or f"exit code {done.returncode}"
 
 
-def _scontrol(*args: str, timeout_s: float) -> tuple[bool, str]:
-    try:
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"scontrol {args[0]} could not run ({exc})"
-    return done.returncode == 0, " ".join((done.stdout + done.stderr).split()) or f"exit code {done.returncode}"
+_REQUEUE_AVOIDING = """trap '' TERM
+scontrol requeuehold "$1" || { echo "requeuehold: failed"; exit 1; }
+scontrol update JobId="$1" ExcNodeList="$2" || echo "exclude: failed"
+scontrol release "$1" || { echo "release: failed"; exit 1; }
+"""
+"""Run by one shell that ignores SIGTERM (and hands that to the scontrols it starts): once the job
+is requeued, SLURM ends this very task (SIGTERM, then SIGKILL after KillWait), and a release
+started from the task would be killed with it, leaving the job held forever."""
 
 
 def _requeue_avoiding(job_id: str, exclude: tuple[str, ...], *, timeout_s: float) -> tuple[bool, str]:
-    ok, said = _scontrol("requeuehold", job_id, timeout_s=timeout_s)
-    if not ok:
-        return False, said
     try:
-        excluded, why = _scontrol("update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}", timeout_s=timeout_s)
-    finally:
-        released, why_release = _scontrol("release", job_id, timeout_s=timeout_s)
-    if not released:
-        return False, f"requeued but still held: {why_release}; release it with scontrol release {job_id}"
-    return True, "" if excluded else f"(could not exclude {','.join(exclude)}: {why})"
+        done = subprocess.run(["sh", "-c", _REQUEUE_AVOIDING, "sh", job_id, ",".join(exclude)],
+                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"scontrol requeuehold/release could not run ({exc}); check with scontrol show job {job_id}"
+    said = " ".join((done.stdout + done.stderr).split())
+    if "requeuehold: failed" in said:
+        return False, said
+    if "release: failed" in said or done.returncode != 0:
+        return False, f"requeued but still held: {said or f'exit code {done.returncode}'}; release it with scontrol release {job_id}"
+    if "exclude: failed" in said:
+        return True, f"(could not exclude {','.join(exclude)}: {said})"
+    return True, ""

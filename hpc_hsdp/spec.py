@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from math import gcd as _gcd
 from dataclasses import dataclass, field, fields
 
 from hpc_hsdp.errors import SpecError
@@ -599,6 +600,23 @@ def likely_tasks_per_node(*, nodes: int, gpus_per_node: int, ntasks: int) -> tup
     return tuple(counts)
 
 
+def parse_nodes(value: object, *, option: str = "--nodes") -> tuple[int, int]:
+    """``--nodes``: ``2`` or ``"2"`` -> (2, 2); a flexible allocation ``"1-2"`` -> (1, 2)
+    (sbatch's ``--nodes=MIN-MAX``: SLURM grants between MIN and MAX nodes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    text = value.strip() if isinstance(value, str) else ""
+    match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", text)
+    if not match:
+        raise SpecError(f"{option} {value!r} is not a node count; write N (e.g. 2) or MIN-MAX (e.g. 1-2: SLURM grants "
+                        f"between 1 and 2 nodes)")  # fmt: skip
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) is not None else low
+    if low > high:
+        raise SpecError(f"{option} {text!r}: the fewest nodes ({low}) is more than the most ({high}); write {high}-{low}")
+    return low, high
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A whole job: topology, what runs on each task, the #SBATCH header, setup and launcher.
@@ -607,7 +625,12 @@ class JobSpec:
     """
 
     nodes: int = 1
-    """Nodes in the job."""
+    """Nodes in the job; with ``min_nodes``, the most SLURM may grant."""
+    min_nodes: int | None = None
+    """The fewest nodes of a flexible allocation (``--nodes MIN-MAX``, sbatch ``--nodes=MIN-MAX``);
+    None: exactly ``nodes``. The mesh follows the nodes granted; the global batch stays the
+    same at every count (``--global-batch-size``, derived from ``--batch-size`` at ``nodes``
+    when not given), so the sample stream does not depend on what SLURM grants."""
     gpus_per_node: int = 8
     """GPUs per node (``#SBATCH --gpus-per-node``); one task (srun) or one torchrun worker each."""
     ntasks: int | None = None
@@ -635,6 +658,8 @@ class JobSpec:
                     world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node))
         if not isinstance(self.run, RunSpec):
             raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
+        if self.min_nodes is not None:
+            self._check_flexible()
         run_dir = check_text("--run-dir", self.run.run_dir)
         if not run_dir.startswith("/"):
             raise SpecError(f"--run-dir {run_dir!r} is not absolute; the job may start in another directory, give /path/to/run")
@@ -670,6 +695,61 @@ class JobSpec:
                 f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
                 f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
             ) from None
+
+    def _check_flexible(self) -> None:
+        from hpc_hsdp.errors import TopologyError
+
+        _positive_int("--nodes MIN", self.min_nodes)
+        if self.min_nodes > self.nodes:
+            raise SpecError(f"--nodes {self.min_nodes}-{self.nodes}: the fewest nodes is more than the most; "
+                            f"write {self.nodes}-{self.min_nodes}")  # fmt: skip
+        if self.min_nodes == self.nodes:
+            object.__setattr__(self, "min_nodes", None)
+            return
+        if self.ntasks is not None:
+            raise SpecError(f"--ntasks {self.ntasks} with --nodes {self.nodes_text}: an uneven allocation needs a fixed "
+                            f"node count; give --nodes N, or drop --ntasks")  # fmt: skip
+        try:
+            self.plan_at(self.min_nodes)
+        except TopologyError as exc:
+            raise TopologyError(f"--nodes {self.nodes_text}: at {self.min_nodes} node(s): {exc}") from None
+        training = self.run.training
+        gpus = self.gpus_per_node
+        given = training.global_batch_size is not None
+        if not given:  # the stream must not depend on the nodes granted
+            derived = training.batch_size * self.nodes * gpus * training.grad_accum
+            import dataclasses
+
+            training = dataclasses.replace(training, global_batch_size=derived)
+            object.__setattr__(self, "run", dataclasses.replace(self.run, training=training))
+        for count in (self.min_nodes, self.nodes):
+            per_step = count * gpus * training.grad_accum
+            if training.global_batch_size % per_step:
+                low, high = self.min_nodes * gpus * training.grad_accum, self.nodes * gpus * training.grad_accum
+                common = low * high // _gcd(low, high)
+                what = ("" if given else f" (--batch-size {training.batch_size} x {self.nodes * gpus} ranks at {self.nodes} "
+                        f"nodes x --grad-accum {training.grad_accum})")  # fmt: skip
+                raise SpecError(
+                    f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} does not split over "
+                    f"{count * gpus} ranks x --grad-accum {training.grad_accum} at {count} node(s); give "
+                    f"--global-batch-size a multiple of {common}, so every node count SLURM grants trains on the same samples"
+                )
+
+    @property
+    def flexible(self) -> bool:
+        """A flexible allocation: SLURM grants between ``min_nodes`` and ``nodes`` nodes."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+    @property
+    def nodes_text(self) -> str:
+        """What ``#SBATCH --nodes`` says: ``2``, or ``1-2`` for a flexible allocation."""
+        return f"{self.min_nodes}-{self.nodes}" if self.flexible else str(self.nodes)
+
+    def plan_at(self, nodes: int):
+        """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""
+        from hpc_hsdp.topology import plan_for
+
+        return plan_for(nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
 
     @property
     def tasks_per_node(self) -> tuple[int, ...]:

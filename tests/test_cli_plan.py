@@ -86,7 +86,7 @@ def test_plan_svg(tmp_path):
         (["--nodelist", "n[1-", "--shard", "1"], "malformed node list"),
         (["--tasks-per-node", "8(x", "--shard", "1"], "malformed tasks-per-node"),
         (["--nodes", "2"], "Missing option '--shard'"),
-        (["--nodes", "two", "--shard", "1"], "'two' is not a valid integer"),
+        (["--nodes", "two", "--shard", "1"], "--nodes 'two' is not a node count; write N (e.g. 2) or MIN-MAX"),
         (["--nodes", "2", "--shard", "4", "--model-params", "lots"], "is not a count"),
         (["--nodes", "2", "--shard", "4", "--gpu-memory", "80GiB"], "needs --model-params"),
         (["--nodes", "2", "--shard", "4", "--model-params", "1B", "--dtype", "int3"], "--dtype 'int3' is unknown"),

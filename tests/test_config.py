@@ -104,7 +104,7 @@ def test_sbatch_false_removes_a_profile_key() -> None:
 BAD_CONFIGS = [
     ('nodez = 2\n', ["unknown key 'nodez'", "job.toml"]),
     ('[profiles.dev]\nparition = "x"\n', ["unknown key 'parition'", "[profiles.dev]", "job.toml"]),
-    ('nodes = "two"\n', ["nodes", "integer"]),
+    ('nodes = "two"\n', ["nodes", "integer", "MIN-MAX"]),
     ('setup = "module load x"\n', ["setup", "list of strings"]),
     ('env = { A = true }\n', ["env.A", "string"]),
     ('exclusive = "yes"\n', ["exclusive", "true or false"]),
@@ -242,7 +242,8 @@ def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path
     ("options", "message"),
     [
         ({"shard_size": 4}, "unknown option 'shard_size'"),  # the click name is not an API keyword
-        ({"nodes": "2"}, "nodes = '2' in submit() must be an integer"),
+        ({"nodes": "two"}, "nodes = 'two' in submit() must be a node count (an integer) or \"MIN-MAX\""),
+        ({"nodes": True}, "nodes = True in submit() must be a node count (an integer)"),
         ({"exclusive": "no"}, "exclusive = 'no' in submit() must be true or false"),  # bool('no') is True
         ({"run_dir": 5}, "run_dir = 5 in submit() must be a path"),
         ({"pass_env": 5}, "pass_env = 5 in submit() must be a list of strings"),

@@ -164,6 +164,7 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
         final = _wait("the end of the job", lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
                       else None)(json.loads(hpc("status", str(run), "--json").stdout)), 420)  # fmt: skip
     finally:
+        subprocess.run(["scancel", job_id], capture_output=True)  # a job left held or pending would block the next
         subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     lines = [r for r in attempts.read_restarts(run) if r["reason"] == "node_failure"]

@@ -42,6 +42,21 @@ JOB_OPTION_NAMES = (
 )  # fmt: skip
 
 
+class NodeCount(click.ParamType):
+    """``--nodes``: ``2`` (an int) or ``1-2`` (a flexible allocation, kept as text)."""
+
+    name = "nodes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value is None:
+            return value
+        text = str(value).strip()
+        return int(text) if text.isdigit() else text  # MIN-MAX and typos: checked with the spec, one line
+
+
+NODES = NodeCount()
+
+
 def config_key(name: str) -> str:
     """The config-file key (and Python API keyword) of a click parameter of ``@job_options``."""
     return name.removeprefix("training_") if name.startswith("training_") else _RENAMED.get(name, name)
@@ -54,7 +69,9 @@ def job_options(command):
                      help=f"TOML file with job options and [profiles.NAME] tables.  [default: ${CONFIG_ENV}]"),
         click.option("--profile", "profile", default=None, metavar="NAME",
                      help=f"Profile of the config file to apply (below the file's top level).  [default: ${PROFILE_ENV}]"),
-        click.option("--nodes", type=int, default=None, help="Nodes in the job.  [default: 1]"),
+        click.option("--nodes", type=NODES, default=None, metavar="N|MIN-MAX",
+                     help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
+                          "SLURM grants and the global batch stays the same.  [default: 1]"),
         click.option("--gpus-per-node", type=int, default=None, help="GPUs per node; one task (srun) or torchrun worker each.  [default: 8]"),
         click.option("--shard", "shard_size", type=int, default=None,
                      help="Shard-group size S (required here or in the config): divides a node or is a multiple of it."),

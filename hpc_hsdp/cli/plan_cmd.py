@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.cli import write_atomically
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     SLURM_KILL_WAIT_S,
@@ -22,12 +22,15 @@ from hpc_hsdp.estimates import (
     smallest_fitting_shard,
 )
 from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
-from hpc_hsdp.spec import DEFAULT_SIGNAL, check_signal
+from hpc_hsdp.cli.job_options import NODES
+from hpc_hsdp.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
 from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 
 
 @click.command()
-@click.option("--nodes", type=int, default=None, help="Nodes in the job.  [default: 1, or as many as --nodelist names]")
+@click.option("--nodes", type=NODES, default=None, metavar="N|MIN-MAX",
+              help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.  "
+                   "[default: 1, or as many as --nodelist names]")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs (one task each) per node.")
 @click.option("--shard", "shard_size", type=int, default=None,
               help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it. "
@@ -93,7 +96,21 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
     if root_params is not None and model_params is None:
         raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
+    fewest_nodes = None
+    if nodes is not None:
+        fewest_nodes, nodes = parse_nodes(nodes)
+        if fewest_nodes == nodes:
+            fewest_nodes = None
+        elif nodelist or tasks_per_node_text or recommend:
+            raise SpecError(f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
+                            f"those describe one allocation; give --nodes N")  # fmt: skip
     the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
+    fewest = None
+    if fewest_nodes is not None:
+        try:
+            fewest = _build_plan(fewest_nodes, gpus_per_node, shard_size, None, None)
+        except TopologyError as exc:
+            raise TopologyError(f"--nodes {fewest_nodes}-{nodes}: at {fewest_nodes} node(s): {exc}") from None
     if model_info is not None:
         params_for_shard = model_info["counts"]
     else:
@@ -147,13 +164,24 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         if memory is not None:
             data["gpu_memory"] = memory
             data["smallest_fitting_shard"] = fit.shard_size if fit else None
+        if fewest is not None:
+            data["flexible"] = {"min_nodes": fewest_nodes, "max_nodes": nodes, "at_min_nodes": fewest.to_dict()}
         click.echo(json.dumps(data))
     else:
         if model_info is not None:
             click.echo(model_info["line"])
+        if fewest is not None:
+            click.echo(f"flexible allocation --nodes {fewest_nodes}-{nodes}: SLURM grants between {fewest_nodes} and "
+                       f"{nodes} nodes; the mesh follows what it grants, the global batch stays the same\n"
+                       f"at {nodes} nodes (the most):")  # fmt: skip
         click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=on_sigterm), nl=False)
         if saving is not None:
             click.echo("\n".join(saving.lines()))
+        if fewest is not None:
+            fewest_est = (estimate(fewest, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
+                                   grad_accum=grad_accum) if params else None)  # fmt: skip
+            click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
+            click.echo(plan_text(fewest, estimate=fewest_est), nl=False)
 
 
 def _model_summary(model: str) -> dict:

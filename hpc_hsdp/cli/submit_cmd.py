@@ -41,7 +41,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
         click.echo(resumes, err=True)
     handle, _, reason = submit_spec(spec, cluster=cluster)
     click.echo(reason, err=True)
-    click.echo(f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s))")
+    click.echo(f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)" + (f"; at least {spec.min_nodes}: SLURM grants {spec.nodes_text}" if spec.flexible else "") + ")")
     click.echo(f"run directory: {spec.run.run_dir}")
     if not wait:
         run_dir = shlex.quote(spec.run.run_dir)

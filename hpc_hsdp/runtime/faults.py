@@ -26,6 +26,10 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_SLOW_RANK=<rank>:<seconds>[,<rank>:<seconds>...]``
     that rank sleeps that long inside every step's timed work (a straggler: its own time
     grows, the others wait for it in the collectives).
+``HPC_HSDP_FAULT_SAMPLE_LOG=<directory>``
+    every rank appends, after each step, the dataset sample ids it trained on to
+    ``<directory>/samples-rank<rank>.jsonl`` (``{"step", "rank", "world_size", "sample_ids"}``),
+    so that a test compares the sample stream of runs on different meshes and restarts.
 
 (``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` is the other hook.)
 :func:`install` is called by ``run_task`` with the task's environment; ``clear`` undoes it.
@@ -48,6 +52,7 @@ SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
 FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
 SLOW_RANK = "HPC_HSDP_FAULT_SLOW_RANK"
 SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
+SAMPLE_LOG = "HPC_HSDP_FAULT_SAMPLE_LOG"
 
 
 class InjectedFault(RuntimeError):
@@ -88,6 +93,7 @@ class Faults:
     freeze_at: tuple[int, int] | None = None
     slow_ranks: tuple[tuple[int, float], ...] = ()
     signal_at: tuple[int, int] | None = None
+    sample_log: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
@@ -95,7 +101,8 @@ class Faults:
         return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
                    kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
                    skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT),
-                   slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT))  # fmt: skip
+                   slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT),
+                   sample_log=env.get(SAMPLE_LOG, "").strip() or None)  # fmt: skip
 
 
 _active = Faults()
@@ -144,6 +151,18 @@ def in_step(rank: int) -> None:
     for slow_rank, seconds in _active.slow_ranks:
         if slow_rank == rank:
             time.sleep(seconds)
+
+
+def after_step(rank: int, world_size: int, step: int, batches) -> None:
+    """Called by the loop after every step with this rank's micro-batches (``.sample_ids`` each)."""
+    if _active.sample_log is None:
+        return
+    import json
+
+    line = json.dumps({"step": step, "rank": rank, "world_size": world_size,
+                       "sample_ids": [b.sample_ids.tolist() for b in batches]})
+    with open(os.path.join(_active.sample_log, f"samples-rank{rank}.jsonl"), "a", encoding="utf-8") as out:
+        out.write(line + "\n")
 
 
 def in_save(rank: int, step: int) -> None:

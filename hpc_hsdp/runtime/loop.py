@@ -562,6 +562,7 @@ def train(
                 print(step_line(record, training.steps), flush=True)
             if on_step is not None:
                 on_step(step, dict(record, sample_ids=[b.sample_ids.tolist() for b in batches]))
+            faults.after_step(ctx.rank, ctx.world_size, step, batches)  # test hook: the sample-id log
             watchdog.step_done(step)
             every = training.checkpoint_every
             if ctx.run_dir is not None and every and step % every == 0 and step != training.steps:
