@@ -54,6 +54,8 @@ if [ "$1 $2 $3" = "-o show node" ]; then
   esac
   exit 0
 fi
+if [ "$1 $2 $3" = "-o show job" ]; then echo "JobId=$4 JobName=x Requeue=$(cat {tmp_path}/requeue 2>/dev/null || echo 0) Restarts=0"; exit 0; fi
+if [ "$1 $2" = "show config" ]; then echo "Configuration data as of now"; echo "SlurmdTimeout           = 1 sec"; exit 0; fi
 echo "$@" >> {calls}
 """)
     script.chmod(0o755)
@@ -99,6 +101,27 @@ def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fak
     assert len(fake_scontrol.read_text().splitlines()) == 3
     # outside SLURM nothing is asked
     assert handle_lost_peers(_ctx(0, tmp_path), max_restarts=5, env={"SLURM_JOB_ID": "41"}, reason="r") is None
+
+
+def test_a_requeueable_job_is_left_to_slurm_and_requeued_by_us_only_when_slurm_does_not(fake_scontrol, tmp_path):
+    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+
+    (tmp_path / "requeue").write_text("1")  # scontrol show job says Requeue=1; SlurmdTimeout = 1 s
+    env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0"}
+    attempts.begin_attempt(tmp_path, restart=0, job_id="41", start_step=0, total_steps=9)
+    ctx = _ctx(0, tmp_path)
+    ctx.preemption = SimpleNamespace(received={"TERM": time.time()})  # SLURM ended the task: its requeue
+    line = handle_lost_peers(ctx, max_restarts=2, env=env, reason="the step failed", grace_s=30)
+    assert line.endswith("SLURM is requeueing job 41 (failure restart 1 of at most 2)"), line
+    assert not fake_scontrol.exists()  # nothing asked of SLURM
+    assert attempts.read_attempt(tmp_path)["ended"]["reason"] == "node_failure"
+
+    ctx.preemption = SimpleNamespace(received={})  # SLURM never ends it: after SlurmdTimeout + grace, ours
+    started = time.monotonic()
+    line = handle_lost_peers(ctx, max_restarts=2, env=env, reason="the step failed", grace_s=0.5)
+    assert time.monotonic() - started >= 1.5
+    assert "requeued job 41 without n2" in line, line
+    assert fake_scontrol.read_text().splitlines() == ["requeuehold 41", "update JobId=41 ExcNodeList=n2", "release 41"]
 
 
 def test_status_shows_each_restart_with_its_cause(tmp_path):

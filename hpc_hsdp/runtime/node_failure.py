@@ -9,8 +9,9 @@ seconds, long before SLURM itself marks the node DOWN (``SlurmdTimeout``, minute
 
 :func:`handle_lost_peers` is called on the ranks that are left (``run_task`` when the
 payload raised, the watchdog when ranks did not answer): the lowest rank on a live node
-records the cause in ``restarts.jsonl`` and requeues the job with the dead nodes excluded,
-within ``--max-restarts``; it resumes from the newest complete checkpoint.
+records the cause in ``restarts.jsonl``; within ``--max-restarts`` the job is requeued away
+from the dead node (by SLURM itself when it marks the node DOWN, the survivors waiting for
+it; by the survivors when SLURM does not) and resumes from the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -55,10 +56,52 @@ def unreachable_nodes(nodes: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_
     return dead
 
 
-def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason: str) -> str | None:
-    """On a rank that is left after peers were lost: when some of the job's nodes are dead,
-    the lowest rank on a live node requeues the job without them (within ``max_restarts``)
-    and records why; returns the line it printed (None: no dead node, or not this rank's job)."""
+def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:
+    """``KEY=VALUE`` words (``scontrol -o show job``) or ``KEY = VALUE`` lines (``show config``)."""
+    try:
+        shown = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if shown.returncode != 0:
+        return {}
+    fields: dict[str, str] = {}
+    for line in shown.stdout.splitlines():
+        if " = " in line:
+            key, _, value = line.partition(" = ")
+            fields[key.strip()] = value.strip()
+        else:
+            fields.update(item.split("=", 1) for item in line.split() if "=" in item)
+    return fields
+
+
+def slurm_requeues_on_node_failure(job_id: str) -> tuple[bool, float]:
+    """(whether SLURM itself requeues this job when one of its nodes is marked DOWN: the job is
+    requeueable, ``Requeue=1``; SLURM's ``SlurmdTimeout``: how long after a node's last answer
+    it is marked DOWN)."""
+    requeue = _scontrol_fields("-o", "show", "job", job_id).get("Requeue") == "1"
+    timeout = _scontrol_fields("show", "config").get("SlurmdTimeout", "300 sec").split()[0]
+    return requeue, float(timeout) if timeout.isdigit() else 300.0
+
+
+WAIT_GRACE_S = 60.0
+"""How long past ``SlurmdTimeout`` the survivors wait for SLURM's own requeue before requeueing the job themselves."""
+
+
+def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason: str,
+                      grace_s: float = WAIT_GRACE_S) -> str | None:  # fmt: skip
+    """On a rank that is left after peers were lost, when some of the job's nodes are dead.
+
+    Within ``max_restarts``, the lowest rank on a live node records why (``restarts.jsonl``).
+    A requeueable job is then left to SLURM: when it marks the dead node DOWN (``SlurmdTimeout``
+    after its last answer) it requeues the job itself, away from that node; meanwhile every live
+    rank stops training and waits, so that the job is still running then (a job that ended by
+    itself is not requeued). Only when SLURM has not ended it ``SlurmdTimeout`` + ``grace_s``
+    later, or the job is not requeueable, the lowest live rank requeues it without the dead
+    nodes (requeuehold, ExcNodeList, release). (Requeueing it ourselves at once would gain
+    nothing: SLURM keeps the job COMPLETING until the dead node is DOWN; and Slurm 22.05 then
+    loses the job's GPU bookkeeping: its next steps fail with "Invalid generic resource".)
+
+    Returns the line printed on the lowest live rank (None: no dead node, or another rank)."""
     from hpc_hsdp.requeue import requeue_job
     from hpc_hsdp.run_state import failure_restarts, record_restart
     from hpc_hsdp.runtime.preemption import in_slurm, restart_count
@@ -71,19 +114,48 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
     if not dead:
         return None
     live_ranks = [r for r in range(plan.world_size) if plan.node_names[plan.node_of_rank[r]] not in dead]
-    if ctx.rank != min(live_ranks):
-        return None
+    lowest = ctx.rank == min(live_ranks)
     lost = [r for r in range(plan.world_size) if r not in live_ranks]
     job_id = env.get("SLURM_JOB_ID", "")
     cause = f"node {','.join(dead)} died (slurmd unreachable) with ranks {lost[0]}-{lost[-1]}; {reason}"
     failures = failure_restarts(ctx.run_dir, job_id=job_id) if ctx.run_dir is not None else restart_count(env)
     if failures >= max_restarts:
         line = f"{cause}; not requeued: the job already restarted {failures} times after failures (--max-restarts {max_restarts})"
-    else:
-        ok, said = requeue_job(job_id, exclude=tuple(dead))
-        if ctx.run_dir is not None:
-            record_restart(ctx.run_dir, reason="node_failure", cause=cause)
-        line = (f"{cause}; requeued job {job_id} without {','.join(dead)} (failure restart {failures + 1} of at most "
-                f"{max_restarts}) {said}".rstrip() if ok else f"{cause}; scontrol requeue {job_id} failed: {said}")  # fmt: skip
+        if lowest:
+            _note(f"[hpc-hsdp] {line}")
+        return line if lowest else None
+    budget = f"failure restart {failures + 1} of at most {max_restarts}"
+    slurm_requeues, slurmd_timeout = slurm_requeues_on_node_failure(job_id)
+    if slurm_requeues:
+        if lowest:
+            if ctx.run_dir is not None:
+                record_restart(ctx.run_dir, reason="node_failure", cause=cause)
+            _note(f"[hpc-hsdp] {cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
+                  f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it")  # fmt: skip
+        if _wait_for_slurm(ctx, slurmd_timeout + grace_s):
+            return (f"{cause}; SLURM is requeueing job {job_id} ({budget})") if lowest else None
+        if lowest:
+            _note(f"[hpc-hsdp] SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it")
+    if not lowest:
+        return None
+    ok, said = requeue_job(job_id, exclude=tuple(dead))
+    if ctx.run_dir is not None:
+        record_restart(ctx.run_dir, reason="node_failure", cause=cause)
+    line = (f"{cause}; requeued job {job_id} without {','.join(dead)} ({budget}) {said}".rstrip() if ok
+            else f"{cause}; scontrol requeue {job_id} failed: {said}")  # fmt: skip
     _note(f"[hpc-hsdp] {line}")
     return line
+
+
+def _wait_for_slurm(ctx, limit_s: float) -> bool:
+    """Sleep until SLURM ends this task (SIGTERM, recorded by the task's preemption handler:
+    True) or ``limit_s`` passed (False)."""
+    import time
+
+    preemption = getattr(ctx, "preemption", None)
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if preemption is not None and "TERM" in getattr(preemption, "received", {}):
+            return True
+        time.sleep(0.2)
+    return False
