@@ -18,6 +18,12 @@ REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
 image), rank 0 writes this file and the batch shell (on the host) requeues the job when the
 step has ended."""
 
+REQUEST_FIELDS_VARIABLE = "HPC_HSDP_REQUEUE_REQUEST"
+"""Set by the rendered script of a flexible allocation (``--nodes MIN-MAX``) to the job's request
+as ``scontrol update`` fields (``NumNodes=1-2 NumTasks=2``): SLURM fixes a requeued job's request
+to the nodes it last had, so a job that ran on 2 nodes would wait for 2 again; the requeue
+restores the range."""
+
 
 def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...] = (),
                 env=None) -> tuple[bool, str]:  # fmt: skip
@@ -37,8 +43,11 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
         except OSError as exc:
             return False, f"no scontrol here and the requeue request {request} cannot be written ({exc})"
         return True, f"no scontrol here: asked the batch shell to requeue job {job_id} when the step ends ({request})"
+    updates = tuple(env.get(REQUEST_FIELDS_VARIABLE, "").split())
     if exclude:
-        return _requeue_avoiding(job_id, exclude, timeout_s=timeout_s)
+        updates += (f"ExcNodeList={','.join(exclude)}",)
+    if updates:
+        return _requeue_updated(job_id, updates, timeout_s=timeout_s)
     try:
         done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -47,19 +56,21 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
     return done.returncode == 0, said or f"exit code {done.returncode}"
 
 
-_REQUEUE_AVOIDING = """trap '' TERM
-scontrol requeuehold "$1" || { echo "requeuehold: failed"; exit 1; }
-scontrol update JobId="$1" ExcNodeList="$2" || echo "exclude: failed"
-scontrol release "$1" || { echo "release: failed"; exit 1; }
+_REQUEUE_UPDATED = """trap '' TERM
+job=$1; shift
+scontrol requeuehold "$job" || { echo "requeuehold: failed"; exit 1; }
+scontrol update JobId="$job" "$@" || echo "update: failed"
+scontrol release "$job" || { echo "release: failed"; exit 1; }
 """
 """Run by one shell that ignores SIGTERM (and hands that to the scontrols it starts): once the job
 is requeued, SLURM ends this very task (SIGTERM, then SIGKILL after KillWait), and a release
 started from the task would be killed with it, leaving the job held forever."""
 
 
-def _requeue_avoiding(job_id: str, exclude: tuple[str, ...], *, timeout_s: float) -> tuple[bool, str]:
+def _requeue_updated(job_id: str, updates: tuple[str, ...], *, timeout_s: float) -> tuple[bool, str]:
+    """Requeue held, ``scontrol update`` the pending job (``ExcNodeList=``, ``NumNodes=``), release."""
     try:
-        done = subprocess.run(["sh", "-c", _REQUEUE_AVOIDING, "sh", job_id, ",".join(exclude)],
+        done = subprocess.run(["sh", "-c", _REQUEUE_UPDATED, "sh", job_id, *updates],
                               capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol requeuehold/release could not run ({exc}); check with scontrol show job {job_id}"
@@ -68,6 +79,6 @@ def _requeue_avoiding(job_id: str, exclude: tuple[str, ...], *, timeout_s: float
         return False, said
     if "release: failed" in said or done.returncode != 0:
         return False, f"requeued but still held: {said or f'exit code {done.returncode}'}; release it with scontrol release {job_id}"
-    if "exclude: failed" in said:
-        return True, f"(could not exclude {','.join(exclude)}: {said})"
+    if "update: failed" in said:
+        return True, f"(could not update the pending job with {' '.join(updates)}: {said})"
     return True, ""

@@ -93,6 +93,7 @@ def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_p
     assert "#SBATCH --nodes=1-2\n" in text and "#SBATCH --ntasks-per-node=2\n" in text
     assert "# layout at 2 nodes: 4 ranks" in text and "# layout at 1 node: 2 ranks" in text
     assert "--global-batch-size 16" in text  # the default --batch-size 4 x 4 ranks, fixed for both ends
+    assert "export HPC_HSDP_REQUEUE_REQUEST='NumNodes=1-2 NumTasks=2'\n" in text  # a requeue restores the range
     torchrun = run_cli("render", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu",
                        "--launcher", "torchrun", "--run-dir", str(tmp_path / "run"))  # fmt: skip
     assert '--nnodes="$SLURM_JOB_NUM_NODES"' in torchrun.stdout, torchrun.stderr
@@ -164,7 +165,7 @@ def test_a_flexible_job_resumes_on_the_one_node_left_with_the_same_samples(slurm
     try:
         _wait("step 3", lambda: len(_steps(run)) >= 3, 240)
         first = json.loads((run / "layout.json").read_text())
-        assert first["world_size"] == 4, first  # an idle cluster grants the most
+        assert first["plan"]["world_size"] == 4, first["plan"]  # an idle cluster grants the most
         keep = first["ranks"][0]["node"]
         drained = sorted(set(debug_nodes) - {keep})
         done = subprocess.run(["scontrol", "update", f"nodename={','.join(drained)}", "state=drain",
@@ -180,7 +181,7 @@ def test_a_flexible_job_resumes_on_the_one_node_left_with_the_same_samples(slurm
     assert final["state"].startswith("COMPLETED") and final["restarts"] >= 1, final
     assert _steps(run) == list(range(1, STEPS + 1))
     last = json.loads((run / "layout.json").read_text())
-    assert last["world_size"] == 2 and {r["node"] for r in last["ranks"]} == {keep}, last
+    assert last["plan"]["world_size"] == 2 and {r["node"] for r in last["ranks"]} == {keep}, last
 
     per_step: dict[int, list[int]] = {}
     worlds: dict[int, set[int]] = {}
