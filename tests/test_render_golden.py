@@ -47,6 +47,10 @@ CASES: dict[str, tuple[str, ...]] = {
     "debug-conda-cpu": ("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--debug", "--conda-env", "hsdp env",
                         "--device", "cpu", "--python", "python3.11", "--run-dir", "/runs/debug", "--mem", "64G",
                         "--steps", "5", "--lr", "0.001", "--timeout", "60", "--signal", "B:TERM@60"),
+    "flexible-1-2x8-shard4": ("--nodes", "1-2", "--shard", "4", "--venv", "none", "--run-dir", "/runs/flexible",
+                              "--batch-size", "2", "--time", "04:00:00"),
+    "flexible-2-4x8-torchrun": ("--nodes", "2-4", "--shard", "8", "--launcher", "torchrun", "--venv", "none",
+                                "--run-dir", "/runs/flexible-torchrun", "--global-batch-size", "256"),
 }  # fmt: skip
 
 SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m submitit.core._submit '/scratch/hsdp/runs/it'\"'\"'s/logs'"
