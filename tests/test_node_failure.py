@@ -202,3 +202,14 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
     shown = hpc("status", str(run)).stdout
     assert "node failure" in shown
     print(f"node death -> first resumed step done: {resumed['wall_time'] - died_at:.1f} s; steps redone: {redone}")
+
+
+def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
+    from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
+
+    env = {REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2", "PATH": os.environ["PATH"]}
+    assert requeue_job("41", env=env) == (True, "")
+    assert requeue_job("42", env=env, exclude=("n2",)) == (True, "")
+    assert fake_scontrol.read_text().splitlines() == [
+        "requeuehold 41", "update JobId=41 NumNodes=1-2 NumTasks=2", "release 41",
+        "requeuehold 42", "update JobId=42 NumNodes=1-2 NumTasks=2 ExcNodeList=n2", "release 42"]  # fmt: skip
