@@ -203,7 +203,8 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
     units = tuple(adapter.shard_units(model))
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
-    wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision))
+    wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision),
+              reshard_after_forward=training.reshard_after_forward)
     model.to_empty(device=ctx.device)
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
