@@ -1,6 +1,7 @@
 """hpc-hsdp against its peers on the same HSDP job: start-up and step time, ratios to the fastest peer.
 
     python benchmarks/bench_peers.py [--runs N] [--steps N] [--models small,10m,hf] [--variants a,b,...]
+                                     [--startup-phases N]
 
 Each run is one emulated SLURM job step of 4 processes (2 nodes x 2, shard 2, gloo on CPU,
 one thread each); all variants of a model run interleaved (the order alternates), N times.
@@ -11,7 +12,8 @@ decay), fp32, and per step the global loss and gradient norm read on the host:
   lightning-fsdp2  Lightning Fabric, ModelParallelStrategy (FSDP2) (benchmarks/peer_lightning.py)
   lightning-fsdp1  Lightning Fabric, FSDPStrategy HYBRID_SHARD, device_mesh=(2, 2)
   hpc-hsdp         hpc-hsdp run --shard 2 (its defaults)
-  hpc-hsdp-fsdp2   hpc-hsdp run --engine fsdp2; hpc-hsdp-fsdp1: --engine fsdp1
+  hpc-hsdp-kept    hpc-hsdp run --shard 2 --no-reshard-after-forward (what plan --recommend
+                   chooses when the whole model gathered fits)
 
 Models: ``small`` (the built-in architecture: 4 layers, width 128, seq 64, batch 8, vocab 512,
 0.9M parameters), ``10m`` (4 layers, width 320, vocab 8192: 10.2M), ``hf`` (a transformers
@@ -95,11 +97,10 @@ def run_once(variant: str, model: str, steps: int, work: Path, hf_dir: Path | No
                            extra_env={"SLURM_NTASKS_PER_NODE": str(TASKS[0])})  # fmt: skip
     else:
         times = out / "metrics.jsonl"
-        engine = variant.removeprefix("hpc-hsdp").removeprefix("-")
         argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
                 "--steps", str(steps), "--lr", "3e-3", "--weight-decay", "0", *args,
                 *(["--model", f"hf:{hf_dir}"] if model == "hf" else []),
-                *(["--engine", engine] if engine else [])]  # fmt: skip
+                *(["--no-reshard-after-forward"] if variant == "hpc-hsdp-kept" else [])]  # fmt: skip
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs")
     records = [json.loads(line) for line in times.read_text().splitlines()]
     return records[0]["wall_time"] - started, statistics.median(r["step_time_s"] for r in records[2:])
@@ -132,6 +133,28 @@ def report(model: str, med: dict, runs: int, steps: int) -> None:
     sys.stdout.flush()
 
 
+def startup_phases(model: str, runs: int) -> dict[str, float]:
+    """Medians over ``runs`` of benchmarks/startup_phases.py: seconds from the launch to the end of each phase."""
+    import time
+
+    shape = {k.replace("-", "_"): v for k, v in MODELS[model].items()}
+    found: dict[str, list[float]] = {}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="hpc-hsdp-peers-") as tmp:
+            argv = [sys.executable, str(ROOT / "benchmarks" / "startup_phases.py"), json.dumps(shape)]
+            job_step(argv, tasks_per_node=TASKS, log_dir=Path(tmp), extra_env={"BENCH_LAUNCHED_AT": repr(time.time())})
+            line = next(x for x in (Path(tmp) / "task-0.log").read_text().splitlines() if x.startswith("PHASES "))
+        for name, at in json.loads(line.removeprefix("PHASES ")).items():
+            found.setdefault(name, []).append(at)
+    ends = {name: statistics.median(x) for name, x in found.items()}
+    print(f"\nhpc-hsdp start-up by phase ({model}, medians of {runs} runs): phase, its own seconds, end since launch")
+    before = 0.0
+    for name, end in ends.items():
+        print(f"  {name:<12} {end - before:6.2f} s   {end:6.2f} s")
+        before = end
+    return ends
+
+
 def write_hf_config(work: Path) -> Path:
     hf_dir = work / "hf-llama"
     hf_dir.mkdir(parents=True, exist_ok=True)
@@ -148,8 +171,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--models", default="small,10m,hf", help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-fsdp1, hpc-hsdp-fsdp2, "
-                             "lightning-fsdp1, lightning-fsdp2")  # fmt: skip
+                        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-kept, lightning-fsdp1, "
+                             "lightning-fsdp2")  # fmt: skip
+    parser.add_argument("--startup-phases", type=int, default=3, metavar="N",
+                        help="then N runs of benchmarks/startup_phases.py on the small model (0: none)")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     models = [m for m in args.models.split(",") if m]
@@ -168,6 +193,8 @@ def main(argv=None) -> int:
             tables[model] = measure(model, variants, args.runs, args.steps, hf_dir)
             report(model, tables[model], args.runs, args.steps)
     print("\n(each ratio: the variant's median / the fastest peer's median of the same model, same run)")
+    if args.startup_phases:
+        startup_phases("small", args.startup_phases)
     return 0
 
 

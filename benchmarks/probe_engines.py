@@ -15,6 +15,7 @@ flags combine, e.g. ``fsdp2-fused-noreshard``):
   fsdp2-noreshard    blocks keep their parameters after forward (no re-gather in backward)
   fsdp2-foreach      AdamW(foreach=True)
   fsdp2-fused        AdamW(fused=True)
+  fsdp2-lastkept     the last block keeps its parameters (backward needs them first)
   fsdp2-prefetch2    explicit set_modules_to_forward/backward_prefetch one block ahead
                      (FSDP2's default: implicit, the next block's all-gather issued in pre-forward)
 """
@@ -68,8 +69,9 @@ def build(variant, a, mesh):
             model = Model(a.vocab, a.seq, a.width, a.heads, a.layers)
         flags = set(variant.split("-")[1:])  # e.g. fsdp2-fused-noreshard
         reshard = "noreshard" not in flags
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        for i, block in enumerate(model.blocks):
+            last_kept = "lastkept" in flags and i == len(model.blocks) - 1
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard and not last_kept)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
         model.to_empty(device="cpu")
         init_weights(model)
