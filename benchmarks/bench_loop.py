@@ -12,7 +12,10 @@ CPU, one thread each), bf16 + --grad-accum 2 + --clip-grad 1.0 + cosine with war
                all-reduce, layout.json, metrics.jsonl, a final checkpoint)
 
 Reported side by side (medians over the interleaved runs, steps 3..N):
-  step time hpc-hsdp / handwritten (target <= 1.02);
+  step time hpc-hsdp / handwritten (target <= 1.02), with the range of the per-pair ratios
+  (run i of each variant; a wide range means the machine was busy: measure again);
+  CPU time per step hpc-hsdp / handwritten (the process's CPU seconds, all threads): what
+  each loop costs, much less sensitive to other load on the machine than the wall time;
   data wait: the step's time waiting for the loader / step time (target <= 2 %);
   loader alone: tokens/s one rank's loader reads (no training) / tokens/s a step consumes
   per rank (target >= 100).
@@ -96,7 +99,7 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data", type=Path, default=None, help="a prepare-data directory or a .bin token file")
     parser.add_argument("--synthetic", action="store_true", help="no token files: synthetic tokens")
@@ -122,8 +125,11 @@ def measure(args, data: Path | None) -> int:
         for variant in (("handwritten", "hpc-hsdp") if i % 2 == 0 else ("hpc-hsdp", "handwritten")):
             with tempfile.TemporaryDirectory(prefix="hpc-hsdp-bench-") as tmp:
                 results[variant].append(run_once(variant, args.steps, Path(tmp), data))
-    step = {v: statistics.median(statistics.median(r["step_time_s"] for r in run[2:]) for run in runs)
-            for v, runs in results.items()}  # fmt: skip
+    per_run = {v: [statistics.median(r["step_time_s"] for r in run[2:]) for run in runs] for v, runs in results.items()}
+    step = {v: statistics.median(times) for v, times in per_run.items()}
+    cpu = {v: statistics.median(statistics.median(r["cpu_time_s"] for r in run[2:]) for run in runs)
+           for v, runs in results.items()}  # fmt: skip
+    pairs = [mine / theirs for mine, theirs in zip(per_run["hpc-hsdp"], per_run["handwritten"])]
     wait = statistics.median(r["data_wait_s"] / r["step_time_s"] for run in results["hpc-hsdp"] for r in run[2:])
     rank_tokens_per_step = MODEL["batch-size"] * 2 * MODEL["seq-len"]
     consumed = rank_tokens_per_step / step["hpc-hsdp"]
@@ -131,11 +137,13 @@ def measure(args, data: Path | None) -> int:
     source = f"data {data}" if data else "synthetic tokens"
     print(f"4 procs (2 x 2, shard {SHARD}), bf16 + grad-accum 2 + clip 1.0 + cosine/warm-up, {source}; "
           f"medians of {args.runs} interleaved runs x {args.steps} steps")  # fmt: skip
-    print(f"{'variant':<12} {'step ms':>9} {'ratio':>6}")
+    print(f"{'variant':<12} {'step ms':>9} {'ratio':>6} {'CPU ms':>8} {'ratio':>6}")
     for v in results:
-        print(f"{v:<12} {step[v] * 1000:>9.1f} {step[v] / step['handwritten']:>6.3f}")
+        print(f"{v:<12} {step[v] * 1000:>9.1f} {step[v] / step['handwritten']:>6.3f} {cpu[v] * 1000:>8.1f} "
+              f"{cpu[v] / cpu['handwritten']:>6.3f}")  # fmt: skip
     ratio = step["hpc-hsdp"] / step["handwritten"]
-    print(f"step hpc-hsdp / handwritten = {ratio:.3f} (target <= {TARGET_STEP})")
+    print(f"step hpc-hsdp / handwritten = {ratio:.3f} (target <= {TARGET_STEP}); pairs {min(pairs):.3f}..{max(pairs):.3f}")
+    print(f"CPU per step hpc-hsdp / handwritten = {cpu['hpc-hsdp'] / cpu['handwritten']:.3f}")
     print(f"data wait / step time = {wait:.2%} (target <= {TARGET_WAIT:.0%})")
     print(f"loader alone {loader:,.0f} tok/s per rank / a step consumes {consumed:,.0f} tok/s per rank = "
           f"{loader / consumed:,.0f}x (target >= {TARGET_LOADER:.0f}x)")  # fmt: skip

@@ -20,11 +20,7 @@ import socket
 import sys
 import time
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from _launch import free_port  # benchmarks/ is on sys.path: these run as scripts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     env = task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="bench")[0]
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     ctx = init(1, args.device, env=env, timeout_s=120)
     rows = []
     try:

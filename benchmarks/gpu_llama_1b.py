@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _launch import free_port  # benchmarks/ is on sys.path: these run as scripts
+
 LLAMA_1B = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
             "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}  # fmt: skip
@@ -45,18 +47,12 @@ def flops_per_token(config: dict, seq_len: int) -> float:
     return 6 * n + 12 * config["num_hidden_layers"] * config["hidden_size"] * seq_len
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _task_env() -> dict:
     from hpc_hsdp.slurm_env import task_environments
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="bench")[0])
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "HF_HUB_OFFLINE": "1"})
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "HF_HUB_OFFLINE": "1"})
     return env
 
 

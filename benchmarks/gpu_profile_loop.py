@@ -14,11 +14,7 @@ import socket
 import statistics
 import sys
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from _launch import free_port  # benchmarks/ is on sys.path: these run as scripts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu
              else dict(layers=2, width=64, heads=4, seq_len=32, batch_size=2, vocab_size=256))  # fmt: skip
     env = task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="prof")[0]
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     ctx = init(1, args.device, env=env, timeout_s=120)
     default_optimizer = loop.make_optimizer
 

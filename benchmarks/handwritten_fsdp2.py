@@ -4,7 +4,8 @@ Run once per rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT se
 srun + a few export lines give): init_process_group, init_device_mesh, fully_shard each
 block then the root, AdamW, train. The model is the same architecture as hpc-hsdp's
 built-in one, written out here so that none of hpc-hsdp is imported. Writes one JSON line
-per step to --out (rank 0): step, wall_time (end of the step), step_time_s.
+per step to --out (rank 0): step, wall_time (end of the step), step_time_s, cpu_time_s (the
+process's CPU seconds in the step, all threads).
 
     python benchmarks/handwritten_fsdp2.py --shard 2 --steps 20 --out times.jsonl [--layers 4 --width 128 ...]
 
@@ -117,7 +118,7 @@ def main():
     loss_sum = torch.zeros(())
     out = open(a.out, "w") if rank == 0 else None
     for step in range(1, a.steps + 1):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for micro in range(a.grad_accum):
             if a.grad_accum > 1:
                 model.set_requires_all_reduce(micro == a.grad_accum - 1)
@@ -134,9 +135,10 @@ def main():
         loss_value = loss_sum.item() / (world * a.grad_accum)
         loss_sum.zero_()
         norm_value = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        step_time = time.perf_counter() - t0
+        step_time, cpu_time = time.perf_counter() - t0, time.process_time() - cpu0
         if out is not None:
-            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "loss": loss_value,
+            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "cpu_time_s": cpu_time,
+                                  "loss": loss_value,
                                   "grad_norm": norm_value}) + "\n")  # fmt: skip
             out.flush()
     dist.destroy_process_group()

@@ -6,7 +6,8 @@ From a config (--model DIR with config.json): meta build, fully_shard each
 With --pretrained: what people do without hpc-hsdp, every rank loads the whole model with
 ``from_pretrained`` and then shards it. Data: the same token file (np.memmap), rank r takes
 rows r*B..(r+1)*B of a seeded shuffle per step. Rank 0 writes one JSON line per step to
---out: step, wall_time, step_time_s, loss, peak_rss_bytes (ru_maxrss).
+--out: step, wall_time, step_time_s, cpu_time_s (the process's CPU seconds in the step), loss,
+peak_rss_bytes (ru_maxrss).
 """
 
 import argparse
@@ -59,7 +60,7 @@ def main():
     loss_sum = torch.zeros(())
     out = open(a.out, "w") if rank == 0 else None
     for step in range(1, a.steps + 1):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         order = np.random.default_rng(step).permutation(samples)[rank * a.batch_size:(rank + 1) * a.batch_size]
         rows = np.stack([data[i * a.seq_len: i * a.seq_len + a.seq_len + 1] for i in order]).astype(np.int64)
         tokens = torch.from_numpy(rows)
@@ -73,7 +74,7 @@ def main():
         loss_value = loss_sum.item() / world
         if out is not None:
             out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": time.perf_counter() - t0,
-                                  "loss": loss_value,
+                                  "cpu_time_s": time.process_time() - cpu0, "loss": loss_value,
                                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}) + "\n")
             out.flush()
     dist.destroy_process_group()

@@ -18,6 +18,7 @@ TAGS = {
     "tokens_per_s": "throughput/tokens_per_s",
     "tokens_seen": "throughput/tokens_seen",
     "step_time_s": "time/step_s",
+    "cpu_time_s": "time/cpu_s",
     "data_wait_s": "time/data_wait_s",
     "peak_mem_bytes": "memory/peak_bytes",
 }

@@ -235,6 +235,9 @@ def entry_gpu_report(ctx):
             syncs.extend(str(w.message) for w in state["log"] if "called a synchronizing" in str(w.message))
 
     result = train(ctx, on_step=on_step)
+    from hpc_hsdp.runtime.watchdog import Watchdog
+
+    Watchdog(ctx)._dump_nccl_trace(ctx.rank)  # what a hang writes: the NCCL flight recorder's trace
     report = dict(result.summary(ctx), syncs_in_steps_3_and_4=syncs,
                   tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
     (ctx.run_dir / f"gpu-report-rank{ctx.rank}.json").write_text(json.dumps(report))

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from hpc_hsdp.slurm_env import task_environments
+from cli_helpers import assert_cli_imports_no_torch
 
 
 def hpc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -148,17 +149,6 @@ def test_layout_bad_env_is_one_line_and_exit_2(env, message):
     assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
 
 
-NO_TORCH = """
-import sys
-from hpc_hsdp.cli import main
-try:
-    main({args!r})
-except SystemExit as exc:
-    assert exc.code in (0, None), exc.code
-assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))[:5]
-assert "transformers" not in sys.modules, "transformers imported"
-print("no torch")
-"""
 
 
 @pytest.mark.parametrize(
@@ -168,15 +158,12 @@ print("no torch")
 )  # fmt: skip
 def test_plan_and_layout_never_import_torch(args):
     env = task_environments(tasks_per_node=(8, 8), node_names=["n1", "n2"], job_id="77")[0]
-    out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
-                         env={**os.environ, **env})  # fmt: skip
-    assert out.returncode == 0 and "no torch" in out.stdout, out.stderr
+    assert_cli_imports_no_torch(args, env={**os.environ, **env})
 
 
 @pytest.mark.parametrize("tokenizer_args", [[], ["--train-tokenizer", "300"]])
 def test_prepare_data_never_imports_torch(tmp_path, tokenizer_args):
     (tmp_path / "doc.txt").write_text("a small document to tokenize, twice: a small document\n")
     args = ["prepare-data", str(tmp_path / "doc.txt"), "-o", str(tmp_path / "out"), "-q", *tokenizer_args]
-    out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True)
-    assert out.returncode == 0 and "no torch" in out.stdout, out.stderr
+    assert_cli_imports_no_torch(args)
     assert (tmp_path / "out" / "dataset.json").is_file()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.local import expand_pattern
+from cli_helpers import assert_cli_imports_no_torch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -137,18 +138,6 @@ def test_expand_pattern(pattern, expected):
     assert expand_pattern(pattern, job_id="42", procid=3, node_id=1, node="n2") == expected
 
 
-NO_TORCH = """
-import sys
-from hpc_hsdp.cli import main
-for args in ({args!r}):
-    try:
-        main(args)
-    except SystemExit as exc:
-        assert exc.code in (0, None), (args, exc.code)
-bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
-assert not bad, bad[:5]
-print("no torch")
-"""
 
 
 def test_submit_and_status_never_import_torch(tmp_path):
@@ -157,7 +146,5 @@ def test_submit_and_status_never_import_torch(tmp_path):
              "--run-dir", str(run), "--wait"], ["status", str(run)], ["logs", str(run)],
             ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)],
             ["runs", str(tmp_path)], ["report", str(run), "-o", str(tmp_path / "report.html")]]  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
-                         timeout=200)  # fmt: skip
-    assert out.returncode == 0 and "no torch" in out.stdout, out.stdout + out.stderr
+    assert_cli_imports_no_torch(*args)
     assert Path(run / "layout.json").exists()

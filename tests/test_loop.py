@@ -176,6 +176,7 @@ def test_metrics_carry_the_new_fields_and_the_loss_falls(reference):
         assert r["lr"] == pytest.approx(learning_rate(r["step"], lr=1e-2, schedule="cosine", warmup_steps=2,
                                                       min_lr=1e-3, total_steps=6))  # fmt: skip
         assert r["grad_norm"] > 0 and r["data_wait_s"] >= 0 and r["step_time_s"] > r["data_wait_s"]
+        assert 0 < r["cpu_time_s"]
         assert r["tokens_seen"] == r["step"] * 16 * 16 and r["global_batch"] == 16 and r["grad_accum"] == 2
         assert r["precision"] == "fp32"
     assert [r["step"] for r in records if "eval_loss" in r] == [3, 6]

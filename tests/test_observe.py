@@ -23,6 +23,7 @@ from hpc_hsdp.progress import duration, progress_of, requeues_needed
 from hpc_hsdp.scalars import record_scalars
 from hpc_hsdp.scheduler import parse_slurm_duration
 from hpc_hsdp.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
+from cli_helpers import assert_cli_imports_no_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ["n1", "n1", "n2", "n2"]
@@ -279,18 +280,6 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
 # ----------------------------------------------------------------------------- the live line and status
 
 
-NO_TORCH = """
-import sys
-from hpc_hsdp.cli import main
-for args in ({args!r}):
-    try:
-        main(args)
-    except SystemExit as exc:
-        assert exc.code in (0, None), (args, exc.code)
-bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
-assert not bad, bad[:5]
-print("no torch")
-"""
 
 
 @pytest.mark.dist
@@ -311,9 +300,7 @@ def test_submit_wait_and_status_name_the_slow_node_without_torch(tmp_path):
     assert data["stragglers"].startswith("node n2: ranks 2-3 are") and data["total_steps"] == 16
     args = [["status", str(run)], ["runs", str(tmp_path)], ["report", str(run), "-o", str(tmp_path / "r.html")],
             ["report", str(run), "-o", str(tmp_path / "r.png")]]  # fmt: skip
-    no_torch = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
-                              timeout=200)  # fmt: skip
-    assert no_torch.returncode == 0 and "no torch" in no_torch.stdout, no_torch.stdout + no_torch.stderr
+    assert_cli_imports_no_torch(*args)
 
 
 # ----------------------------------------------------------------------------- the real dev SLURM cluster

@@ -545,6 +545,10 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
     report = json.loads((tmp_path / "gpu-report-rank0.json").read_text())
     assert report["tf32_matmul"] and report["tf32_cudnn"]
     assert len(report["syncs_in_steps_3_and_4"]) <= 2, report["syncs_in_steps_3_and_4"]  # one host sync per step
+    import pickle
+
+    trace = pickle.loads((tmp_path / "hang" / "nccl-trace-rank0.pkl").read_bytes())  # on by default
+    assert any("nccl:" in str(entry.get("profiling_name")) for entry in trace["entries"]), str(trace)[:2000]
 
 
 def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
@@ -561,3 +565,19 @@ def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
     assert path.read_text() == '{"step": 1, "loss": 2.0}\n'
     assert truncate_metrics(tmp_path / "absent.jsonl", keep_through_step=0) == 0
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}),
+        ({"TORCH_FR_BUFFER_SIZE": "0"}, {}),  # the job turned it off on purpose
+        ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, {}),
+        ({"NCCL_DEBUG": "INFO"}, {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}),
+    ],
+)
+def test_the_nccl_flight_recorder_is_on_unless_the_job_sized_it(env, expected):
+    from hpc_hsdp.runtime.dist import flight_recorder_env
+
+    assert flight_recorder_env(env) == expected
+

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from hpc_hsdp.errors import SpecError
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -48,3 +50,12 @@ class ModelAdapter(Protocol):
     def load_pretrained(self, model: nn.Module) -> None: ...
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+
+
+def check_data_vocabulary(model: str, *, model_vocab_size: int, data_vocab_size: int | None, fix: str) -> None:
+    """Refuse data whose tokenizer has more ids than the model's embedding (SpecError, exit 2);
+    ``fix`` says how, in the words of the model kind. The loop's ``check_data`` then checks the
+    largest token id actually present."""
+    if data_vocab_size is not None and data_vocab_size > model_vocab_size:
+        raise SpecError(f"--model {model!r} has a vocabulary of {model_vocab_size} tokens but the data's tokenizer has "
+                        f"{data_vocab_size}{fix}")  # fmt: skip

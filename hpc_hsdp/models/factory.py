@@ -47,6 +47,7 @@ import importlib
 import inspect
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.models.base import check_data_vocabulary
 
 
 def resolve_factory(model: str):
@@ -75,12 +76,9 @@ class FactoryAdapter:
         self.shard_unit_option = training.shard_unit
         probe, self._declared_units = self._call()
         self.vocab_size = _vocab_size(probe, what=f"--model {self.name!r}")
-        if data_vocab_size is not None and data_vocab_size > self.vocab_size:
-            raise SpecError(
-                f"--model {self.name!r} has a vocabulary of {self.vocab_size} tokens but the data's tokenizer has "
-                f"{data_vocab_size}; build the model with vocab_size >= {data_vocab_size} (training.vocab_size is "
-                f"the data's when --data is given)"
-            )
+        check_data_vocabulary(self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size,
+                              fix=f"; build the model with vocab_size >= {data_vocab_size} (training.vocab_size is "
+                                  f"the data's when --data is given)")  # fmt: skip
 
     def _call(self):
         import torch

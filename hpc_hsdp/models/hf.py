@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.models.base import check_data_vocabulary
 
 PREFIX = "hf:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -109,12 +110,9 @@ class HFAdapter:
         self.shard_unit_option = training.shard_unit
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
-        if data_vocab_size is not None and data_vocab_size > self.vocab_size:
-            raise SpecError(
-                f"--model {self.name!r} has a vocabulary of {self.vocab_size} tokens but the data's tokenizer has "
-                f"{data_vocab_size}: token ids would fall outside the embedding; tokenize the data with the model's "
-                f"tokenizer (hpc-hsdp prepare-data --tokenizer ...)"
-            )
+        check_data_vocabulary(self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size,
+                              fix=": token ids would fall outside the embedding; tokenize the data with the model's "
+                                  "tokenizer (hpc-hsdp prepare-data --tokenizer ...)")  # fmt: skip
 
     # ------------------------------------------------------------------ build and shard
 

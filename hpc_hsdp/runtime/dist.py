@@ -38,6 +38,21 @@ STACK_DUMP_SIGNAL = signal.SIGQUIT
 USR1/USR2 for preemption warnings (submitit uses USR2); NCCL and gloo use none. QUIT
 would otherwise kill the rank with a core dump; here the rank prints and continues."""
 
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""torch's flight recorder size (the second is the older name); 0, torch's default, records nothing."""
+FLIGHT_RECORDER_ENTRIES = 2000
+"""Collectives the NCCL flight recorder keeps per rank unless the job sets its own size: the
+hang watchdog dumps them, so that a hang shows which collective each rank was in."""
+
+
+def flight_recorder_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What to export before an NCCL process group exists so that torch records its last
+    collectives; nothing when the job chose a size itself (0 included)."""
+    if any(name in env for name in FLIGHT_RECORDER_VARIABLES):
+        return {}
+    return dict.fromkeys(FLIGHT_RECORDER_VARIABLES, str(FLIGHT_RECORDER_ENTRIES))
+
+
 FAULT_RANK_FROM_PROCID = "HPC_HSDP_FAULT_RANK_FROM_PROCID"
 """Test hook: when set to 1, the torch rank is SLURM_PROCID (the classic mistake) instead of
 the node-major rank, so that under cyclic distribution the realized groups straddle nodes
@@ -222,6 +237,8 @@ def init(
         )
     torch_device, note = pick_device(device, layout, env)
     torch_env = layout.torch_env()
+    if torch_device.type == "cuda":
+        torch_env.update(flight_recorder_env(env))
     if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
         torch_env["RANK"] = str(layout.slurm_procid)
     torch_rank = int(torch_env["RANK"])

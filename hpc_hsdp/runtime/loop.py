@@ -18,8 +18,9 @@ The parts are small functions a custom loop can reuse (``hpc_hsdp.runtime.loop``
 
 ``<run_dir>/metrics.jsonl``, one record per step (rank 0): ``step``, ``loss`` (global
 mean), ``lr``, ``grad_norm`` (global, before clipping), ``tokens_seen``,
-``tokens_per_s``, ``step_time_s``, ``data_wait_s`` (time the step waited for the
-loader), ``eval_loss`` (on evaluation steps), ``peak_mem_bytes`` with ``peak_mem_kind``
+``tokens_per_s``, ``step_time_s``, ``cpu_time_s`` (CPU seconds of the rank's process in the
+step, all threads: near ``step_time_s`` on a GPU means the step is bound by the host),
+``data_wait_s`` (time the step waited for the loader), ``eval_loss`` (on evaluation steps), ``peak_mem_bytes`` with ``peak_mem_kind``
 (``cuda_max_allocated``, reset every step, plus ``peak_mem_reserved_bytes``; on CPU
 ``ru_maxrss``, rank 0's resident high-water mark, which only grows), ``world_size``,
 ``shard_size``, ``num_replicas``, ``grad_accum``, ``global_batch``, ``precision``,
@@ -542,7 +543,7 @@ def train(
                 break
             faults.at_step(ctx.rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
             seed_step(training.seed, step, ctx.rank)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             observer.step_begins(step)
             reset_peak_memory(ctx.device)
             if ctx.comm_stats is not None:
@@ -552,11 +553,11 @@ def train(
             out = train_step(model, optimizer, adapter, batches, lr=lr, clip_grad=training.clip_grad,
                              num_replicas=ctx.plan.num_replicas)  # fmt: skip
             loss, grad_norm = out.tolist()  # the step's one host sync
-            step_time = time.perf_counter() - t0
+            step_time, cpu_time = time.perf_counter() - t0, time.process_time() - cpu0
             record = {
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                 "tokens_seen": step * tokens_per_step, "tokens_per_s": tokens_per_step / step_time,
-                "step_time_s": step_time, "data_wait_s": waited, **peak_memory(ctx.device),
+                "step_time_s": step_time, "cpu_time_s": cpu_time, "data_wait_s": waited, **peak_memory(ctx.device),
                 "world_size": ctx.world_size, "shard_size": ctx.plan.shard_size,
                 "num_replicas": ctx.plan.num_replicas, "grad_accum": layout.grad_accum,
                 "global_batch": layout.global_batch, "precision": precision,

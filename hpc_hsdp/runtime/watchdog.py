@@ -9,8 +9,8 @@ the median step time seen so far, at least ``HANG_TIMEOUT_FLOOR_S``), every rank
 watchdog thread:
 
 1. writes the Python stacks of all its threads to its log (faulthandler; on GPU also the
-   NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl`` when torch
-   records one: ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0);
+   NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl``: ``init``
+   turns the recorder on for NCCL groups unless the job sets ``TORCH_FR_BUFFER_SIZE``);
 2. publishes where it is through the job's TCP store (which works while every collective
    hangs): last step completed, collectives entered by the main thread (counted by light
    wrappers of the torch.distributed functions FSDP2 and the loop call);
