@@ -15,6 +15,9 @@ flags combine, e.g. ``fsdp2-fused-noreshard``):
   fsdp2-noreshard    blocks keep their parameters after forward (no re-gather in backward)
   fsdp2-foreach      AdamW(foreach=True)
   fsdp2-fused        AdamW(fused=True)
+  hpc-hsdp           hpc-hsdp's build_model + make_optimizer + train_step (the loop's step
+                     without its per-step bookkeeping); hpc-hsdp-kept: --no-reshard-after-forward;
+                     hpc-hsdp-unfused: with torch's default AdamW (hpc-hsdp before issue 14)
   fsdp2-lastkept     the last block keeps its parameters (backward needs them first)
   fsdp2-prefetch2    explicit set_modules_to_forward/backward_prefetch one block ahead
                      (FSDP2's default: implicit, the next block's all-gather issued in pre-forward)
@@ -50,8 +53,31 @@ def init_weights(model):
                 param.normal_(0, 0.02)
 
 
+def build_hpc_hsdp(variant, a, mesh):
+    """hpc-hsdp's own build_model + make_optimizer (+ train_step in one_step)."""
+    from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.runtime import loop
+    from hpc_hsdp.runtime.dist import RunContext
+    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.topology import RankLayout
+
+    training = TrainingSpec(layers=a.layers, width=a.width, heads=a.heads, seq_len=a.seq, batch_size=a.batch,
+                            vocab_size=a.vocab, reshard_after_forward=not variant.endswith("-kept"))  # fmt: skip
+    layout = RankLayout.from_env(dict(os.environ), shard_size=2)
+    ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
+    adapter = resolve_model(training, data_vocab_size=None)
+    model = loop.build_model(ctx, adapter, training)
+    optimizer = loop.make_optimizer(model, training)
+    if variant.endswith("-unfused"):  # the optimizer before issue 14: torch's default (single-tensor on CPU)
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+        optimizer = torch.optim.AdamW(groups, lr=training.lr)
+    return model, optimizer, adapter
+
+
 def build(variant, a, mesh):
     opt_kwargs = {"lr": 3e-3, "weight_decay": 0.0}
+    if variant.startswith("hpc-hsdp"):
+        return build_hpc_hsdp(variant, a, mesh)
     if variant.startswith("fsdp1"):
         from functools import partial
 
@@ -84,11 +110,19 @@ def build(variant, a, mesh):
             for i, block in enumerate(blocks):
                 block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 2])
                 block.set_modules_to_backward_prefetch(blocks[max(0, i - 1) : i][::-1])
-    return model, torch.optim.AdamW(model.parameters(), **opt_kwargs)
+    return model, torch.optim.AdamW(model.parameters(), **opt_kwargs), None
 
 
-def one_step(model, opt, tokens):
+def one_step(model, opt, adapter, tokens):
     t0 = time.perf_counter()
+    if adapter is not None:  # hpc-hsdp's train_step: forward, backward, fused loss/norm all-reduce, optimizer
+        from hpc_hsdp.runtime.loader import MicroBatch
+        from hpc_hsdp.runtime.loop import train_step
+
+        batch = MicroBatch(step=0, micro=0, inputs=tokens[:, :-1], targets=tokens[:, 1:], sample_ids=None)
+        train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+        t3 = time.perf_counter()
+        return float("nan"), float("nan"), t3 - t0
     logits = model(tokens[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
     loss.backward()
@@ -114,6 +148,8 @@ def main():
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--variants", default="fsdp1,fsdp2,fsdp2-foreach,fsdp2-fused,fsdp2-noreshard")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="then profile 5 steps of each variant (torch.profiler) and print the top ROWS ops")
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -130,6 +166,17 @@ def main():
             t = one_step(*built[v], tokens)
             if r >= 2:
                 times[v].append(t)
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for v in variants:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    dist.barrier()
+                    one_step(*built[v], torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen))
+            if rank == 0:
+                print(f"--- {v}: top ops by self CPU time over 5 steps")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile))
     if rank == 0:
         base = statistics.median(t[2] for t in times[variants[0]])
         print(f"{'variant':<18} {'fwd+bwd ms':>10} {'opt ms':>8} {'step ms':>8} {'ratio':>6}")
