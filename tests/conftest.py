@@ -34,7 +34,22 @@ def _no_leaks():
         pytest.fail("test left a torch.distributed process group alive")
 
 
+SLURM_GROUP = "slurm"
+"""Under pytest-xdist (``scripts/test`` runs ``-n 2 --dist loadgroup``) every test that uses
+the dev cluster runs on one worker, one after another, first: they share one cluster whose
+nodes some of them kill, and most of their time is waiting for the scheduler, which the
+other worker spends on the rest of the suite, a file at a time (module fixtures run once)."""
+
+
+def _uses_the_cluster(item) -> bool:
+    return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = SLURM_GROUP if _uses_the_cluster(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not _uses_the_cluster(item))  # stable: the cluster's tests first, in file order
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
