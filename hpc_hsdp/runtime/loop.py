@@ -214,28 +214,21 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
     return model
 
 
-def fused_adamw_supported(device: torch.device) -> bool:
-    """Whether torch has a fused AdamW kernel for ``device`` (CPU and CUDA since torch 2.4)."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-    return device.type in _get_fused_kernels_supported_devices()
-
-
 def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
     """AdamW; the learning rate is set every step from the schedule. Weight decay applies
     to matrices and embeddings only (not to biases and norms).
 
-    The fused kernel (one op for all parameters of a group) where torch has one for the
-    device, else the multi-tensor one. On FSDP2's DTensor parameters this is what makes the
-    step level with FSDP1's flat parameters: torch's default on CPU, one loop of ~10 ops per
-    parameter, pays DTensor's dispatch on every op (benchmarks/probe_engines.py: the optimizer
-    step of the 0.9M model was 6x FSDP1's, 8-9 % of the whole step)."""
+    On CPU the fused kernel (one op per parameter group): torch's default there runs ~10 ops
+    per parameter, each paying DTensor's dispatch on FSDP2's parameters, and that was the
+    whole of FSDP1's step advantage (benchmarks/probe_engines.py: the optimizer step of the
+    0.9M model was 6x FSDP1's, 8-9 % of the whole step). On CUDA the multi-tensor kernel,
+    torch's default there: the fused one made the H200 loop step 1.31x slower (RESULTS.md)."""
     params = list(model.parameters())
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     device = params[0].device if params else torch.device("cpu")
-    kernel = {"fused": True} if fused_adamw_supported(device) else {"foreach": True}
+    kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
 
 
