@@ -1,5 +1,6 @@
 """A transformers model under `hpc-hsdp run --model hf:DIR --data DATA` against a hand-written
-FSDP2 HSDP script (benchmarks/handwritten_hf_fsdp2.py) with the same model, data and options.
+FSDP2 HSDP script (benchmarks/handwritten_hf_fsdp2.py) with the same model, data, options and
+fused AdamW kernel (the loop's on CPU).
 
     python benchmarks/bench_hf.py [--runs N] [--steps N]
 
