@@ -26,9 +26,9 @@ def hpc_hsdp_command() -> list[str]:
 
 
 def job_step(argv: list[str], *, tasks_per_node: tuple[int, ...], log_dir: Path, timeout_s: float = 600,
-             threads: int = 1, torch_env: bool = False) -> float:  # fmt: skip
+             threads: int = 1, torch_env: bool = False, extra_env: dict | None = None) -> float:  # fmt: skip
     """Run ``argv`` once per task; returns the Unix time just before the first process started.
-    Raises with the log tail of a failing task."""
+    Raises with the log tail of a failing task. ``extra_env``: more variables for every task."""
     from hpc_hsdp.slurm_env import task_environments
 
     envs = task_environments(tasks_per_node=list(tasks_per_node),
@@ -43,6 +43,7 @@ def job_step(argv: list[str], *, tasks_per_node: tuple[int, ...], log_dir: Path,
                "PYTHONPATH": str(ROOT)}
         if torch_env:  # the hand-written baseline reads torch's variables, not SLURM's
             env.update({"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]})
+        env.update(extra_env or {})
         log = open(log_dir / f"task-{i}.log", "w")
         procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)), log))
     deadline = time.monotonic() + timeout_s

@@ -1,5 +1,6 @@
 """A transformers model under `hpc-hsdp run --model hf:DIR --data DATA` against a hand-written
-FSDP2 HSDP script (benchmarks/handwritten_hf_fsdp2.py) with the same model, data and options.
+FSDP2 HSDP script (benchmarks/handwritten_hf_fsdp2.py) with the same model, data, options and
+fused AdamW kernel (the loop's on CPU).
 
     python benchmarks/bench_hf.py [--runs N] [--steps N]
 
@@ -70,7 +71,7 @@ def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> d
         out.mkdir(parents=True)
         argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_hf_fsdp2.py"), "--model", str(model),
                 "--tokens", str(data / "train" / "00000.bin"), "--shard", str(SHARD), "--steps", str(steps),
-                "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--out", str(times),
+                "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--out", str(times), "--fused-adamw",
                 *(["--pretrained"] if pretrained else [])]  # fmt: skip
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
         records = [json.loads(line) for line in times.read_text().splitlines()]

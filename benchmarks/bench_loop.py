@@ -6,8 +6,9 @@ Each run is one emulated SLURM job step of 4 processes (2 nodes x 2, --shard 2, 
 CPU, one thread each), bf16 + --grad-accum 2 + --clip-grad 1.0 + cosine with warm-up:
 
   handwritten  benchmarks/handwritten_fsdp2.py --precision bf16 --grad-accum 2 --clip-grad 1
-               --cosine --warmup-steps 2 (MixedPrecisionPolicy, set_requires_all_reduce,
-               clip_grad_norm_, LambdaLR, np.memmap batches read in the step; no hpc-hsdp)
+               --cosine --warmup-steps 2 --fused-adamw (MixedPrecisionPolicy,
+               set_requires_all_reduce, clip_grad_norm_, LambdaLR, np.memmap batches read in
+               the step, the same fused AdamW kernel as the loop's on CPU; no hpc-hsdp)
   hpc-hsdp     hpc-hsdp run with the same options (prefetching loader, fused metrics
                all-reduce, layout.json, metrics.jsonl, a final checkpoint)
 
@@ -66,7 +67,7 @@ def run_once(variant: str, steps: int, work: Path, data: Path | None) -> list[di
     if variant == "handwritten":
         times = out / "times.jsonl"
         argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_fsdp2.py"), "--shard", str(SHARD),
-                "--steps", str(steps), "--out", str(times), *model, *options, "--cosine",
+                "--steps", str(steps), "--out", str(times), *model, *options, "--cosine", "--fused-adamw",
                 *(["--data", str(first_bin(data))] if data else [])]  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)

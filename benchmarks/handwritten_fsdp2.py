@@ -70,6 +70,7 @@ def main():
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--clip-grad", type=float, default=0.0)
     p.add_argument("--cosine", action="store_true")
+    p.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True), as hpc-hsdp's loop builds it on CPU")
     p.add_argument("--data", default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -93,7 +94,8 @@ def main():
                 param.zero_()
             else:
                 param.normal_(0, 0.02)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    kernel = {"fused": True} if a.fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, **kernel)
 
     def lr_factor(i):  # i = 0 for the first step
         if a.warmup_steps and i < a.warmup_steps:

@@ -31,6 +31,7 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", required=True, help="a .bin token file (uint16)")
     p.add_argument("--pretrained", action="store_true")
+    p.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True), as hpc-hsdp's loop builds it on CPU")
     for name, default in (("shard", 1), ("steps", 10), ("seq-len", 64), ("batch-size", 2)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--out", required=True)
@@ -54,7 +55,8 @@ def main():
         with torch.no_grad():
             model.apply(model._init_weights)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    kernel = {"fused": True} if a.fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, **kernel)
     data = np.memmap(a.tokens, dtype=np.uint16, mode="r")
     samples = (len(data) - 1) // a.seq_len
     loss_sum = torch.zeros(())

@@ -12,6 +12,8 @@
 9 stragglers the per-rank time probe's all-gather vs the step time        (bench_stragglers.py)
 10 sizes     plan/render cost from 1 to 65,536 nodes x 8, ratios          (bench_sizes.py)
 11 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
+14 peers     start-up and step vs hand-written FSDP2 and Lightning Fabric  (bench_peers.py; makes
+             benchmarks/.peers-venv with lightning on first use)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -37,6 +39,8 @@ SUITE = [
     ("stragglers", "bench_stragglers.py", ["--runs", "3", "--steps", "30"], ["--runs", "1", "--steps", "12"]),
     ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
     ("checkpoint", "bench_checkpoint.py", ["--runs", "3"], ["--runs", "1", "--width", "256"]),
+    ("peers", "bench_peers.py", ["--runs", "5", "--steps", "20"],
+     ["--runs", "1", "--steps", "6", "--models", "small", "--startup-phases", "1"]),
 ]
 
 

@@ -224,10 +224,18 @@ class Recommendation:
     budget_bytes: int
     """``gpu_memory`` less the activation reserve: what parameters, gradients and optimizer state may use."""
     reasons: tuple[str, ...]
+    reshard_after_forward: bool | None = None
+    """False when every block's gathered parameters fit beside the chosen shard size's
+    state (``--no-reshard-after-forward``: no backward re-gather, the faster step); True
+    when they do not; None when nothing fits or the shard size is 1 (nothing to gather)."""
+    gathered_bytes: int = 0
+    """What keeping the gathered parameters adds per GPU: the whole model unsharded."""
 
     def to_dict(self) -> dict:
         return {
             "recommended_shard_size": self.chosen.shard_size if self.chosen else None,
+            "reshard_after_forward": self.reshard_after_forward,
+            "gathered_bytes": self.gathered_bytes,
             "gpu_memory": self.gpu_memory,
             "budget_bytes": self.budget_bytes,
             "activation_reserve": ACTIVATION_RESERVE,
@@ -270,8 +278,23 @@ def recommend(
         candidates.append(Candidate(shard_size=s, estimate=est, fits=est.total_bytes <= budget))
     fitting = [c for c in candidates if c.fits]
     chosen = min(fitting, key=_ranking) if fitting else None
+    reasons = _reasons(candidates, chosen, budget, gpu_memory)
+    reshard, gathered = None, 0
+    if chosen is not None and chosen.shard_size > 1:
+        e = chosen.estimate
+        gathered = DTYPE_BYTES[dtype] * e.model_params
+        regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params)
+        reshard = e.total_bytes + gathered > budget
+        if reshard:
+            reasons.append(f"keep resharding after forward: the whole model gathered ({format_bytes(gathered)}) "
+                           f"would not fit beside the {format_bytes(e.total_bytes)} of state")  # fmt: skip
+        else:
+            reasons.append(f"--no-reshard-after-forward: the whole model gathered from forward to backward "
+                           f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.total_bytes + gathered)} "
+                           f"in all); backward gathers nothing again ({format_bytes(regather)} less to all-gather per "
+                           f"step in the shard group), the faster step")  # fmt: skip
     return Recommendation(candidates=tuple(candidates), chosen=chosen, gpu_memory=gpu_memory, budget_bytes=budget,
-                          reasons=tuple(_reasons(candidates, chosen, budget, gpu_memory)))  # fmt: skip
+                          reasons=tuple(reasons), reshard_after_forward=reshard, gathered_bytes=gathered)  # fmt: skip
 
 
 def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int, gpu_memory: int) -> list[str]:

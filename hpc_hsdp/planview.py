@@ -176,7 +176,8 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     out.append(f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
                f"{format_bytes(rec.gpu_memory)} per GPU")  # fmt: skip
     if rec.chosen is not None:
-        out.append(f"recommended: --shard {rec.chosen.shard_size}")
+        keep = " --no-reshard-after-forward" if rec.reshard_after_forward is False else ""
+        out.append(f"recommended: --shard {rec.chosen.shard_size}{keep}")
     else:
         out.append("recommended: none")
     out.extend(f"  {reason}" for reason in rec.reasons)

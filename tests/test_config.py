@@ -208,12 +208,15 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
 
     kind = OPTION_KINDS[f.name]
     value = _SAMPLE.get(f.name, f.metadata["choices"][-1] if f.metadata.get("choices") else _SAMPLE_BY_KIND[kind])
-    toml_value = "true" if value is True else f'"{value}"' if isinstance(value, str) else repr(value)
+    if kind == "bool":  # the value that is not the default: --flag, or --no-flag for a default-on option
+        value = not f.default
+    toml_value = str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
     needs_data = f.name == "val_data"
     lines = f"shard = 1\n{f.name.replace('_', '-')} = {toml_value}\n" + ('data = "/data/train"\n' if needs_data else "")
     path = tmp_path / "one.toml"
     path.write_text(lines)
-    cli = [option_flag(f.name)] if value is True else [option_flag(f.name), str(value)]
+    flag = option_flag(f.name)
+    cli = [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
     cli = (["--data", "/data/train"] if needs_data else []) + cli
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(["--shard", "1", *cli], cwd=tmp_path)

@@ -55,6 +55,32 @@ def test_recommendation_table(nodes_gpus, params, memory, dtype, optimizer, expe
         assert rec.reasons[0].startswith("no shard size fits")
 
 
+# (topology, params, gpu memory) -> reshard_after_forward (False: keep the gathered parameters;
+# None: nothing fits or shard size 1, where nothing is gathered)
+RESHARD_CASES = [
+    # 7B fp32 on 2 x 8, S=8: 13 GiB of state + 26 GiB gathered fit in 64 GiB
+    ((2, 8), 7 * 10**9, 80 * GiB, False),
+    # the same on 40 GiB GPUs: 39 GiB do not fit in 32 GiB
+    ((2, 8), 7 * 10**9, 40 * GiB, True),
+    # 30B on 4 x 8, S=8: 56 GiB of state leave no room for 112 GiB gathered
+    ((4, 8), 30 * 10**9, 80 * GiB, True),
+    ((1, 8), 10**8, 80 * GiB, None),
+    ((2, 8), 10**12, 80 * GiB, None),
+]
+
+
+@pytest.mark.parametrize(("nodes_gpus", "params", "memory", "expected"), RESHARD_CASES)
+def test_keeps_the_gathered_parameters_only_when_they_fit(nodes_gpus, params, memory, expected):
+    rec = recommend(topo(*nodes_gpus), model_params=params, gpu_memory=memory)
+    assert rec.reshard_after_forward is expected
+    if expected is not None:
+        assert rec.gathered_bytes == 4 * params
+        fits = rec.chosen.needed_bytes + rec.gathered_bytes <= rec.budget_bytes
+        assert fits is (not expected)
+        assert rec.reasons[-1].startswith("keep resharding" if expected else "--no-reshard-after-forward")
+    assert rec.to_dict()["reshard_after_forward"] is expected
+
+
 def test_candidates_are_every_valid_shard_size_with_numbers():
     rec = recommend(topo(2, 8), model_params=10**9, gpu_memory=80 * GiB)
     assert [c.shard_size for c in rec.candidates] == [1, 2, 4, 8, 16]
@@ -89,7 +115,7 @@ def hpc(*args: str) -> subprocess.CompletedProcess:
 def test_recommend_text_and_json():
     text = hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB")
     assert text.returncode == 0, text.stderr
-    assert "recommended: --shard 8" in text.stdout
+    assert "recommended: --shard 8 --no-reshard-after-forward" in text.stdout
     rows = [r for r in (line.split() for line in text.stdout.splitlines()) if len(r) >= 7 and r[3] in ("yes", "no")]
     assert [r[0] for r in rows] == ["1", "2", "4", "8", "16"]
     assert "<-" in " ".join(next(r for r in rows if r[0] == "8"))

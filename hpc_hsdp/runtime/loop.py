@@ -204,7 +204,8 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
     units = tuple(adapter.shard_units(model))
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
-    wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision))
+    wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision),
+              reshard_after_forward=training.reshard_after_forward)
     model.to_empty(device=ctx.device)
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
@@ -215,11 +216,20 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
 
 def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
     """AdamW; the learning rate is set every step from the schedule. Weight decay applies
-    to matrices and embeddings only (not to biases and norms)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    to matrices and embeddings only (not to biases and norms).
+
+    On CPU the fused kernel (one op per parameter group): torch's default there runs ~10 ops
+    per parameter, each paying DTensor's dispatch on FSDP2's parameters, and that was the
+    whole of FSDP1's step advantage (benchmarks/probe_engines.py: the optimizer step of the
+    0.9M model was 6x FSDP1's, 8-9 % of the whole step). On CUDA the multi-tensor kernel,
+    torch's default there: the fused one made the H200 loop step 1.31x slower (RESULTS.md)."""
+    params = list(model.parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr)
+    device = params[0].device if params else torch.device("cpu")
+    kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
 
 
 # ----------------------------------------------------------------------------- one step

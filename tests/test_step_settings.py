@@ -1,0 +1,102 @@
+"""The step's speed settings (issue 14): the fused AdamW kernel and --no-reshard-after-forward.
+
+One launch of 4 processes (an emulated 2 x 2 SLURM job, --shard 2, gloo on CPU) trains the
+built-in model three times on the same mesh under the collective recorder: the defaults,
+--no-reshard-after-forward, and the defaults again with torch's single-tensor AdamW. Keeping
+the gathered parameters must change no number of the training (the same parameters are
+gathered, once instead of twice) and all-gather exactly ``bP`` bytes per step in the shard
+group instead of the plan's ``b(2P - P_root)``; the fused kernel must train like the
+single-tensor one (to float rounding) and be what make_optimizer builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dist_helpers import launch
+from hpc_hsdp.estimates import estimate
+from hpc_hsdp.runtime.shapes import parameter_counts
+from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.topology import TopologyPlan
+
+MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)
+TASKS_PER_NODE = (2, 2)
+
+
+def train_three_ways(ctx):
+    """fn of run_task: per variant, the losses, grad norms and the shard axis' all-gather bytes per step."""
+    import torch
+
+    from hpc_hsdp.runtime import loop
+    from hpc_hsdp.runtime.comm_stats import CommStats
+    from hpc_hsdp.runtime.dist import RunContext
+
+    nodes = [d["node"] for d in ctx.realized]
+    single_tensor = loop.make_optimizer
+
+    def make_single_tensor(model, training):
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
+                  for g in single_tensor(model, training).param_groups]  # fmt: skip
+        return torch.optim.AdamW(groups, lr=training.lr, foreach=False, fused=False)
+
+    out = {}
+    for name, training, make in (
+        ("default", MODEL, single_tensor),
+        ("kept", dataclasses.replace(MODEL, reshard_after_forward=False), single_tensor),
+        ("single-tensor", MODEL, make_single_tensor),
+    ):
+        steps: dict[int, dict] = {}
+        sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
+        loop.make_optimizer = make
+        try:
+            with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
+                sub.comm_stats = recorder
+                result = loop.train(sub, training, on_step=lambda step, record: steps.__setitem__(step, record),
+                                    verbose=False)  # fmt: skip
+        finally:
+            loop.make_optimizer = single_tensor
+        out[name] = {
+            "loss": [steps[s]["loss"] for s in sorted(steps)],
+            "grad_norm": [steps[s]["grad_norm"] for s in sorted(steps)],
+            "gathered": [steps[s]["comm"]["shard"]["all_gather"]["tensor_bytes"] for s in sorted(steps)],
+            "optimizer": {k: result.optimizer.defaults.get(k) for k in ("fused", "foreach")},
+        }
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("settings") / "run"
+    spec = RunSpec(shard_size=2, run_dir=str(run_dir), device="cpu", training=MODEL)
+    return [o.value for o in launch(spec, tasks_per_node=TASKS_PER_NODE, fn=train_three_ways, timeout_s=240)]
+
+
+def predicted_gather_bytes() -> tuple[int, int]:
+    counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=2)
+    plan = TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=2, node_names=("n1", "n2"))
+    est = estimate(plan, model_params=counts.params, root_params=counts.root_params)
+    gathered = next(t.tensor_bytes for t in est.traffic if t.kind == "all_gather")
+    return gathered, 4 * counts.params
+
+
+@pytest.mark.dist
+def test_keeping_the_gathered_parameters_changes_no_number_and_gathers_once(trained):
+    resharded, kept = predicted_gather_bytes()
+    assert kept < resharded
+    for value in trained:
+        assert value["kept"]["loss"] == value["default"]["loss"]
+        assert value["kept"]["grad_norm"] == value["default"]["grad_norm"]
+        assert value["default"]["gathered"] == [resharded] * MODEL.steps
+        assert value["kept"]["gathered"] == [kept] * MODEL.steps
+
+
+@pytest.mark.dist
+def test_the_fused_optimizer_is_the_default_and_trains_like_the_single_tensor_one(trained):
+    for value in trained:
+        assert value["default"]["optimizer"]["fused"] is True
+        assert value["single-tensor"]["optimizer"]["fused"] is False
+        assert value["single-tensor"]["loss"][0] == value["default"]["loss"][0]  # before any optimizer step
+        assert value["single-tensor"]["loss"] == pytest.approx(value["default"]["loss"], rel=1e-5)
+        assert value["single-tensor"]["grad_norm"] == pytest.approx(value["default"]["grad_norm"], rel=1e-4)
