@@ -45,6 +45,7 @@ def _uses_the_cluster(item) -> bool:
     return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = SLURM_GROUP if _uses_the_cluster(item) else item.nodeid.split("::")[0]
@@ -59,6 +60,18 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs CUDA; none on this machine")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """pytest-xdist marks a grouped test by appending ``@group`` to its id (after the hook
+    above); where that silently stops working (pytest-xdist#1386), the cluster's tests would
+    run on both workers at once against one cluster: refuse to run instead."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    loose = [item.nodeid for item in session.items if _uses_the_cluster(item) and not item.nodeid.endswith("@" + SLURM_GROUP)]
+    if loose:
+        raise pytest.UsageError(f"pytest-xdist did not group the dev cluster's tests (e.g. {loose[0]}); "
+                                f"install the test extras' pytest (pip install -e '.[test]') or run with -n 0")  # fmt: skip
 
 
 def _cluster_up() -> tuple[bool, str]:
