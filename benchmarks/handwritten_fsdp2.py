@@ -62,6 +62,19 @@ class Model(nn.Module):
         return self.head(self.norm(x))
 
 
+def init_weights(model):
+    """As the built-in model: norms 1/0, biases 0, weights N(0, 0.02), seed 0."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0, 0.02)
+
+
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("shard", 1), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
@@ -85,15 +98,7 @@ def main():
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():  # as the built-in model: norms 1/0, biases 0, weights N(0, 0.02)
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                param.zero_()
-            else:
-                param.normal_(0, 0.02)
+    init_weights(model)
     kernel = {"fused": True} if a.fused_adamw else {}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, **kernel)
 

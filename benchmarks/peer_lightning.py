@@ -85,19 +85,6 @@ def build_model(a):
     return model, (Block,), a.vocab_size
 
 
-def init_weights(model) -> None:
-    """As the hand-written script: norms 1/0, biases 0, weights N(0, 0.02), seed 0."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                param.zero_()
-            else:
-                param.normal_(0, 0.02)
-
-
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("shard", 2), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
@@ -136,6 +123,8 @@ def main():
         with torch.no_grad():
             model.apply(model._init_weights)
     else:
+        from handwritten_fsdp2 import init_weights
+
         init_weights(model)
     if a.strategy == "fsdp1":
         model = fabric.setup_module(model)

@@ -38,19 +38,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
-from handwritten_fsdp2 import Block, Model  # noqa: E402
-
-
-def init_weights(model):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                param.zero_()
-            else:
-                param.normal_(0, 0.02)
+from handwritten_fsdp2 import Block, Model, init_weights  # noqa: E402
 
 
 def build_hpc_hsdp(variant, a, mesh):

@@ -28,6 +28,19 @@ from hpc_hsdp.spec import RunSpec
 _CTX = multiprocessing.get_context("fork")
 
 
+def wait_until(what: str, check, timeout_s: float):
+    """``check()``'s first truthy value, polled every 0.5 s; fails the test after ``timeout_s``."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"{what} not reached in {timeout_s} s")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from dist_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,16 +130,6 @@ def _status(run: Path) -> dict:
     return json.loads(run_cli("status", str(run), "--json").stdout)
 
 
-def _wait(what: str, check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"{what} not reached in {timeout_s} s")
-
-
 def _steps(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -163,7 +153,7 @@ def test_a_flexible_job_resumes_on_the_one_node_left_with_the_same_samples(slurm
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     drained: list[str] = []
     try:
-        _wait("step 3", lambda: len(_steps(run)) >= 3, 240)
+        wait_until("step 3", lambda: len(_steps(run)) >= 3, 240)
         first = json.loads((run / "layout.json").read_text())
         assert first["plan"]["world_size"] == 4, first["plan"]  # an idle cluster grants the most
         keep = first["ranks"][0]["node"]
@@ -172,7 +162,7 @@ def test_a_flexible_job_resumes_on_the_one_node_left_with_the_same_samples(slurm
                                "reason=hpc-hsdp flexible-allocation test"], capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0  # save, requeue
-        final = _wait("the end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
+        final = wait_until("the end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
             "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None)(_status(run)), 300)  # fmt: skip
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)

@@ -28,6 +28,7 @@ import pytest
 
 from hpc_hsdp import attempts
 from hpc_hsdp.topology import plan_for
+from dist_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,16 +156,6 @@ def _steps(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _wait(what: str, check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"{what} not reached in {timeout_s} s")
-
-
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp_path):
@@ -176,7 +167,7 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
               "--max-restarts", "2", "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
-    _wait("step 10", lambda: len(_steps(run)) >= 10, 240)
+    wait_until("step 10", lambda: len(_steps(run)) >= 10, 240)
     layout = json.loads((run / "layout.json").read_text())
     victim = layout["ranks"][-1]["node"]  # the second node of the job (rank 0 survives on the first)
     killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True)
@@ -184,7 +175,7 @@ def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp
     died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
     last_before = max(r["step"] for r in _steps(run))
     try:
-        final = _wait("the end of the job", lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+        final = wait_until("the end of the job", lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
                       else None)(json.loads(hpc("status", str(run), "--json").stdout)), 420)  # fmt: skip
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)  # a job left held or pending would block the next
