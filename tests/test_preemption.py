@@ -333,9 +333,10 @@ def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_clust
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     logs = all_logs(run)
     assert "on USR2: requeued job" in logs and "(restart 1)" in logs
-    # the agent did not die of the warning (-12): it ended on SLURM's SIGTERM after the workers saved
+    # the agent did not die of the warning (-12): the launcher saw the warning first, and no
+    # failure of torchrun was reported (its end after SLURM's SIGTERM may be cut by SIGKILL)
+    assert "torchrun on this node: SIGUSR2 received; the workers stop and save" in logs
     assert "torchrun on this node exited with code" not in logs
-    assert re.search(r"torchrun on this node ended \(-?\d+\) after SIGUSR2", logs)
     assert steps(run) == list(range(1, STEPS + 1))
     ref = wait_finished(reference_run)
     assert ref["state"] == "COMPLETED"

@@ -41,8 +41,16 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
 
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []
+
+    def note_stop(signum, frame) -> None:
+        # said at once: after the workers save, SLURM may SIGKILL this process before torchrun returns
+        if not stopped:
+            print(f"torchrun on this node: {signal.Signals(signum).name} received; the workers stop and save, "
+                  "the agent waits for them", flush=True)  # fmt: skip
+        stopped.append(signum)
+
     for sig in (warning, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+        signal.signal(sig, note_stop)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # scancel --signal=QUIT: the workers print their stacks
 
     def agent_signals() -> None:
