@@ -82,3 +82,35 @@ def _requeue_updated(job_id: str, updates: tuple[str, ...], *, timeout_s: float)
     if "update: failed" in said:
         return True, f"(could not update the pending job with {' '.join(updates)}: {said})"
     return True, ""
+
+
+_RESTORE_REQUEST = """trap '' TERM
+job=$1; restarts=$2; shift 2
+shown=$(scontrol -o show job "$job") || { echo "show job: failed"; exit 1; }
+case " $shown " in *" Restarts=$restarts "*) echo "not requeued: Restarts=$restarts"; exit 3;; esac
+scontrol update JobId="$job" "$@"
+"""
+"""SLURM sends SIGTERM when it requeues the job itself, and the task has KillWait left: the shell
+ignores it (and hands that to scontrol). A job whose ``Restarts`` is still this run's was not
+requeued (cancelled, timed out) and is left alone."""
+
+
+def restore_request(job_id: str, *, env=None, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """After SLURM itself requeued the job (a node died: ``NODE_FAIL``; or preempted it), put the
+    flexible allocation's range back (``HPC_HSDP_REQUEUE_REQUEST``): SLURM pinned the pending job
+    to the node count it last had, so a job that ran on 2 of ``--nodes 1-2`` would wait for 2.
+    Called on SIGTERM, while SLURM still ends this run (the job is then PENDING and COMPLETING; an
+    ``scontrol update`` of it is accepted, unlike a second requeue). Never raises:
+    (restored, what scontrol said); (False, "") where there is no range to restore."""
+    env = os.environ if env is None else env
+    updates = tuple(env.get(REQUEST_FIELDS_VARIABLE, "").split())
+    if not updates or shutil.which("scontrol", path=env.get("PATH")) is None:
+        return False, ""
+    restarts = (env.get("SLURM_RESTART_COUNT") or "0").strip()
+    try:
+        done = subprocess.run(["sh", "-c", _RESTORE_REQUEST, "sh", job_id, restarts, *updates],
+                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"scontrol update could not run ({exc})"
+    said = " ".join((done.stdout + done.stderr).split())
+    return done.returncode == 0, said or ("" if done.returncode == 0 else f"exit code {done.returncode}")
