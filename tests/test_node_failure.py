@@ -55,7 +55,7 @@ if [ "$1 $2 $3" = "-o show node" ]; then
   esac
   exit 0
 fi
-if [ "$1 $2 $3" = "-o show job" ]; then echo "JobId=$4 JobName=x Requeue=$(cat {tmp_path}/requeue 2>/dev/null || echo 0) Restarts=0"; exit 0; fi
+if [ "$1 $2 $3" = "-o show job" ]; then echo "JobId=$4 JobName=x Requeue=$(cat {tmp_path}/requeue 2>/dev/null || echo 0) Restarts=$(cat {tmp_path}/restarts 2>/dev/null || echo 0)"; exit 0; fi
 if [ "$1 $2" = "show config" ]; then echo "Configuration data as of now"; echo "SlurmdTimeout           = 1 sec"; exit 0; fi
 echo "$@" >> {calls}
 """)
@@ -204,3 +204,26 @@ def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
     assert fake_scontrol.read_text().splitlines() == [
         "requeuehold 41", "update JobId=41 NumNodes=1-2 NumTasks=2", "release 41",
         "requeuehold 42", "update JobId=42 NumNodes=1-2 NumTasks=2 ExcNodeList=n2", "release 42"]  # fmt: skip
+
+
+def test_after_slurms_own_requeue_the_survivors_restore_a_flexible_jobs_range(fake_scontrol, tmp_path):
+    """SLURM pins a job it requeues (node failure) to the nodes it had; a ``--nodes 1-2`` job would
+    wait for two: the lowest live rank, told by SLURM's SIGTERM, updates the pending job."""
+    from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, restore_request
+    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+
+    (tmp_path / "requeue").write_text("1")
+    env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0", "PATH": os.environ["PATH"],
+           REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2"}  # fmt: skip
+    attempts.begin_attempt(tmp_path, restart=0, job_id="41", start_step=0, total_steps=9)
+    assert restore_request("41", env=env) == (False, "not requeued: Restarts=0")  # cancelled, not requeued: left alone
+    assert not fake_scontrol.exists()
+    assert restore_request("41", env={**env, REQUEST_FIELDS_VARIABLE: ""}) == (False, "")  # a fixed node count
+    (tmp_path / "restarts").write_text("1")  # SLURM requeued it: Restarts went up
+    for rank in (1, 0):
+        ctx = _ctx(rank, tmp_path)
+        ctx.preemption = SimpleNamespace(received={"TERM": time.time()})
+        line = handle_lost_peers(ctx, max_restarts=2, env=env, reason="the step failed", grace_s=30)
+    assert line.endswith("SLURM is requeueing job 41 (failure restart 1 of at most 2); its node range restored "
+                         "(NumNodes=1-2 NumTasks=2)"), line  # fmt: skip
+    assert fake_scontrol.read_text().splitlines() == ["update JobId=41 NumNodes=1-2 NumTasks=2"]  # once, by rank 0

@@ -231,6 +231,53 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
     assert f"--output={run_dir}/logs/%j_0_log.out" in parsed
 
 
+FLEXIBLE_STUB_SCONTROL = r"""#!/bin/bash
+printf '%s\n' "$*" >> "$STUB_LOG/scontrol"
+if [ "$1 $2 $3" = "-o show job" ]; then echo "JobId=$4 JobName=x JobState=PENDING Restarts=$STUB_RESTARTS Requeue=1"; fi
+"""
+FLEXIBLE_STUB_PYTHON = r"""#!/bin/bash
+if [ "$3" = layout ]; then echo "n1 29999"; exit 0; fi
+case $STUB_DO in
+  requeue-file) echo "$SLURM_JOB_ID" > "$HPC_HSDP_REQUEUE_FILE" ;;   # rank 0 in the image, on the warning
+  slurm-requeue) kill -TERM "$STUB_BATCH_SHELL" ;;                   # SLURM requeued the job (a node died)
+esac
+"""
+
+
+@pytest.mark.parametrize("case, restarts, expected", [
+    # rank 0 asked for a requeue from inside the image: held, range restored, released (on a real
+    # cluster SLURM's SIGTERM to the batch shell follows, and puts the range back once more, harmlessly)
+    ("requeue-file", 1, ["requeuehold 77", "update JobId=77 NumNodes=1-2 NumTasks=8", "release 77"]),
+    # SLURM requeued the job itself (node failure) and pinned it to its nodes: the SIGTERM restores the range
+    ("slurm-requeue", 1, ["-o show job 77", "update JobId=77 NumNodes=1-2 NumTasks=8"]),
+    # a SIGTERM that is no requeue (scancel, time limit: Restarts unchanged): nothing is updated
+    ("slurm-requeue", 0, ["-o show job 77"]),
+])  # fmt: skip
+def test_a_flexible_container_jobs_batch_shell_restores_the_node_range(case, restarts, expected, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    spec = spec_from_argv(["--nodes", "1-2", "--shard", "8", "--venv", "none", "--run-dir", str(run_dir),
+                           "--container-image", "img", "--container-mounts", f"{tmp_path}:{tmp_path}"])  # fmt: skip
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    (run_dir / "logs").mkdir(parents=True)
+    stubs, log = tmp_path / "stubs", tmp_path / "log"
+    stubs.mkdir()
+    log.mkdir()
+    for name, body in (("python", FLEXIBLE_STUB_PYTHON), ("srun", STUB_SRUN), ("scontrol", FLEXIBLE_STUB_SCONTROL)):
+        (stubs / name).write_text(body)
+        (stubs / name).chmod(0o755)
+    shell = subprocess.Popen(["bash", "-c", 'STUB_BATCH_SHELL=$$ exec bash "$0"', str(script)], cwd=tmp_path,
+                             env={"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "STUB_DO": case,
+                                  "STUB_RESTARTS": str(restarts), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0",
+                                  "HOME": str(tmp_path)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = shell.communicate(timeout=60)
+    assert shell.returncode == 0, err
+    assert (log / "scontrol").read_text().splitlines() == expected, err
+    assert not list((run_dir / "logs").glob("requeue.*"))
+    assert ("node range restored (NumNodes=1-2 NumTasks=8)" in err) == (case == "slurm-requeue" and restarts == 1), err
+
+
 def test_pass_env_missing_stops_the_job_before_launch(tmp_path: Path) -> None:
     spec = spec_from_argv(["--shard", "8", "--pass-env", "NEEDED_TOKEN", "--venv", "none", "--run-dir", str(tmp_path)])
     script = tmp_path / "job.sbatch"

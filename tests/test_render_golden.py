@@ -49,6 +49,8 @@ CASES: dict[str, tuple[str, ...]] = {
                         "--steps", "5", "--lr", "0.001", "--timeout", "60", "--signal", "B:TERM@60"),
     "flexible-1-2x8-shard4": ("--nodes", "1-2", "--shard", "4", "--venv", "none", "--run-dir", "/runs/flexible",
                               "--batch-size", "2", "--time", "04:00:00"),
+    "flexible-1-2x8-container": ("--nodes", "1-2", "--shard", "8", "--venv", "none", "--run-dir", "/runs/flexible-container",
+                                 "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/runs:/runs", "--signal", "B:TERM@60"),
     "flexible-2-4x8-torchrun": ("--nodes", "2-4", "--shard", "8", "--launcher", "torchrun", "--venv", "none",
                                 "--run-dir", "/runs/flexible-torchrun", "--global-batch-size", "256"),
 }  # fmt: skip
