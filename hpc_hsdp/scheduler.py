@@ -509,9 +509,16 @@ def _submit_slurm(spec, func, args, kwargs):
         def _num_tasks(self) -> int:
             return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
 
+    if spec.flexible:  # SLURM may grant fewer nodes: results() are those of the tasks that ran
+        from hpc_hsdp.flexible_job import FlexibleSlurmJob
+
+        RenderedScriptExecutor.job_class = FlexibleSlurmJob
     executor = RenderedScriptExecutor(folder=spec.log_dir)
     try:
-        return executor.submit(functools.partial(func, **kwargs), *args)
+        job = executor.submit(functools.partial(func, **kwargs), *args)
+        if spec.flexible:
+            job.tasks_per_node, job.min_nodes = executor._num_tasks() // spec.nodes, spec.min_nodes
+        return job
     except submitit.core.utils.FailedJobError as exc:  # sbatch's own stderr is inside
         message = " ".join(str(exc).split())
         raise SchedulerError(f"sbatch refused the job: {message[-400:]}") from None

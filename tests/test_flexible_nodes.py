@@ -254,3 +254,43 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
         assert max(counts.values()) - min(counts.values()) <= 1, (step, ids)
     print(f"flexible job, node death -> first resumed step done on 1 node: {resumed['wall_time'] - died_at:.1f} s; "
           f"steps redone: {redone}")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_results_of_a_flexible_job_granted_fewer_nodes_are_those_of_the_tasks_that_ran(slurm_cluster, tmp_path):
+    """``hpc_hsdp.submit(fn, nodes="1-2")`` with one node free: SLURM grants one, two tasks run;
+    ``job.results()`` is their two results (submitit alone waits for the result files of the two
+    tasks of the node never granted, then raises)."""
+    debug_nodes = sorted(set(subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True,
+                                            text=True).stdout.split()))  # fmt: skip
+    if len(debug_nodes) < 2:
+        pytest.skip("needs a dev cluster of at least 2 nodes")
+    blocked = debug_nodes[1:]
+    blocker = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--exclusive", "-N", str(len(blocked)), "-w",
+                              ",".join(blocked), "-o", "/dev/null", "--wrap", "sleep 600"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = blocker.stdout.strip().split(";")[0]
+    code = f"""
+import hpc_hsdp, json, time
+def fn(ctx):
+    return [ctx.rank, ctx.world_size, ctx.layout.node]
+job = hpc_hsdp.submit(fn, cluster="slurm", nodes="1-2", gpus_per_node=2, shard=2, run_dir={str(tmp_path / 'api')!r},
+                      device="cpu")
+while not all(job.task(k).paths.result_pickle.exists() for k in (0, 1)):
+    time.sleep(0.2)
+started = time.monotonic()
+results = job.results()
+print(json.dumps({{"results": results, "seconds": time.monotonic() - started}}))
+"""
+    try:
+        wait_until("the blocker running", lambda: subprocess.run(["squeue", "-h", "-j", blocker_id, "-o", "%T"],
+                   capture_output=True, text=True).stdout.strip() == "RUNNING", 60)  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    finally:
+        subprocess.run(["scancel", blocker_id], capture_output=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["results"] == [[0, 2, debug_nodes[0]], [1, 2, debug_nodes[0]]], answer
+    assert answer["seconds"] < 10, answer  # from the tasks' results: no wait for files that no task writes
