@@ -209,7 +209,9 @@ def test_one_rank_signalled_every_rank_saves_at_the_same_step_and_resume_is_exac
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
 
 JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
-TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2"]
+# not --exclusive (the default): the module's jobs share n1/n2 (2 of 8 CPUs and GPUs each) and run side
+# by side, as the time-limit job must while the others run; exclusive, each waited for the one before
+TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--no-exclusive"]
 STEPS = 30
 SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough to be signalled mid-training
 

@@ -59,13 +59,16 @@ def test_submit_public_thread_case(slurm_cluster, tmp_path):
 
 
 def test_cyclic_distribution_still_node_local(slurm_cluster, tmp_path):
+    """2 nodes x 4, shard 4 (8 processes rather than the thread case's 16: the same question)."""
     run = tmp_path / "cyclic"
-    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--shard", "4", "--distribution", "cyclic", "--wait",
-              "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--shard", "4", "--distribution",
+              "cyclic", "--wait", "--run-dir", str(run), *TINY)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    ranks = assert_thread_groups_node_local(run)
-    procids = {r["rank"]: r["slurm_procid"] for r in ranks}
-    assert procids[1] == 2 and procids[8] == 1  # SLURM dealt tasks round-robin over n1, n2
+    layout, ranks = _ranks(run)
+    assert layout["plan"]["shard_groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert layout["plan"]["replicate_groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [r["node"] for r in ranks] == ["n1"] * 4 + ["n2"] * 4  # node-major, whatever the PROCIDs
+    assert [r["slurm_procid"] for r in ranks] == [0, 2, 4, 6, 1, 3, 5, 7]  # SLURM dealt tasks round-robin over n1, n2
 
 
 def test_torchrun_launcher_gives_the_same_groups(slurm_cluster, tmp_path):
@@ -79,13 +82,19 @@ def test_torchrun_launcher_gives_the_same_groups(slurm_cluster, tmp_path):
 
 
 def test_rendered_script_runs_with_plain_sbatch(slurm_cluster, tmp_path):
+    """2 nodes x 2 (4 processes, not the thread case's 16, which test_submit_public_thread_case runs;
+    the rendered script and submit's differ only in the task command: the test below)."""
     run = tmp_path / "plain"
     script = tmp_path / "train.sbatch"
-    out = hpc("render", "--nodes", "2", "--shard", "4", "--run-dir", str(run), "-o", str(script), *TINY)
+    out = hpc("render", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--run-dir", str(run), "-o", str(script),
+              *TINY)  # fmt: skip
     assert out.returncode == 0, out.stderr
     done = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr + _logs(run)
-    assert_thread_groups_node_local(run)
+    layout, ranks = _ranks(run)
+    assert layout["plan"]["shard_groups"] == [[0, 1], [2, 3]] and layout["plan"]["replicate_groups"] == [[0, 2], [1, 3]]
+    assert [r["node"] for r in ranks] == ["n1", "n1", "n2", "n2"] and [r["slurm_procid"] for r in ranks] == [0, 1, 2, 3]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_submit_and_render_differ_only_in_the_task_command(slurm_cluster, tmp_path):
