@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -206,24 +207,47 @@ def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
         "requeuehold 42", "update JobId=42 NumNodes=1-2 NumTasks=2 ExcNodeList=n2", "release 42"]  # fmt: skip
 
 
-def test_after_slurms_own_requeue_the_survivors_restore_a_flexible_jobs_range(fake_scontrol, tmp_path):
-    """SLURM pins a job it requeues (node failure) to the nodes it had; a ``--nodes 1-2`` job would
-    wait for two: the lowest live rank, told by SLURM's SIGTERM, updates the pending job."""
-    from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, restore_request
-    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+KEEPER_TASK = r"""
+import ctypes, os, sys, time
+from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
+preemption = Preemption(os.environ).install()
+keeper = NodeRangeKeeper(os.environ).install()
+print("ready", flush=True)
+libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)  # a default pthread mutex, unlocked
+libc.pthread_mutex_lock(mutex)
+libc.pthread_mutex_lock(mutex)  # stuck in C for good, signals or not (as in a collective with a dead peer)
+"""
 
-    (tmp_path / "requeue").write_text("1")
-    env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0", "PATH": os.environ["PATH"],
-           REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2"}  # fmt: skip
-    attempts.begin_attempt(tmp_path, restart=0, job_id="41", start_step=0, total_steps=9)
-    assert restore_request("41", env=env) == (False, "not requeued: Restarts=0")  # cancelled, not requeued: left alone
-    assert not fake_scontrol.exists()
+
+@pytest.mark.parametrize("restarts, local_id, expected", [
+    ("1", "0", ["update JobId=41 NumNodes=1-2 NumTasks=2"]),  # SLURM requeued it (Restarts went up)
+    ("0", "0", None),  # a SIGTERM without a requeue (scancel, time limit): left alone
+    ("1", "1", None),  # one task per node asks: local rank 0
+])  # fmt: skip
+def test_a_flexible_jobs_range_is_restored_on_slurms_sigterm_while_the_main_thread_is_stuck(
+        fake_scontrol, tmp_path, restarts, local_id, expected):  # fmt: skip
+    """SLURM pins a job it requeues itself (node failure) to the nodes it had; a ``--nodes 1-2``
+    job would wait for two. On SLURM's SIGTERM a thread of local rank 0 updates the pending job,
+    before SLURM's SIGKILL (KillWait), even while the main thread never returns to Python."""
+    from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, restore_request
+
+    (tmp_path / "restarts").write_text(restarts)
+    env = {**os.environ, "SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0",
+           "SLURM_LOCALID": local_id, REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    task = subprocess.Popen([sys.executable, "-c", KEEPER_TASK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert task.stdout.readline().strip() == "ready"
+        task.send_signal(signal.SIGTERM)
+        wait_until("the restore", lambda: expected is None or (fake_scontrol.exists() and
+                   fake_scontrol.read_text().splitlines() == expected), 5)  # fmt: skip
+        time.sleep(0.5)
+        assert task.poll() is None, "the task ended before SLURM's SIGKILL would"
+    finally:
+        task.kill()
+        _, err = task.communicate()
+    if expected is None:
+        assert not fake_scontrol.exists()
+    assert ("node range restored (NumNodes=1-2 NumTasks=2)" in err) == (restarts == "1" and local_id == "0"), err
     assert restore_request("41", env={**env, REQUEST_FIELDS_VARIABLE: ""}) == (False, "")  # a fixed node count
-    (tmp_path / "restarts").write_text("1")  # SLURM requeued it: Restarts went up
-    for rank in (1, 0):
-        ctx = _ctx(rank, tmp_path)
-        ctx.preemption = SimpleNamespace(received={"TERM": time.time()})
-        line = handle_lost_peers(ctx, max_restarts=2, env=env, reason="the step failed", grace_s=30)
-    assert line.endswith("SLURM is requeueing job 41 (failure restart 1 of at most 2); its node range restored "
-                         "(NumNodes=1-2 NumTasks=2)"), line  # fmt: skip
-    assert fake_scontrol.read_text().splitlines() == ["update JobId=41 NumNodes=1-2 NumTasks=2"]  # once, by rank 0

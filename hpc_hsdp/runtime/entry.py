@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.runtime.preemption import Preemption
+from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 from hpc_hsdp.spec import RunSpec
 
 
@@ -53,6 +53,7 @@ def run_task(
     env = os.environ if env is None else env
     preemption = preemption if preemption is not None else Preemption(env)
     preemption.install()  # before torch loads: a signal during start-up is recorded, not fatal
+    range_keeper = NodeRangeKeeper(env).install()  # a flexible job requeued by SLURM: its node range put back
     faults.install(env)
     try:
         from hpc_hsdp.runtime.dist import init
@@ -88,6 +89,7 @@ def run_task(
             ctx.shutdown()
     finally:
         faults.clear()
+        range_keeper.uninstall()
         preemption.uninstall()
 
 

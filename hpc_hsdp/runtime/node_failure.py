@@ -96,16 +96,16 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
     after its last answer) it requeues the job itself, away from that node; meanwhile every live
     rank stops training and waits, so that the job is still running then (a job that ended by
     itself is not requeued). SLURM pins the requeued job to the node count it had: for a flexible
-    allocation (``--nodes MIN-MAX``) the lowest live rank puts the range back at once (the job is
-    PENDING while SLURM still ends this run), so that it resumes on the nodes that are free, fewer
-    if need be, resharding its checkpoint. Only when SLURM has not ended it ``SlurmdTimeout`` + ``grace_s``
+    allocation (``--nodes MIN-MAX``) the range is put back on its SIGTERM, on every live node
+    (:class:`hpc_hsdp.runtime.preemption.NodeRangeKeeper`, even while the ranks are stuck in a
+    collective), so that it resumes on the nodes that are free, fewer if need be. Only when SLURM has not ended it ``SlurmdTimeout`` + ``grace_s``
     later, or the job is not requeueable, the lowest live rank requeues it without the dead
     nodes (requeuehold, ExcNodeList, release). (Requeueing it ourselves at once would gain
     nothing: SLURM keeps the job COMPLETING until the dead node is DOWN; and Slurm 22.05 then
     loses the job's GPU bookkeeping: its next steps fail with "Invalid generic resource".)
 
     Returns the line printed on the lowest live rank (None: no dead node, or another rank)."""
-    from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, requeue_job, restore_request
+    from hpc_hsdp.requeue import requeue_job
     from hpc_hsdp.run_state import failure_restarts, record_restart
     from hpc_hsdp.runtime.preemption import in_slurm, restart_count
 
@@ -136,17 +136,7 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
             _note(f"[hpc-hsdp] {cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
                   f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it")  # fmt: skip
         if _wait_for_slurm(ctx, slurmd_timeout + grace_s):
-            if not lowest:
-                return None
-            line = f"{cause}; SLURM is requeueing job {job_id} ({budget})"
-            restored, said = restore_request(job_id, env=env)
-            if restored:
-                line += f"; its node range restored ({env.get(REQUEST_FIELDS_VARIABLE)})"
-                _note(f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored ({env.get(REQUEST_FIELDS_VARIABLE)})")
-            elif said:
-                line += f"; its node range could not be restored: {said}"
-                _note(f"[hpc-hsdp] job {job_id}: node range not restored: {said}")
-            return line
+            return (f"{cause}; SLURM is requeueing job {job_id} ({budget})") if lowest else None
         if lowest:
             _note(f"[hpc-hsdp] SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it")
     if not lowest:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -221,3 +222,70 @@ class Preemption:
         if self.outcome.reason == "TERM" or self.outcome.requeued:
             return 0
         return EXIT_STOPPED_NOT_REQUEUED
+
+
+class NodeRangeKeeper:
+    """For a flexible allocation (``HPC_HSDP_REQUEUE_REQUEST``): when SLURM requeues the job itself
+    (a node died, the job was preempted) it pins it to the nodes it had; on the SIGTERM that comes
+    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.requeue.restore_request`).
+
+    A thread does it, woken by the signal's byte on a wakeup fd (``signal.set_wakeup_fd``), which
+    the interpreter writes at once even while the main thread is stuck in a collective with a dead
+    peer (the Python-level handler, which only records, would run only once that call returns: too
+    late, SLURM kills the task KillWait after the SIGTERM). One task per node keeps it (local rank
+    0), so that it is done whichever nodes survive; the batch shell does the same where it lives."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.said: str | None = None
+        """What the restore said, once done (None: not asked)."""
+        self._fds: tuple[int, int] | None = None
+        self._previous_fd = -1
+
+    def wanted(self) -> bool:
+        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE
+
+        local = self.env.get("LOCAL_RANK", self.env.get("SLURM_LOCALID", "0")).strip()
+        return bool(self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()) and in_slurm(self.env) and local == "0"
+
+    def install(self) -> NodeRangeKeeper:
+        """Main thread only, after the SIGTERM handler is installed (only signals with a Python
+        handler are written to the wakeup fd). Does nothing where another wakeup fd is in use."""
+        if self._fds is not None or not self.wanted() or threading.current_thread() is not threading.main_thread():
+            return self
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous != -1:  # someone else's (an event loop): leave it to them
+            signal.set_wakeup_fd(previous)
+            os.close(read_fd)
+            os.close(write_fd)
+            return self
+        self._fds = (read_fd, write_fd)
+        threading.Thread(target=self._watch, args=(read_fd,), name="hpc-hsdp-node-range", daemon=True).start()
+        return self
+
+    def _watch(self, read_fd: int) -> None:
+        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, restore_request
+
+        while True:
+            data = os.read(read_fd, 64)
+            if not data:  # uninstalled: the write end closed
+                os.close(read_fd)
+                return
+            if signal.SIGTERM.value in data:
+                job_id = self.env.get("SLURM_JOB_ID", "")
+                restored, said = restore_request(job_id, env=self.env)
+                self.said = said
+                if restored:
+                    _note(f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored "
+                          f"({self.env.get(REQUEST_FIELDS_VARIABLE)})")  # fmt: skip
+                elif said and not said.startswith("not requeued"):
+                    _note(f"[hpc-hsdp] job {job_id}: node range not restored: {said}")
+
+    def uninstall(self) -> None:
+        if self._fds is None:
+            return
+        signal.set_wakeup_fd(-1)
+        os.close(self._fds[1])  # the thread reads the end of the pipe, closes its end and returns
+        self._fds = None
