@@ -48,8 +48,9 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
         updates += (f"ExcNodeList={','.join(exclude)}",)
     if updates:
         return _requeue_updated(job_id, updates, timeout_s=timeout_s)
-    try:
-        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
+    try:  # SLURM's SIGTERM to every process of the job can reach scontrol before it has read the answer: ignored
+        done = subprocess.run(["sh", "-c", "trap '' TERM; exec scontrol requeue \"$1\"", "sh", job_id], capture_output=True,
+                              text=True, timeout=timeout_s)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol requeue could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())

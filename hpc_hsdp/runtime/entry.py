@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 
@@ -112,6 +113,8 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     (requeued, or SLURM is ending the job) or 75 (stopped, not requeued: resubmit to resume)."""
     preemption = Preemption(os.environ)
     result = run_task(spec, fn=fn, preemption=preemption)
+    # the work is done: a warning now (SLURM's time-limit check) must not kill the task on its way out (FAILED)
+    signal.signal(preemption.warning_signal, signal.SIG_IGN)
     code = preemption.exit_code()
     if code is not None:
         raise SystemExit(code)
