@@ -138,6 +138,10 @@ def worker(a) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if a.keep_freed_memory:  # what hpc_hsdp.runtime.dist.init does on CPU
+        from hpc_hsdp.runtime.host_memory import keep_freed_memory
+
+        assert keep_freed_memory(os.environ)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
@@ -224,6 +228,7 @@ def main() -> int:
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--trace", default=None, help="with --profile: chrome traces to TRACE-<variant>.json")
     p.add_argument("--out", default=None)
+    p.add_argument("--keep-freed-memory", action="store_true", help="keep freed host memory (hpc_hsdp.runtime.host_memory), as hpc-hsdp run does on CPU")
     p.add_argument("--config-dir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if "RANK" in os.environ:
