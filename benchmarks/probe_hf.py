@@ -17,8 +17,8 @@ Variants (build + step):
   hand-model      the hand-written build + fused AdamW, hpc-hsdp's train_step
   hpc-nonorm      hpc-hsdp's train_step without the global gradient norm (how much the norm costs)
 
-Also the start-up phases of the hf build, once per variant kind (seconds on rank 0):
-transformers import, meta build, wrap, to_empty, initialisation.
+Also the build's phases, CPU seconds on rank 0 (the first variant built pays the imports:
+``--rounds 0 --variants hpc,hand`` and ``hand,hpc`` compare the builds alone).
 """
 
 from __future__ import annotations
@@ -47,33 +47,44 @@ def usage():
     return (ru.ru_utime + ru.ru_stime) * 1000, ru.ru_stime * 1000, ru.ru_minflt
 
 
+def timed(fn, phases: dict, name: str):
+    def call(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases[name] = phases.get(name, 0.0) + time.process_time() - t
+
+    return call
+
+
 def build_hand(config_dir: Path, mesh, phases: dict):
     import torch
     from torch.distributed.fsdp import fully_shard
 
-    t = time.perf_counter()
+    t = time.process_time()
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    phases["import"] = time.perf_counter() - t
-    t = time.perf_counter()
+    phases["import"] = time.process_time() - t
+    t = time.process_time()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(config_dir)), dtype=torch.float32)
-    phases["meta"] = time.perf_counter() - t
-    t = time.perf_counter()
+    phases["meta"] = time.process_time() - t
+    t = time.process_time()
     blocks = tuple(model._no_split_modules)
     for module in reversed(list(model.modules())):
         if type(module).__name__ in blocks:
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    phases["wrap"] = time.perf_counter() - t
-    t = time.perf_counter()
+    phases["wrap"] = time.process_time() - t
+    t = time.process_time()
     model.to_empty(device="cpu")
-    phases["to_empty"] = time.perf_counter() - t
-    t = time.perf_counter()
+    phases["to_empty"] = time.process_time() - t
+    t = time.process_time()
     torch.manual_seed(0)
     with torch.no_grad():
         model.apply(model._init_weights)
-    phases["init"] = time.perf_counter() - t
+    phases["init"] = time.process_time() - t
     model.train()
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, fused=True)
 
@@ -90,12 +101,14 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     training = TrainingSpec(model=f"hf:{config_dir}", seq_len=a.seq, batch_size=a.batch, lr=3e-3, precision="fp32")
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
-    t = time.perf_counter()
+    t = time.process_time()
     adapter = resolve_model(training, data_vocab_size=None)
-    phases["adapter"] = time.perf_counter() - t
-    t = time.perf_counter()
+    phases["adapter"] = time.process_time() - t
+    for method in ("build_meta", "init_weights"):  # build_model's parts, timed on the adapter
+        setattr(adapter, method, timed(getattr(adapter, method), phases, method))
+    t = time.process_time()
     model = loop.build_model(ctx, adapter, training, precision="fp32")
-    phases["build_model"] = time.perf_counter() - t
+    phases["build_model"] = time.process_time() - t
     model.train()
     return model, loop.make_optimizer(model, training), adapter
 
@@ -151,7 +164,7 @@ def worker(a) -> None:
     for v in variants:
         phases[v] = {}
         dist.barrier()
-        t = time.perf_counter()
+        t = time.process_time()
         if v in ("hand", "hand-model"):
             model, opt = build_hand(config_dir, mesh, phases[v])
             adapter = None
@@ -162,7 +175,7 @@ def worker(a) -> None:
                 adapter = resolve_model(TrainingSpec(model=f"hf:{config_dir}"), data_vocab_size=None)
         else:
             model, opt, adapter = build_hpc(config_dir, mesh, a, phases[v])
-        phases[v]["total"] = time.perf_counter() - t
+        phases[v]["total"] = time.process_time() - t
         built[v] = (model, opt, adapter)
 
     def one(v, tokens):
@@ -197,7 +210,10 @@ def worker(a) -> None:
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile), flush=True)
                 if a.trace:
                     prof.export_chrome_trace(f"{a.trace}-{v}.json")
-    if rank == 0:
+    if rank == 0 and not a.rounds:
+        for v in variants:
+            print(f"{v:<14} build phases s: " + " ".join(f"{k} {x:.2f}" for k, x in phases[v].items()), flush=True)
+    elif rank == 0:
         base_wall = statistics.median(t[0] for t in times[variants[0]])
         base_cpu = statistics.median(t[1] for t in times[variants[0]])
         print(f"{'variant':<14}{'wall ms':>9}{'ratio':>7}{'CPU ms':>9}{'ratio':>7}{'sys ms':>8}{'faults':>8}   build phases s")
