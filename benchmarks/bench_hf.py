@@ -13,9 +13,6 @@ vocab 4096: 50M parameters, 200 MB in fp32), on standard-library source prepared
                   started) and step time (median of steps 3..N on rank 0). Targets:
                   start-up <= 1.05, step <= 1.02 of the hand-written script. Also the CPU
                   seconds per step (all threads), which other load on the machine moves less.
-                  handwritten-keepmem: the hand-written script with glibc's MALLOC_* variables
-                  set to what `hpc-hsdp run` sets itself on CPU (it keeps freed memory instead
-                  of faulting the step's buffers in again every step): the like-for-like ratio.
   pretrained:     the same model saved with save_pretrained: hpc-hsdp reads each rank's
                   rows of model.safetensors; the hand-written script loads the whole model
                   on every rank with from_pretrained, then shards it. Time to the end of
@@ -43,8 +40,6 @@ CONFIG = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 1024, "inter
           "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip
 SEQ, BATCH = 64, 2
 TARGET_STARTUP, TARGET_STEP = 1.05, 1.02
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
-"""glibc's variables for what `hpc-hsdp run` does itself on CPU (hpc_hsdp/runtime/host_memory.py)."""
 FILES = ("argparse.py", "ast.py", "dataclasses.py", "functools.py", "inspect.py", "pathlib.py", "typing.py",
          "collections/__init__.py", "enum.py", "subprocess.py", "tarfile.py", "zipfile/__init__.py")  # fmt: skip
 
@@ -78,8 +73,7 @@ def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> d
                 "--tokens", str(data / "train" / "00000.bin"), "--shard", str(SHARD), "--steps", str(steps),
                 "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--out", str(times), "--fused-adamw",
                 *(["--pretrained"] if pretrained else [])]  # fmt: skip
-        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True,
-                           extra_env=KEEP_FREED_MEMORY if variant.endswith("keepmem") else None)  # fmt: skip
+        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
         records = [json.loads(line) for line in times.read_text().splitlines()]
         peak = records[0]["peak_rss_bytes"]
     else:
@@ -105,8 +99,8 @@ def main(argv=None) -> int:
         data, model, pretrained = prepare(work)
         runs = work / "runs"
         runs.mkdir()
-        variants = (("handwritten", model), ("hpc-hsdp", model), ("handwritten-keepmem", model),
-                    ("handwritten-pretrained", pretrained), ("hpc-hsdp-pretrained", pretrained))  # fmt: skip
+        variants = (("handwritten", model), ("hpc-hsdp", model), ("handwritten-pretrained", pretrained),
+                    ("hpc-hsdp-pretrained", pretrained))  # fmt: skip
         for i in range(args.runs):
             for variant, path in variants if i % 2 == 0 else variants[::-1]:
                 results.setdefault(variant, []).append(run_once(variant, path, data, args.steps, runs))
@@ -121,10 +115,6 @@ def main(argv=None) -> int:
               f"{m['peak_rss'] / 2**20:>21.0f}")  # fmt: skip
     print(f"from a config: start-up {startup:.3f} (target <= {TARGET_STARTUP}), step {step:.3f} (target <= {TARGET_STEP}), "
           f"CPU per step {med['hpc-hsdp']['cpu'] / med['handwritten']['cpu']:.3f}")  # fmt: skip
-    like = med["handwritten-keepmem"]
-    print(f"against the hand-written script with the same malloc settings (handwritten-keepmem): start-up "
-          f"{med['hpc-hsdp']['startup'] / like['startup']:.3f}, step {med['hpc-hsdp']['step'] / like['step']:.3f}, "
-          f"CPU per step {med['hpc-hsdp']['cpu'] / like['cpu']:.3f}")  # fmt: skip
     hp, hw = med["hpc-hsdp-pretrained"], med["handwritten-pretrained"]
     print(f"pretrained: time to step 1 {hp['startup'] / hw['startup']:.3f}, rank-0 peak RSS "
           f"{hp['peak_rss'] / 2**20:.0f} vs {hw['peak_rss'] / 2**20:.0f} MiB ({hp['peak_rss'] / hw['peak_rss']:.3f})")  # fmt: skip

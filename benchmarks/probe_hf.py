@@ -17,6 +17,11 @@ Variants (build + step):
   hand-model      the hand-written build + fused AdamW, hpc-hsdp's train_step
   hpc-nonorm      hpc-hsdp's train_step without the global gradient norm (how much the norm costs)
 
+Host memory: ``--mallopt`` sets glibc malloc parameters in every process first, and
+glibc's own variables pass through the environment (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+python benchmarks/probe_hf.py ...``); each variant's system CPU and page faults per step and
+rank 0's peak resident memory say what they change (RESULTS.md section 8).
+
 Also the build's phases, CPU seconds on rank 0 (the first variant built pays the imports:
 ``--rounds 0 --variants hpc,hand`` and ``hand,hpc`` compare the builds alone).
 """
@@ -151,10 +156,12 @@ def worker(a) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if a.keep_freed_memory:  # what hpc_hsdp.runtime.dist.init does on CPU
-        from hpc_hsdp.runtime.host_memory import keep_freed_memory
+    if a.mallopt:  # e.g. -3=1073741824,-1=2147483647 (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): RESULTS.md section 8
+        import ctypes
 
-        assert keep_freed_memory(os.environ)
+        for item in a.mallopt.split(","):
+            key, value = item.split("=")
+            assert ctypes.CDLL("libc.so.6").mallopt(int(key), int(value)), item
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
@@ -210,6 +217,10 @@ def worker(a) -> None:
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile), flush=True)
                 if a.trace:
                     prof.export_chrome_trace(f"{a.trace}-{v}.json")
+    if rank == 0:
+        import resource
+
+        print(f"rank 0 peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", flush=True)
     if rank == 0 and not a.rounds:
         for v in variants:
             print(f"{v:<14} build phases s: " + " ".join(f"{k} {x:.2f}" for k, x in phases[v].items()), flush=True)
@@ -244,7 +255,7 @@ def main() -> int:
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--trace", default=None, help="with --profile: chrome traces to TRACE-<variant>.json")
     p.add_argument("--out", default=None)
-    p.add_argument("--keep-freed-memory", action="store_true", help="keep freed host memory (hpc_hsdp.runtime.host_memory), as hpc-hsdp run does on CPU")
+    p.add_argument("--mallopt", default="", help="PARAM=VALUE,... glibc mallopt calls first (numeric M_* codes)")
     p.add_argument("--config-dir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if "RANK" in os.environ:

@@ -27,7 +27,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.runtime.files import atomic_write_text
-from hpc_hsdp.runtime.host_memory import keep_freed_memory
 from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
 from hpc_hsdp.spec import DEVICES
 from hpc_hsdp.topology import RankLayout, TopologyPlan
@@ -237,8 +236,6 @@ def init(
             f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
         )
     torch_device, note = pick_device(device, layout, env)
-    if torch_device.type == "cpu":  # no page faults for the step's large buffers (host_memory.py)
-        keep_freed_memory(os.environ)  # glibc read the process's own environment, not ``env``
     torch_env = layout.torch_env()
     if torch_device.type == "cuda":
         torch_env.update(flight_recorder_env(env))
