@@ -75,6 +75,7 @@ def run_once(variant: str, steps: int, work: Path, data: Path | None) -> list[di
         times = out / "metrics.jsonl"
         argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
                 "--steps", str(steps), *model, *options, "--lr-schedule", "cosine",
+                "--reshard-after-forward", "always",  # as the hand-written loop
                 *(["--data", str(data)] if data else [])]  # fmt: skip
         job_step(argv, tasks_per_node=TASKS, log_dir=work / f"{variant}-logs")
     return [json.loads(line) for line in times.read_text().splitlines()]

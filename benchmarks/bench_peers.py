@@ -11,9 +11,10 @@ decay), fp32, and per step the global loss and gradient norm read on the host:
   handwritten      benchmarks/handwritten_fsdp2.py (torch only: fully_shard per block + root)
   lightning-fsdp2  Lightning Fabric, ModelParallelStrategy (FSDP2) (benchmarks/peer_lightning.py)
   lightning-fsdp1  Lightning Fabric, FSDPStrategy HYBRID_SHARD, device_mesh=(2, 2)
-  hpc-hsdp         hpc-hsdp run --shard 2 (its defaults)
-  hpc-hsdp-kept    hpc-hsdp run --shard 2 --no-reshard-after-forward (what plan --recommend
-                   chooses when the whole model gathered fits)
+  hpc-hsdp         hpc-hsdp run --shard 2 (its defaults: --reshard-after-forward auto, which keeps
+                   the gathered parameters to backward here, since the model fits many times)
+  hpc-hsdp-always  hpc-hsdp run --shard 2 --reshard-after-forward always (resharding after
+                   forward, as every peer does)
 
 Models: ``small`` (the built-in architecture: 4 layers, width 128, seq 64, batch 8, vocab 512,
 0.9M parameters), ``10m`` (4 layers, width 320, vocab 8192: 10.2M), ``hf`` (a transformers
@@ -100,7 +101,7 @@ def run_once(variant: str, model: str, steps: int, work: Path, hf_dir: Path | No
         argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
                 "--steps", str(steps), "--lr", "3e-3", "--weight-decay", "0", *args,
                 *(["--model", f"hf:{hf_dir}"] if model == "hf" else []),
-                *(["--no-reshard-after-forward"] if variant == "hpc-hsdp-kept" else [])]  # fmt: skip
+                *(["--reshard-after-forward", "always"] if variant == "hpc-hsdp-always" else [])]  # fmt: skip
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs")
     records = [json.loads(line) for line in times.read_text().splitlines()]
     return records[0]["wall_time"] - started, statistics.median(r["step_time_s"] for r in records[2:])
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--models", default="small,10m,hf", help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-kept, lightning-fsdp1, "
+                        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-always, lightning-fsdp1, "
                              "lightning-fsdp2")  # fmt: skip
     parser.add_argument("--startup-phases", type=int, default=3, metavar="N",
                         help="then N runs of benchmarks/startup_phases.py on the small model (0: none)")

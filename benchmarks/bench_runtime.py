@@ -50,7 +50,8 @@ def run_once(variant: str, steps: int, work: Path) -> tuple[float, float]:
     else:
         times = out / "metrics.jsonl"
         argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
-                "--steps", str(steps), *model_args(), *(["--comm-stats"] if variant == "comm-stats" else [])]  # fmt: skip
+                "--steps", str(steps), *model_args(), "--reshard-after-forward", "always",  # as the hand-written script
+                *(["--comm-stats"] if variant == "comm-stats" else [])]  # fmt: skip
         started = job_step(argv, tasks_per_node=TASKS, log_dir=work / f"{variant}-logs")
     records = [json.loads(line) for line in times.read_text().splitlines()]
     startup = records[0]["wall_time"] - started

@@ -31,7 +31,7 @@ NAMES = {1: "DDP-like", 4: "HSDP", 8: "HSDP, node-sized", 16: "full FSDP"}
 def measure_one(shard: int, work: Path) -> dict:
     run_dir = work / f"shard{shard}"
     argv = [*hpc_hsdp_command(), "run", "--shard", str(shard), "--device", "cpu", "--run-dir", str(run_dir),
-            "--steps", "2", "--comm-stats", *[a for k, v in MODEL.items() for a in (f"--{k.replace('_', '-')}", str(v))]]  # fmt: skip
+            "--steps", "2", "--comm-stats", "--reshard-after-forward", "always", *[a for k, v in MODEL.items() for a in (f"--{k.replace('_', '-')}", str(v))]]  # fmt: skip
     job_step(argv, tasks_per_node=(8, 8), log_dir=work / f"logs{shard}")
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["comm"]
 

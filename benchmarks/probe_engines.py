@@ -16,7 +16,7 @@ flags combine, e.g. ``fsdp2-fused-noreshard``):
   fsdp2-foreach      AdamW(foreach=True)
   fsdp2-fused        AdamW(fused=True)
   hpc-hsdp           hpc-hsdp's build_model + make_optimizer + train_step (the loop's step
-                     without its per-step bookkeeping); hpc-hsdp-kept: --no-reshard-after-forward;
+                     without its per-step bookkeeping); hpc-hsdp-kept: --reshard-after-forward never;
                      hpc-hsdp-unfused: with torch's default AdamW (hpc-hsdp before issue 14)
   fsdp2-lastkept     the last block keeps its parameters (backward needs them first)
   fsdp2-prefetch2    explicit set_modules_to_forward/backward_prefetch one block ahead
@@ -50,7 +50,8 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.topology import RankLayout
 
     training = TrainingSpec(layers=a.layers, width=a.width, heads=a.heads, seq_len=a.seq, batch_size=a.batch,
-                            vocab_size=a.vocab, reshard_after_forward=not variant.endswith("-kept"))  # fmt: skip
+                            vocab_size=a.vocab,
+                            reshard_after_forward="never" if variant.endswith("-kept") else "always")  # fmt: skip
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     adapter = resolve_model(training, data_vocab_size=None)

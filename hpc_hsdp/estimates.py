@@ -1,11 +1,12 @@
 """Memory and traffic per GPU for a plan and a model size (pure arithmetic, no torch).
 
-Model of one HSDP step with FSDP2 (``reshard_after_forward=True`` for blocks, the root
-kept unsharded after forward), P parameters of which ``root_params`` sit in the root:
+Model of one HSDP step with FSDP2 (blocks resharded after forward unless
+``reshard_after_forward=False``, the root kept unsharded after forward), P parameters of
+which ``root_params`` sit in the root:
 
 - shard group: all-gather ``b(2P - P_root)`` tensor bytes (forward, then the backward
-  re-gather), reduce-scatter ``bP`` (gradients); bytes on the wire per rank with a
-  ring: ``(S-1)/S`` of each.
+  re-gather; ``bP`` when the blocks keep their parameters), reduce-scatter ``bP``
+  (gradients); bytes on the wire per rank with a ring: ``(S-1)/S`` of each.
 - replicate group: all-reduce of the ``bP/S`` gradient shard; on the wire ``2(R-1)/R`` of it.
 
 With ``--grad-accum N`` the shard group gathers and reduce-scatters on each of the N
@@ -93,6 +94,8 @@ class Estimate:
     grad_bytes: int
     optimizer_bytes: int
     traffic: tuple[Traffic, ...]
+    reshard_after_forward: bool = True
+    """False: the blocks keep their gathered parameters to backward (no re-gather counted)."""
 
     @property
     def total_bytes(self) -> int:
@@ -112,6 +115,7 @@ class Estimate:
             "root_params": self.root_params,
             "dtype": self.dtype,
             "optimizer": self.optimizer,
+            "reshard_after_forward": self.reshard_after_forward,
             "per_gpu_bytes": {
                 "parameters": self.param_bytes,
                 "gradients": self.grad_bytes,
@@ -137,10 +141,12 @@ def check_model_options(*, dtype: str, optimizer: str) -> None:
 
 def estimate(
     plan: TopologyPlan, *, model_params: int, root_params: int = 0, dtype: str = "fp32", optimizer: str = "adamw",
-    grad_accum: int = 1,
+    grad_accum: int = 1, reshard_after_forward: bool = True,
 ) -> Estimate:
     """Memory per GPU and bytes per optimizer step of rank 0 (every rank of an even plan
-    moves the same); ``grad_accum`` micro-batches per step."""
+    moves the same); ``grad_accum`` micro-batches per step. ``reshard_after_forward=False``
+    (blocks keep their gathered parameters to backward): the shard group gathers ``bP``
+    per micro-batch, with no backward re-gather."""
     check_model_options(dtype=dtype, optimizer=optimizer)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise SpecError(f"--grad-accum {grad_accum!r} must be a positive integer")
@@ -151,7 +157,7 @@ def estimate(
     replicate_inter = len(plan.nodes_of_group(plan.replicate_group_of(0))) > 1
     traffic: list[Traffic] = []
     if s > 1:
-        gathered = n * b * (2 * p - p_root)
+        gathered = n * b * ((2 * p - p_root) if reshard_after_forward else p)
         traffic.append(Traffic(kind="all_gather", axis="shard", tensor_bytes=gathered,
                                wire_bytes=gathered * (s - 1) // s, inter_node=shard_inter))  # fmt: skip
         traffic.append(Traffic(kind="reduce_scatter", axis="shard", tensor_bytes=n * b * p,
@@ -163,7 +169,7 @@ def estimate(
     return Estimate(
         model_params=p, root_params=p_root, dtype=dtype, optimizer=optimizer,
         param_bytes=b * p // s, grad_bytes=b * p // s, optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
-        traffic=tuple(traffic),
+        traffic=tuple(traffic), reshard_after_forward=reshard_after_forward,
     )  # fmt: skip
 
 
@@ -191,6 +197,14 @@ def smallest_fitting_shard(
         if needed <= budget:
             return Fit(shard_size=s, needed_bytes=needed, budget_bytes=budget, gpu_memory=gpu_memory)
     return None
+
+
+def gathered_fits(*, state_bytes: int, gathered_bytes: int, memory_bytes: int) -> bool:
+    """Whether the whole model gathered (``gathered_bytes``) fits beside the sharded state
+    (parameters, gradients, optimizer) in ``memory_bytes``, leaving ``ACTIVATION_RESERVE``
+    free: the rule by which ``plan --recommend`` and ``--reshard-after-forward auto`` keep
+    the gathered parameters from forward to backward."""
+    return state_bytes + gathered_bytes <= int(memory_bytes * (1 - ACTIVATION_RESERVE))
 
 
 ParamsForShard = Callable[[int], tuple[int, int]]
@@ -226,7 +240,7 @@ class Recommendation:
     reasons: tuple[str, ...]
     reshard_after_forward: bool | None = None
     """False when every block's gathered parameters fit beside the chosen shard size's
-    state (``--no-reshard-after-forward``: no backward re-gather, the faster step); True
+    state (``--reshard-after-forward never``: no backward re-gather, the faster step); True
     when they do not; None when nothing fits or the shard size is 1 (nothing to gather)."""
     gathered_bytes: int = 0
     """What keeping the gathered parameters adds per GPU: the whole model unsharded."""
@@ -284,12 +298,12 @@ def recommend(
         e = chosen.estimate
         gathered = DTYPE_BYTES[dtype] * e.model_params
         regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params)
-        reshard = e.total_bytes + gathered > budget
+        reshard = not gathered_fits(state_bytes=e.total_bytes, gathered_bytes=gathered, memory_bytes=gpu_memory)
         if reshard:
             reasons.append(f"keep resharding after forward: the whole model gathered ({format_bytes(gathered)}) "
                            f"would not fit beside the {format_bytes(e.total_bytes)} of state")  # fmt: skip
         else:
-            reasons.append(f"--no-reshard-after-forward: the whole model gathered from forward to backward "
+            reasons.append(f"--reshard-after-forward never: the whole model gathered from forward to backward "
                            f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.total_bytes + gathered)} "
                            f"in all); backward gathers nothing again ({format_bytes(regather)} less to all-gather per "
                            f"step in the shard group), the faster step")  # fmt: skip

@@ -109,6 +109,9 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
             out.append(f"  {t.kind:<14} over {t.axis:<9} {format_bytes(t.wire_bytes):>11} on the wire per step ({where})")
         out.append(f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
                    f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node")  # fmt: skip
+        if not estimate.reshard_after_forward:
+            out.append("  (the whole model gathered fits beside the state: --reshard-after-forward auto keeps the "
+                       "gathered parameters to backward, no backward re-gather)")  # fmt: skip
     if save is not None:
         out.append(save.warning() or f"a save on SIGTERM (about {save.seconds:.0f} s at {save.rate / 1e9:g} GB/s per "
                                      f"node) fits KillWait ({save.kill_wait_s} s)")  # fmt: skip
@@ -176,7 +179,7 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     out.append(f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
                f"{format_bytes(rec.gpu_memory)} per GPU")  # fmt: skip
     if rec.chosen is not None:
-        keep = " --no-reshard-after-forward" if rec.reshard_after_forward is False else ""
+        keep = " --reshard-after-forward never" if rec.reshard_after_forward is False else ""
         out.append(f"recommended: --shard {rec.chosen.shard_size}{keep}")
     else:
         out.append("recommended: none")

@@ -85,6 +85,7 @@ def _option(default, help: str, *, minimum: float | None = None, positive: bool 
 
 PRECISIONS = ("auto", "bf16", "fp32")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+RESHARD_CHOICES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,10 +130,12 @@ class TrainingSpec:
     precision: str = _option("auto", "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 "
                              "on GPU, fp32 on CPU.", choices=PRECISIONS)
     activation_checkpointing: bool = _option(False, "Recompute each sharded block's activations in backward.")
-    reshard_after_forward: bool = _option(True, "Free each block's gathered parameters after its forward and "
-                                          "gather them again in backward; --no-reshard-after-forward keeps them "
-                                          "to backward (no re-gather, a faster step, the whole model unsharded in "
-                                          "memory: plan --recommend says when it fits).")
+    reshard_after_forward: str = _option("auto", "always: free each block's gathered parameters after its forward "
+                                         "and gather them again in backward (the least memory); never: keep them "
+                                         "to backward (no re-gather, a faster step, the whole model unsharded in "
+                                         "memory); auto: never when that fits beside the sharded state in the "
+                                         "device's memory (plan --recommend's rule), else always.",
+                                         choices=RESHARD_CHOICES)
     # ------------------------------------------------------------------ eval and checkpoints
     eval_every: int = _option(0, "Mean loss on the held-out split every K steps (0: never).", minimum=0)
     eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)

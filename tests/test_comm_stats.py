@@ -25,7 +25,8 @@ from hpc_hsdp.runtime.shapes import builtin_shapes, parameter_counts
 from hpc_hsdp.spec import RunSpec, TrainingSpec
 from hpc_hsdp.topology import TopologyPlan
 
-MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=2, seed=1)
+MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=2, seed=1,
+                     reshard_after_forward="always")  # the plan's default estimate
 TASKS_PER_NODE = (8, 8)
 SHARD_SIZES = (1, 2, 4, 8)
 EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard

@@ -77,7 +77,7 @@ def test_keeps_the_gathered_parameters_only_when_they_fit(nodes_gpus, params, me
         assert rec.gathered_bytes == 4 * params
         fits = rec.chosen.needed_bytes + rec.gathered_bytes <= rec.budget_bytes
         assert fits is (not expected)
-        assert rec.reasons[-1].startswith("keep resharding" if expected else "--no-reshard-after-forward")
+        assert rec.reasons[-1].startswith("keep resharding" if expected else "--reshard-after-forward never")
     assert rec.to_dict()["reshard_after_forward"] is expected
 
 
@@ -115,7 +115,7 @@ def hpc(*args: str) -> subprocess.CompletedProcess:
 def test_recommend_text_and_json():
     text = hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB")
     assert text.returncode == 0, text.stderr
-    assert "recommended: --shard 8 --no-reshard-after-forward" in text.stdout
+    assert "recommended: --shard 8 --reshard-after-forward never" in text.stdout
     rows = [r for r in (line.split() for line in text.stdout.splitlines()) if len(r) >= 7 and r[3] in ("yes", "no")]
     assert [r[0] for r in rows] == ["1", "2", "4", "8", "16"]
     assert "<-" in " ".join(next(r for r in rows if r[0] == "8"))
@@ -157,3 +157,21 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert needle in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("params", "memory", "kept"), [
+    ("7B", "80GiB", True),   # 7B fp32: 14 GB of state at shard 8, 28 GB gathered: fits in 64 GiB
+    ("7B", "40GiB", False),  # 42 GB does not fit in 32 GiB
+])  # fmt: skip
+def test_plan_estimates_what_the_default_auto_does_with_that_memory(params, memory, kept):
+    """With --gpu-memory, plan counts the backward re-gather only when --reshard-after-forward
+    auto (the run's default) would reshard on a GPU of that memory."""
+    args = ("plan", "--nodes", "2", "--shard", "8", "--model-params", params, "--gpu-memory", memory)
+    data = json.loads(hpc(*args, "--json").stdout)
+    p = 7 * 10**9
+    gathered = next(t["tensor_bytes"] for t in data["estimate"]["per_step_per_gpu"] if t["kind"] == "all_gather")
+    assert data["estimate"]["reshard_after_forward"] is not kept
+    assert gathered == (4 * p if kept else 4 * 2 * p)
+    assert ("--reshard-after-forward auto keeps the gathered parameters" in hpc(*args).stdout) is kept
+    assert "reshard_after_forward" in json.loads(hpc("plan", "--nodes", "2", "--shard", "8", "--model-params", params,
+                                                     "--json").stdout)["estimate"]  # fmt: skip

@@ -1,12 +1,14 @@
-"""The step's speed settings (issue 14): the fused AdamW kernel and --no-reshard-after-forward.
+"""The step's speed settings (issue 14): the fused AdamW kernel and --reshard-after-forward.
 
 One launch of 4 processes (an emulated 2 x 2 SLURM job, --shard 2, gloo on CPU) trains the
-built-in model three times on the same mesh under the collective recorder: the defaults,
---no-reshard-after-forward, and the defaults again with torch's single-tensor AdamW. Keeping
-the gathered parameters must change no number of the training (the same parameters are
+built-in model four times on the same mesh under the collective recorder: resharding after
+forward (always), keeping the gathered parameters (never), the default (auto: never here,
+the tiny model fits any host) and always with torch's single-tensor AdamW. Keeping the
+gathered parameters must change no number of the training (the same parameters are
 gathered, once instead of twice) and all-gather exactly ``bP`` bytes per step in the shard
-group instead of the plan's ``b(2P - P_root)``; the fused kernel must train like the
-single-tensor one (to float rounding) and be what make_optimizer builds.
+group instead of ``b(2P - P_root)``, each as the plan's estimate says; the fused kernel must
+train like the single-tensor one (to float rounding) and be what make_optimizer builds.
+``auto`` decides on the smallest memory of all ranks, so that no rank re-gathers alone.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ def train_three_ways(ctx):
                   for g in single_tensor(model, training).param_groups]  # fmt: skip
         return torch.optim.AdamW(groups, lr=training.lr, foreach=False, fused=False)
 
-    out = {}
+    always = dataclasses.replace(MODEL, reshard_after_forward="always")
+    out = {"agreed": agreed_choice(ctx)}
     for name, training, make in (
-        ("default", MODEL, single_tensor),
-        ("kept", dataclasses.replace(MODEL, reshard_after_forward=False), single_tensor),
-        ("single-tensor", MODEL, make_single_tensor),
+        ("always", always, single_tensor),
+        ("never", dataclasses.replace(MODEL, reshard_after_forward="never"), single_tensor),
+        ("auto", MODEL, single_tensor),
+        ("single-tensor", always, make_single_tensor),
     ):
         steps: dict[int, dict] = {}
         sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
@@ -66,6 +70,22 @@ def train_three_ways(ctx):
     return out
 
 
+def agreed_choice(ctx):
+    """auto with rank 0 seeing too little memory for the gathered model and the others plenty:
+    every rank must choose to reshard (a lone re-gather would hang the shard group)."""
+    from unittest import mock
+
+    from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.runtime import reshard
+
+    adapter = resolve_model(MODEL)
+    model = adapter.build_meta()
+    memory = 1 << 16 if ctx.rank == 0 else 1 << 40
+    with mock.patch.object(reshard, "device_memory_bytes", lambda device, local_world_size: memory):
+        choice = reshard.choose_reshard(ctx, model, tuple(adapter.shard_units(model)), setting="auto", precision="fp32")
+    return choice.reshard
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("settings") / "run"
@@ -74,11 +94,12 @@ def trained(tmp_path_factory):
 
 
 def predicted_gather_bytes() -> tuple[int, int]:
+    """The plan's all-gather bytes per step in the shard group: (resharding, keeping)."""
     counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=2)
     plan = TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=2, node_names=("n1", "n2"))
-    est = estimate(plan, model_params=counts.params, root_params=counts.root_params)
-    gathered = next(t.tensor_bytes for t in est.traffic if t.kind == "all_gather")
-    return gathered, 4 * counts.params
+    return tuple(next(t.tensor_bytes for t in estimate(plan, model_params=counts.params, root_params=counts.root_params,
+                                                       reshard_after_forward=reshard).traffic if t.kind == "all_gather")
+                 for reshard in (True, False))  # fmt: skip
 
 
 @pytest.mark.dist
@@ -86,17 +107,26 @@ def test_keeping_the_gathered_parameters_changes_no_number_and_gathers_once(trai
     resharded, kept = predicted_gather_bytes()
     assert kept < resharded
     for value in trained:
-        assert value["kept"]["loss"] == value["default"]["loss"]
-        assert value["kept"]["grad_norm"] == value["default"]["grad_norm"]
-        assert value["default"]["gathered"] == [resharded] * MODEL.steps
-        assert value["kept"]["gathered"] == [kept] * MODEL.steps
+        assert value["never"]["loss"] == value["always"]["loss"]
+        assert value["never"]["grad_norm"] == value["always"]["grad_norm"]
+        assert value["always"]["gathered"] == [resharded] * MODEL.steps
+        assert value["never"]["gathered"] == [kept] * MODEL.steps
+
+
+@pytest.mark.dist
+def test_auto_keeps_what_fits_and_agrees_on_the_smallest_memory(trained):
+    _, kept = predicted_gather_bytes()
+    for value in trained:
+        assert value["auto"]["gathered"] == [kept] * MODEL.steps
+        assert value["auto"]["loss"] == value["always"]["loss"]
+        assert value["agreed"] is True
 
 
 @pytest.mark.dist
 def test_the_fused_optimizer_is_the_default_and_trains_like_the_single_tensor_one(trained):
     for value in trained:
-        assert value["default"]["optimizer"]["fused"] is True
+        assert value["always"]["optimizer"]["fused"] is True
         assert value["single-tensor"]["optimizer"]["fused"] is False
-        assert value["single-tensor"]["loss"][0] == value["default"]["loss"][0]  # before any optimizer step
-        assert value["single-tensor"]["loss"] == pytest.approx(value["default"]["loss"], rel=1e-5)
-        assert value["single-tensor"]["grad_norm"] == pytest.approx(value["default"]["grad_norm"], rel=1e-4)
+        assert value["single-tensor"]["loss"][0] == value["always"]["loss"][0]  # before any optimizer step
+        assert value["single-tensor"]["loss"] == pytest.approx(value["always"]["loss"], rel=1e-5)
+        assert value["single-tensor"]["grad_norm"] == pytest.approx(value["always"]["grad_norm"], rel=1e-4)

@@ -11,8 +11,10 @@ from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
+    DTYPE_BYTES,
     SLURM_KILL_WAIT_S,
     estimate,
+    gathered_fits,
     parse_bandwidth,
     parse_bytes,
     parse_count,
@@ -139,6 +141,11 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         raise SpecError(f"--grad-accum {grad_accum} must be at least 1")
     est = (estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
                     grad_accum=grad_accum) if params else None)  # fmt: skip
+    if est is not None and memory is not None and the_plan.shard_size > 1 and gathered_fits(
+            state_bytes=est.total_bytes, gathered_bytes=DTYPE_BYTES[dtype] * params, memory_bytes=memory):
+        # what the run's default --reshard-after-forward auto does on a GPU of this memory
+        est = estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
+                       grad_accum=grad_accum, reshard_after_forward=False)  # fmt: skip
     fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
            if memory is not None else None)  # fmt: skip
     rate = parse_bandwidth(write_bandwidth)

@@ -195,17 +195,25 @@ def checkpoint_activations(model: nn.Module, units: tuple[type, ...]) -> int:
     return count
 
 
-def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None) -> nn.Module:
+def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None,
+                verbose: bool = False) -> nn.Module:  # fmt: skip
     """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
-    ``fully_shard`` per shard unit then the root, ``to_empty``, pretrained weights or a
-    seed-determined initialisation (the same on every mesh shape)."""
+    ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
+    :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
+    ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
+    same on every mesh shape)."""
+    from hpc_hsdp.runtime.reshard import choose_reshard
+
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
+    choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
+    if verbose and ctx.is_rank0:
+        print(f"[hpc-hsdp] {choice.reason}", flush=True)
     wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision),
-              reshard_after_forward=training.reshard_after_forward)
+              reshard_after_forward=choice.reshard)
     model.to_empty(device=ctx.device)
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
@@ -495,7 +503,7 @@ def train(
     record_model(ctx, adapter, training)
     precision = resolve_precision(training.precision, ctx.device)
     configure_device(ctx.device)
-    model = build_model(ctx, adapter, training, precision=precision)
+    model = build_model(ctx, adapter, training, precision=precision, verbose=verbose)
     optimizer = make_optimizer(model, training)
     start_step, _ = resume(ctx, model, optimizer, data=data, training=training, verbose=verbose)
     observer = RunObserver.start(ctx, training, start_step=start_step, verbose=verbose)  # before metrics are cut back

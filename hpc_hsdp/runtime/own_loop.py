@@ -105,7 +105,7 @@ class TrainingRun:
         record_model(ctx, self.adapter, self.training)
         self.precision = resolve_precision(self.training.precision, ctx.device)
         configure_device(ctx.device)
-        self.model = build_model(ctx, self.adapter, self.training, precision=self.precision)
+        self.model = build_model(ctx, self.adapter, self.training, precision=self.precision, verbose=verbose)
         self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, self.training)
         self.start_step, saved = resume(ctx, self.model, self.optimizer, data=self.data, training=self.training,
                                         verbose=verbose)  # fmt: skip
