@@ -103,7 +103,8 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.spec import TrainingSpec
     from hpc_hsdp.topology import RankLayout
 
-    training = TrainingSpec(model=f"hf:{config_dir}", seq_len=a.seq, batch_size=a.batch, lr=3e-3, precision="fp32")
+    training = TrainingSpec(model=f"hf:{config_dir}", seq_len=a.seq, batch_size=a.batch, lr=3e-3, precision="fp32",
+                            reshard_after_forward="always")  # fmt: skip (as the hand-written script)
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     t = time.process_time()
