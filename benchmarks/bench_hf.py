@@ -79,7 +79,8 @@ def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> d
     else:
         argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
                 "--model", f"hf:{model}", "--data", str(data), "--steps", str(steps), "--seq-len", str(SEQ),
-                "--batch-size", str(BATCH), "--lr", "3e-3", "--precision", "fp32"]  # fmt: skip
+                "--batch-size", str(BATCH), "--lr", "3e-3", "--precision", "fp32",
+                "--reshard-after-forward", "always"]  # fmt: skip (the hand-written script reshards too)
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs")
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         peak = records[0]["peak_mem_bytes"]

