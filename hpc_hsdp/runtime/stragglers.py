@@ -47,6 +47,7 @@ class BlockedClock:
         self._local = threading.local()
         self._originals: dict[str, object] = {}
         self._original_wait = None
+        self._thread: int | None = None
 
     def install(self) -> BlockedClock:
         for name in COLLECTIVES:
@@ -70,7 +71,10 @@ class BlockedClock:
             self._original_wait = None
 
     def start(self) -> None:
+        """Count from now, in this thread only: a background checkpoint save's collectives in
+        another thread overlap the step and are not this rank's wait."""
         self.blocked_s = 0.0
+        self._thread = threading.get_ident()
         self.running = True
 
     def stop(self) -> float:
@@ -86,7 +90,7 @@ class BlockedClock:
 
         def wrapper(*args, **kwargs):
             depth = getattr(local, "depth", 0)
-            if depth or not self.running:
+            if depth or not self.running or threading.get_ident() != self._thread:
                 local.depth = depth + 1
                 try:
                     return original(*args, **kwargs)
