@@ -175,18 +175,25 @@ def _hostile_argv(tmp: Path, launcher: str) -> tuple[list[str], Path, Path]:
     return argv, pwned, run_dir
 
 
+def install_stubs(tmp_path, **programs: str):
+    """Executable stand-ins (name=body) in tmp_path/stubs, and the empty tmp_path/log they write
+    to: (stubs, log)."""
+    stubs, log = tmp_path / "stubs", tmp_path / "log"
+    stubs.mkdir()
+    log.mkdir()
+    for name, body in programs.items():
+        (stubs / name).write_text(body)
+        (stubs / name).chmod(0o755)
+    return stubs, log
+
+
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, tmp_path: Path) -> None:
     argv, pwned, run_dir = _hostile_argv(tmp_path, launcher)
     spec = spec_from_argv(argv)
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
-    stubs, log = tmp_path / "stubs", tmp_path / "log"
-    stubs.mkdir()
-    log.mkdir()
-    for name, body in (("python", STUB_PYTHON), ("srun", STUB_SRUN), ("torchrun", STUB_TORCHRUN)):
-        (stubs / name).write_text(body)
-        (stubs / name).chmod(0o755)
+    stubs, log = install_stubs(tmp_path, python=STUB_PYTHON, srun=STUB_SRUN, torchrun=STUB_TORCHRUN)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "PASSED_SECRET": "s3cr3t value", "HOME": str(tmp_path),
            "MASTER_ADDR": "localhost", "MASTER_PORT": "1"}  # a dotfile's stale values: they must not win
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
@@ -260,12 +267,7 @@ def test_a_flexible_container_jobs_batch_shell_restores_the_node_range(case, res
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
     (run_dir / "logs").mkdir(parents=True)
-    stubs, log = tmp_path / "stubs", tmp_path / "log"
-    stubs.mkdir()
-    log.mkdir()
-    for name, body in (("python", FLEXIBLE_STUB_PYTHON), ("srun", STUB_SRUN), ("scontrol", FLEXIBLE_STUB_SCONTROL)):
-        (stubs / name).write_text(body)
-        (stubs / name).chmod(0o755)
+    stubs, log = install_stubs(tmp_path, python=FLEXIBLE_STUB_PYTHON, srun=STUB_SRUN, scontrol=FLEXIBLE_STUB_SCONTROL)
     shell = subprocess.Popen(["bash", "-c", 'STUB_BATCH_SHELL=$$ exec bash "$0"', str(script)], cwd=tmp_path,
                              env={"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "STUB_DO": case,
                                   "STUB_RESTARTS": str(restarts), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0",

@@ -54,6 +54,7 @@ from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.preemption import restart_count
+from hpc_hsdp.runtime.reshard import choose_reshard
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.watchdog import Watchdog
 from hpc_hsdp.spec import TrainingSpec
@@ -202,8 +203,6 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
     :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
     ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
     same on every mesh shape)."""
-    from hpc_hsdp.runtime.reshard import choose_reshard
-
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
