@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,19 @@ def slurm_cluster() -> dict[str, str]:
             pytest.fail(f"SLURM tests must run in CI: {reason}")
         pytest.skip(reason)
     return {k: v for k, v in os.environ.items() if k.startswith("SLURM_CONF")}
+
+
+@pytest.fixture(autouse=True)
+def _cluster_nodes_in_service(request):
+    """Before each test of the dev cluster, every node is back in service whatever the test
+    before it left (a node it killed and did not revive, a node SLURM drained because a step
+    outlived UnkillableStepTimeout on the loaded machine), so one failure does not fail the
+    tests after it; what had to be repaired is reported as a warning."""
+    if _uses_the_cluster(request.node) and os.environ.get("HPC_HSDP_DEV_CLUSTER") == "1":
+        healed = subprocess.run([str(DEV_CLUSTER), "heal"], capture_output=True, text=True, timeout=120)
+        said = (healed.stdout + healed.stderr).strip()
+        if healed.returncode != 0:
+            pytest.fail(f"the dev cluster could not be put back in service: {said}")
+        if said:
+            warnings.warn(f"dev cluster repaired before {request.node.name}: {said}", stacklevel=1)
+    yield
