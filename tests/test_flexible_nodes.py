@@ -167,10 +167,6 @@ def _layout(run: Path) -> dict:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(480)
-@pytest.mark.xfail(strict=False, reason=(
-    "known race (issue 13, open): the survivors restore the range on SLURM's SIGTERM only once the job's "
-    "Restarts has gone up; in a loaded fresh-clone run SLURM logged the requeue 11 s after it killed the job "
-    "(KillWait 5 s), the survivors were gone by then, and the job waited for two nodes"))
 def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_with_the_same_samples(slurm_cluster, tmp_path):
     """``--nodes 1-2`` on two nodes, every other node busy (a blocker job). The job's first node
     (rank 0's, and the batch shell's) dies: SLURM requeues the job for the 2 nodes it had, the
