@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,31 @@ def _layout(run: Path) -> dict:
     return json.loads((run / "layout.json").read_text())
 
 
+def _debug_nodes(at_least: int) -> list[str]:
+    """The debug partition's nodes, sorted; the test is skipped on a smaller dev cluster."""
+    shown = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True, text=True).stdout
+    nodes = sorted(set(shown.split()))
+    if len(nodes) < at_least:
+        pytest.skip(f"needs a dev cluster of at least {at_least} nodes (scripts/dev-cluster up, default --nodes 3)")
+    return nodes
+
+
+@contextmanager
+def _nodes_busy(nodes: list[str]) -> Iterator[str]:
+    """A job holding ``nodes`` whole, running before the block starts and cancelled after it: its id."""
+    blocker = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--exclusive", "-N", str(len(nodes)), "-w",
+                              ",".join(nodes), "-o", "/dev/null", "--wrap", "sleep 900"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = blocker.stdout.strip().split(";")[0]
+    try:
+        wait_until("the blocker running", lambda: subprocess.run(["squeue", "-h", "-j", blocker_id, "-o", "%T"],
+                   capture_output=True, text=True).stdout.strip() == "RUNNING", 60)  # fmt: skip
+        yield blocker_id
+    finally:
+        subprocess.run(["scancel", blocker_id], capture_output=True)
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(480)
 def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_with_the_same_samples(slurm_cluster, tmp_path):
@@ -177,57 +204,48 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
     from hpc_hsdp.data.synthetic import SyntheticSamples
 
-    debug_nodes = sorted(set(subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True,
-                                            text=True).stdout.split()))  # fmt: skip
-    if len(debug_nodes) < 3:
-        pytest.skip("needs a dev cluster of at least 3 nodes (scripts/dev-cluster up, default --nodes 3)")
+    debug_nodes = _debug_nodes(3)
     run, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
-    blocked = debug_nodes[2:]
-    blocker = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--exclusive", "-N", str(len(blocked)), "-w",
-                              ",".join(blocked), "-o", "/dev/null", "--wrap", "sleep 900"],
-                             capture_output=True, text=True)  # fmt: skip
-    assert blocker.returncode == 0, blocker.stderr
-    blocker_id = blocker.stdout.strip().split(";")[0]
     job_id, victim = "", ""
-    try:
-        wait_until("the blocker running", lambda: subprocess.run(["squeue", "-h", "-j", blocker_id, "-o", "%T"],
-                   capture_output=True, text=True).stdout.strip() == "RUNNING", 60)  # fmt: skip
-        out = run_cli("submit", *JOB, "--run-dir", str(run), "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
-                      "--max-restarts", "2", "--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}",
-                      "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        job_id = json.loads((run / "job.json").read_text())["job_id"]
-        wait_until("step 6", lambda: len(_steps(run)) >= 6, 240)
-        first = _layout(run)
-        assert first["plan"]["world_size"] == 4, first["plan"]  # the two free nodes
-        victim = first["ranks"][0]["node"]  # rank 0's: the batch shell dies with it, the survivors act
-        survivor = first["ranks"][-1]["node"]
-        killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True)
-        assert killed.returncode == 0, killed.stderr
-        died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
-        last_before = max(_steps(run))
-        wait_until("the requeued job running again", lambda: _job_fields(job_id).get("Restarts") == "1" and
-                   _job_fields(job_id).get("JobState") == "RUNNING", 180)  # fmt: skip
-        assert _job_fields(job_id)["NodeList"] == survivor  # the one free node, not the two it had
-        # the dead node comes back while the job starts on the one left: the next requeue may grow it
-        revived = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
-        assert revived.returncode == 0, revived.stderr
-        wait_until("the first step resumed on one node", lambda: any(r["wall_time"] > died_at for r in _records(run)), 180)
-        alone = _layout(run)
-        assert {r["node"] for r in alone["ranks"]} == {survivor}, alone
-        resumed = next(r for r in _records(run) if r["wall_time"] > died_at)
-        redone = last_before - (resumed["step"] - 1)
-        assert 0 <= redone <= EVERY, (last_before, resumed["step"])
-        wait_until("a step on one node", lambda: max(_steps(run)) > resumed["step"], 60)
-        assert max(_steps(run)) < STEPS - 4, "the job ran out of steps before the second restart"
-        assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0  # save, requeue with the range
-        final = wait_until("the end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
-            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None)(_status(run)), 300)  # fmt: skip
-    finally:
-        subprocess.run(["scancel", blocker_id, *([job_id] if job_id else [])], capture_output=True)
-        if victim:
-            subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True)
+    with _nodes_busy(debug_nodes[2:]):
+        try:
+            out = run_cli("submit", *JOB, "--run-dir", str(run), "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
+                          "--max-restarts", "2", "--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}",
+                          "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            job_id = json.loads((run / "job.json").read_text())["job_id"]
+            wait_until("step 6", lambda: len(_steps(run)) >= 6, 240)
+            first = _layout(run)
+            assert first["plan"]["world_size"] == 4, first["plan"]  # the two free nodes
+            victim = first["ranks"][0]["node"]  # rank 0's: the batch shell dies with it, the survivors act
+            survivor = first["ranks"][-1]["node"]
+            killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True)
+            assert killed.returncode == 0, killed.stderr
+            died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
+            last_before = max(_steps(run))
+            wait_until("the requeued job running again", lambda: _job_fields(job_id).get("Restarts") == "1" and
+                       _job_fields(job_id).get("JobState") == "RUNNING", 180)  # fmt: skip
+            assert _job_fields(job_id)["NodeList"] == survivor  # the one free node, not the two it had
+            # the dead node comes back while the job starts on the one left: the next requeue may grow it
+            revived = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
+            assert revived.returncode == 0, revived.stderr
+            wait_until("the first step resumed on one node", lambda: any(r["wall_time"] > died_at for r in _records(run)), 180)
+            alone = _layout(run)
+            assert {r["node"] for r in alone["ranks"]} == {survivor}, alone
+            resumed = next(r for r in _records(run) if r["wall_time"] > died_at)
+            redone = last_before - (resumed["step"] - 1)
+            assert 0 <= redone <= EVERY, (last_before, resumed["step"])
+            wait_until("a step on one node", lambda: max(_steps(run)) > resumed["step"], 60)
+            assert max(_steps(run)) < STEPS - 4, "the job ran out of steps before the second restart"
+            assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0  # save, requeue with the range
+            final = wait_until("the end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
+                "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None)(_status(run)), 300)  # fmt: skip
+        finally:
+            if job_id:
+                subprocess.run(["scancel", job_id], capture_output=True)
+            if victim:
+                subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True)
     assert final["state"].startswith("COMPLETED") and final["restarts"] >= 2, final
     assert _steps(run) == list(range(1, STEPS + 1))
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("*.err")))
@@ -262,16 +280,7 @@ def test_results_of_a_flexible_job_granted_fewer_nodes_are_those_of_the_tasks_th
     """``hpc_hsdp.submit(fn, nodes="1-2")`` with one node free: SLURM grants one, two tasks run;
     ``job.results()`` is their two results (submitit alone waits for the result files of the two
     tasks of the node never granted, then raises)."""
-    debug_nodes = sorted(set(subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True,
-                                            text=True).stdout.split()))  # fmt: skip
-    if len(debug_nodes) < 2:
-        pytest.skip("needs a dev cluster of at least 2 nodes")
-    blocked = debug_nodes[1:]
-    blocker = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--exclusive", "-N", str(len(blocked)), "-w",
-                              ",".join(blocked), "-o", "/dev/null", "--wrap", "sleep 600"],
-                             capture_output=True, text=True)  # fmt: skip
-    assert blocker.returncode == 0, blocker.stderr
-    blocker_id = blocker.stdout.strip().split(";")[0]
+    debug_nodes = _debug_nodes(2)
     code = f"""
 import hpc_hsdp, json, time
 def fn(ctx):
@@ -284,12 +293,8 @@ started = time.monotonic()
 results = job.results()
 print(json.dumps({{"results": results, "seconds": time.monotonic() - started}}))
 """
-    try:
-        wait_until("the blocker running", lambda: subprocess.run(["squeue", "-h", "-j", blocker_id, "-o", "%T"],
-                   capture_output=True, text=True).stdout.strip() == "RUNNING", 60)  # fmt: skip
+    with _nodes_busy(debug_nodes[1:]):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
-    finally:
-        subprocess.run(["scancel", blocker_id], capture_output=True)
     assert out.returncode == 0, out.stdout + out.stderr
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     assert answer["results"] == [[0, 2, debug_nodes[0]], [1, 2, debug_nodes[0]]], answer
