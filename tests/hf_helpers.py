@@ -167,7 +167,7 @@ def _train_hf(ctx, *, signal_at=None):
 
     def on_step(step, record):
         records[step] = {"loss": record["loss"], "sample_ids": record["sample_ids"]}
-        if signal_at is not None and step == signal_at and ctx.rank == 3:
+        if signal_at is not None and step == signal_at - 1 and ctx.rank == 3:  # agreed in step signal_at's all_reduce
             os.kill(os.getpid(), signal.SIGUSR2)
 
     adapter = resolve_model(training, data_vocab_size=None)

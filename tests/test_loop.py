@@ -57,14 +57,15 @@ def test_schedules_without_warmup_start_at_lr_and_end_at_min_lr():
 
 
 def _train_recording(ctx, training, *, signal_at=None):
-    """train() with every step's record and this rank's sample ids; optionally SIGUSR2 on rank 3."""
+    """train() with every step's record and this rank's sample ids; optionally SIGUSR2 on rank 3, so that
+    every rank stops after step ``signal_at``."""
     from hpc_hsdp.runtime.loop import train
 
     records = {}
 
     def on_step(step, record):
         records[step] = record
-        if signal_at is not None and step == signal_at and ctx.rank == 3:
+        if signal_at is not None and step == signal_at - 1 and ctx.rank == 3:  # agreed in step signal_at's all_reduce
             os.kill(os.getpid(), signal.SIGUSR2)
 
     result = train(ctx, training, on_step=on_step)

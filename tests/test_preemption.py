@@ -167,11 +167,12 @@ def test_failure_summary_of_the_emulator(tmp_path):
 
 
 def train_with_signal_on_rank3(ctx):
-    """fn: the payload, with SIGUSR2 delivered to rank 3 only, during step 3."""
+    """fn: the payload, with SIGUSR2 delivered to rank 3 only, before step 3's all_reduce (in which
+    the ranks agree on their signals)."""
     from hpc_hsdp.runtime.loop import train
 
     def on_step(step, record):
-        if step == 3 and ctx.rank == 3:
+        if step == 2 and ctx.rank == 3:
             os.kill(os.getpid(), signal.SIGUSR2)
 
     result = train(ctx, on_step=on_step)

@@ -4,12 +4,13 @@ Recipe (:func:`train`): open the data and check it against the model before step
 build the model from its adapter on the meta device, ``fully_shard`` each shard unit then
 the root (bf16 parameters and compute with fp32 gradient reduction under ``--precision
 bf16``; activation checkpointing per unit), materialize, initialise; resume model,
-optimizer and data position from the newest complete checkpoint; then per step: agree on
-stopping, take this rank's micro-batches from the prefetching loader, forward/backward
-each (gradients reduce-scattered inside the shard group every micro-batch, all-reduced
-across replicas once, on the last), one fused all_reduce of loss and gradient norm
-(clipping without a host sync), the scheduled learning rate, the optimizer step, one
-host sync for the metrics, evaluation every ``--eval-every`` steps, checkpoints.
+optimizer and data position from the newest complete checkpoint; then per step: take this
+rank's micro-batches from the prefetching loader, forward/backward each (gradients
+reduce-scattered inside the shard group every micro-batch, all-reduced across replicas
+once, on the last), one fused all_reduce of loss, gradient norm and the ranks' stop
+signals (clipping without a host sync), the scheduled learning rate, the optimizer step,
+one host sync for the metrics and the agreed stop, evaluation every ``--eval-every``
+steps, checkpoints.
 
 The parts are small functions a custom loop can reuse (``hpc_hsdp.runtime.loop``):
 :func:`open_data` + :func:`check_data`, :func:`build_model`, :func:`make_optimizer`,
@@ -53,7 +54,7 @@ from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
 from hpc_hsdp.runtime.observer import RunObserver
-from hpc_hsdp.runtime.preemption import restart_count
+from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING, restart_count
 from hpc_hsdp.runtime.reshard import choose_reshard
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.watchdog import Watchdog
@@ -247,15 +248,19 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, adapter, batches: list[MicroBatch], *,
-               lr: float, clip_grad: float, num_replicas: int) -> torch.Tensor:  # fmt: skip
+               lr: float, clip_grad: float, num_replicas: int,
+               stop_code: Callable[[], int] | None = None) -> torch.Tensor:  # fmt: skip
     """One optimizer step over this rank's micro-batches; returns a device tensor
-    ``[global mean loss, global gradient norm before clipping]`` (no host sync).
+    ``[global mean loss, global gradient norm before clipping, agreed stop code]`` (no host
+    sync).
 
     Every micro-batch's gradients are reduce-scattered in the shard group; the all-reduce
-    across replicas (``set_requires_all_reduce``) runs only with the last one. Loss and
-    squared gradient norm go through ONE all_reduce over all ranks: each rank's local
-    gradient shards cover the model once per replica, so the sum over all ranks is
-    ``num_replicas`` times the squared norm."""
+    across replicas (``set_requires_all_reduce``) runs only with the last one. Loss, squared
+    gradient norm and the stop agreement go through ONE all_reduce over all ranks: each
+    rank's local gradient shards cover the model once per replica, so the sum over all ranks
+    is ``num_replicas`` times the squared norm; ``stop_code()``, this rank's signal code
+    (:data:`hpc_hsdp.runtime.preemption.WARNING`, ``TERMINATE``), read after the backward,
+    is summed as one count per code, so the agreed code is the highest any rank had."""
     accum = len(batches)
     device = batches[0].inputs.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
@@ -270,17 +275,21 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, adapter, batc
         squared = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
     else:
         squared = torch.zeros((), device=device)
-    fused = torch.stack([loss_sum, squared])
+    code = stop_code() if stop_code is not None else NONE
+    warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
+    terminated = torch.full((), float(code == TERMINATE), device=device)
+    fused = torch.stack([loss_sum, squared, warned, terminated])
     dist.all_reduce(fused, op=dist.ReduceOp.SUM)
     mean_loss = fused[0] / (dist.get_world_size() * accum)
     grad_norm = (fused[1] / num_replicas).sqrt()
+    agreed = torch.where(fused[3] > 0, float(TERMINATE), torch.where(fused[2] > 0, float(WARNING), float(NONE)))
     if clip_grad > 0 and grads:
         torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return torch.stack([mean_loss, grad_norm])
+    return torch.stack([mean_loss, grad_norm, agreed])
 
 
 @torch.no_grad()
@@ -487,9 +496,10 @@ def train(
     verbose: bool = True,
 ) -> TrainResult:
     """Train ``training.model`` (or ``adapter``) to ``training.steps``, resuming from
-    ``ctx.run_dir``'s newest complete checkpoint. At every step boundary the ranks agree on
-    the task signals (``ctx.preemption``) and ask ``stop_requested()`` (it must answer the
-    same on every rank); on a stop every rank saves a checkpoint. ``on_step(step, record)``
+    ``ctx.run_dir``'s newest complete checkpoint. In every step the ranks agree on the task
+    signals (``ctx.preemption``, in the step's fused all_reduce: a signal that arrives after
+    it counts in the next step), and before every step ask ``stop_requested()`` (it must
+    answer the same on every rank); on a stop every rank saves a checkpoint. ``on_step(step, record)``
     runs on every rank after each step: the metrics record plus ``sample_ids`` (this rank's
     dataset samples of the step, one list per micro-batch)."""
     from hpc_hsdp.models import resolve_model
@@ -507,7 +517,8 @@ def train(
     start_step, _ = resume(ctx, model, optimizer, data=data, training=training, verbose=verbose)
     observer = RunObserver.start(ctx, training, start_step=start_step, verbose=verbose)  # before metrics are cut back
     metrics = MetricsLog(ctx, start_step=start_step)
-    stop_group = control_group(ctx)
+    preemption = ctx.preemption
+    stop_code = (lambda: preemption.local_code) if preemption is not None else None
     evaluation = eval_samples(data, training) if data.val is not None and training.eval_every else None
 
     result = TrainResult(model=model, optimizer=optimizer, start_step=start_step, last_step=start_step)
@@ -531,15 +542,8 @@ def train(
     watchdog = Watchdog.for_run(ctx, training, step=start_step)  # a hang ends the job (and requeues it)
     try:
         for step in range(start_step + 1, training.steps + 1):
-            # every rank agrees on stopping every step (a collective), before anything else
-            reason = should_stop(ctx, step - 1, stop_requested=stop_requested, group=stop_group)
-            if reason is not None:
-                result.stopped, result.stop_reason = True, reason
-                preemption = ctx.preemption
-                if ctx.is_rank0 and verbose and reason != "requested" and preemption is not None:
-                    got = ", ".join(f"{name} {time.time() - at:.2f} s ago" for name, at in preemption.received.items())
-                    print(f"[hpc-hsdp] {reason}: every rank stops after step {step - 1} and saves "
-                          f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
+            if stop_requested is not None and stop_requested():  # the same answer on every rank
+                result.stopped, result.stop_reason = True, "requested"
                 break
             faults.at_step(ctx.rank, step)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
             seed_step(training.seed, step, ctx.rank)
@@ -551,8 +555,11 @@ def train(
             batches, waited = loader.next_step(step)
             lr = lr_of(training, step)
             out = train_step(model, optimizer, adapter, batches, lr=lr, clip_grad=training.clip_grad,
-                             num_replicas=ctx.plan.num_replicas)  # fmt: skip
-            loss, grad_norm = out.tolist()  # the step's one host sync
+                             num_replicas=ctx.plan.num_replicas, stop_code=stop_code)  # fmt: skip
+            loss, grad_norm, agreed = out.tolist()  # the step's one host sync
+            # the ranks' signals, agreed in the step's all_reduce: all stop after this step, or none
+            # (after the last one the run is done: nothing to stop or requeue)
+            stopping = preemption is not None and step < training.steps and preemption.agree(int(agreed), step)
             step_time, cpu_time = time.perf_counter() - t0, time.process_time() - cpu0
             record = {
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -565,7 +572,7 @@ def train(
             if ctx.comm_stats is not None:
                 record["comm"] = ctx.comm_stats.take()
             observer.step_ends(step, record)  # every K steps: each rank's own time, the slowest named
-            if evaluation is not None and (step % training.eval_every == 0 or step == training.steps):
+            if evaluation is not None and not stopping and (step % training.eval_every == 0 or step == training.steps):
                 t_eval = time.perf_counter()
                 record["eval_loss"] = evaluate(ctx, model, adapter, data.val, evaluation, rows_per_rank=layout.rank_batch)
                 record["eval_time_s"] = time.perf_counter() - t_eval
@@ -582,6 +589,13 @@ def train(
                 on_step(step, dict(record, sample_ids=[b.sample_ids.tolist() for b in batches]))
             faults.after_step(ctx.rank, ctx.world_size, step, batches)  # test hook: the sample-id log
             watchdog.step_done(step)
+            if stopping:
+                result.stopped, result.stop_reason = True, preemption.stop_reason
+                if ctx.is_rank0 and verbose:
+                    got = ", ".join(f"{name} {time.time() - at:.2f} s ago" for name, at in preemption.received.items())
+                    print(f"[hpc-hsdp] {result.stop_reason}: every rank stops after step {step} and saves "
+                          f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
+                break  # the checkpoint of this step is written below, synchronously
             every = training.checkpoint_every
             if ctx.run_dir is not None and every and step % every == 0 and step != training.steps:
                 save(step, in_background=True)

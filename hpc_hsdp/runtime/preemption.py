@@ -14,8 +14,11 @@ What happens on each task (:class:`Preemption`):
 
 1. ``install()`` replaces the handlers of both signals (also submitit's, which would make
    only global rank 0 checkpoint and requeue). The handler only records the signal.
-2. At every step boundary ``should_stop()`` agrees on it with one all_reduce(MAX) of an
-   int (0 nothing, 1 warning, 2 SIGTERM; SIGTERM wins): all ranks stop at the same step.
+2. Every step the ranks agree on it in a collective: the built-in loop adds the codes (0
+   nothing, 1 warning, 2 SIGTERM; SIGTERM wins) to the step's own fused all_reduce of loss
+   and gradient norm and records the result with ``agree()``; a custom loop calls
+   ``should_stop()`` (one all_reduce(MAX)) at its step boundaries. All ranks stop after the
+   same step.
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
@@ -150,6 +153,14 @@ class Preemption:
 
     # ------------------------------------------------------------------ agreement (all ranks)
 
+    def agree(self, code: int, step: int | None = None) -> bool:
+        """Record the code the ranks agreed on in a collective (the highest any rank had);
+        ``step``: the last completed step. True when it says stop."""
+        if code > self.agreed:
+            self.agreed = code
+            self.agreed_step = step
+        return code != NONE
+
     def should_stop(self, step: int | None = None, *, device=None, group=None) -> bool:
         """Collective, at a step boundary: True on every rank when any rank got a signal.
         ``step``: the last completed step (for the log and ``finish``); ``group``: the
@@ -168,10 +179,7 @@ class Preemption:
             self._tensor.fill_(self._local)
             dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX, group=group)
             code = int(self._tensor.item())
-        if code > self.agreed:
-            self.agreed = code
-            self.agreed_step = step
-        return code != NONE
+        return self.agree(code, step)
 
     @property
     def stop_reason(self) -> str | None:
