@@ -63,7 +63,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
     return data, model, pretrained
 
 
-def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> dict:
+def run_once(variant: str, model: Path, data: Path, steps: int, work: Path, env: dict | None = None) -> dict:
     out = work / f"{variant}-{len(list(work.iterdir()))}"
     pretrained = variant.endswith("pretrained")
     if variant.startswith("handwritten"):
@@ -73,7 +73,7 @@ def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> d
                 "--tokens", str(data / "train" / "00000.bin"), "--shard", str(SHARD), "--steps", str(steps),
                 "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--out", str(times), "--fused-adamw",
                 *(["--pretrained"] if pretrained else [])]  # fmt: skip
-        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
+        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True, extra_env=env)
         records = [json.loads(line) for line in times.read_text().splitlines()]
         peak = records[0]["peak_rss_bytes"]
     else:
@@ -81,7 +81,7 @@ def run_once(variant: str, model: Path, data: Path, steps: int, work: Path) -> d
                 "--model", f"hf:{model}", "--data", str(data), "--steps", str(steps), "--seq-len", str(SEQ),
                 "--batch-size", str(BATCH), "--lr", "3e-3", "--precision", "fp32",
                 "--reshard-after-forward", "always"]  # fmt: skip (the hand-written script reshards too)
-        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs")
+        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", extra_env=env)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         peak = records[0]["peak_mem_bytes"]
     return {"startup": records[0]["wall_time"] - started, "step": statistics.median(r["step_time_s"] for r in records[2:]),
@@ -93,7 +93,11 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for every variant's processes, e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+                             "(what the rendered script exports for --device cpu)")  # fmt: skip
     args = parser.parse_args(argv)
+    env = dict(item.split("=", 1) for item in args.env)
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -104,12 +108,12 @@ def main(argv=None) -> int:
                     ("hpc-hsdp-pretrained", pretrained))  # fmt: skip
         for i in range(args.runs):
             for variant, path in variants if i % 2 == 0 else variants[::-1]:
-                results.setdefault(variant, []).append(run_once(variant, path, data, args.steps, runs))
+                results.setdefault(variant, []).append(run_once(variant, path, data, args.steps, runs, env))
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in results.items()}
     startup = med["hpc-hsdp"]["startup"] / med["handwritten"]["startup"]
     step = med["hpc-hsdp"]["step"] / med["handwritten"]["step"]
     print(f"{CONFIG['num_hidden_layers']}-layer Llama-style model, 2 nodes x 2 tasks, shard {SHARD}, {args.runs} runs, "
-          f"{args.steps} steps, medians")  # fmt: skip
+          f"{args.steps} steps, medians" + (f"; every variant with {' '.join(args.env)}" if args.env else ""))  # fmt: skip
     print(f"{'variant':<24}{'start-up s':>11}{'step ms':>9}{'CPU ms':>8}{'rank-0 peak RSS MiB':>21}")
     for variant, m in med.items():
         print(f"{variant:<24}{m['startup']:>11.2f}{m['step'] * 1000:>9.1f}{m['cpu'] * 1000:>8.1f}"

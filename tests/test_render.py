@@ -525,3 +525,10 @@ def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str 
     else:
         with pytest.raises(SpecError, match="before the time limit"):
             SchedulerSpec(time=time, signal=signal)
+
+
+@pytest.mark.parametrize("device, exported", [("cpu", True), ("cuda", False), ("auto", False)])
+def test_cpu_jobs_get_huge_pages_for_malloc_and_gpu_jobs_are_left_alone(device, exported):
+    script = render_sbatch(spec_from_argv(["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", device,
+                                           "--run-dir", "/scratch/run"]))  # fmt: skip
+    assert ("export GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in script) is exported
