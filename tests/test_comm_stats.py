@@ -167,9 +167,10 @@ def test_measured_bytes_equal_the_prediction(measured, shard_size):
                 assert seen[key]["tensor_bytes"] == t.tensor_bytes, (rank, step, key)
                 assert seen[key]["wire_bytes"] == t.wire_bytes, (rank, step, key)
                 assert comm[key[0]]["inter_node"] is t.inter_node, (rank, step, key)
-            # the loop's one metrics all-reduce: loss and squared gradient norm, two fp32 values over the world
-            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 8,
-                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 8)}  # fmt: skip
+            # the loop's one all-reduce of its own: loss, squared gradient norm and the stop agreement's
+            # two counts (warning, SIGTERM), four fp32 values over the world
+            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 16,
+                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 16)}  # fmt: skip
             assert comm["world"]["inter_node"] is True
             model_inter = sum(comm[a][k]["wire_bytes"] for a, k in seen if comm[a]["inter_node"])
             assert model_inter == est.inter_node_wire_bytes
