@@ -236,7 +236,11 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
     # 2-core machine another rank may be descheduled in one probe, not in most
     # (within 10%: the clocks around the collectives start and stop a little apart from the step's)
     assert all(e["own_time_s"][3] >= 0.9 * 0.15 for e in entries), entries
-    assert all(r["step_time_s"] >= 0.15 for r in probes)
+    # every rank's steps take the sleep: from one step's end to the next (rank 0's own window may
+    # start after part of it, since rank 3 sleeps while rank 0 writes the metrics of the step before;
+    # the end is when rank 0 wrote its record: within 10%, as above, in all probes but one of a loaded machine)
+    by_step = {r["step"]: r["wall_time"] for r in records}
+    assert sum(by_step[r["step"]] - by_step[r["step"] - 1] >= 0.9 * 0.15 for r in probes) >= 5, by_step
     assert sum((e["slowest_rank"], e["slowest_node"]) == (3, "n2") and e["spread"] > 2 for e in entries) >= 5, entries
     words, count, total = persistent(entries, NODES)
     assert words.startswith("node n2: rank 3 is ") and count >= 5 and total == 6, (words, entries)
