@@ -217,11 +217,14 @@ class Preemption:
         if not in_slurm(self.env):
             return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
                            "resubmit with the same --run-dir to resume")  # fmt: skip
-        from hpc_hsdp.requeue import requeue_job
+        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
 
         ok, said = requeue_job(job_id)
-        return ok, (f"requeued job {job_id} (scontrol requeue); it resumes from this checkpoint" if ok
-                    else f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume")  # fmt: skip
+        if not ok:
+            return False, f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume"
+        request = self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()  # a flexible job's range, put back with the requeue
+        how = f"scontrol requeuehold, update {request}, release" if request else "scontrol requeue"
+        return True, f"requeued job {job_id} ({how}{f'; {said}' if said else ''}); it resumes from this checkpoint"
 
     def exit_code(self) -> int | None:
         """The task's exit status after a stop (None: it did not stop on a signal)."""
