@@ -510,6 +510,15 @@ class RankLayout:
         return cls._from_slurm_env(env, shard_size=shard_size, nproc_per_node=nproc_per_node)
 
     @classmethod
+    def for_task(cls, env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+        """:meth:`from_env` for a task that will train on ``device`` (``cpu``, ``cuda``, ``auto``):
+        with ``cpu`` the GPUs the task can see are left out, so that the layout neither picks
+        nor refuses GPUs that will not be used."""
+        if device == "cpu":
+            env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        return cls.from_env(env, shard_size=shard_size)
+
+    @classmethod
     def _from_slurm_env(
         cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None
     ) -> RankLayout:

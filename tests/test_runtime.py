@@ -442,6 +442,29 @@ def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
         assert "Traceback" not in err
 
 
+REFUSED_BEFORE_TORCH = """
+import sys
+from hpc_hsdp.cli import main
+try:
+    main(["run", "--shard", "8", "--device", "cpu", "--run-dir", sys.argv[1]])
+except SystemExit as exc:
+    print("exit", exc.code, "torch" in sys.modules)
+"""
+
+
+def test_a_shard_larger_than_a_node_is_refused_on_the_task_before_torch_loads(tmp_path):
+    """8,4 tasks with --shard 8: each task says why in one line and exits 2 before it imports
+    torch, so a job that cannot form its mesh ends at once (12 tasks importing torch first took
+    the dev cluster's test of it 40 s on this machine)."""
+    env = task_environments(tasks_per_node=(8, 4), node_names=["n1", "n2"], job_id="78")[11]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    out = subprocess.run([sys.executable, "-c", REFUSED_BEFORE_TORCH, str(tmp_path)], env={**base, **env}, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.stdout.split() == ["exit", "2", "False"], out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("hpc-hsdp: error: ") and "shard size 8 is larger than the smallest node (4 tasks)" in line
+
+
 HANG = """
 import sys, time
 import hpc_hsdp

@@ -28,6 +28,31 @@ def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess
                           env={**os.environ, **(env or {})})  # fmt: skip
 
 
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def sbatch_wait(args: list[str], *, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """``sbatch --wait ARGS``, without its polling: sbatch sleeps 2, 8, then 32 s between looks
+    at the job (SLURM's sbatch.c, with the default MinJobAge of 300 s), so a job of 12 s took
+    42 s to be seen ending. Submits, then looks every half second; the return code is the
+    job's exit code, as sbatch's."""
+    submitted = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=30)
+    if submitted.returncode != 0:
+        return submitted
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
+        fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+        if fields.get("JobState") in FINAL_STATES:  # COMPLETING (the output not yet closed) is not final
+            code = int(fields.get("ExitCode", "1:0").split(":")[0]) or (0 if fields["JobState"] == "COMPLETED" else 1)
+            return subprocess.CompletedProcess(submitted.args, code, f"job {job_id} {fields['JobState']}\n", "")
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id])
+            raise subprocess.TimeoutExpired(submitted.args, timeout_s)
+        time.sleep(0.5)
+
+
 def _ranks(run_dir: Path) -> tuple[dict, list[dict]]:
     layout = json.loads((run_dir / "layout.json").read_text())
     return layout, sorted(layout["ranks"], key=lambda r: r["rank"])
@@ -89,7 +114,7 @@ def test_rendered_script_runs_with_plain_sbatch(slurm_cluster, tmp_path):
     out = hpc("render", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--run-dir", str(run), "-o", str(script),
               *TINY)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    done = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=240)
+    done = sbatch_wait([str(script)])
     assert done.returncode == 0, done.stdout + done.stderr + _logs(run)
     layout, ranks = _ranks(run)
     assert layout["plan"]["shard_groups"] == [[0, 1], [2, 3]] and layout["plan"]["replicate_groups"] == [[0, 2], [1, 3]]
@@ -133,8 +158,7 @@ def test_shard_not_fitting_uneven_allocation_fails_fast_on_the_task(slurm_cluste
     run.mkdir()
     command = f"srun --kill-on-bad-exit=1 {sys.executable} -m hpc_hsdp run --shard 8 --run-dir {run} --device cpu"
     start = time.monotonic()
-    done = subprocess.run(["sbatch", "--wait", "--nodes", "2", "--ntasks", "12", "--output", str(run / "out.txt"),
-                           "--wrap", command], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = sbatch_wait(["--nodes", "2", "--ntasks", "12", "--output", str(run / "out.txt"), "--wrap", command], timeout_s=120)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     text = (run / "out.txt").read_text()

@@ -226,9 +226,7 @@ def init(
     if device not in DEVICES:
         raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
     _require_numpy()
-    # --device cpu: the layout must not pick (or refuse) GPUs that will not be used
-    layout_env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"} if device == "cpu" else env
-    layout = RankLayout.from_env(layout_env, shard_size=shard_size)
+    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
     if layout.launch_mode == "task-per-node":
         raise SlurmEnvError(
             f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "

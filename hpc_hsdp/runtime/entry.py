@@ -57,6 +57,11 @@ def run_task(
     range_keeper = NodeRangeKeeper(env).install()  # a flexible job requeued by SLURM: its node range put back
     faults.install(env)
     try:
+        from hpc_hsdp.topology import RankLayout
+
+        # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
+        # now, before each loads torch; init derives the same layout again
+        RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device)
         from hpc_hsdp.runtime.dist import init
 
         if fn is None and spec.entry is not None:
