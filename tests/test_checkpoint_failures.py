@@ -128,6 +128,57 @@ def small_disk(tmp_path, finished):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def _agree_on_space(disk: Path, *, fill: bool, errno_on: int | None):
+    """fn: fill the disk (or not), then every rank asks whether the failed write ran out of space,
+    with an ENOSPC inside its error only on rank ``errno_on``; the others have DCP's "unexpected
+    pos" RuntimeError, as it reaches them pickled, without the OSError it came from."""
+
+    def fn(ctx):
+        import errno
+
+        import torch.distributed as dist
+
+        from hpc_hsdp.runtime.checkpoint import _ran_out_of_space
+
+        if fill and ctx.rank == 0:
+            with open(disk / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+        dist.barrier()
+        error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        if ctx.rank == errno_on:
+            try:
+                raise error from OSError(errno.ENOSPC, "No space left on device")
+            except RuntimeError as chained:
+                error = chained
+        return _ran_out_of_space(error, disk / "step-000004.tmp", needed=1 << 20)
+
+    return fn
+
+
+@pytest.mark.parametrize(("fill", "errno_on", "expected"),
+                         [(True, None, True), (False, 1, True), (False, None, False)],
+                         ids=["disk-full-errno-lost", "errno-on-one-rank", "room-and-no-errno"])  # fmt: skip
+def test_the_ranks_agree_that_a_failed_write_ran_out_of_space(tmp_path, fill, errno_on, expected):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the full-disk tests: cannot mount a tmpfs ({done.stderr.strip()})")
+        pytest.skip("cannot mount a tmpfs here; needs root")
+    try:
+        out = launch(spec_for(tmp_path / "run"), tasks_per_node=LAYOUT, timeout_s=120,
+                     fn=_agree_on_space(disk, fill=fill, errno_on=errno_on))  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert [o.value for o in out] == [expected] * 4
+
+
 def load_newest(ctx):
     """fn: build the model, load the newest whole checkpoint (verified), report its step."""
     from hpc_hsdp.models import resolve_model
@@ -148,7 +199,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_path_and_bytes(smal
     env = {} if check_first else {"HPC_HSDP_FAULT_SKIP_SPACE_CHECK": "1"}
     out = launch(spec_for(run, training), tasks_per_node=LAYOUT, timeout_s=180, expect_failure=True, extra_env=env)
     assert not any(o.ok for o in out)
-    errors = {next(line for line in str(o.value).splitlines() if "CheckpointSpaceError" in line) for o in out}
+    errors = {next((line for line in str(o.value).splitlines() if "CheckpointSpaceError" in line), str(o.value)[-800:])
+              for o in out}  # fmt: skip
     assert len(errors) == 1, errors  # the same line on every rank
     error = errors.pop()
     step4 = run / "checkpoints" / "step-000004.tmp"

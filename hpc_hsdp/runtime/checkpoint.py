@@ -211,6 +211,28 @@ def _no_space(exc: BaseException) -> OSError | None:
     return None
 
 
+def _ran_out_of_space(exc: BaseException, tmp: Path, needed: int, group=None) -> bool:
+    """Collective over ``group``, on every rank whose save failed (DCP raises on all of them),
+    before the partial files are removed: did the write run out of space on any rank? The
+    errno does not always survive: DCP hands every rank's error to every rank pickled, which
+    drops the OSError that ``torch.save``'s "unexpected pos" RuntimeError was raised from (a
+    disk filling up inside a tensor's write). So each rank also looks at the space left where
+    the checkpoint goes: less than one rank's share of it means the disk is full."""
+    mine = _no_space(exc) is not None
+    if not mine:
+        try:
+            mine = shutil.disk_usage(tmp.parent).free < needed // max(dist.get_world_size(group), 1)
+        except OSError:
+            pass
+    try:
+        device = "cpu" if dist.get_backend(group) == "gloo" else torch.device("cuda", torch.cuda.current_device())
+        agreed = torch.tensor([float(mine)], dtype=torch.float64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        return bool(agreed.item())
+    except Exception:  # noqa: BLE001 - the ranks could not agree (a peer gone): this rank's own view
+        return mine
+
+
 def _space_error(step: int, tmp: Path, needed: int, free: int | None, run_dir) -> CheckpointSpaceError:
     """``free`` None: the writes themselves failed (ENOSPC, EDQUOT), the free space is what the
     ranks' partial files left, different on each."""
@@ -286,9 +308,9 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
     try:
         dcp.save(state, checkpoint_id=str(tmp))
     except (Exception, dcp.api.CheckpointException) as exc:  # CheckpointException is a BaseException
+        no_space = _ran_out_of_space(exc, tmp, needed)
         _abandon(tmp)
-        no_space = _no_space(exc)
-        if no_space is not None:
+        if no_space:
             raise _space_error(step, tmp, needed, None, run_dir) from None
         raise
     faults.in_save(dist.get_rank(), step)  # test hook: a rank dies with the checkpoint half written
@@ -347,8 +369,9 @@ class AsyncSaver:
             try:
                 written.result()
             except (Exception, dcp.api.CheckpointException) as exc:
+                no_space = _ran_out_of_space(exc, tmp, needed, group=self.group)
                 _abandon(tmp)
-                if _no_space(exc) is not None:
+                if no_space:
                     raise _space_error(step, tmp, needed, None, self.run_dir) from None
                 raise CheckpointError(f"the checkpoint of step {step} could not be written to {tmp}: "
                                       f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
