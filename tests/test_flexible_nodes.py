@@ -27,6 +27,7 @@ import pytest
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from dist_helpers import wait_until
+from test_slurm import job_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,11 +159,6 @@ def _sample_ids(samples: Path) -> tuple[dict[int, list[int]], dict[int, set[int]
     return per_step, worlds
 
 
-def _job_fields(job_id: str) -> dict[str, str]:
-    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
-    return dict(item.split("=", 1) for item in shown.split() if "=" in item)
-
-
 def _layout(run: Path) -> dict:
     return json.loads((run / "layout.json").read_text())
 
@@ -224,9 +220,9 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
             assert killed.returncode == 0, killed.stderr
             died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
             last_before = max(_steps(run))
-            wait_until("the requeued job running again", lambda: _job_fields(job_id).get("Restarts") == "1" and
-                       _job_fields(job_id).get("JobState") == "RUNNING", 180)  # fmt: skip
-            assert _job_fields(job_id)["NodeList"] == survivor  # the one free node, not the two it had
+            wait_until("the requeued job running again", lambda: job_fields(job_id).get("Restarts") == "1" and
+                       job_fields(job_id).get("JobState") == "RUNNING", 180)  # fmt: skip
+            assert job_fields(job_id)["NodeList"] == survivor  # the one free node, not the two it had
             # the dead node comes back while the job starts on the one left: the next requeue may grow it
             revived = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
             assert revived.returncode == 0, revived.stderr

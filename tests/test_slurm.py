@@ -28,6 +28,12 @@ def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess
                           env={**os.environ, **(env or {})})  # fmt: skip
 
 
+def job_fields(job_id: str) -> dict[str, str]:
+    """The job's ``KEY=VALUE`` fields from ``scontrol -o show job`` (empty once SLURM forgot it)."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
+    return dict(item.split("=", 1) for item in shown.split() if "=" in item)
+
+
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -42,8 +48,7 @@ def sbatch_wait(args: list[str], *, timeout_s: float = 240) -> subprocess.Comple
     job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + timeout_s
     while True:
-        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
-        fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+        fields = job_fields(job_id)
         if fields.get("JobState") in FINAL_STATES:  # COMPLETING (the output not yet closed) is not final
             code = int(fields.get("ExitCode", "1:0").split(":")[0]) or (0 if fields["JobState"] == "COMPLETED" else 1)
             return subprocess.CompletedProcess(submitted.args, code, f"job {job_id} {fields['JobState']}\n", "")

@@ -177,6 +177,11 @@ def _prepare(root: Path, group=None) -> None:
     dist.barrier(group=group)
 
 
+def _collective_device(group=None):
+    """Where a small tensor for a collective over ``group`` lives: the CPU on gloo, else this rank's GPU."""
+    return "cpu" if dist.get_backend(group) == "gloo" else torch.device("cuda", torch.cuda.current_device())
+
+
 def _space_needed(state: dict, run_dir, root: Path) -> tuple[int, int]:
     """Collective: (bytes the checkpoint will take, bytes free where it goes). The size of the
     previous checkpoint of the run when there is one (same model, same state), else the ranks'
@@ -187,7 +192,7 @@ def _space_needed(state: dict, run_dir, root: Path) -> tuple[int, int]:
         free = shutil.disk_usage(root).free
         found = complete_checkpoints(run_dir)
         previous = (read_manifest(found[-1][1]) or {}).get("total_bytes", 0) if found else 0
-    device = "cpu" if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    device = _collective_device()
     size, items = _local_bytes(state)
     totals = torch.tensor([size + _BYTES_PER_ITEM * items, free, previous], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
@@ -225,8 +230,7 @@ def _ran_out_of_space(exc: BaseException, tmp: Path, needed: int, group=None) ->
         except OSError:
             pass
     try:
-        device = "cpu" if dist.get_backend(group) == "gloo" else torch.device("cuda", torch.cuda.current_device())
-        agreed = torch.tensor([float(mine)], dtype=torch.float64, device=device)
+        agreed = torch.tensor([float(mine)], dtype=torch.float64, device=_collective_device(group))
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         return bool(agreed.item())
     except Exception:  # noqa: BLE001 - the ranks could not agree (a peer gone): this rank's own view
