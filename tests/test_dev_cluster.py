@@ -70,8 +70,15 @@ def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
     wait_until("the killed daemons gone", lambda: not any(_alive(pid) for pid in daemons + stepds), 20)
     assert all(_alive(pid) for pid in task_pids), "the job's task died with its daemons: nothing left to test"
 
-    up = subprocess.run([str(DEV_CLUSTER), "up"], capture_output=True, text=True, timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
+    # A local emulator task of the other test worker: same SLURM_CONF, a job id, another cluster.
+    bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_JOB_ID": "1", "SLURM_CLUSTER_NAME": "local-emulator"})
+    try:
+        up = subprocess.run([str(DEV_CLUSTER), "up"], capture_output=True, text=True, timeout=240)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert bystander.poll() is None, "the restart killed a process that was not a task of its jobs"
+    finally:
+        bystander.kill()
+        bystander.wait()
 
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip() == ""
     assert job_fields(str(job_id)) == {}
