@@ -50,6 +50,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _shape_options(state_dir: str) -> list[str]:
+    """The options of ``up`` that started the cluster again, from the shape it recorded
+    (``nodes=3 cpus=8 ... kill_wait=5``), so the test restarts the cluster it was given."""
+    pairs = (item.split("=", 1) for item in (Path(state_dir) / "shape").read_text().split())
+    return [arg for key, value in pairs for arg in ("--" + key.replace("_", "-"), value)]
+
+
 def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("restarting the dev cluster needs root")
@@ -73,7 +80,7 @@ def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
     # A local emulator task of the other test worker: same SLURM_CONF, a job id, another cluster.
     bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_JOB_ID": "1", "SLURM_CLUSTER_NAME": "local-emulator"})
     try:
-        up = subprocess.run([str(DEV_CLUSTER), "up"], capture_output=True, text=True, timeout=240)
+        up = subprocess.run([str(DEV_CLUSTER), "up", *_shape_options(state_dir)], capture_output=True, text=True, timeout=240)
         assert up.returncode == 0, up.stdout + up.stderr
         assert bystander.poll() is None, "the restart killed a process that was not a task of its jobs"
     finally:
