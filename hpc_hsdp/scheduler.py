@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.preflight import check_job_inputs
 from hpc_hsdp.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 
 CLUSTERS = ("auto", "slurm", "local")
@@ -446,7 +447,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
             f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
             f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
         )
-    _check_entry_importable(spec.run.entry)
+    check_job_inputs(spec, own_function=fn is not None)
     check_run_dir(spec, own_function=fn is not None)
     target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":
@@ -467,22 +468,6 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
                        submitted_at=time.time())  # fmt: skip
     record.save()
     return JobHandle(record), job, reason
-
-
-def _check_entry_importable(entry: str | None) -> None:
-    """The tasks import ``--entry`` with the same environment; catch a typo before submitting."""
-    if entry is None:
-        return
-    import importlib.util
-
-    module = entry.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise SpecError(f"--entry {entry!r}: module {module!r} cannot be imported here; install it in the job's "
-                        f"environment or fix the name (module:function)")  # fmt: skip
 
 
 def _check_partition(spec) -> None:

@@ -30,7 +30,8 @@ MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) 
 
 def check_model(model: str) -> str:
     """``--model``: ``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``; returns it unchanged.
-    Only the form is checked here (no file is read: render and submit run elsewhere)."""
+    Only the form is checked here (no file is read: a script may be rendered where the
+    model's files are not); ``submit`` looks for them (:mod:`hpc_hsdp.preflight`)."""
     check_text("--model", model)
     if model == "builtin":
         return model

@@ -25,6 +25,10 @@ def submit(cluster, wait, dry_run, **options) -> None:
     command each task runs is submitit's. Follow a job later with `hpc-hsdp status`,
     `hpc-hsdp logs`, `hpc-hsdp cancel`, giving its run directory or job id.
 
+    Before anything is submitted, the files and modules the tasks will open are checked
+    here (--data holds one global batch, --val-data exists, --model and --entry can be
+    found): a job that would fail on them waits in no queue.
+
     \b
     hpc-hsdp submit --nodes 2 --shard 4 --wait
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import write_atomically
 
@@ -324,20 +325,32 @@ def _open_manifest(given: str, root: Path, manifest: Path, split: str) -> TokenD
     return TokenDataset(path=given, split=split, files=files, tokenizer=tokenizer, tokenizer_base=root)
 
 
-def check_for_training(ds: TokenDataset, *, model_vocab_size: int, seq_len: int, global_batch: int) -> None:
+def check_for_training(ds: TokenDataset, *, model_vocab_size: int | None, seq_len: int, global_batch: int) -> None:
     """Before step 1: every token id fits the model's embedding, and one global batch of
-    samples (``seq_len + 1`` tokens each, overlapping by one) exists. Raises :class:`DataError`."""
+    samples (``seq_len + 1`` tokens each, overlapping by one) exists. Raises :class:`DataError`.
+    ``model_vocab_size`` None: not known yet (before submitting); only the size is checked."""
     what = f"token data {ds.path}" + (f" ({ds.split} split)" if ds.split != "train" else "")
-    if ds.max_token_id >= model_vocab_size:
+    if model_vocab_size is not None and ds.max_token_id >= model_vocab_size:
         raise DataError(f"{what} holds token id {ds.max_token_id} but the model's vocabulary has {model_vocab_size} "
                         f"ids (0..{model_vocab_size - 1}); use a model with at least {ds.max_token_id + 1} ids, or "
                         f"prepare the data with the model's tokenizer")  # fmt: skip
-    samples = max(0, (ds.num_tokens - 1) // seq_len)
+    samples = num_samples(ds.num_tokens, seq_len)
     if samples < global_batch:
         need = global_batch * seq_len + 1
         raise DataError(f"{what} has {ds.num_tokens} tokens: {samples} samples of --seq-len {seq_len}, fewer than one "
                         f"global batch of {global_batch} (needs {need} tokens); use more data, a smaller --seq-len, "
                         f"or a smaller batch")  # fmt: skip
+
+
+def check_for_eval(ds: TokenDataset, *, model_vocab_size: int | None, seq_len: int) -> None:
+    """Before step 1: the held-out data's token ids fit the model's embedding and it holds
+    at least one sample. Raises :class:`DataError`; ``model_vocab_size`` as above."""
+    if model_vocab_size is not None and ds.max_token_id is not None and ds.max_token_id >= model_vocab_size:
+        raise DataError(f"the held-out data has token id {ds.max_token_id}, not below the model's vocabulary "
+                        f"of {model_vocab_size}; prepare it with the training data's tokenizer")  # fmt: skip
+    if num_samples(ds.num_tokens, seq_len) < 1:
+        raise DataError(f"the held-out data ({ds.num_tokens} tokens) holds no sample of --seq-len "
+                        f"{seq_len} + 1 tokens")  # fmt: skip
 
 
 def open_eval_dataset(data: str | os.PathLike, val_data: str | os.PathLike | None = None) -> TokenDataset:

@@ -34,6 +34,8 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.models.base import check_data_vocabulary
 
 PREFIX = "hf:"
+DATA_VOCABULARY_FIX = (": token ids would fall outside the embedding; tokenize the data with the model's tokenizer "
+                       "(hpc-hsdp prepare-data --tokenizer ...)")  # fmt: skip
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
@@ -111,8 +113,7 @@ class HFAdapter:
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
         check_data_vocabulary(self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size,
-                              fix=": token ids would fall outside the embedding; tokenize the data with the model's "
-                                  "tokenizer (hpc-hsdp prepare-data --tokenizer ...)")  # fmt: skip
+                              fix=DATA_VOCABULARY_FIX)  # fmt: skip
 
     # ------------------------------------------------------------------ build and shard
 

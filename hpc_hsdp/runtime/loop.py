@@ -87,8 +87,7 @@ class TrainData:
 def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     """The run's data: ``--data`` (and ``--val-data``) memory-mapped, or synthetic tokens.
     Reads only the sidecars; raises DataError/SpecError (one line, exit 2) on bad input."""
-    rank_batch = training.rank_batch_size(world_size)
-    layout = BatchLayout(global_batch=rank_batch * world_size * training.grad_accum, world_size=world_size,
+    layout = BatchLayout(global_batch=training.global_batch(world_size), world_size=world_size,
                          grad_accum=training.grad_accum)  # fmt: skip
     if training.data is None:
         train = SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size)
@@ -115,18 +114,13 @@ def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec
     holds at least one global batch (DataError, exit 2)."""
     if not data.datasets:
         return
-    from hpc_hsdp.data.tokens import DataError, check_for_training
+    from hpc_hsdp.data.tokens import check_for_eval, check_for_training
 
     train_ds, *rest = data.datasets
     check_for_training(train_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len,
                        global_batch=data.layout.global_batch)  # fmt: skip
     for val_ds in rest:
-        if val_ds.max_token_id is not None and val_ds.max_token_id >= model_vocab_size:
-            raise DataError(f"the held-out data has token id {val_ds.max_token_id}, not below the model's vocabulary "
-                            f"of {model_vocab_size}; prepare it with the training data's tokenizer")  # fmt: skip
-        if data.val.num_samples < 1:
-            raise DataError(f"the held-out data ({val_ds.num_tokens} tokens) holds no sample of --seq-len "
-                            f"{training.seq_len} + 1 tokens")  # fmt: skip
+        check_for_eval(val_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len)
 
 
 def make_loader(ctx: RunContext, data: TrainData, *, first_step: int, last_step: int) -> BatchLoader:

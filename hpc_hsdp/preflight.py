@@ -1,0 +1,80 @@
+"""Before a job waits in the queue: the files and modules its tasks will open, checked on the
+machine that submits it (a login node sees the cluster's file systems, and submit already runs
+the job's own interpreter). The tasks check the same again before step 1; here a typo in a
+path costs a second instead of the queue wait. No torch and no transformers are imported.
+
+``render`` checks none of this: a script may be rendered on a machine that sees none of the
+job's files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from hpc_hsdp.errors import SpecError
+
+AFTER = ("; nothing submitted (submit looks for the job's files on this machine; for files that only the compute "
+         "nodes see, render the script and sbatch it)")  # fmt: skip
+
+
+def check_job_inputs(spec, *, own_function: bool = False) -> None:
+    """The model, ``--data`` and ``--val-data`` of the built-in loop, or ``--entry``; a
+    :class:`SpecError` (exit 2) names the first that the tasks could not use. With an
+    ``--entry`` or a Python function of the user's, that function decides what it opens."""
+    if spec.run.entry is not None:
+        check_importable("--entry", spec.run.entry, fix="install it in the job's environment or fix the name (module:function)")
+    if spec.run.entry is not None or own_function:
+        return
+    training = spec.run.training
+    try:
+        model_vocab_size = _model_vocab_size(training.model)
+        if training.data is not None:
+            _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
+    except SpecError as exc:
+        raise SpecError(f"{exc}{AFTER}") from None
+
+
+def check_importable(option: str, value: str, *, fix: str) -> None:
+    """``MODULE:FUNCTION``'s module can be found by this interpreter (found, not imported)."""
+    module = value.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SpecError(f"{option} {value!r}: module {module!r} cannot be imported here; {fix}")
+
+
+def _model_vocab_size(model: str) -> int | None:
+    """The embedding's rows where config.json says them (``hf:PATH``); None where only the
+    built model knows (the built-in model takes the data's vocabulary; a factory's module)."""
+    if model.startswith("hf:"):
+        from hpc_hsdp.models.hf import locate
+
+        config_path, _ = locate(model)
+        try:
+            vocab_size = json.loads(config_path.read_text(encoding="utf-8")).get("vocab_size")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+        return vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
+    if model != "builtin":
+        check_importable("--model", model, fix="install it in the job's environment or fix the name (module:function)")
+    return None
+
+
+def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> None:
+    from hpc_hsdp.data.tokens import check_for_eval, check_for_training, open_dataset, open_eval_dataset
+    from hpc_hsdp.models.base import check_data_vocabulary
+    from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX
+
+    train = open_dataset(training.data, split="train")
+    if training.model == "builtin":
+        model_vocab_size = train.vocab_size or training.vocab_size  # what the built-in model is built with
+    elif model_vocab_size is not None:
+        check_data_vocabulary(training.model, model_vocab_size=model_vocab_size, data_vocab_size=train.vocab_size,
+                              fix=DATA_VOCABULARY_FIX)  # fmt: skip
+    check_for_training(train, model_vocab_size=model_vocab_size, seq_len=training.seq_len,
+                       global_batch=training.global_batch(world_size))  # fmt: skip
+    if training.eval_every:
+        check_for_eval(open_eval_dataset(training.data, training.val_data), model_vocab_size=model_vocab_size,
+                       seq_len=training.seq_len)  # fmt: skip

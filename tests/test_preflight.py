@@ -1,0 +1,107 @@
+"""Before submitting: the files and modules the tasks will open (hpc_hsdp.preflight), and
+``submit`` refusing a job that would fail on them before it waits in the queue."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.examples import spec_from_argv
+from hpc_hsdp.preflight import check_job_inputs
+from hf_helpers import TINY_LLAMA, write_config
+from test_data_tokens import documents, make_dataset
+
+from hpc_hsdp.data.tokens import write_token_file
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A dataset directory of vocabulary 100 (train and val splits), 2,500-odd tokens of train."""
+    root = tmp_path_factory.mktemp("preflight") / "data"
+    return make_dataset(root, shards={"train": [documents(1, 120)], "val": [documents(2, 20)]})
+
+
+def _files(tmp_path: Path, data: Path) -> dict[str, str]:
+    one_file = tmp_path / "one.bin"
+    write_token_file(one_file, np.arange(500) % 90, vocab_size=100)
+    write_token_file(tmp_path / "tiny.bin", np.arange(10), vocab_size=100)
+    return {
+        "DATA": str(data),
+        "MISSING": str(tmp_path / "nowhere"),
+        "ONE_FILE": str(one_file),
+        "TINY": str(tmp_path / "tiny.bin"),
+        "SMALL_VOCAB_MODEL": "hf:" + str(write_config(tmp_path / "small", {**TINY_LLAMA, "vocab_size": 64})),
+        "MODEL": "hf:" + str(write_config(tmp_path / "llama", {**TINY_LLAMA, "vocab_size": 128})),
+        "NO_MODEL": "hf:" + str(tmp_path / "no-model"),
+    }
+
+
+def _spec(argv: list[str], files: dict[str, str]):
+    return spec_from_argv(["--nodes", "2", "--gpus-per-node", "4", "--shard", "4",
+                           *(files.get(arg, arg) for arg in argv)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "MISSING"], "token data {MISSING} does not exist"),
+        (["--data", "DATA", "--seq-len", "64", "--batch-size", "8"],
+         "fewer than one global batch of 64"),  # 8 ranks x 8
+        (["--data", "DATA", "--seq-len", "16", "--global-batch-size", "512"], "fewer than one global batch of 512"),
+        (["--data", "ONE_FILE", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
+         "is one token file with no held-out split"),
+        (["--data", "DATA", "--val-data", "MISSING", "--eval-every", "5"], "token data {MISSING} does not exist"),
+        (["--data", "DATA", "--val-data", "TINY", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
+         "the held-out data (10 tokens) holds no sample of --seq-len 16 + 1 tokens"),
+        (["--data", "DATA", "--model", "SMALL_VOCAB_MODEL"],
+         "has a vocabulary of 64 tokens but the data's tokenizer has 100: token ids would fall outside the embedding"),
+        (["--model", "NO_MODEL"], "does not exist; give a directory written by save_pretrained"),
+        (["--model", "hpc_hsdp_no_such_module:build"], "module 'hpc_hsdp_no_such_module' cannot be imported here"),
+    ],
+)  # fmt: skip
+def test_inputs_the_tasks_could_not_use_are_refused_in_one_line(tmp_path, data, argv, message):
+    files = _files(tmp_path, data)
+    with pytest.raises(SpecError) as info:
+        check_job_inputs(_spec(argv, files))
+    text = str(info.value)
+    assert message.format(**files) in text and "\n" not in text
+    assert text.endswith("render the script and sbatch it)") and "nothing submitted" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--data", "DATA", "--seq-len", "16", "--batch-size", "2", "--eval-every", "5"],
+        ["--data", "ONE_FILE", "--seq-len", "16", "--batch-size", "2"],
+        ["--data", "DATA", "--model", "MODEL", "--seq-len", "16", "--batch-size", "2"],
+        ["--model", "MODEL"],
+        ["--model", "json:loads"],
+        ["--data", "MISSING", "--entry", "json:loads"],  # the function decides what it opens
+    ],
+)  # fmt: skip
+def test_inputs_the_tasks_can_use_pass(tmp_path, data, argv):
+    check_job_inputs(_spec(argv, _files(tmp_path, data)))
+
+
+def test_a_missing_entry_module_is_refused(tmp_path, data):
+    with pytest.raises(SpecError, match="--entry 'hpc_hsdp_no_such_module:main': module 'hpc_hsdp_no_such_module' "
+                                        "cannot be imported here"):  # fmt: skip
+        check_job_inputs(_spec(["--entry", "hpc_hsdp_no_such_module:main"], _files(tmp_path, data)))
+
+
+def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "hpc_hsdp", "submit", "--cluster", "local", "--nodes", "1",
+                           "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--data", str(tmp_path / "nowhere"),
+                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hpc-hsdp: error: token data {tmp_path / 'nowhere'} does not exist")
+    assert "nothing submitted" in lines[0] and done.stdout == ""
+    assert not run_dir.exists()
