@@ -41,7 +41,7 @@ def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
     status = json.loads(hpc("status", str(run), "--json").stdout)
-    assert status["state"] == "COMPLETED" and status["cluster"] == "local"
+    assert status["state"] == "COMPLETED" and status["cluster"] == "local" and status["failure"] is None
     # the script the emulator ran is the one `submit --dry-run` prints
     job_id = status["job_id"]
     dry = hpc("submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--distribution",
@@ -60,6 +60,10 @@ def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert time.monotonic() - start < 90  # srun --kill-on-bad-exit ends the step, not the sleep
     assert "FAILED" in out.stderr and "boom on rank 3" in out.stderr and "task 3" in out.stderr
+    shown = hpc("status", str(run))  # later, from another process: the same cause
+    assert shown.returncode == 0 and "\nfailure: rank 3 (task 3) failed first: " in shown.stdout, shown.stdout
+    assert "RuntimeError: boom on rank 3" in shown.stdout
+    assert "boom on rank 3" in json.loads(hpc("status", str(run), "--json").stdout)["failure"]
 
 
 def test_status_logs_cancel_from_a_new_process(tmp_path):
@@ -79,9 +83,10 @@ def test_status_logs_cancel_from_a_new_process(tmp_path):
     assert by_id.returncode == 0 and "RUNNING" in by_id.stdout
     assert hpc("cancel", str(run)).returncode == 0
     deadline = time.monotonic() + 30
-    while json.loads(hpc("status", str(run), "--json").stdout)["state"] != "CANCELLED":
+    while (status := json.loads(hpc("status", str(run), "--json").stdout))["state"] != "CANCELLED":
         assert time.monotonic() < deadline
         time.sleep(0.5)
+    assert status["failure"] is None  # asked for, not a failure
 
 
 def test_python_api_on_the_emulator(tmp_path):

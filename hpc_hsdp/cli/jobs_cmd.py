@@ -135,10 +135,18 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         return 0
     click.echo(f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
                err=True)  # fmt: skip
-    summary = handle.failure_summary()
-    if summary:
-        click.echo(summary, err=True)
+    failure = failure_of(handle, status)
+    if failure:
+        click.echo(failure, err=True)
     return 1
+
+
+def failure_of(handle, status) -> str | None:
+    """For a job that failed: which rank failed first and how, with the last lines of its
+    log (None while it runs, once it completed or was cancelled, or when no log says)."""
+    if not status.finished or status.state.split()[0] in ("COMPLETED", "CANCELLED"):
+        return None
+    return handle.failure_summary() or None
 
 
 @click.command(epilog=JOB_HELP)
@@ -156,7 +164,7 @@ def status(job, as_json) -> None:
     data = {"job_id": handle.job_id, "cluster": handle.record.cluster, "state": st.state, "exit_code": st.exit_code,
             "restarts": st.restarts, "reason": st.reason, "run_dir": handle.record.run_dir,
             "last_step": metrics, "total_steps": facts["total_steps"], "progress": progress.to_dict(),
-            "stragglers": facts["stragglers"], "restart_causes": facts["restarts"]}  # fmt: skip
+            "stragglers": facts["stragglers"], "restart_causes": facts["restarts"], "failure": failure_of(handle, st)}  # fmt: skip
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -176,6 +184,8 @@ def status(job, as_json) -> None:
         click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:
         click.echo(f"restarts: {'; '.join(facts['restarts'])}")
+    if data["failure"]:
+        click.echo(f"failure: {data['failure']}")
     click.echo(f"run directory: {handle.record.run_dir}")
 
 
