@@ -9,10 +9,10 @@ job's files."""
 from __future__ import annotations
 
 import importlib.util
-import json
 
 from hpc_hsdp.errors import SpecError
 
+INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
 AFTER = ("; nothing submitted (submit looks for the job's files on this machine; for files that only the compute "
          "nodes see, render the script and sbatch it)")  # fmt: skip
 
@@ -22,7 +22,7 @@ def check_job_inputs(spec, *, own_function: bool = False) -> None:
     :class:`SpecError` (exit 2) names the first that the tasks could not use. With an
     ``--entry`` or a Python function of the user's, that function decides what it opens."""
     if spec.run.entry is not None:
-        check_importable("--entry", spec.run.entry, fix="install it in the job's environment or fix the name (module:function)")
+        check_importable("--entry", spec.run.entry, fix=INSTALL_OR_RENAME)
     if spec.run.entry is not None or own_function:
         return
     training = spec.run.training
@@ -49,16 +49,12 @@ def _model_vocab_size(model: str) -> int | None:
     """The embedding's rows where config.json says them (``hf:PATH``); None where only the
     built model knows (the built-in model takes the data's vocabulary; a factory's module)."""
     if model.startswith("hf:"):
-        from hpc_hsdp.models.hf import locate
+        from hpc_hsdp.models.hf import config_values
 
-        config_path, _ = locate(model)
-        try:
-            vocab_size = json.loads(config_path.read_text(encoding="utf-8")).get("vocab_size")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+        vocab_size = config_values(model).get("vocab_size")
         return vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
     if model != "builtin":
-        check_importable("--model", model, fix="install it in the job's environment or fix the name (module:function)")
+        check_importable("--model", model, fix=INSTALL_OR_RENAME)
     return None
 
 

@@ -38,7 +38,15 @@ def _files(tmp_path: Path, data: Path) -> dict[str, str]:
         "SMALL_VOCAB_MODEL": "hf:" + str(write_config(tmp_path / "small", {**TINY_LLAMA, "vocab_size": 64})),
         "MODEL": "hf:" + str(write_config(tmp_path / "llama", {**TINY_LLAMA, "vocab_size": 128})),
         "NO_MODEL": "hf:" + str(tmp_path / "no-model"),
+        "NOT_JSON_MODEL": "hf:" + str(_write(tmp_path / "broken" / "config.json", "{vocab_size: 96")),
+        "LIST_MODEL": "hf:" + str(_write(tmp_path / "list" / "config.json", "[96]")),
     }
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
 
 
 def _spec(argv: list[str], files: dict[str, str]):
@@ -61,6 +69,8 @@ def _spec(argv: list[str], files: dict[str, str]):
         (["--data", "DATA", "--model", "SMALL_VOCAB_MODEL"],
          "has a vocabulary of 64 tokens but the data's tokenizer has 100: token ids would fall outside the embedding"),
         (["--model", "NO_MODEL"], "does not exist; give a directory written by save_pretrained"),
+        (["--model", "NOT_JSON_MODEL"], "config.json' as JSON (Expecting property name"),
+        (["--model", "LIST_MODEL"], "config.json' is not a JSON object; give a config.json"),
         (["--model", "hpc_hsdp_no_such_module:build"], "module 'hpc_hsdp_no_such_module' cannot be imported here"),
     ],
 )  # fmt: skip

@@ -73,6 +73,20 @@ def locate(model: str) -> tuple[Path, Path | None]:
     return path, None
 
 
+def config_values(model: str) -> dict:
+    """``hf:PATH``'s config.json as plain JSON values (no torch, no transformers)."""
+    import json
+
+    config_path, _ = locate(model)
+    try:
+        values = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise SpecError(f"--model {model!r}: {str(config_path)!r} is not a JSON object; give a config.json")
+    return values
+
+
 def _transformers():
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -258,15 +272,9 @@ def read_shapes(model: str):
     """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
     and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
     families, else by building the model on the meta device (imports torch and transformers)."""
-    import json
-
     from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
 
-    config_path, _ = locate(model)
-    try:
-        values = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+    values = config_values(model)
     shapes = shapes_from_config(values)
     if shapes is not None:
         return shapes, "config.json formula (no torch)"
