@@ -21,3 +21,8 @@ class SlurmEnvError(HsdpError):
 
 class SpecError(HsdpError):
     """A job option, config file or profile holds an invalid value."""
+
+
+class DataError(SpecError):
+    """Token data that cannot be trained on, or not continued from a checkpoint: what is
+    wrong with which file, and the fix."""

@@ -9,6 +9,7 @@ job's files."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 
@@ -28,8 +29,10 @@ def check_job_inputs(spec, *, own_function: bool = False) -> None:
     training = spec.run.training
     try:
         model_vocab_size = _model_vocab_size(training.model)
+        num_samples = None
         if training.data is not None:
-            _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
+            num_samples = _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
+        _check_resume(spec, num_samples)
     except SpecError as exc:
         raise SpecError(f"{exc}{AFTER}") from None
 
@@ -58,7 +61,9 @@ def _model_vocab_size(model: str) -> int | None:
     return None
 
 
-def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> None:
+def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> int:
+    """The checks of the loop's ``check_data``; returns the training split's number of samples."""
+    from hpc_hsdp.data.sampler import num_samples
     from hpc_hsdp.data.tokens import check_for_eval, check_for_training, open_dataset, open_eval_dataset
     from hpc_hsdp.models.base import check_data_vocabulary
     from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX
@@ -74,3 +79,28 @@ def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> N
     if training.eval_every:
         check_for_eval(open_eval_dataset(training.data, training.val_data), model_vocab_size=model_vocab_size,
                        seq_len=training.seq_len)  # fmt: skip
+    return num_samples(train.num_tokens, training.seq_len)
+
+
+def _check_resume(spec, num_samples: int | None) -> None:
+    """Into a run directory with a checkpoint the job resumes: the checkpoint's data position
+    must continue with this job's global batch, seed and data, as the tasks check on resuming.
+    ``num_samples``: the training data's (None: synthetic tokens)."""
+    from hpc_hsdp.run_state import check_data_position, run_dir_state, saved_train_state
+
+    state = run_dir_state(spec.run.run_dir)
+    if state.checkpoint is None:
+        return
+    try:
+        saved = saved_train_state(state.checkpoint).get("data")
+    except (OSError, ValueError, AttributeError):
+        return  # the tasks say what is wrong with it
+    if not isinstance(saved, dict) or not {"global_batch", "seed", "num_samples"} <= saved.keys():
+        return  # no data position saved (a function of the user's wrote it): nothing to continue
+    if num_samples is None:
+        from hpc_hsdp.data.synthetic import NUM_SAMPLES
+
+        num_samples = NUM_SAMPLES
+    training = spec.run.training
+    check_data_position(saved, global_batch=training.global_batch(spec.world_size), num_samples=num_samples,
+                        seed=training.seed, where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})")  # fmt: skip

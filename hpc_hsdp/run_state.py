@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import DataError, SpecError
 
 COMPLETE = "COMPLETE"
 TRAIN_STATE = "train_state.json"
@@ -103,8 +103,13 @@ def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str 
     return None
 
 
+def saved_train_state(path: str | Path) -> dict:
+    """A checkpoint directory's ``train_state.json`` (OSError, ValueError when unreadable)."""
+    return json.loads((Path(path) / TRAIN_STATE).read_text(encoding="utf-8"))
+
+
 def saved_step(path: str | Path) -> int:
-    return int(json.loads((Path(path) / TRAIN_STATE).read_text(encoding="utf-8"))["step"])
+    return int(saved_train_state(path)["step"])
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,25 @@ def resubmission_note(run_dir: str | Path, *, steps: int) -> str | None:
         )
     return (f"run directory {run_dir} has a checkpoint at step {state.resume_step}: the job resumes from step "
             f"{state.resume_step} and trains to step {steps}{damaged}")  # fmt: skip
+
+
+def check_data_position(saved: dict | None, *, global_batch: int, num_samples: int, seed: int, where: str) -> None:
+    """A checkpoint's data position (``train_state.json``'s ``data``) must continue this run's
+    sample stream exactly: the same global batch, seed and number of samples (DataError)."""
+    if not saved:
+        return
+    if saved["global_batch"] != global_batch:
+        raise DataError(
+            f"{where} was trained with a global batch of {saved['global_batch']} samples, this run has "
+            f"{global_batch}; resuming would repeat or skip samples: resume with --global-batch-size "
+            f"{saved['global_batch']} (any number of nodes), or start a new --run-dir"
+        )
+    if saved["seed"] != seed:
+        raise DataError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
+                        f"follows the seed: resume with --seed {saved['seed']}")  # fmt: skip
+    if saved["num_samples"] != num_samples:
+        raise DataError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
+                        f"has {num_samples}; resume on the same data and --seq-len")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- restarts and their causes

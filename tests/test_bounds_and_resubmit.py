@@ -249,6 +249,13 @@ def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_p
         f"submitted; extend the run with --steps N (N > 3) or choose a new --run-dir"]  # fmt: skip
     assert (run / "job.json").read_text() == job_json  # nothing submitted
 
+    reseeded = hpc(*job, "--steps", "5", "--seed", "7", "--wait")  # the tasks would refuse to continue: so does submit
+    assert reseeded.returncode == 2 and reseeded.stdout == "", reseeded.stdout + reseeded.stderr
+    assert reseeded.stderr.splitlines()[-1].startswith(
+        "hpc-hsdp: error: checkpoint step-000003 (step 3) was trained with --seed 0, this run has --seed 7; the data "
+        "order follows the seed: resume with --seed 0; nothing submitted")  # fmt: skip
+    assert (run / "job.json").read_text() == job_json
+
     longer = hpc(*job, "--steps", "5", "--wait")
     assert longer.returncode == 0, longer.stdout + longer.stderr
     said = longer.stderr.splitlines()

@@ -66,6 +66,23 @@ def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
     assert "boom on rank 3" in json.loads(hpc("status", str(run), "--json").stdout)["failure"]
 
 
+def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path):
+    """What only the tasks can find wrong (here raised by an --entry function) ends each task
+    as `hpc-hsdp run` does on srun: the message on one line, exit 2, no traceback."""
+    (tmp_path / "refusing_entry.py").write_text(
+        "from hpc_hsdp.errors import SpecError\n"
+        "def main(ctx):\n    raise SpecError(f'rank {ctx.rank} refuses; give it another value')\n")  # fmt: skip
+    run = tmp_path / "run"
+    out = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--wait",
+              "--entry", "refusing_entry:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "failed first: exited with code 2" in out.stderr, out.stderr
+    logs = {p.name: p.read_text() for p in (run / "logs").glob("*_log.err")}
+    refused = [name for name, text in logs.items() if "hpc-hsdp: error: rank " in text]
+    assert refused and all("refuses; give it another value" in logs[name] for name in refused)
+    assert not any("Traceback" in text for text in logs.values()), logs
+
+
 def test_status_logs_cancel_from_a_new_process(tmp_path):
     run = tmp_path / "run"
     sub = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2",

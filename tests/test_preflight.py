@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,10 @@ from hpc_hsdp.preflight import check_job_inputs
 from hf_helpers import TINY_LLAMA, write_config
 from test_data_tokens import documents, make_dataset
 
-from hpc_hsdp.data.tokens import write_token_file
+from hpc_hsdp.data.sampler import num_samples
+from hpc_hsdp.data.synthetic import NUM_SAMPLES
+from hpc_hsdp.data.tokens import open_dataset, write_token_file
+from hpc_hsdp.run_state import COMPLETE, TRAIN_STATE, checkpoint_root
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +107,49 @@ def test_a_missing_entry_module_is_refused(tmp_path, data):
     with pytest.raises(SpecError, match="--entry 'hpc_hsdp_no_such_module:main': module 'hpc_hsdp_no_such_module' "
                                         "cannot be imported here"):  # fmt: skip
         check_job_inputs(_spec(["--entry", "hpc_hsdp_no_such_module:main"], _files(tmp_path, data)))
+
+
+def _checkpoint(run_dir: Path, *, step: int, data: dict | None) -> None:
+    """A complete checkpoint as the loop leaves it, as far as submit reads it (no tensors)."""
+    path = checkpoint_root(run_dir) / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    (path / TRAIN_STATE).write_text(json.dumps({"step": step, "seed": 0, "data": data}))
+    (path / COMPLETE).write_text("")
+
+
+RESUME = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--steps", "10", "--seq-len", "16", "--batch-size", "2"]
+
+
+@pytest.mark.parametrize(
+    ("saved", "argv", "message"),
+    [
+        ({"global_batch": 8, "seed": 0, "num_samples": "DATA"}, [],
+         "checkpoint step-000004 (step 4) was trained with a global batch of 8 samples, this run has 4; resuming would "
+         "repeat or skip samples: resume with --global-batch-size 8"),
+        ({"global_batch": 4, "seed": 0, "num_samples": "DATA"}, ["--seed", "7"],
+         "was trained with --seed 0, this run has --seed 7; the data order follows the seed: resume with --seed 0"),
+        ({"global_batch": 4, "seed": 0, "num_samples": 12345, "source": "other"}, [],
+         "was trained on 12345 samples (other), this run's data has {samples}; resume on the same data and --seq-len"),
+        ({"global_batch": 4, "seed": 0, "num_samples": "DATA"}, ["--seq-len", "8"], "this run's data has"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_the_job_could_not_continue_is_refused(tmp_path, data, saved, argv, message):
+    samples = num_samples(open_dataset(data).num_tokens, 16)
+    _checkpoint(tmp_path / "run", step=4, data={k: samples if v == "DATA" else v for k, v in saved.items()})
+    spec = spec_from_argv([*RESUME, "--data", str(data), "--run-dir", str(tmp_path / "run"), *argv])
+    with pytest.raises(SpecError) as info:
+        check_job_inputs(spec)
+    assert message.format(samples=samples) in str(info.value) and "nothing submitted" in str(info.value)
+
+
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_a_checkpoint_the_job_continues_passes(tmp_path, data, synthetic):
+    samples = NUM_SAMPLES if synthetic else num_samples(open_dataset(data).num_tokens, 16)
+    _checkpoint(tmp_path / "run", step=4, data={"global_batch": 4, "seed": 0, "num_samples": samples, "source": "x"})
+    check_job_inputs(spec_from_argv([*RESUME, *([] if synthetic else ["--data", str(data)]), "--run-dir",
+                                     str(tmp_path / "run")]))  # fmt: skip
+    _checkpoint(tmp_path / "own", step=4, data=None)  # written by a function of the user's: no data position
+    check_job_inputs(spec_from_argv([*RESUME, "--run-dir", str(tmp_path / "own")]))
 
 
 def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path):

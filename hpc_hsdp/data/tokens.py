@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hpc_hsdp.data.sampler import num_samples
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import DataError
 from hpc_hsdp.files import write_atomically
 
 TOKEN_FORMAT = "hpc-hsdp-tokens"
@@ -49,10 +49,6 @@ INDEX_DTYPE = np.dtype("<u8")
 UINT16_VOCAB_LIMIT = 1 << 16
 _REQUIRED_SIDECAR_KEYS = ("dtype", "vocab_size", "num_tokens", "num_documents", "max_token_id")
 _PREPARE_HINT = "prepare the data again with `hpc-hsdp prepare-data`"
-
-
-class DataError(SpecError):
-    """Token data that cannot be trained on: what is wrong with which file, and the fix."""
 
 
 def token_dtype_for(vocab_size: int) -> str:

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 from hpc_hsdp.spec import RunSpec
 
@@ -115,9 +115,19 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     """What every task of a job runs (``hpc-hsdp run``; submitit's wrapper under ``submit``):
     :func:`run_task`, then, when the ranks stopped on a signal, exit without a result
     (SystemExit: submitit writes no result file, the job is not done) with status 0
-    (requeued, or SLURM is ending the job) or 75 (stopped, not requeued: resubmit to resume)."""
+    (requeued, or SLURM is ending the job) or 75 (stopped, not requeued: resubmit to resume).
+    Without ``fn``, an :class:`~hpc_hsdp.errors.HsdpError` is its message on stderr and status 2."""
     preemption = Preemption(os.environ)
-    result = run_task(spec, fn=fn, preemption=preemption)
+    try:
+        result = run_task(spec, fn=fn, preemption=preemption)
+    except HsdpError as exc:
+        if fn is not None:
+            raise  # the caller's function: its exception is its result (submitit pickles it)
+        # what the job was given cannot work (data that does not match the checkpoint, a mesh
+        # that does not fit the allocation): its message and exit 2, as on the command line
+        # (a group mismatch's table keeps its lines)
+        print(f"hpc-hsdp: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     # the work is done: a warning now (SLURM's time-limit check) must not kill the task on its way out (FAILED)
     signal.signal(preemption.warning_signal, signal.SIG_IGN)
     code = preemption.exit_code()

@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
 from hpc_hsdp.data.synthetic import SyntheticSamples
+from hpc_hsdp.run_state import check_data_position
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
@@ -133,27 +134,6 @@ def data_state(data: TrainData, step: int, seed: int) -> dict:
     """The data position after ``step`` steps, as stored in every checkpoint."""
     return {"samples_consumed": data.layout.samples_consumed(step), "global_batch": data.layout.global_batch,
             "seed": seed, "num_samples": data.train.num_samples, "source": data.description}  # fmt: skip
-
-
-def check_data_position(saved: dict | None, data: TrainData, *, step: int, seed: int, path: Path) -> None:
-    """A checkpoint's data position must continue this run's sample stream exactly."""
-    if not saved:
-        return
-    from hpc_hsdp.data.tokens import DataError
-
-    where = f"checkpoint {path.name} (step {step})"
-    if saved["global_batch"] != data.layout.global_batch:
-        raise DataError(
-            f"{where} was trained with a global batch of {saved['global_batch']} samples, this run has "
-            f"{data.layout.global_batch}; resuming would repeat or skip samples: resume with --global-batch-size "
-            f"{saved['global_batch']} (any number of nodes), or start a new --run-dir"
-        )
-    if saved["seed"] != seed:
-        raise DataError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
-                        f"follows the seed: resume with --seed {saved['seed']}")  # fmt: skip
-    if saved["num_samples"] != data.train.num_samples:
-        raise DataError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
-                        f"has {data.train.num_samples}; resume on the same data and --seq-len")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- model
@@ -372,7 +352,8 @@ def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, 
     import json
 
     saved = json.loads((path / checkpoint.TRAIN_STATE).read_text(encoding="utf-8"))
-    check_data_position(saved.get("data"), data, step=step, seed=training.seed, path=path)
+    check_data_position(saved.get("data"), global_batch=data.layout.global_batch, num_samples=data.train.num_samples,
+                        seed=training.seed, where=f"checkpoint {path.name} (step {step})")  # fmt: skip
     state = checkpoint.load(path, model, optimizer)
     if ctx.is_rank0 and verbose:
         restart = getattr(ctx.preemption, "restart_count", None)
