@@ -27,7 +27,8 @@ def submit(cluster, wait, dry_run, **options) -> None:
 
     Before anything is submitted, the files and modules the tasks will open are checked
     here (--data holds one global batch, --val-data exists, --model and --entry can be
-    found): a job that would fail on them waits in no queue.
+    found, the run directory's checkpoint continues with this --seed, global batch and
+    data): a job that would fail on them waits in no queue.
 
     \b
     hpc-hsdp submit --nodes 2 --shard 4 --wait
