@@ -367,27 +367,38 @@ def _srun(argv: Sequence[str]) -> int:
         signal.signal(sig, forward)
     kill_on_bad_exit = args.kill_on_bad_exit not in ("0", None)
     first_failure: int | None = None
+    reported: set[int] = set()
     kill_at = None
-    while any(p.poll() is None for p in procs):
+
+    def report_failures() -> None:
+        # like srun, one line per failed task, in the order seen (tasks ending within one
+        # poll: by task id); the first one is the job's cause
+        nonlocal first_failure, kill_at
         for procid, p in enumerate(procs):
             code = p.poll()
-            if code not in (None, 0) and first_failure is None:
-                first_failure = code
-                print(f"srun (emulator): task {procid} exited with code {code}"
-                      + ("; terminating the other tasks (--kill-on-bad-exit)" if kill_on_bad_exit else ""),
-                      file=sys.stderr)  # fmt: skip
-                if kill_on_bad_exit:
-                    forward(signal.SIGTERM, None)
-                    kill_at = time.monotonic() + KILL_WAIT_S
+            if code in (None, 0) or procid in reported:
+                continue
+            reported.add(procid)
+            first = first_failure is None
+            first_failure = code if first else first_failure
+            print(f"srun (emulator): task {procid} exited with code {code}"
+                  + ("; terminating the other tasks (--kill-on-bad-exit)" if first and kill_on_bad_exit else ""),
+                  file=sys.stderr)  # fmt: skip
+            if first and kill_on_bad_exit and any(q.poll() is None for q in procs):
+                forward(signal.SIGTERM, None)
+                kill_at = time.monotonic() + KILL_WAIT_S
+
+    while any(p.poll() is None for p in procs):
+        report_failures()
         if kill_at is not None and time.monotonic() > kill_at:
             forward(signal.SIGKILL, None)
         time.sleep(0.1)
+    report_failures()  # tasks that ended since the last look
     for f in files:
         f.close()
-    codes = [p.returncode for p in procs]
     if first_failure is None:
-        first_failure = next((c for c in codes if c != 0), 0)
-    return 0 if first_failure == 0 else (first_failure if first_failure > 0 else 128 - first_failure)
+        return 0
+    return first_failure if first_failure > 0 else 128 - first_failure
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -83,6 +83,34 @@ def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path):
     assert not any("Traceback" in text for text in logs.values()), logs
 
 
+TEARDOWN_PROBE = """\
+import atexit, os
+from pathlib import Path
+
+class _Teardown:
+    def __init__(self, path):
+        self.path = path
+    def __del__(self):  # runs only while the interpreter tears the modules down
+        Path(self.path).write_text("torn down")
+
+def main(ctx):
+    out = Path(ctx.run_dir) / f"rank{ctx.rank}"
+    atexit.register(lambda: Path(f"{out}.atexit").write_text("ran"))
+    globals()["_probe"] = _Teardown(f"{out}.teardown")
+"""
+
+
+def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path):
+    """Submitted tasks end through hpc_hsdp.runtime.entry.end_task: exit handlers run, the
+    interpreter's teardown (where gloo's worker threads can abort the process) does not."""
+    (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
+    run = tmp_path / "run"
+    out = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--wait",
+              "--entry", "teardown_probe:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(p.name for p in run.glob("rank*")) == ["rank0.atexit", "rank1.atexit"]
+
+
 def test_status_logs_cancel_from_a_new_process(tmp_path):
     run = tmp_path / "run"
     sub = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2",

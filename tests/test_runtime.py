@@ -442,14 +442,27 @@ def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
         assert "Traceback" not in err
 
 
-REFUSED_BEFORE_TORCH = """
-import sys
-from hpc_hsdp.cli import main
-try:
-    main(["run", "--shard", "8", "--device", "cpu", "--run-dir", sys.argv[1]])
-except SystemExit as exc:
-    print("exit", exc.code, "torch" in sys.modules)
-"""
+def test_cli_run_ends_without_the_interpreters_teardown(tmp_path):
+    """`hpc-hsdp run` (srun's and torchrun's task command) ends through end_task: the exit
+    handlers run, the teardown where gloo's worker threads can abort a finished task does not."""
+    from test_local import TEARDOWN_PROBE
+
+    (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(run), "--device", "cpu",
+            "--timeout", "60", "--entry", "teardown_probe:main"]  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    envs = job_envs(tasks_per_node=[2], extra_env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
+    procs = [subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for env in envs]  # fmt: skip
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert sorted(p.name for p in run.glob("rank*")) == ["rank0.atexit", "rank1.atexit"]
 
 
 def test_a_shard_larger_than_a_node_is_refused_on_the_task_before_torch_loads(tmp_path):
@@ -458,10 +471,12 @@ def test_a_shard_larger_than_a_node_is_refused_on_the_task_before_torch_loads(tm
     the dev cluster's test of it 40 s on this machine)."""
     env = task_environments(tasks_per_node=(8, 4), node_names=["n1", "n2"], job_id="78")[11]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    out = subprocess.run([sys.executable, "-c", REFUSED_BEFORE_TORCH, str(tmp_path)], env={**base, **env}, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
-    assert out.stdout.split() == ["exit", "2", "False"], out.stdout + out.stderr
-    [line] = out.stderr.strip().splitlines()
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpc_hsdp", "run", "--shard", "8", "--device", "cpu",
+                          "--run-dir", str(tmp_path)], env={**base, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert "hpc_hsdp.cli" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
+    [line] = [line for line in out.stderr.strip().splitlines() if not line.startswith("import time:")]
     assert line.startswith("hpc-hsdp: error: ") and "shard size 8 is larger than the smallest node (4 tasks)" in line
 
 

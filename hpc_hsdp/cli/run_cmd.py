@@ -32,11 +32,10 @@ def run(shard_size, run_dir, device, entry, timeout_s, comm_stats, **kwargs) -> 
     training = training_from_kwargs(kwargs)
     spec = RunSpec(shard_size=shard_size, run_dir=run_dir, device=device, entry=entry, training=training,
                    timeout_s=timeout_s, comm_stats=comm_stats)  # fmt: skip
-    from hpc_hsdp.runtime.entry import task_main  # torch loads here, not on `hpc-hsdp --help`
-    from hpc_hsdp.runtime.verify import GroupMismatchError
+    from hpc_hsdp.runtime.entry import end_task, exit_code, task_main  # torch loads here, not on `hpc-hsdp --help`
 
     try:
-        task_main(spec)  # exits 0/75 after a signal stop (see hpc_hsdp.runtime.preemption)
-    except GroupMismatchError as exc:
-        click.echo(f"hpc-hsdp: {exc}", err=True)  # the table, before main's one-line error
-        raise
+        task_main(spec)
+    except SystemExit as stop:  # 0/75 after a signal stop (see hpc_hsdp.runtime.preemption), 2 on an HsdpError
+        end_task(exit_code(stop))
+    end_task(0)

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
@@ -99,6 +100,54 @@ def run_task(
         preemption.uninstall()
 
 
+def end_task(code: int) -> NoReturn:
+    """End a task process whose work is done, without the interpreter's teardown.
+
+    After ``destroy_process_group`` the gloo groups keep their worker threads while anything
+    still references them (FSDP keeps references past the model's deletion), so the threads
+    outlive ``main``. A worker thread that drops a tensor while the interpreter is being torn
+    down must take the GIL, cannot, and the thread's forced unwinding ends the process with
+    SIGABRT ("terminate called without an active exception"): a job that completed would be
+    reported FAILED. Every file is closed by then (checkpoints, metrics, TensorBoard); the
+    exit handlers run (logging flushes), stdout and stderr are flushed, and the process ends
+    with ``code`` before any module is torn down."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def exit_code(stop: SystemExit) -> int:
+    """The status ``sys.exit`` would give for ``stop`` (None: 0, a number, else 1 and the text on stderr)."""
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def run_submitit_job(folder: str) -> NoReturn:
+    """What each task of a submitted job runs (``python -m hpc_hsdp.runtime.entry FOLDER``):
+    submitit's own job runner (it loads the pickled call, runs it, pickles the result), then
+    :func:`end_task` with the status the runner would have left the process with."""
+    from submitit.core.submission import process_job
+
+    try:
+        process_job(folder)
+    except SystemExit as stop:  # task_main after a signal stop: 0 (requeued) or 75
+        end_task(exit_code(stop))
+    except BaseException:  # submitit logged it and pickled it as the job's result
+        import traceback
+
+        traceback.print_exc()
+        end_task(1)
+    end_task(0)
+
+
 def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: BaseException) -> None:
     """A step that failed because peers vanished with their node: requeue without it
     (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own."""
@@ -116,7 +165,7 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     :func:`run_task`, then, when the ranks stopped on a signal, exit without a result
     (SystemExit: submitit writes no result file, the job is not done) with status 0
     (requeued, or SLURM is ending the job) or 75 (stopped, not requeued: resubmit to resume).
-    Without ``fn``, an :class:`~hpc_hsdp.errors.HsdpError` is its message on stderr and status 2."""
+    Without ``fn``, an :class:`~hpc_hsdp.errors.HsdpError` is one line on stderr and status 2."""
     preemption = Preemption(os.environ)
     try:
         result = run_task(spec, fn=fn, preemption=preemption)
@@ -124,9 +173,12 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
         if fn is not None:
             raise  # the caller's function: its exception is its result (submitit pickles it)
         # what the job was given cannot work (data that does not match the checkpoint, a mesh
-        # that does not fit the allocation): its message and exit 2, as on the command line
-        # (a group mismatch's table keeps its lines)
-        print(f"hpc-hsdp: error: {exc}", file=sys.stderr, flush=True)
+        # that does not fit the allocation): one line and exit 2, as on the command line; a
+        # message of several lines (a group mismatch's table) is printed whole before it
+        text = str(exc)
+        if "\n" in text:
+            print(f"hpc-hsdp: {text}", file=sys.stderr)
+        print(f"hpc-hsdp: error: {' '.join(text.split())}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     # the work is done: a warning now (SLURM's time-limit check) must not kill the task on its way out (FAILED)
     signal.signal(preemption.warning_signal, signal.SIG_IGN)
@@ -134,3 +186,9 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     if code is not None:
         raise SystemExit(code)
     return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m hpc_hsdp.runtime.entry SUBMITIT_FOLDER (the command of a submitted job's tasks)")
+    run_submitit_job(sys.argv[1])
