@@ -331,8 +331,8 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
     ``launch_command``: ready shell text (already quoted) that replaces what srun runs on
     each task: the default ``python -m hpc_hsdp run ...`` (srun launcher) or the whole
     ``bash -c '...'`` word (torchrun launcher). Everything else is identical, which lets
-    ``submit`` send this text through submitit with ``python -u -m hpc_hsdp.runtime.entry DIR``
-    (submitit's job runner: :func:`hpc_hsdp.runtime.entry.run_submitit_job`).
+    ``submit`` send this text through submitit with ``python -u -m hpc_hsdp.runtime.submitit_job DIR``
+    (submitit's job runner: :mod:`hpc_hsdp.runtime.submitit_job`).
     """
     if not isinstance(spec, JobSpec):
         raise TypeError(f"render_sbatch takes a JobSpec, got {type(spec).__name__}")

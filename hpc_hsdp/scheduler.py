@@ -2,8 +2,8 @@
 
 SLURM jobs go through submitit, whose sbatch text is replaced by the script ``render``
 produces for the same spec: only the command each task runs differs (submitit's job
-runner, ``python -u -m hpc_hsdp.runtime.entry <folder>``, in place of ``python -m hpc_hsdp
-run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the local emulator
+runner, ``python -u -m hpc_hsdp.runtime.submitit_job <folder>``, in place of
+``python -m hpc_hsdp run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the local emulator
 (:mod:`hpc_hsdp.local`) runs that same script.
 
 Every job leaves ``<run-dir>/job.json``; a handle is rebuilt from it (or from the job id,
@@ -89,7 +89,7 @@ def task_function(spec) -> tuple[Callable, tuple]:
 def _submitit_command(logs_dir: Path) -> str:
     import shlex
 
-    return " ".join([shlex.quote(sys.executable), "-u -m hpc_hsdp.runtime.entry", shlex.quote(str(logs_dir))])
+    return " ".join([shlex.quote(sys.executable), "-u -m hpc_hsdp.runtime.submitit_job", shlex.quote(str(logs_dir))])
 
 
 def submission_script(spec) -> str:

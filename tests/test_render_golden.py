@@ -55,7 +55,7 @@ CASES: dict[str, tuple[str, ...]] = {
                                 "--run-dir", "/runs/flexible-torchrun", "--global-batch-size", "256"),
 }  # fmt: skip
 
-SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m hpc_hsdp.runtime.entry '/scratch/hsdp/runs/it'\"'\"'s/logs'"
+SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m hpc_hsdp.runtime.submitit_job '/scratch/hsdp/runs/it'\"'\"'s/logs'"
 OVERRIDES = {
     "override-srun": (CASES["example-thread-2x8-shard4"], SUBMITIT_COMMAND),
     "override-torchrun": (CASES["example-torchrun-2x8-shard4"], SUBMITIT_COMMAND),

@@ -104,13 +104,13 @@ def end_task(code: int) -> NoReturn:
     """End a task process whose work is done, without the interpreter's teardown.
 
     After ``destroy_process_group`` the gloo groups keep their worker threads while anything
-    still references them (FSDP keeps references past the model's deletion), so the threads
-    outlive ``main``. A worker thread that drops a tensor while the interpreter is being torn
-    down must take the GIL, cannot, and the thread's forced unwinding ends the process with
-    SIGABRT ("terminate called without an active exception"): a job that completed would be
-    reported FAILED. Every file is closed by then (checkpoints, metrics, TensorBoard); the
-    exit handlers run (logging flushes), stdout and stderr are flushed, and the process ends
-    with ``code`` before any module is torn down."""
+    still references them, and something does: FSDP leaves references to the groups past the
+    model's deletion. So C++ threads run into the interpreter's teardown, which is where a
+    finished torchrun worker of the test suite aborted once ("terminate called without an
+    active exception", SIGABRT, after its final checkpoint): a completed job reported FAILED.
+    Every file is closed by then (checkpoints, metrics, TensorBoard); the exit handlers run
+    (logging flushes), stdout and stderr are flushed, and the process ends with ``code``
+    before any module is torn down."""
     import atexit
 
     atexit._run_exitfuncs()
@@ -128,24 +128,6 @@ def exit_code(stop: SystemExit) -> int:
         return stop.code or 0
     print(stop.code, file=sys.stderr)
     return 1
-
-
-def run_submitit_job(folder: str) -> NoReturn:
-    """What each task of a submitted job runs (``python -m hpc_hsdp.runtime.entry FOLDER``):
-    submitit's own job runner (it loads the pickled call, runs it, pickles the result), then
-    :func:`end_task` with the status the runner would have left the process with."""
-    from submitit.core.submission import process_job
-
-    try:
-        process_job(folder)
-    except SystemExit as stop:  # task_main after a signal stop: 0 (requeued) or 75
-        end_task(exit_code(stop))
-    except BaseException:  # submitit logged it and pickled it as the job's result
-        import traceback
-
-        traceback.print_exc()
-        end_task(1)
-    end_task(0)
 
 
 def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: BaseException) -> None:
@@ -187,8 +169,3 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
         raise SystemExit(code)
     return result
 
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m hpc_hsdp.runtime.entry SUBMITIT_FOLDER (the command of a submitted job's tasks)")
-    run_submitit_job(sys.argv[1])
