@@ -421,11 +421,9 @@ def test_torchrun_launch_uses_torchruns_variables(tmp_path):
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
-def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
-    envs = job_envs(tasks_per_node=[2, 2], distribution="cyclic",
-                    extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
-    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(tmp_path), "--device", "cpu",
-            "--timeout", "60"]  # fmt: skip
+def run_cli_tasks(args: list[str], envs: list[dict]) -> tuple[list[int], list[tuple[str, str]]]:
+    """``args`` once per task environment, at once, outside any SLURM of the caller's: the exit
+    codes and (stdout, stderr) of each."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     procs = [subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for env in envs]  # fmt: skip
@@ -435,7 +433,16 @@ def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert [p.returncode for p in procs] == [2, 2, 2, 2], outputs
+    return [p.returncode for p in procs], outputs
+
+
+def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
+    envs = job_envs(tasks_per_node=[2, 2], distribution="cyclic",
+                    extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
+    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(tmp_path), "--device", "cpu",
+            "--timeout", "60"]  # fmt: skip
+    codes, outputs = run_cli_tasks(args, envs)
+    assert codes == [2, 2, 2, 2], outputs
     for _, err in outputs:
         assert "axis   planned  realized  nodes" in err
         assert err.rstrip().splitlines()[-1].startswith("hpc-hsdp: error: the realized device mesh does not match")
@@ -451,17 +458,9 @@ def test_cli_run_ends_without_the_interpreters_teardown(tmp_path):
     run = tmp_path / "run"
     args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(run), "--device", "cpu",
             "--timeout", "60", "--entry", "teardown_probe:main"]  # fmt: skip
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     envs = job_envs(tasks_per_node=[2], extra_env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
-    procs = [subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for env in envs]  # fmt: skip
-    try:
-        outputs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    codes, outputs = run_cli_tasks(args, envs)
+    assert codes == [0, 0], outputs
     assert sorted(p.name for p in run.glob("rank*")) == ["rank0.atexit", "rank1.atexit"]
 
 
