@@ -140,10 +140,11 @@ def run_dir_state(run_dir: str | Path) -> RunDirState:
     return RunDirState(run_dir=str(run_dir), resume_step=None, checkpoint=None, skipped=tuple(skipped))
 
 
-def resubmission_note(run_dir: str | Path, *, steps: int) -> str | None:
+def resubmission_note(run_dir: str | Path, *, steps: int, state: RunDirState | None = None) -> str | None:
     """Before submitting into ``run_dir``: raise SpecError when its run already reached
-    ``steps`` (nothing would train), else say from which step it resumes (None: fresh)."""
-    state = run_dir_state(run_dir)
+    ``steps`` (nothing would train), else say from which step it resumes (None: fresh).
+    ``state``: :func:`run_dir_state` of ``run_dir`` when the caller has read it already."""
+    state = state or run_dir_state(run_dir)
     damaged = f" (newer checkpoints damaged: {'; '.join(state.skipped)})" if state.skipped else ""
     if state.resume_step is None:
         if state.skipped:

@@ -3,8 +3,8 @@
 SLURM jobs go through submitit, whose sbatch text is replaced by the script ``render``
 produces for the same spec: only the command each task runs differs (submitit's job
 runner, ``python -u -m hpc_hsdp.runtime.submitit_job <folder>``, in place of
-``python -m hpc_hsdp run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the local emulator
-(:mod:`hpc_hsdp.local`) runs that same script.
+``python -m hpc_hsdp run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the
+local emulator (:mod:`hpc_hsdp.local`) runs that same script.
 
 Every job leaves ``<run-dir>/job.json``; a handle is rebuilt from it (or from the job id,
 through a small index in the user's state directory) in any new shell.
@@ -416,39 +416,45 @@ ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", 
                  "REQUEUE_FED", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
 
-def check_run_dir(spec, *, own_function: bool = False) -> str | None:
+def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None:
     """Before submitting into ``spec``'s run directory: refuse when a job still runs there or
     its run already completed (SpecError, nothing submitted); else the line that says from
-    which step the job resumes (None: a fresh start)."""
+    which step the job resumes (None: a fresh start). ``state``: the directory's
+    :func:`~hpc_hsdp.run_state.run_dir_state`, when read already."""
     from hpc_hsdp.run_state import resubmission_note
 
     run_dir = Path(spec.run.run_dir)
     if (run_dir / "job.json").is_file():
         try:
             handle = JobHandle.find(str(run_dir))
-            state = handle.status().state.split()[0]
+            job_state = handle.status().state.split()[0]
         except (HsdpError, OSError, subprocess.SubprocessError):
-            state = "UNKNOWN"
-        if state in ACTIVE_STATES:
-            raise SpecError(f"job {handle.job_id} is still {state} in run directory {run_dir}: nothing submitted; wait "
+            job_state = "UNKNOWN"
+        if job_state in ACTIVE_STATES:
+            raise SpecError(f"job {handle.job_id} is still {job_state} in run directory {run_dir}: nothing submitted; wait "
                             f"for it, cancel it (hpc-hsdp cancel {run_dir}) or choose a new --run-dir")  # fmt: skip
     if spec.run.entry is not None or own_function:
         return None  # a function of the user's keeps its own state; it decides what resuming means
-    return resubmission_note(run_dir, steps=spec.run.training.steps)
+    return resubmission_note(run_dir, steps=spec.run.training.steps, state=state)
 
 
 def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
-    """Submit ``spec``; returns the handle, the submitit-style job object and the reason line
-    for the chosen cluster. Nothing is submitted when the spec or cluster is invalid, when
-    a job still runs in its run directory or the run there already completed."""
+    """Submit ``spec``; returns the handle, the submitit-style job object and what to say
+    before the job's own line: from which step it resumes (when it does), then why this
+    cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
+    in its run directory, the run there already completed, or the tasks could not use the
+    job's inputs (:func:`~hpc_hsdp.preflight.check_job_inputs`)."""
+    from hpc_hsdp.run_state import run_dir_state
+
     if spec.launch.container_image is not None:
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
             f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
             f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
         )
-    check_job_inputs(spec, own_function=fn is not None)
-    check_run_dir(spec, own_function=fn is not None)
+    state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
+    resumes = check_run_dir(spec, own_function=fn is not None, state=state)
+    check_job_inputs(spec, own_function=fn is not None, state=state)
     target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":
         raise SpecError("a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher")
@@ -467,7 +473,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
                        job_name=spec.scheduler.job_name, ntasks=spec.world_size, launcher=spec.launch.launcher,
                        submitted_at=time.time())  # fmt: skip
     record.save()
-    return JobHandle(record), job, reason
+    return JobHandle(record), job, "\n".join(line for line in (resumes, reason) if line)
 
 
 def _check_partition(spec) -> None:

@@ -35,17 +35,14 @@ def submit(cluster, wait, dry_run, **options) -> None:
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200
     """
     from hpc_hsdp.cli.jobs_cmd import follow
-    from hpc_hsdp.scheduler import check_run_dir, submission_script, submit_spec
+    from hpc_hsdp.scheduler import submission_script, submit_spec
 
     spec = job_spec_from_options(options, new_run_dir=True)
     if dry_run:
         click.echo(submission_script(spec), nl=False)
         return
-    resumes = check_run_dir(spec)
-    if resumes:
-        click.echo(resumes, err=True)
-    handle, _, reason = submit_spec(spec, cluster=cluster)
-    click.echo(reason, err=True)
+    handle, _, said = submit_spec(spec, cluster=cluster)  # from which step it resumes, and why this cluster
+    click.echo(said, err=True)
     click.echo(f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)" + (f"; at least {spec.min_nodes}: SLURM grants {spec.nodes_text}" if spec.flexible else "") + ")")
     click.echo(f"run directory: {spec.run.run_dir}")
     if not wait:
