@@ -50,6 +50,7 @@ from hpc_hsdp.run_state import (
     damage,
     file_record,
     read_manifest,
+    saved_train_state,
     step_dir_name,
 )
 from hpc_hsdp.runtime import faults
@@ -130,7 +131,7 @@ def load(path: str | Path, model, optimizer) -> dict:
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return json.loads((path / TRAIN_STATE).read_text(encoding="utf-8"))
+    return saved_train_state(path)
 
 
 # ----------------------------------------------------------------------------- save: the parts

@@ -168,4 +168,3 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     if code is not None:
         raise SystemExit(code)
     return result
-

@@ -48,7 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.run_state import check_data_position
+from hpc_hsdp.run_state import check_data_position, saved_train_state
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
@@ -349,9 +349,7 @@ def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, 
     if found is None:
         return 0, {}
     step, path = found
-    import json
-
-    saved = json.loads((path / checkpoint.TRAIN_STATE).read_text(encoding="utf-8"))
+    saved = saved_train_state(path)
     check_data_position(saved.get("data"), global_batch=data.layout.global_batch, num_samples=data.train.num_samples,
                         seed=training.seed, where=f"checkpoint {path.name} (step {step})")  # fmt: skip
     state = checkpoint.load(path, model, optimizer)
