@@ -1,5 +1,5 @@
 """Start one emulated SLURM job step on this machine: a process per task, each with the
-environment SLURM would give it (hpc_hsdp.slurm_env) plus what a hand-written script
+environment SLURM would give it (hpc_hsdp.plan.slurm_env) plus what a hand-written script
 needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def job_step(argv: list[str], *, tasks_per_node: tuple[int, ...], log_dir: Path,
              threads: int = 1, torch_env: bool = False, extra_env: dict | None = None) -> float:  # fmt: skip
     """Run ``argv`` once per task; returns the Unix time just before the first process started.
     Raises with the log tail of a failing task. ``extra_env``: more variables for every task."""
-    from hpc_hsdp.slurm_env import task_environments
+    from hpc_hsdp.plan.slurm_env import task_environments
 
     envs = task_environments(tasks_per_node=list(tasks_per_node),
                              node_names=[f"bn{i + 1}" for i in range(len(tasks_per_node))], job_id="777")  # fmt: skip

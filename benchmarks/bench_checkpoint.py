@@ -57,11 +57,11 @@ def task(args) -> None:
     import torch.distributed as dist
 
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.run_state import crc32_of, read_manifest
+    from hpc_hsdp.rundir.state import crc32_of, read_manifest
     from hpc_hsdp.runtime import checkpoint
     from hpc_hsdp.runtime.dist import init
     from hpc_hsdp.runtime.loop import build_model, make_optimizer
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
     torch.set_num_threads(1)
     work = Path(args.work)

@@ -87,7 +87,7 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
 
     from hpc_hsdp.runtime.loader import BatchLoader
     from hpc_hsdp.runtime.loop import open_data
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
     training = TrainingSpec(seq_len=MODEL["seq-len"], batch_size=MODEL["batch-size"], grad_accum=2,
                             vocab_size=vocab_of(data), data=str(data) if data else None)  # fmt: skip

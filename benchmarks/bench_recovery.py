@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import cancel_and_wait_gone, cluster_env, job_state  # noqa: E402
 from _launch import hpc_hsdp_command  # noqa: E402
 
-from hpc_hsdp.runtime.files import read_jsonl  # noqa: E402
+from hpc_hsdp.rundir.files import read_jsonl  # noqa: E402
 
 JOB = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--steps", "100000",
        "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--requeue"]  # fmt: skip

@@ -1,5 +1,5 @@
 """Inter-node bytes per step per rank on an emulated 2 x 8 job, measured with --comm-stats,
-next to the analytic values of `hpc-hsdp plan` (hpc_hsdp.estimates).
+next to the analytic values of `hpc-hsdp plan` (hpc_hsdp.plan.estimates).
 
     python benchmarks/bench_traffic.py [--shards 1,4,16]
 
@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _launch import hpc_hsdp_command, job_step  # noqa: E402
 
-from hpc_hsdp.estimates import estimate  # noqa: E402
-from hpc_hsdp.runtime.shapes import parameter_counts  # noqa: E402
-from hpc_hsdp.topology import plan_for  # noqa: E402
+from hpc_hsdp.plan.estimates import estimate  # noqa: E402
+from hpc_hsdp.plan.shapes import parameter_counts  # noqa: E402
+from hpc_hsdp.plan.topology import plan_for  # noqa: E402
 
 MODEL = {"layers": 2, "width": 64, "heads": 4, "seq_len": 32, "vocab_size": 256}
 NAMES = {1: "DDP-like", 4: "HSDP", 8: "HSDP, node-sized", 16: "full FSDP"}

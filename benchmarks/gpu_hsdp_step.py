@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.runtime.dist import init
     from hpc_hsdp.runtime.loader import read_rows
     from hpc_hsdp.runtime.loop import configure_device, open_data, train
-    from hpc_hsdp.slurm_env import task_environments
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.plan.slurm_env import task_environments
+    from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
     defaults = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu

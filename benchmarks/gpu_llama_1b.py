@@ -48,7 +48,7 @@ def flops_per_token(config: dict, seq_len: int) -> float:
 
 
 def _task_env() -> dict:
-    from hpc_hsdp.slurm_env import task_environments
+    from hpc_hsdp.plan.slurm_env import task_environments
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="bench")[0])

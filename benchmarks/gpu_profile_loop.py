@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import init
-    from hpc_hsdp.slurm_env import task_environments
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.plan.slurm_env import task_environments
+    from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
     sizes = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu

@@ -46,8 +46,8 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.spec import TrainingSpec
-    from hpc_hsdp.topology import RankLayout
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.plan.topology import RankLayout
 
     training = TrainingSpec(layers=a.layers, width=a.width, heads=a.heads, seq_len=a.seq, batch_size=a.batch,
                             vocab_size=a.vocab,

@@ -100,8 +100,8 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.spec import TrainingSpec
-    from hpc_hsdp.topology import RankLayout
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.plan.topology import RankLayout
 
     training = TrainingSpec(model=f"hf:{config_dir}", seq_len=a.seq, batch_size=a.batch, lr=3e-3, precision="fp32",
                             reshard_after_forward="always")  # fmt: skip (as the hand-written script)
@@ -178,7 +178,7 @@ def worker(a) -> None:
             adapter = None
             if v == "hand-model":
                 from hpc_hsdp.models import resolve_model
-                from hpc_hsdp.spec import TrainingSpec
+                from hpc_hsdp.job.spec import TrainingSpec
 
                 adapter = resolve_model(TrainingSpec(model=f"hf:{config_dir}"), data_vocab_size=None)
         else:

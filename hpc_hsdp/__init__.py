@@ -9,7 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.topology import RankLayout, TopologyPlan, plan_for
+from hpc_hsdp.plan.topology import RankLayout, TopologyPlan, plan_for
 
 __all__ = ["HsdpError", "RankLayout", "TopologyPlan", "TrainingRun", "init", "plan_for", "submit", "wrap_hsdp", "__version__"]
 
@@ -18,7 +18,7 @@ _LAZY = {
     "init": "hpc_hsdp.runtime.dist",
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
     "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
-    "submit": "hpc_hsdp.scheduler",
+    "submit": "hpc_hsdp.job.scheduler",
     "TrainingRun": "hpc_hsdp.runtime.own_loop",
 }
 

@@ -98,7 +98,7 @@ def unsharded_reference(model_option: str, seed: int, state_path, training_value
     sharded one bit for bit, and its loss with transformers' own labels equals ours."""
     import torch
 
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
     adapter = adapter_for(TrainingSpec(model=model_option, seed=seed, **(training_values or {})))
     model = adapter.build_meta()

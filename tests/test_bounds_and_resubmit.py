@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.topology import MAX_NODES, MAX_TASKS_PER_NODE, MAX_WORLD_SIZE, RankLayout, TopologyPlan, plan_for
+from hpc_hsdp.plan.topology import MAX_NODES, MAX_TASKS_PER_NODE, MAX_WORLD_SIZE, RankLayout, TopologyPlan, plan_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_LIMIT = 1 << 30  # 1 GiB of address space: more than a 4,096-node plan needs, far less than a runaway one
@@ -112,7 +112,7 @@ def test_groups_cross_nodes_agrees_with_the_groups_themselves(tasks_per_node, sh
 
 
 def test_plan_the_emulator_and_the_readme_name_nodes_alike():
-    from hpc_hsdp.local import allocation_for
+    from hpc_hsdp.job.local import allocation_for
 
     assert plan_for(nodes=3, gpus_per_node=2, shard_size=2).node_names == ("n1", "n2", "n3")
     assert allocation_for(tasks_per_node=(2, 2, 2), gpus_per_node=2, job_name="x").node_names == ("n1", "n2", "n3")
@@ -127,7 +127,7 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
 
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
-    from hpc_hsdp.scheduler import resolve_cluster
+    from hpc_hsdp.job.scheduler import resolve_cluster
 
     said = ("slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
             "ctld.example.org:6817 after 3 attempts; check SlurmctldHost and that slurmctld is running on it")  # fmt: skip
@@ -169,14 +169,14 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_runtime_does_not_import_the_submitting_side():
     """The scheduler module hands the runtime's task function to submitit; the runtime asks for
-    a requeue through hpc_hsdp.requeue. Anywhere in a file, function-level imports included."""
+    a requeue through hpc_hsdp.job.requeue. Anywhere in a file, function-level imports included."""
     package = ROOT / "hpc_hsdp"
-    submitting_side = ("hpc_hsdp.scheduler", "hpc_hsdp.cli", "hpc_hsdp.local", "hpc_hsdp.render")
+    submitting_side = ("hpc_hsdp.job.scheduler", "hpc_hsdp.cli", "hpc_hsdp.job.local", "hpc_hsdp.job.render")
     for path in sorted((package / "runtime").glob("*.py")):
         wrong = sorted(name for name in _imports(path) if name.startswith(submitting_side))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
-    assert _imports(package / "requeue.py") == set()
-    assert _imports(package / "run_state.py") == {"hpc_hsdp.errors", "hpc_hsdp.attempts"}
+    assert _imports(package / "job" / "requeue.py") == set()
+    assert _imports(package / "rundir" / "state.py") == {"hpc_hsdp.errors", "hpc_hsdp.rundir.attempts"}
 
 
 # ----------------------------------------------------------------------------- run directories
@@ -205,7 +205,7 @@ def test_the_default_run_directory_is_new_for_each_submit(tmp_path):
 
 def test_a_completed_run_directory_refuses_and_a_running_job_too(tmp_path):
     from hpc_hsdp.cli.job_options import job_spec_from_options
-    from hpc_hsdp.scheduler import check_run_dir
+    from hpc_hsdp.job.scheduler import check_run_dir
 
     run = tmp_path / "run"
     _fake_checkpoint(run, 3)

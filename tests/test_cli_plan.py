@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from hpc_hsdp.slurm_env import task_environments
+from hpc_hsdp.plan.slurm_env import task_environments
 from cli_helpers import assert_cli_imports_no_torch
 
 

@@ -19,11 +19,11 @@ from fractions import Fraction
 import pytest
 
 from dist_helpers import in_child, launch
-from hpc_hsdp.estimates import estimate
-from hpc_hsdp.runtime.files import read_jsonl
-from hpc_hsdp.runtime.shapes import builtin_shapes, parameter_counts
-from hpc_hsdp.spec import RunSpec, TrainingSpec
-from hpc_hsdp.topology import TopologyPlan
+from hpc_hsdp.plan.estimates import estimate
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.plan.topology import TopologyPlan
 
 MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=2, seed=1,
                      reshard_after_forward="always")  # the plan's default estimate

@@ -10,9 +10,9 @@ import pytest
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
-from hpc_hsdp.config import load_config, merge_options
+from hpc_hsdp.job.config import load_config, merge_options
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import TrainingSpec
+from hpc_hsdp.job.spec import TrainingSpec
 
 CONFIG = textwrap.dedent("""\
     nodes = 2
@@ -179,7 +179,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         steps = 9
         lr = 0.01
         """))
-    from hpc_hsdp.config import OPTION_KINDS, load_config as load
+    from hpc_hsdp.job.config import OPTION_KINDS, load_config as load
 
     missing = set(OPTION_KINDS) - set(load(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
     assert not missing
@@ -203,8 +203,8 @@ _SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "wi
 def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(tmp_path: Path, f) -> None:
     """Each TrainingSpec field is an option of its own: the same value from a config file
     (either spelling) and from the command line gives the same spec, and to_args reproduces it."""
-    from hpc_hsdp.config import OPTION_KINDS
-    from hpc_hsdp.spec import option_flag
+    from hpc_hsdp.job.config import OPTION_KINDS
+    from hpc_hsdp.job.spec import option_flag
 
     kind = OPTION_KINDS[f.name]
     value = _SAMPLE.get(f.name, f.metadata["choices"][-1] if f.metadata.get("choices") else _SAMPLE_BY_KIND[kind])
@@ -229,7 +229,7 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
 
 
 def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path) -> None:
-    from hpc_hsdp.scheduler import api_options
+    from hpc_hsdp.job.scheduler import api_options
 
     kwargs = api_options({"nodes": 2, "shard": 4, "time": "30", "env": {"A": 1}, "setup": "module load x",
                           "sbatch": {"overcommit": True, "mail-type": "END", "dropped": False}, "steps": 7,
@@ -255,7 +255,7 @@ def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path
     ],
 )
 def test_api_options_reject_wrong_kinds(options: dict, message: str) -> None:
-    from hpc_hsdp.scheduler import api_options
+    from hpc_hsdp.job.scheduler import api_options
 
     with pytest.raises(SpecError) as info:
         api_options({"shard": 4, **options})
@@ -267,7 +267,7 @@ def test_api_options_reject_wrong_kinds(options: dict, message: str) -> None:
 
 @pytest.mark.parametrize("field", ["exclusive", "requeue"])
 def test_scheduler_flags_must_be_bools(field: str) -> None:
-    from hpc_hsdp.spec import SchedulerSpec
+    from hpc_hsdp.job.spec import SchedulerSpec
 
     with pytest.raises(SpecError, match=f"--{field} 'yes' must be true or false"):
         SchedulerSpec(**{field: "yes"})

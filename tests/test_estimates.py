@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard
-from hpc_hsdp.topology import TopologyPlan, plan_for, valid_shard_sizes
+from hpc_hsdp.plan.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard
+from hpc_hsdp.plan.topology import TopologyPlan, plan_for, valid_shard_sizes
 
 P = 1_000_000
 

@@ -1,8 +1,8 @@
-"""The rendered examples in sbatch/ are up to date (regenerate: python -m hpc_hsdp.examples)."""
+"""The rendered examples in sbatch/ are up to date (regenerate: python -m hpc_hsdp.cli.examples)."""
 
 from __future__ import annotations
 
-from hpc_hsdp.examples import REGENERATE, REPO, generated_files, stale_files
+from hpc_hsdp.cli.examples import REGENERATE, REPO, generated_files, stale_files
 
 
 def test_examples_are_current() -> None:

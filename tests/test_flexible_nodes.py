@@ -39,7 +39,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("value, expected", [(2, (2, 2)), ("2", (2, 2)), ("1-2", (1, 2)), (" 3-8 ", (3, 8)),
                                              ("4-4", (4, 4))])  # fmt: skip
 def test_parse_nodes(value, expected):
-    from hpc_hsdp.spec import parse_nodes
+    from hpc_hsdp.job.spec import parse_nodes
 
     assert parse_nodes(value) == expected
 
@@ -48,7 +48,7 @@ def test_parse_nodes(value, expected):
                                           ("1-", ["not a node count"]), ("-2", ["not a node count"]),
                                           ("1-2-3", ["not a node count"])])  # fmt: skip
 def test_parse_nodes_rejects(value, words):
-    from hpc_hsdp.spec import parse_nodes
+    from hpc_hsdp.job.spec import parse_nodes
 
     with pytest.raises(SpecError) as raised:
         parse_nodes(value)
@@ -196,7 +196,7 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     survivors put the range back, and it resumes on the one node left, resharding its checkpoint.
     The dead node comes back; a USR2 (save, our own requeue, which restores the range too) makes
     it resume on two nodes again. Every step trains on exactly the uninterrupted run's samples."""
-    from hpc_hsdp import attempts
+    from hpc_hsdp.rundir import attempts
     from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
     from hpc_hsdp.data.synthetic import SyntheticSamples
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.local import expand_pattern
+from hpc_hsdp.job.local import expand_pattern
 from cli_helpers import assert_cli_imports_no_torch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
@@ -159,7 +159,7 @@ def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
 API_TWICE = """
 import hpc_hsdp
 from hpc_hsdp.errors import HsdpError
-import hpc_hsdp.scheduler  # what the CLI imports; hpc_hsdp.submit must stay the API function
+import hpc_hsdp.job.scheduler  # what the CLI imports; hpc_hsdp.submit must stay the API function
 for _ in range(2):
     try:
         hpc_hsdp.submit(nodes=2, shard=3)

@@ -20,9 +20,9 @@ import pytest
 
 from dist_helpers import in_child, launch
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.files import read_jsonl
+from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.schedule import learning_rate
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 # 4 ranks x 2 samples x 2 micro-batches = a global batch of 16
 TRAIN = TrainingSpec(layers=2, width=32, heads=4, seq_len=16, batch_size=2, grad_accum=2, vocab_size=64, steps=6,
@@ -81,7 +81,7 @@ def train_and_more(ctx):
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
     from hpc_hsdp.runtime.loop import build_model, evaluate, open_data, train
-    from hpc_hsdp.topology import TopologyPlan
+    from hpc_hsdp.plan.topology import TopologyPlan
 
     out = _train_recording(ctx, TRAIN)
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)

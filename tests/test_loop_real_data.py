@@ -21,8 +21,8 @@ import pytest
 
 from dist_helpers import in_child, job_envs, launch
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.files import read_jsonl
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from test_loop import max_param_diff, train_recording, train_signalled_at_3, union_of_samples
 
 pytestmark = pytest.mark.dist

@@ -10,7 +10,7 @@ import pytest
 from dist_helpers import in_child, launch
 from hf_helpers import shard_and_report, unsharded_reference
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples")
 if EXAMPLES not in sys.path:

@@ -17,7 +17,7 @@ from hf_helpers import (
     write_config,
 )
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 pytestmark = pytest.mark.dist
 

@@ -29,8 +29,8 @@ from hf_helpers import (
     write_config,
 )
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.files import read_jsonl
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp import attempts
-from hpc_hsdp.progress import duration, progress_of, requeues_needed
-from hpc_hsdp.scalars import record_scalars
-from hpc_hsdp.scheduler import parse_slurm_duration
-from hpc_hsdp.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
+from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.progress import duration, progress_of, requeues_needed
+from hpc_hsdp.rundir.scalars import record_scalars
+from hpc_hsdp.job.scheduler import parse_slurm_duration
+from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 from cli_helpers import assert_cli_imports_no_torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +209,7 @@ def _scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
 @pytest.mark.timeout(300)
 def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path):
     from dist_helpers import launch
-    from hpc_hsdp.spec import RunSpec, TrainingSpec
+    from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
     # 7 probes (steps 2-14): an odd count, so a rank another process took the CPU from in
     # as many probes as not is no tie with "slow in half of them"

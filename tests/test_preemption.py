@@ -21,7 +21,7 @@ import pytest
 
 from dist_helpers import in_child, launch
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.files import read_jsonl
+from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.preemption import (
     EXIT_STOPPED_NOT_REQUEUED,
     TERMINATE,
@@ -30,7 +30,7 @@ from hpc_hsdp.runtime.preemption import (
     in_slurm,
     warning_signal_from,
 )
-from hpc_hsdp.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TrainingSpec(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=6, seed=5,
@@ -89,7 +89,7 @@ def test_requeue_is_skipped_outside_slurm(capsys):
 
 
 def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
-    import hpc_hsdp.requeue as requeue
+    import hpc_hsdp.job.requeue as requeue
 
     calls = []
     monkeypatch.setattr(requeue, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
@@ -104,7 +104,7 @@ def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
 
 
 def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
-    from hpc_hsdp.requeue import requeue_job
+    from hpc_hsdp.job.requeue import requeue_job
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\nexit 1\n")
@@ -118,7 +118,7 @@ def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
 
 
 def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
-    from hpc_hsdp.scheduler import JobHandle, JobRecord
+    from hpc_hsdp.job.scheduler import JobHandle, JobRecord
 
     logs = tmp_path / "logs"
     logs.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Before submitting: the files and modules the tasks will open (hpc_hsdp.preflight), and
+"""Before submitting: the files and modules the tasks will open (hpc_hsdp.job.preflight), and
 ``submit`` refusing a job that would fail on them before it waits in the queue."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.examples import spec_from_argv
-from hpc_hsdp.preflight import check_job_inputs
+from hpc_hsdp.cli.examples import spec_from_argv
+from hpc_hsdp.job.preflight import check_job_inputs
 from hf_helpers import TINY_LLAMA, write_config
 from test_data_tokens import documents, make_dataset
 
 from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.data.synthetic import NUM_SAMPLES
 from hpc_hsdp.data.tokens import open_dataset, write_token_file
-from hpc_hsdp.run_state import COMPLETE, TRAIN_STATE, checkpoint_root
+from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.estimates import recommend
-from hpc_hsdp.runtime.shapes import parameter_counts
-from hpc_hsdp.topology import TopologyPlan, plan_for
+from hpc_hsdp.plan.estimates import recommend
+from hpc_hsdp.plan.shapes import parameter_counts
+from hpc_hsdp.plan.topology import TopologyPlan, plan_for
 
 GiB = 2**30
 

@@ -16,9 +16,9 @@ import pytest
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.examples import REPO, spec_from_argv
-from hpc_hsdp.render import default_launch_command, render_sbatch, sbatch_quote
-from hpc_hsdp.spec import JobSpec, RunSpec
+from hpc_hsdp.cli.examples import REPO, spec_from_argv
+from hpc_hsdp.job.render import default_launch_command, render_sbatch, sbatch_quote
+from hpc_hsdp.job.spec import JobSpec, RunSpec
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -468,7 +468,7 @@ def test_render_is_deterministic_and_pure() -> None:
 def test_launch_commands() -> None:
     run = RunSpec(shard_size=4, run_dir="/r x")
     assert default_launch_command(JobSpec(nodes=2, run=run)) == "python -m hpc_hsdp run --shard 4 --run-dir '/r x'"
-    from hpc_hsdp.spec import LaunchSpec
+    from hpc_hsdp.job.spec import LaunchSpec
 
     torchrun = default_launch_command(JobSpec(nodes=2, run=run, launch=LaunchSpec(launcher="torchrun")))
     words = shlex.split(torchrun)
@@ -508,7 +508,7 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
 @pytest.mark.parametrize("time, seconds", [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600),
                                            ("1-00:30", 88200), ("2-01:02:03", 176523)])  # fmt: skip
 def test_time_limit_seconds(time: str, seconds: int) -> None:
-    from hpc_hsdp.spec import time_limit_seconds
+    from hpc_hsdp.job.spec import time_limit_seconds
 
     assert time_limit_seconds(time) == seconds
 
@@ -518,7 +518,7 @@ def test_time_limit_seconds(time: str, seconds: int) -> None:
                                                     ("2", "USR1", True), ("1", None, True)])  # fmt: skip
 def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str | None, accepted: bool) -> None:
     from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.spec import SchedulerSpec
+    from hpc_hsdp.job.spec import SchedulerSpec
 
     if accepted:
         assert SchedulerSpec(time=time, signal=signal).signal == signal

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.examples import EXAMPLES, spec_from_argv
-from hpc_hsdp.render import render_sbatch
+from hpc_hsdp.cli.examples import EXAMPLES, spec_from_argv
+from hpc_hsdp.job.render import render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("HPC_HSDP_REGEN_GOLDEN") == "1"

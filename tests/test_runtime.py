@@ -23,10 +23,10 @@ import pytest
 from dist_helpers import in_child, job_envs, launch
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.files import read_jsonl
-from hpc_hsdp.slurm_env import task_environments
-from hpc_hsdp.spec import RunSpec, TrainingSpec
-from hpc_hsdp.topology import plan_for
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.plan.slurm_env import task_environments
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.plan.topology import plan_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TrainingSpec(layers=2, width=32, heads=4, seq_len=16, batch_size=4, vocab_size=64, steps=6,
@@ -538,7 +538,7 @@ def test_device_auto_with_gpus_given_but_cuda_unusable_fails_with_the_reason():
                                         r"this torch \(.*\) is a CPU-only build; .*--device cpu"):
         init(1, "auto", env=env)
     env_without_gpus = task_environments(tasks_per_node=[1], node_names=["n1"], job_id="7")[0]
-    from hpc_hsdp.topology import RankLayout
+    from hpc_hsdp.plan.topology import RankLayout
 
     assert RankLayout.from_env(env_without_gpus, shard_size=1).device == "cpu"  # no GPU given: CPU is fine
 
@@ -591,7 +591,7 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
 def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
     """A rank 0 killed in the middle of an append leaves half a line; the resumed run's first
     record must not be glued to it (read_jsonl would stop there and lose every later step)."""
-    from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
+    from hpc_hsdp.rundir.files import append_jsonl, truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_hsdp.address import hostfile_lines, node_address
+from hpc_hsdp.plan.address import hostfile_lines, node_address
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.render import render_sbatch
-from hpc_hsdp.examples import spec_from_argv
+from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.cli.examples import spec_from_argv
 
 
 # ----------------------------------------------------------------------------- torch floor
@@ -211,7 +211,7 @@ def test_container_without_the_run_dir_mounted_is_refused(argv, message):
 
 
 def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
-    from hpc_hsdp.scheduler import requeue_job
+    from hpc_hsdp.job.scheduler import requeue_job
 
     request = tmp_path / "requeue.77"
     ok, said = requeue_job("77", env={"PATH": str(tmp_path), "HPC_HSDP_REQUEUE_FILE": str(request)})
@@ -220,7 +220,7 @@ def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
 
 def test_submit_with_a_container_is_refused_before_submitting(tmp_path):
     from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.scheduler import submit_spec
+    from hpc_hsdp.job.scheduler import submit_spec
 
     spec = spec_from_argv(["--shard", "8", "--venv", "none", "--run-dir", str(tmp_path), "--container-image", "img",
                            "--container-mounts", f"{tmp_path}:{tmp_path}"])  # fmt: skip

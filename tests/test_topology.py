@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
-from hpc_hsdp.slurm_env import task_environments
-from hpc_hsdp.topology import (
+from hpc_hsdp.plan.slurm_env import task_environments
+from hpc_hsdp.plan.topology import (
     RankLayout,
     TopologyPlan,
     expand_nodelist,

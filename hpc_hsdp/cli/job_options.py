@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from hpc_hsdp.cli.options import training_options
-from hpc_hsdp.config import (
+from hpc_hsdp.job.config import (
     CONFIG_ENV,
     PROFILE_ENV,
     build_job_spec,
@@ -27,7 +27,7 @@ from hpc_hsdp.config import (
     select_profile,
 )
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS, JobSpec, TrainingSpec, check_text
+from hpc_hsdp.job.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS, JobSpec, TrainingSpec, check_text
 
 # click parameter name -> config key (the option's name in a config file), where they differ
 _RENAMED = {"shard_size": "shard", "time_limit": "time", "sbatch_options": "sbatch", "env_vars": "env"}

@@ -77,9 +77,9 @@ def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int,
 def run_facts(handle, status=None) -> dict:
     """What a person watching the job wants besides its state: speed, ETA against the time
     left (SLURM), the slow rank or node in words, the restarts and their causes."""
-    from hpc_hsdp import attempts
-    from hpc_hsdp.progress import progress_of
-    from hpc_hsdp.stragglers import persistent
+    from hpc_hsdp.rundir import attempts
+    from hpc_hsdp.rundir.progress import progress_of
+    from hpc_hsdp.rundir.stragglers import persistent
 
     run_dir = Path(handle.record.run_dir)
     records = handle.recent_metrics()
@@ -154,7 +154,7 @@ def failure_of(handle, status) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(job, as_json) -> None:
     """State of a submitted job, its restarts and its latest training step."""
-    from hpc_hsdp.scheduler import JobHandle
+    from hpc_hsdp.job.scheduler import JobHandle
 
     handle = JobHandle.find(job)
     st = handle.status()
@@ -195,7 +195,7 @@ def status(job, as_json) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow) -> None:
     """Print a job's per-task logs (all tasks, or one rank's)."""
-    from hpc_hsdp.scheduler import JobHandle
+    from hpc_hsdp.job.scheduler import JobHandle
 
     handle = JobHandle.find(job)
     offsets = {p: 0 for p in handle.log_paths(rank)}
@@ -228,7 +228,7 @@ def logs(job, rank, follow) -> None:
 @click.argument("job")
 def cancel(job) -> None:
     """Cancel a submitted job (scancel, or the local emulator's equivalent)."""
-    from hpc_hsdp.scheduler import JobHandle
+    from hpc_hsdp.job.scheduler import JobHandle
 
     handle = JobHandle.find(job)
     st = handle.status()
@@ -259,7 +259,7 @@ def runs(directory, depth) -> None:
         run = load_run(path)
         state = run.state
         if (path / "job.json").is_file():
-            from hpc_hsdp.scheduler import JobHandle
+            from hpc_hsdp.job.scheduler import JobHandle
 
             try:
                 job_state = JobHandle.find(str(path)).status().state
@@ -280,7 +280,7 @@ def runs(directory, depth) -> None:
 
 
 def _ago(seconds: float) -> str:
-    from hpc_hsdp.progress import duration
+    from hpc_hsdp.rundir.progress import duration
 
     return duration(seconds)
 

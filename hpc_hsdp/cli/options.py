@@ -1,4 +1,4 @@
-"""Click options derived from :class:`hpc_hsdp.spec.TrainingSpec`, shared by ``run``,
+"""Click options derived from :class:`hpc_hsdp.job.spec.TrainingSpec`, shared by ``run``,
 ``render`` and ``submit``: one option per field, its help, bound and choices taken from
 the field, so that an option is defined once."""
 
@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import click
 
-from hpc_hsdp.spec import TrainingSpec, option_flag, training_field_kind
+from hpc_hsdp.job.spec import TrainingSpec, option_flag, training_field_kind
 
 _CLICK_TYPES = {"int": int, "float": float, "str": str}
 

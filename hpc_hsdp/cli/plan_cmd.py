@@ -9,7 +9,7 @@ import click
 
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.estimates import (
+from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
     SLURM_KILL_WAIT_S,
@@ -23,10 +23,10 @@ from hpc_hsdp.estimates import (
     save_time,
     smallest_fitting_shard,
 )
-from hpc_hsdp.planview import plan_svg, plan_text, recommend_text
+from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 from hpc_hsdp.cli.job_options import NODES
-from hpc_hsdp.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
-from hpc_hsdp.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
+from hpc_hsdp.job.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
+from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 
 
 @click.command()
@@ -193,7 +193,7 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
 
 def _model_summary(model: str) -> dict:
     """``--model`` -> {"counts": shard size -> (parameters, root parameters), "record": JSON, "line": text}."""
-    from hpc_hsdp.spec import check_model
+    from hpc_hsdp.job.spec import check_model
 
     check_model(model)
     if model == "builtin":
@@ -237,8 +237,8 @@ def _params_for_shard(model_params: str, root_params: str | None):
 def _builtin_counts(options: str):
     from dataclasses import asdict, fields
 
-    from hpc_hsdp.runtime.shapes import parameter_counts
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.plan.shapes import parameter_counts
+    from hpc_hsdp.job.spec import TrainingSpec
 
     known = {f.name.replace("_", "-"): f.name for f in fields(TrainingSpec) if f.name in ("layers", "width", "heads", "seq_len", "vocab_size")}
     values: dict[str, int] = {}

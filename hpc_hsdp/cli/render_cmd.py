@@ -10,7 +10,7 @@ import click
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.job_options import job_options, job_spec_from_options
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.render import render_sbatch
+from hpc_hsdp.job.render import render_sbatch
 
 
 @click.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hpc_hsdp.cli.options import training_from_kwargs, training_options
-from hpc_hsdp.spec import DEVICES, RunSpec
+from hpc_hsdp.job.spec import DEVICES, RunSpec
 
 
 @click.command()

@@ -8,7 +8,7 @@ import sys
 import click
 
 from hpc_hsdp.cli.job_options import job_options, job_spec_from_options
-from hpc_hsdp.scheduler import CLUSTERS
+from hpc_hsdp.job.scheduler import CLUSTERS
 
 
 @click.command()
@@ -35,7 +35,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200
     """
     from hpc_hsdp.cli.jobs_cmd import follow
-    from hpc_hsdp.scheduler import submission_script, submit_spec
+    from hpc_hsdp.job.scheduler import submission_script, submit_spec
 
     spec = job_spec_from_options(options, new_run_dir=True)
     if dry_run:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpc_hsdp.models.base import ModelAdapter
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
 
 def resolve_model(training: TrainingSpec, *, data_vocab_size: int | None = None) -> ModelAdapter:

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hpc_hsdp.runtime.shapes import ParameterCounts
-from hpc_hsdp.runtime.shapes import parameter_counts as _parameter_counts
+from hpc_hsdp.plan.shapes import ParameterCounts
+from hpc_hsdp.plan.shapes import parameter_counts as _parameter_counts
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ def read_shapes(model: str):
     if shapes is not None:
         return shapes, "config.json formula (no torch)"
     from hpc_hsdp.models.weights import unit_names, unit_of
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
     adapter = HFAdapter(TrainingSpec(model=model))
     meta = adapter.build_meta()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from hpc_hsdp.runtime.shapes import padded_numel
+from hpc_hsdp.plan.shapes import padded_numel
 
 LLAMA_STYLE = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "qwen2": "Qwen2DecoderLayer",
                "qwen3": "Qwen3DecoderLayer"}  # fmt: skip

@@ -1,7 +1,7 @@
 """Read a run directory into what the report draws (no torch, no scheduler).
 
 A run directory holds ``metrics.jsonl`` (one record per step, rank 0), ``layout.json``
-(the node of every rank), ``attempt.json`` and ``restarts.jsonl`` (:mod:`hpc_hsdp.attempts`)
+(the node of every rank), ``attempt.json`` and ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`)
 and, when submitted, ``job.json``. Whatever is missing or damaged is said in
 ``RunData.notes`` (one line each) and the rest is drawn.
 """
@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_hsdp import attempts
+from hpc_hsdp.rundir import attempts
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.stragglers import persistent
+from hpc_hsdp.rundir.stragglers import persistent
 
 ACTIVE_WITHIN_S = 600
 """A run without an end record whose metrics changed this recently is taken as running."""

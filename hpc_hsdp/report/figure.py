@@ -10,7 +10,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.html import markers, summary_rows
 from hpc_hsdp.report.svg import PALETTE, byte_unit, seconds, si
-from hpc_hsdp.stragglers import persistent_ranks
+from hpc_hsdp.rundir.stragglers import persistent_ranks
 
 
 def _matplotlib():

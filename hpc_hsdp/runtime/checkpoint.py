@@ -1,6 +1,6 @@
 """Distributed checkpoints: torch.distributed.checkpoint, atomic, verified, keep the last K.
 
-Layout (see :mod:`hpc_hsdp.run_state`, which reads it without torch):
+Layout (see :mod:`hpc_hsdp.rundir.state`, which reads it without torch):
 ``<run_dir>/checkpoints/step-000010/`` holds DCP's files (``.metadata``, ``__<rank>_0.distcp``),
 ``train_state.json`` (step, seed, world size, batch size, the mesh it was written from),
 ``manifest.json`` (every file's size and CRC-32) and ``COMPLETE``.
@@ -40,7 +40,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.run_state import (
+from hpc_hsdp.rundir.state import (
     COMPLETE,
     MANIFEST,
     MANIFEST_FORMAT,
@@ -54,7 +54,7 @@ from hpc_hsdp.run_state import (
     step_dir_name,
 )
 from hpc_hsdp.runtime import faults
-from hpc_hsdp.runtime.files import atomic_write_text
+from hpc_hsdp.rundir.files import atomic_write_text
 
 __all__ = [
     "COMPLETE", "TRAIN_STATE", "AsyncSaver", "CheckpointError", "CheckpointSpaceError", "checkpoint_root",

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
-from hpc_hsdp.spec import RunSpec
+from hpc_hsdp.job.spec import RunSpec
 
 
 def resolve_entry(entry: str) -> Callable:
@@ -58,7 +58,7 @@ def run_task(
     range_keeper = NodeRangeKeeper(env).install()  # a flexible job requeued by SLURM: its node range put back
     faults.install(env)
     try:
-        from hpc_hsdp.topology import RankLayout
+        from hpc_hsdp.plan.topology import RankLayout
 
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again

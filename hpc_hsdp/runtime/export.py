@@ -53,7 +53,7 @@ def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
 
 
 def _training_from(record: dict):
-    from hpc_hsdp.spec import TrainingSpec
+    from hpc_hsdp.job.spec import TrainingSpec
 
     known = {f.name for f in fields(TrainingSpec)}
     return TrainingSpec(**{k: v for k, v in record.get("training", {}).items() if k in known})

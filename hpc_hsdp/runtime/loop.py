@@ -48,10 +48,10 @@ from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.run_state import check_data_position, saved_train_state
+from hpc_hsdp.rundir.state import check_data_position, saved_train_state
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.dist import RunContext
-from hpc_hsdp.runtime.files import append_jsonl, truncate_metrics
+from hpc_hsdp.rundir.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
 from hpc_hsdp.runtime.observer import RunObserver
@@ -59,7 +59,7 @@ from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING, restart_count
 from hpc_hsdp.runtime.reshard import choose_reshard
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.watchdog import Watchdog
-from hpc_hsdp.spec import TrainingSpec
+from hpc_hsdp.job.spec import TrainingSpec
 
 OnStep = Callable[[int, dict], None]
 
@@ -379,7 +379,7 @@ def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
     import json
     from dataclasses import asdict
 
-    from hpc_hsdp.runtime.files import atomic_write_text
+    from hpc_hsdp.rundir.files import atomic_write_text
 
     describe = getattr(adapter, "describe", None)
     record = {"model": adapter.name, "vocab_size": adapter.vocab_size, "training": asdict(training),

@@ -105,8 +105,8 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
     loses the job's GPU bookkeeping: its next steps fail with "Invalid generic resource".)
 
     Returns the line printed on the lowest live rank (None: no dead node, or another rank)."""
-    from hpc_hsdp.requeue import requeue_job
-    from hpc_hsdp.run_state import failure_restarts, record_restart
+    from hpc_hsdp.job.requeue import requeue_job
+    from hpc_hsdp.rundir.state import failure_restarts, record_restart
     from hpc_hsdp.runtime.preemption import in_slurm, restart_count
 
     if not in_slurm(env) or ctx.world_size < 2:

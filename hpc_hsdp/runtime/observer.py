@@ -1,6 +1,6 @@
 """What the training loop tells the outside world beyond metrics.jsonl, as one component.
 
-- ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.attempts`): each restart with its cause;
+- ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`): each restart with its cause;
 - TensorBoard event files under ``<run-dir>/tb`` (:mod:`hpc_hsdp.runtime.tensorboard`);
 - the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.runtime.stragglers`).
 
@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from hpc_hsdp import attempts
+from hpc_hsdp.rundir import attempts
 from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.stragglers import StragglerProbe

@@ -72,7 +72,7 @@ from hpc_hsdp.runtime.loop import (
 )
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.schedule import lr_of
-from hpc_hsdp.spec import TrainingSpec
+from hpc_hsdp.job.spec import TrainingSpec
 
 
 @dataclass

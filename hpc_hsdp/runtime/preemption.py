@@ -22,7 +22,7 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.requeue.requeue_job`) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
+   through :func:`hpc_hsdp.job.requeue.requeue_job`) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
    which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
 5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
@@ -217,7 +217,7 @@ class Preemption:
         if not in_slurm(self.env):
             return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
                            "resubmit with the same --run-dir to resume")  # fmt: skip
-        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
+        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
 
         ok, said = requeue_job(job_id)
         if not ok:
@@ -238,7 +238,7 @@ class Preemption:
 class NodeRangeKeeper:
     """For a flexible allocation (``HPC_HSDP_REQUEUE_REQUEST``): when SLURM requeues the job itself
     (a node died, the job was preempted) it pins it to the nodes it had; on the SIGTERM that comes
-    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.requeue.restore_request`).
+    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.job.requeue.restore_request`).
 
     A thread does it, woken by the signal's byte on a wakeup fd (``signal.set_wakeup_fd``), which
     the interpreter writes at once even while the main thread is stuck in a collective with a dead
@@ -254,7 +254,7 @@ class NodeRangeKeeper:
         self._previous_fd = -1
 
     def wanted(self) -> bool:
-        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE
+        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
 
         local = self.env.get("LOCAL_RANK", self.env.get("SLURM_LOCALID", "0")).strip()
         return bool(self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()) and in_slurm(self.env) and local == "0"
@@ -277,7 +277,7 @@ class NodeRangeKeeper:
         return self
 
     def _watch(self, read_fd: int) -> None:
-        from hpc_hsdp.requeue import REQUEST_FIELDS_VARIABLE, restore_request
+        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, restore_request
 
         while True:
             data = os.read(read_fd, 64)

@@ -3,7 +3,7 @@ parameters after its forward (and gathers them again in backward) or keeps them 
 
 ``auto`` keeps them when the whole model gathered fits beside the sharded state in the
 smallest device memory of the job, by the rule of ``plan --recommend``
-(:func:`hpc_hsdp.estimates.gathered_fits`): no backward re-gather, the faster step
+(:func:`hpc_hsdp.plan.estimates.gathered_fits`): no backward re-gather, the faster step
 (benchmarks/RESULTS.md section 14). Every rank must decide alike (a block that re-gathers
 on one rank and not on its shard peers would wait forever), so the memory is agreed on
 with one all-reduce (MIN) before anything is wrapped.
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_hsdp.estimates import DTYPE_BYTES, estimate, format_bytes, gathered_fits
+from hpc_hsdp.plan.estimates import DTYPE_BYTES, estimate, format_bytes, gathered_fits
 
 
 @dataclass(frozen=True, kw_only=True)

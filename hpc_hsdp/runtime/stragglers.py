@@ -16,7 +16,7 @@ compute of that one step in K.
 :class:`StragglerProbe` is the loop's component: ``begin(step)`` before the step,
 ``end(step, step_time_s)`` after it (after ``comm_stats.take()``, so that its all-gather
 is not counted in the step's traffic) returns the ``stragglers`` entry of the record
-(:func:`hpc_hsdp.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
+(:func:`hpc_hsdp.rundir.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
 rank) on probed steps, None otherwise. Collective:
 every rank calls both at every step.
 """
@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpc_hsdp.stragglers import summarize
+from hpc_hsdp.rundir.stragglers import summarize
 
 COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
                "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "barrier",

@@ -2,7 +2,7 @@
 
 TensorBoard's own writer (``torch.utils.tensorboard.SummaryWriter``; it needs the
 ``tensorboard`` package, the ``tb`` extra). Each metrics.jsonl record becomes the
-scalars :func:`hpc_hsdp.scalars.record_scalars` lists, at the record's step and wall
+scalars :func:`hpc_hsdp.rundir.scalars.record_scalars` lists, at the record's step and wall
 time. A resumed attempt opens the same directory with ``purge_step`` = the first step it
 will write: TensorBoard hides whatever the previous attempt wrote from that step on, as
 metrics.jsonl drops those records, so the curves go on with no repeated or out-of-order
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hpc_hsdp.scalars import record_scalars
+from hpc_hsdp.rundir.scalars import record_scalars
 
 TB_DIR = "tb"
 

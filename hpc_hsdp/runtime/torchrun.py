@@ -12,8 +12,8 @@ import signal
 import subprocess
 import sys
 
-from hpc_hsdp.spec import RunSpec
-from hpc_hsdp.topology import RankLayout
+from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.plan.topology import RankLayout
 
 
 def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[str]:
@@ -37,7 +37,7 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     submitit's handlers) and, after a stop, exits without a result, as an srun task does,
     so that the requeued job's result is the one submitit reports."""
     from hpc_hsdp.runtime.preemption import warning_signal_from
-    from hpc_hsdp.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
+    from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
 
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.topology import TopologyPlan
+from hpc_hsdp.plan.topology import TopologyPlan
 
 
 class GroupMismatchError(HsdpError):

@@ -170,9 +170,9 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. Raise HsdpError on every rank when this job's restarts after failures
     (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
-    from hpc_hsdp.attempts import read_restarts
+    from hpc_hsdp.rundir.attempts import read_restarts
     from hpc_hsdp.errors import HsdpError
-    from hpc_hsdp.run_state import FAILURE_REASONS, failure_restarts
+    from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts
 
     job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
     verdict = [None]
@@ -374,7 +374,7 @@ class Watchdog:
         _note(f"[hpc-hsdp] watchdog: rank {rank}: NCCL flight recorder trace in {path}")
 
     def _requeue_and_record(self, verdict: str) -> str:
-        from hpc_hsdp.run_state import failure_restarts, record_restart
+        from hpc_hsdp.rundir.state import failure_restarts, record_restart
         from hpc_hsdp.runtime.preemption import in_slurm, restart_count
 
         restarts = restart_count(self.env)
@@ -386,7 +386,7 @@ class Watchdog:
             outcome, requeued = (f"not requeued: the job already restarted {failures} times after failures "
                                  f"(--max-restarts {self.max_restarts})"), False  # fmt: skip
         else:
-            from hpc_hsdp.requeue import requeue_job
+            from hpc_hsdp.job.requeue import requeue_job
 
             ok, said = requeue_job(job_id)
             requeued = ok

@@ -22,7 +22,7 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> None:
     """The model, ``--data`` and ``--val-data`` of the built-in loop, or ``--entry``; a
     :class:`SpecError` (exit 2) names the first that the tasks could not use. With an
     ``--entry`` or a Python function of the user's, that function decides what it opens.
-    ``state``: the run directory's :func:`~hpc_hsdp.run_state.run_dir_state`, when read already."""
+    ``state``: the run directory's :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already."""
     if spec.run.entry is not None:
         check_importable("--entry", spec.run.entry, fix=INSTALL_OR_RENAME)
     if spec.run.entry is not None or own_function:
@@ -87,7 +87,7 @@ def _check_resume(spec, num_samples: int | None, state) -> None:
     """Into a run directory with a checkpoint the job resumes: the checkpoint's data position
     must continue with this job's global batch, seed and data, as the tasks check on resuming.
     ``num_samples``: the training data's (None: synthetic tokens)."""
-    from hpc_hsdp.run_state import check_data_position, run_dir_state, saved_train_state
+    from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
     state = state or run_dir_state(spec.run.run_dir)
     if state.checkpoint is None:

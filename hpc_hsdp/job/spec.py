@@ -31,7 +31,7 @@ MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) 
 def check_model(model: str) -> str:
     """``--model``: ``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``; returns it unchanged.
     Only the form is checked here (no file is read: a script may be rendered where the
-    model's files are not); ``submit`` looks for them (:mod:`hpc_hsdp.preflight`)."""
+    model's files are not); ``submit`` looks for them (:mod:`hpc_hsdp.job.preflight`)."""
     check_text("--model", model)
     if model == "builtin":
         return model
@@ -660,7 +660,7 @@ class JobSpec:
         _positive_int("--nodes", self.nodes)
         _positive_int("--gpus-per-node", self.gpus_per_node)
         _positive_int("--ntasks", self.ntasks, optional=True)
-        from hpc_hsdp.topology import check_sizes
+        from hpc_hsdp.plan.topology import check_sizes
 
         check_sizes(nodes=self.nodes, tasks_per_node=self.gpus_per_node,
                     world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node))
@@ -697,7 +697,7 @@ class JobSpec:
         except TopologyError as exc:
             if self.ntasks is None:
                 raise
-            from hpc_hsdp.topology import format_tasks_per_node
+            from hpc_hsdp.plan.topology import format_tasks_per_node
 
             raise TopologyError(
                 f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
@@ -755,7 +755,7 @@ class JobSpec:
 
     def plan_at(self, nodes: int):
         """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""
-        from hpc_hsdp.topology import plan_for
+        from hpc_hsdp.plan.topology import plan_for
 
         return plan_for(nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
 
@@ -769,7 +769,7 @@ class JobSpec:
     @property
     def plan(self):
         """The TopologyPlan of the job: the same function ``hpc-hsdp plan`` and the on-node layout use."""
-        from hpc_hsdp.topology import TopologyPlan, plan_for
+        from hpc_hsdp.plan.topology import TopologyPlan, plan_for
 
         if self.ntasks is None:
             return plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)

@@ -1,7 +1,7 @@
 """The rendered examples in ``sbatch/``, and the one command that regenerates them.
 
-    python -m hpc_hsdp.examples            # rewrite sbatch/*.sbatch and sbatch/README.md
-    python -m hpc_hsdp.examples --check    # exit 1 and name the stale files (what the test does)
+    python -m hpc_hsdp.cli.examples            # rewrite sbatch/*.sbatch and sbatch/README.md
+    python -m hpc_hsdp.cli.examples --check    # exit 1 and name the stale files (what the test does)
 
 Each example is exactly ``hpc-hsdp render <argv>`` run from the repository root, with
 no ``$HPC_HSDP_CONFIG``/``$HPC_HSDP_PROFILE`` and an explicit ``--venv`` and absolute
@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SBATCH_DIR = REPO / "sbatch"
-REGENERATE = "python -m hpc_hsdp.examples"
+REGENERATE = "python -m hpc_hsdp.cli.examples"
 
 _COMMON = ("--venv", "/opt/venvs/hsdp")
 
@@ -76,7 +76,7 @@ def spec_from_argv(argv: list[str] | tuple[str, ...], *, cwd: str | Path = REPO)
 
 def render_example(example: Example) -> str:
     """The text ``hpc-hsdp render <argv>`` prints for ``example`` (machine-independent)."""
-    from hpc_hsdp.render import render_sbatch
+    from hpc_hsdp.job.render import render_sbatch
 
     return render_sbatch(spec_from_argv(example.argv))
 

@@ -1,7 +1,7 @@
 """``scontrol requeue`` from inside a job: the one scheduler call a running task makes.
 
 A module of its own so that dependencies point one way: the scheduler module
-(:mod:`hpc_hsdp.scheduler`) hands the runtime's task function to submitit, and the runtime
+(:mod:`hpc_hsdp.job.scheduler`) hands the runtime's task function to submitit, and the runtime
 (:mod:`hpc_hsdp.runtime.preemption`, the watchdog) asks for a requeue through this module,
 never through the scheduler module. Standard library only.
 """

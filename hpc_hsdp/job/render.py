@@ -1,4 +1,4 @@
-"""The sbatch script of a job: a pure function of its :class:`~hpc_hsdp.spec.JobSpec`.
+"""The sbatch script of a job: a pure function of its :class:`~hpc_hsdp.job.spec.JobSpec`.
 
 ``render_sbatch(spec)`` fills ``templates/job.sbatch.j2`` (or the user's ``spec.template``)
 through a Jinja2 environment with ``StrictUndefined`` (a missing variable is an error,
@@ -42,7 +42,7 @@ from pathlib import Path
 import jinja2
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
+from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
@@ -192,7 +192,7 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
 def warning_signal_name(spec: JobSpec) -> str:
     """The name (``USR2``) of the job's warning signal, from ``--signal [R:|B:]SIG@SECONDS``;
     the default's when the job has none (the tasks still save on it, e.g. ``scancel --signal``)."""
-    from hpc_hsdp.spec import DEFAULT_SIGNAL
+    from hpc_hsdp.job.spec import DEFAULT_SIGNAL
 
     value = spec.scheduler.signal or DEFAULT_SIGNAL
     name = value.rsplit(":", 1)[-1].split("@", 1)[0].upper()
@@ -285,7 +285,7 @@ def default_launch_command(spec: JobSpec) -> str:
 def plan_command(spec: JobSpec) -> str:
     """The ``hpc-hsdp plan`` command that shows this job's layout."""
     if spec.ntasks is not None:
-        from hpc_hsdp.topology import format_tasks_per_node
+        from hpc_hsdp.plan.topology import format_tasks_per_node
 
         args = ["--tasks-per-node", format_tasks_per_node(spec.tasks_per_node)]
     else:
@@ -349,7 +349,7 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
     except jinja2.TemplateSyntaxError as exc:
         raise SpecError(f"template {exc.filename or name} line {exc.lineno}: {str(exc.message).rstrip('.')}; fix the template") from None
     except jinja2.UndefinedError as exc:
-        raise SpecError(f"template {name}: {exc.message}; use only the variables listed in hpc_hsdp.render") from None
+        raise SpecError(f"template {name}: {exc.message}; use only the variables listed in hpc_hsdp.job.render") from None
     except jinja2.TemplateNotFound as exc:
         raise SpecError(
             f"template {name} includes or extends {exc.name!r}, which is neither next to it nor packaged "

@@ -4,7 +4,7 @@ SLURM jobs go through submitit, whose sbatch text is replaced by the script ``re
 produces for the same spec: only the command each task runs differs (submitit's job
 runner, ``python -u -m hpc_hsdp.runtime.submitit_job <folder>``, in place of
 ``python -m hpc_hsdp run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the
-local emulator (:mod:`hpc_hsdp.local`) runs that same script.
+local emulator (:mod:`hpc_hsdp.job.local`) runs that same script.
 
 Every job leaves ``<run-dir>/job.json``; a handle is rebuilt from it (or from the job id,
 through a small index in the user's state directory) in any new shell.
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.preflight import check_job_inputs
-from hpc_hsdp.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
+from hpc_hsdp.job.preflight import check_job_inputs
+from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 
 CLUSTERS = ("auto", "slurm", "local")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
@@ -94,7 +94,7 @@ def _submitit_command(logs_dir: Path) -> str:
 
 def submission_script(spec) -> str:
     """The exact text that ``submit`` hands to sbatch (and to the emulator) for ``spec``."""
-    from hpc_hsdp.render import render_sbatch
+    from hpc_hsdp.job.render import render_sbatch
 
     return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)))
 
@@ -175,7 +175,7 @@ class JobHandle:
 
     def status(self) -> JobStatus:
         if self.record.cluster == "local":
-            from hpc_hsdp.local import LocalJob
+            from hpc_hsdp.job.local import LocalJob
 
             info = LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).info()
             code = info.get("exit_code")
@@ -184,7 +184,7 @@ class JobHandle:
 
     def cancel(self) -> None:
         if self.record.cluster == "local":
-            from hpc_hsdp.local import LocalJob
+            from hpc_hsdp.job.local import LocalJob
 
             LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).cancel()
             return
@@ -420,8 +420,8 @@ def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None
     """Before submitting into ``spec``'s run directory: refuse when a job still runs there or
     its run already completed (SpecError, nothing submitted); else the line that says from
     which step the job resumes (None: a fresh start). ``state``: the directory's
-    :func:`~hpc_hsdp.run_state.run_dir_state`, when read already."""
-    from hpc_hsdp.run_state import resubmission_note
+    :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already."""
+    from hpc_hsdp.rundir.state import resubmission_note
 
     run_dir = Path(spec.run.run_dir)
     if (run_dir / "job.json").is_file():
@@ -443,8 +443,8 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     before the job's own line: from which step it resumes (when it does), then why this
     cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
     in its run directory, the run there already completed, or the tasks could not use the
-    job's inputs (:func:`~hpc_hsdp.preflight.check_job_inputs`)."""
-    from hpc_hsdp.run_state import run_dir_state
+    job's inputs (:func:`~hpc_hsdp.job.preflight.check_job_inputs`)."""
+    from hpc_hsdp.rundir.state import run_dir_state
 
     if spec.launch.container_image is not None:
         raise SpecError(
@@ -501,7 +501,7 @@ def _submit_slurm(spec, func, args, kwargs):
             return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
 
     if spec.flexible:  # SLURM may grant fewer nodes: results() are those of the tasks that ran
-        from hpc_hsdp.flexible_job import FlexibleSlurmJob
+        from hpc_hsdp.job.flexible_job import FlexibleSlurmJob
 
         RenderedScriptExecutor.job_class = FlexibleSlurmJob
     executor = RenderedScriptExecutor(folder=spec.log_dir)
@@ -518,7 +518,7 @@ def _submit_slurm(spec, func, args, kwargs):
 def _submit_local(spec, func, args, kwargs):
     from submitit.core.utils import DelayedSubmission
 
-    from hpc_hsdp.local import allocation_for, launch_local, new_job_id
+    from hpc_hsdp.job.local import allocation_for, launch_local, new_job_id
 
     job_id = new_job_id()
     DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
@@ -544,7 +544,7 @@ def api_options(options: dict[str, Any]) -> dict[str, Any]:
     ``gpus_per_node``, ``env`` and ``sbatch`` as dicts, ``setup`` a string or a list) ->
     the click parameters of ``hpc-hsdp submit``. Values are checked as a config file's are."""
     from hpc_hsdp.cli.job_options import JOB_OPTION_NAMES, config_key
-    from hpc_hsdp.config import OPTION_KINDS, check_kind
+    from hpc_hsdp.job.config import OPTION_KINDS, check_kind
 
     click_name = {config_key(name): name for name in JOB_OPTION_NAMES}
     converted: dict[str, Any] = {}

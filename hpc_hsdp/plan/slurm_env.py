@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpc_hsdp.spec import DISTRIBUTIONS
-from hpc_hsdp.topology import format_tasks_per_node
+from hpc_hsdp.job.spec import DISTRIBUTIONS
+from hpc_hsdp.plan.topology import format_tasks_per_node
 
 
 def compress_nodelist(names: Sequence[str]) -> str:

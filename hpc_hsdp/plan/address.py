@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.topology import expand_nodelist
+from hpc_hsdp.plan.topology import expand_nodelist
 
 IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 _ROUTE_PROBE = "10.255.255.255"  # a UDP "connect" only picks a route and source address; nothing is sent

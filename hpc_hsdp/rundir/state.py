@@ -182,7 +182,7 @@ def check_data_position(saved: dict | None, *, global_batch: int, num_samples: i
 
 
 # ----------------------------------------------------------------------------- restarts and their causes
-# The record itself is hpc_hsdp.attempts' (attempt.json, restarts.jsonl): the components that
+# The record itself is hpc_hsdp.rundir.attempts' (attempt.json, restarts.jsonl): the components that
 # know why an attempt ends (the watchdog: a hang; the survivors of a node failure) write it there.
 
 FAILURE_REASONS = ("hang", "node_failure", "killed", "error", "unknown")
@@ -193,14 +193,14 @@ a requested stop or a resubmission)."""
 def record_restart(run_dir: str | Path, *, reason: str, cause: str, step: int | None = None) -> bool:
     """Why the current attempt ends (the first cause written wins): the next attempt's line in
     restarts.jsonl carries it."""
-    from hpc_hsdp.attempts import end_attempt
+    from hpc_hsdp.rundir.attempts import end_attempt
 
     return end_attempt(run_dir, reason=reason, step=step, detail=cause)
 
 
 def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
     """Restarts of this job after failures (hang, node failure, killed, error)."""
-    from hpc_hsdp.attempts import read_restarts
+    from hpc_hsdp.rundir.attempts import read_restarts
 
     return sum(1 for r in read_restarts(run_dir)
                if r.get("reason") in FAILURE_REASONS and (not job_id or str(r.get("job_id")) == job_id))  # fmt: skip

@@ -4,7 +4,7 @@
 produced under ``bash``, with the job-level variables of a real allocation and an
 ``srun`` of ours first on PATH. That ``srun`` starts one process per task, each with the
 task-level variables a real step gives it (``SLURM_PROCID``, ``SLURM_LOCALID``,
-``SLURMD_NODENAME``, ... from :func:`hpc_hsdp.slurm_env.task_environments`), writes
+``SLURMD_NODENAME``, ... from :func:`hpc_hsdp.plan.slurm_env.task_environments`), writes
 each task's output to the ``--output``/``--error`` patterns, and, like
 ``srun --kill-on-bad-exit``, ends the step when one task fails. Every task runs on CPU.
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.files import write_atomically
-from hpc_hsdp.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
-from hpc_hsdp.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
+from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
+from hpc_hsdp.plan.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
 
 KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
@@ -128,7 +128,7 @@ def launch_local(script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id:
     shim_dir = logs_dir / ".emulator-bin"
     shim_dir.mkdir(exist_ok=True)
     shim = shim_dir / "srun"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.local srun "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.local srun "$@"\n')
     shim.chmod(0o755)
     script_path = logs_dir / f"{job_id}_submission.sh"
     script_path.write_text(script)
@@ -142,7 +142,7 @@ def launch_local(script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id:
     _write_json_atomic(path, state)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpc_hsdp.local", "supervise", str(path)],
+        [sys.executable, "-m", "hpc_hsdp.job.local", "supervise", str(path)],
         env=env, cwd=submit_dir or os.getcwd(), start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
     )  # fmt: skip
@@ -306,7 +306,7 @@ def _srun_parser() -> argparse.ArgumentParser:
 
 def _hostfile_layout(path: str, node_names: Sequence[str]) -> tuple[tuple[int, ...], str]:
     """Tasks per node and their order (block or cyclic) from ``SLURM_HOSTFILE``."""
-    from hpc_hsdp.address import hostfile_lines
+    from hpc_hsdp.plan.address import hostfile_lines
 
     if not path or not Path(path).is_file():
         raise ValueError(f"SLURM_HOSTFILE={path!r} is not a file")
@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _srun(argv[1:])
     if argv[:1] == ["supervise"] and len(argv) == 2:
         return _supervise(argv[1])
-    print("usage: python -m hpc_hsdp.local srun [srun options] command... | supervise STATE_FILE", file=sys.stderr)
+    print("usage: python -m hpc_hsdp.job.local srun [srun options] command... | supervise STATE_FILE", file=sys.stderr)
     return 2
 
 

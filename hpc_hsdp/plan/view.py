@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime, format_bytes
-from hpc_hsdp.topology import TopologyPlan
+from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime, format_bytes
+from hpc_hsdp.plan.topology import TopologyPlan
 
 
 LISTED_RANKS = 8

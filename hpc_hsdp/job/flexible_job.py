@@ -28,7 +28,7 @@ class FlexibleSlurmJob(submitit.SlurmJob):
     nodes as SLURM granted (``tasks_per_node`` of them each), not of every task at the most nodes."""
 
     tasks_per_node = 0
-    """Set on the job by :mod:`hpc_hsdp.scheduler` when it submits; 0: every task, as submitit does."""
+    """Set on the job by :mod:`hpc_hsdp.job.scheduler` when it submits; 0: every task, as submitit does."""
     min_nodes = 0
     """The fewest nodes of the range (set with ``tasks_per_node``)."""
 

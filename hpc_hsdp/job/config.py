@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.spec import (
+from hpc_hsdp.job.spec import (
     DEFAULT_SIGNAL,
     EnvironmentSpec,
     JobSpec,
