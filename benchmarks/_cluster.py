@@ -20,11 +20,14 @@ def cluster_env() -> tuple[dict | None, str]:
     out = subprocess.run([str(DEV_CLUSTER), "env"], capture_output=True, text=True)
     for line in out.stdout.splitlines():
         if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             env[key] = value.strip("'\"")
     status = subprocess.run([str(DEV_CLUSTER), "status"], capture_output=True, text=True, env=env)
     if status.returncode != 0:
-        return None, f"dev cluster is not up ({(status.stdout or status.stderr).strip()[:120]}); start it: scripts/dev-cluster up"
+        return (
+            None,
+            f"dev cluster is not up ({(status.stdout or status.stderr).strip()[:120]}); start it: scripts/dev-cluster up",
+        )
     return env, ""
 
 
@@ -33,7 +36,9 @@ def job_state(job_id: str, env: dict) -> str:
     return out.stdout.strip() or "GONE"
 
 
-def wait_state(job_id: str, env: dict, states: tuple[str, ...], *, timeout_s: float = 120, poll_s: float = 0.05) -> float:
+def wait_state(
+    job_id: str, env: dict, states: tuple[str, ...], *, timeout_s: float = 120, poll_s: float = 0.05
+) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if job_state(job_id, env) in states:

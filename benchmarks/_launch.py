@@ -25,24 +25,43 @@ def hpc_hsdp_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hpc_hsdp"]
 
 
-def job_step(argv: list[str], *, tasks_per_node: tuple[int, ...], log_dir: Path, timeout_s: float = 600,
-             threads: int = 1, torch_env: bool = False, extra_env: dict | None = None) -> float:  # fmt: skip
+def job_step(
+    argv: list[str],
+    *,
+    tasks_per_node: tuple[int, ...],
+    log_dir: Path,
+    timeout_s: float = 600,
+    threads: int = 1,
+    torch_env: bool = False,
+    extra_env: dict | None = None,
+) -> float:
     """Run ``argv`` once per task; returns the Unix time just before the first process started.
     Raises with the log tail of a failing task. ``extra_env``: more variables for every task."""
     from hpc_hsdp.plan.slurm_env import task_environments
 
-    envs = task_environments(tasks_per_node=list(tasks_per_node),
-                             node_names=[f"bn{i + 1}" for i in range(len(tasks_per_node))], job_id="777")  # fmt: skip
+    envs = task_environments(
+        tasks_per_node=list(tasks_per_node), node_names=[f"bn{i + 1}" for i in range(len(tasks_per_node))], job_id="777"
+    )
     port = str(free_port())
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
+    }
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     started = time.time()
     for i, env in enumerate(envs):
-        env = {**base, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": str(threads),
-               "PYTHONPATH": str(ROOT)}
+        env = {
+            **base,
+            **env,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": str(ROOT),
+        }
         if torch_env:  # the hand-written baseline reads torch's variables, not SLURM's
-            env.update({"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]})
+            env.update(
+                {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]}
+            )
         env.update(extra_env or {})
         log = open(log_dir / f"task-{i}.log", "w")
         procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)), log))

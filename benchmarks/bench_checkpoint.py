@@ -139,8 +139,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR") or str(ROOT)) as tmp:
         work = Path(tmp)
         disk = statistics.median(disk_bandwidth(work) for _ in range(3))
-        argv = [sys.executable, str(Path(__file__).resolve()), "--task", "--work", str(work), "--runs", str(args.runs),
-                "--width", str(args.width), "--layers", str(args.layers)]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--task",
+            "--work",
+            str(work),
+            "--runs",
+            str(args.runs),
+            "--width",
+            str(args.width),
+            "--layers",
+            str(args.layers),
+        ]
         job_step(argv, tasks_per_node=TASKS, log_dir=work / "logs", timeout_s=1200)
         r = json.loads((work / "results.json").read_text())
     size = statistics.median(r["bytes"])
@@ -148,16 +159,24 @@ def main() -> None:
     crc = statistics.median(r["crc_s"])
     block = statistics.median(r["block_s"])
     extra = statistics.median(r["extra_s"])
-    print(f"model: width {args.width}, layers {args.layers}, {r['params']:,} parameters; checkpoint {size / 2**20:,.0f} MiB "
-          f"= {size / r['params']:.1f} bytes per parameter (fp32 + AdamW: 12 once); 2 ranks, medians of {args.runs}")
+    print(
+        f"model: width {args.width}, layers {args.layers}, {r['params']:,} parameters; checkpoint {size / 2**20:,.0f} MiB "
+        f"= {size / r['params']:.1f} bytes per parameter (fp32 + AdamW: 12 once); 2 ranks, medians of {args.runs}"
+    )
     print(f"disk sequential write (8 MiB writes + fsync)   {disk / 2**20:8.0f} MiB/s   1.00")
-    print(f"synchronous save                               {size / sync / 2**20:8.0f} MiB/s   {size / sync / disk:.2f}"
-          f"   ({sync:.2f} s, of which CRC-32 {crc:.2f} s = {crc / sync:.0%})")  # fmt: skip
+    print(
+        f"synchronous save                               {size / sync / 2**20:8.0f} MiB/s   {size / sync / disk:.2f}"
+        f"   ({sync:.2f} s, of which CRC-32 {crc:.2f} s = {crc / sync:.0%})"
+    )
     print(f"async save: blocks training                     {block:8.3f} s      {block / sync:.3f} of the sync save")
-    print(f"async save: extra step time while writing       {extra:8.3f} s      ({statistics.median(r['steps_during']):.0f} "
-          f"steps of {r['plain_step_s'] * 1000:.0f} ms; committed after {statistics.median(r['commit_s']):.2f} s)")  # fmt: skip
-    print(f"async save: training stall (blocked + extra)    {block + extra:8.3f} s      {(block + extra) / sync:.3f} of the "
-          f"sync save (goal <= 0.10)")  # fmt: skip
+    print(
+        f"async save: extra step time while writing       {extra:8.3f} s      ({statistics.median(r['steps_during']):.0f} "
+        f"steps of {r['plain_step_s'] * 1000:.0f} ms; committed after {statistics.median(r['commit_s']):.2f} s)"
+    )
+    print(
+        f"async save: training stall (blocked + extra)    {block + extra:8.3f} s      {(block + extra) / sync:.3f} of the "
+        f"sync save (goal <= 0.10)"
+    )
 
 
 if __name__ == "__main__":

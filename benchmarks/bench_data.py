@@ -98,8 +98,24 @@ def build_inputs(work: Path, files: list[Path], copies: int) -> list[str]:
 
 def train_tokenizer(work: Path, inputs: list[str], vocab: int) -> Path:
     out = work / "trained"
-    subprocess.run([sys.executable, "-m", "hpc_hsdp", "prepare-data", *inputs, "--glob", "*.py", "-o", str(out),
-                    "--train-tokenizer", str(vocab), "-q"], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_hsdp",
+            "prepare-data",
+            *inputs,
+            "--glob",
+            "*.py",
+            "-o",
+            str(out),
+            "--train-tokenizer",
+            str(vocab),
+            "-q",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return out / "tokenizer" / "tokenizer.json"
 
 
@@ -120,8 +136,11 @@ def main() -> int:
     parser.add_argument("--megabytes", type=float, default=8.0, help="size of the 1x corpus")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--sizes", default="1,4", help="input sizes in copies of the 1x corpus, e.g. 1,4,16")
-    parser.add_argument("--only", default="encode_batch,processes,threads",
-                        help="variants: encode_batch, processes, threads (prepare-data --engine)")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        default="encode_batch,processes,threads",
+        help="variants: encode_batch, processes, threads (prepare-data --engine)",
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     wanted = args.only.split(",")
@@ -131,8 +150,10 @@ def main() -> int:
         inputs = {n: build_inputs(work / f"{n}x", files, n) for n in sizes}
         size = sum(p.stat().st_size for p in files)
         tokenizer = train_tokenizer(work, inputs[sizes[0]][:1], args.vocab)
-        print(f"corpus 1x: {len(files)} standard-library files, {size / 1e6:.1f} MB; sizes {args.sizes} x; "
-              f"BPE {args.vocab}; {os.cpu_count()} CPUs; runs {args.runs}, interleaved")  # fmt: skip
+        print(
+            f"corpus 1x: {len(files)} standard-library files, {size / 1e6:.1f} MB; sizes {args.sizes} x; "
+            f"BPE {args.vocab}; {os.cpu_count()} CPUs; runs {args.runs}, interleaved"
+        )
         variants = {
             "encode_batch": lambda folders: run_json(BASELINE, [str(tokenizer), *folders]),
             "processes": lambda folders: _prepare(work, tokenizer, "processes", folders),
@@ -144,8 +165,10 @@ def main() -> int:
             for n in sizes:
                 for name, run in variants.items():
                     results.setdefault((name, n), []).append(run(inputs[n]))
-    print(f"\n{'variant':<26} {'size':>5} {'tokens':>12} {'tokens/s':>10} {'ratio':>6} {'peak RSS':>9} "
-          f"{'main':>8} {'worker':>8}")  # fmt: skip
+    print(
+        f"\n{'variant':<26} {'size':>5} {'tokens':>12} {'tokens/s':>10} {'ratio':>6} {'peak RSS':>9} "
+        f"{'main':>8} {'worker':>8}"
+    )
     verdicts = []
     for name in variants:
         label = "encode_batch (baseline)" if name == "encode_batch" else f"prepare-data ({name})"
@@ -157,16 +180,22 @@ def main() -> int:
             peak = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in runs)
             main_rss = statistics.median(r["rss_main"] for r in runs)
             worker = statistics.median(r["rss_worker"] for r in runs)
-            print(f"{label:<26} {n:>4}x {runs[0]['tokens']:>12,} {rate / 1e6:>8.3f} M "
-                  f"{'' if ratio is None else f'{ratio:.2f}':>6} {megabytes(peak):>9} {megabytes(main_rss):>8} "
-                  f"{megabytes(worker):>8}")  # fmt: skip
+            print(
+                f"{label:<26} {n:>4}x {runs[0]['tokens']:>12,} {rate / 1e6:>8.3f} M "
+                f"{'' if ratio is None else f'{ratio:.2f}':>6} {megabytes(peak):>9} {megabytes(main_rss):>8} "
+                f"{megabytes(worker):>8}"
+            )
             if ratio is not None and name != "encode_batch":
-                verdicts.append(f"prepare-data ({name}) at {n}x: {ratio:.2f}x encode_batch (target >= {TARGET_RATIO}): "
-                                f"{'ok' if ratio >= TARGET_RATIO else 'BELOW TARGET'}")  # fmt: skip
+                verdicts.append(
+                    f"prepare-data ({name}) at {n}x: {ratio:.2f}x encode_batch (target >= {TARGET_RATIO}): "
+                    f"{'ok' if ratio >= TARGET_RATIO else 'BELOW TARGET'}"
+                )
         first = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in results[(name, sizes[0])])
         last = statistics.median(max(r["rss_main"], r["rss_worker"]) for r in results[(name, sizes[-1])])
-        verdicts.append(f"{label}: input {sizes[-1] / sizes[0]:.0f}x larger, peak RSS {last / first:.2f}x "
-                        f"({megabytes(first)} -> {megabytes(last)})")  # fmt: skip
+        verdicts.append(
+            f"{label}: input {sizes[-1] / sizes[0]:.0f}x larger, peak RSS {last / first:.2f}x "
+            f"({megabytes(first)} -> {megabytes(last)})"
+        )
     print("\n" + "\n".join(verdicts))
     return 0
 

@@ -66,17 +66,44 @@ def run_once(variant: str, steps: int, work: Path, data: Path | None) -> list[di
     options = [arg for k, v in OPTIONS.items() for arg in (f"--{k}", v)]
     if variant == "handwritten":
         times = out / "times.jsonl"
-        argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_fsdp2.py"), "--shard", str(SHARD),
-                "--steps", str(steps), "--out", str(times), *model, *options, "--cosine", "--fused-adamw",
-                *(["--data", str(first_bin(data))] if data else [])]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "handwritten_fsdp2.py"),
+            "--shard",
+            str(SHARD),
+            "--steps",
+            str(steps),
+            "--out",
+            str(times),
+            *model,
+            *options,
+            "--cosine",
+            "--fused-adamw",
+            *(["--data", str(first_bin(data))] if data else []),
+        ]
         out.mkdir(parents=True, exist_ok=True)
         job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
     else:
         times = out / "metrics.jsonl"
-        argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
-                "--steps", str(steps), *model, *options, "--lr-schedule", "cosine",
-                "--reshard-after-forward", "always",  # as the hand-written loop
-                *(["--data", str(data)] if data else [])]  # fmt: skip
+        argv = [
+            *hpc_hsdp_command(),
+            "run",
+            "--shard",
+            str(SHARD),
+            "--device",
+            "cpu",
+            "--run-dir",
+            str(out),
+            "--steps",
+            str(steps),
+            *model,
+            *options,
+            "--lr-schedule",
+            "cosine",
+            "--reshard-after-forward",
+            "always",  # as the hand-written loop
+            *(["--data", str(data)] if data else []),
+        ]
         job_step(argv, tasks_per_node=TASKS, log_dir=work / f"{variant}-logs")
     return [json.loads(line) for line in times.read_text().splitlines()]
 
@@ -89,12 +116,24 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
     from hpc_hsdp.runtime.loop import open_data
     from hpc_hsdp.job.spec import TrainingSpec
 
-    training = TrainingSpec(seq_len=MODEL["seq-len"], batch_size=MODEL["batch-size"], grad_accum=2,
-                            vocab_size=vocab_of(data), data=str(data) if data else None)  # fmt: skip
+    training = TrainingSpec(
+        seq_len=MODEL["seq-len"],
+        batch_size=MODEL["batch-size"],
+        grad_accum=2,
+        vocab_size=vocab_of(data),
+        data=str(data) if data else None,
+    )
     spec = open_data(training, world_size=sum(TASKS))
     began = time.perf_counter()
-    with BatchLoader(spec.train, order=spec.order, layout=spec.layout, rank=0, first_step=1, last_step=steps,
-                     device=torch.device("cpu")) as loader:  # fmt: skip
+    with BatchLoader(
+        spec.train,
+        order=spec.order,
+        layout=spec.layout,
+        rank=0,
+        first_step=1,
+        last_step=steps,
+        device=torch.device("cpu"),
+    ) as loader:
         rows = sum(batch.inputs.shape[0] for batch in loader)
     return rows * MODEL["seq-len"] / (time.perf_counter() - began)
 
@@ -116,39 +155,62 @@ def prepare_stdlib(out: Path) -> Path:
     import subprocess
 
     files = sorted(str(p) for p in Path(os.__file__).parent.glob("*.py"))
-    subprocess.run([*hpc_hsdp_command(), "prepare-data", *files, "-o", str(out), "--train-tokenizer", "512",
-                    "--val-fraction", "0.05"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            *hpc_hsdp_command(),
+            "prepare-data",
+            *files,
+            "-o",
+            str(out),
+            "--train-tokenizer",
+            "512",
+            "--val-fraction",
+            "0.05",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def measure(args, data: Path | None) -> int:
     results: dict[str, list[list[dict]]] = {"handwritten": [], "hpc-hsdp": []}
     for i in range(args.runs):
-        for variant in (("handwritten", "hpc-hsdp") if i % 2 == 0 else ("hpc-hsdp", "handwritten")):
+        for variant in ("handwritten", "hpc-hsdp") if i % 2 == 0 else ("hpc-hsdp", "handwritten"):
             with tempfile.TemporaryDirectory(prefix="hpc-hsdp-bench-") as tmp:
                 results[variant].append(run_once(variant, args.steps, Path(tmp), data))
     per_run = {v: [statistics.median(r["step_time_s"] for r in run[2:]) for run in runs] for v, runs in results.items()}
     step = {v: statistics.median(times) for v, times in per_run.items()}
-    cpu = {v: statistics.median(statistics.median(r["cpu_time_s"] for r in run[2:]) for run in runs)
-           for v, runs in results.items()}  # fmt: skip
+    cpu = {
+        v: statistics.median(statistics.median(r["cpu_time_s"] for r in run[2:]) for run in runs)
+        for v, runs in results.items()
+    }
     pairs = [mine / theirs for mine, theirs in zip(per_run["hpc-hsdp"], per_run["handwritten"])]
     wait = statistics.median(r["data_wait_s"] / r["step_time_s"] for run in results["hpc-hsdp"] for r in run[2:])
     rank_tokens_per_step = MODEL["batch-size"] * 2 * MODEL["seq-len"]
     consumed = rank_tokens_per_step / step["hpc-hsdp"]
     loader = statistics.median(loader_tokens_per_s(data, 200) for _ in range(3))
     source = f"data {data}" if data else "synthetic tokens"
-    print(f"4 procs (2 x 2, shard {SHARD}), bf16 + grad-accum 2 + clip 1.0 + cosine/warm-up, {source}; "
-          f"medians of {args.runs} interleaved runs x {args.steps} steps")  # fmt: skip
+    print(
+        f"4 procs (2 x 2, shard {SHARD}), bf16 + grad-accum 2 + clip 1.0 + cosine/warm-up, {source}; "
+        f"medians of {args.runs} interleaved runs x {args.steps} steps"
+    )
     print(f"{'variant':<12} {'step ms':>9} {'ratio':>6} {'CPU ms':>8} {'ratio':>6}")
     for v in results:
-        print(f"{v:<12} {step[v] * 1000:>9.1f} {step[v] / step['handwritten']:>6.3f} {cpu[v] * 1000:>8.1f} "
-              f"{cpu[v] / cpu['handwritten']:>6.3f}")  # fmt: skip
+        print(
+            f"{v:<12} {step[v] * 1000:>9.1f} {step[v] / step['handwritten']:>6.3f} {cpu[v] * 1000:>8.1f} "
+            f"{cpu[v] / cpu['handwritten']:>6.3f}"
+        )
     ratio = step["hpc-hsdp"] / step["handwritten"]
-    print(f"step hpc-hsdp / handwritten = {ratio:.3f} (target <= {TARGET_STEP}); pairs {min(pairs):.3f}..{max(pairs):.3f}")
+    print(
+        f"step hpc-hsdp / handwritten = {ratio:.3f} (target <= {TARGET_STEP}); pairs {min(pairs):.3f}..{max(pairs):.3f}"
+    )
     print(f"CPU per step hpc-hsdp / handwritten = {cpu['hpc-hsdp'] / cpu['handwritten']:.3f}")
     print(f"data wait / step time = {wait:.2%} (target <= {TARGET_WAIT:.0%})")
-    print(f"loader alone {loader:,.0f} tok/s per rank / a step consumes {consumed:,.0f} tok/s per rank = "
-          f"{loader / consumed:,.0f}x (target >= {TARGET_LOADER:.0f}x)")  # fmt: skip
+    print(
+        f"loader alone {loader:,.0f} tok/s per rank / a step consumes {consumed:,.0f} tok/s per rank = "
+        f"{loader / consumed:,.0f}x (target >= {TARGET_LOADER:.0f}x)"
+    )
     return 0
 
 

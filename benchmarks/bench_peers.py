@@ -50,9 +50,17 @@ MODELS = {
     "10m": {"layers": 4, "width": 320, "heads": 4, "seq-len": 64, "batch-size": 8, "vocab-size": 8192},
     "hf": {"seq-len": 64, "batch-size": 8, "vocab-size": 4096},
 }
-HF_CONFIG = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 704,
-             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip
+HF_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 PEERS = ("handwritten", "lightning-fsdp2", "lightning-fsdp1")
 DEFAULT_VARIANTS = ("handwritten", "hpc-hsdp", "lightning-fsdp2", "lightning-fsdp1")
 
@@ -66,12 +74,17 @@ def peers_python() -> Path:
 
     print(f"creating {PEERS_VENV} ({LIGHTNING}, torch {torch.__version__} from this interpreter) ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(site, "_hpc_hsdp_base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", LIGHTNING, torch_pin],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", LIGHTNING, torch_pin], check=True
+    )
     return python
 
 
@@ -82,26 +95,76 @@ def run_once(variant: str, model: str, steps: int, work: Path, hf_dir: Path | No
     args = [arg for k, v in shape.items() for arg in (f"--{k}", str(v))]
     times = out / "times.jsonl"
     if variant == "handwritten":
-        argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_fsdp2.py"), "--shard", str(SHARD),
-                "--steps", str(steps), "--out", str(times), *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "handwritten_fsdp2.py"),
+            "--shard",
+            str(SHARD),
+            "--steps",
+            str(steps),
+            "--out",
+            str(times),
+            *args,
+        ]
         if model == "hf":  # benchmarks/handwritten_hf_fsdp2.py reads its batches from a token file
-            argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_hf_fsdp2.py"), "--model", str(hf_dir),
-                    "--tokens", str(hf_dir / "tokens.bin"), "--shard", str(SHARD), "--steps", str(steps),
-                    "--seq-len", str(shape["seq-len"]), "--batch-size", str(shape["batch-size"]),
-                    "--out", str(times)]  # fmt: skip
+            argv = [
+                sys.executable,
+                str(ROOT / "benchmarks" / "handwritten_hf_fsdp2.py"),
+                "--model",
+                str(hf_dir),
+                "--tokens",
+                str(hf_dir / "tokens.bin"),
+                "--shard",
+                str(SHARD),
+                "--steps",
+                str(steps),
+                "--seq-len",
+                str(shape["seq-len"]),
+                "--batch-size",
+                str(shape["batch-size"]),
+                "--out",
+                str(times),
+            ]
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
     elif variant.startswith("lightning-"):
-        argv = [str(peers_python()), str(ROOT / "benchmarks" / "peer_lightning.py"), "--strategy",
-                variant.removeprefix("lightning-"), "--shard", str(SHARD), "--steps", str(steps), "--out", str(times),
-                *args, *(["--hf-config", str(hf_dir)] if model == "hf" else [])]  # fmt: skip
-        started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs",
-                           extra_env={"SLURM_NTASKS_PER_NODE": str(TASKS[0])})  # fmt: skip
+        argv = [
+            str(peers_python()),
+            str(ROOT / "benchmarks" / "peer_lightning.py"),
+            "--strategy",
+            variant.removeprefix("lightning-"),
+            "--shard",
+            str(SHARD),
+            "--steps",
+            str(steps),
+            "--out",
+            str(times),
+            *args,
+            *(["--hf-config", str(hf_dir)] if model == "hf" else []),
+        ]
+        started = job_step(
+            argv, tasks_per_node=TASKS, log_dir=out / "logs", extra_env={"SLURM_NTASKS_PER_NODE": str(TASKS[0])}
+        )
     else:
         times = out / "metrics.jsonl"
-        argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
-                "--steps", str(steps), "--lr", "3e-3", "--weight-decay", "0", *args,
-                *(["--model", f"hf:{hf_dir}"] if model == "hf" else []),
-                *(["--reshard-after-forward", "always"] if variant == "hpc-hsdp-always" else [])]  # fmt: skip
+        argv = [
+            *hpc_hsdp_command(),
+            "run",
+            "--shard",
+            str(SHARD),
+            "--device",
+            "cpu",
+            "--run-dir",
+            str(out),
+            "--steps",
+            str(steps),
+            "--lr",
+            "3e-3",
+            "--weight-decay",
+            "0",
+            *args,
+            *(["--model", f"hf:{hf_dir}"] if model == "hf" else []),
+            *(["--reshard-after-forward", "always"] if variant == "hpc-hsdp-always" else []),
+        ]
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs")
     records = [json.loads(line) for line in times.read_text().splitlines()]
     return records[0]["wall_time"] - started, statistics.median(r["step_time_s"] for r in records[2:])
@@ -115,8 +178,10 @@ def measure(model: str, variants: list[str], runs: int, steps: int, hf_dir: Path
                 startup, step = run_once(variant, model, steps, Path(tmp), hf_dir)
             results[variant]["startup"].append(startup)
             results[variant]["step"].append(step)
-            print(f"  [{model} run {i + 1}/{runs}] {variant:<16} start-up {startup:6.2f} s  step {step * 1000:7.1f} ms",
-                  flush=True)  # fmt: skip
+            print(
+                f"  [{model} run {i + 1}/{runs}] {variant:<16} start-up {startup:6.2f} s  step {step * 1000:7.1f} ms",
+                flush=True,
+            )
     return {v: {k: statistics.median(x) for k, x in r.items()} for v, r in results.items()}
 
 
@@ -124,13 +189,17 @@ def report(model: str, med: dict, runs: int, steps: int) -> None:
     peers = [v for v in med if v in PEERS] or list(med)
     fastest_startup = min(med[v]["startup"] for v in peers)
     fastest_step = min(med[v]["step"] for v in peers)
-    print(f"\n{model}: 4 procs (2 x 2, shard {SHARD}), fp32, medians of {runs} interleaved runs x {steps} steps; "
-          f"ratios to the fastest peer")  # fmt: skip
+    print(
+        f"\n{model}: 4 procs (2 x 2, shard {SHARD}), fp32, medians of {runs} interleaved runs x {steps} steps; "
+        f"ratios to the fastest peer"
+    )
     print(f"| {'variant':<16} | {'start-up s':>10} | {'ratio':>6} | {'step ms':>8} | {'ratio':>6} |")
     print(f"|{'-' * 18}|{'-' * 12}:|{'-' * 7}:|{'-' * 9}:|{'-' * 7}:|")
     for v, m in med.items():
-        print(f"| {v:<16} | {m['startup']:>10.2f} | {m['startup'] / fastest_startup:>6.3f} | "
-              f"{m['step'] * 1000:>8.1f} | {m['step'] / fastest_step:>6.3f} |")  # fmt: skip
+        print(
+            f"| {v:<16} | {m['startup']:>10.2f} | {m['startup'] / fastest_startup:>6.3f} | "
+            f"{m['step'] * 1000:>8.1f} | {m['step'] / fastest_step:>6.3f} |"
+        )
     sys.stdout.flush()
 
 
@@ -162,7 +231,9 @@ def write_hf_config(work: Path) -> Path:
     (hf_dir / "config.json").write_text(json.dumps(HF_CONFIG))
     import numpy as np  # random tokens for the hand-written HF script, which reads a uint16 token file
 
-    np.random.default_rng(0).integers(0, HF_CONFIG["vocab_size"], 1 << 18, dtype=np.uint16).tofile(hf_dir / "tokens.bin")
+    np.random.default_rng(0).integers(0, HF_CONFIG["vocab_size"], 1 << 18, dtype=np.uint16).tofile(
+        hf_dir / "tokens.bin"
+    )
     return hf_dir
 
 
@@ -171,11 +242,18 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--models", default="small,10m,hf", help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-always, lightning-fsdp1, "
-                             "lightning-fsdp2")  # fmt: skip
-    parser.add_argument("--startup-phases", type=int, default=3, metavar="N",
-                        help="then N runs of benchmarks/startup_phases.py on the small model (0: none)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help="comma-separated: handwritten, hpc-hsdp, hpc-hsdp-always, lightning-fsdp1, lightning-fsdp2",
+    )
+    parser.add_argument(
+        "--startup-phases",
+        type=int,
+        default=3,
+        metavar="N",
+        help="then N runs of benchmarks/startup_phases.py on the small model (0: none)",
+    )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     models = [m for m in args.models.split(",") if m]

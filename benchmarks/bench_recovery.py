@@ -33,8 +33,27 @@ from _launch import hpc_hsdp_command  # noqa: E402
 
 from hpc_hsdp.rundir.files import read_jsonl  # noqa: E402
 
-JOB = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--steps", "100000",
-       "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--requeue"]  # fmt: skip
+JOB = [
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "2",
+    "--shard",
+    "2",
+    "--device",
+    "cpu",
+    "--steps",
+    "100000",
+    "--width",
+    "32",
+    "--layers",
+    "1",
+    "--seq-len",
+    "8",
+    "--batch-size",
+    "2",
+    "--requeue",
+]
 RESUMED = re.compile(r"\[hpc-hsdp\] resumed from (?:step (\d+)|.*\(step (\d+))")
 
 
@@ -61,8 +80,12 @@ def _until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
 
 def trial(work: Path, env: dict) -> dict[str, float]:
     run_dir = work / f"rec-{time.monotonic_ns()}"
-    out = subprocess.run([*hpc_hsdp_command(), "submit", "--cluster", "slurm", *JOB, "--run-dir", str(run_dir)],
-                         capture_output=True, text=True, env=env)  # fmt: skip
+    out = subprocess.run(
+        [*hpc_hsdp_command(), "submit", "--cluster", "slurm", *JOB, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     match = re.search(r"submitted job (\d+)", out.stdout)
     if out.returncode != 0 or not match:
         raise RuntimeError(f"submit failed: {out.stdout}{out.stderr}")
@@ -76,8 +99,13 @@ def trial(work: Path, env: dict) -> dict[str, float]:
         t["running"] = _until(lambda: job_state(job, env) == "RUNNING" and time.time(), 300, "restart") - signalled
         resumed = _until(lambda: _resumed_step(run_dir), 300, "'resumed from' line in the logs")
         t["resumed"] = time.time() - signalled
-        record = _until(lambda: next((r for r in _metrics(run_dir) if r["step"] == resumed + 1
-                                      and r["wall_time"] > signalled), None), 300, f"step {resumed + 1}")  # fmt: skip
+        record = _until(
+            lambda: next(
+                (r for r in _metrics(run_dir) if r["step"] == resumed + 1 and r["wall_time"] > signalled), None
+            ),
+            300,
+            f"step {resumed + 1}",
+        )
         t["step"] = record["wall_time"] - signalled
         t["resume_step"] = resumed
         return t
@@ -103,8 +131,12 @@ def main(argv=None) -> int:
                 print("(it needs preemption/requeue on USR2 and the resume line; see hpc_hsdp/runtime/preemption.py)")
                 return 1
     print(f"{'from USR2 to':<28} {'median s':>9}   (dev cluster, 2 x 2 CPU tasks, n={args.runs})")
-    for key, label in (("requeued", "job left RUNNING (requeue)"), ("running", "job RUNNING again"),
-                       ("resumed", "'resumed from' logged"), ("step", "first resumed step done")):  # fmt: skip
+    for key, label in (
+        ("requeued", "job left RUNNING (requeue)"),
+        ("running", "job RUNNING again"),
+        ("resumed", "'resumed from' logged"),
+        ("step", "first resumed step done"),
+    ):
         print(f"{label:<28} {statistics.median(t[key] for t in trials):>9.2f}")
     return 0
 

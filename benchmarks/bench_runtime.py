@@ -43,15 +43,37 @@ def run_once(variant: str, steps: int, work: Path) -> tuple[float, float]:
     out = work / variant
     if variant == "handwritten":
         times = out / "times.jsonl"
-        argv = [sys.executable, str(ROOT / "benchmarks" / "handwritten_fsdp2.py"), "--shard", str(SHARD),
-                "--steps", str(steps), "--out", str(times), *model_args()]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "handwritten_fsdp2.py"),
+            "--shard",
+            str(SHARD),
+            "--steps",
+            str(steps),
+            "--out",
+            str(times),
+            *model_args(),
+        ]
         out.mkdir(parents=True, exist_ok=True)
         started = job_step(argv, tasks_per_node=TASKS, log_dir=out / "logs", torch_env=True)
     else:
         times = out / "metrics.jsonl"
-        argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
-                "--steps", str(steps), *model_args(), "--reshard-after-forward", "always",  # as the hand-written script
-                *(["--comm-stats"] if variant == "comm-stats" else [])]  # fmt: skip
+        argv = [
+            *hpc_hsdp_command(),
+            "run",
+            "--shard",
+            str(SHARD),
+            "--device",
+            "cpu",
+            "--run-dir",
+            str(out),
+            "--steps",
+            str(steps),
+            *model_args(),
+            "--reshard-after-forward",
+            "always",  # as the hand-written script
+            *(["--comm-stats"] if variant == "comm-stats" else []),
+        ]
         started = job_step(argv, tasks_per_node=TASKS, log_dir=work / f"{variant}-logs")
     records = [json.loads(line) for line in times.read_text().splitlines()]
     startup = records[0]["wall_time"] - started
@@ -78,19 +100,25 @@ def measure(runs: int, steps: int) -> dict[str, dict[str, list[float]]]:
 def report(results, runs: int) -> dict:
     med = {v: {k: statistics.median(x) for k, x in r.items()} for v, r in results.items()}
     base = med["handwritten"]
-    print(f"{'variant':<12} {'start-up s':>11} {'ratio':>6} {'step ms':>9} {'ratio':>6}   "
-          f"(4 procs, 2 x 2, shard {SHARD}; medians of {runs} interleaved runs)")  # fmt: skip
+    print(
+        f"{'variant':<12} {'start-up s':>11} {'ratio':>6} {'step ms':>9} {'ratio':>6}   "
+        f"(4 procs, 2 x 2, shard {SHARD}; medians of {runs} interleaved runs)"
+    )
     for v, m in med.items():
-        print(f"{v:<12} {m['startup']:>11.2f} {m['startup'] / base['startup']:>6.3f} {m['step'] * 1000:>9.1f} "
-              f"{m['step'] / base['step']:>6.3f}")  # fmt: skip
+        print(
+            f"{v:<12} {m['startup']:>11.2f} {m['startup'] / base['startup']:>6.3f} {m['step'] * 1000:>9.1f} "
+            f"{m['step'] / base['step']:>6.3f}"
+        )
     ratios = {
         "startup": med["hpc-hsdp"]["startup"] / base["startup"],
         "step": med["hpc-hsdp"]["step"] / base["step"],
         "comm_stats_step_overhead": med["comm-stats"]["step"] / med["hpc-hsdp"]["step"],
     }
-    print(f"start-up hpc-hsdp / handwritten = {ratios['startup']:.3f} (target <= {TARGET_STARTUP}); "
-          f"step = {ratios['step']:.3f} (target <= {TARGET_STEP}); "
-          f"--comm-stats step / plain = {ratios['comm_stats_step_overhead']:.3f}")  # fmt: skip
+    print(
+        f"start-up hpc-hsdp / handwritten = {ratios['startup']:.3f} (target <= {TARGET_STARTUP}); "
+        f"step = {ratios['step']:.3f} (target <= {TARGET_STEP}); "
+        f"--comm-stats step / plain = {ratios['comm_stats_step_overhead']:.3f}"
+    )
     return ratios
 
 

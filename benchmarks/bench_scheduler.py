@@ -24,16 +24,38 @@ from _cluster import cancel_and_wait_gone, cluster_env, wait_state  # noqa: E402
 from _launch import hpc_hsdp_command  # noqa: E402
 
 TARGET = 1.5
-JOB = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--steps", "100000",
-       "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]  # fmt: skip
+JOB = [
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "2",
+    "--shard",
+    "2",
+    "--device",
+    "cpu",
+    "--steps",
+    "100000",
+    "--width",
+    "32",
+    "--layers",
+    "1",
+    "--seq-len",
+    "8",
+    "--batch-size",
+    "2",
+]
 
 
 def trial(kind: str, work: Path, env: dict) -> float:
     run_dir = work / f"{kind}-{time.monotonic_ns()}"
     if kind == "sbatch":
         script = work / f"{run_dir.name}.sbatch"
-        subprocess.run([*hpc_hsdp_command(), "render", *JOB, "--run-dir", str(run_dir), "-o", str(script)],
-                       check=True, env=env, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*hpc_hsdp_command(), "render", *JOB, "--run-dir", str(run_dir), "-o", str(script)],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         cmd = ["sbatch", str(script)]
     else:
@@ -62,7 +84,7 @@ def main(argv=None) -> int:
     times: dict[str, list[float]] = {"sbatch": [], "submit": []}
     with tempfile.TemporaryDirectory(prefix="hpc-hsdp-sched-") as tmp:
         for i in range(args.runs):
-            for kind in (("sbatch", "submit") if i % 2 == 0 else ("submit", "sbatch")):
+            for kind in ("sbatch", "submit") if i % 2 == 0 else ("submit", "sbatch"):
                 times[kind].append(trial(kind, Path(tmp), env))
     base = statistics.median(times["sbatch"])
     print(f"{'command':<8} {'to RUNNING s':>13} {'ratio':>6}   (dev cluster, 2 nodes, n={args.runs}, alternating)")

@@ -63,7 +63,18 @@ def commands(runs: int) -> dict[str, float]:
         "plan --nodes 4096": [*cli, "plan", "--nodes", "4096", "--shard", "8"],
         "plan --nodes 4096 --json": [*cli, "plan", "--nodes", "4096", "--shard", "8", "--json"],
         "render --nodes 1": [*cli, "render", "--nodes", "1", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/b"],
-        "render --nodes 4096": [*cli, "render", "--nodes", "4096", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/b"],
+        "render --nodes 4096": [
+            *cli,
+            "render",
+            "--nodes",
+            "4096",
+            "--shard",
+            "8",
+            "--venv",
+            "none",
+            "--run-dir",
+            "/tmp/b",
+        ],
         "plan --nodes 99999999 (refused)": [*cli, "plan", "--nodes", "99999999", "--shard", "8"],
     }
     times: dict[str, list[float]] = {name: [] for name in cmds}

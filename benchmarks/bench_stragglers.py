@@ -32,9 +32,21 @@ TARGET_SHARE = 0.01
 
 def run_once(every: int, steps: int, work: Path) -> tuple[float, float, list[float]]:
     out = work / f"every-{every}"
-    argv = [*hpc_hsdp_command(), "run", "--shard", str(SHARD), "--device", "cpu", "--run-dir", str(out),
-            "--steps", str(steps), "--straggler-every", str(every),
-            *[arg for k, v in MODEL.items() for arg in (f"--{k}", str(v))]]  # fmt: skip
+    argv = [
+        *hpc_hsdp_command(),
+        "run",
+        "--shard",
+        str(SHARD),
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(out),
+        "--steps",
+        str(steps),
+        "--straggler-every",
+        str(every),
+        *[arg for k, v in MODEL.items() for arg in (f"--{k}", str(v))],
+    ]
     job_step(argv, tasks_per_node=TASKS, log_dir=work / f"every-{every}-logs")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(records[2:], records[3:])]
@@ -59,15 +71,19 @@ def main(argv=None) -> int:
             steps[every].append(step)
     med = {v: statistics.median(g) for v, g in gaps.items()}
     base = med[0]
-    print(f"{'--straggler-every':<18} {'step-to-step ms':>16} {'ratio':>7}   (4 procs, 2 x 2, shard {SHARD}; "
-          f"medians of {args.runs} interleaved runs of {args.steps} steps)")  # fmt: skip
+    print(
+        f"{'--straggler-every':<18} {'step-to-step ms':>16} {'ratio':>7}   (4 procs, 2 x 2, shard {SHARD}; "
+        f"medians of {args.runs} interleaved runs of {args.steps} steps)"
+    )
     for v in VARIANTS:
         print(f"{v:<18} {med[v] * 1000:>16.2f} {med[v] / base:>7.4f}")
     probe = med[1] - base
     print(f"one probe, step-to-step (every 1 - every 0): {probe * 1000:.2f} ms = {probe / base:.2%} of a step")
     share = statistics.median(shares)
-    print(f"one probe's all-gather in the records: median {share:.3%} of the step time ({len(shares)} probes); "
-          f"at every 10: {share / 10:.3%} of step time (target < {TARGET_SHARE:.0%})")  # fmt: skip
+    print(
+        f"one probe's all-gather in the records: median {share:.3%} of the step time ({len(shares)} probes); "
+        f"at every 10: {share / 10:.3%} of step time (target < {TARGET_SHARE:.0%})"
+    )
     return 0
 
 

@@ -41,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_hsdp_step: CUDA is not available on this machine; nothing to measure "
-              "(run on a GPU node, or pass --device cpu to exercise the code path)", file=sys.stderr)  # fmt: skip
+        print(
+            "gpu_hsdp_step: CUDA is not available on this machine; nothing to measure "
+            "(run on a GPU node, or pass --device cpu to exercise the code path)",
+            file=sys.stderr,
+        )
         return 0
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
     from hpc_hsdp.runtime.dist import init
@@ -52,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
-    defaults = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu
-                else dict(layers=2, width=64, heads=4, seq_len=64, batch_size=4, vocab_size=256))  # fmt: skip
+    defaults = (
+        dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768)
+        if gpu
+        else dict(layers=2, width=64, heads=4, seq_len=64, batch_size=4, vocab_size=256)
+    )
     sizes = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
     precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
     if not gpu:
@@ -73,21 +79,33 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize(device)
 
         for precision in precisions:
-            training = TrainingSpec(**sizes, steps=total, lr=1e-4, precision=precision, grad_accum=args.grad_accum,
-                                    clip_grad=1.0, lr_schedule="cosine", warmup_steps=2)  # fmt: skip
+            training = TrainingSpec(
+                **sizes,
+                steps=total,
+                lr=1e-4,
+                precision=precision,
+                grad_accum=args.grad_accum,
+                clip_grad=1.0,
+                lr_schedule="cosine",
+                warmup_steps=2,
+            )
             tokens_per_step = training.global_batch(1) * training.seq_len
             records = []
             result = train(ctx, training, on_step=lambda step, record: records.append(record), verbose=False)
             timed = records[args.warmup :]
             step_time = sum(r["step_time_s"] for r in timed)
-            rows.append({
-                "variant": "loop (HSDP (1,1))", "precision": precision,
-                "tokens_per_s": tokens_per_step * len(timed) / step_time, "step_ms": 1000 * step_time / len(timed),
-                "data_wait": sum(r["data_wait_s"] for r in timed) / step_time,
-                "peak": max(r["peak_mem_bytes"] for r in timed) if gpu else 0,
-                "reserved": max(r.get("peak_mem_reserved_bytes", 0) for r in timed),
-                "loss": timed[-1]["loss"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "variant": "loop (HSDP (1,1))",
+                    "precision": precision,
+                    "tokens_per_s": tokens_per_step * len(timed) / step_time,
+                    "step_ms": 1000 * step_time / len(timed),
+                    "data_wait": sum(r["data_wait_s"] for r in timed) / step_time,
+                    "peak": max(r["peak_mem_bytes"] for r in timed) if gpu else 0,
+                    "reserved": max(r.get("peak_mem_reserved_bytes", 0) for r in timed),
+                    "loss": timed[-1]["loss"],
+                }
+            )
             del result
             if gpu:
                 torch.cuda.empty_cache()
@@ -116,34 +134,48 @@ def main(argv: list[str] | None = None) -> int:
                 optimizer.zero_grad(set_to_none=True)
             sync()
             elapsed = time.perf_counter() - start
-            rows.append({
-                "variant": "unwrapped", "precision": precision, "tokens_per_s": tokens_per_step * args.steps / elapsed,
-                "step_ms": 1000 * elapsed / args.steps, "data_wait": 0.0,
-                "peak": torch.cuda.max_memory_allocated(device) if gpu else 0,
-                "reserved": torch.cuda.max_memory_reserved(device) if gpu else 0, "loss": loss.item(),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "variant": "unwrapped",
+                    "precision": precision,
+                    "tokens_per_s": tokens_per_step * args.steps / elapsed,
+                    "step_ms": 1000 * elapsed / args.steps,
+                    "data_wait": 0.0,
+                    "peak": torch.cuda.max_memory_allocated(device) if gpu else 0,
+                    "reserved": torch.cuda.max_memory_reserved(device) if gpu else 0,
+                    "loss": loss.item(),
+                }
+            )
             del model, optimizer, batches
             if gpu:
                 torch.cuda.empty_cache()
 
         name = torch.cuda.get_device_name(device) if gpu else "cpu"
         params = sum(p.numel() for p in build_model(ModelConfig.from_training(training), device="meta").parameters())
-        print(f"device {device} ({name})  torch {torch.__version__}  params {params / 1e6:.1f}M  batch "
-              f"{training.batch_size}x{training.seq_len} x {training.grad_accum} micro  {args.steps} steps after "
-              f"{args.warmup} warm-up; clip 1.0, cosine")  # fmt: skip
-        print(f"{'variant':<20}{'precision':>10}{'tokens/s':>14}{'step ms':>10}{'data wait':>11}{'peak MiB':>10}"
-              f"{'reserved MiB':>14}{'last loss':>11}")  # fmt: skip
+        print(
+            f"device {device} ({name})  torch {torch.__version__}  params {params / 1e6:.1f}M  batch "
+            f"{training.batch_size}x{training.seq_len} x {training.grad_accum} micro  {args.steps} steps after "
+            f"{args.warmup} warm-up; clip 1.0, cosine"
+        )
+        print(
+            f"{'variant':<20}{'precision':>10}{'tokens/s':>14}{'step ms':>10}{'data wait':>11}{'peak MiB':>10}"
+            f"{'reserved MiB':>14}{'last loss':>11}"
+        )
         for r in rows:
-            print(f"{r['variant']:<20}{r['precision']:>10}{r['tokens_per_s']:>14,.0f}{r['step_ms']:>10.1f}"
-                  f"{r['data_wait']:>10.2%}{r['peak'] / 2**20:>10,.0f}{r['reserved'] / 2**20:>14,.0f}"
-                  f"{r['loss']:>11.4f}")  # fmt: skip
+            print(
+                f"{r['variant']:<20}{r['precision']:>10}{r['tokens_per_s']:>14,.0f}{r['step_ms']:>10.1f}"
+                f"{r['data_wait']:>10.2%}{r['peak'] / 2**20:>10,.0f}{r['reserved'] / 2**20:>14,.0f}"
+                f"{r['loss']:>11.4f}"
+            )
         loop = {r["precision"]: r for r in rows if r["variant"].startswith("loop")}
         plain = {r["precision"]: r for r in rows if r["variant"] == "unwrapped"}
         if len(loop) == 2:
             print(f"loop bf16 / fp32 tokens/s: {loop['bf16']['tokens_per_s'] / loop['fp32']['tokens_per_s']:.2f}x")
         for p in loop:
-            print(f"{p}: loop / unwrapped tokens/s {loop[p]['tokens_per_s'] / plain[p]['tokens_per_s']:.3f}; "
-                  f"data wait {loop[p]['data_wait']:.2%} of step time (pinned prefetch)")  # fmt: skip
+            print(
+                f"{p}: loop / unwrapped tokens/s {loop[p]['tokens_per_s'] / plain[p]['tokens_per_s']:.3f}; "
+                f"data wait {loop[p]['data_wait']:.2%} of step time (pinned prefetch)"
+            )
     finally:
         ctx.shutdown()
     return 0

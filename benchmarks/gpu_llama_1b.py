@@ -30,11 +30,28 @@ from pathlib import Path
 
 from _launch import free_port  # benchmarks/ is on sys.path: these run as scripts
 
-LLAMA_1B = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 8192,
-            "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}  # fmt: skip
-TINY = dict(LLAMA_1B, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+LLAMA_1B = {
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5,
+}
+TINY = dict(
+    LLAMA_1B,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
@@ -51,27 +68,59 @@ def _task_env() -> dict:
     from hpc_hsdp.plan.slurm_env import task_environments
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update(task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="bench")[0])
+    env.update(
+        task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="bench")[0]
+    )
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "HF_HUB_OFFLINE": "1"})
     return env
 
 
 def run_hpc_hsdp(model_dir: Path, run_dir: Path, args) -> dict:
     """The real `hpc-hsdp run` on one task; tokens/s and peak memory from its metrics.jsonl."""
-    cmd = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(run_dir), "--device", args.device,
-           "--model", f"hf:{model_dir}", "--precision", args.precision, "--steps", str(args.warmup + args.steps),
-           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--vocab-size",
-           str(args.vocab_size), "--lr", "1e-4", "--checkpoint-every", "0", "--timeout", "600"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--device",
+        args.device,
+        "--model",
+        f"hf:{model_dir}",
+        "--precision",
+        args.precision,
+        "--steps",
+        str(args.warmup + args.steps),
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--vocab-size",
+        str(args.vocab_size),
+        "--lr",
+        "1e-4",
+        "--checkpoint-every",
+        "0",
+        "--timeout",
+        "600",
+    ]
     started = time.time()
     done = subprocess.run(cmd, env=_task_env(), capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         raise SystemExit(f"hpc-hsdp run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = records[args.warmup:]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "peak_bytes": max(r["peak_mem_bytes"] for r in timed), "peak_kind": timed[-1]["peak_mem_kind"],
-            "last_loss": records[-1]["loss"], "first_step_after_s": records[0]["wall_time"] - started,
-            "wall_s": time.time() - started}  # fmt: skip
+    timed = records[args.warmup :]
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "peak_bytes": max(r["peak_mem_bytes"] for r in timed),
+        "peak_kind": timed[-1]["peak_mem_kind"],
+        "last_loss": records[-1]["loss"],
+        "first_step_after_s": records[0]["wall_time"] - started,
+        "wall_s": time.time() - started,
+    }
 
 
 def unwrapped_worker(args) -> dict:
@@ -91,7 +140,9 @@ def unwrapped_worker(args) -> dict:
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}], lr=1e-4)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}], lr=1e-4
+    )
     generator = torch.Generator().manual_seed(1)
     rates, loss = [], None
     bf16 = args.precision == "bf16"
@@ -112,9 +163,14 @@ def unwrapped_worker(args) -> dict:
         if step == 0:
             first_wall = time.time()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return {"tokens_per_s": statistics.median(rates[args.warmup:]), "peak_bytes": peak,
-            "peak_kind": "cuda_max_allocated" if peak else "n/a (cpu)", "last_loss": value,
-            "first_step_wall": first_wall, "wall_s": time.time() - started}  # fmt: skip
+    return {
+        "tokens_per_s": statistics.median(rates[args.warmup :]),
+        "peak_bytes": peak,
+        "peak_kind": "cuda_max_allocated" if peak else "n/a (cpu)",
+        "last_loss": value,
+        "first_step_wall": first_wall,
+        "wall_s": time.time() - started,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_llama_1b: CUDA is not available here; run it on a GPU node, or pass --tiny for the CPU smoke test",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "gpu_llama_1b: CUDA is not available here; run it on a GPU node, or pass --tiny for the CPU smoke test",
+            file=sys.stderr,
+        )
         return 0
     gpu_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     peak_tflops = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in gpu_name), None)
@@ -156,9 +214,27 @@ def main(argv: list[str] | None = None) -> int:
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(config, indent=1))
         hsdp = run_hpc_hsdp(model_dir, Path(tmp) / "run", args)
-        worker = [sys.executable, __file__, "--unwrapped-worker", "--model-dir", str(model_dir), "--device", args.device,
-                  "--precision", args.precision, "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
-                  "--steps", str(args.steps), "--warmup", str(args.warmup), "--vocab-size", str(args.vocab_size)]  # fmt: skip
+        worker = [
+            sys.executable,
+            __file__,
+            "--unwrapped-worker",
+            "--model-dir",
+            str(model_dir),
+            "--device",
+            args.device,
+            "--precision",
+            args.precision,
+            "--seq-len",
+            str(args.seq_len),
+            "--batch-size",
+            str(args.batch_size),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--vocab-size",
+            str(args.vocab_size),
+        ]
         if args.tiny:
             worker.append("--tiny")
         launched = time.time()
@@ -171,16 +247,27 @@ def main(argv: list[str] | None = None) -> int:
 
     params = shapes_from_config(config).params
     per_token = flops_per_token(config, args.seq_len)
-    print(f"{gpu_name}  {params / 1e9:.3f}B parameters (Llama-style, from a config)  {args.precision}  "
-          f"batch {args.batch_size} x {args.seq_len} tokens  median of {args.steps} steps after {args.warmup}")  # fmt: skip
+    print(
+        f"{gpu_name}  {params / 1e9:.3f}B parameters (Llama-style, from a config)  {args.precision}  "
+        f"batch {args.batch_size} x {args.seq_len} tokens  median of {args.steps} steps after {args.warmup}"
+    )
     print(f"{'variant':<28}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}{'step 1 at s':>12}{'last loss':>11}")
-    results = {"gpu": gpu_name, "params": params, "flops_per_token": per_token, "peak_tflops": peak_tflops,
-               "config": config, "seq_len": args.seq_len, "batch_size": args.batch_size}  # fmt: skip
+    results = {
+        "gpu": gpu_name,
+        "params": params,
+        "flops_per_token": per_token,
+        "peak_tflops": peak_tflops,
+        "config": config,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+    }
     for name, r in (("hpc-hsdp run, mesh (1,1)", hsdp), ("unwrapped (autocast)", plain)):
         mfu = r["tokens_per_s"] * per_token / (peak_tflops * 1e12) if peak_tflops else None
         r["mfu"] = mfu
-        print(f"{name:<28}{r['tokens_per_s']:>12,.0f}{(f'{mfu:.1%}' if mfu is not None else 'n/a'):>8}"
-              f"{r['peak_bytes'] / 2**30:>10.2f}{r['first_step_after_s']:>12.1f}{r['last_loss']:>11.4f}")  # fmt: skip
+        print(
+            f"{name:<28}{r['tokens_per_s']:>12,.0f}{(f'{mfu:.1%}' if mfu is not None else 'n/a'):>8}"
+            f"{r['peak_bytes'] / 2**30:>10.2f}{r['first_step_after_s']:>12.1f}{r['last_loss']:>11.4f}"
+        )
     print(f"hpc-hsdp run / unwrapped tokens/s: {hsdp['tokens_per_s'] / plain['tokens_per_s']:.3f}")
     results.update(hpc_hsdp=hsdp, unwrapped=plain)
     if args.out:

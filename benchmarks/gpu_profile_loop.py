@@ -37,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
-    sizes = (dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768) if gpu
-             else dict(layers=2, width=64, heads=4, seq_len=32, batch_size=2, vocab_size=256))  # fmt: skip
+    sizes = (
+        dict(layers=8, width=1024, heads=16, seq_len=1024, batch_size=8, vocab_size=32768)
+        if gpu
+        else dict(layers=2, width=64, heads=4, seq_len=32, batch_size=2, vocab_size=256)
+    )
     env = task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="prof")[0]
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     ctx = init(1, args.device, env=env, timeout_s=120)
@@ -50,8 +53,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         loop.configure_device(ctx.device)
-        training = TrainingSpec(**sizes, steps=args.steps, lr=1e-4, precision=args.precision, clip_grad=1.0,
-                                lr_schedule="cosine", warmup_steps=2)  # fmt: skip
+        training = TrainingSpec(
+            **sizes,
+            steps=args.steps,
+            lr=1e-4,
+            precision=args.precision,
+            clip_grad=1.0,
+            lr_schedule="cosine",
+            warmup_steps=2,
+        )
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         times: dict[str, list[float]] = {}
         for name, make in (("AdamW foreach (default)", default_optimizer), ("AdamW fused", fused_optimizer)):
@@ -71,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             times[name] = [r["step_time_s"] for r in records[3:]]
             if "prof" in state:
                 averages = state["prof"].key_averages()
-                print(f"== profile of steps {args.steps - 3}-{args.steps - 1}, {name}, {args.precision}: top by self CPU time")
+                print(
+                    f"== profile of steps {args.steps - 3}-{args.steps - 1}, {name}, {args.precision}: top by self CPU time"
+                )
                 print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
                 if gpu:
                     print("== top by device time")
@@ -80,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
         base = statistics.median(times["AdamW foreach (default)"])
         for name, values in times.items():
-            print(f"{name:<26} median step {1000 * statistics.median(values):8.1f} ms  ratio {statistics.median(values) / base:.3f}")
+            print(
+                f"{name:<26} median step {1000 * statistics.median(values):8.1f} ms  ratio {statistics.median(values) / base:.3f}"
+            )
     finally:
         loop.make_optimizer = default_optimizer
         ctx.shutdown()

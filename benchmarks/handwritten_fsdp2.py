@@ -77,8 +77,18 @@ def init_weights(model):
 
 def main():
     p = argparse.ArgumentParser()
-    for name, default in (("shard", 1), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
-                          ("batch-size", 4), ("vocab-size", 256), ("grad-accum", 1), ("warmup-steps", 0)):  # fmt: skip
+    for name, default in (
+        ("shard", 1),
+        ("steps", 20),
+        ("layers", 2),
+        ("width", 64),
+        ("heads", 4),
+        ("seq-len", 32),
+        ("batch-size", 4),
+        ("vocab-size", 256),
+        ("grad-accum", 1),
+        ("warmup-steps", 0),
+    ):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--clip-grad", type=float, default=0.0)
@@ -92,8 +102,11 @@ def main():
     mesh = init_device_mesh("cpu", (world // a.shard, a.shard), mesh_dim_names=("replicate", "shard"))
     with torch.device("meta"):
         model = Model(a.vocab_size, a.seq_len, a.width, a.heads, a.layers)
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.precision == "bf16"
-          else MixedPrecisionPolicy())  # fmt: skip
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if a.precision == "bf16"
+        else MixedPrecisionPolicy()
+    )
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -144,9 +157,19 @@ def main():
         norm_value = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         step_time, cpu_time = time.perf_counter() - t0, time.process_time() - cpu0
         if out is not None:
-            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "cpu_time_s": cpu_time,
-                                  "loss": loss_value,
-                                  "grad_norm": norm_value}) + "\n")  # fmt: skip
+            out.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "wall_time": time.time(),
+                        "step_time_s": step_time,
+                        "cpu_time_s": cpu_time,
+                        "loss": loss_value,
+                        "grad_norm": norm_value,
+                    }
+                )
+                + "\n"
+            )
             out.flush()
     dist.destroy_process_group()
 

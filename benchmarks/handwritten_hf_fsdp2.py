@@ -63,8 +63,8 @@ def main():
     out = open(a.out, "w") if rank == 0 else None
     for step in range(1, a.steps + 1):
         t0, cpu0 = time.perf_counter(), time.process_time()
-        order = np.random.default_rng(step).permutation(samples)[rank * a.batch_size:(rank + 1) * a.batch_size]
-        rows = np.stack([data[i * a.seq_len: i * a.seq_len + a.seq_len + 1] for i in order]).astype(np.int64)
+        order = np.random.default_rng(step).permutation(samples)[rank * a.batch_size : (rank + 1) * a.batch_size]
+        rows = np.stack([data[i * a.seq_len : i * a.seq_len + a.seq_len + 1] for i in order]).astype(np.int64)
         tokens = torch.from_numpy(rows)
         logits = model(input_ids=tokens[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
@@ -75,9 +75,19 @@ def main():
         dist.all_reduce(loss_sum)
         loss_value = loss_sum.item() / world
         if out is not None:
-            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": time.perf_counter() - t0,
-                                  "cpu_time_s": time.process_time() - cpu0, "loss": loss_value,
-                                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "wall_time": time.time(),
+                        "step_time_s": time.perf_counter() - t0,
+                        "cpu_time_s": time.process_time() - cpu0,
+                        "loss": loss_value,
+                        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                    }
+                )
+                + "\n"
+            )
             out.flush()
     dist.destroy_process_group()
 

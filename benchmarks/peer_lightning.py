@@ -59,10 +59,14 @@ class CPUHybridFSDP(FSDPStrategy):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         kwargs = dict(self._fsdp_kwargs)
-        module = FullyShardedDataParallel(module=module, cpu_offload=self.cpu_offload,
-                                          mixed_precision=self.mixed_precision_config,
-                                          sharding_strategy=self.sharding_strategy,
-                                          device_id=torch.device("cpu"), **kwargs)  # fmt: skip
+        module = FullyShardedDataParallel(
+            module=module,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **kwargs,
+        )
         self._fsdp_kwargs.pop("auto_wrap_policy", None)  # already applied above
         return super().setup_module(module)
 
@@ -87,8 +91,16 @@ def build_model(a):
 
 def main():
     p = argparse.ArgumentParser()
-    for name, default in (("shard", 2), ("steps", 20), ("layers", 2), ("width", 64), ("heads", 4), ("seq-len", 32),
-                          ("batch-size", 4), ("vocab-size", 256)):  # fmt: skip
+    for name, default in (
+        ("shard", 2),
+        ("steps", 20),
+        ("layers", 2),
+        ("width", 64),
+        ("heads", 4),
+        ("seq-len", 32),
+        ("batch-size", 4),
+        ("vocab-size", 256),
+    ):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--strategy", choices=("fsdp1", "fsdp2"), required=True)
     p.add_argument("--hf-config", default=None, help="a directory with a transformers config.json")
@@ -109,8 +121,12 @@ def main():
 
         strategy = ModelParallelStrategy(parallelize, data_parallel_size=world // a.shard, tensor_parallel_size=a.shard)
     else:
-        strategy = CPUHybridFSDP(sharding_strategy="HYBRID_SHARD", device_mesh=(world // a.shard, a.shard),
-                                 auto_wrap_policy=set(blocks), use_orig_params=True)  # fmt: skip
+        strategy = CPUHybridFSDP(
+            sharding_strategy="HYBRID_SHARD",
+            device_mesh=(world // a.shard, a.shard),
+            auto_wrap_policy=set(blocks),
+            use_orig_params=True,
+        )
     fabric = Fabric(accelerator="cpu", devices=per_node, num_nodes=nodes, strategy=strategy, precision="32-true")
     fabric.launch()
     rank = fabric.global_rank
@@ -147,8 +163,18 @@ def main():
         norm_value = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         step_time = time.perf_counter() - t0
         if out is not None:
-            out.write(json.dumps({"step": step, "wall_time": time.time(), "step_time_s": step_time, "loss": loss_value,
-                                  "grad_norm": norm_value}) + "\n")  # fmt: skip
+            out.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "wall_time": time.time(),
+                        "step_time_s": step_time,
+                        "loss": loss_value,
+                        "grad_norm": norm_value,
+                    }
+                )
+                + "\n"
+            )
             out.flush()
     torch.distributed.destroy_process_group()
 

@@ -49,9 +49,15 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.plan.topology import RankLayout
 
-    training = TrainingSpec(layers=a.layers, width=a.width, heads=a.heads, seq_len=a.seq, batch_size=a.batch,
-                            vocab_size=a.vocab,
-                            reshard_after_forward="never" if variant.endswith("-kept") else "always")  # fmt: skip
+    training = TrainingSpec(
+        layers=a.layers,
+        width=a.width,
+        heads=a.heads,
+        seq_len=a.seq,
+        batch_size=a.batch,
+        vocab_size=a.vocab,
+        reshard_after_forward="never" if variant.endswith("-kept") else "always",
+    )
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     adapter = resolve_model(training, data_vocab_size=None)
@@ -75,10 +81,14 @@ def build(variant, a, mesh):
 
         model = Model(a.vocab, a.seq, a.width, a.heads, a.layers)
         init_weights(model)
-        model = FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh,
-                                         device_id=torch.device("cpu"), use_orig_params=variant != "fsdp1-flat",
-                                         auto_wrap_policy=partial(lambda_auto_wrap_policy,
-                                                                  lambda_fn=lambda m: isinstance(m, Block)))  # fmt: skip
+        model = FullyShardedDataParallel(
+            model,
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+            device_mesh=mesh,
+            device_id=torch.device("cpu"),
+            use_orig_params=variant != "fsdp1-flat",
+            auto_wrap_policy=partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, Block)),
+        )
     else:
         with torch.device("meta"):
             model = Model(a.vocab, a.seq, a.width, a.heads, a.layers)
@@ -137,8 +147,13 @@ def main():
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--variants", default="fsdp1,fsdp2,fsdp2-foreach,fsdp2-fused,fsdp2-noreshard")
     p.add_argument("--out", default=None)
-    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                   help="then profile 5 steps of each variant (torch.profiler) and print the top ROWS ops")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="then profile 5 steps of each variant (torch.profiler) and print the top ROWS ops",
+    )
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -39,9 +39,17 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CONFIG = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 1024, "intermediate_size": 2816,
-          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip (bench_hf.CONFIG)
+CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 4096,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}  # bench_hf.CONFIG
 
 
 def usage():
@@ -103,8 +111,14 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.plan.topology import RankLayout
 
-    training = TrainingSpec(model=f"hf:{config_dir}", seq_len=a.seq, batch_size=a.batch, lr=3e-3, precision="fp32",
-                            reshard_after_forward="always")  # fmt: skip (as the hand-written script)
+    training = TrainingSpec(
+        model=f"hf:{config_dir}",
+        seq_len=a.seq,
+        batch_size=a.batch,
+        lr=3e-3,
+        precision="fp32",
+        reshard_after_forward="always",
+    )  # as the hand-written script
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     t = time.process_time()
@@ -140,8 +154,9 @@ def hpc_step(model, opt, adapter, tokens, *, norm=True):
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.loader import MicroBatch
 
-    batch = MicroBatch(step=0, micro=0, inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous(),
-                       sample_ids=None)  # fmt: skip
+    batch = MicroBatch(
+        step=0, micro=0, inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous(), sample_ids=None
+    )
     if norm:
         return loop.train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
     saved = loop.torch._foreach_norm
@@ -228,16 +243,27 @@ def worker(a) -> None:
     elif rank == 0:
         base_wall = statistics.median(t[0] for t in times[variants[0]])
         base_cpu = statistics.median(t[1] for t in times[variants[0]])
-        print(f"{'variant':<14}{'wall ms':>9}{'ratio':>7}{'CPU ms':>9}{'ratio':>7}{'sys ms':>8}{'faults':>8}   build phases s")
+        print(
+            f"{'variant':<14}{'wall ms':>9}{'ratio':>7}{'CPU ms':>9}{'ratio':>7}{'sys ms':>8}{'faults':>8}   build phases s"
+        )
         rows = {}
         for v in variants:
             wall = statistics.median(t[0] for t in times[v])
             cpu, sys_ms, faults = (statistics.median(t[i] for t in times[v]) for i in (1, 2, 3))
-            rows[v] = {"wall_ms": wall, "cpu_ms": cpu, "sys_ms": sys_ms, "minor_faults": faults, "phases": phases[v],
-                       "steps": times[v]}  # fmt: skip
+            rows[v] = {
+                "wall_ms": wall,
+                "cpu_ms": cpu,
+                "sys_ms": sys_ms,
+                "minor_faults": faults,
+                "phases": phases[v],
+                "steps": times[v],
+            }
             ph = " ".join(f"{k} {x:.2f}" for k, x in phases[v].items())
-            print(f"{v:<14}{wall:>9.1f}{wall / base_wall:>7.3f}{cpu:>9.1f}{cpu / base_cpu:>7.3f}{sys_ms:>8.0f}{faults:>8.0f}"
-                  f"   {ph}", flush=True)  # fmt: skip
+            print(
+                f"{v:<14}{wall:>9.1f}{wall / base_wall:>7.3f}{cpu:>9.1f}{cpu / base_cpu:>7.3f}{sys_ms:>8.0f}{faults:>8.0f}"
+                f"   {ph}",
+                flush=True,
+            )
         if a.out:
             Path(a.out).write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()
@@ -268,8 +294,13 @@ def main() -> int:
         config_dir = Path(tmp) / "model"
         config_dir.mkdir()
         width = a.width
-        config = dict(CONFIG, vocab_size=a.vocab, hidden_size=width, num_hidden_layers=a.layers,
-                      intermediate_size=CONFIG["intermediate_size"] * width // CONFIG["hidden_size"])  # fmt: skip
+        config = dict(
+            CONFIG,
+            vocab_size=a.vocab,
+            hidden_size=width,
+            num_hidden_layers=a.layers,
+            intermediate_size=CONFIG["intermediate_size"] * width // CONFIG["hidden_size"],
+        )
         (config_dir / "config.json").write_text(json.dumps(config))
         argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--config-dir", str(config_dir)]
         job_step(argv, tasks_per_node=(2, 2), log_dir=Path(tmp) / "logs", torch_env=True, timeout_s=3000)

@@ -39,16 +39,26 @@ SUITE = [
     ("stragglers", "bench_stragglers.py", ["--runs", "3", "--steps", "30"], ["--runs", "1", "--steps", "12"]),
     ("sizes", "bench_sizes.py", ["--runs", "5"], ["--runs", "1"]),
     ("checkpoint", "bench_checkpoint.py", ["--runs", "3"], ["--runs", "1", "--width", "256"]),
-    ("peers", "bench_peers.py", ["--runs", "5", "--steps", "20"],
-     ["--runs", "1", "--steps", "6", "--models", "small", "--startup-phases", "1"]),
+    (
+        "peers",
+        "bench_peers.py",
+        ["--runs", "5", "--steps", "20"],
+        ["--runs", "1", "--steps", "6", "--models", "small", "--startup-phases", "1"],
+    ),
 ]
 
 
 def machine() -> str:
     import os
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     try:
         import torch
 

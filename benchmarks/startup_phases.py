@@ -51,12 +51,19 @@ def main():
     marks.append(("rendezvous", time.time()))
     mesh = init_device_mesh("cpu", layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
     marks.append(("mesh", time.time()))
-    me = {"node": env["SLURMD_NODENAME"], "shard_group": _group_ranks(mesh, "shard"),
-          "replicate_group": _group_ranks(mesh, "replicate")}  # fmt: skip
+    me = {
+        "node": env["SLURMD_NODENAME"],
+        "shard_group": _group_ranks(mesh, "shard"),
+        "replicate_group": _group_ranks(mesh, "replicate"),
+    }
     realized = [None] * layout.world_size
     dist.all_gather_object(realized, me)
-    problems = compare_groups(layout.plan, [d["node"] for d in realized], [d["shard_group"] for d in realized],
-                              [d["replicate_group"] for d in realized])  # fmt: skip
+    problems = compare_groups(
+        layout.plan,
+        [d["node"] for d in realized],
+        [d["shard_group"] for d in realized],
+        [d["replicate_group"] for d in realized],
+    )
     assert not problems, problems
     marks.append(("group check", time.time()))
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=realized, _active=False)
@@ -68,8 +75,9 @@ def main():
     marks.append(("optimizer", time.time()))
     with loop.make_loader(ctx, data, first_step=1, last_step=1) as loader:
         batches, _ = loader.next_step(1)
-        out = loop.train_step(model, optimizer, adapter, batches, lr=training.lr, clip_grad=0.0,
-                              num_replicas=ctx.plan.num_replicas)  # fmt: skip
+        out = loop.train_step(
+            model, optimizer, adapter, batches, lr=training.lr, clip_grad=0.0, num_replicas=ctx.plan.num_replicas
+        )
         out.tolist()
     marks.append(("step 1", time.time()))
     if rank == 0:

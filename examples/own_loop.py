@@ -40,6 +40,9 @@ def main(ctx):
 
     summary = run.finish()  # the final checkpoint (every rank)
     if ctx.is_rank0:
-        print(f"own loop: steps {summary['start_step']}..{summary['steps']}, best loss {best:.4f}, "
-              f"stopped: {summary['stop_reason']}", flush=True)
+        print(
+            f"own loop: steps {summary['start_step']}..{summary['steps']}, best loss {best:.4f}, "
+            f"stopped: {summary['stop_reason']}",
+            flush=True,
+        )
     return summary

@@ -11,7 +11,17 @@ __version__ = "0.1.0"
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan, plan_for
 
-__all__ = ["HsdpError", "RankLayout", "TopologyPlan", "TrainingRun", "init", "plan_for", "submit", "wrap_hsdp", "__version__"]
+__all__ = [
+    "HsdpError",
+    "RankLayout",
+    "TopologyPlan",
+    "TrainingRun",
+    "init",
+    "plan_for",
+    "submit",
+    "wrap_hsdp",
+    "__version__",
+]
 
 # name -> module that defines it; loaded on first use so `import hpc_hsdp` stays torch-free
 _LAZY = {

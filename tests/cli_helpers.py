@@ -23,6 +23,11 @@ print("no torch")
 def assert_cli_imports_no_torch(*commands: list[str], env: dict | None = None, timeout: float = 200) -> None:
     """Run ``commands`` (each an argv list for ``hpc-hsdp``) one after another in one new
     interpreter; each must exit 0 and none may import torch or transformers."""
-    out = subprocess.run([sys.executable, "-c", _SCRIPT.format(commands=list(commands))], capture_output=True,
-                         text=True, env=env, timeout=timeout)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(commands=list(commands))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     assert out.returncode == 0 and "no torch" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

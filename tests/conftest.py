@@ -69,10 +69,14 @@ def pytest_collection_finish(session):
     run on both workers at once against one cluster: refuse to run instead."""
     if not getattr(session.config.option, "loadgroup", False):
         return
-    loose = [item.nodeid for item in session.items if _uses_the_cluster(item) and not item.nodeid.endswith("@" + SLURM_GROUP)]
+    loose = [
+        item.nodeid for item in session.items if _uses_the_cluster(item) and not item.nodeid.endswith("@" + SLURM_GROUP)
+    ]
     if loose:
-        raise pytest.UsageError(f"pytest-xdist did not group the dev cluster's tests (e.g. {loose[0]}); "
-                                f"install the test extras' pytest (pip install -e '.[test]') or run with -n 0")  # fmt: skip
+        raise pytest.UsageError(
+            f"pytest-xdist did not group the dev cluster's tests (e.g. {loose[0]}); "
+            f"install the test extras' pytest (pip install -e '.[test]') or run with -n 0"
+        )
 
 
 def _cluster_up() -> tuple[bool, str]:

@@ -52,8 +52,12 @@ def node_names_for(nodes: int) -> list[str]:
 
 
 def job_envs(*, tasks_per_node, distribution="block", job_id="4242", extra_env=None) -> list[dict[str, str]]:
-    envs = task_environments(tasks_per_node=list(tasks_per_node), node_names=node_names_for(len(tasks_per_node)),
-                             job_id=job_id, distribution=distribution)  # fmt: skip
+    envs = task_environments(
+        tasks_per_node=list(tasks_per_node),
+        node_names=node_names_for(len(tasks_per_node)),
+        job_id=job_id,
+        distribution=distribution,
+    )
     port = str(free_port())
     for env in envs:
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
@@ -137,7 +141,9 @@ def launch(
         while len(outcomes) < len(procs):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"{len(procs) - len(outcomes)} of {len(procs)} tasks did not finish in {timeout_s} s")
+                raise TimeoutError(
+                    f"{len(procs) - len(outcomes)} of {len(procs)} tasks did not finish in {timeout_s} s"
+                )
             try:
                 procid, ok, value = results.get(timeout=min(1.0, remaining))
                 outcomes[procid] = (ok, value)
@@ -165,12 +171,20 @@ def launch(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    found = [TaskOutcome(procid=i, ok=outcomes[i][0], value=outcomes[i][1],
-                         log=(log_dir / f"task-{i}.log").read_text(errors="replace")) for i in range(len(procs))]  # fmt: skip
+    found = [
+        TaskOutcome(
+            procid=i,
+            ok=outcomes[i][0],
+            value=outcomes[i][1],
+            log=(log_dir / f"task-{i}.log").read_text(errors="replace"),
+        )
+        for i in range(len(procs))
+    ]
     failed = [o for o in found if not o.ok]
     if failed and not expect_failure:
-        details = "\n".join(f"--- task {o.procid} ---\n{o.value}\nlog tail:\n{_tail(log_dir / f'task-{o.procid}.log')}"
-                            for o in failed)  # fmt: skip
+        details = "\n".join(
+            f"--- task {o.procid} ---\n{o.value}\nlog tail:\n{_tail(log_dir / f'task-{o.procid}.log')}" for o in failed
+        )
         raise AssertionError(f"{len(failed)} of {len(found)} tasks failed:\n{details}")
     return found
 
@@ -251,7 +265,11 @@ def entry_gpu_report(ctx):
     from hpc_hsdp.runtime.watchdog import Watchdog
 
     Watchdog(ctx)._dump_nccl_trace(ctx.rank)  # what a hang writes: the NCCL flight recorder's trace
-    report = dict(result.summary(ctx), syncs_in_steps_3_and_4=syncs,
-                  tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
+    report = dict(
+        result.summary(ctx),
+        syncs_in_steps_3_and_4=syncs,
+        tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+        tf32_cudnn=torch.backends.cudnn.allow_tf32,
+    )
     (ctx.run_dir / f"gpu-report-rank{ctx.rank}.json").write_text(json.dumps(report))
     return report

@@ -7,14 +7,39 @@ import json
 import os
 from pathlib import Path
 
-TINY_LLAMA = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 128, "tie_word_embeddings": False}  # fmt: skip
-TINY_GPT2 = {"model_type": "gpt2", "vocab_size": 96, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128,
-             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-             "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
-TINY_BERT = {"model_type": "t5", "vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 1,
-             "num_heads": 4}  # fmt: skip
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "vocab_size": 96,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 128,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+TINY_BERT = {
+    "model_type": "t5",
+    "vocab_size": 96,
+    "d_model": 64,
+    "d_kv": 16,
+    "d_ff": 128,
+    "num_layers": 1,
+    "num_heads": 4,
+}
 
 
 def write_config(directory, values: dict) -> Path:
@@ -79,8 +104,14 @@ def shard_and_report(ctx):
         torch.save(full, ctx.run_dir / "full_state.pt")
     params = list(model.parameters())
     tied = [group for group in tied_groups(model)]
-    return {"rank": ctx.rank, "loss": float(loss), "units": sorted(u.__name__ for u in units), "tied": tied,
-            "local_numel": sum(p.to_local().numel() for p in params), "total_numel": sum(p.numel() for p in params)}
+    return {
+        "rank": ctx.rank,
+        "loss": float(loss),
+        "units": sorted(u.__name__ for u in units),
+        "tied": tied,
+        "local_numel": sum(p.to_local().numel() for p in params),
+        "total_numel": sum(p.numel() for p in params),
+    }
 
 
 def adapter_for(training):
@@ -115,9 +146,15 @@ def unsharded_reference(model_option: str, seed: int, state_path, training_value
         hf_loss = float(model(input_ids=tokens, labels=tokens).loss) if model_option.startswith("hf:") else None
         our_loss = float(adapter.loss(model, tokens[:, :-1], tokens[:, 1:]))
     stds = {k: float(v.std()) for k, v in ours.items() if v.dim() == 2}
-    return {"differ": differ, "keys": sorted(sharded) == sorted(k for k in ours if k in sharded), "n": len(sharded),
-            "hf_loss": hf_loss, "our_loss": our_loss, "stds": stds,
-            "range": getattr(getattr(model, "config", None), "initializer_range", None)}  # fmt: skip
+    return {
+        "differ": differ,
+        "keys": sorted(sharded) == sorted(k for k in ours if k in sharded),
+        "n": len(sharded),
+        "hf_loss": hf_loss,
+        "our_loss": our_loss,
+        "stds": stds,
+        "range": getattr(getattr(model, "config", None), "initializer_range", None),
+    }
 
 
 def from_pretrained_loss(directory: str):
@@ -147,8 +184,21 @@ def make_corpus(root: str, vocab_size: int = 320) -> dict:
     import sysconfig
 
     stdlib = sysconfig.get_paths()["stdlib"]
-    args = [sys.executable, "-m", "hpc_hsdp", "prepare-data", *(os.path.join(stdlib, n) for n in CORPUS_FILES),
-            "-o", root, "--train-tokenizer", str(vocab_size), "--val-fraction", "0.2", "--workers", "1"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "prepare-data",
+        *(os.path.join(stdlib, n) for n in CORPUS_FILES),
+        "-o",
+        root,
+        "--train-tokenizer",
+        str(vocab_size),
+        "--val-fraction",
+        "0.2",
+        "--workers",
+        "1",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((Path(root) / "dataset.json").read_text())
@@ -173,8 +223,12 @@ def _train_hf(ctx, *, signal_at=None):
     adapter = resolve_model(training, data_vocab_size=None)
     result = train(ctx, training, adapter=adapter, on_step=on_step)
     params = list(result.model.parameters())
-    out = {"summary": result.summary(ctx), "records": records,
-           "local_numel": sum(p.to_local().numel() for p in params), "total_numel": sum(p.numel() for p in params)}  # fmt: skip
+    out = {
+        "summary": result.summary(ctx),
+        "records": records,
+        "local_numel": sum(p.to_local().numel() for p in params),
+        "total_numel": sum(p.numel() for p in params),
+    }
     if not result.stopped:
         import torch
 
@@ -230,9 +284,17 @@ def first_step_reference(model_dir: str, data_path: str, seq_len: int, sample_id
 
 # ----------------------------------------------------------------------------- host memory of a pretrained load
 
-MEDIUM_LLAMA = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1408,
-                "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip
+MEDIUM_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 8192,
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 
 
 def _status_kib(field: str) -> int:
@@ -286,5 +348,12 @@ def load_memory_report(ctx):
     naive_bytes, naive_s = peak_rss_during(naive)
     del plain
     torch.distributed.barrier()
-    return {"rank": ctx.rank, "model_bytes": model_bytes, "sharded": sharded, "sharded_s": sharded_s,
-            "naive": naive_bytes, "naive_s": naive_s, "loss": loss}  # fmt: skip
+    return {
+        "rank": ctx.rank,
+        "model_bytes": model_bytes,
+        "sharded": sharded,
+        "sharded_s": sharded_s,
+        "naive": naive_bytes,
+        "naive_s": naive_s,
+        "loss": loss,
+    }

@@ -28,10 +28,19 @@ def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def hpc(*args: str, cwd: Path | None = None, limit_memory: bool = False, timeout: float = 240) -> subprocess.CompletedProcess:
+def hpc(
+    *args: str, cwd: Path | None = None, limit_memory: bool = False, timeout: float = 240
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=timeout, preexec_fn=_limited if limit_memory else None)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        preexec_fn=_limited if limit_memory else None,
+    )
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -41,21 +50,33 @@ def hpc(*args: str, cwd: Path | None = None, limit_memory: bool = False, timeout
     ("args", "message"),
     [
         (["plan", "--nodes", "99999999", "--shard", "8"], "--nodes 99999999 is more than the 65,536 nodes"),
-        (["plan", "--nodes", "2", "--gpus-per-node", "99999999", "--shard", "1"], "--gpus-per-node 99999999 is more than"),
+        (
+            ["plan", "--nodes", "2", "--gpus-per-node", "99999999", "--shard", "1"],
+            "--gpus-per-node 99999999 is more than",
+        ),
         (["plan", "--nodes", "65536", "--gpus-per-node", "1024", "--shard", "1"], "67,108,864 ranks"),
         (["plan", "--nodelist", "n[1-99999999]", "--shard", "8"], "names 99,999,999 nodes"),
         (["plan", "--nodelist", "a[1-9999],b[1-9999],c[1-99999]", "--shard", "8"], "names 119,997 nodes"),
         (["plan", "--tasks-per-node", "8(x99999999)", "--shard", "8"], "nodes 99999999 is more than"),
         (["plan", "--tasks-per-node", "99999999,8", "--shard", "8"], "'99999999': 99999999 is more than the 1,024"),
-        (["render", "--nodes", "99999999", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/x"], "--nodes 99999999"),
-        (["render", "--nodes", "2", "--ntasks", "99999999", "--shard", "1", "--venv", "none", "--run-dir", "/tmp/x"],
-         "--ntasks 99999999"),
-        (["submit", "--nodes", "99999999", "--shard", "8", "--dry-run", "--venv", "none", "--run-dir", "/tmp/x"],
-         "--nodes 99999999"),
-        (["submit", "--cluster", "local", "--nodes", "16", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/x"],
-         "the local emulator runs every task as a process on this machine: 128 tasks are more than its 64"),
+        (
+            ["render", "--nodes", "99999999", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/x"],
+            "--nodes 99999999",
+        ),
+        (
+            ["render", "--nodes", "2", "--ntasks", "99999999", "--shard", "1", "--venv", "none", "--run-dir", "/tmp/x"],
+            "--ntasks 99999999",
+        ),
+        (
+            ["submit", "--nodes", "99999999", "--shard", "8", "--dry-run", "--venv", "none", "--run-dir", "/tmp/x"],
+            "--nodes 99999999",
+        ),
+        (
+            ["submit", "--cluster", "local", "--nodes", "16", "--shard", "8", "--venv", "none", "--run-dir", "/tmp/x"],
+            "the local emulator runs every task as a process on this machine: 128 tasks are more than its 64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_sizes_beyond_any_cluster_are_one_line_and_exit_2(args, message, tmp_path):
     out = hpc(*args, cwd=tmp_path, limit_memory=True)
     lines = out.stderr.splitlines()
@@ -98,9 +119,15 @@ def test_a_4096_node_plan_lists_the_first_and_last_nodes_and_json_every_rank():
 
 @pytest.mark.parametrize(
     ("tasks_per_node", "shard", "shard_cross", "replicate_cross"),
-    [((8, 8), 4, False, True), ((8, 8), 16, True, False), ((4, 4, 4, 4), 8, True, True), ((8,), 2, False, False),
-     ((8, 4), 4, False, True), ((2, 2), 1, False, True)],
-)  # fmt: skip
+    [
+        ((8, 8), 4, False, True),
+        ((8, 8), 16, True, False),
+        ((4, 4, 4, 4), 8, True, True),
+        ((8,), 2, False, False),
+        ((8, 4), 4, False, True),
+        ((2, 2), 1, False, True),
+    ],
+)
 def test_groups_cross_nodes_agrees_with_the_groups_themselves(tasks_per_node, shard, shard_cross, replicate_cross):
     plan = TopologyPlan(tasks_per_node=tasks_per_node, shard_size=shard)
     assert (plan.shard_groups_cross_nodes, plan.replicate_groups_cross_nodes) == (shard_cross, replicate_cross)
@@ -116,8 +143,16 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
     assert plan_for(nodes=3, gpus_per_node=2, shard_size=2).node_names == ("n1", "n2", "n3")
     assert allocation_for(tasks_per_node=(2, 2, 2), gpus_per_node=2, job_name="x").node_names == ("n1", "n2", "n3")
-    torchrun_env = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4",
-                    "GROUP_RANK": "1", "RANK": "3", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}  # fmt: skip
+    torchrun_env = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "RANK": "3",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "29500",
+    }
     assert RankLayout.from_env(torchrun_env, shard_size=2).node == "n2"
     readme = (ROOT / "README.md").read_text()
     assert "node n1" in readme and "node n2" in readme and "local1" not in readme and "node0" not in readme
@@ -129,8 +164,10 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
     from hpc_hsdp.job.scheduler import resolve_cluster
 
-    said = ("slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
-            "ctld.example.org:6817 after 3 attempts; check SlurmctldHost and that slurmctld is running on it")  # fmt: skip
+    said = (
+        "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
+        "ctld.example.org:6817 after 3 attempts; check SlurmctldHost and that slurmctld is running on it"
+    )
     assert len(said) > 120
     for name, text in (("sbatch", "exit 0"), ("scontrol", f"echo '{said}' >&2\necho second line >&2\nexit 1")):
         (tmp_path / name).write_text(f"#!/bin/sh\n{text}\n")
@@ -145,11 +182,23 @@ def test_logs_into_a_closed_pipe_end_quietly_with_0(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "123_0_log.out").write_text("a line of the log\n" * 200_000)
-    record = {"job_id": "123", "cluster": "local", "run_dir": str(tmp_path), "logs_dir": str(logs), "job_name": "x",
-              "ntasks": 1, "launcher": "srun", "submitted_at": 0.0}  # fmt: skip
+    record = {
+        "job_id": "123",
+        "cluster": "local",
+        "run_dir": str(tmp_path),
+        "logs_dir": str(logs),
+        "job_name": "x",
+        "ntasks": 1,
+        "launcher": "srun",
+        "submitted_at": 0.0,
+    }
     (tmp_path / "job.json").write_text(json.dumps(record))
-    shell = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m hpc_hsdp logs {tmp_path} | head -2"],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    shell = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {sys.executable} -m hpc_hsdp logs {tmp_path} | head -2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shell.returncode == 0 and shell.stderr == "", shell.stderr
     assert shell.stdout.splitlines()[1] == "a line of the log"
 
@@ -209,22 +258,40 @@ def test_a_completed_run_directory_refuses_and_a_running_job_too(tmp_path):
 
     run = tmp_path / "run"
     _fake_checkpoint(run, 3)
-    spec = job_spec_from_options({"shard_size": 1, "nodes": 1, "gpus_per_node": 1, "run_dir": str(run),
-                                  "training_steps": 6}, cwd=tmp_path, default_venv=None)  # fmt: skip
-    assert check_run_dir(spec) == (f"run directory {run} has a checkpoint at step 3: the job resumes from step 3 and "
-                                   f"trains to step 6")  # fmt: skip
+    spec = job_spec_from_options(
+        {"shard_size": 1, "nodes": 1, "gpus_per_node": 1, "run_dir": str(run), "training_steps": 6},
+        cwd=tmp_path,
+        default_venv=None,
+    )
+    assert check_run_dir(spec) == (
+        f"run directory {run} has a checkpoint at step 3: the job resumes from step 3 and trains to step 6"
+    )
     _fake_checkpoint(run, 6)
-    with pytest.raises(SpecError, match=r"already completed step 6 \(--steps 6\): nothing to train, nothing submitted; "
-                                        r"extend the run with --steps N \(N > 6\) or choose a new --run-dir"):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=r"already completed step 6 \(--steps 6\): nothing to train, nothing submitted; "
+        r"extend the run with --steps N \(N > 6\) or choose a new --run-dir",
+    ):
         check_run_dir(spec)
 
     # a job still running there (an emulated one whose supervisor is this very process)
     logs = run / "logs"
     logs.mkdir()
     (logs / "555_local.json").write_text(json.dumps({"state": "RUNNING", "supervisor_pid": os.getpid()}))
-    (run / "job.json").write_text(json.dumps({"job_id": "555", "cluster": "local", "run_dir": str(run),
-                                              "logs_dir": str(logs), "job_name": "x", "ntasks": 1,
-                                              "launcher": "srun", "submitted_at": 0.0}))  # fmt: skip
+    (run / "job.json").write_text(
+        json.dumps(
+            {
+                "job_id": "555",
+                "cluster": "local",
+                "run_dir": str(run),
+                "logs_dir": str(logs),
+                "job_name": "x",
+                "ntasks": 1,
+                "launcher": "srun",
+                "submitted_at": 0.0,
+            }
+        )
+    )
     with pytest.raises(SpecError, match=f"job 555 is still RUNNING in run directory {run}: nothing submitted"):
         check_run_dir(spec)
 
@@ -236,8 +303,22 @@ TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2",
 @pytest.mark.timeout(300)
 def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_path):
     run = tmp_path / "run"
-    job = ["submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu",
-           "--run-dir", str(run), *TINY]  # fmt: skip
+    job = [
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(run),
+        *TINY,
+    ]
     first = hpc(*job, "--steps", "3", "--wait")
     assert first.returncode == 0, first.stdout + first.stderr
     job_json = (run / "job.json").read_text()
@@ -246,20 +327,24 @@ def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_p
     assert again.returncode == 2 and again.stdout == "", again.stdout + again.stderr
     assert again.stderr.splitlines() == [
         f"hpc-hsdp: error: run directory {run} already completed step 3 (--steps 3): nothing to train, nothing "
-        f"submitted; extend the run with --steps N (N > 3) or choose a new --run-dir"]  # fmt: skip
+        f"submitted; extend the run with --steps N (N > 3) or choose a new --run-dir"
+    ]
     assert (run / "job.json").read_text() == job_json  # nothing submitted
 
     reseeded = hpc(*job, "--steps", "5", "--seed", "7", "--wait")  # the tasks would refuse to continue: so does submit
     assert reseeded.returncode == 2 and reseeded.stdout == "", reseeded.stdout + reseeded.stderr
     assert reseeded.stderr.splitlines()[-1].startswith(
         "hpc-hsdp: error: checkpoint step-000003 (step 3) was trained with --seed 0, this run has --seed 7; the data "
-        "order follows the seed: resume with --seed 0; nothing submitted")  # fmt: skip
+        "order follows the seed: resume with --seed 0; nothing submitted"
+    )
     assert (run / "job.json").read_text() == job_json
 
     longer = hpc(*job, "--steps", "5", "--wait")
     assert longer.returncode == 0, longer.stdout + longer.stderr
     said = longer.stderr.splitlines()
-    assert said[0] == f"run directory {run} has a checkpoint at step 3: the job resumes from step 3 and trains to step 5"
+    assert (
+        said[0] == f"run directory {run} has a checkpoint at step 3: the job resumes from step 3 and trains to step 5"
+    )
     assert "submitted job" in longer.stdout
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
     assert "resumed from step 3" in "".join(p.read_text() for p in (run / "logs").glob("*_log.out"))
@@ -271,23 +356,41 @@ def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_p
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--nodes", "2", "--model-params", "7B", "--dtype", "bf16"],
-         ["checkpoint: 65.19 GiB (parameters and optimizer state, replicas stored once), 32.60 GiB per node: about 35 s "
-          "at 1 GB/s per node (--write-bandwidth)", "fits the 120 s between --signal USR2@120 and the time limit"]),
-        (["--nodes", "1", "--model-params", "70B", "--signal", "USR2@300", "--write-bandwidth", "2GB/s"],
-         ["checkpoint: 782.31 GiB (parameters and optimizer state, replicas stored once), 782.31 GiB per node: about "
-          "420 s at 2 GB/s per node (--write-bandwidth)",
-          "warning: that is longer than the 300 s between --signal USR2@300 and the time limit: the save on the "
-          "warning would not finish; give --signal USR2@660 (1.5x the save and 30 s), or a faster file system"]),
-        (["--nodes", "1", "--model-params", "1B", "--signal", "USR1"],
-         ["checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
-          "at 1 GB/s per node (--write-bandwidth)", "fits the 60 s between --signal USR1 and the time limit"]),
-        (["--nodes", "1", "--model-params", "1B", "--signal", "none"],
-         ["checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
-          "at 1 GB/s per node (--write-bandwidth)",
-          "no warning signal (--signal none): a time limit or preemption ends the job without a save"]),
+        (
+            ["--nodes", "2", "--model-params", "7B", "--dtype", "bf16"],
+            [
+                "checkpoint: 65.19 GiB (parameters and optimizer state, replicas stored once), 32.60 GiB per node: about 35 s "
+                "at 1 GB/s per node (--write-bandwidth)",
+                "fits the 120 s between --signal USR2@120 and the time limit",
+            ],
+        ),
+        (
+            ["--nodes", "1", "--model-params", "70B", "--signal", "USR2@300", "--write-bandwidth", "2GB/s"],
+            [
+                "checkpoint: 782.31 GiB (parameters and optimizer state, replicas stored once), 782.31 GiB per node: about "
+                "420 s at 2 GB/s per node (--write-bandwidth)",
+                "warning: that is longer than the 300 s between --signal USR2@300 and the time limit: the save on the "
+                "warning would not finish; give --signal USR2@660 (1.5x the save and 30 s), or a faster file system",
+            ],
+        ),
+        (
+            ["--nodes", "1", "--model-params", "1B", "--signal", "USR1"],
+            [
+                "checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
+                "at 1 GB/s per node (--write-bandwidth)",
+                "fits the 60 s between --signal USR1 and the time limit",
+            ],
+        ),
+        (
+            ["--nodes", "1", "--model-params", "1B", "--signal", "none"],
+            [
+                "checkpoint: 11.18 GiB (parameters and optimizer state, replicas stored once), 11.18 GiB per node: about 12 s "
+                "at 1 GB/s per node (--write-bandwidth)",
+                "no warning signal (--signal none): a time limit or preemption ends the job without a save",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_plan_estimates_the_save_time_against_the_signal_lead(args, expected):
     out = hpc("plan", "--gpus-per-node", "8", "--shard", "8", *args)
     assert out.returncode == 0, out.stderr
@@ -295,7 +398,9 @@ def test_plan_estimates_the_save_time_against_the_signal_lead(args, expected):
 
 
 def test_a_bad_write_bandwidth_or_signal_is_one_line():
-    for args, message in ((["--write-bandwidth", "fast"], "--write-bandwidth 'fast' is not a size"),
-                          (["--signal", "USR2@x"], "--signal 'USR2@x' is not SIG@SECONDS")):  # fmt: skip
+    for args, message in (
+        (["--write-bandwidth", "fast"], "--write-bandwidth 'fast' is not a size"),
+        (["--signal", "USR2@x"], "--signal 'USR2@x' is not SIG@SECONDS"),
+    ):
         out = hpc("plan", "--nodes", "1", "--shard", "8", "--model-params", "7B", *args)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr

@@ -22,8 +22,18 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
-TINY = TrainingSpec(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=6, seed=3,
-                    checkpoint_every=3, keep_checkpoints=2)  # fmt: skip
+TINY = TrainingSpec(
+    layers=1,
+    width=32,
+    heads=4,
+    seq_len=8,
+    batch_size=2,
+    vocab_size=64,
+    steps=6,
+    seed=3,
+    checkpoint_every=3,
+    keep_checkpoints=2,
+)
 LAYOUT = [2, 2]
 
 
@@ -53,7 +63,9 @@ def test_the_manifest_records_every_file_with_size_and_crc(finished):
         manifest = json.loads((path / MANIFEST).read_text())
         on_disk = sorted(p.name for p in path.iterdir() if p.name.startswith("__") or p.name == ".metadata")
         assert sorted(manifest["files"]) == on_disk and len(on_disk) == 5  # 4 ranks' shards + .metadata
-        assert all(rec["bytes"] == (path / name).stat().st_size and "crc32" in rec for name, rec in manifest["files"].items())
+        assert all(
+            rec["bytes"] == (path / name).stat().st_size and "crc32" in rec for name, rec in manifest["files"].items()
+        )
         assert damage(path, checksum_files=["*"]) is None
 
 
@@ -67,8 +79,11 @@ def test_damaged_checkpoints_fall_back_to_the_previous_whole_one(finished, tmp_p
     assert run_dir_state(run).resume_step == 3  # what submit would say, without torch
     again = launch(spec_for(run), tasks_per_node=LAYOUT, timeout_s=180)
     log = rank0_log(again)
-    assert (f"warning: checkpoint {step6} is damaged (__1_0.distcp has {shard.stat().st_size:,} bytes" in log
-            or "warning: checkpoint" in log and "__1_0.distcp has" in log), log  # fmt: skip
+    assert (
+        f"warning: checkpoint {step6} is damaged (__1_0.distcp has {shard.stat().st_size:,} bytes" in log
+        or "warning: checkpoint" in log
+        and "__1_0.distcp has" in log
+    ), log
     assert "resumed from step 3" in log
     assert {o.value["start_step"] for o in again} == {3} and {o.value["steps"] for o in again} == {6}
     assert losses(run) == losses(finished)  # steps 4-6 redone exactly
@@ -115,8 +130,9 @@ def small_disk(tmp_path, finished):
     mount = run / "checkpoints"
     mount.mkdir(parents=True)
     size_kib = (one * 3 // 2) // 1024 + 4
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         reason = f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); needs root"
         if os.environ.get("CI") == "true":
@@ -160,20 +176,28 @@ def _agree_on_space(disk: Path, *, fill: bool, errno_on: int | None):
     return fn
 
 
-@pytest.mark.parametrize(("fill", "errno_on", "expected"),
-                         [(True, None, True), (False, 1, True), (False, None, False)],
-                         ids=["disk-full-errno-lost", "errno-on-one-rank", "room-and-no-errno"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fill", "errno_on", "expected"),
+    [(True, None, True), (False, 1, True), (False, None, False)],
+    ids=["disk-full-errno-lost", "errno-on-one-rank", "room-and-no-errno"],
+)
 def test_the_ranks_agree_that_a_failed_write_ran_out_of_space(tmp_path, fill, errno_on, expected):
     disk = tmp_path / "disk"
     disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the full-disk tests: cannot mount a tmpfs ({done.stderr.strip()})")
         pytest.skip("cannot mount a tmpfs here; needs root")
     try:
-        out = launch(spec_for(tmp_path / "run"), tasks_per_node=LAYOUT, timeout_s=120,
-                     fn=_agree_on_space(disk, fill=fill, errno_on=errno_on))  # fmt: skip
+        out = launch(
+            spec_for(tmp_path / "run"),
+            tasks_per_node=LAYOUT,
+            timeout_s=120,
+            fn=_agree_on_space(disk, fill=fill, errno_on=errno_on),
+        )
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     assert [o.value for o in out] == [expected] * 4
@@ -199,8 +223,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_path_and_bytes(smal
     env = {} if check_first else {"HPC_HSDP_FAULT_SKIP_SPACE_CHECK": "1"}
     out = launch(spec_for(run, training), tasks_per_node=LAYOUT, timeout_s=180, expect_failure=True, extra_env=env)
     assert not any(o.ok for o in out)
-    errors = {next((line for line in str(o.value).splitlines() if "CheckpointSpaceError" in line), str(o.value)[-800:])
-              for o in out}  # fmt: skip
+    errors = {
+        next((line for line in str(o.value).splitlines() if "CheckpointSpaceError" in line), str(o.value)[-800:])
+        for o in out
+    }
     assert len(errors) == 1, errors  # the same line on every rank
     error = errors.pop()
     step4 = run / "checkpoints" / "step-000004.tmp"

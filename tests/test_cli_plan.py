@@ -26,12 +26,16 @@ def test_plan_json_is_the_public_thread_shape():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     expected = {
-        "nodes": 2, "gpus_per_node": 8, "world_size": 16, "shard_size": 4, "num_replicas": 4,
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "world_size": 16,
+        "shard_size": 4,
+        "num_replicas": 4,
         "shard_groups": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
         "replicate_groups": [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]],
         "node_of_rank": [0] * 8 + [1] * 8,
         "shard_groups_cross_nodes": False,
-    }  # fmt: skip
+    }
     assert {k: data[k] for k in expected} == expected
 
 
@@ -91,7 +95,10 @@ def test_plan_svg(tmp_path):
         (["--nodes", "2", "--shard", "4", "--model-params", "lots"], "is not a count"),
         (["--nodes", "2", "--shard", "4", "--gpu-memory", "80GiB"], "needs --model-params"),
         (["--nodes", "2", "--shard", "4", "--model-params", "1B", "--dtype", "int3"], "--dtype 'int3' is unknown"),
-        (["--nodes", "2", "--shard", "4", "--svg", "/nonexistent-dir/plan.svg"], "cannot write '/nonexistent-dir/plan.svg'"),
+        (
+            ["--nodes", "2", "--shard", "4", "--svg", "/nonexistent-dir/plan.svg"],
+            "cannot write '/nonexistent-dir/plan.svg'",
+        ),
     ],
 )
 def test_plan_bad_input_is_one_line_and_exit_2(args, message):
@@ -121,8 +128,9 @@ def test_plan_table_writes_long_replicate_groups_short(args, rank, replicate_lab
 
 
 def test_layout_inside_a_task():
-    env = task_environments(tasks_per_node=(8, 8), node_names=["n1", "n2"], job_id="77", distribution="cyclic",
-                            gpus_per_node=8)[3]  # fmt: skip
+    env = task_environments(
+        tasks_per_node=(8, 8), node_names=["n1", "n2"], job_id="77", distribution="cyclic", gpus_per_node=8
+    )[3]
     out = hpc("layout", "--shard", "4", env=env)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -149,13 +157,15 @@ def test_layout_bad_env_is_one_line_and_exit_2(env, message):
     assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
 
 
-
-
 @pytest.mark.parametrize(
     "args",
-    [["plan", "--nodes", "2", "--shard", "4"], ["plan", "--nodes", "2", "--shard", "4", "--json", "--model-params", "7B"],
-     ["layout", "--shard", "4"], ["--help"]],
-)  # fmt: skip
+    [
+        ["plan", "--nodes", "2", "--shard", "4"],
+        ["plan", "--nodes", "2", "--shard", "4", "--json", "--model-params", "7B"],
+        ["layout", "--shard", "4"],
+        ["--help"],
+    ],
+)
 def test_plan_and_layout_never_import_torch(args):
     env = task_environments(tasks_per_node=(8, 8), node_names=["n1", "n2"], job_id="77")[0]
     assert_cli_imports_no_torch(args, env={**os.environ, **env})

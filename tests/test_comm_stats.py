@@ -25,8 +25,17 @@ from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.topology import TopologyPlan
 
-MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=2, seed=1,
-                     reshard_after_forward="always")  # the plan's default estimate
+MODEL = TrainingSpec(
+    layers=2,
+    width=32,
+    heads=4,
+    seq_len=12,
+    batch_size=2,
+    vocab_size=64,
+    steps=2,
+    seed=1,
+    reshard_after_forward="always",
+)  # the plan's default estimate
 TASKS_PER_NODE = (8, 8)
 SHARD_SIZES = (1, 2, 4, 8)
 EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard
@@ -39,8 +48,9 @@ def plan_of(shard_size: int) -> TopologyPlan:
 
 def predicted(shard_size: int, grad_accum: int = 1):
     counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=shard_size)
-    return estimate(plan_of(shard_size), model_params=counts.params, root_params=counts.root_params,
-                    grad_accum=grad_accum)  # fmt: skip
+    return estimate(
+        plan_of(shard_size), model_params=counts.params, root_params=counts.root_params, grad_accum=grad_accum
+    )
 
 
 # ----------------------------------------------------------------------------- child side
@@ -90,8 +100,13 @@ def measure_every_shard_size(ctx):
     for s in EXTRA_SHARD_SIZES:
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
-        sub = RunContext(layout=dataclasses.replace(ctx.layout, plan=plan), mesh=mesh, device=ctx.device,
-                         realized=ctx.realized, _active=False)  # fmt: skip
+        sub = RunContext(
+            layout=dataclasses.replace(ctx.layout, plan=plan),
+            mesh=mesh,
+            device=ctx.device,
+            realized=ctx.realized,
+            _active=False,
+        )
         steps = {}
         with CommStats(mesh=mesh, node_of_rank=nodes) as recorder:
             sub.comm_stats = recorder
@@ -108,8 +123,13 @@ def measure_every_shard_size(ctx):
     for s in (1, 8):
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
-        sub = RunContext(layout=dataclasses.replace(ctx.layout, plan=plan), mesh=mesh, device=ctx.device,
-                         realized=ctx.realized, _active=False)  # fmt: skip
+        sub = RunContext(
+            layout=dataclasses.replace(ctx.layout, plan=plan),
+            mesh=mesh,
+            device=ctx.device,
+            realized=ctx.realized,
+            _active=False,
+        )
         out["memory"][s] = _memory_of_one_step(sub, MODEL)
     out["memory"][ctx.plan.shard_size] = _memory_of_one_step(ctx, MODEL)
     return out
@@ -160,8 +180,13 @@ def test_measured_bytes_equal_the_prediction(measured, shard_size):
         steps = value["comm"][shard_size]
         assert sorted(steps) == [1, 2]
         for step, comm in steps.items():
-            seen = {(axis, kind): comm[axis][kind] for axis in ("shard", "replicate") if axis in comm
-                    for kind in ("all_gather", "reduce_scatter", "all_reduce") if kind in comm[axis]}  # fmt: skip
+            seen = {
+                (axis, kind): comm[axis][kind]
+                for axis in ("shard", "replicate")
+                if axis in comm
+                for kind in ("all_gather", "reduce_scatter", "all_reduce")
+                if kind in comm[axis]
+            }
             assert set(seen) == set(expected), (rank, step, comm)
             for key, t in expected.items():
                 assert seen[key]["tensor_bytes"] == t.tensor_bytes, (rank, step, key)
@@ -169,12 +194,17 @@ def test_measured_bytes_equal_the_prediction(measured, shard_size):
                 assert comm[key[0]]["inter_node"] is t.inter_node, (rank, step, key)
             # the loop's one all-reduce of its own: loss, squared gradient norm and the stop agreement's
             # two counts (warning, SIGTERM), four fp32 values over the world
-            assert comm["world"]["all_reduce"] == {"calls": 1, "tensor_bytes": 16,
-                                                   "wire_bytes": int(Fraction(2 * 15, 16) * 16)}  # fmt: skip
+            assert comm["world"]["all_reduce"] == {
+                "calls": 1,
+                "tensor_bytes": 16,
+                "wire_bytes": int(Fraction(2 * 15, 16) * 16),
+            }
             assert comm["world"]["inter_node"] is True
             model_inter = sum(comm[a][k]["wire_bytes"] for a, k in seen if comm[a]["inter_node"])
             assert model_inter == est.inter_node_wire_bytes
-            assert comm["inter_node_wire_bytes"] == est.inter_node_wire_bytes + comm["world"]["all_reduce"]["wire_bytes"]
+            assert (
+                comm["inter_node_wire_bytes"] == est.inter_node_wire_bytes + comm["world"]["all_reduce"]["wire_bytes"]
+            )
             assert comm["intra_node_wire_bytes"] == est.intra_node_wire_bytes
 
 
@@ -189,10 +219,16 @@ def test_accumulation_all_reduces_across_replicas_once_per_step(measured, grad_a
     assert expected[("replicate", "all_reduce")] == predicted(4).traffic[-1].tensor_bytes
     for value in measured["values"]:
         for step, comm in value["accum"][grad_accum].items():
-            seen = {(axis, kind): comm[axis][kind]["tensor_bytes"] for axis in ("shard", "replicate")
-                    for kind in ("all_gather", "reduce_scatter", "all_reduce") if kind in comm[axis]}  # fmt: skip
+            seen = {
+                (axis, kind): comm[axis][kind]["tensor_bytes"]
+                for axis in ("shard", "replicate")
+                for kind in ("all_gather", "reduce_scatter", "all_reduce")
+                if kind in comm[axis]
+            }
             assert seen == expected, (step, grad_accum)
-            assert comm["replicate"]["all_reduce"]["calls"] == value["accum"][1][step]["replicate"]["all_reduce"]["calls"]
+            assert (
+                comm["replicate"]["all_reduce"]["calls"] == value["accum"][1][step]["replicate"]["all_reduce"]["calls"]
+            )
     one, two = (measured["values"][0]["accum"][n][2] for n in (1, 2))
     assert two["shard"]["reduce_scatter"]["tensor_bytes"] == 2 * one["shard"]["reduce_scatter"]["tensor_bytes"]
     assert two["replicate"] == one["replicate"]

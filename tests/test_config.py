@@ -68,7 +68,12 @@ PRECEDENCE = [
     (["--profile", "dev", "--env", "SHARED=cli"], {}, lambda s: dict(s.environment.env)["SHARED"], "cli"),
     (["--profile", "dev"], {}, lambda s: dict(s.scheduler.extra), {"mail-type": "END", "overcommit": None}),
     (["--profile", "dev", "--sbatch", "mail-type=ALL"], {}, lambda s: dict(s.scheduler.extra)["mail-type"], "ALL"),
-    (["--profile", "dev", "--setup", "echo cli"], {}, lambda s: s.environment.setup, ("module load cuda", "echo top", "echo cli")),
+    (
+        ["--profile", "dev", "--setup", "echo cli"],
+        {},
+        lambda s: s.environment.setup,
+        ("module load cuda", "echo top", "echo cli"),
+    ),
     (["--nodes", "4"], {}, lambda s: s.nodes, 4),
     ([], {}, lambda s: s.run.shard_size, 4),
 ]
@@ -102,15 +107,15 @@ def test_sbatch_false_removes_a_profile_key() -> None:
 
 
 BAD_CONFIGS = [
-    ('nodez = 2\n', ["unknown key 'nodez'", "job.toml"]),
+    ("nodez = 2\n", ["unknown key 'nodez'", "job.toml"]),
     ('[profiles.dev]\nparition = "x"\n', ["unknown key 'parition'", "[profiles.dev]", "job.toml"]),
     ('nodes = "two"\n', ["nodes", "integer", "MIN-MAX"]),
     ('setup = "module load x"\n', ["setup", "list of strings"]),
-    ('env = { A = true }\n', ["env.A", "string"]),
+    ("env = { A = true }\n", ["env.A", "string"]),
     ('exclusive = "yes"\n', ["exclusive", "true or false"]),
-    ('nodes = [\n', ["not valid TOML"]),
-    ('profiles = 3\n', ["profiles"]),
-    ('gpus_per_node = 8\ngpus-per-node = 8\n', ["twice"]),
+    ("nodes = [\n", ["not valid TOML"]),
+    ("profiles = 3\n", ["profiles"]),
+    ("gpus_per_node = 8\ngpus-per-node = 8\n", ["twice"]),
 ]
 
 
@@ -143,7 +148,8 @@ def test_bad_config_through_the_command_is_one_line(tmp_path: Path, capsys) -> N
 def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
     """One config setting each option; the result equals the same options on the command line."""
     path = tmp_path / "all.toml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         nodes = 2
         gpus_per_node = 4
         shard = 2
@@ -178,20 +184,80 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         python = "python3"
         steps = 9
         lr = 0.01
-        """))
+        """)
+    )
     from hpc_hsdp.job.config import OPTION_KINDS, load_config as load
 
     missing = set(OPTION_KINDS) - set(load(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
     assert not missing
     from_file = spec(["--config", str(path)], cwd=tmp_path)
-    from_cli = spec(["--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--job-name", "all", "--partition", "p",
-                     "--account", "a", "--qos", "q", "--time", "1-00", "--constraint", "c", "--exclusive", "--mem", "10G",
-                     "--cpus-per-task", "4", "--signal", "TERM@60", "--no-requeue", "--ntasks", "8",
-                     "--template", "/nonexistent/is-checked-at-render.j2",
-                     "--setup", "echo hi", "--env", "A=1", "--pass-env", "TOKEN", "--sbatch", "comment=c",
-                     "--launcher", "srun", "--distribution", "cyclic", "--entry", "pkg.mod:fn", "--device", "cpu",
-                     "--timeout", "60", "--comm-stats", "--container-image", "img", "--container-mounts", "/a:/b,/tmp:/tmp,/r:/r", "--debug",
-                     "--venv", "/v", "--python", "python3", "--steps", "9", "--lr", "0.01"], cwd=tmp_path)  # fmt: skip
+    from_cli = spec(
+        [
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--shard",
+            "2",
+            "--job-name",
+            "all",
+            "--partition",
+            "p",
+            "--account",
+            "a",
+            "--qos",
+            "q",
+            "--time",
+            "1-00",
+            "--constraint",
+            "c",
+            "--exclusive",
+            "--mem",
+            "10G",
+            "--cpus-per-task",
+            "4",
+            "--signal",
+            "TERM@60",
+            "--no-requeue",
+            "--ntasks",
+            "8",
+            "--template",
+            "/nonexistent/is-checked-at-render.j2",
+            "--setup",
+            "echo hi",
+            "--env",
+            "A=1",
+            "--pass-env",
+            "TOKEN",
+            "--sbatch",
+            "comment=c",
+            "--launcher",
+            "srun",
+            "--distribution",
+            "cyclic",
+            "--entry",
+            "pkg.mod:fn",
+            "--device",
+            "cpu",
+            "--timeout",
+            "60",
+            "--comm-stats",
+            "--container-image",
+            "img",
+            "--container-mounts",
+            "/a:/b,/tmp:/tmp,/r:/r",
+            "--debug",
+            "--venv",
+            "/v",
+            "--python",
+            "python3",
+            "--steps",
+            "9",
+            "--lr",
+            "0.01",
+        ],
+        cwd=tmp_path,
+    )
     assert from_file == from_cli
 
 
@@ -210,7 +276,9 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
     value = _SAMPLE.get(f.name, f.metadata["choices"][-1] if f.metadata.get("choices") else _SAMPLE_BY_KIND[kind])
     if kind == "bool":  # the value that is not the default: --flag, or --no-flag for a default-on option
         value = not f.default
-    toml_value = str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
+    toml_value = (
+        str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
+    )
     needs_data = f.name == "val_data"
     lines = f"shard = 1\n{f.name.replace('_', '-')} = {toml_value}\n" + ('data = "/data/train"\n' if needs_data else "")
     path = tmp_path / "one.toml"
@@ -231,9 +299,20 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
 def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path) -> None:
     from hpc_hsdp.job.scheduler import api_options
 
-    kwargs = api_options({"nodes": 2, "shard": 4, "time": "30", "env": {"A": 1}, "setup": "module load x",
-                          "sbatch": {"overcommit": True, "mail-type": "END", "dropped": False}, "steps": 7,
-                          "pass_env": ("HOME",), "exclusive": True, "run_dir": "run"})  # fmt: skip
+    kwargs = api_options(
+        {
+            "nodes": 2,
+            "shard": 4,
+            "time": "30",
+            "env": {"A": 1},
+            "setup": "module load x",
+            "sbatch": {"overcommit": True, "mail-type": "END", "dropped": False},
+            "steps": 7,
+            "pass_env": ("HOME",),
+            "exclusive": True,
+            "run_dir": "run",
+        }
+    )
     spec = job_spec_from_options(kwargs, cwd=tmp_path, environ={}, default_venv=None)
     assert spec.scheduler.extra == (("mail-type", "END"), ("overcommit", None))
     assert spec.environment.env == (("A", "1"),) and spec.environment.setup == ("module load x",)

@@ -39,16 +39,24 @@ def make_dataset(root: Path, *, shards: dict[str, list[list[np.ndarray]]], vocab
         splits[split] = []
         for i, docs in enumerate(split_shards):
             name = f"{split}/{i:05d}.bin"
-            write_token_file(root / name, np.concatenate(docs), vocab_size=vocab_size, tokenizer=BYTE_TOKENIZER,
-                             eos_id=EOS, document_lengths=[len(d) for d in docs])  # fmt: skip
+            write_token_file(
+                root / name,
+                np.concatenate(docs),
+                vocab_size=vocab_size,
+                tokenizer=BYTE_TOKENIZER,
+                eos_id=EOS,
+                document_lengths=[len(d) for d in docs],
+            )
             splits[split].append(name)
-    write_dataset_manifest(root, vocab_size=vocab_size, dtype=token_dtype_for(vocab_size), tokenizer=BYTE_TOKENIZER,
-                           splits=splits)  # fmt: skip
+    write_dataset_manifest(
+        root, vocab_size=vocab_size, dtype=token_dtype_for(vocab_size), tokenizer=BYTE_TOKENIZER, splits=splits
+    )
     return root
 
 
-@pytest.mark.parametrize(("vocab", "dtype"), [(1, "uint16"), (256, "uint16"), (65536, "uint16"), (65537, "uint32"),
-                                              (151_936, "uint32")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("vocab", "dtype"), [(1, "uint16"), (256, "uint16"), (65536, "uint16"), (65537, "uint32"), (151_936, "uint32")]
+)
 def test_dtype_is_the_smallest_that_holds_the_vocabulary(vocab, dtype):
     assert token_dtype_for(vocab) == dtype
 
@@ -181,13 +189,28 @@ def _unfinished_prepare_dir(tmp_path: Path) -> Path:
 
 
 BAD_FILES = [
-    ("not a whole number of tokens", lambda p: _truncate(_good(p)), "not a whole number of uint16 tokens (2 bytes each)"),
+    (
+        "not a whole number of tokens",
+        lambda p: _truncate(_good(p)),
+        "not a whole number of uint16 tokens (2 bytes each)",
+    ),
     ("missing sidecar", lambda p: _remove_sidecar(_good(p)), "has no sidecar d.json beside it"),
-    ("sidecar count disagrees", lambda p: _cut_to_whole_token(_good(p)), "holds 6 uint16 tokens but its sidecar says num_tokens 7"),
-    ("sidecar dtype disagrees", lambda p: _edit_sidecar(_good(p, tokens=range(8)), dtype="uint32"),
-     "holds 4 uint32 tokens but its sidecar says num_tokens 8"),
+    (
+        "sidecar count disagrees",
+        lambda p: _cut_to_whole_token(_good(p)),
+        "holds 6 uint16 tokens but its sidecar says num_tokens 7",
+    ),
+    (
+        "sidecar dtype disagrees",
+        lambda p: _edit_sidecar(_good(p, tokens=range(8)), dtype="uint32"),
+        "holds 4 uint32 tokens but its sidecar says num_tokens 8",
+    ),
     ("sidecar dtype too narrow", lambda p: _edit_sidecar(_good(p), vocab_size=70000), "dtype uint16 cannot hold"),
-    ("sidecar max id beyond its vocab", lambda p: _edit_sidecar(_good(p), max_token_id=100), "max_token_id 100 >= vocab_size 100"),
+    (
+        "sidecar max id beyond its vocab",
+        lambda p: _edit_sidecar(_good(p), max_token_id=100),
+        "max_token_id 100 >= vocab_size 100",
+    ),
     ("sidecar not json", lambda p: _write(_good(p).with_suffix(".json"), "{oops") and p / "d.bin", "is not valid JSON"),
     ("sidecar of another format", lambda p: _edit_sidecar(_good(p), format="megatron"), "has format 'megatron'"),
     ("sidecar of a newer version", lambda p: _edit_sidecar(_good(p), version=2), "upgrade hpc-hsdp"),
@@ -201,7 +224,7 @@ BAD_FILES = [
     ("unfinished prepare-data output", _unfinished_prepare_dir, "an unfinished prepare-data run"),
     ("manifest and shard disagree", _manifest_with_other_vocab, "manifest and shards disagree"),
     ("shards of different tokenizers", _shards_of_two_tokenizers, "shards disagree on dtype"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("make", "message"), [pytest.param(m, msg, id=name) for name, m, msg in BAD_FILES])
@@ -235,12 +258,19 @@ def _dataset(tmp_path: Path, tokens: int, max_id: int = 50) -> TokenDataset:
 @pytest.mark.parametrize(
     ("tokens", "max_id", "model_vocab", "seq_len", "global_batch", "message"),
     [
-        (1000, 50, 50, 8, 4, "holds token id 50 but the model's vocabulary has 50 ids (0..49); use a model with at least 51"),
+        (
+            1000,
+            50,
+            50,
+            8,
+            4,
+            "holds token id 50 but the model's vocabulary has 50 ids (0..49); use a model with at least 51",
+        ),
         (1000, 300, 256, 8, 4, "holds token id 300"),
         (64, 50, 51, 8, 8, "64 tokens: 7 samples of --seq-len 8, fewer than one global batch of 8 (needs 65 tokens)"),
         (10, 5, 6, 32, 1, "10 tokens: 0 samples of --seq-len 32"),
     ],
-)  # fmt: skip
+)
 def test_check_for_training_rejects(tmp_path, tokens, max_id, model_vocab, seq_len, global_batch, message):
     ds = _dataset(tmp_path, tokens, max_id)
     with pytest.raises(DataError) as info:

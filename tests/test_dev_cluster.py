@@ -62,8 +62,13 @@ def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
         pytest.skip("restarting the dev cluster needs root")
     state_dir = os.environ["HPC_HSDP_DEV_CLUSTER_DIR"]
     marker = f"HPC_HSDP_TEST_MARK={tmp_path.name}"
-    submitted = subprocess.run(["sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out"), f"--export=ALL,{marker}",
-                                "--wrap", "sleep 300"], capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out"), f"--export=ALL,{marker}", "--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     job_id = int(submitted.stdout.strip().split(";")[0])
     task_pids = wait_until("the job's task started", lambda: _pids_with(marker, comm="sleep"), 60)
 
@@ -78,9 +83,13 @@ def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
     assert all(_alive(pid) for pid in task_pids), "the job's task died with its daemons: nothing left to test"
 
     # A local emulator task of the other test worker: same SLURM_CONF, a job id, another cluster.
-    bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_JOB_ID": "1", "SLURM_CLUSTER_NAME": "local-emulator"})
+    bystander = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, "SLURM_JOB_ID": "1", "SLURM_CLUSTER_NAME": "local-emulator"}
+    )
     try:
-        up = subprocess.run([str(DEV_CLUSTER), "up", *_shape_options(state_dir)], capture_output=True, text=True, timeout=240)
+        up = subprocess.run(
+            [str(DEV_CLUSTER), "up", *_shape_options(state_dir)], capture_output=True, text=True, timeout=240
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         assert bystander.poll() is None, "the restart killed a process that was not a task of its jobs"
     finally:
@@ -92,6 +101,11 @@ def test_up_after_the_daemons_were_killed_outright(slurm_cluster, tmp_path):
     assert not [pid for pid in task_pids if _alive(pid)], "the dead job's task outlived the restart"
     states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
     assert states and set(states) == {"idle"}, states
-    after = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True,
-                           timeout=30, check=True)  # fmt: skip
+    after = subprocess.run(
+        ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert int(after.stdout.strip().split(";")[0]) > job_id

@@ -38,9 +38,13 @@ def test_root_params_are_gathered_once():
     assert ag.tensor_bytes == 4 * (2 * P - 1000)
 
 
-@pytest.mark.parametrize(("dtype", "optimizer", "per_param"), [("fp32", "adamw", 16), ("bf16", "adamw", 12), ("fp32", "sgd", 8)])
+@pytest.mark.parametrize(
+    ("dtype", "optimizer", "per_param"), [("fp32", "adamw", 16), ("bf16", "adamw", 12), ("fp32", "sgd", 8)]
+)
 def test_memory_per_gpu(dtype, optimizer, per_param):
-    est = estimate(plan_for(nodes=2, gpus_per_node=8, shard_size=4), model_params=8 * P, dtype=dtype, optimizer=optimizer)
+    est = estimate(
+        plan_for(nodes=2, gpus_per_node=8, shard_size=4), model_params=8 * P, dtype=dtype, optimizer=optimizer
+    )
     assert est.total_bytes == per_param * 8 * P // 4
 
 
@@ -60,12 +64,16 @@ def test_smallest_fitting_shard():
     assert smallest_fitting_shard(plan, model_params=10**12, gpu_memory=80 * 2**30) is None
 
 
-@pytest.mark.parametrize(("text", "value"), [("7B", 7 * 10**9), ("350M", 350 * 10**6), ("1.3e9", 1_300_000_000), ("125000", 125000)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("7B", 7 * 10**9), ("350M", 350 * 10**6), ("1.3e9", 1_300_000_000), ("125000", 125000)]
+)
 def test_parse_count(text, value):
     assert parse_count(text) == value
 
 
-@pytest.mark.parametrize(("text", "value"), [("80GiB", 80 * 2**30), ("40GB", 40 * 10**9), ("24G", 24 * 2**30), ("512", 512)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("80GiB", 80 * 2**30), ("40GB", 40 * 10**9), ("24G", 24 * 2**30), ("512", 512)]
+)
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
@@ -80,8 +88,10 @@ def test_parse_rejects(text):
 def test_grad_accum_multiplies_shard_traffic_but_not_the_replicate_all_reduce(grad_accum):
     plan = plan_for(nodes=2, gpus_per_node=8, shard_size=4)
     one = {(t.axis, t.kind): t for t in estimate(plan, model_params=1_000_000, root_params=1000).traffic}
-    many = {(t.axis, t.kind): t for t in estimate(plan, model_params=1_000_000, root_params=1000,
-                                                  grad_accum=grad_accum).traffic}  # fmt: skip
+    many = {
+        (t.axis, t.kind): t
+        for t in estimate(plan, model_params=1_000_000, root_params=1000, grad_accum=grad_accum).traffic
+    }
     assert many[("shard", "all_gather")].tensor_bytes == grad_accum * one[("shard", "all_gather")].tensor_bytes
     assert many[("shard", "reduce_scatter")].tensor_bytes == grad_accum * one[("shard", "reduce_scatter")].tensor_bytes
     assert many[("replicate", "all_reduce")] == one[("replicate", "all_reduce")]
@@ -92,8 +102,24 @@ def test_plan_cli_takes_grad_accum():
     import sys
 
     def plan(*extra):
-        return subprocess.run([sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "2", "--shard", "8",
-                               "--model-params", "1B", "--json", *extra], capture_output=True, text=True)  # fmt: skip
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hpc_hsdp",
+                "plan",
+                "--nodes",
+                "2",
+                "--shard",
+                "8",
+                "--model-params",
+                "1B",
+                "--json",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+        )
 
     def wire(*extra):
         out = plan(*extra)

@@ -12,8 +12,13 @@ def test_examples_are_current() -> None:
 
 def test_examples_cover_the_acceptance_cases() -> None:
     names = {p.name for p in generated_files()}
-    assert {"thread-2x8-shard4.sbatch", "cross-node-4x8-shard16.sbatch", "torchrun-2x8-shard4.sbatch",
-            "profile-h100-2x8-shard8.sbatch", "README.md"} <= names  # fmt: skip
+    assert {
+        "thread-2x8-shard4.sbatch",
+        "cross-node-4x8-shard16.sbatch",
+        "torchrun-2x8-shard4.sbatch",
+        "profile-h100-2x8-shard8.sbatch",
+        "README.md",
+    } <= names
     thread = (REPO / "sbatch" / "thread-2x8-shard4.sbatch").read_text()
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n#SBATCH --gpus-per-node=8\n" in thread
     assert "mesh (replicate=4, shard=4)" in thread

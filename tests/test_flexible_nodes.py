@@ -36,17 +36,25 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("value, expected", [(2, (2, 2)), ("2", (2, 2)), ("1-2", (1, 2)), (" 3-8 ", (3, 8)),
-                                             ("4-4", (4, 4))])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, expected", [(2, (2, 2)), ("2", (2, 2)), ("1-2", (1, 2)), (" 3-8 ", (3, 8)), ("4-4", (4, 4))]
+)
 def test_parse_nodes(value, expected):
     from hpc_hsdp.job.spec import parse_nodes
 
     assert parse_nodes(value) == expected
 
 
-@pytest.mark.parametrize("value, words", [("2-1", ["fewest", "write 1-2"]), ("x", ["not a node count", "MIN-MAX"]),
-                                          ("1-", ["not a node count"]), ("-2", ["not a node count"]),
-                                          ("1-2-3", ["not a node count"])])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("2-1", ["fewest", "write 1-2"]),
+        ("x", ["not a node count", "MIN-MAX"]),
+        ("1-", ["not a node count"]),
+        ("-2", ["not a node count"]),
+        ("1-2-3", ["not a node count"]),
+    ],
+)
 def test_parse_nodes_rejects(value, words):
     from hpc_hsdp.job.spec import parse_nodes
 
@@ -58,8 +66,9 @@ def test_parse_nodes_rejects(value, words):
 def _spec(tmp_path, **options):
     from hpc_hsdp.cli.job_options import job_spec_from_options
 
-    return job_spec_from_options({"run_dir": str(tmp_path / "run"), "device": "cpu", **options}, environ={},
-                                 cwd=tmp_path, default_venv=None)  # fmt: skip
+    return job_spec_from_options(
+        {"run_dir": str(tmp_path / "run"), "device": "cpu", **options}, environ={}, cwd=tmp_path, default_venv=None
+    )
 
 
 def test_the_global_batch_is_derived_at_the_most_nodes_and_kept_at_the_fewest(tmp_path):
@@ -70,22 +79,33 @@ def test_the_global_batch_is_derived_at_the_most_nodes_and_kept_at_the_fewest(tm
     assert (training.rank_batch_size(4), training.rank_batch_size(2)) == (3, 6)
     assert spec.plan_at(1).world_size == 2 and spec.plan.world_size == 4
     fixed = _spec(tmp_path, nodes="2-2", gpus_per_node=2, shard_size=2)
-    assert (fixed.min_nodes, fixed.flexible, fixed.nodes_text, fixed.run.training.global_batch_size) == (None, False, "2", None)
+    assert (fixed.min_nodes, fixed.flexible, fixed.nodes_text, fixed.run.training.global_batch_size) == (
+        None,
+        False,
+        "2",
+        None,
+    )
 
 
 REJECTED = [
     # (options, words of the one line)
-    ({"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_batch_size": 1},
-     ["--nodes 2-3", "global batch 6", "4 ranks", "multiple of 12"]),
-    ({"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_global_batch_size": 8},
-     ["global batch 8", "6 ranks", "multiple of 12"]),
+    (
+        {"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_batch_size": 1},
+        ["--nodes 2-3", "global batch 6", "4 ranks", "multiple of 12"],
+    ),
+    (
+        {"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_global_batch_size": 8},
+        ["global batch 8", "6 ranks", "multiple of 12"],
+    ),
     ({"nodes": "1-2", "gpus_per_node": 2, "shard_size": 4}, ["--nodes 1-2", "at 1 node(s)", "shard size 4"]),
     ({"nodes": "1-2", "gpus_per_node": 2, "shard_size": 1, "ntasks": 3}, ["--ntasks 3", "fixed node count"]),
     ({"nodes": "3-2", "gpus_per_node": 2, "shard_size": 2}, ["fewest", "write 2-3"]),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("options, words", REJECTED, ids=[str(o["nodes"]) + "-" + str(i) for i, (o, _) in enumerate(REJECTED)])
+@pytest.mark.parametrize(
+    "options, words", REJECTED, ids=[str(o["nodes"]) + "-" + str(i) for i, (o, _) in enumerate(REJECTED)]
+)
 def test_flexible_allocations_that_cannot_keep_the_stream_are_refused(tmp_path, options, words):
     with pytest.raises(HsdpError) as raised:  # SpecError or TopologyError: one line, exit 2
         _spec(tmp_path, **options)
@@ -93,19 +113,60 @@ def test_flexible_allocations_that_cannot_keep_the_stream_are_refused(tmp_path, 
 
 
 def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_path):
-    out = run_cli("render", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu",
-                  "--run-dir", str(tmp_path / "run"), "-o", str(tmp_path / "job.sbatch"))  # fmt: skip
+    out = run_cli(
+        "render",
+        "--nodes",
+        "1-2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "-o",
+        str(tmp_path / "job.sbatch"),
+    )
     assert out.returncode == 0, out.stderr
     text = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --nodes=1-2\n" in text and "#SBATCH --ntasks-per-node=2\n" in text
     assert "# layout at 2 nodes: 4 ranks" in text and "# layout at 1 node: 2 ranks" in text
     assert "--global-batch-size 16" in text  # the default --batch-size 4 x 4 ranks, fixed for both ends
     assert "export HPC_HSDP_REQUEUE_REQUEST='NumNodes=1-2 NumTasks=2'\n" in text  # a requeue restores the range
-    torchrun = run_cli("render", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu",
-                       "--launcher", "torchrun", "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    torchrun = run_cli(
+        "render",
+        "--nodes",
+        "1-2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--device",
+        "cpu",
+        "--launcher",
+        "torchrun",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     assert '--nnodes="$SLURM_JOB_NUM_NODES"' in torchrun.stdout, torchrun.stderr
-    bad = run_cli("render", "--nodes", "2-3", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--batch-size", "1",
-                  "--run-dir", str(tmp_path / "bad"), "-o", str(tmp_path / "bad.sbatch"))  # fmt: skip
+    bad = run_cli(
+        "render",
+        "--nodes",
+        "2-3",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "1",
+        "--run-dir",
+        str(tmp_path / "bad"),
+        "-o",
+        str(tmp_path / "bad.sbatch"),
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "multiple of 12" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad.sbatch").exists() and not (tmp_path / "bad").exists()
 
@@ -114,7 +175,11 @@ def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_p
     assert "at 2 nodes (the most):" in plan.stdout and "at 1 node (the fewest):" in plan.stdout
     assert "mesh (replicate=2, shard=2)" in plan.stdout and "mesh (replicate=1, shard=2)" in plan.stdout
     data = json.loads(run_cli("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--json").stdout)
-    assert (data["world_size"], data["flexible"]["min_nodes"], data["flexible"]["at_min_nodes"]["world_size"]) == (4, 1, 2)
+    assert (data["world_size"], data["flexible"]["min_nodes"], data["flexible"]["at_min_nodes"]["world_size"]) == (
+        4,
+        1,
+        2,
+    )
     refused = run_cli("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "4")
     assert refused.returncode == 2 and "at 1 node(s)" in refused.stderr and refused.stderr.count("\n") == 1
 
@@ -128,8 +193,26 @@ def test_a_config_file_takes_a_range(tmp_path):
 
 # ----------------------------------------------------------------------------- the real dev cluster
 
-JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8",
-       "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--global-batch-size", "8"]  # fmt: skip
+JOB = [
+    "--cluster",
+    "slurm",
+    "--device",
+    "cpu",
+    "--width",
+    "32",
+    "--layers",
+    "1",
+    "--seq-len",
+    "8",
+    "--nodes",
+    "1-2",
+    "--gpus-per-node",
+    "2",
+    "--shard",
+    "2",
+    "--global-batch-size",
+    "8",
+]
 STEPS = 24
 EVERY = 4
 
@@ -175,14 +258,38 @@ def _debug_nodes(at_least: int) -> list[str]:
 @contextmanager
 def _nodes_busy(nodes: list[str]) -> Iterator[str]:
     """A job holding ``nodes`` whole, running before the block starts and cancelled after it: its id."""
-    blocker = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--exclusive", "-N", str(len(nodes)), "-w",
-                              ",".join(nodes), "-o", "/dev/null", "--wrap", "sleep 900"],
-                             capture_output=True, text=True)  # fmt: skip
+    blocker = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "debug",
+            "--exclusive",
+            "-N",
+            str(len(nodes)),
+            "-w",
+            ",".join(nodes),
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 900",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert blocker.returncode == 0, blocker.stderr
     blocker_id = blocker.stdout.strip().split(";")[0]
     try:
-        wait_until("the blocker running", lambda: subprocess.run(["squeue", "-h", "-j", blocker_id, "-o", "%T"],
-                   capture_output=True, text=True).stdout.strip() == "RUNNING", 60)  # fmt: skip
+        wait_until(
+            "the blocker running",
+            lambda: (
+                subprocess.run(
+                    ["squeue", "-h", "-j", blocker_id, "-o", "%T"], capture_output=True, text=True
+                ).stdout.strip()
+                == "RUNNING"
+            ),
+            60,
+        )
         yield blocker_id
     finally:
         subprocess.run(["scancel", blocker_id], capture_output=True)
@@ -190,7 +297,9 @@ def _nodes_busy(nodes: list[str]) -> Iterator[str]:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(480)
-def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_with_the_same_samples(slurm_cluster, tmp_path):
+def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_with_the_same_samples(
+    slurm_cluster, tmp_path
+):
     """``--nodes 1-2`` on two nodes, every other node busy (a blocker job). The job's first node
     (rank 0's, and the batch shell's) dies: SLURM requeues the job for the 2 nodes it had, the
     survivors put the range back, and it resumes on the one node left, resharding its checkpoint.
@@ -206,9 +315,22 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     job_id, victim = "", ""
     with _nodes_busy(debug_nodes[2:]):
         try:
-            out = run_cli("submit", *JOB, "--run-dir", str(run), "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
-                          "--max-restarts", "2", "--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}",
-                          "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
+            out = run_cli(
+                "submit",
+                *JOB,
+                "--run-dir",
+                str(run),
+                "--steps",
+                str(STEPS),
+                "--checkpoint-every",
+                str(EVERY),
+                "--max-restarts",
+                "2",
+                "--env",
+                f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}",
+                "--env",
+                "HPC_HSDP_FAULT_STEP_DELAY_S=0.3",
+            )
             assert out.returncode == 0, out.stderr
             job_id = json.loads((run / "job.json").read_text())["job_id"]
             wait_until("step 6", lambda: len(_steps(run)) >= 6, 240)
@@ -216,17 +338,26 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
             assert first["plan"]["world_size"] == 4, first["plan"]  # the two free nodes
             victim = first["ranks"][0]["node"]  # rank 0's: the batch shell dies with it, the survivors act
             survivor = first["ranks"][-1]["node"]
-            killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True)
+            killed = subprocess.run(
+                [str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True
+            )
             assert killed.returncode == 0, killed.stderr
             died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
             last_before = max(_steps(run))
-            wait_until("the requeued job running again", lambda: job_fields(job_id).get("Restarts") == "1" and
-                       job_fields(job_id).get("JobState") == "RUNNING", 180)  # fmt: skip
+            wait_until(
+                "the requeued job running again",
+                lambda: job_fields(job_id).get("Restarts") == "1" and job_fields(job_id).get("JobState") == "RUNNING",
+                180,
+            )
             assert job_fields(job_id)["NodeList"] == survivor  # the one free node, not the two it had
             # the dead node comes back while the job starts on the one left: the next requeue may grow it
-            revived = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
+            revived = subprocess.run(
+                [str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True
+            )
             assert revived.returncode == 0, revived.stderr
-            wait_until("the first step resumed on one node", lambda: any(r["wall_time"] > died_at for r in _records(run)), 180)
+            wait_until(
+                "the first step resumed on one node", lambda: any(r["wall_time"] > died_at for r in _records(run)), 180
+            )
             alone = _layout(run)
             assert {r["node"] for r in alone["ranks"]} == {survivor}, alone
             resumed = next(r for r in _records(run) if r["wall_time"] > died_at)
@@ -235,8 +366,17 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
             wait_until("a step on one node", lambda: max(_steps(run)) > resumed["step"], 60)
             assert max(_steps(run)) < STEPS - 4, "the job ran out of steps before the second restart"
             assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0  # save, requeue with the range
-            final = wait_until("the end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
-                "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None)(_status(run)), 300)  # fmt: skip
+            final = wait_until(
+                "the end of the job",
+                lambda: (
+                    lambda s: (
+                        s
+                        if s["state"].split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+                        else None
+                    )
+                )(_status(run)),
+                300,
+            )
         finally:
             if job_id:
                 subprocess.run(["scancel", job_id], capture_output=True)
@@ -245,7 +385,9 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     assert final["state"].startswith("COMPLETED") and final["restarts"] >= 2, final
     assert _steps(run) == list(range(1, STEPS + 1))
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("*.err")))
-    assert f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored (NumNodes=1-2 NumTasks=2)" in logs  # a survivor
+    assert (
+        f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored (NumNodes=1-2 NumTasks=2)" in logs
+    )  # a survivor
     # the USR2 requeue: rank 0 requeued with the range (the batch shell's own restore on SLURM's SIGTERM
     # is a second try that runs only when the SIGTERM comes while srun still runs: not asserted)
     assert f"requeued job {job_id} (scontrol requeuehold, update NumNodes=1-2 NumTasks=2, release); it resumes" in logs
@@ -267,8 +409,10 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
         expected = set(order.sample_ids(stream.step_positions(step)).tolist())
         assert len(expected) == 8 and set(counts) == expected, (step, ids)
         assert max(counts.values()) - min(counts.values()) <= 1, (step, ids)
-    print(f"flexible job, node death -> first resumed step done on 1 node: {resumed['wall_time'] - died_at:.1f} s; "
-          f"steps redone: {redone}")
+    print(
+        f"flexible job, node death -> first resumed step done on 1 node: {resumed['wall_time'] - died_at:.1f} s; "
+        f"steps redone: {redone}"
+    )
 
 
 @pytest.mark.slurm
@@ -282,7 +426,7 @@ def test_results_of_a_flexible_job_granted_fewer_nodes_are_those_of_the_tasks_th
 import hpc_hsdp, json, time
 def fn(ctx):
     return [ctx.rank, ctx.world_size, ctx.layout.node]
-job = hpc_hsdp.submit(fn, cluster="slurm", nodes="1-2", gpus_per_node=2, shard=2, run_dir={str(tmp_path / 'api')!r},
+job = hpc_hsdp.submit(fn, cluster="slurm", nodes="1-2", gpus_per_node=2, shard=2, run_dir={str(tmp_path / "api")!r},
                       device="cpu")
 while not all(job.task(k).paths.result_pickle.exists() for k in (0, 1)):
     time.sleep(0.2)

@@ -22,14 +22,36 @@ TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2",
 
 def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**base, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**base, **(env or {})},
+    )
 
 
 def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
     run = tmp_path / "run"
-    out = hpc("submit", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "4", "--shard", "2",
-              "--distribution", "cyclic", "--steps", "3", "--wait", "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--shard",
+        "2",
+        "--distribution",
+        "cyclic",
+        "--steps",
+        "3",
+        "--wait",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "running on the local emulator" in out.stderr and "COMPLETED" in out.stderr
     assert "step 3/3" in out.stderr
@@ -44,19 +66,51 @@ def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
     assert status["state"] == "COMPLETED" and status["cluster"] == "local" and status["failure"] is None
     # the script the emulator ran is the one `submit --dry-run` prints
     job_id = status["job_id"]
-    dry = hpc("submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--shard", "2", "--distribution",
-              "cyclic", "--steps", "3", "--run-dir", str(run), *TINY)  # fmt: skip
+    dry = hpc(
+        "submit",
+        "--dry-run",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--shard",
+        "2",
+        "--distribution",
+        "cyclic",
+        "--steps",
+        "3",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert (run / "logs" / f"{job_id}_submission.sh").read_text() == dry.stdout
 
 
 def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
     module = tmp_path / "boom_entry.py"
-    module.write_text("def main(ctx):\n    if ctx.rank == 3:\n        raise RuntimeError('boom on rank 3')\n"
-                      "    import time\n    time.sleep(120)\n")  # fmt: skip
+    module.write_text(
+        "def main(ctx):\n    if ctx.rank == 3:\n        raise RuntimeError('boom on rank 3')\n"
+        "    import time\n    time.sleep(120)\n"
+    )
     run = tmp_path / "run"
     start = time.monotonic()
-    out = hpc("submit", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--wait",
-              "--entry", "boom_entry:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--wait",
+        "--entry",
+        "boom_entry:main",
+        "--run-dir",
+        str(run),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert time.monotonic() - start < 90  # srun --kill-on-bad-exit ends the step, not the sleep
     assert "FAILED" in out.stderr and "boom on rank 3" in out.stderr and "task 3" in out.stderr
@@ -71,10 +125,26 @@ def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path):
     as `hpc-hsdp run` does on srun: the message on one line, exit 2, no traceback."""
     (tmp_path / "refusing_entry.py").write_text(
         "from hpc_hsdp.errors import SpecError\n"
-        "def main(ctx):\n    raise SpecError(f'rank {ctx.rank} refuses; give it another value')\n")  # fmt: skip
+        "def main(ctx):\n    raise SpecError(f'rank {ctx.rank} refuses; give it another value')\n"
+    )
     run = tmp_path / "run"
-    out = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--wait",
-              "--entry", "refusing_entry:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--wait",
+        "--entry",
+        "refusing_entry:main",
+        "--run-dir",
+        str(run),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "failed first: exited with code 2" in out.stderr, out.stderr
     logs = {p.name: p.read_text() for p in (run / "logs").glob("*_log.err")}
@@ -105,16 +175,45 @@ def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path)
     interpreter's teardown (where gloo's worker threads can abort the process) does not."""
     (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
     run = tmp_path / "run"
-    out = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--wait",
-              "--entry", "teardown_probe:main", "--run-dir", str(run), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--wait",
+        "--entry",
+        "teardown_probe:main",
+        "--run-dir",
+        str(run),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert sorted(p.name for p in run.glob("rank*")) == ["rank0.atexit", "rank1.atexit"]
 
 
 def test_status_logs_cancel_from_a_new_process(tmp_path):
     run = tmp_path / "run"
-    sub = hpc("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2",
-              "--steps", "100000", "--run-dir", str(run), *TINY)  # fmt: skip
+    sub = hpc(
+        "submit",
+        "--cluster",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--steps",
+        "100000",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert sub.returncode == 0, sub.stderr
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists():
@@ -139,7 +238,7 @@ def test_python_api_on_the_emulator(tmp_path):
 import json, hpc_hsdp
 def fn(ctx):
     return [ctx.rank, ctx.layout.node, list(ctx.layout.replicate_group)]
-job = hpc_hsdp.submit(fn, cluster="local", nodes=2, gpus_per_node=2, shard=2, run_dir={str(tmp_path / 'api')!r})
+job = hpc_hsdp.submit(fn, cluster="local", nodes=2, gpus_per_node=2, shard=2, run_dir={str(tmp_path / "api")!r})
 print(json.dumps(job.results()))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
@@ -150,8 +249,22 @@ print(json.dumps(job.results()))
 
 def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
     (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=1\n")
-    out = hpc("submit", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1", "--wait",
-              "--run-dir", str(tmp_path / "run"), *TINY, env={"SLURM_CONF": str(tmp_path / "slurm.conf")})  # fmt: skip
+    out = hpc(
+        "submit",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--shard",
+        "1",
+        "--steps",
+        "1",
+        "--wait",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *TINY,
+        env={"SLURM_CONF": str(tmp_path / "slurm.conf")},
+    )
     assert out.returncode == 0, out.stderr
     assert "running on the local emulator" in out.stderr.splitlines()[0]
 
@@ -175,8 +288,11 @@ def test_api_submit_stays_callable_after_the_scheduler_module_is_imported():
 
 
 def test_api_rejects_unknown_option():
-    out = subprocess.run([sys.executable, "-c", "import hpc_hsdp; hpc_hsdp.submit(nodes=1, shard=1, shards=2)"],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import hpc_hsdp; hpc_hsdp.submit(nodes=1, shard=1, shards=2)"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "unknown option 'shards'" in out.stderr
 
 
@@ -188,13 +304,30 @@ def test_expand_pattern(pattern, expected):
     assert expand_pattern(pattern, job_id="42", procid=3, node_id=1, node="n2") == expected
 
 
-
-
 def test_submit_and_status_never_import_torch(tmp_path):
     run = tmp_path / "run"
-    args = [["submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1",
-             "--run-dir", str(run), "--wait"], ["status", str(run)], ["logs", str(run)],
-            ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)],
-            ["runs", str(tmp_path)], ["report", str(run), "-o", str(tmp_path / "report.html")]]  # fmt: skip
+    args = [
+        [
+            "submit",
+            "--cluster",
+            "local",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--shard",
+            "1",
+            "--steps",
+            "1",
+            "--run-dir",
+            str(run),
+            "--wait",
+        ],
+        ["status", str(run)],
+        ["logs", str(run)],
+        ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)],
+        ["runs", str(tmp_path)],
+        ["report", str(run), "-o", str(tmp_path / "report.html")],
+    ]
     assert_cli_imports_no_torch(*args)
     assert Path(run / "layout.json").exists()

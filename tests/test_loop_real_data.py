@@ -33,8 +33,13 @@ VOCAB = 512
 
 def hpc(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], env={**base, "OMP_NUM_THREADS": "1", **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        env={**base, "OMP_NUM_THREADS": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +47,18 @@ def corpus(tmp_path_factory) -> Path:
     """60 standard-library modules (about 1.5 MB of Python), a 512-id BPE, 10 % held out."""
     out = tmp_path_factory.mktemp("corpus") / "stdlib"
     files = sorted(str(p) for p in STDLIB.glob("*.py"))[:60]
-    done = hpc("prepare-data", *files, "-o", str(out), "--train-tokenizer", str(VOCAB), "--val-fraction", "0.1",
-               "--workers", "1")  # fmt: skip
+    done = hpc(
+        "prepare-data",
+        *files,
+        "-o",
+        str(out),
+        "--train-tokenizer",
+        str(VOCAB),
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "1",
+    )
     assert done.returncode == 0, done.stderr
     manifest = json.loads((out / "dataset.json").read_text())
     assert manifest["vocab_size"] == VOCAB and manifest["splits"]["val"]
@@ -52,10 +67,27 @@ def corpus(tmp_path_factory) -> Path:
 
 def training_on(corpus: Path) -> TrainingSpec:
     # 4 ranks x 2 samples x 2 micro-batches: a global batch of 16 samples of 64 tokens
-    return TrainingSpec(data=str(corpus), layers=2, width=64, heads=4, seq_len=64, batch_size=2, grad_accum=2,
-                        steps=8, seed=2, lr=3e-3, weight_decay=0.01, lr_schedule="cosine", warmup_steps=2,
-                        min_lr=3e-4, clip_grad=1.0, precision="bf16", eval_every=4, eval_batches=2,
-                        keep_checkpoints=3)  # fmt: skip
+    return TrainingSpec(
+        data=str(corpus),
+        layers=2,
+        width=64,
+        heads=4,
+        seq_len=64,
+        batch_size=2,
+        grad_accum=2,
+        steps=8,
+        seed=2,
+        lr=3e-3,
+        weight_decay=0.01,
+        lr_schedule="cosine",
+        warmup_steps=2,
+        min_lr=3e-4,
+        clip_grad=1.0,
+        precision="bf16",
+        eval_every=4,
+        eval_batches=2,
+        keep_checkpoints=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +101,9 @@ def uninterrupted(corpus, tmp_path_factory):
 def test_bf16_accumulation_clipping_cosine_on_two_nodes_and_the_eval_loss_falls(corpus, uninterrupted):
     records = read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 9))
-    assert {(r["precision"], r["grad_accum"], r["global_batch"], r["world_size"]) for r in records} == {("bf16", 2, 16, 4)}
+    assert {(r["precision"], r["grad_accum"], r["global_batch"], r["world_size"]) for r in records} == {
+        ("bf16", 2, 16, 4)
+    }
     evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     assert [s for s, _ in evals] == [4, 8] and evals[1][1] < evals[0][1] < records[0]["loss"]
     assert records[-1]["lr"] == pytest.approx(3e-4) and records[0]["lr"] == pytest.approx(1.5e-3)
@@ -82,7 +116,9 @@ def test_bf16_accumulation_clipping_cosine_on_two_nodes_and_the_eval_loss_falls(
     assert state["data"]["seed"] == 2 and state["data"]["source"] == str(corpus)
 
 
-def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_checkpoint(corpus, uninterrupted, tmp_path):
+def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_checkpoint(
+    corpus, uninterrupted, tmp_path
+):
     from test_runtime import compare_checkpoints
 
     training = training_on(corpus)
@@ -93,15 +129,22 @@ def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_che
     other_shape = tmp_path / "other"
     shutil.copytree(run, other_shape)
 
-    requeued = launch(spec, tasks_per_node=[2, 2], fn=train_recording, extra_env={"SLURM_RESTART_COUNT": "1"},
-                      timeout_s=300)  # fmt: skip
+    requeued = launch(
+        spec, tasks_per_node=[2, 2], fn=train_recording, extra_env={"SLURM_RESTART_COUNT": "1"}, timeout_s=300
+    )
     assert "resumed from step 3 (restart 1)" in requeued[0].log
     reference = union_of_samples(uninterrupted["values"])
     assert {**union_of_samples([o.value for o in first]), **union_of_samples([o.value for o in requeued])} == reference
-    diffs = in_child(compare_checkpoints, run / "checkpoints" / "step-000008",
-                     uninterrupted["run_dir"] / "checkpoints" / "step-000008")  # fmt: skip
+    diffs = in_child(
+        compare_checkpoints,
+        run / "checkpoints" / "step-000008",
+        uninterrupted["run_dir"] / "checkpoints" / "step-000008",
+    )
     assert diffs == [], f"the requeued run differs from the uninterrupted one in {diffs[:5]}"
-    assert read_jsonl(run / "metrics.jsonl")[-1]["eval_loss"] == read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")[-1]["eval_loss"]
+    assert (
+        read_jsonl(run / "metrics.jsonl")[-1]["eval_loss"]
+        == read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")[-1]["eval_loss"]
+    )
 
     # the same run directory on 1 node x 2, the same global batch: exactly the same samples
     fewer = dataclasses.replace(training, batch_size=4, global_batch_size=16)
@@ -111,8 +154,11 @@ def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_che
     assert union_of_samples([o.value for o in resumed]) == {s: ids for s, ids in reference.items() if s > 3}
     assert [s for s, _ in complete_checkpoints(other_shape)][-1] == 8
     # bf16 compute on other micro-batch shapes: equal within bf16 tolerance, not bit for bit
-    diff = in_child(max_param_diff, other_shape / "checkpoints" / "step-000008",
-                    uninterrupted["run_dir"] / "checkpoints" / "step-000008")  # fmt: skip
+    diff = in_child(
+        max_param_diff,
+        other_shape / "checkpoints" / "step-000008",
+        uninterrupted["run_dir"] / "checkpoints" / "step-000008",
+    )
     assert diff < 3 * training.lr, diff
     final = read_jsonl(other_shape / "metrics.jsonl")[-1]["eval_loss"]
     assert final == pytest.approx(read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")[-1]["eval_loss"], abs=0.02)
@@ -140,7 +186,9 @@ def test_eval_without_held_out_data_exits_2(corpus, tmp_path):
 
 def test_resuming_with_another_global_batch_exits_2(corpus, uninterrupted, tmp_path):
     shutil.copytree(uninterrupted["run_dir"] / "checkpoints", tmp_path / "checkpoints")
-    done = _run_one_task(tmp_path, "--data", str(corpus), "--seq-len", "64", "--steps", "10", "--global-batch-size", "8")
+    done = _run_one_task(
+        tmp_path, "--data", str(corpus), "--seq-len", "64", "--steps", "10", "--global-batch-size", "8"
+    )
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hpc-hsdp: error: checkpoint step-000008 (step 8) was trained with a global batch of 16")

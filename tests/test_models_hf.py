@@ -126,11 +126,21 @@ def test_pretrained_load_holds_one_shard_per_rank_not_the_model(tmp_path):
     from hf_helpers import MEDIUM_LLAMA, load_memory_report
 
     model_dir = in_child(save_pretrained_tiny, str(tmp_path / "medium"), MEDIUM_LLAMA)
-    spec = RunSpec(shard_size=4, run_dir=str(tmp_path / "run"), device="cpu",
-                   training=TrainingSpec(model=f"hf:{model_dir}"), timeout_s=120)  # fmt: skip
+    spec = RunSpec(
+        shard_size=4,
+        run_dir=str(tmp_path / "run"),
+        device="cpu",
+        training=TrainingSpec(model=f"hf:{model_dir}"),
+        timeout_s=120,
+    )
     reports = [o.value for o in launch(spec, tasks_per_node=[4], fn=load_memory_report, timeout_s=300)]
     size = reports[0]["model_bytes"]
-    print({r["rank"]: {k: (round(v / size, 3) if k in ("sharded", "naive") else v) for k, v in r.items()} for r in reports})
+    print(
+        {
+            r["rank"]: {k: (round(v / size, 3) if k in ("sharded", "naive") else v) for k, v in r.items()}
+            for r in reports
+        }
+    )
     for report in reports:
         assert report["sharded"] < 0.5 * size, (report["sharded"] / size, report)
         assert report["naive"] > 0.95 * size, (report["naive"] / size, report)

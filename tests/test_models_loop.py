@@ -36,7 +36,10 @@ pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 320
 # GPT-2 keeps its default dropout (0.1): the loop seeds each step's RNG by (seed, step, rank)
-ARCHS = {"llama": dict(TINY_LLAMA, vocab_size=VOCAB), "gpt2": {k: v for k, v in TINY_GPT2.items() if "pdrop" not in k} | {"vocab_size": VOCAB}}
+ARCHS = {
+    "llama": dict(TINY_LLAMA, vocab_size=VOCAB),
+    "gpt2": {k: v for k, v in TINY_GPT2.items() if "pdrop" not in k} | {"vocab_size": VOCAB},
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,18 @@ def corpus(tmp_path_factory):
 
 
 def _training(model: str, corpus: dict, **more) -> TrainingSpec:
-    values = dict(model=model, data=corpus["path"], seq_len=32, batch_size=2, steps=6, seed=3, lr=3e-3,
-                  checkpoint_every=3, keep_checkpoints=3, precision="fp32")  # fmt: skip
+    values = dict(
+        model=model,
+        data=corpus["path"],
+        seq_len=32,
+        batch_size=2,
+        steps=6,
+        seed=3,
+        lr=3e-3,
+        checkpoint_every=3,
+        keep_checkpoints=3,
+        precision="fp32",
+    )
     return TrainingSpec(**(values | more))
 
 
@@ -81,19 +94,29 @@ def test_preempt_requeue_resume_is_bit_identical_also_onto_one_node(uninterrupte
     shutil.copytree(tmp_path / "run", tmp_path / "one-node")
     reference = uninterrupted["run_dir"] / "checkpoints" / "step-000006"
     for run, tasks in ((tmp_path / "run", [2, 2]), (tmp_path / "one-node", [4])):
-        resumed = launch(dataclasses.replace(spec, run_dir=str(run)), tasks_per_node=tasks, fn=train_hf,
-                         extra_env={"SLURM_RESTART_COUNT": "1"}, timeout_s=300)  # fmt: skip
+        resumed = launch(
+            dataclasses.replace(spec, run_dir=str(run)),
+            tasks_per_node=tasks,
+            fn=train_hf,
+            extra_env={"SLURM_RESTART_COUNT": "1"},
+            timeout_s=300,
+        )
         assert {o.value["summary"]["start_step"] for o in resumed} == {3}
         diffs = in_child(compare_checkpoints, run / "checkpoints" / "step-000006", reference)
         assert diffs == [], f"{tasks}: the resumed run differs from the uninterrupted one in {diffs[:5]}"
         assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [
-            r["loss"] for r in read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")]  # fmt: skip
+            r["loss"] for r in read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")
+        ]
 
 
 def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupted, tmp_path):
     out = tmp_path / "exported"
-    done = subprocess.run([sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "exported step 6 (hf)" in done.stdout
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -103,10 +126,27 @@ def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupt
 
     assert torch.allclose(torch.tensor(loaded["logits"]), torch.tensor(sharded), atol=1e-5, rtol=0)
     assert loaded["decoded"] == "def f(x):\n    return x"  # the run's tokenizer, copied beside the weights
-    again = subprocess.run([sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "--step", "4",
-                            "-o", str(tmp_path / "other")], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
-        again.stderr.strip()] and "no complete checkpoint of step 4; it has steps 3, 6" in again.stderr  # fmt: skip
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_hsdp",
+            "export",
+            str(uninterrupted["run_dir"]),
+            "--step",
+            "4",
+            "-o",
+            str(tmp_path / "other"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        again.returncode == 2
+        and again.stderr.strip().splitlines() == [again.stderr.strip()]
+        and "no complete checkpoint of step 4; it has steps 3, 6" in again.stderr
+    )
 
 
 def test_pretrained_first_step_loss_is_the_unsharded_models(corpus, tmp_path):
@@ -131,8 +171,24 @@ def test_bad_models_on_the_command_line_exit_2_with_one_line(corpus, tmp_path):
         "no_such_pkg_abc:build": "cannot import module 'no_such_pkg_abc'",
     }
     for model, expected in cases.items():
-        args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(tmp_path / "run"),
-                "--device", "cpu", "--timeout", "30", "--model", model, "--data", corpus["path"]]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "hpc_hsdp",
+            "run",
+            "--shard",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--timeout",
+            "30",
+            "--model",
+            model,
+            "--data",
+            corpus["path"],
+        ]
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
         lines = [line for line in done.stderr.splitlines() if line.startswith("hpc-hsdp: error:")]
         assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], (model, done.stderr[-800:])

@@ -88,8 +88,10 @@ def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fak
     assert handle_lost_peers(_ctx(1, tmp_path), max_restarts=2, env=env, reason="r") is None  # rank 0 does it
     assert not fake_scontrol.exists()
     line = handle_lost_peers(_ctx(0, tmp_path), max_restarts=2, env=env, reason="the step failed: RuntimeError: gloo")
-    assert line == ("node n2 died (slurmd unreachable) with ranks 2-3; the step failed: RuntimeError: gloo; requeued "
-                    "job 41 without n2 (failure restart 1 of at most 2)")  # fmt: skip
+    assert line == (
+        "node n2 died (slurmd unreachable) with ranks 2-3; the step failed: RuntimeError: gloo; requeued "
+        "job 41 without n2 (failure restart 1 of at most 2)"
+    )
     assert fake_scontrol.read_text().splitlines() == ["requeuehold 41", "update JobId=41 ExcNodeList=n2", "release 41"]
     ended = attempts.read_attempt(tmp_path)["ended"]
     assert ended["reason"] == "node_failure" and ended["detail"].startswith("node n2 died")
@@ -130,9 +132,20 @@ def test_status_shows_each_restart_with_its_cause(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "5_local.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
-    (tmp_path / "job.json").write_text(json.dumps({"job_id": "5", "cluster": "local", "run_dir": str(tmp_path),
-                                                   "logs_dir": str(logs), "job_name": "x", "ntasks": 4,
-                                                   "launcher": "srun", "submitted_at": 0.0}))  # fmt: skip
+    (tmp_path / "job.json").write_text(
+        json.dumps(
+            {
+                "job_id": "5",
+                "cluster": "local",
+                "run_dir": str(tmp_path),
+                "logs_dir": str(logs),
+                "job_name": "x",
+                "ntasks": 4,
+                "launcher": "srun",
+                "submitted_at": 0.0,
+            }
+        )
+    )
     attempts.begin_attempt(tmp_path, restart=0, job_id="5", start_step=0, total_steps=9)
     attempts.end_attempt(tmp_path, reason="node_failure", step=None, detail="node n2 died")
     attempts.begin_attempt(tmp_path, restart=1, job_id="5", start_step=4, total_steps=9)
@@ -143,8 +156,26 @@ def test_status_shows_each_restart_with_its_cause(tmp_path):
 
 # ----------------------------------------------------------------------------- the real dev cluster
 
-JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2",
-       "--nodes", "2", "--gpus-per-node", "2", "--shard", "2"]  # fmt: skip
+JOB = [
+    "--cluster",
+    "slurm",
+    "--device",
+    "cpu",
+    "--width",
+    "32",
+    "--layers",
+    "1",
+    "--seq-len",
+    "8",
+    "--batch-size",
+    "2",
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "2",
+    "--shard",
+    "2",
+]
 EVERY = 4
 
 
@@ -162,22 +193,43 @@ def _steps(run: Path) -> list[dict]:
 def test_a_node_dies_the_job_requeues_without_it_and_finishes(slurm_cluster, tmp_path):
     nodes = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%D"], capture_output=True, text=True).stdout.split()
     if sum(int(n) for n in nodes if n.isdigit()) < 3:
-        pytest.skip("needs a dev cluster of 3 nodes (scripts/dev-cluster up, default --nodes 3): one dies, the job needs 2")
+        pytest.skip(
+            "needs a dev cluster of 3 nodes (scripts/dev-cluster up, default --nodes 3): one dies, the job needs 2"
+        )
     run = tmp_path / "run"
-    out = hpc("submit", *JOB, "--run-dir", str(run), "--steps", "40", "--checkpoint-every", str(EVERY),
-              "--max-restarts", "2", "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.3")  # fmt: skip
+    out = hpc(
+        "submit",
+        *JOB,
+        "--run-dir",
+        str(run),
+        "--steps",
+        "40",
+        "--checkpoint-every",
+        str(EVERY),
+        "--max-restarts",
+        "2",
+        "--env",
+        "HPC_HSDP_FAULT_STEP_DELAY_S=0.3",
+    )
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     wait_until("step 10", lambda: len(_steps(run)) >= 10, 240)
     layout = json.loads((run / "layout.json").read_text())
     victim = layout["ranks"][-1]["node"]  # the second node of the job (rank 0 survives on the first)
-    killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True)
+    killed = subprocess.run(
+        [str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True, text=True
+    )
     assert killed.returncode == 0, killed.stderr
     died_at = float(re.search(r"at ([0-9.]+)$", killed.stdout.strip()).group(1))
     last_before = max(r["step"] for r in _steps(run))
     try:
-        final = wait_until("the end of the job", lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
-                      else None)(json.loads(hpc("status", str(run), "--json").stdout)), 420)  # fmt: skip
+        final = wait_until(
+            "the end of the job",
+            lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED") else None)(
+                json.loads(hpc("status", str(run), "--json").stdout)
+            ),
+            420,
+        )
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)  # a job left held or pending would block the next
         subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "revive-node", victim], capture_output=True, text=True)
@@ -203,8 +255,13 @@ def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
     assert requeue_job("41", env=env) == (True, "")
     assert requeue_job("42", env=env, exclude=("n2",)) == (True, "")
     assert fake_scontrol.read_text().splitlines() == [
-        "requeuehold 41", "update JobId=41 NumNodes=1-2 NumTasks=2", "release 41",
-        "requeuehold 42", "update JobId=42 NumNodes=1-2 NumTasks=2 ExcNodeList=n2", "release 42"]  # fmt: skip
+        "requeuehold 41",
+        "update JobId=41 NumNodes=1-2 NumTasks=2",
+        "release 41",
+        "requeuehold 42",
+        "update JobId=42 NumNodes=1-2 NumTasks=2 ExcNodeList=n2",
+        "release 42",
+    ]
 
 
 KEEPER_TASK = r"""
@@ -219,29 +276,43 @@ libc.pthread_mutex_lock(mutex)  # stuck in C for good, signals or not (as in a c
 """
 
 
-@pytest.mark.parametrize("restarts, local_id, expected", [
-    ("1", "0", ["update JobId=41 NumNodes=1-2 NumTasks=2"]),  # SLURM requeued it (Restarts went up)
-    ("0", "0", None),  # a SIGTERM without a requeue (scancel, time limit): left alone
-    ("1", "1", None),  # one task per node asks: local rank 0
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "restarts, local_id, expected",
+    [
+        ("1", "0", ["update JobId=41 NumNodes=1-2 NumTasks=2"]),  # SLURM requeued it (Restarts went up)
+        ("0", "0", None),  # a SIGTERM without a requeue (scancel, time limit): left alone
+        ("1", "1", None),  # one task per node asks: local rank 0
+    ],
+)
 def test_a_flexible_jobs_range_is_restored_on_slurms_sigterm_while_the_main_thread_is_stuck(
-        fake_scontrol, tmp_path, restarts, local_id, expected):  # fmt: skip
+    fake_scontrol, tmp_path, restarts, local_id, expected
+):
     """SLURM pins a job it requeues itself (node failure) to the nodes it had; a ``--nodes 1-2``
     job would wait for two. On SLURM's SIGTERM a thread of local rank 0 updates the pending job,
     before SLURM's SIGKILL (KillWait), even while the main thread never returns to Python."""
     from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, restore_request
 
     (tmp_path / "restarts").write_text(restarts)
-    env = {**os.environ, "SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0",
-           "SLURM_LOCALID": local_id, REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    task = subprocess.Popen([sys.executable, "-c", KEEPER_TASK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "41",
+        "SLURM_CLUSTER_NAME": "dev",
+        "SLURM_RESTART_COUNT": "0",
+        "SLURM_LOCALID": local_id,
+        REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2",
+        "PYTHONPATH": str(ROOT),
+    }
+    task = subprocess.Popen(
+        [sys.executable, "-c", KEEPER_TASK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert task.stdout.readline().strip() == "ready"
         task.send_signal(signal.SIGTERM)
-        wait_until("the restore", lambda: expected is None or (fake_scontrol.exists() and
-                   fake_scontrol.read_text().splitlines() == expected), 5)  # fmt: skip
+        wait_until(
+            "the restore",
+            lambda: expected is None or (fake_scontrol.exists() and fake_scontrol.read_text().splitlines() == expected),
+            5,
+        )
         time.sleep(0.5)
         assert task.poll() is None, "the task ended before SLURM's SIGKILL would"
     finally:

@@ -15,21 +15,67 @@ from hf_helpers import write_config
 from hpc_hsdp.models.hf_shapes import shapes_from_config
 
 CONFIGS = {
-    "llama-gqa": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2),
-    "llama-tied-bias-headdim": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128,
-                                    num_hidden_layers=2, num_attention_heads=4, tie_word_embeddings=True,
-                                    attention_bias=True, mlp_bias=True, head_dim=32),
-    "mistral": dict(model_type="mistral", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2),
-    "qwen2": dict(model_type="qwen2", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2),
-    "qwen3": dict(model_type="qwen3", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "llama-gqa": dict(
+        model_type="llama",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "llama-tied-bias-headdim": dict(
+        model_type="llama",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        head_dim=32,
+    ),
+    "mistral": dict(
+        model_type="mistral",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "qwen2": dict(
+        model_type="qwen2",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "qwen3": dict(
+        model_type="qwen3",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
     "gpt2": dict(model_type="gpt2", vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=128),
-    "gpt2-untied-inner": dict(model_type="gpt2", vocab_size=96, n_embd=64, n_layer=3, n_head=4, n_positions=128,
-                              n_inner=100, tie_word_embeddings=False),
-}  # fmt: skip
+    "gpt2-untied-inner": dict(
+        model_type="gpt2",
+        vocab_size=96,
+        n_embd=64,
+        n_layer=3,
+        n_head=4,
+        n_positions=128,
+        n_inner=100,
+        tie_word_embeddings=False,
+    ),
+}
 
 
 def real_shapes(configs: dict) -> dict:
@@ -44,8 +90,10 @@ def real_shapes(configs: dict) -> dict:
         config = AutoConfig.for_model(values.pop("model_type"), **values)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        out[key] = {"shapes": [[n, list(p.shape)] for n, p in model.named_parameters()],
-                    "blocks": sorted(model._no_split_modules)}  # fmt: skip
+        out[key] = {
+            "shapes": [[n, list(p.shape)] for n, p in model.named_parameters()],
+            "blocks": sorted(model._no_split_modules),
+        }
     return out
 
 
@@ -76,16 +124,30 @@ print("HEAVY", heavy[:3])
 
 
 def _plan(args):
-    out = subprocess.run([sys.executable, "-c", PLAN.format(args=args)], capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", PLAN.format(args=args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+    )
     assert out.returncode == 0, out.stderr
     body, _, heavy = out.stdout.rpartition("HEAVY ")
     return body, heavy.strip()
 
 
 def test_plan_with_an_hf_config_counts_without_torch_or_transformers(tmp_path):
-    config = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)  # fmt: skip
+    config = dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
     model = write_config(tmp_path / "llama-3.2-1b-like", config)
     text, heavy = _plan(["plan", "--nodes", "2", "--shard", "4", "--model", f"hf:{model}", "--dtype", "bf16"])
     assert heavy == "[]"
@@ -99,18 +161,36 @@ def test_plan_with_an_hf_config_counts_without_torch_or_transformers(tmp_path):
     assert data["estimate"]["root_params"] == 262_670_336
 
 
-@pytest.mark.parametrize("model,expected", [("hf:/nonexistent/dir", "does not exist"),
-                                            ("hf:openai/gpt2", "looks like a hub model id"),
-                                            ("nonsense", "is not one of builtin")])  # fmt: skip
+@pytest.mark.parametrize(
+    "model,expected",
+    [
+        ("hf:/nonexistent/dir", "does not exist"),
+        ("hf:openai/gpt2", "looks like a hub model id"),
+        ("nonsense", "is not one of builtin"),
+    ],
+)
 def test_plan_bad_model_is_one_line(model, expected):
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "1", "--shard", "2", "--model", model],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "1", "--shard", "2", "--model", model],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and expected in out.stderr, out.stderr
 
 
 def test_plan_with_another_family_builds_on_meta(tmp_path):
-    model = write_config(tmp_path / "phi", dict(model_type="phi", vocab_size=96, hidden_size=64, intermediate_size=128,
-                                                num_hidden_layers=2, num_attention_heads=4))  # fmt: skip
+    model = write_config(
+        tmp_path / "phi",
+        dict(
+            model_type="phi",
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
+    )
     text, heavy = _plan(["plan", "--nodes", "1", "--shard", "2", "--model", f"hf:{model}"])
     assert "meta-device build (torch and transformers" in text and "2 x PhiDecoderLayer" in text
     assert "torch" in heavy
@@ -129,8 +209,13 @@ print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tr
 
 
 def test_render_makes_a_relative_hf_path_absolute_without_transformers(tmp_path):
-    out = subprocess.run([sys.executable, "-c", RENDER.format(run=str(tmp_path / "run"))], capture_output=True,
-                         text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", RENDER.format(run=str(tmp_path / "run"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert f"--model hf:{tmp_path}/models/llama" in out.stdout
     assert out.stdout.rstrip().endswith("HEAVY []")

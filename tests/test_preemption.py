@@ -33,8 +33,18 @@ from hpc_hsdp.runtime.preemption import (
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = TrainingSpec(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=6, seed=5,
-                    checkpoint_every=0, keep_checkpoints=2)  # fmt: skip
+TINY = TrainingSpec(
+    layers=1,
+    width=32,
+    heads=4,
+    seq_len=8,
+    batch_size=2,
+    vocab_size=64,
+    steps=6,
+    seed=5,
+    checkpoint_every=0,
+    keep_checkpoints=2,
+)
 
 
 # ----------------------------------------------------------------------------- the unit, in this process
@@ -42,9 +52,18 @@ TINY = TrainingSpec(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, "SIGUSR2"), ("USR2", "SIGUSR2"), ("USR1", "SIGUSR1"), ("R:usr1@60", "SIGUSR1"), ("B:SIGUSR1@90", "SIGUSR1"),
-     ("12", "SIGUSR2"), ("TERM", "SIGUSR2"), ("KILL", "SIGUSR2"), ("nonsense", "SIGUSR2")],
-)  # fmt: skip
+    [
+        (None, "SIGUSR2"),
+        ("USR2", "SIGUSR2"),
+        ("USR1", "SIGUSR1"),
+        ("R:usr1@60", "SIGUSR1"),
+        ("B:SIGUSR1@90", "SIGUSR1"),
+        ("12", "SIGUSR2"),
+        ("TERM", "SIGUSR2"),
+        ("KILL", "SIGUSR2"),
+        ("nonsense", "SIGUSR2"),
+    ],
+)
 def test_warning_signal_from_env(value, expected):
     env = {} if value is None else {"HPC_HSDP_WARNING_SIGNAL": value}
     assert warning_signal_from(env).name == expected
@@ -75,8 +94,10 @@ def test_a_signal_only_sets_a_flag_and_sigterm_wins():
 
 
 def test_requeue_is_skipped_outside_slurm(capsys):
-    for env in ({"SLURM_JOB_ID": "4242"},  # dist_helpers / emulator-like: no cluster name
-                {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "local-emulator", "HPC_HSDP_EMULATOR": "1"}):  # fmt: skip
+    for env in (
+        {"SLURM_JOB_ID": "4242"},  # dist_helpers / emulator-like: no cluster name
+        {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "local-emulator", "HPC_HSDP_EMULATOR": "1"},
+    ):
         assert not in_slurm(env)
         preemption = Preemption(env)
         preemption.request(WARNING)
@@ -127,19 +148,37 @@ def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
         (logs / f"9_{task}_log.err").write_text(text)
     ranks = [{"rank": r, "slurm_procid": p} for r, p in ((0, 0), (1, 2), (2, 1), (3, 3))]  # cyclic
     (tmp_path / "layout.json").write_text(json.dumps({"ranks": ranks}))
-    return JobHandle(JobRecord(job_id="9", cluster="slurm", run_dir=str(tmp_path), logs_dir=str(logs), job_name="x",
-                               ntasks=4, launcher="srun", submitted_at=0.0))  # fmt: skip
+    return JobHandle(
+        JobRecord(
+            job_id="9",
+            cluster="slurm",
+            run_dir=str(tmp_path),
+            logs_dir=str(logs),
+            job_name="x",
+            ntasks=4,
+            launcher="srun",
+            submitted_at=0.0,
+        )
+    )
 
 
 PEER = "[rank1]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:3467.\n"
 
 
 def test_failure_summary_names_the_rank_killed_by_sigkill(tmp_path):
-    batch = ("hpc-hsdp: job 9 starts (restart 0) on n[1-2]\n[hpc-hsdp] rank 0/4 node n1 procid 0\n"
-             "srun: error: n2: task 3: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=9.0\n"
-             "srun: error: n1: task 2: Terminated\nsrun: error: n1: task 0: Exited with exit code 1\n")  # fmt: skip
-    handle = _fake_job(tmp_path, batch, {1: "[hpc-hsdp] rank 2/4\nTraceback (most recent call last):\n" + PEER,
-                                         3: "[hpc-hsdp] rank 3/4\n[hpc-hsdp] fault injected: ... SIGKILL\n"})  # fmt: skip
+    batch = (
+        "hpc-hsdp: job 9 starts (restart 0) on n[1-2]\n[hpc-hsdp] rank 0/4 node n1 procid 0\n"
+        "srun: error: n2: task 3: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=9.0\n"
+        "srun: error: n1: task 2: Terminated\nsrun: error: n1: task 0: Exited with exit code 1\n"
+    )
+    handle = _fake_job(
+        tmp_path,
+        batch,
+        {
+            1: "[hpc-hsdp] rank 2/4\nTraceback (most recent call last):\n" + PEER,
+            3: "[hpc-hsdp] rank 3/4\n[hpc-hsdp] fault injected: ... SIGKILL\n",
+        },
+    )
     summary = handle.failure_summary()
     assert summary.startswith("rank 3 (task 3 on n2) failed first: killed by SIGKILL"), summary
     assert "fault injected" in summary
@@ -147,11 +186,19 @@ def test_failure_summary_names_the_rank_killed_by_sigkill(tmp_path):
 
 def test_failure_summary_names_the_rank_that_raised_in_the_latest_run(tmp_path):
     earlier = "hpc-hsdp: job 9 starts (restart 0) on n[1-2]\nsrun: error: n1: task 0: Killed\n"  # requeued then
-    batch = earlier + ("hpc-hsdp: job 9 starts (restart 1) on n[1-2]\nsrun: error: n1: task 2: Exited with exit code 1\n"
-                       "srun: error: n2: task 3: Terminated\n")  # fmt: skip
-    handle = _fake_job(tmp_path, batch, {1: "Traceback (most recent call last):\n" + PEER,
-                                         2: "[hpc-hsdp] rank 1/4\nTraceback (most recent call last):\n"
-                                            "InjectedFault: fault injected: rank 1 raised at step 5\n"})  # fmt: skip
+    batch = earlier + (
+        "hpc-hsdp: job 9 starts (restart 1) on n[1-2]\nsrun: error: n1: task 2: Exited with exit code 1\n"
+        "srun: error: n2: task 3: Terminated\n"
+    )
+    handle = _fake_job(
+        tmp_path,
+        batch,
+        {
+            1: "Traceback (most recent call last):\n" + PEER,
+            2: "[hpc-hsdp] rank 1/4\nTraceback (most recent call last):\n"
+            "InjectedFault: fault injected: rank 1 raised at step 5\n",
+        },
+    )
     summary = handle.failure_summary()
     assert summary.startswith("rank 1 (task 2 on n1) failed first: Exited with exit code 1"), summary
     assert "rank 1 raised at step 5" in summary
@@ -187,7 +234,8 @@ def test_one_rank_signalled_every_rank_saves_at_the_same_step_and_resume_is_exac
     first = launch(spec, tasks_per_node=[2, 2], fn=train_with_signal_on_rank3, timeout_s=120)
     by_rank = {o.value["rank"]: o.value for o in first}
     assert {r: (v["stopped"], v["stop_reason"], v["steps"]) for r, v in by_rank.items()} == {
-        r: (True, "USR2", 3) for r in range(4)}  # fmt: skip
+        r: (True, "USR2", 3) for r in range(4)
+    }
     assert by_rank[3]["received"] == ["USR2"] and all(by_rank[r]["received"] == [] for r in (0, 1, 2))
     assert [s for s, _ in complete_checkpoints(spec.run_dir)] == [3]
     log0 = next(o.log for o in first if o.value["rank"] == 0)
@@ -200,8 +248,11 @@ def test_one_rank_signalled_every_rank_saves_at_the_same_step_and_resume_is_exac
 
     reference = RunSpec(shard_size=2, run_dir=str(tmp_path / "ref"), device="cpu", training=TINY, timeout_s=60)
     launch(reference, tasks_per_node=[2, 2], timeout_s=120)
-    diffs = in_child(compare_checkpoints, tmp_path / "run" / "checkpoints" / "step-000006",
-                     tmp_path / "ref" / "checkpoints" / "step-000006")  # fmt: skip
+    diffs = in_child(
+        compare_checkpoints,
+        tmp_path / "run" / "checkpoints" / "step-000006",
+        tmp_path / "ref" / "checkpoints" / "step-000006",
+    )
     assert diffs == [], f"the interrupted run differs from the uninterrupted one in {diffs[:5]}"
     ref_losses = [r["loss"] for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl")]
     assert [r["loss"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == ref_losses
@@ -249,9 +300,19 @@ def wait_until(what: str, check, timeout_s: float, run: Path):
 
 
 def wait_finished(run: Path, timeout_s: float = 240) -> dict:
-    return wait_until("end of the job", lambda: (lambda s: s if s["state"].split()[0] in (
-        "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else None)(status(run)),
-        timeout_s, run)  # fmt: skip
+    return wait_until(
+        "end of the job",
+        lambda: (
+            lambda s: (
+                s
+                if s["state"].split()[0]
+                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+                else None
+            )
+        )(status(run)),
+        timeout_s,
+        run,
+    )
 
 
 def all_logs(run: Path) -> str:
@@ -259,7 +320,9 @@ def all_logs(run: Path) -> str:
 
 
 def _logs(run: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted((run / "logs").glob("*_log.err")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted((run / "logs").glob("*_log.err"))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -293,10 +356,14 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
     signalled = time.time()
     assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0  # reaches every task
     wait_until("restart 1", lambda: status(run)["restarts"] >= 1, 120, run)
-    first_stop = wait_until("resume", lambda: (lambda t: t if "resumed from step" in t else None)(all_logs(run)), 120, run)
+    first_stop = wait_until(
+        "resume", lambda: (lambda t: t if "resumed from step" in t else None)(all_logs(run)), 120, run
+    )
     stop_step = int(re.search(r"resumed from step (\d+) \(restart 1\)", first_stop).group(1))
     wait_until(f"step {stop_step + 1}", lambda: len(steps(run)) > stop_step, 120, run)
-    recovery_s = next(r["wall_time"] for r in read_jsonl(run / "metrics.jsonl") if r["step"] == stop_step + 1) - signalled
+    recovery_s = (
+        next(r["wall_time"] for r in read_jsonl(run / "metrics.jsonl") if r["step"] == stop_step + 1) - signalled
+    )
     wait_until(f"step {stop_step + 3}", lambda: len(steps(run)) >= stop_step + 3, 120, run)
 
     # SLURM itself ends the run (SIGTERM, SIGKILL after KillWait=5 s): every rank saves in time
@@ -313,10 +380,15 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
 
     ref = wait_finished(reference_run)
     assert ref["state"] == "COMPLETED" and ref["restarts"] == 0
-    diffs = in_child(compare_checkpoints, run / "checkpoints" / f"step-{STEPS:06d}",
-                     reference_run / "checkpoints" / f"step-{STEPS:06d}")  # fmt: skip
+    diffs = in_child(
+        compare_checkpoints,
+        run / "checkpoints" / f"step-{STEPS:06d}",
+        reference_run / "checkpoints" / f"step-{STEPS:06d}",
+    )
     assert diffs == [], f"the preempted run differs from the uninterrupted one in {diffs[:5]}"
-    assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [r["loss"] for r in read_jsonl(reference_run / "metrics.jsonl")]
+    assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [
+        r["loss"] for r in read_jsonl(reference_run / "metrics.jsonl")
+    ]
     print(f"recovery (USR2 sent -> first resumed step done): {recovery_s:.1f} s")
     assert recovery_s < 90
 
@@ -343,8 +415,11 @@ def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_clust
     assert steps(run) == list(range(1, STEPS + 1))
     ref = wait_finished(reference_run)
     assert ref["state"] == "COMPLETED"
-    diffs = in_child(compare_checkpoints, run / "checkpoints" / f"step-{STEPS:06d}",
-                     reference_run / "checkpoints" / f"step-{STEPS:06d}")  # fmt: skip
+    diffs = in_child(
+        compare_checkpoints,
+        run / "checkpoints" / f"step-{STEPS:06d}",
+        reference_run / "checkpoints" / f"step-{STEPS:06d}",
+    )
     assert diffs == [], f"the preempted torchrun job differs from the uninterrupted one in {diffs[:5]}"
 
 
@@ -352,8 +427,18 @@ def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_clust
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_fails_the_job_fast_and_names_the_rank(slurm_cluster, tmp_path):
     run = tmp_path / "run"
-    done = hpc("submit", *JOB, *TWO_BY_TWO, "--run-dir", str(run), "--steps", "200", "--wait",
-               "--env", "HPC_HSDP_FAULT_KILL_AT=3:5")  # fmt: skip
+    done = hpc(
+        "submit",
+        *JOB,
+        *TWO_BY_TWO,
+        "--run-dir",
+        str(run),
+        "--steps",
+        "200",
+        "--wait",
+        "--env",
+        "HPC_HSDP_FAULT_KILL_AT=3:5",
+    )
     ended = time.time()
     assert done.returncode == 1, done.stdout + done.stderr
     killed_at = float(re.search(r"fault injected: rank 3 at step 5 .*SIGKILL at ([0-9.]+)", all_logs(run)).group(1))

@@ -54,30 +54,39 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _spec(argv: list[str], files: dict[str, str]):
-    return spec_from_argv(["--nodes", "2", "--gpus-per-node", "4", "--shard", "4",
-                           *(files.get(arg, arg) for arg in argv)])  # fmt: skip
+    return spec_from_argv(
+        ["--nodes", "2", "--gpus-per-node", "4", "--shard", "4", *(files.get(arg, arg) for arg in argv)]
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--data", "MISSING"], "token data {MISSING} does not exist"),
-        (["--data", "DATA", "--seq-len", "64", "--batch-size", "8"],
-         "fewer than one global batch of 64"),  # 8 ranks x 8
+        (
+            ["--data", "DATA", "--seq-len", "64", "--batch-size", "8"],
+            "fewer than one global batch of 64",
+        ),  # 8 ranks x 8
         (["--data", "DATA", "--seq-len", "16", "--global-batch-size", "512"], "fewer than one global batch of 512"),
-        (["--data", "ONE_FILE", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
-         "is one token file with no held-out split"),
+        (
+            ["--data", "ONE_FILE", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
+            "is one token file with no held-out split",
+        ),
         (["--data", "DATA", "--val-data", "MISSING", "--eval-every", "5"], "token data {MISSING} does not exist"),
-        (["--data", "DATA", "--val-data", "TINY", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
-         "the held-out data (10 tokens) holds no sample of --seq-len 16 + 1 tokens"),
-        (["--data", "DATA", "--model", "SMALL_VOCAB_MODEL"],
-         "has a vocabulary of 64 tokens but the data's tokenizer has 100: token ids would fall outside the embedding"),
+        (
+            ["--data", "DATA", "--val-data", "TINY", "--eval-every", "5", "--seq-len", "16", "--batch-size", "2"],
+            "the held-out data (10 tokens) holds no sample of --seq-len 16 + 1 tokens",
+        ),
+        (
+            ["--data", "DATA", "--model", "SMALL_VOCAB_MODEL"],
+            "has a vocabulary of 64 tokens but the data's tokenizer has 100: token ids would fall outside the embedding",
+        ),
         (["--model", "NO_MODEL"], "does not exist; give a directory written by save_pretrained"),
         (["--model", "NOT_JSON_MODEL"], "config.json' as JSON (Expecting property name"),
         (["--model", "LIST_MODEL"], "config.json' is not a JSON object; give a config.json"),
         (["--model", "hpc_hsdp_no_such_module:build"], "module 'hpc_hsdp_no_such_module' cannot be imported here"),
     ],
-)  # fmt: skip
+)
 def test_inputs_the_tasks_could_not_use_are_refused_in_one_line(tmp_path, data, argv, message):
     files = _files(tmp_path, data)
     with pytest.raises(SpecError) as info:
@@ -98,14 +107,16 @@ def test_inputs_the_tasks_could_not_use_are_refused_in_one_line(tmp_path, data, 
         ["--model", "json:loads"],
         ["--data", "MISSING", "--entry", "json:loads"],  # the function decides what it opens
     ],
-)  # fmt: skip
+)
 def test_inputs_the_tasks_can_use_pass(tmp_path, data, argv):
     check_job_inputs(_spec(argv, _files(tmp_path, data)))
 
 
 def test_a_missing_entry_module_is_refused(tmp_path, data):
-    with pytest.raises(SpecError, match="--entry 'hpc_hsdp_no_such_module:main': module 'hpc_hsdp_no_such_module' "
-                                        "cannot be imported here"):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match="--entry 'hpc_hsdp_no_such_module:main': module 'hpc_hsdp_no_such_module' cannot be imported here",
+    ):
         check_job_inputs(_spec(["--entry", "hpc_hsdp_no_such_module:main"], _files(tmp_path, data)))
 
 
@@ -117,22 +128,44 @@ def _checkpoint(run_dir: Path, *, step: int, data: dict | None) -> None:
     (path / COMPLETE).write_text("")
 
 
-RESUME = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--steps", "10", "--seq-len", "16", "--batch-size", "2"]
+RESUME = [
+    "--nodes",
+    "1",
+    "--gpus-per-node",
+    "2",
+    "--shard",
+    "2",
+    "--steps",
+    "10",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "2",
+]
 
 
 @pytest.mark.parametrize(
     ("saved", "argv", "message"),
     [
-        ({"global_batch": 8, "seed": 0, "num_samples": "DATA"}, [],
-         "checkpoint step-000004 (step 4) was trained with a global batch of 8 samples, this run has 4; resuming would "
-         "repeat or skip samples: resume with --global-batch-size 8"),
-        ({"global_batch": 4, "seed": 0, "num_samples": "DATA"}, ["--seed", "7"],
-         "was trained with --seed 0, this run has --seed 7; the data order follows the seed: resume with --seed 0"),
-        ({"global_batch": 4, "seed": 0, "num_samples": 12345, "source": "other"}, [],
-         "was trained on 12345 samples (other), this run's data has {samples}; resume on the same data and --seq-len"),
+        (
+            {"global_batch": 8, "seed": 0, "num_samples": "DATA"},
+            [],
+            "checkpoint step-000004 (step 4) was trained with a global batch of 8 samples, this run has 4; resuming would "
+            "repeat or skip samples: resume with --global-batch-size 8",
+        ),
+        (
+            {"global_batch": 4, "seed": 0, "num_samples": "DATA"},
+            ["--seed", "7"],
+            "was trained with --seed 0, this run has --seed 7; the data order follows the seed: resume with --seed 0",
+        ),
+        (
+            {"global_batch": 4, "seed": 0, "num_samples": 12345, "source": "other"},
+            [],
+            "was trained on 12345 samples (other), this run's data has {samples}; resume on the same data and --seq-len",
+        ),
         ({"global_batch": 4, "seed": 0, "num_samples": "DATA"}, ["--seq-len", "8"], "this run's data has"),
     ],
-)  # fmt: skip
+)
 def test_a_checkpoint_the_job_could_not_continue_is_refused(tmp_path, data, saved, argv, message):
     samples = num_samples(open_dataset(data).num_tokens, 16)
     _checkpoint(tmp_path / "run", step=4, data={k: samples if v == "DATA" else v for k, v in saved.items()})
@@ -146,17 +179,40 @@ def test_a_checkpoint_the_job_could_not_continue_is_refused(tmp_path, data, save
 def test_a_checkpoint_the_job_continues_passes(tmp_path, data, synthetic):
     samples = NUM_SAMPLES if synthetic else num_samples(open_dataset(data).num_tokens, 16)
     _checkpoint(tmp_path / "run", step=4, data={"global_batch": 4, "seed": 0, "num_samples": samples, "source": "x"})
-    check_job_inputs(spec_from_argv([*RESUME, *([] if synthetic else ["--data", str(data)]), "--run-dir",
-                                     str(tmp_path / "run")]))  # fmt: skip
+    check_job_inputs(
+        spec_from_argv([*RESUME, *([] if synthetic else ["--data", str(data)]), "--run-dir", str(tmp_path / "run")])
+    )
     _checkpoint(tmp_path / "own", step=4, data=None)  # written by a function of the user's: no data position
     check_job_inputs(spec_from_argv([*RESUME, "--run-dir", str(tmp_path / "own")]))
 
 
 def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "hpc_hsdp", "submit", "--cluster", "local", "--nodes", "1",
-                           "--gpus-per-node", "2", "--shard", "2", "--device", "cpu", "--data", str(tmp_path / "nowhere"),
-                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_hsdp",
+            "submit",
+            "--cluster",
+            "local",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--shard",
+            "2",
+            "--device",
+            "cpu",
+            "--data",
+            str(tmp_path / "nowhere"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"hpc-hsdp: error: token data {tmp_path / 'nowhere'} does not exist")

@@ -57,8 +57,18 @@ def documents_of(ds) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def stdlib_dataset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "stdlib"
-    code, stdout, stderr = cli("prepare-data", *map(str, corpus_dirs()), "--glob", "*.py", "-o", str(out),
-                               "--train-tokenizer", str(VOCAB), "--val-fraction", "0.2")  # fmt: skip
+    code, stdout, stderr = cli(
+        "prepare-data",
+        *map(str, corpus_dirs()),
+        "--glob",
+        "*.py",
+        "-o",
+        str(out),
+        "--train-tokenizer",
+        str(VOCAB),
+        "--val-fraction",
+        "0.2",
+    )
     assert code == 0, stderr
     assert f"wrote {out}" in stdout and "tokens/s" in stderr  # the summary, and the progress line
     return out
@@ -70,8 +80,10 @@ def test_stdlib_with_a_trained_bpe_decodes_back_to_the_source(stdlib_dataset):
     tokenizer = load_dataset_tokenizer(train.tokenizer, train.tokenizer_base)
     assert train.eos_id == tokenizer.eos_id == 0
     texts = [p.read_text(encoding="utf-8") for p in corpus_files()]
-    expected = {"train": [t for t in texts if not is_val(t.encode(), 0.2)],
-                "val": [t for t in texts if is_val(t.encode(), 0.2)]}  # fmt: skip
+    expected = {
+        "train": [t for t in texts if not is_val(t.encode(), 0.2)],
+        "val": [t for t in texts if is_val(t.encode(), 0.2)],
+    }
     assert len(expected["val"]) >= 3 and len(expected["train"]) > 2 * len(expected["val"])
     for ds, split in ((train, "train"), (val, "val")):
         docs = documents_of(ds)
@@ -105,8 +117,17 @@ def test_jsonl_gz_and_text_with_a_tokenizer_file(stdlib_dataset, tmp_path):
     tokenizer_json = stdlib_dataset / "tokenizer" / "tokenizer.json"
     outputs = {}
     for name, inputs in (("plain", ["docs.jsonl", "more"]), ("gz", ["docs.jsonl.gz", "more"])):
-        code, _, stderr = cli("prepare-data", *[str(tmp_path / i) for i in inputs], "--field", "text",
-                              "--tokenizer", str(tokenizer_json), "-o", str(tmp_path / name), "-q")  # fmt: skip
+        code, _, stderr = cli(
+            "prepare-data",
+            *[str(tmp_path / i) for i in inputs],
+            "--field",
+            "text",
+            "--tokenizer",
+            str(tokenizer_json),
+            "-o",
+            str(tmp_path / name),
+            "-q",
+        )
         assert code == 0 and stderr == "", stderr
         outputs[name] = open_dataset(tmp_path / name)
     plain, gz = outputs["plain"], outputs["gz"]
@@ -121,8 +142,14 @@ def test_byte_tokenizer_round_trip_and_shards(tmp_path):
     texts = ["héllo wörld ✓ 🎉\n", "plain ascii", "x" * 5000, "ünïcödé " * 300]
     for i, text in enumerate(texts):
         (tmp_path / f"{i}.txt").write_text(text, encoding="utf-8")
-    code, _, stderr = cli("prepare-data", *[str(tmp_path / f"{i}.txt") for i in range(4)], "-o", str(tmp_path / "out"),
-                          "--shard-tokens", "1000")  # fmt: skip
+    code, _, stderr = cli(
+        "prepare-data",
+        *[str(tmp_path / f"{i}.txt") for i in range(4)],
+        "-o",
+        str(tmp_path / "out"),
+        "--shard-tokens",
+        "1000",
+    )
     assert code == 0, stderr
     ds = open_dataset(tmp_path / "out")
     assert (ds.vocab_size, ds.eos_id, ds.dtype) == (257, BYTE_EOS_ID, np.uint16)
@@ -142,9 +169,14 @@ def test_long_text_in_pieces_encodes_as_a_whole_and_output_is_deterministic(stdl
     tokenizer_dir = str(stdlib_dataset / "tokenizer")
     runs = []
     for workers in (1, 2):
-        spec = PrepareSpec(inputs=(str(tmp_path / "big.txt"), str(tmp_path / "small.txt")),
-                           output=str(tmp_path / f"{engine}-{workers}"), tokenizer=tokenizer_dir, workers=workers,
-                           engine=engine, shard_tokens=5000)  # fmt: skip
+        spec = PrepareSpec(
+            inputs=(str(tmp_path / "big.txt"), str(tmp_path / "small.txt")),
+            output=str(tmp_path / f"{engine}-{workers}"),
+            tokenizer=tokenizer_dir,
+            workers=workers,
+            engine=engine,
+            shard_tokens=5000,
+        )
         result = prepare(spec, block_bytes=8192)  # dozens of pieces of the big file
         runs.append(open_dataset(result.output))
     one, two = runs
@@ -160,8 +192,20 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path):
     lines = [json.dumps({"text": f"document {i} " + "lorem ipsum dolor sit amet " * 40}) for i in range(4000)]
     (tmp_path / "big.jsonl").write_text("\n".join(lines))  # ~4.5 MB: several blocks
     out = tmp_path / "data" / "ds"
-    base = [sys.executable, "-m", "hpc_hsdp", "prepare-data", str(tmp_path / "big.jsonl"), "--field", "text", "-o",
-            str(out), "-q", "--workers", "1"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "prepare-data",
+        str(tmp_path / "big.jsonl"),
+        "--field",
+        "text",
+        "-o",
+        str(out),
+        "-q",
+        "--workers",
+        "1",
+    ]
     killed = subprocess.run(base, env={**os.environ, FAULT_SIGNAL: "2:KILL"}, capture_output=True, timeout=120)
     assert killed.returncode == -9
     leftovers = list(out.parent.iterdir())
@@ -170,8 +214,9 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path):
     with pytest.raises(DataError, match="unfinished prepare-data run"):
         open_dataset(leftovers[0])
     assert list(leftovers[0].rglob("*.bin.tmp-*")) and not list(leftovers[0].rglob("*.json"))  # killed mid-shard
-    terminated = subprocess.run(base, env={**os.environ, FAULT_SIGNAL: "2:TERM"}, capture_output=True, text=True,
-                                timeout=120)  # fmt: skip
+    terminated = subprocess.run(
+        base, env={**os.environ, FAULT_SIGNAL: "2:TERM"}, capture_output=True, text=True, timeout=120
+    )
     assert terminated.returncode == 128 + 15 and "terminated" in terminated.stderr
     assert list(out.parent.iterdir()) == leftovers  # cleaned up after itself
     done = subprocess.run(base, capture_output=True, text=True, timeout=120)
@@ -217,41 +262,115 @@ GOOD = "a.txt"
 BAD_INPUTS = [
     ("missing input", lambda d: ["nothing.txt", "-o", "out"], "input nothing.txt does not exist"),
     ("empty input", lambda d: [str(_bytes(d, "e.txt", b"")), "-o", "out"], "is empty; leave it out"),
-    ("empty gzip", lambda d: [str(_bytes(d, "e.txt.gz", gzip.compress(b""))), "-o", "out"], "is empty after decompression"),
+    (
+        "empty gzip",
+        lambda d: [str(_bytes(d, "e.txt.gz", gzip.compress(b""))), "-o", "out"],
+        "is empty after decompression",
+    ),
     ("not gzip", lambda d: [str(_bytes(d, "x.txt.gz", b"plain")), "-o", "out"], "not a valid gzip file"),
     ("binary file", lambda d: [str(_bytes(d, "b.txt", b"\x80\x81binary")), "-o", "out"], "is not UTF-8 text (byte 0"),
-    ("not UTF-8 past the first bytes", lambda d: [str(_bytes(d, "late.txt", b"ok\n" * 3000 + b"\xff")), "-o", "out"],
-     "late.txt is not UTF-8 text (byte 9000 is b'\\xff')"),
+    (
+        "not UTF-8 past the first bytes",
+        lambda d: [str(_bytes(d, "late.txt", b"ok\n" * 3000 + b"\xff")), "-o", "out"],
+        "late.txt is not UTF-8 text (byte 9000 is b'\\xff')",
+    ),
     ("missing directory", lambda d: [str(_text(d)), str(d / "sub"), "-o", "out"], "sub does not exist"),
-    ("no file matches the glob", lambda d: [str(_text(d / "docs").parent), "--glob", "*.md", "-o", "out"],
-     "holds no non-empty file matching '*.md'"),
-    ("jsonl without --field", lambda d: [str(_jsonl(d, ['{"text": "a"}'])), "-o", "out"], "say which key holds the text with --field"),
-    ("jsonl line without the key", lambda d: [str(_jsonl(d, ['{"body": "a"}'])), "--field", "text", "-o", "out"],
-     "d.jsonl line 1 has no 'text' key (it has: 'body'); give the key that holds the text with --field"),
-    ("jsonl later line without the key", lambda d: [str(_jsonl(d, ['{"text": "a"}', "", '{"txt": "b"}'])), "--field",
-     "text", "-o", "out"], "d.jsonl line 3 has no 'text' key"),
+    (
+        "no file matches the glob",
+        lambda d: [str(_text(d / "docs").parent), "--glob", "*.md", "-o", "out"],
+        "holds no non-empty file matching '*.md'",
+    ),
+    (
+        "jsonl without --field",
+        lambda d: [str(_jsonl(d, ['{"text": "a"}'])), "-o", "out"],
+        "say which key holds the text with --field",
+    ),
+    (
+        "jsonl line without the key",
+        lambda d: [str(_jsonl(d, ['{"body": "a"}'])), "--field", "text", "-o", "out"],
+        "d.jsonl line 1 has no 'text' key (it has: 'body'); give the key that holds the text with --field",
+    ),
+    (
+        "jsonl later line without the key",
+        lambda d: [str(_jsonl(d, ['{"text": "a"}', "", '{"txt": "b"}'])), "--field", "text", "-o", "out"],
+        "d.jsonl line 3 has no 'text' key",
+    ),
     ("jsonl not json", lambda d: [str(_jsonl(d, ["{oops"])), "--field", "text", "-o", "out"], "line 1 is not JSON"),
-    ("jsonl value not text", lambda d: [str(_jsonl(d, ['{"text": 3}'])), "--field", "text", "-o", "out"], "holds a int, not text"),
+    (
+        "jsonl value not text",
+        lambda d: [str(_jsonl(d, ['{"text": 3}'])), "--field", "text", "-o", "out"],
+        "holds a int, not text",
+    ),
     ("--field for text", lambda d: [str(_text(d)), "--field", "text", "-o", "out"], "--field text is for JSONL inputs"),
-    ("val fraction 1", lambda d: [str(_text(d)), "--val-fraction", "1", "-o", "out"], "--val-fraction 1.0 is outside [0, 1)"),
+    (
+        "val fraction 1",
+        lambda d: [str(_text(d)), "--val-fraction", "1", "-o", "out"],
+        "--val-fraction 1.0 is outside [0, 1)",
+    ),
     ("val fraction negative", lambda d: [str(_text(d)), "--val-fraction", "-0.1", "-o", "out"], "is outside [0, 1)"),
-    ("val fraction not a number", lambda d: [str(_text(d)), "--val-fraction", "lots", "-o", "out"], "'lots' is not a valid float"),
-    ("val split would be empty", lambda d: [str(_text(d)), "--val-fraction", "1e-9", "-o", "out"], "chose none of the 1 documents"),
-    ("tokenizer path missing", lambda d: [str(_text(d)), "--tokenizer", "./tok.json", "-o", "out"], "--tokenizer ./tok.json: no such file"),
-    ("tokenizer hub name", lambda d: [str(_text(d)), "--tokenizer", "gpt2", "-o", "out"], "never downloads from the Hugging Face Hub"),
-    ("tokenizer hub org/name", lambda d: [str(_text(d)), "--tokenizer", "meta-llama/Llama-3.1-8B", "-o", "out"], "never downloads"),
-    ("tokenizer dir without json", lambda d: [str(_text(d)), "--tokenizer", str(_tokenizer_dir_without_json(d)), "-o", "out"],
-     "has no tokenizer.json (it has vocab.json: a slow tokenizer"),
-    ("tokenizer file not a tokenizer", lambda d: [str(_text(d)), "--tokenizer", str(_text(d, "t.json", "{}")), "-o", "out"],
-     "is not a tokenizers file"),
+    (
+        "val fraction not a number",
+        lambda d: [str(_text(d)), "--val-fraction", "lots", "-o", "out"],
+        "'lots' is not a valid float",
+    ),
+    (
+        "val split would be empty",
+        lambda d: [str(_text(d)), "--val-fraction", "1e-9", "-o", "out"],
+        "chose none of the 1 documents",
+    ),
+    (
+        "tokenizer path missing",
+        lambda d: [str(_text(d)), "--tokenizer", "./tok.json", "-o", "out"],
+        "--tokenizer ./tok.json: no such file",
+    ),
+    (
+        "tokenizer hub name",
+        lambda d: [str(_text(d)), "--tokenizer", "gpt2", "-o", "out"],
+        "never downloads from the Hugging Face Hub",
+    ),
+    (
+        "tokenizer hub org/name",
+        lambda d: [str(_text(d)), "--tokenizer", "meta-llama/Llama-3.1-8B", "-o", "out"],
+        "never downloads",
+    ),
+    (
+        "tokenizer dir without json",
+        lambda d: [str(_text(d)), "--tokenizer", str(_tokenizer_dir_without_json(d)), "-o", "out"],
+        "has no tokenizer.json (it has vocab.json: a slow tokenizer",
+    ),
+    (
+        "tokenizer file not a tokenizer",
+        lambda d: [str(_text(d)), "--tokenizer", str(_text(d, "t.json", "{}")), "-o", "out"],
+        "is not a tokenizers file",
+    ),
     ("train vocab too small", lambda d: [str(_text(d)), "--train-tokenizer", "100", "-o", "out"], "needs 258 to"),
-    ("train and tokenizer", lambda d: [str(_text(d)), "--train-tokenizer", "512", "--tokenizer", "x", "-o", "out"], "exclude each other"),
-    ("eos token for byte", lambda d: [str(_text(d)), "--eos-token", "</s>", "-o", "out"], "--eos-token is for --tokenizer PATH"),
-    ("output not empty", lambda d: [str(_text(d)), "-o", str(_text(d / "full").parent)], "exists and is not empty; choose a new"),
+    (
+        "train and tokenizer",
+        lambda d: [str(_text(d)), "--train-tokenizer", "512", "--tokenizer", "x", "-o", "out"],
+        "exclude each other",
+    ),
+    (
+        "eos token for byte",
+        lambda d: [str(_text(d)), "--eos-token", "</s>", "-o", "out"],
+        "--eos-token is for --tokenizer PATH",
+    ),
+    (
+        "output not empty",
+        lambda d: [str(_text(d)), "-o", str(_text(d / "full").parent)],
+        "exists and is not empty; choose a new",
+    ),
     ("output is a file", lambda d: [str(_text(d)), "-o", str(_text(d, "f.txt"))], "is a file; give a directory"),
-    ("force on a non-dataset", lambda d: [str(_text(d)), "-o", str(_not_a_dataset_dir(d)), "--force"], "--force replaces only those"),
-    ("output inside input", lambda d: [str(_text(d / "docs").parent), "-o", str(d / "docs" / "out")], "lies inside input directory"),
-]  # fmt: skip
+    (
+        "force on a non-dataset",
+        lambda d: [str(_text(d)), "-o", str(_not_a_dataset_dir(d)), "--force"],
+        "--force replaces only those",
+    ),
+    (
+        "output inside input",
+        lambda d: [str(_text(d / "docs").parent), "-o", str(d / "docs" / "out")],
+        "lies inside input directory",
+    ),
+]
 
 
 @pytest.mark.parametrize(("make", "message"), [pytest.param(m, msg, id=name) for name, m, msg in BAD_INPUTS])
@@ -307,6 +426,11 @@ def test_a_transformers_tokenizer_directory_gives_its_eos_token(stdlib_dataset, 
     ds = open_dataset(tmp_path / "out")
     assert ds.eos_id == tokenizer.token_to_id("<|doc_end|>") == VOCAB and ds.vocab_size == VOCAB + 1
     assert ds.read(ds.num_tokens - 1, 1).tolist() == [VOCAB]
-    assert sorted(p.name for p in (tmp_path / "out" / "tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
-    assert load_dataset_tokenizer(ds.tokenizer, ds.tokenizer_base).decode(ds.read(0, ds.num_tokens - 1)) == \
-        "def f(x):\n    return x\n"
+    assert sorted(p.name for p in (tmp_path / "out" / "tokenizer").iterdir()) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert (
+        load_dataset_tokenizer(ds.tokenizer, ds.tokenizer_base).decode(ds.read(0, ds.num_tokens - 1))
+        == "def f(x):\n    return x\n"
+    )

@@ -92,9 +92,13 @@ def test_candidates_are_every_valid_shard_size_with_numbers():
 
 
 def test_builtin_counts_pad_per_shard_size():
-    rec = recommend(topo(2, 8), gpu_memory=GiB,
-                    params_for_shard=lambda s: (lambda c: (c.params, c.root_params))(
-                        parameter_counts(vocab_size=64, seq_len=12, width=32, layers=2, shard_size=s)))  # fmt: skip
+    rec = recommend(
+        topo(2, 8),
+        gpu_memory=GiB,
+        params_for_shard=lambda s: (lambda c: (c.params, c.root_params))(
+            parameter_counts(vocab_size=64, seq_len=12, width=32, layers=2, shard_size=s)
+        ),
+    )
     params = {c.shard_size: c.estimate.model_params for c in rec.candidates}
     assert params[1] == params[4] == 29952 and params[8] == params[16] == 29952 + 4 * 32
 
@@ -119,18 +123,21 @@ def test_recommend_text_and_json():
     rows = [r for r in (line.split() for line in text.stdout.splitlines()) if len(r) >= 7 and r[3] in ("yes", "no")]
     assert [r[0] for r in rows] == ["1", "2", "4", "8", "16"]
     assert "<-" in " ".join(next(r for r in rows if r[0] == "8"))
-    data = json.loads(hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB",
-                          "--json").stdout)  # fmt: skip
+    data = json.loads(
+        hpc("plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--json").stdout
+    )
     assert data["recommendation"]["recommended_shard_size"] == 8
     assert data["plan"]["shard_size"] == 8 and data["estimate"]["model_params"] == 7 * 10**9
     assert [c["fits"] for c in data["recommendation"]["candidates"]] == [False, True, True, True, True]
 
 
 def test_recommend_builtin_model_and_no_torch():
-    code = ("import sys; from hpc_hsdp.cli import main\n"
-            "try:\n main(['plan','--nodes','2','--recommend','--model-params','builtin:layers=2,width=32',"
-            "'--gpu-memory','1GiB','--json'])\nexcept SystemExit as e:\n assert e.code in (0, None), e.code\n"
-            "assert 'torch' not in sys.modules, 'plan imported torch'\n")  # fmt: skip
+    code = (
+        "import sys; from hpc_hsdp.cli import main\n"
+        "try:\n main(['plan','--nodes','2','--recommend','--model-params','builtin:layers=2,width=32',"
+        "'--gpu-memory','1GiB','--json'])\nexcept SystemExit as e:\n assert e.code in (0, None), e.code\n"
+        "assert 'torch' not in sys.modules, 'plan imported torch'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["recommendation"]["recommended_shard_size"] == 8
@@ -144,12 +151,18 @@ def test_recommend_builtin_model_and_no_torch():
         (["--nodes", "2", "--recommend", "--model-params", "seven", "--gpu-memory", "80GiB"], "is not a count"),
         (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "lots"], "is not a size"),
         (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp8"], "--dtype"),
-        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--optimizer", "lion"], "--optimizer"),
+        (
+            ["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--optimizer", "lion"],
+            "--optimizer",
+        ),
         (["--nodes", "2"], "Missing option '--shard'"),
         (["--nodes", "2", "--shard", "4", "--root-params", "1M"], "--root-params needs --model-params"),
         (["--nodes", "2", "--shard", "4", "--model-params", "1M", "--root-params", "2M"], "more than --model-params"),
         (["--nodes", "2", "--recommend", "--model-params", "builtin:depth=3", "--gpu-memory", "1GiB"], "builtin"),
-        (["--nodes", "2", "--recommend", "--model-params", "builtin:width=30,heads=4", "--gpu-memory", "1GiB"], "--width"),
+        (
+            ["--nodes", "2", "--recommend", "--model-params", "builtin:width=30,heads=4", "--gpu-memory", "1GiB"],
+            "--width",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -159,10 +172,13 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize(("params", "memory", "kept"), [
-    ("7B", "80GiB", True),   # 7B fp32: 14 GB of state at shard 8, 28 GB gathered: fits in 64 GiB
-    ("7B", "40GiB", False),  # 42 GB does not fit in 32 GiB
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("params", "memory", "kept"),
+    [
+        ("7B", "80GiB", True),  # 7B fp32: 14 GB of state at shard 8, 28 GB gathered: fits in 64 GiB
+        ("7B", "40GiB", False),  # 42 GB does not fit in 32 GiB
+    ],
+)
 def test_plan_estimates_what_the_default_auto_does_with_that_memory(params, memory, kept):
     """With --gpu-memory, plan counts the backward re-gather only when --reshard-after-forward
     auto (the run's default) would reshard on a GPU of that memory."""
@@ -173,5 +189,9 @@ def test_plan_estimates_what_the_default_auto_does_with_that_memory(params, memo
     assert data["estimate"]["reshard_after_forward"] is not kept
     assert gathered == (4 * p if kept else 4 * 2 * p)
     assert ("--reshard-after-forward auto keeps the gathered parameters" in hpc(*args).stdout) is kept
-    assert "reshard_after_forward" in json.loads(hpc("plan", "--nodes", "2", "--shard", "8", "--model-params", params,
-                                                     "--json").stdout)["estimate"]  # fmt: skip
+    assert (
+        "reshard_after_forward"
+        in json.loads(hpc("plan", "--nodes", "2", "--shard", "8", "--model-params", params, "--json").stdout)[
+            "estimate"
+        ]
+    )

@@ -67,7 +67,7 @@ def sbatch_arguments(script: str) -> list[str]:
     args = []
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
-            args += parse_sbatch_directive(line[len("#SBATCH"):])
+            args += parse_sbatch_directive(line[len("#SBATCH") :])
         elif line.strip() and not line.startswith("#"):
             break
     return args
@@ -76,9 +76,21 @@ def sbatch_arguments(script: str) -> list[str]:
 # ----------------------------------------------------------------------------- #SBATCH quoting
 
 SBATCH_VALUES = [
-    "plain", "a b", 'x"; touch /tmp/pwned #', "it's", "$(id) `id`", "back\\slash", "#hash", "100%", "h100&ib|a100",
-    "tab\there", "trailing\\", '"', "'", "",
-]  # fmt: skip
+    "plain",
+    "a b",
+    'x"; touch /tmp/pwned #',
+    "it's",
+    "$(id) `id`",
+    "back\\slash",
+    "#hash",
+    "100%",
+    "h100&ib|a100",
+    "tab\there",
+    "trailing\\",
+    '"',
+    "'",
+    "",
+]
 
 
 @pytest.mark.parametrize("value", SBATCH_VALUES)
@@ -101,11 +113,19 @@ def test_real_sbatch_parses_the_hostile_header(tmp_path: Path) -> None:
     text = render_sbatch(spec_from_argv(HOSTILE))
     script.write_text(text)
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=parse\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
-                    "NodeName=n1 CPUs=1\nPartitionName=debug Nodes=ALL Default=YES\n")  # fmt: skip
+    conf.write_text(
+        "ClusterName=parse\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
+        "NodeName=n1 CPUs=1\nPartitionName=debug Nodes=ALL Default=YES\n"
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    proc = subprocess.Popen(["sbatch", "-vvv", "--test-only", str(script)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["sbatch", "-vvv", "--test-only", str(script)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     found = []
     try:
         for line in proc.stderr:
@@ -161,17 +181,43 @@ def _hostile_argv(tmp: Path, launcher: str) -> tuple[list[str], Path, Path]:
     (venv / "bin" / "activate").write_text("export FAKE_VENV_ACTIVE=yes\n")
     run_dir = tmp / f"run dir 'q' \"dq\" $(touch {pwned}) `touch {pwned}`; *"
     argv = [
-        "--nodes", "2", "--shard", "4", "--launcher", launcher,
-        "--job-name", f'x"; touch {pwned} #',
-        "--run-dir", str(run_dir), "--venv", str(venv),
-        "--env", f"A=$(touch {pwned})", "--env", f"B=`touch {pwned}`; echo *", "--env", "C=it's \"quoted\" \\ ;|&<>",
-        "--env", "EMPTY=",
-        "--pass-env", "PASSED_SECRET",
-        "--partition", f"gpu; touch {pwned}", "--sbatch", f"comment=$(touch {pwned})",
-        "--setup", 'echo "setup ran" > "$STUB_LOG/setup"',
-        "--entry", "my_pkg.train_hsdp:main", "--steps", "7",
-        "--container-image", f"img; touch {pwned}", "--container-mounts", f"{tmp}:{tmp}",
-    ]  # fmt: skip
+        "--nodes",
+        "2",
+        "--shard",
+        "4",
+        "--launcher",
+        launcher,
+        "--job-name",
+        f'x"; touch {pwned} #',
+        "--run-dir",
+        str(run_dir),
+        "--venv",
+        str(venv),
+        "--env",
+        f"A=$(touch {pwned})",
+        "--env",
+        f"B=`touch {pwned}`; echo *",
+        "--env",
+        'C=it\'s "quoted" \\ ;|&<>',
+        "--env",
+        "EMPTY=",
+        "--pass-env",
+        "PASSED_SECRET",
+        "--partition",
+        f"gpu; touch {pwned}",
+        "--sbatch",
+        f"comment=$(touch {pwned})",
+        "--setup",
+        'echo "setup ran" > "$STUB_LOG/setup"',
+        "--entry",
+        "my_pkg.train_hsdp:main",
+        "--steps",
+        "7",
+        "--container-image",
+        f"img; touch {pwned}",
+        "--container-mounts",
+        f"{tmp}:{tmp}",
+    ]
     return argv, pwned, run_dir
 
 
@@ -194,16 +240,33 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
     stubs, log = install_stubs(tmp_path, python=STUB_PYTHON, srun=STUB_SRUN, torchrun=STUB_TORCHRUN)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "PASSED_SECRET": "s3cr3t value", "HOME": str(tmp_path),
-           "MASTER_ADDR": "localhost", "MASTER_PORT": "1"}  # a dotfile's stale values: they must not win
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "STUB_LOG": str(log),
+        "PASSED_SECRET": "s3cr3t value",
+        "HOME": str(tmp_path),
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": "1",
+    }  # a dotfile's stale values: they must not win
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not pwned.exists(), "an injected command ran"
     assert (log / "setup").read_text() == "setup ran\n"
     assert "rendezvous at n1:29999" in result.stdout
 
-    run_args = ["-m", "hpc_hsdp", "run", "--shard", "4", "--run-dir", str(run_dir), "--entry", "my_pkg.train_hsdp:main",
-                "--steps", "7"]  # fmt: skip
+    run_args = [
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "4",
+        "--run-dir",
+        str(run_dir),
+        "--entry",
+        "my_pkg.train_hsdp:main",
+        "--steps",
+        "7",
+    ]
     layout_step, srun = sorted(_calls(log, "srun"), key=lambda call: any(a.startswith("--output=") for a in call))
     assert layout_step[-4:] == ["hpc_hsdp", "layout", "--field", "rendezvous"]  # in the image, not on the host
     assert f"--container-image=img; touch {pwned}" in layout_step
@@ -211,20 +274,27 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
     assert f"--output={run_dir}/logs/%j_%t_log.out" in options
     assert f"--container-image=img; touch {pwned}" in options
     if launcher == "srun":
-        assert srun[-len(run_args) - 1:] == ["python", *run_args]
+        assert srun[-len(run_args) - 1 :] == ["python", *run_args]
         (python,) = _calls(log, "python")
         assert python == run_args
     else:
         assert srun[-3:-1] == ["bash", "-c"]
         (torchrun,) = _calls(log, "torchrun")
-        assert torchrun == ["--nnodes=2", "--nproc-per-node=8", "--node-rank=0", "--master-addr=n1", "--master-port=29999",
-                            "--rdzv-backend=static", *run_args]  # fmt: skip
+        assert torchrun == [
+            "--nnodes=2",
+            "--nproc-per-node=8",
+            "--node-rank=0",
+            "--master-addr=n1",
+            "--master-port=29999",
+            "--rdzv-backend=static",
+            *run_args,
+        ]
         return
     (env_dump,) = log.glob("python-env.*")
     seen = dict(item.split("=", 1) for item in env_dump.read_bytes().decode().split("\0") if "=" in item)
     assert seen["A"] == f"$(touch {pwned})"
     assert seen["B"] == f"`touch {pwned}`; echo *"
-    assert seen["C"] == "it's \"quoted\" \\ ;|&<>"
+    assert seen["C"] == 'it\'s "quoted" \\ ;|&<>'
     assert seen["EMPTY"] == ""
     assert seen["PASSED_SECRET"] == "s3cr3t value"
     assert seen["FAKE_VENV_ACTIVE"] == "yes"
@@ -251,28 +321,58 @@ esac
 """
 
 
-@pytest.mark.parametrize("case, restarts, expected", [
-    # rank 0 asked for a requeue from inside the image: held, range restored, released (on a real
-    # cluster SLURM's SIGTERM to the batch shell follows, and puts the range back once more, harmlessly)
-    ("requeue-file", 1, ["requeuehold 77", "update JobId=77 NumNodes=1-2 NumTasks=8", "release 77"]),
-    # SLURM requeued the job itself (node failure) and pinned it to its nodes: the SIGTERM restores the range
-    ("slurm-requeue", 1, ["-o show job 77", "update JobId=77 NumNodes=1-2 NumTasks=8"]),
-    # a SIGTERM that is no requeue (scancel, time limit: Restarts unchanged): nothing is updated
-    ("slurm-requeue", 0, ["-o show job 77"]),
-])  # fmt: skip
-def test_a_flexible_container_jobs_batch_shell_restores_the_node_range(case, restarts, expected, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "case, restarts, expected",
+    [
+        # rank 0 asked for a requeue from inside the image: held, range restored, released (on a real
+        # cluster SLURM's SIGTERM to the batch shell follows, and puts the range back once more, harmlessly)
+        ("requeue-file", 1, ["requeuehold 77", "update JobId=77 NumNodes=1-2 NumTasks=8", "release 77"]),
+        # SLURM requeued the job itself (node failure) and pinned it to its nodes: the SIGTERM restores the range
+        ("slurm-requeue", 1, ["-o show job 77", "update JobId=77 NumNodes=1-2 NumTasks=8"]),
+        # a SIGTERM that is no requeue (scancel, time limit: Restarts unchanged): nothing is updated
+        ("slurm-requeue", 0, ["-o show job 77"]),
+    ],
+)
+def test_a_flexible_container_jobs_batch_shell_restores_the_node_range(
+    case, restarts, expected, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
-    spec = spec_from_argv(["--nodes", "1-2", "--shard", "8", "--venv", "none", "--run-dir", str(run_dir),
-                           "--container-image", "img", "--container-mounts", f"{tmp_path}:{tmp_path}"])  # fmt: skip
+    spec = spec_from_argv(
+        [
+            "--nodes",
+            "1-2",
+            "--shard",
+            "8",
+            "--venv",
+            "none",
+            "--run-dir",
+            str(run_dir),
+            "--container-image",
+            "img",
+            "--container-mounts",
+            f"{tmp_path}:{tmp_path}",
+        ]
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
     (run_dir / "logs").mkdir(parents=True)
     stubs, log = install_stubs(tmp_path, python=FLEXIBLE_STUB_PYTHON, srun=STUB_SRUN, scontrol=FLEXIBLE_STUB_SCONTROL)
-    shell = subprocess.Popen(["bash", "-c", 'STUB_BATCH_SHELL=$$ exec bash "$0"', str(script)], cwd=tmp_path,
-                             env={"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(log), "STUB_DO": case,
-                                  "STUB_RESTARTS": str(restarts), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0",
-                                  "HOME": str(tmp_path)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    shell = subprocess.Popen(
+        ["bash", "-c", 'STUB_BATCH_SHELL=$$ exec bash "$0"', str(script)],
+        cwd=tmp_path,
+        env={
+            "PATH": f"{stubs}:/usr/bin:/bin",
+            "STUB_LOG": str(log),
+            "STUB_DO": case,
+            "STUB_RESTARTS": str(restarts),
+            "SLURM_JOB_ID": "77",
+            "SLURM_RESTART_COUNT": "0",
+            "HOME": str(tmp_path),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = shell.communicate(timeout=60)
     assert shell.returncode == 0, err
     assert (log / "scontrol").read_text().splitlines() == expected, err
@@ -301,7 +401,9 @@ def test_render_prints_the_script(capsys) -> None:
 def test_output_file_is_written_atomically_executable_and_log_dir_made(tmp_path: Path, capsys) -> None:
     target = tmp_path / "job.sbatch"
     run_dir = tmp_path / "run"
-    code, out, err = run_main(["render", "--shard", "8", "--venv", "none", "--run-dir", str(run_dir), "-o", str(target)], capsys)
+    code, out, err = run_main(
+        ["render", "--shard", "8", "--venv", "none", "--run-dir", str(run_dir), "-o", str(target)], capsys
+    )
     assert (code, out, err) == (0, "", "")
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
     assert (run_dir / "logs").is_dir()
@@ -363,7 +465,10 @@ REJECTED = [
     (["--shard", "4", "--env", "A=1", "--pass-env", "A"], ["both"]),
     (["--shard", "4", "--signal", "USR3@10"], ["--signal"]),
     (["--shard", "4", "--signal", "USR1@99999"], ["65535"]),
-    (["--shard", "4", "--time", "2"], ["--signal USR2@120", "120 s before", "--time 2 is only 120 s", "--signal USR2@30"]),
+    (
+        ["--shard", "4", "--time", "2"],
+        ["--signal USR2@120", "120 s before", "--time 2 is only 120 s", "--signal USR2@30"],
+    ),
     (["--shard", "4", "--time", "00:01:30", "--signal", "B:USR1@90"], ["90 s before", "--signal B:USR1@22"]),
     (["--shard", "4", "--time", "1", "--signal", "TERM"], ["--signal TERM comes 60 s before", "60 s"]),
     (["--shard", "4", "--time", "0-00:01", "--signal", "USR1@61"], ["61 s before", "only 60 s"]),
@@ -397,12 +502,16 @@ def test_rejected_inputs_exit_2_with_one_line(argv: list[str], words: list[str],
     assert out == "" and not target.exists() and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("argv", [["--shard", "3", "--nodes", "2"], ["--shard", "4", "--sbatch", "nodes=3"],
-                                  ["--shard", "4", "--time", "soon"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [["--shard", "3", "--nodes", "2"], ["--shard", "4", "--sbatch", "nodes=3"], ["--shard", "4", "--time", "soon"]],
+)
 def test_rejected_in_a_real_process(argv: list[str], tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("hpc-hsdp")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_hsdp"]
-    result = subprocess.run([*cmd, "render", *argv, "-o", str(tmp_path / "x")], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [*cmd, "render", *argv, "-o", str(tmp_path / "x")], capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stdout == "" and result.stderr.count("\n") == 1 and result.stderr.startswith("hpc-hsdp: error: ")
     assert list(tmp_path.iterdir()) == []
@@ -413,18 +522,21 @@ def test_rejected_in_a_real_process(argv: list[str], tmp_path: Path) -> None:
 
 def test_custom_template_extends_the_packaged_one(tmp_path: Path) -> None:
     template = tmp_path / "mine.sbatch.j2"
-    template.write_text(textwrap.dedent("""\
+    template.write_text(
+        textwrap.dedent("""\
         {% extends "job.sbatch.j2" %}
         {% block footer %}
         # my footer for {{ spec.scheduler.job_name | q }}
         exit "${status}"
         {% endblock %}
-        """))
-    spec = spec_from_argv(["--shard", "8", "--venv", "none", "--run-dir", "/r", "--template", str(template),
-                           "--job-name", "a b"])  # fmt: skip
+        """)
+    )
+    spec = spec_from_argv(
+        ["--shard", "8", "--venv", "none", "--run-dir", "/r", "--template", str(template), "--job-name", "a b"]
+    )
     text = render_sbatch(spec)
     assert text.endswith("# my footer for 'a b'\nexit \"${status}\"\n")
-    assert "#SBATCH --job-name=\"a b\"" in text and "python -m hpc_hsdp run --shard 8 --run-dir /r" in text
+    assert '#SBATCH --job-name="a b"' in text and "python -m hpc_hsdp run --shard 8 --run-dir /r" in text
 
 
 def test_custom_template_with_an_unknown_variable_fails_clearly(tmp_path: Path, capsys) -> None:
@@ -457,8 +569,26 @@ def test_relative_template_is_found_from_cwd(tmp_path: Path) -> None:
 
 
 def test_render_is_deterministic_and_pure() -> None:
-    spec = spec_from_argv(["--nodes", "2", "--shard", "4", "--env", "Z=1", "--env", "A=2", "--sbatch", "z-opt=1",
-                           "--sbatch", "a-opt=2", "--venv", "none", "--run-dir", "/r"])  # fmt: skip
+    spec = spec_from_argv(
+        [
+            "--nodes",
+            "2",
+            "--shard",
+            "4",
+            "--env",
+            "Z=1",
+            "--env",
+            "A=2",
+            "--sbatch",
+            "z-opt=1",
+            "--sbatch",
+            "a-opt=2",
+            "--venv",
+            "none",
+            "--run-dir",
+            "/r",
+        ]
+    )
     first = render_sbatch(spec)
     assert first == render_sbatch(spec)
     assert first.index("export A=2") < first.index("export Z=1")
@@ -505,17 +635,27 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
     assert result.stdout.strip() == "clean"
 
 
-@pytest.mark.parametrize("time, seconds", [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600),
-                                           ("1-00:30", 88200), ("2-01:02:03", 176523)])  # fmt: skip
+@pytest.mark.parametrize(
+    "time, seconds",
+    [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600), ("1-00:30", 88200), ("2-01:02:03", 176523)],
+)
 def test_time_limit_seconds(time: str, seconds: int) -> None:
     from hpc_hsdp.job.spec import time_limit_seconds
 
     assert time_limit_seconds(time) == seconds
 
 
-@pytest.mark.parametrize("time, signal, accepted", [("3", "USR2@120", True), ("2", "USR2@119", True),
-                                                    ("2", "USR2@120", False), ("1", "USR1", False),
-                                                    ("2", "USR1", True), ("1", None, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "time, signal, accepted",
+    [
+        ("3", "USR2@120", True),
+        ("2", "USR2@119", True),
+        ("2", "USR2@120", False),
+        ("1", "USR1", False),
+        ("2", "USR1", True),
+        ("1", None, True),
+    ],
+)
 def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str | None, accepted: bool) -> None:
     from hpc_hsdp.errors import SpecError
     from hpc_hsdp.job.spec import SchedulerSpec
@@ -529,6 +669,9 @@ def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str 
 
 @pytest.mark.parametrize("device, exported", [("cpu", True), ("cuda", False), ("auto", False)])
 def test_cpu_jobs_get_huge_pages_for_malloc_and_gpu_jobs_are_left_alone(device, exported):
-    script = render_sbatch(spec_from_argv(["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", device,
-                                           "--run-dir", "/scratch/run"]))  # fmt: skip
+    script = render_sbatch(
+        spec_from_argv(
+            ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", device, "--run-dir", "/scratch/run"]
+        )
+    )
     assert ("export GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in script) is exported

@@ -20,40 +20,146 @@ GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("HPC_HSDP_REGEN_GOLDEN") == "1"
 REGEN_COMMAND = "HPC_HSDP_REGEN_GOLDEN=1 pytest tests/test_render_golden.py"
 
-HOSTILE_RUN_DIR = "/scratch/hsdp/runs/it's a \"run\" $(touch pwned) `id`; *"
+HOSTILE_RUN_DIR = '/scratch/hsdp/runs/it\'s a "run" $(touch pwned) `id`; *'
 HOSTILE = (
-    "--nodes", "2", "--shard", "4",
-    "--job-name", 'x"; touch /tmp/pwned #',
-    "--run-dir", HOSTILE_RUN_DIR,
-    "--venv", "/opt/my venvs/it's",
-    "--env", "A=$(touch /tmp/pwned)", "--env", "B=`touch /tmp/pwned`; echo *", "--env", "EMPTY=",
-    "--env", "QUOTES='\"'\\",
-    "--pass-env", "SECRET_TOKEN",
-    "--partition", "gpu a", "--account", "acc'ount", "--qos", "q#1", "--constraint", "h100&ib|a100",
-    "--sbatch", 'comment=a "b" #c $(d) \\e', "--sbatch", "mail-user=me@example.org",
-    "--setup", "module load cuda/12.4  # raw: the author's own line",
-    "--entry", "my_pkg.train_hsdp:main",
-    "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/data dir:/data,/scratch/hsdp:/scratch/hsdp",
-    "--time", "1-00:30",
-)  # fmt: skip
+    "--nodes",
+    "2",
+    "--shard",
+    "4",
+    "--job-name",
+    'x"; touch /tmp/pwned #',
+    "--run-dir",
+    HOSTILE_RUN_DIR,
+    "--venv",
+    "/opt/my venvs/it's",
+    "--env",
+    "A=$(touch /tmp/pwned)",
+    "--env",
+    "B=`touch /tmp/pwned`; echo *",
+    "--env",
+    "EMPTY=",
+    "--env",
+    "QUOTES='\"'\\",
+    "--pass-env",
+    "SECRET_TOKEN",
+    "--partition",
+    "gpu a",
+    "--account",
+    "acc'ount",
+    "--qos",
+    "q#1",
+    "--constraint",
+    "h100&ib|a100",
+    "--sbatch",
+    'comment=a "b" #c $(d) \\e',
+    "--sbatch",
+    "mail-user=me@example.org",
+    "--setup",
+    "module load cuda/12.4  # raw: the author's own line",
+    "--entry",
+    "my_pkg.train_hsdp:main",
+    "--container-image",
+    "nvcr.io#nvidia/pytorch:24.05-py3",
+    "--container-mounts",
+    "/data dir:/data,/scratch/hsdp:/scratch/hsdp",
+    "--time",
+    "1-00:30",
+)
 
 CASES: dict[str, tuple[str, ...]] = {
     **{f"example-{e.name}": e.argv for e in EXAMPLES},
     "hostile-srun": HOSTILE,
     "hostile-torchrun": (*HOSTILE, "--launcher", "torchrun"),
     "minimal-1x8-shard8": ("--shard", "8", "--venv", "none", "--run-dir", "/runs/minimal"),
-    "uneven-ntasks-12-shard4": ("--nodes", "2", "--ntasks", "12", "--shard", "4", "--distribution", "cyclic",
-                                "--venv", "none", "--run-dir", "/runs/uneven", "--signal", "none", "--no-requeue"),
-    "debug-conda-cpu": ("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--debug", "--conda-env", "hsdp env",
-                        "--device", "cpu", "--python", "python3.11", "--run-dir", "/runs/debug", "--mem", "64G",
-                        "--steps", "5", "--lr", "0.001", "--timeout", "60", "--signal", "B:TERM@60"),
-    "flexible-1-2x8-shard4": ("--nodes", "1-2", "--shard", "4", "--venv", "none", "--run-dir", "/runs/flexible",
-                              "--batch-size", "2", "--time", "04:00:00"),
-    "flexible-1-2x8-container": ("--nodes", "1-2", "--shard", "8", "--venv", "none", "--run-dir", "/runs/flexible-container",
-                                 "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/runs:/runs", "--signal", "B:TERM@60"),
-    "flexible-2-4x8-torchrun": ("--nodes", "2-4", "--shard", "8", "--launcher", "torchrun", "--venv", "none",
-                                "--run-dir", "/runs/flexible-torchrun", "--global-batch-size", "256"),
-}  # fmt: skip
+    "uneven-ntasks-12-shard4": (
+        "--nodes",
+        "2",
+        "--ntasks",
+        "12",
+        "--shard",
+        "4",
+        "--distribution",
+        "cyclic",
+        "--venv",
+        "none",
+        "--run-dir",
+        "/runs/uneven",
+        "--signal",
+        "none",
+        "--no-requeue",
+    ),
+    "debug-conda-cpu": (
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--debug",
+        "--conda-env",
+        "hsdp env",
+        "--device",
+        "cpu",
+        "--python",
+        "python3.11",
+        "--run-dir",
+        "/runs/debug",
+        "--mem",
+        "64G",
+        "--steps",
+        "5",
+        "--lr",
+        "0.001",
+        "--timeout",
+        "60",
+        "--signal",
+        "B:TERM@60",
+    ),
+    "flexible-1-2x8-shard4": (
+        "--nodes",
+        "1-2",
+        "--shard",
+        "4",
+        "--venv",
+        "none",
+        "--run-dir",
+        "/runs/flexible",
+        "--batch-size",
+        "2",
+        "--time",
+        "04:00:00",
+    ),
+    "flexible-1-2x8-container": (
+        "--nodes",
+        "1-2",
+        "--shard",
+        "8",
+        "--venv",
+        "none",
+        "--run-dir",
+        "/runs/flexible-container",
+        "--container-image",
+        "nvcr.io#nvidia/pytorch:24.05-py3",
+        "--container-mounts",
+        "/runs:/runs",
+        "--signal",
+        "B:TERM@60",
+    ),
+    "flexible-2-4x8-torchrun": (
+        "--nodes",
+        "2-4",
+        "--shard",
+        "8",
+        "--launcher",
+        "torchrun",
+        "--venv",
+        "none",
+        "--run-dir",
+        "/runs/flexible-torchrun",
+        "--global-batch-size",
+        "256",
+    ),
+}
 
 SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m hpc_hsdp.runtime.submitit_job '/scratch/hsdp/runs/it'\"'\"'s/logs'"
 OVERRIDES = {
@@ -83,10 +189,14 @@ def test_golden(name: str) -> None:
     assert path.is_file(), f"no golden file {path}; create it with: {REGEN_COMMAND}"
     expected = path.read_text(encoding="utf-8")
     if text != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), text.splitlines(keepends=True),
-            fromfile=f"golden/{path.name}", tofile="rendered now",
-        ))  # fmt: skip
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"golden/{path.name}",
+                tofile="rendered now",
+            )
+        )
         pytest.fail(f"rendered script differs from its golden file:\n{diff}\nIf intended, regenerate: {REGEN_COMMAND}")
 
 
@@ -120,7 +230,9 @@ def test_bash_syntax(name: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_shellcheck(name: str, tmp_path: Path) -> None:
     if shutil.which("shellcheck") is None:
-        message = "shellcheck is not installed (scripts/bootstrap installs Debian's as root: apt-get install shellcheck)"
+        message = (
+            "shellcheck is not installed (scripts/bootstrap installs Debian's as root: apt-get install shellcheck)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the shellcheck tests: {message}")
         pytest.skip(message)

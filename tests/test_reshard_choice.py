@@ -19,7 +19,9 @@ MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, vocab_size=64)
 PARAMS = parameter_counts(**dataclasses.asdict(MODEL)).params
 STATE = 16 * PARAMS // 2  # fp32 parameters, gradients and two AdamW states, shard 2
 RESERVE = 0.2
-resolve_model(MODEL).build_meta()  # at import: torch's first meta build sets TORCHINDUCTOR_CACHE_DIR, not a test's doing
+resolve_model(
+    MODEL
+).build_meta()  # at import: torch's first meta build sets TORCHINDUCTOR_CACHE_DIR, not a test's doing
 
 
 def fake_ctx(shard_size: int) -> SimpleNamespace:
@@ -33,8 +35,9 @@ def choose(setting: str, *, shard_size: int = 2, memory: int = 1 << 40, precisio
     original = reshard.device_memory_bytes
     reshard.device_memory_bytes = lambda device, local_world_size: memory
     try:
-        return reshard.choose_reshard(fake_ctx(shard_size), model, tuple(adapter.shard_units(model)),
-                                      setting=setting, precision=precision)  # fmt: skip
+        return reshard.choose_reshard(
+            fake_ctx(shard_size), model, tuple(adapter.shard_units(model)), setting=setting, precision=precision
+        )
     finally:
         reshard.device_memory_bytes = original
 
@@ -43,16 +46,19 @@ fits_fp32 = int((STATE + 4 * PARAMS) / (1 - RESERVE)) + 8
 fits_bf16_only = int((STATE + 2 * PARAMS) / (1 - RESERVE)) + 8
 
 
-@pytest.mark.parametrize(("setting", "shard_size", "memory", "precision", "expected", "words"), [
-    ("always", 2, 1 << 40, "fp32", True, "always"),
-    ("never", 2, 1 << 10, "fp32", False, "never"),
-    ("auto", 1, 1 << 40, "fp32", True, "shard size 1"),
-    ("auto", 2, 1 << 40, "fp32", False, "fits"),
-    ("auto", 2, fits_fp32, "fp32", False, "fits"),
-    ("auto", 2, fits_fp32 - 64, "fp32", True, "does not fit"),
-    ("auto", 2, fits_bf16_only, "bf16", False, "fits"),  # bf16 parameters are gathered: half the bytes
-    ("auto", 2, fits_bf16_only, "fp32", True, "does not fit"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("setting", "shard_size", "memory", "precision", "expected", "words"),
+    [
+        ("always", 2, 1 << 40, "fp32", True, "always"),
+        ("never", 2, 1 << 10, "fp32", False, "never"),
+        ("auto", 1, 1 << 40, "fp32", True, "shard size 1"),
+        ("auto", 2, 1 << 40, "fp32", False, "fits"),
+        ("auto", 2, fits_fp32, "fp32", False, "fits"),
+        ("auto", 2, fits_fp32 - 64, "fp32", True, "does not fit"),
+        ("auto", 2, fits_bf16_only, "bf16", False, "fits"),  # bf16 parameters are gathered: half the bytes
+        ("auto", 2, fits_bf16_only, "fp32", True, "does not fit"),
+    ],
+)
 def test_the_choice_follows_the_setting_and_the_memory(setting, shard_size, memory, precision, expected, words):
     choice = choose(setting, shard_size=shard_size, memory=memory, precision=precision)
     assert choice.reshard is expected

@@ -29,8 +29,19 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.topology import plan_for
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = TrainingSpec(layers=2, width=32, heads=4, seq_len=16, batch_size=4, vocab_size=64, steps=6,
-                    seed=3, lr=1e-2, checkpoint_every=3, keep_checkpoints=2)  # fmt: skip
+TINY = TrainingSpec(
+    layers=2,
+    width=32,
+    heads=4,
+    seq_len=16,
+    batch_size=4,
+    vocab_size=64,
+    steps=6,
+    seed=3,
+    lr=1e-2,
+    checkpoint_every=3,
+    keep_checkpoints=2,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -63,7 +74,13 @@ def wrapped_collectives() -> list[str]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    names = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor", "all_reduce")
+    names = (
+        "all_gather_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor",
+        "all_reduce",
+    )
     return [n for n in names if getattr(dist, n) is not getattr(distributed_c10d, n)]
 
 
@@ -227,8 +244,11 @@ def hsdp_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("hsdp") / "run"
     spec = RunSpec(shard_size=2, run_dir=str(run_dir), device="cpu", training=TINY, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=[4, 4], distribution="cyclic", fn=train_and_report, timeout_s=180)
-    return {"run_dir": run_dir, "by_rank": {o.value["summary"]["rank"]: o.value for o in outcomes},
-            "procid_of_rank": {o.value["summary"]["rank"]: o.procid for o in outcomes}}  # fmt: skip
+    return {
+        "run_dir": run_dir,
+        "by_rank": {o.value["summary"]["rank"]: o.value for o in outcomes},
+        "procid_of_rank": {o.value["summary"]["rank"]: o.procid for o in outcomes},
+    }
 
 
 def test_layout_json_under_cyclic_procids_keeps_shard_groups_on_one_node(hsdp_run):
@@ -319,8 +339,11 @@ def test_resume_on_the_same_mesh_continues_exactly(hsdp_run, tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # step 4 rewritten, not repeated
     reference = read_jsonl(hsdp_run["run_dir"] / "metrics.jsonl")
     assert [r["loss"] for r in records] == [r["loss"] for r in reference]
-    diffs = in_child(compare_checkpoints, tmp_path / "run" / "checkpoints" / "step-000006",
-                     hsdp_run["run_dir"] / "checkpoints" / "step-000006")  # fmt: skip
+    diffs = in_child(
+        compare_checkpoints,
+        tmp_path / "run" / "checkpoints" / "step-000006",
+        hsdp_run["run_dir"] / "checkpoints" / "step-000006",
+    )
     assert diffs == [], f"resumed run differs from the uninterrupted one in {diffs[:5]}"
 
 
@@ -332,8 +355,9 @@ def test_resume_on_another_mesh_shape_loads_exactly(hsdp_run, tmp_path):
     spec = RunSpec(shard_size=4, run_dir=str(run_dir), device="cpu", training=training, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=[4], fn=load_and_dump_full_state, timeout_s=120)
     assert {(o.value["start_step"], o.value["last_step"]) for o in outcomes} == {(6, 6)}
-    result = in_child(compare_loaded_with_checkpoint, run_dir / "loaded_full.pt",
-                      hsdp_run["run_dir"] / "checkpoints" / "step-000006")  # fmt: skip
+    result = in_child(
+        compare_loaded_with_checkpoint, run_dir / "loaded_full.pt", hsdp_run["run_dir"] / "checkpoints" / "step-000006"
+    )
     assert result["n_model"] > 0 and result["n_optim"] > 0
     assert result["model"] == [] and result["optim_state"] == []
 
@@ -360,8 +384,14 @@ def test_16_ranks_2x8_shard_4_groups_match_the_plan(tmp_path):
 
 def test_wrong_layout_fails_loudly_on_every_rank(tmp_path):
     spec = RunSpec(shard_size=2, run_dir=str(tmp_path), device="cpu", training=TINY, timeout_s=60)
-    outcomes = launch(spec, tasks_per_node=[2, 2], distribution="cyclic", timeout_s=120, expect_failure=True,
-                      extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1"})  # fmt: skip
+    outcomes = launch(
+        spec,
+        tasks_per_node=[2, 2],
+        distribution="cyclic",
+        timeout_s=120,
+        expect_failure=True,
+        extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1"},
+    )
     assert all(not o.ok for o in outcomes)
     for o in outcomes:
         assert o.value.startswith("GroupMismatchError: the realized device mesh does not match the plan"), o.value[:300]
@@ -386,12 +416,39 @@ def test_cli_run_with_entry(tmp_path):
     """The real CLI path: `python -m hpc_hsdp run ... --entry` on two SLURM-like tasks."""
     run_dir = tmp_path / "run"
     envs = job_envs(tasks_per_node=[2], extra_env={"PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"})
-    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(run_dir), "--device", "cpu",
-            "--entry", "dist_helpers:entry_train_until_stop", "--timeout", "60",
-            "--steps", "4", "--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--vocab-size", "32"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--device",
+        "cpu",
+        "--entry",
+        "dist_helpers:entry_train_until_stop",
+        "--timeout",
+        "60",
+        "--steps",
+        "4",
+        "--layers",
+        "1",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--vocab-size",
+        "32",
+    ]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    procs = [subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for env in envs]  # fmt: skip
+    procs = [
+        subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for env in envs
+    ]
     try:
         outputs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
@@ -410,9 +467,35 @@ def test_cli_run_with_entry(tmp_path):
 def test_torchrun_launch_uses_torchruns_variables(tmp_path):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     torchrun = Path(sys.executable).with_name("torchrun")
-    args = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hpc_hsdp", "run", "--shard", "2",
-            "--run-dir", str(tmp_path), "--device", "cpu", "--timeout", "60", "--steps", "2", "--layers", "1",
-            "--width", "16", "--heads", "2", "--seq-len", "8", "--vocab-size", "32"]  # fmt: skip
+    args = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+        "--steps",
+        "2",
+        "--layers",
+        "1",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--vocab-size",
+        "32",
+    ]
     done = subprocess.run(args, env={**base, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     layout = json.loads((tmp_path / "layout.json").read_text())
@@ -425,8 +508,10 @@ def run_cli_tasks(args: list[str], envs: list[dict]) -> tuple[list[int], list[tu
     """``args`` once per task environment, at once, outside any SLURM of the caller's: the exit
     codes and (stdout, stderr) of each."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    procs = [subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for env in envs]  # fmt: skip
+    procs = [
+        subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for env in envs
+    ]
     try:
         outputs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -437,10 +522,25 @@ def run_cli_tasks(args: list[str], envs: list[dict]) -> tuple[list[int], list[tu
 
 
 def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
-    envs = job_envs(tasks_per_node=[2, 2], distribution="cyclic",
-                    extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
-    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(tmp_path), "--device", "cpu",
-            "--timeout", "60"]  # fmt: skip
+    envs = job_envs(
+        tasks_per_node=[2, 2],
+        distribution="cyclic",
+        extra_env={"HPC_HSDP_FAULT_RANK_FROM_PROCID": "1", "OMP_NUM_THREADS": "1"},
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+    ]
     codes, outputs = run_cli_tasks(args, envs)
     assert codes == [2, 2, 2, 2], outputs
     for _, err in outputs:
@@ -456,8 +556,22 @@ def test_cli_run_ends_without_the_interpreters_teardown(tmp_path):
 
     (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "2", "--run-dir", str(run), "--device", "cpu",
-            "--timeout", "60", "--entry", "teardown_probe:main"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(run),
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+        "--entry",
+        "teardown_probe:main",
+    ]
     envs = job_envs(tasks_per_node=[2], extra_env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
     codes, outputs = run_cli_tasks(args, envs)
     assert codes == [0, 0], outputs
@@ -470,8 +584,26 @@ def test_a_shard_larger_than_a_node_is_refused_on_the_task_before_torch_loads(tm
     the dev cluster's test of it 40 s on this machine)."""
     env = task_environments(tasks_per_node=(8, 4), node_names=["n1", "n2"], job_id="78")[11]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpc_hsdp", "run", "--shard", "8", "--device", "cpu",
-                          "--run-dir", str(tmp_path)], env={**base, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "hpc_hsdp",
+            "run",
+            "--shard",
+            "8",
+            "--device",
+            "cpu",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
     assert "hpc_hsdp.cli" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
@@ -497,8 +629,13 @@ def test_sigquit_dumps_every_threads_stack_and_the_rank_goes_on(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(job_envs(tasks_per_node=[1])[0])
-    proc = subprocess.Popen([sys.executable, "-c", HANG, str(tmp_path / "go")], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG, str(tmp_path / "go")],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGQUIT)
@@ -534,8 +671,11 @@ def test_device_auto_with_gpus_given_but_cuda_unusable_fails_with_the_reason():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     env = task_environments(tasks_per_node=[1, 1], node_names=["n1", "n2"], job_id="7", gpus_per_node=4)[0]
-    with pytest.raises(HsdpError, match=r"was given GPUs \(CUDA_VISIBLE_DEVICES=0,1,2,3\) but CUDA is not usable: "
-                                        r"this torch \(.*\) is a CPU-only build; .*--device cpu"):
+    with pytest.raises(
+        HsdpError,
+        match=r"was given GPUs \(CUDA_VISIBLE_DEVICES=0,1,2,3\) but CUDA is not usable: "
+        r"this torch \(.*\) is a CPU-only build; .*--device cpu",
+    ):
         init(1, "auto", env=env)
     env_without_gpus = task_environments(tasks_per_node=[1], node_names=["n1"], job_id="7")[0]
     from hpc_hsdp.plan.topology import RankLayout
@@ -564,10 +704,40 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(job_envs(tasks_per_node=[1])[0])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
-    args = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(tmp_path), "--device", "cuda",
-            "--timeout", "120", "--steps", "5", "--layers", "2", "--width", "64", "--heads", "4", "--seq-len", "32",
-            "--grad-accum", "2", "--clip-grad", "1.0", "--lr-schedule", "cosine", "--eval-every", "5",
-            "--entry", "dist_helpers:entry_gpu_report"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "hpc_hsdp",
+        "run",
+        "--shard",
+        "1",
+        "--run-dir",
+        str(tmp_path),
+        "--device",
+        "cuda",
+        "--timeout",
+        "120",
+        "--steps",
+        "5",
+        "--layers",
+        "2",
+        "--width",
+        "64",
+        "--heads",
+        "4",
+        "--seq-len",
+        "32",
+        "--grad-accum",
+        "2",
+        "--clip-grad",
+        "1.0",
+        "--lr-schedule",
+        "cosine",
+        "--eval-every",
+        "5",
+        "--entry",
+        "dist_helpers:entry_gpu_report",
+    ]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     layout = json.loads((tmp_path / "layout.json").read_text())
@@ -617,4 +787,3 @@ def test_the_nccl_flight_recorder_is_on_unless_the_job_sized_it(env, expected):
     from hpc_hsdp.runtime.dist import flight_recorder_env
 
     assert flight_recorder_env(env) == expected
-

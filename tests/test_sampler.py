@@ -88,10 +88,13 @@ def test_global_batch_depends_only_on_seed_step_and_size(global_batch):
             continue
         layout = BatchLayout(global_batch=g, world_size=world, grad_accum=accum)
         by_layout[(world, accum)] = [
-            sorted(np.concatenate([order.sample_ids(layout.positions(step, m, r))
-                                   for m in range(accum) for r in range(world)]).tolist())
+            sorted(
+                np.concatenate(
+                    [order.sample_ids(layout.positions(step, m, r)) for m in range(accum) for r in range(world)]
+                ).tolist()
+            )
             for step in range(1, 30)  # crosses several epochs of 101 samples
-        ]  # fmt: skip
+        ]
     assert len(by_layout) >= 3
     first = next(iter(by_layout.values()))
     assert all(value == first for value in by_layout.values())
@@ -112,8 +115,10 @@ def test_layouts_that_do_not_split_are_refused(global_batch, world, accum):
         BatchLayout(global_batch=global_batch, world_size=world, grad_accum=accum)
 
 
-@pytest.mark.parametrize(("tokens", "seq_len", "expected"), [(0, 4, 0), (1, 4, 0), (4, 4, 0), (5, 4, 1), (9, 4, 2),
-                                                              (10, 4, 2), (1001, 10, 100)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tokens", "seq_len", "expected"),
+    [(0, 4, 0), (1, 4, 0), (4, 4, 0), (5, 4, 1), (9, 4, 2), (10, 4, 2), (1001, 10, 100)],
+)
 def test_num_samples(tokens, seq_len, expected):
     assert num_samples(tokens, seq_len) == expected
 
@@ -150,7 +155,9 @@ def test_synthetic_rows_do_not_depend_on_who_reads_them():
     apart = np.concatenate([source.read([i]) for i in range(10)])
     assert np.array_equal(together, apart) and together.shape == (10, 17)
     assert together.min() >= 0 and together.max() < 64
-    assert not np.array_equal(source.read([0]), SyntheticSamples(seed=4, seq_len=16, vocab_size=64, split="val").read([0]))
+    assert not np.array_equal(
+        source.read([0]), SyntheticSamples(seed=4, seq_len=16, vocab_size=64, split="val").read([0])
+    )
     # learnable: most next tokens follow one of the strides
     steps = (together[:, 1:] - together[:, :-1]) % 64
     assert np.isin(steps, [1, 2, 3, 5]).mean() > 0.75

@@ -40,8 +40,13 @@ def _site_partition(slurm_cluster) -> None:
 
 def _submit_reporting(run: Path, **options) -> list[dict]:
     code = REPORT_ENV.format(run=str(run), options=options)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "MASTER_ADDR": "login7.stale.invalid", "MASTER_PORT": "29500"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "MASTER_ADDR": "login7.stale.invalid", "MASTER_PORT": "29500"},
+    )
     assert out.returncode == 0, out.stdout + out.stderr + _logs(run)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -72,18 +77,40 @@ def test_torchrun_gets_all_of_the_nodes_cpus(slurm_cluster, tmp_path):
     run = tmp_path / "torchrun"
     script = tmp_path / "train.sbatch"
     probe = tmp_path / "probe.py"
-    probe.write_text("import json, os, sys\n"
-                     "print('PROBE', json.dumps({k: os.environ.get(k) for k in "
-                     "('SLURM_CPUS_PER_TASK', 'OMP_NUM_THREADS', 'SLURM_CPUS_ON_NODE')}))\n")  # fmt: skip
-    out = hpc("render", "--partition", "site", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2",
-              "--launcher", "torchrun", "--run-dir", str(run), "-o", str(script), *TINY)  # fmt: skip
+    probe.write_text(
+        "import json, os, sys\n"
+        "print('PROBE', json.dumps({k: os.environ.get(k) for k in "
+        "('SLURM_CPUS_PER_TASK', 'OMP_NUM_THREADS', 'SLURM_CPUS_ON_NODE')}))\n"
+    )
+    out = hpc(
+        "render",
+        "--partition",
+        "site",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--launcher",
+        "torchrun",
+        "--run-dir",
+        str(run),
+        "-o",
+        str(script),
+        *TINY,
+    )
     assert out.returncode == 0, out.stderr
-    text = script.read_text().replace("    bash -c ", f"    bash -c 'python {probe}; exec \"$0\" \"$@\"' bash -c ", 1)
+    text = script.read_text().replace("    bash -c ", f'    bash -c \'python {probe}; exec "$0" "$@"\' bash -c ', 1)
     script.write_text(text)
     done = sbatch_wait([str(script)])
     assert done.returncode == 0, done.stdout + done.stderr + _logs(run)
-    probes = [json.loads(line.split("PROBE ", 1)[1]) for p in (run / "logs").glob("*_log.out")
-              for line in p.read_text().splitlines() if line.startswith("PROBE ")]  # fmt: skip
+    probes = [
+        json.loads(line.split("PROBE ", 1)[1])
+        for p in (run / "logs").glob("*_log.out")
+        for line in p.read_text().splitlines()
+        if line.startswith("PROBE ")
+    ]
     assert len(probes) == 2
     assert all(p == {"SLURM_CPUS_PER_TASK": "32", "OMP_NUM_THREADS": "1", "SLURM_CPUS_ON_NODE": "32"} for p in probes)
     assert _ranks(run)[0]["launch_mode"] == "torchrun"
@@ -110,9 +137,33 @@ def test_scancel_quit_prints_stacks_and_the_job_goes_on(slurm_cluster, tmp_path,
     running. torchrun's agent used to take QUIT as "shut down the workers"."""
     run = tmp_path / launcher
     script = tmp_path / "train.sbatch"
-    out = hpc("render", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--launcher", launcher,
-              "--run-dir", str(run), "-o", str(script), "--device", "cpu", "--steps", "100000", "--width", "32",
-              "--layers", "1", "--seq-len", "8", "--batch-size", "2")  # fmt: skip
+    out = hpc(
+        "render",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--launcher",
+        launcher,
+        "--run-dir",
+        str(run),
+        "-o",
+        str(script),
+        "--device",
+        "cpu",
+        "--steps",
+        "100000",
+        "--width",
+        "32",
+        "--layers",
+        "1",
+        "--seq-len",
+        "8",
+        "--batch-size",
+        "2",
+    )
     assert out.returncode == 0, out.stderr
     (run / "logs").mkdir(parents=True, exist_ok=True)
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=30)
@@ -123,16 +174,18 @@ def test_scancel_quit_prints_stacks_and_the_job_goes_on(slurm_cluster, tmp_path,
         subprocess.run(["scancel", "--signal=QUIT", job_id], check=True, timeout=30)
 
         def stacks() -> int:
-            return sum(p.read_text(errors="replace").count("Current thread")
-                       for p in (run / "logs").glob("*_log.err"))  # fmt: skip
+            return sum(p.read_text(errors="replace").count("Current thread") for p in (run / "logs").glob("*_log.err"))
 
         _wait_for(lambda: stacks() >= 4, 60, "stacks of all 4 ranks")
         time.sleep(8)  # a torchrun agent that takes QUIT as a death signal ends its workers within ~1 s
         errors = "".join(p.read_text(errors="replace") for p in (run / "logs").glob("*_log.err"))
         assert "death signal" not in errors and "Terminating" not in errors, errors[-3000:]
         steps_then = len((run / "metrics.jsonl").read_text().splitlines())
-        _wait_for(lambda: len((run / "metrics.jsonl").read_text().splitlines()) > steps_then + 2, 60,
-                  "steps after the stack dump")  # fmt: skip
+        _wait_for(
+            lambda: len((run / "metrics.jsonl").read_text().splitlines()) > steps_then + 2,
+            60,
+            "steps after the stack dump",
+        )
         assert _job_state(job_id) == "RUNNING", _logs(run)
     finally:
         subprocess.run(["scancel", job_id], timeout=30)

@@ -37,10 +37,40 @@ def test_rendered_script_runs_bf16_hsdp_on_one_gpu_with_the_new_defaults(tmp_pat
     import torch
 
     run = tmp_path / "run"
-    spec = spec_from_argv(["--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--venv", "none",
-                           "--python", sys.executable, "--run-dir", str(run), "--precision", "bf16",
-                           "--steps", "20", "--layers", "4", "--width", "512", "--heads", "8", "--seq-len", "512",
-                           "--batch-size", "8", "--vocab-size", "4096", "--timeout", "120"])  # fmt: skip
+    spec = spec_from_argv(
+        [
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--shard",
+            "1",
+            "--venv",
+            "none",
+            "--python",
+            sys.executable,
+            "--run-dir",
+            str(run),
+            "--precision",
+            "bf16",
+            "--steps",
+            "20",
+            "--layers",
+            "4",
+            "--width",
+            "512",
+            "--heads",
+            "8",
+            "--seq-len",
+            "512",
+            "--batch-size",
+            "8",
+            "--vocab-size",
+            "4096",
+            "--timeout",
+            "120",
+        ]
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
     text = script.read_text()
@@ -51,12 +81,25 @@ def test_rendered_script_runs_bf16_hsdp_on_one_gpu_with_the_new_defaults(tmp_pat
     (shims / "srun").chmod(0o755)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     host = socket.gethostname().split(".")[0]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCH_NCCL"))}  # fmt: skip
-    env.update({"PATH": f"{shims}:{env.get('PATH', '')}", "SHIM_GPU": visible, "SLURM_JOB_ID": "15",
-                "SLURM_JOB_NODELIST": host, "SLURMD_NODENAME": host, "SLURM_TASKS_PER_NODE": "1", "SLURM_NTASKS": "1",
-                "SLURM_CPUS_ON_NODE": str(len(os.sched_getaffinity(0))), "SLURM_JOB_NUM_NODES": "1",
-                "MASTER_ADDR": "stale.invalid"})  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCH_NCCL"))
+    }
+    env.update(
+        {
+            "PATH": f"{shims}:{env.get('PATH', '')}",
+            "SHIM_GPU": visible,
+            "SLURM_JOB_ID": "15",
+            "SLURM_JOB_NODELIST": host,
+            "SLURMD_NODENAME": host,
+            "SLURM_TASKS_PER_NODE": "1",
+            "SLURM_NTASKS": "1",
+            "SLURM_CPUS_ON_NODE": str(len(os.sched_getaffinity(0))),
+            "SLURM_JOB_NUM_NODES": "1",
+            "MASTER_ADDR": "stale.invalid",
+        }
+    )
     (run / "logs").mkdir(parents=True)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,5 +111,7 @@ def test_rendered_script_runs_bf16_hsdp_on_one_gpu_with_the_new_defaults(tmp_pat
     assert records[-1]["loss"] < records[0]["loss"]
     rates = [r.get("tokens_per_s") for r in records[5:] if r.get("tokens_per_s")]
     name = torch.cuda.get_device_name(0)
-    print(f"\n{name}: bf16 HSDP mesh (1,1), 4 x 512 model, 8 x 512 tokens: "
-          f"{sorted(rates)[len(rates) // 2]:,.0f} tokens/s (median of steps 6-20); {done.stderr.splitlines()[0]}")
+    print(
+        f"\n{name}: bf16 HSDP mesh (1,1), 4 x 512 model, 8 x 512 tokens: "
+        f"{sorted(rates)[len(rates) // 2]:,.0f} tokens/s (median of steps 6-20); {done.stderr.splitlines()[0]}"
+    )

@@ -100,8 +100,9 @@ TWO_NODES = {"SLURM_JOB_NODELIST": "site[1-2]", "SLURMD_NODENAME": "site1"}
 
 
 def _address(env, *, interface=None, host=(), route=None):
-    return node_address(env, by_interface=lambda name: interface, by_host_name=lambda: list(host),
-                        by_route=lambda: route)  # fmt: skip
+    return node_address(
+        env, by_interface=lambda name: interface, by_host_name=lambda: list(host), by_route=lambda: route
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,11 @@ def test_node_address(env, kwargs, expected):
     [
         (TWO_NODES, {"host": ["127.0.0.1"], "route": None}, "no address the other nodes can reach"),
         ({**TWO_NODES, "GLOO_SOCKET_IFNAME": "eth9"}, {"interface": None}, "GLOO_SOCKET_IFNAME names interface 'eth9'"),
-        ({**TWO_NODES, "SLURMD_NODENAME": "site2"}, {"route": "10.1.1.1"}, "rank 0's node's, site1, but this runs on site2"),
+        (
+            {**TWO_NODES, "SLURMD_NODENAME": "site2"},
+            {"route": "10.1.1.1"},
+            "rank 0's node's, site1, but this runs on site2",
+        ),
     ],
 )
 def test_node_address_refusals_name_the_fix(env, kwargs, message):
@@ -164,7 +169,9 @@ def _plan(*args: str):
 def test_plan_shows_each_ranks_share_of_the_node():
     out = _plan("--nodes", "2", "--shard", "4")
     assert out.exit_code == 0, out.output
-    assert "request: whole nodes (--exclusive, --mem=0), 8 task(s) and GPU(s) per node: each rank gets 1/8" in out.output
+    assert (
+        "request: whole nodes (--exclusive, --mem=0), 8 task(s) and GPU(s) per node: each rank gets 1/8" in out.output
+    )
 
 
 def test_plan_warns_when_a_save_cannot_fit_kill_wait():
@@ -175,23 +182,48 @@ def test_plan_warns_when_a_save_cannot_fit_kill_wait():
     small = _plan("--nodes", "2", "--shard", "8", "--model-params", "1B", "--dtype", "bf16", "--kill-wait", "30")
     assert "a save on SIGTERM (about 5 s at 1 GB/s per node) fits KillWait (30 s)" in small.output
     assert "KillWait" not in small.output.split("fits KillWait")[1]
-    fast = _plan("--nodes", "2", "--shard", "8", "--model-params", "70B", "--dtype", "bf16", "--write-bandwidth",
-                 "20GiB/s", "--json")  # fmt: skip
+    fast = _plan(
+        "--nodes",
+        "2",
+        "--shard",
+        "8",
+        "--model-params",
+        "70B",
+        "--dtype",
+        "bf16",
+        "--write-bandwidth",
+        "20GiB/s",
+        "--json",
+    )
     import json
 
-    assert json.loads(fast.output)["save_on_sigterm"] == {"checkpoint_bytes": 700000000000, "seconds": 16.3,
-                                                          "kill_wait_s": 30, "rate_bytes_per_s": 20 * 2**30,
-                                                          "fits": True}  # fmt: skip
+    assert json.loads(fast.output)["save_on_sigterm"] == {
+        "checkpoint_bytes": 700000000000,
+        "seconds": 16.3,
+        "kill_wait_s": 30,
+        "rate_bytes_per_s": 20 * 2**30,
+        "fits": True,
+    }
 
 
 # ----------------------------------------------------------------------------- containers
 
 
 def test_container_job_runs_layout_in_the_image_and_requeues_from_the_host():
-    text = _render("--nodes", "2", "--shard", "4", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3",
-                   "--container-mounts", "/runs:/runs")  # fmt: skip
+    text = _render(
+        "--nodes",
+        "2",
+        "--shard",
+        "4",
+        "--container-image",
+        "nvcr.io#nvidia/pytorch:24.05-py3",
+        "--container-mounts",
+        "/runs:/runs",
+    )
     rendezvous = next(line for line in text.splitlines() if line.startswith("rendezvous="))
-    assert rendezvous.startswith('rendezvous="$(srun --nodes=1 --ntasks=1') and "--container-name=hpc-hsdp" in rendezvous
+    assert (
+        rendezvous.startswith('rendezvous="$(srun --nodes=1 --ntasks=1') and "--container-name=hpc-hsdp" in rendezvous
+    )
     assert "export HPC_HSDP_REQUEUE_FILE=/runs/x/logs/requeue." in text
     assert text.index("|| status=$?") < text.index('scontrol requeue "$SLURM_JOB_ID"')
 
@@ -222,8 +254,20 @@ def test_submit_with_a_container_is_refused_before_submitting(tmp_path):
     from hpc_hsdp.errors import SpecError
     from hpc_hsdp.job.scheduler import submit_spec
 
-    spec = spec_from_argv(["--shard", "8", "--venv", "none", "--run-dir", str(tmp_path), "--container-image", "img",
-                           "--container-mounts", f"{tmp_path}:{tmp_path}"])  # fmt: skip
+    spec = spec_from_argv(
+        [
+            "--shard",
+            "8",
+            "--venv",
+            "none",
+            "--run-dir",
+            str(tmp_path),
+            "--container-image",
+            "img",
+            "--container-mounts",
+            f"{tmp_path}:{tmp_path}",
+        ]
+    )
     with pytest.raises(SpecError, match="submit --container-image 'img': submit runs this machine's interpreter"):
         submit_spec(spec, cluster="local")
     assert not (tmp_path / "job.json").exists()

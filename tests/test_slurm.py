@@ -24,8 +24,13 @@ TINY = ["--device", "cpu", "--steps", "2", "--width", "32", "--layers", "1", "--
 
 
 def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def job_fields(job_id: str) -> dict[str, str]:
@@ -78,8 +83,21 @@ def assert_thread_groups_node_local(run_dir: Path) -> list[dict]:
 
 def test_submit_public_thread_case(slurm_cluster, tmp_path):
     run = tmp_path / "thread"
-    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--gpus-per-node", "8", "--shard", "4", "--wait",
-              "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--shard",
+        "4",
+        "--wait",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "submitted job" in out.stdout and "COMPLETED" in out.stderr
     ranks = assert_thread_groups_node_local(run)
@@ -91,8 +109,23 @@ def test_submit_public_thread_case(slurm_cluster, tmp_path):
 def test_cyclic_distribution_still_node_local(slurm_cluster, tmp_path):
     """2 nodes x 4, shard 4 (8 processes rather than the thread case's 16: the same question)."""
     run = tmp_path / "cyclic"
-    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--shard", "4", "--distribution",
-              "cyclic", "--wait", "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--shard",
+        "4",
+        "--distribution",
+        "cyclic",
+        "--wait",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     layout, ranks = _ranks(run)
     assert layout["plan"]["shard_groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -103,8 +136,21 @@ def test_cyclic_distribution_still_node_local(slurm_cluster, tmp_path):
 
 def test_torchrun_launcher_gives_the_same_groups(slurm_cluster, tmp_path):
     run = tmp_path / "torchrun"
-    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--shard", "4", "--launcher", "torchrun", "--wait",
-              "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--nodes",
+        "2",
+        "--shard",
+        "4",
+        "--launcher",
+        "torchrun",
+        "--wait",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert_thread_groups_node_local(run)
     layout, _ = _ranks(run)
@@ -116,8 +162,20 @@ def test_rendered_script_runs_with_plain_sbatch(slurm_cluster, tmp_path):
     the rendered script and submit's differ only in the task command: the test below)."""
     run = tmp_path / "plain"
     script = tmp_path / "train.sbatch"
-    out = hpc("render", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--run-dir", str(run), "-o", str(script),
-              *TINY)  # fmt: skip
+    out = hpc(
+        "render",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(run),
+        "-o",
+        str(script),
+        *TINY,
+    )
     assert out.returncode == 0, out.stderr
     done = sbatch_wait([str(script)])
     assert done.returncode == 0, done.stdout + done.stderr + _logs(run)
@@ -146,8 +204,21 @@ def test_submit_and_render_differ_only_in_the_task_command(slurm_cluster, tmp_pa
 
 def test_uneven_allocation(slurm_cluster, tmp_path):
     run = tmp_path / "uneven"
-    out = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--ntasks", "12", "--shard", "4", "--wait",
-              "--run-dir", str(run), *TINY)  # fmt: skip
+    out = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--nodes",
+        "2",
+        "--ntasks",
+        "12",
+        "--shard",
+        "4",
+        "--wait",
+        "--run-dir",
+        str(run),
+        *TINY,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     layout, ranks = _ranks(run)
     assert layout["plan"]["tasks_per_node"] == [8, 4]
@@ -163,7 +234,9 @@ def test_shard_not_fitting_uneven_allocation_fails_fast_on_the_task(slurm_cluste
     run.mkdir()
     command = f"srun --kill-on-bad-exit=1 {sys.executable} -m hpc_hsdp run --shard 8 --run-dir {run} --device cpu"
     start = time.monotonic()
-    done = sbatch_wait(["--nodes", "2", "--ntasks", "12", "--output", str(run / "out.txt"), "--wrap", command], timeout_s=120)
+    done = sbatch_wait(
+        ["--nodes", "2", "--ntasks", "12", "--output", str(run / "out.txt"), "--wrap", command], timeout_s=120
+    )
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     text = (run / "out.txt").read_text()
@@ -177,7 +250,7 @@ def test_python_api_status_logs_cancel(slurm_cluster, tmp_path):
 import hpc_hsdp, json
 def fn(ctx):
     return (ctx.rank, ctx.layout.node, list(ctx.layout.shard_group))
-job = hpc_hsdp.submit(fn, cluster="slurm", nodes=2, gpus_per_node=2, shard=2, run_dir={str(tmp_path / 'api')!r},
+job = hpc_hsdp.submit(fn, cluster="slurm", nodes=2, gpus_per_node=2, shard=2, run_dir={str(tmp_path / "api")!r},
                       device="cpu")
 print(json.dumps(sorted(job.results())))
 """
@@ -188,8 +261,23 @@ print(json.dumps(sorted(job.results())))
 
     # a long job: follow it with status and logs, then cancel it
     run = tmp_path / "long"
-    sub = hpc("submit", "--cluster", "slurm", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2",
-              "--run-dir", str(run), "--device", "cpu", "--steps", "100000")  # fmt: skip
+    sub = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--shard",
+        "2",
+        "--run-dir",
+        str(run),
+        "--device",
+        "cpu",
+        "--steps",
+        "100000",
+    )
     assert sub.returncode == 0, sub.stderr
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:

@@ -39,8 +39,10 @@ def train_three_ways(ctx):
     single_tensor = loop.make_optimizer
 
     def make_single_tensor(model, training):
-        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
-                  for g in single_tensor(model, training).param_groups]  # fmt: skip
+        groups = [
+            {"params": g["params"], "weight_decay": g["weight_decay"]}
+            for g in single_tensor(model, training).param_groups
+        ]
         return torch.optim.AdamW(groups, lr=training.lr, foreach=False, fused=False)
 
     always = dataclasses.replace(MODEL, reshard_after_forward="always")
@@ -57,8 +59,9 @@ def train_three_ways(ctx):
         try:
             with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
                 sub.comm_stats = recorder
-                result = loop.train(sub, training, on_step=lambda step, record: steps.__setitem__(step, record),
-                                    verbose=False)  # fmt: skip
+                result = loop.train(
+                    sub, training, on_step=lambda step, record: steps.__setitem__(step, record), verbose=False
+                )
         finally:
             loop.make_optimizer = single_tensor
         out[name] = {
@@ -97,9 +100,16 @@ def predicted_gather_bytes() -> tuple[int, int]:
     """The plan's all-gather bytes per step in the shard group: (resharding, keeping)."""
     counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=2)
     plan = TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=2, node_names=("n1", "n2"))
-    return tuple(next(t.tensor_bytes for t in estimate(plan, model_params=counts.params, root_params=counts.root_params,
-                                                       reshard_after_forward=reshard).traffic if t.kind == "all_gather")
-                 for reshard in (True, False))  # fmt: skip
+    return tuple(
+        next(
+            t.tensor_bytes
+            for t in estimate(
+                plan, model_params=counts.params, root_params=counts.root_params, reshard_after_forward=reshard
+            ).traffic
+            if t.kind == "all_gather"
+        )
+        for reshard in (True, False)
+    )
 
 
 @pytest.mark.dist

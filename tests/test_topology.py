@@ -191,9 +191,23 @@ def test_cyclic_thread_case_keeps_shard_groups_on_one_node():
 def test_layout_json_fields():
     env = task_environments(tasks_per_node=(8, 8), node_names=["n1", "n2"], job_id="1", gpus_per_node=8)[9]
     data = RankLayout.from_env(env, shard_size=4).to_dict()
-    for key in ("rank", "local_rank", "node_rank", "local_world_size", "world_size", "node", "nodes", "shard_size",
-                "num_replicas", "shard_group", "replicate_group", "master_addr", "master_port", "device",
-                "slurm_procid"):  # fmt: skip
+    for key in (
+        "rank",
+        "local_rank",
+        "node_rank",
+        "local_world_size",
+        "world_size",
+        "node",
+        "nodes",
+        "shard_size",
+        "num_replicas",
+        "shard_group",
+        "replicate_group",
+        "master_addr",
+        "master_port",
+        "device",
+        "slurm_procid",
+    ):
         assert key in data
     assert (data["rank"], data["local_rank"], data["node"], data["device"]) == (9, 1, "n2", "cuda:1")
     assert data["shard_group"] == [8, 9, 10, 11] and data["replicate_group"] == [1, 5, 9, 13]
@@ -262,7 +276,9 @@ def test_gpus_per_task_maps_each_task_to_its_own_gpu():
     """`srun -n2 --gpus-per-task=2` (node of 4 GPUs): each task sees its own pair."""
     layouts = [RankLayout.from_env(captured(f"gpt2.{i}"), shard_size=2) for i in (0, 1)]
     assert [(lay.device, captured(f"gpt2.{lay.rank}")["CUDA_VISIBLE_DEVICES"]) for lay in layouts] == [
-        ("cuda:0", "0,1"), ("cuda:0", "2,3")]
+        ("cuda:0", "0,1"),
+        ("cuda:0", "2,3"),
+    ]
 
 
 @pytest.mark.parametrize("name", ["mask.0", "mask.2"])
@@ -279,23 +295,49 @@ def test_one_task_per_node_without_gpus_is_one_rank_per_node():
 
 
 def test_torchrun_worker_layout():
-    env = {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "1", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "8",
-           "WORLD_SIZE": "16", "RANK": "10", "MASTER_ADDR": "n1", "MASTER_PORT": "29500",
-           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_PROCID": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}  # fmt: skip
+    env = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "GROUP_RANK": "1",
+        "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "8",
+        "WORLD_SIZE": "16",
+        "RANK": "10",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_PROCID": "1",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+    }
     lay = RankLayout.from_env(env, shard_size=4)
     assert (lay.rank, lay.node, lay.launch_mode, lay.device) == (10, "n2", "torchrun", "cuda:2")
     assert lay.shard_group == (8, 9, 10, 11) and lay.master_port == 29500
 
 
 def test_torchrun_with_non_node_major_rank_is_refused():
-    env = {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8",
-           "WORLD_SIZE": "16", "RANK": "3", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}  # fmt: skip
+    env = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "GROUP_RANK": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "8",
+        "WORLD_SIZE": "16",
+        "RANK": "3",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+    }
     with pytest.raises(SlurmEnvError, match="static rendezvous"):
         RankLayout.from_env(env, shard_size=4)
 
 
-TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8",
-                   "WORLD_SIZE": "16", "RANK": "0", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}  # fmt: skip
+TORCHRUN_WORKER = {
+    "TORCHELASTIC_RUN_ID": "x",
+    "GROUP_RANK": "0",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "8",
+    "WORLD_SIZE": "16",
+    "RANK": "0",
+    "MASTER_ADDR": "n1",
+    "MASTER_PORT": "29500",
+}
 
 
 @pytest.mark.parametrize(

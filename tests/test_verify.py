@@ -78,22 +78,36 @@ CASES = [
     (
         "RANK=PROCID under cyclic",
         _case_cyclic_ranks(P_2x4_S2),
-        [("node", (0, 1, 2, 3), (0, 1, 2, 3)), ("node", (4, 5, 6, 7), (4, 5, 6, 7)),
-         ("shard", (0, 1), (0, 1)), ("shard", (2, 3), (2, 3)), ("shard", (4, 5), (4, 5)), ("shard", (6, 7), (6, 7))],
+        [
+            ("node", (0, 1, 2, 3), (0, 1, 2, 3)),
+            ("node", (4, 5, 6, 7), (4, 5, 6, 7)),
+            ("shard", (0, 1), (0, 1)),
+            ("shard", (2, 3), (2, 3)),
+            ("shard", (4, 5), (4, 5)),
+            ("shard", (6, 7), (6, 7)),
+        ],
     ),
     (
         "strided shard groups",
         _case_strided_shard_groups(),
         # reported once per realized group, against the plan of the first rank holding it
-        [("shard", (0, 1, 2, 3), (0, 4, 8, 12)), ("shard", (0, 1, 2, 3), (1, 5, 9, 13)),
-         ("shard", (0, 1, 2, 3), (2, 6, 10, 14)), ("shard", (0, 1, 2, 3), (3, 7, 11, 15))],
+        [
+            ("shard", (0, 1, 2, 3), (0, 4, 8, 12)),
+            ("shard", (0, 1, 2, 3), (1, 5, 9, 13)),
+            ("shard", (0, 1, 2, 3), (2, 6, 10, 14)),
+            ("shard", (0, 1, 2, 3), (3, 7, 11, 15)),
+        ],
     ),
     ("two planned nodes on one host", _case_two_planned_nodes_one_host(), [("node", (), tuple(range(8)))]),
     (
         "S16 group over three nodes",
         _case_big_shard_spans_three_nodes(),
-        [("node", tuple(range(8)), tuple(range(8))), ("node", tuple(range(16, 24)), tuple(range(16, 24))),
-         ("shard", tuple(range(16)), tuple(range(16))), ("shard", tuple(range(16, 32)), tuple(range(16, 32)))],
+        [
+            ("node", tuple(range(8)), tuple(range(8))),
+            ("node", tuple(range(16, 24)), tuple(range(16, 24))),
+            ("shard", tuple(range(16)), tuple(range(16))),
+            ("shard", tuple(range(16, 32)), tuple(range(16, 32))),
+        ],
     ),
 ]
 

@@ -30,8 +30,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
-    "export": ("export_cmd", "export", "A run's checkpoint as a transformers directory or one safetensors file (offline)."),
-    "prepare-data": ("prepare_data_cmd", "prepare_data", "Tokenize text or JSONL into token files for --data (no torch)."),
+    "export": (
+        "export_cmd",
+        "export",
+        "A run's checkpoint as a transformers directory or one safetensors file (offline).",
+    ),
+    "prepare-data": (
+        "prepare_data_cmd",
+        "prepare_data",
+        "Tokenize text or JSONL into token files for --data (no torch).",
+    ),
     "runs": ("jobs_cmd", "runs", "List the runs under a directory: state, step, loss, last activity."),
     "report": ("report_cmd", "report", "Draw runs (HTML, PNG, SVG): loss, throughput, per-rank step times, restarts."),
 }
@@ -100,8 +108,9 @@ def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
     try:
         write(path, text, mode=mode)
     except OSError as exc:
-        raise SpecError(f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is "
-                        f"writable") from None  # fmt: skip
+        raise SpecError(
+            f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is writable"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,8 +8,14 @@ import click
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--step", type=int, default=None, help="Checkpoint step to export.  [default: the newest complete one]")
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="New directory to write (must not exist, or be empty).")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="New directory to write (must not exist, or be empty).",
+)
 def export(run_dir, step, out_dir) -> None:
     """Convert RUN_DIR's distributed checkpoint on this one process (no GPUs, no job).
 
@@ -21,4 +27,6 @@ def export(run_dir, step, out_dir) -> None:
     from hpc_hsdp.runtime.export import export as run_export  # torch loads here
 
     result = run_export(run_dir, out_dir, step=step)
-    click.echo(f"exported step {result['step']} ({result['kind']}) to {result['out_dir']}: {', '.join(result['files'])}")
+    click.echo(
+        f"exported step {result['step']} ({result['kind']}) to {result['out_dir']}: {', '.join(result['files'])}"
+    )

@@ -33,13 +33,43 @@ from hpc_hsdp.job.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS,
 _RENAMED = {"shard_size": "shard", "time_limit": "time", "sbatch_options": "sbatch", "env_vars": "env"}
 # click parameter names of the options that job_options adds
 JOB_OPTION_NAMES = (
-    "config", "profile", "nodes", "gpus_per_node", "shard_size", "ntasks", "job_name", "partition", "account", "qos",
-    "time_limit", "constraint", "exclusive", "mem", "cpus_per_task", "signal", "requeue", "run_dir", "setup",
-    "env_vars", "pass_env", "sbatch_options", "launcher", "distribution", "entry", "device", "timeout",
+    "config",
+    "profile",
+    "nodes",
+    "gpus_per_node",
+    "shard_size",
+    "ntasks",
+    "job_name",
+    "partition",
+    "account",
+    "qos",
+    "time_limit",
+    "constraint",
+    "exclusive",
+    "mem",
+    "cpus_per_task",
+    "signal",
+    "requeue",
+    "run_dir",
+    "setup",
+    "env_vars",
+    "pass_env",
+    "sbatch_options",
+    "launcher",
+    "distribution",
+    "entry",
+    "device",
+    "timeout",
     "comm_stats",
-    "container_image", "container_mounts", "debug", "venv", "conda_env", "python", "template",
+    "container_image",
+    "container_mounts",
+    "debug",
+    "venv",
+    "conda_env",
+    "python",
+    "template",
     *(f"training_{name}" for name in TrainingSpec.__dataclass_fields__),
-)  # fmt: skip
+)
 
 
 class NodeCount(click.ParamType):
@@ -65,64 +95,167 @@ def config_key(name: str) -> str:
 def job_options(command):
     """Add every job option to a click command (see ``hpc-hsdp render --help``)."""
     decorators = [
-        click.option("--config", "config", default=None, metavar="FILE",
-                     help=f"TOML file with job options and [profiles.NAME] tables.  [default: ${CONFIG_ENV}]"),
-        click.option("--profile", "profile", default=None, metavar="NAME",
-                     help=f"Profile of the config file to apply (below the file's top level).  [default: ${PROFILE_ENV}]"),
-        click.option("--nodes", type=NODES, default=None, metavar="N|MIN-MAX",
-                     help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
-                          "SLURM grants and the global batch stays the same.  [default: 1]"),
-        click.option("--gpus-per-node", type=int, default=None, help="GPUs per node; one task (srun) or torchrun worker each.  [default: 8]"),
-        click.option("--shard", "shard_size", type=int, default=None,
-                     help="Shard-group size S (required here or in the config): divides a node or is a multiple of it."),
-        click.option("--ntasks", type=int, default=None,
-                     help="Total tasks for an uneven allocation (e.g. 12 on 2 nodes: 8,4); replaces --ntasks-per-node."),
+        click.option(
+            "--config",
+            "config",
+            default=None,
+            metavar="FILE",
+            help=f"TOML file with job options and [profiles.NAME] tables.  [default: ${CONFIG_ENV}]",
+        ),
+        click.option(
+            "--profile",
+            "profile",
+            default=None,
+            metavar="NAME",
+            help=f"Profile of the config file to apply (below the file's top level).  [default: ${PROFILE_ENV}]",
+        ),
+        click.option(
+            "--nodes",
+            type=NODES,
+            default=None,
+            metavar="N|MIN-MAX",
+            help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
+            "SLURM grants and the global batch stays the same.  [default: 1]",
+        ),
+        click.option(
+            "--gpus-per-node",
+            type=int,
+            default=None,
+            help="GPUs per node; one task (srun) or torchrun worker each.  [default: 8]",
+        ),
+        click.option(
+            "--shard",
+            "shard_size",
+            type=int,
+            default=None,
+            help="Shard-group size S (required here or in the config): divides a node or is a multiple of it.",
+        ),
+        click.option(
+            "--ntasks",
+            type=int,
+            default=None,
+            help="Total tasks for an uneven allocation (e.g. 12 on 2 nodes: 8,4); replaces --ntasks-per-node.",
+        ),
         click.option("--job-name", default=None, help="#SBATCH --job-name.  [default: hpc-hsdp]"),
         click.option("--partition", default=None, help="#SBATCH --partition."),
         click.option("--account", default=None, help="#SBATCH --account."),
         click.option("--qos", default=None, help="#SBATCH --qos."),
-        click.option("--time", "time_limit", default=None, metavar="TIME",
-                     help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."),
+        click.option(
+            "--time",
+            "time_limit",
+            default=None,
+            metavar="TIME",
+            help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.",
+        ),
         click.option("--constraint", default=None, help="#SBATCH --constraint (node features, e.g. 'h100&ib')."),
-        click.option("--exclusive/--no-exclusive", default=None,
-                     help="Whole nodes (#SBATCH --exclusive): every rank gets an equal share of its node's CPUs and "
-                          "memory.  [default: yes]"),
-        click.option("--mem", default=None, help="Memory per node, e.g. 512G (0: all of it).  [default: 0 with --exclusive]"),
-        click.option("--cpus-per-task", type=int, default=None,
-                     help="CPUs per task (also passed to srun).  [default: the node's CPUs / its tasks, at run time]"),
-        click.option("--signal", default=None, metavar="SIG@SECONDS",
-                     help=f"Signal sent before the time limit; 'none' for no signal.  [default: {DEFAULT_SIGNAL}]"),
+        click.option(
+            "--exclusive/--no-exclusive",
+            default=None,
+            help="Whole nodes (#SBATCH --exclusive): every rank gets an equal share of its node's CPUs and "
+            "memory.  [default: yes]",
+        ),
+        click.option(
+            "--mem", default=None, help="Memory per node, e.g. 512G (0: all of it).  [default: 0 with --exclusive]"
+        ),
+        click.option(
+            "--cpus-per-task",
+            type=int,
+            default=None,
+            help="CPUs per task (also passed to srun).  [default: the node's CPUs / its tasks, at run time]",
+        ),
+        click.option(
+            "--signal",
+            default=None,
+            metavar="SIG@SECONDS",
+            help=f"Signal sent before the time limit; 'none' for no signal.  [default: {DEFAULT_SIGNAL}]",
+        ),
         click.option("--requeue/--no-requeue", default=None, help="Let SLURM requeue the job.  [default: requeue]"),
-        click.option("--run-dir", default=None, metavar="DIR",
-                     help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.  [default: render: "
-                          "./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>]"),
-        click.option("--setup", multiple=True, metavar="LINE",
-                     help="A raw shell line run before launch (module load ...); repeatable; not quoted."),
-        click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE", help="Export a variable (value quoted); repeatable."),
-        click.option("--pass-env", multiple=True, metavar="NAME",
-                     help="Pass a variable by name from the submitting environment (never written); repeatable."),
-        click.option("--sbatch", "sbatch_options", multiple=True, metavar="KEY=VALUE",
-                     help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable."),
-        click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
-                     help="srun: one task per GPU; torchrun: one task per node, static rendezvous.  [default: srun]"),
-        click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default=None,
-                     help="srun --distribution; the layout is node-major either way.  [default: block]"),
-        click.option("--entry", default=None, metavar="MODULE:FUNCTION",
-                     help="Your training function, called on every rank.  [default: the built-in payload]"),
-        click.option("--device", type=click.Choice(DEVICES), default=None, help="Device of each rank.  [default: auto]"),
-        click.option("--timeout", type=int, default=None, metavar="SECONDS", help="Process-group timeout.  [default: 300]"),
-        click.option("--comm-stats/--no-comm-stats", default=None,
-                     help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.  [default: no]"),
+        click.option(
+            "--run-dir",
+            default=None,
+            metavar="DIR",
+            help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.  [default: render: "
+            "./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>]",
+        ),
+        click.option(
+            "--setup",
+            multiple=True,
+            metavar="LINE",
+            help="A raw shell line run before launch (module load ...); repeatable; not quoted.",
+        ),
+        click.option(
+            "--env",
+            "env_vars",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Export a variable (value quoted); repeatable.",
+        ),
+        click.option(
+            "--pass-env",
+            multiple=True,
+            metavar="NAME",
+            help="Pass a variable by name from the submitting environment (never written); repeatable.",
+        ),
+        click.option(
+            "--sbatch",
+            "sbatch_options",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable.",
+        ),
+        click.option(
+            "--launcher",
+            type=click.Choice(LAUNCHERS),
+            default=None,
+            help="srun: one task per GPU; torchrun: one task per node, static rendezvous.  [default: srun]",
+        ),
+        click.option(
+            "--distribution",
+            type=click.Choice(DISTRIBUTIONS),
+            default=None,
+            help="srun --distribution; the layout is node-major either way.  [default: block]",
+        ),
+        click.option(
+            "--entry",
+            default=None,
+            metavar="MODULE:FUNCTION",
+            help="Your training function, called on every rank.  [default: the built-in payload]",
+        ),
+        click.option(
+            "--device", type=click.Choice(DEVICES), default=None, help="Device of each rank.  [default: auto]"
+        ),
+        click.option(
+            "--timeout", type=int, default=None, metavar="SECONDS", help="Process-group timeout.  [default: 300]"
+        ),
+        click.option(
+            "--comm-stats/--no-comm-stats",
+            default=None,
+            help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.  [default: no]",
+        ),
         click.option("--container-image", default=None, help="Pyxis container image for srun."),
         click.option("--container-mounts", default=None, help="Pyxis container mounts for srun (/src:/dst,...)."),
-        click.option("--debug/--no-debug", default=None, help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, ...  [default: no]"),
-        click.option("--venv", default=None, metavar="PATH",
-                     help="Virtualenv to activate ('none': no activation).  [default: the running interpreter's venv]"),
-        click.option("--conda-env", default=None, metavar="NAME", help="Conda environment to activate instead of a venv."),
+        click.option(
+            "--debug/--no-debug",
+            default=None,
+            help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, ...  [default: no]",
+        ),
+        click.option(
+            "--venv",
+            default=None,
+            metavar="PATH",
+            help="Virtualenv to activate ('none': no activation).  [default: the running interpreter's venv]",
+        ),
+        click.option(
+            "--conda-env", default=None, metavar="NAME", help="Conda environment to activate instead of a venv."
+        ),
         click.option("--python", default=None, help="Interpreter name the script calls.  [default: python]"),
-        click.option("--template", default=None, metavar="PATH",
-                     help="Your own Jinja2 template (gets the same variables; may extend job.sbatch.j2)."),
-    ]  # fmt: skip
+        click.option(
+            "--template",
+            default=None,
+            metavar="PATH",
+            help="Your own Jinja2 template (gets the same variables; may extend job.sbatch.j2).",
+        ),
+    ]
     command = training_options(command)
     for decorator in reversed(decorators):
         command = decorator(command)

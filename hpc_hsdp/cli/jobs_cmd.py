@@ -86,8 +86,13 @@ def run_facts(handle, status=None) -> dict:
     attempt = attempts.read_attempt(run_dir) or {}
     limits = handle.time_limits() if status is None or status.state.split()[0] == "RUNNING" else None
     left, limit = limits if limits else (None, None)
-    progress = progress_of(records, total_steps=attempt.get("total_steps"), attempt_start_step=attempt.get("start_step") or 0,
-                           time_left_s=left, time_limit_s=limit)  # fmt: skip
+    progress = progress_of(
+        records,
+        total_steps=attempt.get("total_steps"),
+        attempt_start_step=attempt.get("start_step") or 0,
+        time_left_s=left,
+        time_limit_s=limit,
+    )
     probes = [r for r in records if isinstance(r.get("stragglers"), dict)]
     nodes = None
     try:
@@ -97,11 +102,18 @@ def run_facts(handle, status=None) -> dict:
         pass
     found = persistent([r["stragglers"] for r in probes[-LIVE_PROBES:]], nodes)
     slow = f"{found[0]} (in {found[1]} of the last {found[2]} probes)" if found else None
-    restarts = [f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
-                for r in attempts.read_restarts(run_dir)]  # fmt: skip
-    return {"last": records[-1] if records else None, "total_steps": attempt.get("total_steps"),
-            "progress": progress, "stragglers": slow, "straggler_step": probes[-1]["step"] if probes else None,
-            "restarts": restarts}  # fmt: skip
+    restarts = [
+        f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
+        for r in attempts.read_restarts(run_dir)
+    ]
+    return {
+        "last": records[-1] if records else None,
+        "total_steps": attempt.get("total_steps"),
+        "progress": progress,
+        "stragglers": slow,
+        "straggler_step": probes[-1]["step"] if probes else None,
+        "restarts": restarts,
+    }
 
 
 def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> int:
@@ -115,8 +127,11 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
             line += f" (restarts {status.restarts})"
         facts = run_facts(handle, status)
         metrics = facts["last"]
-        step = step_text(metrics, total_steps or facts["total_steps"], None if metrics is None or "eval_loss" in metrics
-                         else latest_eval(handle.record.run_dir))  # fmt: skip
+        step = step_text(
+            metrics,
+            total_steps or facts["total_steps"],
+            None if metrics is None or "eval_loss" in metrics else latest_eval(handle.record.run_dir),
+        )
         line += f" | {step}" if step else ""
         timing = facts["progress"].words() if not status.finished else ""
         line += f" | {timing}" if timing else ""
@@ -133,8 +148,10 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     if status.state == "COMPLETED":
         click.echo(f"job {handle.job_id} completed; metrics: {Path(handle.record.run_dir) / 'metrics.jsonl'}", err=True)
         return 0
-    click.echo(f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
-               err=True)  # fmt: skip
+    click.echo(
+        f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
+        err=True,
+    )
     failure = failure_of(handle, status)
     if failure:
         click.echo(failure, err=True)
@@ -161,18 +178,35 @@ def status(job, as_json) -> None:
     facts = run_facts(handle, st)
     metrics = facts["last"]
     progress = facts["progress"]
-    data = {"job_id": handle.job_id, "cluster": handle.record.cluster, "state": st.state, "exit_code": st.exit_code,
-            "restarts": st.restarts, "reason": st.reason, "run_dir": handle.record.run_dir,
-            "last_step": metrics, "total_steps": facts["total_steps"], "progress": progress.to_dict(),
-            "stragglers": facts["stragglers"], "restart_causes": facts["restarts"], "failure": failure_of(handle, st)}  # fmt: skip
+    data = {
+        "job_id": handle.job_id,
+        "cluster": handle.record.cluster,
+        "state": st.state,
+        "exit_code": st.exit_code,
+        "restarts": st.restarts,
+        "reason": st.reason,
+        "run_dir": handle.record.run_dir,
+        "last_step": metrics,
+        "total_steps": facts["total_steps"],
+        "progress": progress.to_dict(),
+        "stragglers": facts["stragglers"],
+        "restart_causes": facts["restarts"],
+        "failure": failure_of(handle, st),
+    }
     if as_json:
         click.echo(json.dumps(data))
         return
-    click.echo(f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
-               + (f", exit {st.exit_code}" if st.exit_code else "") + (f", reason {st.reason}" if st.reason else "")
-               + f", restarts {st.restarts}")  # fmt: skip
-    step = step_text(metrics, facts["total_steps"], None if metrics is None or "eval_loss" in metrics
-                     else latest_eval(handle.record.run_dir))  # fmt: skip
+    click.echo(
+        f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
+        + (f", exit {st.exit_code}" if st.exit_code else "")
+        + (f", reason {st.reason}" if st.reason else "")
+        + f", restarts {st.restarts}"
+    )
+    step = step_text(
+        metrics,
+        facts["total_steps"],
+        None if metrics is None or "eval_loss" in metrics else latest_eval(handle.record.run_dir),
+    )
     if step:
         click.echo(f"last {step}")
     timing = progress.words() if not st.finished else ""

@@ -13,15 +13,32 @@ from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_
 
 @click.command()
 @click.option("--shard", "shard_size", type=int, default=1, show_default=True, help="Shard-group size S of the job.")
-@click.option("--nproc-per-node", type=int, default=None,
-              help="Workers per node: this task is the torchrun launcher of its node.  [default: this task is one rank]")
-@click.option("--field", default=None,
-              help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
-                   "(\"ADDRESS PORT\": this node's reachable address and the job's port).")
-@click.option("--hostfile", "hostfile_counts", default=None, metavar="COUNTS",
-              help="In the batch script: print SLURM_HOSTFILE lines placing COUNTS ('8,4') tasks on the job's nodes.")
-@click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="block", show_default=True,
-              help="Order of the --hostfile lines.")
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    default=None,
+    help="Workers per node: this task is the torchrun launcher of its node.  [default: this task is one rank]",
+)
+@click.option(
+    "--field",
+    default=None,
+    help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
+    "(\"ADDRESS PORT\": this node's reachable address and the job's port).",
+)
+@click.option(
+    "--hostfile",
+    "hostfile_counts",
+    default=None,
+    metavar="COUNTS",
+    help="In the batch script: print SLURM_HOSTFILE lines placing COUNTS ('8,4') tasks on the job's nodes.",
+)
+@click.option(
+    "--distribution",
+    type=click.Choice(DISTRIBUTIONS),
+    default="block",
+    show_default=True,
+    help="Order of the --hostfile lines.",
+)
 def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> None:
     """Inside a SLURM task, print the layout this task derives, as one JSON object.
 
@@ -52,6 +69,8 @@ def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> 
         click.echo(json.dumps(derived, sort_keys=False))
         return
     if field not in derived:
-        raise click.BadParameter(f"{field!r} is not a layout field; choose one of {', '.join(derived)}", param_hint="--field")
+        raise click.BadParameter(
+            f"{field!r} is not a layout field; choose one of {', '.join(derived)}", param_hint="--field"
+        )
     value = derived[field]
     click.echo(json.dumps(value) if isinstance(value, (list, dict)) else ("" if value is None else value))

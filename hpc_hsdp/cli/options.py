@@ -16,14 +16,16 @@ _CLICK_TYPES = {"int": int, "float": float, "str": str}
 def _training_option(f):
     kind, meta = training_field_kind(f), f.metadata
     flag = option_flag(f.name)
-    default_text = "none" if f.default is None else ("yes" if f.default is True else "no" if f.default is False
-                                                     else f.default)  # fmt: skip
+    default_text = (
+        "none" if f.default is None else ("yes" if f.default is True else "no" if f.default is False else f.default)
+    )
     help_text = f"{meta['help']}  [default: {default_text}]"
     if kind == "bool":
         return click.option(f"{flag}/--no-{flag[2:]}", f"training_{f.name}", default=None, help=help_text)
     click_type = click.Choice(meta["choices"]) if meta.get("choices") else _CLICK_TYPES[kind]
-    return click.option(flag, f"training_{f.name}", type=click_type, default=None, metavar=meta.get("metavar"),
-                        help=help_text)  # fmt: skip
+    return click.option(
+        flag, f"training_{f.name}", type=click_type, default=None, metavar=meta.get("metavar"), help=help_text
+    )
 
 
 def training_options(command):

@@ -30,46 +30,124 @@ from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_pe
 
 
 @click.command()
-@click.option("--nodes", type=NODES, default=None, metavar="N|MIN-MAX",
-              help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.  "
-                   "[default: 1, or as many as --nodelist names]")
+@click.option(
+    "--nodes",
+    type=NODES,
+    default=None,
+    metavar="N|MIN-MAX",
+    help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.  "
+    "[default: 1, or as many as --nodelist names]",
+)
 @click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs (one task each) per node.")
-@click.option("--shard", "shard_size", type=int, default=None,
-              help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it. "
-                   "Required unless --recommend.")
+@click.option(
+    "--shard",
+    "shard_size",
+    type=int,
+    default=None,
+    help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it. "
+    "Required unless --recommend.",
+)
 @click.option("--nodelist", default=None, help="Name the nodes as SLURM does, e.g. 'gpu-a[01-02]'.")
-@click.option("--tasks-per-node", "tasks_per_node_text", default=None, metavar="SLURM_TASKS_PER_NODE",
-              help="An uneven allocation in SLURM's form, e.g. '8(x2),4'; overrides --nodes/--gpus-per-node.")
+@click.option(
+    "--tasks-per-node",
+    "tasks_per_node_text",
+    default=None,
+    metavar="SLURM_TASKS_PER_NODE",
+    help="An uneven allocation in SLURM's form, e.g. '8(x2),4'; overrides --nodes/--gpus-per-node.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
-@click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Also draw the layout as an SVG picture into this file.")
-@click.option("--model-params", default=None,
-              help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...), or 'builtin' "
-                   "for the built-in payload's model, e.g. 'builtin:layers=4,width=128' (dim 0 padded as FSDP2 pads it).")
-@click.option("--model", "model", default=None, metavar="MODEL",
-              help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no torch for "
-                   "the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports torch).")
-@click.option("--root-params", default=None,
-              help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]")
+@click.option(
+    "--svg",
+    "svg_path",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Also draw the layout as an SVG picture into this file.",
+)
+@click.option(
+    "--model-params",
+    default=None,
+    help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...), or 'builtin' "
+    "for the built-in payload's model, e.g. 'builtin:layers=4,width=128' (dim 0 padded as FSDP2 pads it).",
+)
+@click.option(
+    "--model",
+    "model",
+    default=None,
+    metavar="MODEL",
+    help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no torch for "
+    "the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports torch).",
+)
+@click.option(
+    "--root-params",
+    default=None,
+    help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]",
+)
 @click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
-@click.option("--optimizer", default="adamw", show_default=True, help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.")
-@click.option("--grad-accum", type=int, default=1, show_default=True,
-              help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
-                   "reduce-scatters on each, the replicas all-reduce once.")
-@click.option("--write-bandwidth", default=DEFAULT_WRITE_BANDWIDTH, show_default=True, metavar="BYTES/s",
-              help="What one node writes to the checkpoints' file system per second (e.g. 2GB/s); with --model-params, "
-                   "plan estimates the save time.")
-@click.option("--signal", "signal", default=DEFAULT_SIGNAL, show_default=True, metavar="SIG@SECONDS",
-              help="The job's warning signal (as for submit): the save on it must finish within SECONDS.")
+@click.option(
+    "--optimizer",
+    default="adamw",
+    show_default=True,
+    help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.",
+)
+@click.option(
+    "--grad-accum",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
+    "reduce-scatters on each, the replicas all-reduce once.",
+)
+@click.option(
+    "--write-bandwidth",
+    default=DEFAULT_WRITE_BANDWIDTH,
+    show_default=True,
+    metavar="BYTES/s",
+    help="What one node writes to the checkpoints' file system per second (e.g. 2GB/s); with --model-params, "
+    "plan estimates the save time.",
+)
+@click.option(
+    "--signal",
+    "signal",
+    default=DEFAULT_SIGNAL,
+    show_default=True,
+    metavar="SIG@SECONDS",
+    help="The job's warning signal (as for submit): the save on it must finish within SECONDS.",
+)
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
-@click.option("--kill-wait", type=click.IntRange(min=1), default=SLURM_KILL_WAIT_S, show_default=True,
-              metavar="SECONDS", help="The cluster's KillWait (scontrol show config): the time a save on SIGTERM has.")
-@click.option("--recommend", is_flag=True,
-              help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
-                   "with a table of every shard size.")
-def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_json, svg_path, model, model_params,
-         root_params, dtype, optimizer, grad_accum, write_bandwidth, signal, gpu_memory, kill_wait,
-         recommend: bool) -> None:  # fmt: skip
+@click.option(
+    "--kill-wait",
+    type=click.IntRange(min=1),
+    default=SLURM_KILL_WAIT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="The cluster's KillWait (scontrol show config): the time a save on SIGTERM has.",
+)
+@click.option(
+    "--recommend",
+    is_flag=True,
+    help="Recommend the shard size that fits --gpu-memory and sends the least inter-node traffic, "
+    "with a table of every shard size.",
+)
+def plan(
+    nodes,
+    gpus_per_node,
+    shard_size,
+    nodelist,
+    tasks_per_node_text,
+    as_json,
+    svg_path,
+    model,
+    model_params,
+    root_params,
+    dtype,
+    optimizer,
+    grad_accum,
+    write_bandwidth,
+    signal,
+    gpu_memory,
+    kill_wait,
+    recommend: bool,
+) -> None:
     """Show which GPU of which node holds each rank, shard group and replicate group.
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
@@ -104,8 +182,10 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         if fewest_nodes == nodes:
             fewest_nodes = None
         elif nodelist or tasks_per_node_text or recommend:
-            raise SpecError(f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
-                            f"those describe one allocation; give --nodes N")  # fmt: skip
+            raise SpecError(
+                f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
+                f"those describe one allocation; give --nodes N"
+            )
     the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
     fewest = None
     if fewest_nodes is not None:
@@ -139,24 +219,48 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
     params, p_root = params_for_shard(the_plan.shard_size) if params_for_shard else (None, 0)
     if grad_accum < 1:
         raise SpecError(f"--grad-accum {grad_accum} must be at least 1")
-    est = (estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
-                    grad_accum=grad_accum) if params else None)  # fmt: skip
-    if est is not None and memory is not None and the_plan.shard_size > 1 and gathered_fits(
-            state_bytes=est.total_bytes, gathered_bytes=DTYPE_BYTES[dtype] * params, memory_bytes=memory):
+    est = (
+        estimate(
+            the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer, grad_accum=grad_accum
+        )
+        if params
+        else None
+    )
+    if (
+        est is not None
+        and memory is not None
+        and the_plan.shard_size > 1
+        and gathered_fits(state_bytes=est.total_bytes, gathered_bytes=DTYPE_BYTES[dtype] * params, memory_bytes=memory)
+    ):
         # what the run's default --reshard-after-forward auto does on a GPU of this memory
-        est = estimate(the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
-                       grad_accum=grad_accum, reshard_after_forward=False)  # fmt: skip
-    fit = (smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
-           if memory is not None else None)  # fmt: skip
+        est = estimate(
+            the_plan,
+            model_params=params,
+            root_params=p_root,
+            dtype=dtype,
+            optimizer=optimizer,
+            grad_accum=grad_accum,
+            reshard_after_forward=False,
+        )
+    fit = (
+        smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
+        if memory is not None
+        else None
+    )
     rate = parse_bandwidth(write_bandwidth)
     on_sigterm = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate) if est is not None else None
     saving = None
     if params:
         if signal.strip().lower() != "none":
             check_signal(signal)
-        saving = save_estimate(the_plan, model_params=params, dtype=dtype, optimizer=optimizer,
-                               node_write_bandwidth=parse_bandwidth(write_bandwidth),
-                               signal=None if signal.strip().lower() == "none" else signal)  # fmt: skip
+        saving = save_estimate(
+            the_plan,
+            model_params=params,
+            dtype=dtype,
+            optimizer=optimizer,
+            node_write_bandwidth=parse_bandwidth(write_bandwidth),
+            signal=None if signal.strip().lower() == "none" else signal,
+        )
     if svg_path:
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
@@ -178,15 +282,27 @@ def plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, as_jso
         if model_info is not None:
             click.echo(model_info["line"])
         if fewest is not None:
-            click.echo(f"flexible allocation --nodes {fewest_nodes}-{nodes}: SLURM grants between {fewest_nodes} and "
-                       f"{nodes} nodes; the mesh follows what it grants, the global batch stays the same\n"
-                       f"at {nodes} nodes (the most):")  # fmt: skip
+            click.echo(
+                f"flexible allocation --nodes {fewest_nodes}-{nodes}: SLURM grants between {fewest_nodes} and "
+                f"{nodes} nodes; the mesh follows what it grants, the global batch stays the same\n"
+                f"at {nodes} nodes (the most):"
+            )
         click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=on_sigterm), nl=False)
         if saving is not None:
             click.echo("\n".join(saving.lines()))
         if fewest is not None:
-            fewest_est = (estimate(fewest, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer,
-                                   grad_accum=grad_accum) if params else None)  # fmt: skip
+            fewest_est = (
+                estimate(
+                    fewest,
+                    model_params=params,
+                    root_params=p_root,
+                    dtype=dtype,
+                    optimizer=optimizer,
+                    grad_accum=grad_accum,
+                )
+                if params
+                else None
+            )
             click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
             click.echo(plan_text(fewest, estimate=fewest_est), nl=False)
 
@@ -199,8 +315,11 @@ def _model_summary(model: str) -> dict:
     if model == "builtin":
         counts = _builtin_counts("")
         params, root = counts(1)
-        return {"counts": counts, "record": {"model": model, "params": params, "root_params": root},
-                "line": f"model builtin: {params:,} parameters, {root:,} in the root"}  # fmt: skip
+        return {
+            "counts": counts,
+            "record": {"model": model, "params": params, "root_params": root},
+            "line": f"model builtin: {params:,} parameters, {root:,} in the root",
+        }
     if model.startswith("hf:"):
         from hpc_hsdp.models.hf import read_shapes
 
@@ -211,8 +330,10 @@ def _model_summary(model: str) -> dict:
         shapes, source = read_shapes(model)
     record = {"model": model, **shapes.to_dict(), "source": source}
     tied = ", tied embeddings" if shapes.tied else ""
-    line = (f"model {model}: {shapes.model_type}, {shapes.params:,} parameters = {shapes.layers} x "
-            f"{shapes.block_class} of {shapes.block_params:,} + root {shapes.root_params:,}{tied} ({source})")  # fmt: skip
+    line = (
+        f"model {model}: {shapes.model_type}, {shapes.params:,} parameters = {shapes.layers} x "
+        f"{shapes.block_class} of {shapes.block_params:,} + root {shapes.root_params:,}{tied} ({source})"
+    )
     return {"counts": shapes.counts, "record": record, "line": line}
 
 
@@ -225,12 +346,16 @@ def _params_for_shard(model_params: str, root_params: str | None):
     text = model_params.strip()
     if text.lower() == "builtin" or text.lower().startswith("builtin:"):
         if root_params is not None:
-            raise SpecError("--root-params with --model-params builtin: the built-in model knows its root; drop --root-params")
+            raise SpecError(
+                "--root-params with --model-params builtin: the built-in model knows its root; drop --root-params"
+            )
         return _builtin_counts(text.partition(":")[2])
     params = parse_count(text)
     p_root = parse_count(root_params, option="--root-params") if root_params is not None else 0
     if p_root > params:
-        raise SpecError(f"--root-params {root_params!r} is more than --model-params {model_params!r}; the root is part of the model")
+        raise SpecError(
+            f"--root-params {root_params!r} is more than --model-params {model_params!r}; the root is part of the model"
+        )
     return lambda _s: (params, p_root)
 
 
@@ -240,14 +365,20 @@ def _builtin_counts(options: str):
     from hpc_hsdp.plan.shapes import parameter_counts
     from hpc_hsdp.job.spec import TrainingSpec
 
-    known = {f.name.replace("_", "-"): f.name for f in fields(TrainingSpec) if f.name in ("layers", "width", "heads", "seq_len", "vocab_size")}
+    known = {
+        f.name.replace("_", "-"): f.name
+        for f in fields(TrainingSpec)
+        if f.name in ("layers", "width", "heads", "seq_len", "vocab_size")
+    }
     values: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in options.split(","))):
         key, sep, value = item.partition("=")
         name = known.get(key.strip().replace("_", "-"))
         if not sep or name is None:
-            raise SpecError(f"--model-params builtin:{options!r}: {item!r} is not KEY=VALUE with KEY one of "
-                            f"{', '.join(sorted(known))}; write e.g. builtin:layers=4,width=128")  # fmt: skip
+            raise SpecError(
+                f"--model-params builtin:{options!r}: {item!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(known))}; write e.g. builtin:layers=4,width=128"
+            )
         try:
             values[name] = int(value)
         except ValueError:
@@ -266,9 +397,13 @@ def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text)
     if tasks_per_node_text:
         counts = parse_tasks_per_node(tasks_per_node_text)
         if nodes is not None and nodes != len(counts):
-            raise SpecError(f"--nodes {nodes} but --tasks-per-node {tasks_per_node_text!r} describes {len(counts)} nodes; drop one")
+            raise SpecError(
+                f"--nodes {nodes} but --tasks-per-node {tasks_per_node_text!r} describes {len(counts)} nodes; drop one"
+            )
         if names and len(names) != len(counts):
-            raise SpecError(f"--nodelist names {len(names)} nodes but --tasks-per-node describes {len(counts)}; make them agree")
+            raise SpecError(
+                f"--nodelist names {len(names)} nodes but --tasks-per-node describes {len(counts)}; make them agree"
+            )
         return TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names)
     if nodes is None:
         nodes = len(names) or 1

@@ -44,32 +44,90 @@ def _steady_allocator() -> None:
 
 @click.command("prepare-data")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("-o", "--output", required=True, metavar="DIR",
-              help="Dataset directory to create (dataset.json, train/, val/, tokenizer/).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    metavar="DIR",
+    help="Dataset directory to create (dataset.json, train/, val/, tokenizer/).",
+)
 @click.option("--field", default=None, metavar="KEY", help="JSONL inputs: the key that holds a document's text.")
-@click.option("--tokenizer", default="byte", show_default=True, metavar="byte|PATH",
-              help="byte (UTF-8 bytes, 257 ids), or a local tokenizer.json or transformers tokenizer directory "
-                   "(never downloaded).")
-@click.option("--train-tokenizer", type=click.IntRange(min=1), default=None, metavar="VOCAB",
-              help="Train a byte-level BPE of VOCAB ids on the train split (stored in DIR/tokenizer).")
-@click.option("--eos-token", default=None, metavar="TOKEN",
-              help="--tokenizer PATH: the end-of-document token.  [default: from tokenizer_config.json or the "
-                   "vocabulary]")
-@click.option("--val-fraction", type=float, default=0.0, show_default=True,
-              help="Share of documents held out as the val split (chosen by a hash of each document).")
-@click.option("--glob", default=None, metavar="PATTERN", help="In directories, only files whose name matches, e.g. '*.txt'.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes (or tokenizer threads) that encode.  [default: the usable cores]")
-@click.option("--shard-tokens", type=click.IntRange(min=1), default=DEFAULT_SHARD_TOKENS, show_default=True,
-              help="Tokens per output shard (a shard ends at a document boundary after this many).")
-@click.option("--decode-errors", type=click.Choice(DECODE_ERRORS), default="strict", show_default=True,
-              help="Text that is not UTF-8: stop with an error, or replace the bad bytes.")
-@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-              help="Encode in worker processes, or in this process with the tokenizers library's threads.")
+@click.option(
+    "--tokenizer",
+    default="byte",
+    show_default=True,
+    metavar="byte|PATH",
+    help="byte (UTF-8 bytes, 257 ids), or a local tokenizer.json or transformers tokenizer directory "
+    "(never downloaded).",
+)
+@click.option(
+    "--train-tokenizer",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="VOCAB",
+    help="Train a byte-level BPE of VOCAB ids on the train split (stored in DIR/tokenizer).",
+)
+@click.option(
+    "--eos-token",
+    default=None,
+    metavar="TOKEN",
+    help="--tokenizer PATH: the end-of-document token.  [default: from tokenizer_config.json or the vocabulary]",
+)
+@click.option(
+    "--val-fraction",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Share of documents held out as the val split (chosen by a hash of each document).",
+)
+@click.option(
+    "--glob", default=None, metavar="PATTERN", help="In directories, only files whose name matches, e.g. '*.txt'."
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes (or tokenizer threads) that encode.  [default: the usable cores]",
+)
+@click.option(
+    "--shard-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SHARD_TOKENS,
+    show_default=True,
+    help="Tokens per output shard (a shard ends at a document boundary after this many).",
+)
+@click.option(
+    "--decode-errors",
+    type=click.Choice(DECODE_ERRORS),
+    default="strict",
+    show_default=True,
+    help="Text that is not UTF-8: stop with an error, or replace the bad bytes.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    default="auto",
+    show_default=True,
+    help="Encode in worker processes, or in this process with the tokenizers library's threads.",
+)
 @click.option("--force", is_flag=True, help="Replace DIR if it exists and is not empty.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line.")
-def prepare_data(inputs, output, field, tokenizer, train_tokenizer, eos_token, val_fraction, glob, workers,
-                 shard_tokens, decode_errors, engine, force, quiet) -> None:  # fmt: skip
+def prepare_data(
+    inputs,
+    output,
+    field,
+    tokenizer,
+    train_tokenizer,
+    eos_token,
+    val_fraction,
+    glob,
+    workers,
+    shard_tokens,
+    decode_errors,
+    engine,
+    force,
+    quiet,
+) -> None:
     """Tokenize text into a dataset of token files for `hpc-hsdp run --data DIR`.
 
     INPUT: text files (one document each), JSONL files (one document per line, with
@@ -82,10 +140,21 @@ def prepare_data(inputs, output, field, tokenizer, train_tokenizer, eos_token, v
     hpc-hsdp prepare-data dump.jsonl.gz --field text --tokenizer ./llama-tokenizer -o data/dump
     hpc-hsdp prepare-data book.txt -o data/book          # byte-level, no tokenizer needed
     """
-    spec = PrepareSpec(inputs=tuple(inputs), output=output, field=field, tokenizer=tokenizer,
-                       train_tokenizer=train_tokenizer, eos_token=eos_token, val_fraction=val_fraction, glob=glob,
-                       workers=workers or available_cores(), shard_tokens=shard_tokens, decode_errors=decode_errors,
-                       engine=engine, force=force)  # fmt: skip
+    spec = PrepareSpec(
+        inputs=tuple(inputs),
+        output=output,
+        field=field,
+        tokenizer=tokenizer,
+        train_tokenizer=train_tokenizer,
+        eos_token=eos_token,
+        val_fraction=val_fraction,
+        glob=glob,
+        workers=workers or available_cores(),
+        shard_tokens=shard_tokens,
+        decode_errors=decode_errors,
+        engine=engine,
+        force=force,
+    )
     _steady_allocator()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:

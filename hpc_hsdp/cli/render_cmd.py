@@ -15,11 +15,22 @@ from hpc_hsdp.job.render import render_sbatch
 
 @click.command()
 @job_options
-@click.option("-o", "--output", "output_path", default=None, metavar="FILE",
-              help="Write the script here (atomically, mode 0755) instead of to stdout.")
-@click.option("--mkdir/--no-mkdir", "make_log_dir", default=True, show_default=True,
-              help="With -o: create <run-dir>/logs, which sbatch needs to exist before the job starts.")
-def render(output_path, make_log_dir, **kwargs) -> None:  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    default=None,
+    metavar="FILE",
+    help="Write the script here (atomically, mode 0755) instead of to stdout.",
+)
+@click.option(
+    "--mkdir/--no-mkdir",
+    "make_log_dir",
+    default=True,
+    show_default=True,
+    help="With -o: create <run-dir>/logs, which sbatch needs to exist before the job starts.",
+)
+def render(output_path, make_log_dir, **kwargs) -> None:
     """Write the sbatch script of a job: the text `hpc-hsdp submit` sends.
 
     Every option can also come from a TOML config file (--config, $HPC_HSDP_CONFIG) and
@@ -45,4 +56,3 @@ def render(output_path, make_log_dir, **kwargs) -> None:  # fmt: skip
                 f"choose another --run-dir, or pass --no-mkdir and create it where the job runs"
             ) from None
     write_atomically(Path(output_path), text)
-

@@ -9,9 +9,13 @@ import click
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
-@click.option("-o", "--output", default=None, metavar="FILE",
-              help="report.html (one self-contained file), .png or .svg (matplotlib); default: "
-                   "<first RUN_DIR>/report.html.")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    metavar="FILE",
+    help="report.html (one self-contained file), .png or .svg (matplotlib); default: <first RUN_DIR>/report.html.",
+)
 def report(run_dirs, output) -> None:
     """Draw runs: train and eval loss against steps and tokens, tokens/s, step time, peak
     memory, inter- and intra-node bytes, each rank's own step time (ranks x steps, nodes

@@ -13,8 +13,13 @@ from hpc_hsdp.job.scheduler import CLUSTERS
 
 @click.command()
 @job_options
-@click.option("--cluster", type=click.Choice(CLUSTERS), default="auto", show_default=True,
-              help="auto: SLURM when sbatch is found and the controller answers, else the local emulator.")
+@click.option(
+    "--cluster",
+    type=click.Choice(CLUSTERS),
+    default="auto",
+    show_default=True,
+    help="auto: SLURM when sbatch is found and the controller answers, else the local emulator.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job (state, step, loss, tokens/s); exit 0 only if it succeeded.")
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
 def submit(cluster, wait, dry_run, **options) -> None:
@@ -43,11 +48,14 @@ def submit(cluster, wait, dry_run, **options) -> None:
         return
     handle, _, said = submit_spec(spec, cluster=cluster)  # from which step it resumes, and why this cluster
     click.echo(said, err=True)
-    click.echo(f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)" + (f"; at least {spec.min_nodes}: SLURM grants {spec.nodes_text}" if spec.flexible else "") + ")")
+    click.echo(
+        f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)"
+        + (f"; at least {spec.min_nodes}: SLURM grants {spec.nodes_text}" if spec.flexible else "")
+        + ")"
+    )
     click.echo(f"run directory: {spec.run.run_dir}")
     if not wait:
         run_dir = shlex.quote(spec.run.run_dir)
         click.echo(f"follow it:     hpc-hsdp status {run_dir}   |   hpc-hsdp logs {run_dir} --follow")
         return
     sys.exit(follow(handle, total_steps=spec.run.training.steps))
-

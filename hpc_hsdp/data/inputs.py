@@ -42,8 +42,9 @@ def _kind_of(path: Path) -> tuple[str, bool]:
     return ("jsonl" if stem.suffix in JSONL_SUFFIXES else "text"), compressed
 
 
-def discover_inputs(inputs: tuple[str, ...], *, glob: str | None = None, field: str | None = None,
-                    decode_errors: str = "strict") -> tuple[list[InputFile], int]:
+def discover_inputs(
+    inputs: tuple[str, ...], *, glob: str | None = None, field: str | None = None, decode_errors: str = "strict"
+) -> tuple[list[InputFile], int]:
     """The input files in order (each directory walked recursively, sorted, hidden names
     skipped), and how many empty files inside directories were left out. Raises DataError."""
     files: list[InputFile] = []
@@ -69,8 +70,7 @@ def discover_inputs(inputs: tuple[str, ...], *, glob: str | None = None, field: 
                     found += 1
             if not found:
                 what = f"no non-empty file matching {glob!r}" if glob else "no non-empty file"
-                raise DataError(f"input directory {given} holds {what}; check the path"
-                                f"{' or --glob' if glob else ''}")  # fmt: skip
+                raise DataError(f"input directory {given} holds {what}; check the path{' or --glob' if glob else ''}")
         elif path.is_file():
             if path.stat().st_size == 0:
                 raise DataError(f"input {given} is empty; leave it out")
@@ -81,8 +81,10 @@ def discover_inputs(inputs: tuple[str, ...], *, glob: str | None = None, field: 
     if jsonl and field is None:
         raise DataError(f"input {jsonl[0].path} is JSONL: say which key holds the text with --field, e.g. --field text")
     if field is not None and not jsonl:
-        raise DataError(f"--field {field} is for JSONL inputs (.jsonl, .ndjson, .gz of them) but none was given; "
-                        f"leave --field out for text files")  # fmt: skip
+        raise DataError(
+            f"--field {field} is for JSONL inputs (.jsonl, .ndjson, .gz of them) but none was given; "
+            f"leave --field out for text files"
+        )
     for file in jsonl:
         _check_first_jsonl_line(file, field)
     return files, skipped_empty
@@ -106,16 +108,19 @@ def _checked_input(path: Path, decode_errors: str) -> InputFile:
         raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise DataError(f"cannot read input {path} ({reason}); check that it is a readable"
-                        f"{' gzip' if compressed else ''} file") from None  # fmt: skip
+        raise DataError(
+            f"cannot read input {path} ({reason}); check that it is a readable{' gzip' if compressed else ''} file"
+        ) from None
     if not first:
         raise DataError(f"input {path} is empty{' after decompression' if compressed else ''}; leave it out")
     if decode_errors == "strict":
         try:
             codecs.getincrementaldecoder("utf-8")().decode(first, final=False)
         except UnicodeDecodeError as exc:
-            raise DataError(f"input {path} is not UTF-8 text (byte {exc.start} is {first[exc.start:exc.start + 1]!r}); "
-                            f"leave it out (e.g. with --glob) or pass --decode-errors replace") from None  # fmt: skip
+            raise DataError(
+                f"input {path} is not UTF-8 text (byte {exc.start} is {first[exc.start : exc.start + 1]!r}); "
+                f"leave it out (e.g. with --glob) or pass --decode-errors replace"
+            ) from None
     return file
 
 
@@ -138,12 +143,15 @@ def jsonl_text(line: bytes, key: str | None, source: str, number: int) -> str:
         raise DataError(f"{source} line {number} is not JSON ({exc}); fix the line or leave the file out") from None
     if not isinstance(record, dict) or key not in record:
         has = ", ".join(map(repr, list(record)[:8])) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
-        raise DataError(f"{source} line {number} has no {key!r} key (it has: {has}); give the key that holds the text "
-                        f"with --field")  # fmt: skip
+        raise DataError(
+            f"{source} line {number} has no {key!r} key (it has: {has}); give the key that holds the text with --field"
+        )
     text = record[key]
     if not isinstance(text, str):
-        raise DataError(f"{source} line {number}: {key!r} holds a {type(text).__name__}, not text; give the key that "
-                        f"holds the text with --field")  # fmt: skip
+        raise DataError(
+            f"{source} line {number}: {key!r} holds a {type(text).__name__}, not text; give the key that "
+            f"holds the text with --field"
+        )
     return text
 
 

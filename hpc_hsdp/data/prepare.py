@@ -99,8 +99,10 @@ class PrepareSpec:
         if not self.inputs:
             raise DataError("prepare-data needs at least one INPUT (a text or JSONL file, or a directory of them)")
         if not isinstance(self.val_fraction, (int, float)) or not 0.0 <= self.val_fraction < 1.0:
-            raise DataError(f"--val-fraction {self.val_fraction} is outside [0, 1); give the held-out share of "
-                            f"documents, e.g. --val-fraction 0.01")  # fmt: skip
+            raise DataError(
+                f"--val-fraction {self.val_fraction} is outside [0, 1); give the held-out share of "
+                f"documents, e.g. --val-fraction 0.01"
+            )
         if self.workers < 1:
             raise DataError(f"--workers {self.workers}: give at least 1")
         if self.shard_tokens < 1:
@@ -142,8 +144,15 @@ class EncodedBlock:
 class BlockEncoder:
     """Block -> EncodedBlock: decode, parse, split, tokenize (one batch per block)."""
 
-    def __init__(self, tokenizer: ByteTokenizer | HFTokenizer, *, field: str | None, val_fraction: float,
-                 decode_errors: str, dtype: str):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: ByteTokenizer | HFTokenizer,
+        *,
+        field: str | None,
+        val_fraction: float,
+        decode_errors: str,
+        dtype: str,
+    ):
         self.tokenizer = tokenizer
         self.field = field
         self.val_fraction = val_fraction
@@ -161,9 +170,11 @@ class BlockEncoder:
                 try:
                     texts.append(piece.data.decode("utf-8", errors=self.decode_errors))
                 except UnicodeDecodeError as exc:
-                    raise DataError(f"input {piece.source} is not UTF-8 text (byte {piece.start + exc.start} is "
-                                    f"{piece.data[exc.start:exc.start + 1]!r}); leave it out (e.g. with --glob) or "
-                                    f"pass --decode-errors replace") from None  # fmt: skip
+                    raise DataError(
+                        f"input {piece.source} is not UTF-8 text (byte {piece.start + exc.start} is "
+                        f"{piece.data[exc.start : exc.start + 1]!r}); leave it out (e.g. with --glob) or "
+                        f"pass --decode-errors replace"
+                    ) from None
                 vals.append(piece.val)
                 ends.append(piece.ends_document)
                 continue
@@ -205,9 +216,15 @@ class BlockEncoder:
             tokens[split] = out
             lengths[split] = np.asarray(split_lengths, dtype=np.int64)
             continues[split] = bool(chosen) and not ends[chosen[-1]]
-        return EncodedBlock(tokens=tokens, lengths=lengths, continues=continues, documents=sum(ends),
-                            empty_documents=empty, text_bytes=sum(len(p.data) for p in block.pieces),
-                            disk_bytes=block.disk_bytes)  # fmt: skip
+        return EncodedBlock(
+            tokens=tokens,
+            lengths=lengths,
+            continues=continues,
+            documents=sum(ends),
+            empty_documents=empty,
+            text_bytes=sum(len(p.data) for p in block.pieces),
+            disk_bytes=block.disk_bytes,
+        )
 
 
 _WORKER_ENCODER: BlockEncoder | None = None
@@ -233,12 +250,17 @@ def _encode_in_worker(block: Block) -> EncodedBlock:
     return _WORKER_ENCODER(block)
 
 
-def _encode_in_processes(blocks: Iterator[Block], encoder: BlockEncoder, workers: int,
-                         settings: dict[str, Any]) -> Iterator[EncodedBlock]:  # fmt: skip
+def _encode_in_processes(
+    blocks: Iterator[Block], encoder: BlockEncoder, workers: int, settings: dict[str, Any]
+) -> Iterator[EncodedBlock]:
     """Blocks encoded by ``workers`` processes, in order, at most 2 per worker in flight."""
     with _tokenizers_parallelism_off():  # the fork happens here; workers encode on one thread each
-        pool = ProcessPoolExecutor(workers, mp_context=_worker_context(), initializer=_init_worker,
-                                   initargs=(encoder.tokenizer.worker_state(), settings, os.getpid()))  # fmt: skip
+        pool = ProcessPoolExecutor(
+            workers,
+            mp_context=_worker_context(),
+            initializer=_init_worker,
+            initargs=(encoder.tokenizer.worker_state(), settings, os.getpid()),
+        )
         try:
             pool.submit(time.sleep, 0).result()  # start the workers now, inside the context
         except BaseException:
@@ -356,8 +378,17 @@ def choose_engine(spec: PrepareSpec) -> str:
 class SplitWriter:
     """One split's shards: ``DIR/<split>/00000.bin`` and on, each about ``shard_tokens``."""
 
-    def __init__(self, root: Path, split: str, *, vocab_size: int, dtype: str, eos_id: int,
-                 tokenizer: dict[str, Any], shard_tokens: int):  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        split: str,
+        *,
+        vocab_size: int,
+        dtype: str,
+        eos_id: int,
+        tokenizer: dict[str, Any],
+        shard_tokens: int,
+    ):
         self.root = root
         self.split = split
         self.vocab_size = vocab_size
@@ -393,8 +424,14 @@ class SplitWriter:
     def _open_shard(self) -> None:
         name = f"{self.split}/{len(self.shards):05d}.bin"
         (self.root / self.split).mkdir(exist_ok=True)
-        self._writer = TokenFileWriter(self.root / name, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
-                                       eos_id=self.eos_id, dtype=self.dtype, extra={"split": self.split})  # fmt: skip
+        self._writer = TokenFileWriter(
+            self.root / name,
+            vocab_size=self.vocab_size,
+            tokenizer=self.tokenizer,
+            eos_id=self.eos_id,
+            dtype=self.dtype,
+            extra={"split": self.split},
+        )
         self.shards.append(name)
 
     def _finish_shard(self) -> None:
@@ -420,11 +457,14 @@ def _check_output(spec: PrepareSpec, files: list[InputFile]) -> Path:
         raise DataError(f"-o {spec.output} is a file; give a directory to create")
     if output.is_dir() and any(output.iterdir()):
         if not spec.force:
-            raise DataError(f"-o {spec.output} exists and is not empty; choose a new directory, or add --force to "
-                            f"replace it")  # fmt: skip
+            raise DataError(
+                f"-o {spec.output} exists and is not empty; choose a new directory, or add --force to replace it"
+            )
         if not (output / DATASET_MANIFEST).is_file():
-            raise DataError(f"-o {spec.output} is not a dataset written by prepare-data (no {DATASET_MANIFEST}); "
-                            f"--force replaces only those: choose a new directory")  # fmt: skip
+            raise DataError(
+                f"-o {spec.output} is not a dataset written by prepare-data (no {DATASET_MANIFEST}); "
+                f"--force replaces only those: choose a new directory"
+            )
     resolved = output.resolve()
     for given in spec.inputs:
         folder = Path(given).resolve()
@@ -478,13 +518,18 @@ class PrepareResult:
     seconds: float
 
     def summary(self) -> str:
-        splits = "; ".join(f"{split} {self.num_tokens[split]:,} tokens in {self.num_documents[split]:,} documents "
-                           f"({len(self.shards[split])} shard{'s' * (len(self.shards[split]) != 1)})"
-                           for split in SPLITS if self.shards[split])  # fmt: skip
+        splits = "; ".join(
+            f"{split} {self.num_tokens[split]:,} tokens in {self.num_documents[split]:,} documents "
+            f"({len(self.shards[split])} shard{'s' * (len(self.shards[split]) != 1)})"
+            for split in SPLITS
+            if self.shards[split]
+        )
         rate = sum(self.num_tokens.values()) / max(self.seconds, 1e-9)
-        return (f"wrote {self.output}: {splits}; tokenizer {self.tokenizer.get('kind')} ({self.vocab_size} ids, "
-                f"{self.dtype}); {self.input_files} input files, {human_bytes(self.text_bytes)} of text in "
-                f"{self.seconds:.1f} s ({human_count(rate)} tokens/s)")  # fmt: skip
+        return (
+            f"wrote {self.output}: {splits}; tokenizer {self.tokenizer.get('kind')} ({self.vocab_size} ids, "
+            f"{self.dtype}); {self.input_files} input files, {human_bytes(self.text_bytes)} of text in "
+            f"{self.seconds:.1f} s ({human_count(rate)} tokens/s)"
+        )
 
 
 def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes: int = BLOCK_BYTES) -> PrepareResult:
@@ -492,8 +537,9 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     check up front; on any later failure the half-built directory is removed."""
     began = time.monotonic()
     progress = progress or Progress(enabled=False)
-    files, skipped_empty = discover_inputs(spec.inputs, glob=spec.glob, field=spec.field,
-                                           decode_errors=spec.decode_errors)
+    files, skipped_empty = discover_inputs(
+        spec.inputs, glob=spec.glob, field=spec.field, decode_errors=spec.decode_errors
+    )
     tokenizer: ByteTokenizer | HFTokenizer | None = None
     if spec.train_tokenizer is not None:
         if spec.eos_token is not None:
@@ -524,11 +570,24 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             copy_tokenizer_files(spec.tokenizer, tmp / TOKENIZER_DIR)
         description = tokenizer.description()
         dtype = token_dtype_for(tokenizer.vocab_size)
-        writers = {split: SplitWriter(tmp, split, vocab_size=tokenizer.vocab_size, dtype=dtype,
-                                      eos_id=tokenizer.eos_id, tokenizer=description, shard_tokens=spec.shard_tokens)
-                   for split in SPLITS}  # fmt: skip
-        settings = {"field": spec.field, "val_fraction": spec.val_fraction, "decode_errors": spec.decode_errors,
-                    "dtype": dtype}  # fmt: skip
+        writers = {
+            split: SplitWriter(
+                tmp,
+                split,
+                vocab_size=tokenizer.vocab_size,
+                dtype=dtype,
+                eos_id=tokenizer.eos_id,
+                tokenizer=description,
+                shard_tokens=spec.shard_tokens,
+            )
+            for split in SPLITS
+        }
+        settings = {
+            "field": spec.field,
+            "val_fraction": spec.val_fraction,
+            "decode_errors": spec.decode_errors,
+            "dtype": dtype,
+        }
         encoder = BlockEncoder(tokenizer, **settings)
         blocks = iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)
         if engine == "processes":
@@ -550,22 +609,36 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             writer.close()
         progress.finish()
         if not writers["train"].num_documents:
-            raise DataError(f"no document went to the train split ({writers['val'].num_documents} went to val); "
-                            f"lower --val-fraction or give more input")  # fmt: skip
+            raise DataError(
+                f"no document went to the train split ({writers['val'].num_documents} went to val); "
+                f"lower --val-fraction or give more input"
+            )
         if spec.val_fraction > 0 and not writers["val"].num_documents:
-            raise DataError(f"--val-fraction {spec.val_fraction} chose none of the {writers['train'].num_documents} "
-                            f"documents for the val split; raise it or give more documents")  # fmt: skip
+            raise DataError(
+                f"--val-fraction {spec.val_fraction} chose none of the {writers['train'].num_documents} "
+                f"documents for the val split; raise it or give more documents"
+            )
         shards = {split: writers[split].shards for split in SPLITS}
         num_tokens = {split: writers[split].num_tokens for split in SPLITS}
         num_documents = {split: writers[split].num_documents for split in SPLITS}
         from hpc_hsdp import __version__
 
-        write_dataset_manifest(tmp, vocab_size=tokenizer.vocab_size, dtype=dtype, tokenizer=description,
-                               splits={split: names for split, names in shards.items() if names},
-                               extra={"eos_id": tokenizer.eos_id, "num_tokens": num_tokens,
-                                      "num_documents": num_documents, "val_fraction": spec.val_fraction,
-                                      "inputs": list(spec.inputs), "input_files": len(files),
-                                      "created_by": f"hpc-hsdp {__version__} prepare-data"})  # fmt: skip
+        write_dataset_manifest(
+            tmp,
+            vocab_size=tokenizer.vocab_size,
+            dtype=dtype,
+            tokenizer=description,
+            splits={split: names for split, names in shards.items() if names},
+            extra={
+                "eos_id": tokenizer.eos_id,
+                "num_tokens": num_tokens,
+                "num_documents": num_documents,
+                "val_fraction": spec.val_fraction,
+                "inputs": list(spec.inputs),
+                "input_files": len(files),
+                "created_by": f"hpc-hsdp {__version__} prepare-data",
+            },
+        )
         _publish(tmp, output)
         published = True
     finally:
@@ -575,16 +648,33 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             for writer in writers.values():
                 writer.abort()
             shutil.rmtree(tmp, ignore_errors=True)
-    return PrepareResult(output=output, tokenizer=description, vocab_size=tokenizer.vocab_size, dtype=dtype,
-                         num_tokens=num_tokens, num_documents=num_documents, shards=shards, input_files=len(files),
-                         input_bytes=total_disk, text_bytes=text_bytes, empty_documents=empty_documents,
-                         skipped_empty_files=skipped_empty, engine=engine, seconds=time.monotonic() - began)  # fmt: skip
+    return PrepareResult(
+        output=output,
+        tokenizer=description,
+        vocab_size=tokenizer.vocab_size,
+        dtype=dtype,
+        num_tokens=num_tokens,
+        num_documents=num_documents,
+        shards=shards,
+        input_files=len(files),
+        input_bytes=total_disk,
+        text_bytes=text_bytes,
+        empty_documents=empty_documents,
+        skipped_empty_files=skipped_empty,
+        engine=engine,
+        seconds=time.monotonic() - began,
+    )
 
 
 def _training_texts(files: list[InputFile], spec: PrepareSpec, progress: Progress, block_bytes: int) -> Iterator[str]:
     """The train split's texts, streamed, for training the tokenizer."""
-    parser = BlockEncoder(ByteTokenizer(), field=spec.field, val_fraction=spec.val_fraction,
-                          decode_errors=spec.decode_errors, dtype="uint16")  # fmt: skip
+    parser = BlockEncoder(
+        ByteTokenizer(),
+        field=spec.field,
+        val_fraction=spec.val_fraction,
+        decode_errors=spec.decode_errors,
+        dtype="uint16",
+    )
     for block in _prefetched(iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)):
         texts, vals, _, _ = parser.documents(block)
         progress.update(disk_bytes=block.disk_bytes, text_bytes=sum(len(p.data) for p in block.pieces))

@@ -53,8 +53,10 @@ class Progress:
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.began, 1e-9)
         share = f"{100 * self.disk / self.total:3.0f}% " if self.total else ""
-        text = f"{self.phase}: {share}{human_bytes(self.disk)}/{human_bytes(self.total)}, " \
-               f"{human_bytes(self.text / elapsed)}/s of text"
+        text = (
+            f"{self.phase}: {share}{human_bytes(self.disk)}/{human_bytes(self.total)}, "
+            f"{human_bytes(self.text / elapsed)}/s of text"
+        )
         if self.tokens:
             text += f", {human_count(self.tokens / elapsed)} tokens/s, {human_count(self.tokens)} tokens"
         return f"{text}, {elapsed:.1f} s"

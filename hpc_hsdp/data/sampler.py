@@ -137,8 +137,10 @@ class BatchLayout:
     def __post_init__(self) -> None:
         per_step = self.world_size * self.grad_accum
         if self.global_batch < 1 or self.world_size < 1 or self.grad_accum < 1 or self.global_batch % per_step:
-            raise ValueError(f"global batch {self.global_batch} does not split over {self.world_size} ranks x "
-                             f"{self.grad_accum} micro-batches")  # fmt: skip
+            raise ValueError(
+                f"global batch {self.global_batch} does not split over {self.world_size} ranks x "
+                f"{self.grad_accum} micro-batches"
+            )
 
     @property
     def rank_batch(self) -> int:

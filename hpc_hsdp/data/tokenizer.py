@@ -48,8 +48,12 @@ class ByteTokenizer:
     eos_id = BYTE_EOS_ID
 
     def description(self) -> dict[str, Any]:
-        return {"kind": BYTE, "vocab_size": BYTE_VOCAB_SIZE, "eos_id": BYTE_EOS_ID,
-                "about": "UTF-8 bytes as ids 0-255; 256 ends a document"}  # fmt: skip
+        return {
+            "kind": BYTE,
+            "vocab_size": BYTE_VOCAB_SIZE,
+            "eos_id": BYTE_EOS_ID,
+            "about": "UTF-8 bytes as ids 0-255; 256 ends a document",
+        }
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
@@ -69,8 +73,10 @@ class HFTokenizer:
         self._tokenizer = tokenizer
         eos_id = tokenizer.token_to_id(eos_token)
         if eos_id is None:
-            raise DataError(f"end-of-document token {eos_token!r} is not in the tokenizer's vocabulary; give one it "
-                            f"has with --eos-token")  # fmt: skip
+            raise DataError(
+                f"end-of-document token {eos_token!r} is not in the tokenizer's vocabulary; give one it "
+                f"has with --eos-token"
+            )
         self.eos_token = eos_token
         self.eos_id: int = eos_id
         vocab = tokenizer.get_vocab(with_added_tokens=True)
@@ -114,8 +120,10 @@ def require_tokenizers(why: str):
     try:
         import tokenizers
     except ImportError:
-        raise DataError(f"{why} needs the `tokenizers` library, which is not installed; install it with "
-                        f"pip install 'hpc-hsdp[data]', or use --tokenizer byte") from None  # fmt: skip
+        raise DataError(
+            f"{why} needs the `tokenizers` library, which is not installed; install it with "
+            f"pip install 'hpc-hsdp[data]', or use --tokenizer byte"
+        ) from None
     return tokenizers
 
 
@@ -130,19 +138,31 @@ def tokenizer_json_of(path_text: str) -> Path:
         candidate = path / TOKENIZER_FILE
         if not candidate.is_file():
             slow = [p.name for p in path.iterdir() if p.suffix in (".model", ".vocab") or p.name == "vocab.json"]
-            hint = (f" (it has {', '.join(sorted(slow))}: a slow tokenizer; save it as tokenizer.json with "
-                    f"transformers' AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))") if slow else ""  # fmt: skip
-            raise DataError(f"--tokenizer {path_text}: the directory has no {TOKENIZER_FILE}{hint}; give a "
-                            f"directory with a tokenizer.json, the file itself, or --tokenizer byte")  # fmt: skip
+            hint = (
+                (
+                    f" (it has {', '.join(sorted(slow))}: a slow tokenizer; save it as tokenizer.json with "
+                    f"transformers' AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
+                )
+                if slow
+                else ""
+            )
+            raise DataError(
+                f"--tokenizer {path_text}: the directory has no {TOKENIZER_FILE}{hint}; give a "
+                f"directory with a tokenizer.json, the file itself, or --tokenizer byte"
+            )
         return candidate
     if path.is_file():
         return path
     if not path_text.startswith((".", "/", "~")) and _HUB_NAME.match(path_text) and not path.suffix == ".json":
-        raise DataError(f"--tokenizer {path_text}: no such file or directory, and prepare-data never downloads "
-                        f"from the Hugging Face Hub; download it first (huggingface-cli download {path_text} "
-                        f"--local-dir DIR) and give DIR")  # fmt: skip
-    raise DataError(f"--tokenizer {path_text}: no such file or directory; give a tokenizer.json, a tokenizer "
-                    f"directory, or --tokenizer byte")  # fmt: skip
+        raise DataError(
+            f"--tokenizer {path_text}: no such file or directory, and prepare-data never downloads "
+            f"from the Hugging Face Hub; download it first (huggingface-cli download {path_text} "
+            f"--local-dir DIR) and give DIR"
+        )
+    raise DataError(
+        f"--tokenizer {path_text}: no such file or directory; give a tokenizer.json, a tokenizer "
+        f"directory, or --tokenizer byte"
+    )
 
 
 def _eos_from_config(directory: Path) -> str | None:
@@ -182,15 +202,23 @@ def load_tokenizer_file(path_text: str, *, eos_token: str | None = None) -> HFTo
         tokenizer = tokenizers.Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises its own exception types
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"--tokenizer {path_text}: {file} is not a tokenizers file ({first_line}); give a "
-                        f"tokenizer.json saved by the tokenizers or transformers library") from None  # fmt: skip
+        raise DataError(
+            f"--tokenizer {path_text}: {file} is not a tokenizers file ({first_line}); give a "
+            f"tokenizer.json saved by the tokenizers or transformers library"
+        ) from None
     eos = eos_token or _eos_from_config(file.parent) or _eos_from_vocabulary(tokenizer)
     if eos is None:
-        raise DataError(f"--tokenizer {path_text}: found no end-of-document token (tried tokenizer_config.json and "
-                        f"{', '.join(KNOWN_EOS_TOKENS)}); name it with --eos-token TOKEN")  # fmt: skip
+        raise DataError(
+            f"--tokenizer {path_text}: found no end-of-document token (tried tokenizer_config.json and "
+            f"{', '.join(KNOWN_EOS_TOKENS)}); name it with --eos-token TOKEN"
+        )
     digest = hashlib.sha256(file.read_bytes()).hexdigest()
-    description = {"kind": "tokenizers", "source": str(file.resolve()), "sha256": digest,
-                   "path": f"{TOKENIZER_DIR}/{TOKENIZER_FILE}"}  # fmt: skip
+    description = {
+        "kind": "tokenizers",
+        "source": str(file.resolve()),
+        "sha256": digest,
+        "path": f"{TOKENIZER_DIR}/{TOKENIZER_FILE}",
+    }
     return HFTokenizer(tokenizer, eos_token=eos, description=description)
 
 
@@ -209,9 +237,11 @@ def copy_tokenizer_files(path_text: str, destination: Path) -> None:
 
 def check_trained_vocab(vocab_size: int) -> None:
     if not MIN_TRAINED_VOCAB <= vocab_size <= MAX_TRAINED_VOCAB:
-        raise DataError(f"--train-tokenizer {vocab_size}: a byte-level BPE needs {MIN_TRAINED_VOCAB} to "
-                        f"{MAX_TRAINED_VOCAB} ids (256 bytes, the end-of-document token, merges); give e.g. "
-                        f"--train-tokenizer 8192")  # fmt: skip
+        raise DataError(
+            f"--train-tokenizer {vocab_size}: a byte-level BPE needs {MIN_TRAINED_VOCAB} to "
+            f"{MAX_TRAINED_VOCAB} ids (256 bytes, the end-of-document token, merges); give e.g. "
+            f"--train-tokenizer 8192"
+        )
 
 
 def train_bpe(texts: Iterable[str], *, vocab_size: int) -> HFTokenizer:
@@ -224,11 +254,19 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int) -> HFTokenizer:
     tokenizer = tokenizers.Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BPE_EOS_TOKEN], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS_TOKEN],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
-    description = {"kind": "bpe-trained", "path": f"{TOKENIZER_DIR}/{TOKENIZER_FILE}", "requested_vocab": vocab_size,
-                   "about": "byte-level BPE trained by prepare-data on the train split"}  # fmt: skip
+    description = {
+        "kind": "bpe-trained",
+        "path": f"{TOKENIZER_DIR}/{TOKENIZER_FILE}",
+        "requested_vocab": vocab_size,
+        "about": "byte-level BPE trained by prepare-data on the train split",
+    }
     return HFTokenizer(tokenizer, eos_token=BPE_EOS_TOKEN, description=description)
 
 
@@ -244,9 +282,11 @@ def load_dataset_tokenizer(description: dict[str, Any], base: str | os.PathLike)
     if kind in ("tokenizers", "bpe-trained") and description.get("path"):
         file = Path(base) / description["path"]
         if not file.is_file():
-            raise DataError(f"the dataset's tokenizer {file} is missing; copy the dataset's tokenizer/ directory "
-                            f"with it")  # fmt: skip
+            raise DataError(
+                f"the dataset's tokenizer {file} is missing; copy the dataset's tokenizer/ directory with it"
+            )
         tokenizers = require_tokenizers("decoding this dataset")
-        return HFTokenizer(tokenizers.Tokenizer.from_file(str(file)), eos_token=description["eos_token"],
-                           description=description)  # fmt: skip
+        return HFTokenizer(
+            tokenizers.Tokenizer.from_file(str(file)), eos_token=description["eos_token"], description=description
+        )
     raise DataError(f"cannot rebuild a tokenizer from {description!r}; it was not written by prepare-data")

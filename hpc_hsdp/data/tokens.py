@@ -108,12 +108,16 @@ def _load_json(path: Path, what: str) -> dict[str, Any]:
 
 def _check_format(data: dict[str, Any], path: Path, expected: str) -> None:
     if data.get("format") != expected:
-        raise DataError(f"{path} has format {data.get('format')!r}, not {expected!r}: it is not an hpc-hsdp "
-                        f"{'token sidecar' if expected == TOKEN_FORMAT else 'dataset manifest'}; {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"{path} has format {data.get('format')!r}, not {expected!r}: it is not an hpc-hsdp "
+            f"{'token sidecar' if expected == TOKEN_FORMAT else 'dataset manifest'}; {_PREPARE_HINT}"
+        )
     version = data.get("version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise DataError(f"{path} has format version {version!r}; this hpc-hsdp reads version {FORMAT_VERSION}: "
-                        f"upgrade hpc-hsdp or {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"{path} has format version {version!r}; this hpc-hsdp reads version {FORMAT_VERSION}: "
+            f"upgrade hpc-hsdp or {_PREPARE_HINT}"
+        )
 
 
 def _int_field(data: dict[str, Any], key: str, path: Path, *, minimum: int = 0, optional: bool = False) -> int | None:
@@ -132,9 +136,11 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
     if not bin_path.is_file():
         raise DataError(f"token file {bin_path} does not exist; check the path, or {_PREPARE_HINT}")
     if not side.is_file():
-        raise DataError(f"token file {bin_path} has no sidecar {side.name} beside it (dtype, vocabulary, tokenizer); "
-                        f"write the data with `hpc-hsdp prepare-data`, or write the sidecar as "
-                        f"hpc_hsdp.data.tokens.write_token_file does")  # fmt: skip
+        raise DataError(
+            f"token file {bin_path} has no sidecar {side.name} beside it (dtype, vocabulary, tokenizer); "
+            f"write the data with `hpc-hsdp prepare-data`, or write the sidecar as "
+            f"hpc_hsdp.data.tokens.write_token_file does"
+        )
     meta = _load_json(side, "token sidecar")
     _check_format(meta, side, TOKEN_FORMAT)
     missing = [key for key in _REQUIRED_SIDECAR_KEYS if key not in meta]
@@ -149,23 +155,33 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
     max_token_id = _int_field(meta, "max_token_id", side)
     eos_id = _int_field(meta, "eos_id", side, optional=True)
     if dtype == "uint16" and vocab_size > UINT16_VOCAB_LIMIT:
-        raise DataError(f"{side}: dtype uint16 cannot hold the ids of vocab_size {vocab_size} (> 65536); the sidecar "
-                        f"disagrees with the data: {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"{side}: dtype uint16 cannot hold the ids of vocab_size {vocab_size} (> 65536); the sidecar "
+            f"disagrees with the data: {_PREPARE_HINT}"
+        )
     itemsize = TOKEN_DTYPES[dtype].itemsize
     size = bin_path.stat().st_size
     if size == 0 or num_tokens == 0:
-        raise DataError(f"token file {bin_path} is empty ({size} bytes, num_tokens {num_tokens}); prepare it from "
-                        f"input that holds text")  # fmt: skip
+        raise DataError(
+            f"token file {bin_path} is empty ({size} bytes, num_tokens {num_tokens}); prepare it from "
+            f"input that holds text"
+        )
     if size % itemsize:
-        raise DataError(f"token file {bin_path} is {size} bytes, not a whole number of {dtype} tokens ({itemsize} "
-                        f"bytes each): it is truncated or not a token file; {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"token file {bin_path} is {size} bytes, not a whole number of {dtype} tokens ({itemsize} "
+            f"bytes each): it is truncated or not a token file; {_PREPARE_HINT}"
+        )
     if size // itemsize != num_tokens:
-        raise DataError(f"token file {bin_path} holds {size // itemsize} {dtype} tokens but its sidecar says "
-                        f"num_tokens {num_tokens}: file and sidecar disagree (a truncated copy, or the sidecar of "
-                        f"another file); {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"token file {bin_path} holds {size // itemsize} {dtype} tokens but its sidecar says "
+            f"num_tokens {num_tokens}: file and sidecar disagree (a truncated copy, or the sidecar of "
+            f"another file); {_PREPARE_HINT}"
+        )
     if max_token_id >= vocab_size:
-        raise DataError(f"{side}: max_token_id {max_token_id} >= vocab_size {vocab_size}; the sidecar contradicts "
-                        f"itself: {_PREPARE_HINT}")  # fmt: skip
+        raise DataError(
+            f"{side}: max_token_id {max_token_id} >= vocab_size {vocab_size}; the sidecar contradicts "
+            f"itself: {_PREPARE_HINT}"
+        )
     if eos_id is not None and eos_id >= vocab_size:
         raise DataError(f"{side}: eos_id {eos_id} >= vocab_size {vocab_size}; {_PREPARE_HINT}")
     tokenizer = meta.get("tokenizer") or {}
@@ -178,11 +194,21 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
         actual = index.stat().st_size if index.is_file() else None
         if actual != expected:
             found = "is missing" if actual is None else f"is {actual} bytes"
-            raise DataError(f"document index {index} {found}, expected {expected} bytes for {num_documents} "
-                            f"documents; {_PREPARE_HINT}")  # fmt: skip
-    return TokenFile(path=bin_path, dtype=dtype, vocab_size=vocab_size, num_tokens=num_tokens,
-                     num_documents=num_documents, eos_id=eos_id, max_token_id=max_token_id, tokenizer=tokenizer,
-                     document_index=index)  # fmt: skip
+            raise DataError(
+                f"document index {index} {found}, expected {expected} bytes for {num_documents} "
+                f"documents; {_PREPARE_HINT}"
+            )
+    return TokenFile(
+        path=bin_path,
+        dtype=dtype,
+        vocab_size=vocab_size,
+        num_tokens=num_tokens,
+        num_documents=num_documents,
+        eos_id=eos_id,
+        max_token_id=max_token_id,
+        tokenizer=tokenizer,
+        document_index=index,
+    )
 
 
 # ---------------------------------------------------------------------------- a dataset (split)
@@ -197,17 +223,26 @@ class TokenDataset:
     background thread or process.
     """
 
-    def __init__(self, *, path: str, split: str, files: Sequence[TokenFile], tokenizer: dict[str, Any] | None = None,
-                 tokenizer_base: Path | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        path: str,
+        split: str,
+        files: Sequence[TokenFile],
+        tokenizer: dict[str, Any] | None = None,
+        tokenizer_base: Path | None = None,
+    ):
         if not files:
             raise DataError(f"{path}: the {split!r} split has no token files; {_PREPARE_HINT}")
         first = files[0]
         for other in files[1:]:
             for key in ("dtype", "vocab_size", "eos_id"):
                 if getattr(other, key) != getattr(first, key):
-                    raise DataError(f"{path}: shards disagree on {key} ({first.path.name}: {getattr(first, key)!r}, "
-                                    f"{other.path.name}: {getattr(other, key)!r}); shards of one dataset come from "
-                                    f"one tokenizer: {_PREPARE_HINT}")  # fmt: skip
+                    raise DataError(
+                        f"{path}: shards disagree on {key} ({first.path.name}: {getattr(first, key)!r}, "
+                        f"{other.path.name}: {getattr(other, key)!r}); shards of one dataset come from "
+                        f"one tokenizer: {_PREPARE_HINT}"
+                    )
         self.path = path
         self.split = split
         self.files = tuple(files)
@@ -224,8 +259,10 @@ class TokenDataset:
         self._maps: list[np.ndarray] | None = None
 
     def __repr__(self) -> str:
-        return (f"TokenDataset({self.path!r}, split={self.split!r}, num_tokens={self.num_tokens}, "
-                f"shards={len(self.files)}, dtype={self.dtype.name}, vocab_size={self.vocab_size})")  # fmt: skip
+        return (
+            f"TokenDataset({self.path!r}, split={self.split!r}, num_tokens={self.num_tokens}, "
+            f"shards={len(self.files)}, dtype={self.dtype.name}, vocab_size={self.vocab_size})"
+        )
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -276,12 +313,16 @@ def open_dataset(path: str | os.PathLike, split: str = "train") -> TokenDataset:
     elif path.is_file() and path.suffix == ".json" and path.with_suffix(".bin").is_file():
         path = path.with_suffix(".bin")
     if not path.exists():
-        raise DataError(f"token data {given} does not exist; give a directory written by `hpc-hsdp prepare-data` "
-                        f"or a .bin token file")  # fmt: skip
+        raise DataError(
+            f"token data {given} does not exist; give a directory written by `hpc-hsdp prepare-data` "
+            f"or a .bin token file"
+        )
     if path.is_file():
         if path.suffix != ".bin":
-            raise DataError(f"token data {given} is neither a .bin token file nor a dataset directory; give a "
-                            f"directory written by `hpc-hsdp prepare-data` or a .bin file with its .json sidecar")  # fmt: skip
+            raise DataError(
+                f"token data {given} is neither a .bin token file nor a dataset directory; give a "
+                f"directory written by `hpc-hsdp prepare-data` or a .bin file with its .json sidecar"
+            )
         return TokenDataset(path=given, split=split, files=[read_token_file(path)])
     manifest = path / DATASET_MANIFEST
     if manifest.is_file():
@@ -290,8 +331,10 @@ def open_dataset(path: str | os.PathLike, split: str = "train") -> TokenDataset:
     if shards:
         return TokenDataset(path=given, split=split, files=[read_token_file(p) for p in shards])
     hint = " (an unfinished prepare-data run?)" if ".tmp-" in path.name else ""
-    raise DataError(f"token data {given} is a directory with neither {DATASET_MANIFEST} nor .bin files{hint}; give "
-                    f"a directory written by `hpc-hsdp prepare-data` or a .bin token file")  # fmt: skip
+    raise DataError(
+        f"token data {given} is a directory with neither {DATASET_MANIFEST} nor .bin files{hint}; give "
+        f"a directory written by `hpc-hsdp prepare-data` or a .bin token file"
+    )
 
 
 def _open_manifest(given: str, root: Path, manifest: Path, split: str) -> TokenDataset:
@@ -302,8 +345,7 @@ def _open_manifest(given: str, root: Path, manifest: Path, split: str) -> TokenD
         raise DataError(f"{manifest}: 'splits' must map split names to lists of .bin paths; {_PREPARE_HINT}")
     if not splits.get(split):
         have = ", ".join(sorted(name for name, files in splits.items() if files)) or "none"
-        fix = ("prepare it with --val-fraction (e.g. 0.01), or give --val-data" if split == "val"
-               else _PREPARE_HINT)  # fmt: skip
+        fix = "prepare it with --val-fraction (e.g. 0.01), or give --val-data" if split == "val" else _PREPARE_HINT
         raise DataError(f"dataset {given} has no {split!r} split (it has: {have}); {fix}")
     files = []
     for relative in splits[split]:
@@ -313,8 +355,10 @@ def _open_manifest(given: str, root: Path, manifest: Path, split: str) -> TokenD
         files.append(read_token_file(bin_path))
     for key in ("dtype", "vocab_size"):
         if key in data and data[key] != getattr(files[0], key):
-            raise DataError(f"{manifest} says {key} {data[key]!r} but shard {files[0].path.name} says "
-                            f"{getattr(files[0], key)!r}: manifest and shards disagree; {_PREPARE_HINT}")  # fmt: skip
+            raise DataError(
+                f"{manifest} says {key} {data[key]!r} but shard {files[0].path.name} says "
+                f"{getattr(files[0], key)!r}: manifest and shards disagree; {_PREPARE_HINT}"
+            )
     tokenizer = data.get("tokenizer")
     if not isinstance(tokenizer, dict):
         return TokenDataset(path=given, split=split, files=files)
@@ -327,26 +371,31 @@ def check_for_training(ds: TokenDataset, *, model_vocab_size: int | None, seq_le
     ``model_vocab_size`` None: not known yet (before submitting); only the size is checked."""
     what = f"token data {ds.path}" + (f" ({ds.split} split)" if ds.split != "train" else "")
     if model_vocab_size is not None and ds.max_token_id >= model_vocab_size:
-        raise DataError(f"{what} holds token id {ds.max_token_id} but the model's vocabulary has {model_vocab_size} "
-                        f"ids (0..{model_vocab_size - 1}); use a model with at least {ds.max_token_id + 1} ids, or "
-                        f"prepare the data with the model's tokenizer")  # fmt: skip
+        raise DataError(
+            f"{what} holds token id {ds.max_token_id} but the model's vocabulary has {model_vocab_size} "
+            f"ids (0..{model_vocab_size - 1}); use a model with at least {ds.max_token_id + 1} ids, or "
+            f"prepare the data with the model's tokenizer"
+        )
     samples = num_samples(ds.num_tokens, seq_len)
     if samples < global_batch:
         need = global_batch * seq_len + 1
-        raise DataError(f"{what} has {ds.num_tokens} tokens: {samples} samples of --seq-len {seq_len}, fewer than one "
-                        f"global batch of {global_batch} (needs {need} tokens); use more data, a smaller --seq-len, "
-                        f"or a smaller batch")  # fmt: skip
+        raise DataError(
+            f"{what} has {ds.num_tokens} tokens: {samples} samples of --seq-len {seq_len}, fewer than one "
+            f"global batch of {global_batch} (needs {need} tokens); use more data, a smaller --seq-len, "
+            f"or a smaller batch"
+        )
 
 
 def check_for_eval(ds: TokenDataset, *, model_vocab_size: int | None, seq_len: int) -> None:
     """Before step 1: the held-out data's token ids fit the model's embedding and it holds
     at least one sample. Raises :class:`DataError`; ``model_vocab_size`` as above."""
     if model_vocab_size is not None and ds.max_token_id is not None and ds.max_token_id >= model_vocab_size:
-        raise DataError(f"the held-out data has token id {ds.max_token_id}, not below the model's vocabulary "
-                        f"of {model_vocab_size}; prepare it with the training data's tokenizer")  # fmt: skip
+        raise DataError(
+            f"the held-out data has token id {ds.max_token_id}, not below the model's vocabulary "
+            f"of {model_vocab_size}; prepare it with the training data's tokenizer"
+        )
     if num_samples(ds.num_tokens, seq_len) < 1:
-        raise DataError(f"the held-out data ({ds.num_tokens} tokens) holds no sample of --seq-len "
-                        f"{seq_len} + 1 tokens")  # fmt: skip
+        raise DataError(f"the held-out data ({ds.num_tokens} tokens) holds no sample of --seq-len {seq_len} + 1 tokens")
 
 
 def open_eval_dataset(data: str | os.PathLike, val_data: str | os.PathLike | None = None) -> TokenDataset:
@@ -356,8 +405,10 @@ def open_eval_dataset(data: str | os.PathLike, val_data: str | os.PathLike | Non
     if val_data is not None:
         return open_dataset(val_data, split="val")
     if Path(data).is_file():
-        raise DataError(f"--data {data} is one token file with no held-out split; give --val-data, or prepare a "
-                        f"dataset directory with --val-fraction")  # fmt: skip
+        raise DataError(
+            f"--data {data} is one token file with no held-out split; give --val-data, or prepare a "
+            f"dataset directory with --val-fraction"
+        )
     return open_dataset(data, split="val")
 
 
@@ -369,8 +420,16 @@ class TokenFileWriter:
     renames both into place and writes the sidecar last, so a token file with a sidecar
     is always complete. Used by ``prepare-data`` (one writer per shard) and by tests."""
 
-    def __init__(self, path: str | os.PathLike, *, vocab_size: int, tokenizer: dict[str, Any] | None = None,
-                 eos_id: int | None = None, dtype: str | None = None, extra: dict[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        vocab_size: int,
+        tokenizer: dict[str, Any] | None = None,
+        eos_id: int | None = None,
+        dtype: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ):
         self.path = Path(path)
         if self.path.suffix != ".bin":
             raise ValueError(f"a token file is named NAME.bin, got {self.path}")
@@ -401,17 +460,22 @@ class TokenFileWriter:
         chunk (the first may have begun in an earlier chunk). With ``continues``, the tokens
         after the last of them begin a document that a later chunk (or ``close``) ends."""
         tokens = np.asarray(tokens)
-        lengths = np.asarray(list(document_lengths) if not isinstance(document_lengths, np.ndarray)
-                             else document_lengths, dtype=np.int64)  # fmt: skip
+        lengths = np.asarray(
+            list(document_lengths) if not isinstance(document_lengths, np.ndarray) else document_lengths, dtype=np.int64
+        )
         covered = int(lengths.sum())
         if (lengths < 0).any() or covered > tokens.size or (covered != tokens.size and not continues):
-            raise ValueError(f"document lengths sum to {covered}, not to the {tokens.size} tokens given "
-                             f"(pass continues=True for a document that goes on)")  # fmt: skip
+            raise ValueError(
+                f"document lengths sum to {covered}, not to the {tokens.size} tokens given "
+                f"(pass continues=True for a document that goes on)"
+            )
         if tokens.size:
             low, high = int(tokens.min()), int(tokens.max())
             if low < 0 or high >= self.vocab_size:
-                raise ValueError(f"token id {high if high >= self.vocab_size else low} outside the vocabulary "
-                                 f"0..{self.vocab_size - 1}")  # fmt: skip
+                raise ValueError(
+                    f"token id {high if high >= self.vocab_size else low} outside the vocabulary "
+                    f"0..{self.vocab_size - 1}"
+                )
             self.max_token_id = max(self.max_token_id, high)
             self._bin.write(tokens.astype(TOKEN_DTYPES[self.dtype], copy=False).tobytes())
         if lengths.size:
@@ -442,15 +506,31 @@ class TokenFileWriter:
         index = self.path.with_suffix(".idx")
         os.replace(self._bin_tmp, self.path)
         os.replace(self._idx_tmp, index)
-        sidecar = {"format": TOKEN_FORMAT, "version": FORMAT_VERSION, "dtype": self.dtype,
-                   "vocab_size": self.vocab_size, "num_tokens": self.num_tokens,
-                   "num_documents": self.num_documents, "eos_id": self.eos_id,
-                   "max_token_id": max(self.max_token_id, 0), "tokenizer": self.tokenizer,
-                   "document_index": index.name, **self.extra}  # fmt: skip
+        sidecar = {
+            "format": TOKEN_FORMAT,
+            "version": FORMAT_VERSION,
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "num_tokens": self.num_tokens,
+            "num_documents": self.num_documents,
+            "eos_id": self.eos_id,
+            "max_token_id": max(self.max_token_id, 0),
+            "tokenizer": self.tokenizer,
+            "document_index": index.name,
+            **self.extra,
+        }
         write_atomically(sidecar_path(self.path), json.dumps(sidecar, indent=1) + "\n", durable=True)
-        return TokenFile(path=self.path, dtype=self.dtype, vocab_size=self.vocab_size, num_tokens=self.num_tokens,
-                         num_documents=self.num_documents, eos_id=self.eos_id, max_token_id=sidecar["max_token_id"],
-                         tokenizer=self.tokenizer, document_index=index)  # fmt: skip
+        return TokenFile(
+            path=self.path,
+            dtype=self.dtype,
+            vocab_size=self.vocab_size,
+            num_tokens=self.num_tokens,
+            num_documents=self.num_documents,
+            eos_id=self.eos_id,
+            max_token_id=sidecar["max_token_id"],
+            tokenizer=self.tokenizer,
+            document_index=index,
+        )
 
     def abort(self) -> None:
         """Drop everything written; nothing is left behind."""
@@ -474,9 +554,16 @@ class TokenFileWriter:
             self.abort()
 
 
-def write_token_file(path: str | os.PathLike, tokens: Sequence[int] | np.ndarray, *, vocab_size: int,
-                     tokenizer: dict[str, Any] | None = None, eos_id: int | None = None,
-                     document_lengths: Sequence[int] | None = None, dtype: str | None = None) -> TokenFile:  # fmt: skip
+def write_token_file(
+    path: str | os.PathLike,
+    tokens: Sequence[int] | np.ndarray,
+    *,
+    vocab_size: int,
+    tokenizer: dict[str, Any] | None = None,
+    eos_id: int | None = None,
+    document_lengths: Sequence[int] | None = None,
+    dtype: str | None = None,
+) -> TokenFile:
     """Write ``tokens`` as ``path`` (``NAME.bin`` + ``NAME.idx`` + ``NAME.json``), atomically.
 
     Documents: ``document_lengths`` when given; else, with an ``eos_id``, each document
@@ -501,11 +588,25 @@ def write_token_file(path: str | os.PathLike, tokens: Sequence[int] | np.ndarray
     return writer.close()
 
 
-def write_dataset_manifest(root: str | os.PathLike, *, vocab_size: int, dtype: str, tokenizer: dict[str, Any],
-                           splits: dict[str, list[str]], extra: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def write_dataset_manifest(
+    root: str | os.PathLike,
+    *,
+    vocab_size: int,
+    dtype: str,
+    tokenizer: dict[str, Any],
+    splits: dict[str, list[str]],
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write ``root/dataset.json`` (atomically) naming each split's shards, relative to ``root``."""
     manifest = Path(root) / DATASET_MANIFEST
-    data = {"format": DATASET_FORMAT, "version": FORMAT_VERSION, "vocab_size": vocab_size, "dtype": dtype,
-            "tokenizer": tokenizer, "splits": splits, **(extra or {})}  # fmt: skip
+    data = {
+        "format": DATASET_FORMAT,
+        "version": FORMAT_VERSION,
+        "vocab_size": vocab_size,
+        "dtype": dtype,
+        "tokenizer": tokenizer,
+        "splits": splits,
+        **(extra or {}),
+    }
     write_atomically(manifest, json.dumps(data, indent=1) + "\n", durable=True)
     return manifest

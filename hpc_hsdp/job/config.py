@@ -96,10 +96,26 @@ OPTION_KINDS: dict[str, str] = {
 }
 _TOP_LEVEL_ONLY = {"profile": "str", "profiles": "profiles"}
 
-_KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "path": "a path (string)",
-               "bool": "true or false", "nodes": "a node count (an integer) or \"MIN-MAX\"", "list": "a list of strings", "table": "a table of KEY = value"}  # fmt: skip
-_EXAMPLES = {"int": "2", "nodes": '2 (or "1-2")', "float": "3e-3", "str": '"text"', "path": '"/path"', "bool": "true",
-             "list": '["line one", "line two"]', "table": '{ KEY = "value" }'}  # fmt: skip
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "path": "a path (string)",
+    "bool": "true or false",
+    "nodes": 'a node count (an integer) or "MIN-MAX"',
+    "list": "a list of strings",
+    "table": "a table of KEY = value",
+}
+_EXAMPLES = {
+    "int": "2",
+    "nodes": '2 (or "1-2")',
+    "float": "3e-3",
+    "str": '"text"',
+    "path": '"/path"',
+    "bool": "true",
+    "list": '["line one", "line two"]',
+    "table": '{ KEY = "value" }',
+}
 
 _NO_VENV = "none"
 
@@ -107,8 +123,10 @@ _NO_VENV = "none"
 def check_kind(key: str, value: Any, kind: str, where: str) -> Any:
     ok = {
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "nodes": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
-            isinstance(v, str) and re.fullmatch(r"\s*[0-9]+(-[0-9]+)?\s*", v) is not None),
+        "nodes": lambda v: (
+            (isinstance(v, int) and not isinstance(v, bool))
+            or (isinstance(v, str) and re.fullmatch(r"\s*[0-9]+(-[0-9]+)?\s*", v) is not None)
+        ),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
         "path": lambda v: isinstance(v, str),
@@ -117,7 +135,9 @@ def check_kind(key: str, value: Any, kind: str, where: str) -> Any:
         "table": lambda v: isinstance(v, dict),
     }[kind](value)
     if not ok:
-        raise SpecError(f"{key} = {value!r} in {where} must be {_KIND_WORDS[kind]}; write e.g. {key} = {_EXAMPLES[kind]}")
+        raise SpecError(
+            f"{key} = {value!r} in {where} must be {_KIND_WORDS[kind]}; write e.g. {key} = {_EXAMPLES[kind]}"
+        )
     if kind == "float":
         return float(value)
     if kind == "list":
@@ -209,7 +229,9 @@ def select_profile(config: Mapping[str, Any] | None, name: str | None, *, config
     """The options of profile ``name`` (None: the config's ``profile`` key, or no profile)."""
     if config is None:
         if name is not None:
-            raise SpecError(f"profile {name!r} is selected but no config file is given; pass --config FILE or set ${CONFIG_ENV}")
+            raise SpecError(
+                f"profile {name!r} is selected but no config file is given; pass --config FILE or set ${CONFIG_ENV}"
+            )
         return {}
     name = name if name is not None else config.get("profile")
     if name is None:
@@ -217,7 +239,9 @@ def select_profile(config: Mapping[str, Any] | None, name: str | None, *, config
     profiles = config.get("profiles", {})
     if name not in profiles:
         known = ", ".join(sorted(profiles)) or "none"
-        raise SpecError(f"profile {name!r} is not in {config_path} (profiles there: {known}); add [profiles.{name}] or pick another")
+        raise SpecError(
+            f"profile {name!r} is not in {config_path} (profiles there: {known}); add [profiles.{name}] or pick another"
+        )
     return dict(profiles[name])
 
 
@@ -269,8 +293,9 @@ def default_run_dir(job_name: str, cwd: str | Path, *, new: bool = False) -> str
     return str(candidate)
 
 
-def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv: str | None = None,
-                   new_run_dir: bool = False) -> JobSpec:  # fmt: skip
+def build_job_spec(
+    options: Mapping[str, Any], *, cwd: str | Path, default_venv: str | None = None, new_run_dir: bool = False
+) -> JobSpec:
     """A JobSpec from merged options (config keys), filling the defaults.
 
     ``cwd``: against which a relative ``run_dir``/``venv``/``template`` of the command line
@@ -284,7 +309,9 @@ def build_job_spec(options: Mapping[str, Any], *, cwd: str | Path, default_venv:
     if unknown:
         raise SpecError(f"unknown job option(s) {', '.join(sorted(unknown))}")
     if o.get("shard") is None:
-        raise SpecError("--shard is required: give the shard-group size, e.g. --shard 4 (or shard = 4 in the config file)")
+        raise SpecError(
+            "--shard is required: give the shard-group size, e.g. --shard 4 (or shard = 4 in the config file)"
+        )
 
     def absolute(value: str | None, option: str) -> str | None:
         if value is None:

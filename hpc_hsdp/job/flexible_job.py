@@ -15,8 +15,12 @@ import submitit
 def last_run_nodes(job_id: str, *, timeout_s: float = 30.0) -> int | None:
     """How many nodes the job's last run had (sacct: a requeued job's newest record), None when unknown."""
     try:
-        shown = subprocess.run(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NNodes"], capture_output=True,
-                               text=True, timeout=timeout_s)  # fmt: skip
+        shown = subprocess.run(
+            ["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NNodes"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     counts = [line.strip() for line in shown.stdout.splitlines() if line.strip().isdigit()]

@@ -74,8 +74,10 @@ def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_nam
     if sum(counts) > MAX_LOCAL_TASKS:
         from hpc_hsdp.errors import SpecError
 
-        raise SpecError(f"the local emulator runs every task as a process on this machine: {sum(counts):,} tasks are more "
-                        f"than its {MAX_LOCAL_TASKS}; submit to SLURM (--cluster slurm) or use fewer --nodes/--gpus-per-node")  # fmt: skip
+        raise SpecError(
+            f"the local emulator runs every task as a process on this machine: {sum(counts):,} tasks are more "
+            f"than its {MAX_LOCAL_TASKS}; submit to SLURM (--cluster slurm) or use fewer --nodes/--gpus-per-node"
+        )
     names = default_node_names(len(counts))
     return LocalAllocation(tasks_per_node=counts, node_names=names, job_name=job_name, gpus_per_node=gpus_per_node)
 
@@ -86,20 +88,32 @@ def job_environment(alloc: LocalAllocation, *, job_id: str, submit_dir: str, shi
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("SLURM") or k in ("MASTER_ADDR", "MASTER_PORT")]:
         del env[key]
-    env.update({
-        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NAME": alloc.job_name,
-        "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
-        "SLURM_JOB_NUM_NODES": str(len(alloc.node_names)), "SLURM_NNODES": str(len(alloc.node_names)),
-        "SLURM_NTASKS": str(sum(alloc.tasks_per_node)), "SLURM_NPROCS": str(sum(alloc.tasks_per_node)),
-        "SLURM_TASKS_PER_NODE": format_tasks_per_node(alloc.tasks_per_node),
-        "SLURM_SUBMIT_DIR": submit_dir, "SLURMD_NODENAME": alloc.node_names[0],
-        "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-        "SLURM_CLUSTER_NAME": "local-emulator",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "HPC_HSDP_EMULATOR": "1", "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
-        "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
-        "PYTHONUNBUFFERED": "1",
-    })  # fmt: skip
+    env.update(
+        {
+            "SLURM_JOB_ID": job_id,
+            "SLURM_JOBID": job_id,
+            "SLURM_JOB_NAME": alloc.job_name,
+            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_NODELIST": nodelist,
+            "SLURM_JOB_NUM_NODES": str(len(alloc.node_names)),
+            "SLURM_NNODES": str(len(alloc.node_names)),
+            "SLURM_NTASKS": str(sum(alloc.tasks_per_node)),
+            "SLURM_NPROCS": str(sum(alloc.tasks_per_node)),
+            "SLURM_TASKS_PER_NODE": format_tasks_per_node(alloc.tasks_per_node),
+            "SLURM_SUBMIT_DIR": submit_dir,
+            "SLURMD_NODENAME": alloc.node_names[0],
+            "SLURM_NODEID": "0",
+            "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0",
+            "SLURM_CLUSTER_NAME": "local-emulator",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "HPC_HSDP_EMULATOR": "1",
+            "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
+            "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 
@@ -114,13 +128,24 @@ def _sbatch_value(script: str, key: str) -> str | None:
 
 def expand_pattern(pattern: str, *, job_id: str, procid: int = 0, node_id: int = 0, node: str = "") -> str:
     """SLURM's filename pattern: %j job id, %t task id, %n node id, %N node name, %% a percent."""
-    table = {"j": job_id, "J": job_id, "A": job_id, "a": "0", "t": str(procid), "n": str(node_id), "N": node,
-             "x": "job", "u": os.environ.get("USER", "user"), "%": "%"}  # fmt: skip
+    table = {
+        "j": job_id,
+        "J": job_id,
+        "A": job_id,
+        "a": "0",
+        "t": str(procid),
+        "n": str(node_id),
+        "N": node,
+        "x": "job",
+        "u": os.environ.get("USER", "user"),
+        "%": "%",
+    }
     return re.sub(r"%(\w|%)", lambda m: table.get(m.group(1), m.group(0)), pattern)
 
 
-def launch_local(script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id: str | None = None,
-                 submit_dir: str | None = None) -> LocalJob:  # fmt: skip
+def launch_local(
+    script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id: str | None = None, submit_dir: str | None = None
+) -> LocalJob:
     """Start the supervisor of one emulated job and return its handle at once."""
     logs_dir = Path(logs_dir).resolve()
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -133,19 +158,30 @@ def launch_local(script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id:
     script_path = logs_dir / f"{job_id}_submission.sh"
     script_path.write_text(script)
     state = {
-        "job_id": job_id, "state": "PENDING", "exit_code": None, "submitted_at": time.time(),
-        "started_at": None, "ended_at": None, "supervisor_pid": None, "script": str(script_path),
-        "tasks_per_node": list(alloc.tasks_per_node), "node_names": list(alloc.node_names),
+        "job_id": job_id,
+        "state": "PENDING",
+        "exit_code": None,
+        "submitted_at": time.time(),
+        "started_at": None,
+        "ended_at": None,
+        "supervisor_pid": None,
+        "script": str(script_path),
+        "tasks_per_node": list(alloc.tasks_per_node),
+        "node_names": list(alloc.node_names),
         "gpus_per_node": alloc.gpus_per_node,
-    }  # fmt: skip
+    }
     path = state_path(logs_dir, job_id)
     _write_json_atomic(path, state)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.local", "supervise", str(path)],
-        env=env, cwd=submit_dir or os.getcwd(), start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
-    )  # fmt: skip
+        env=env,
+        cwd=submit_dir or os.getcwd(),
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
+    )
     state["supervisor_pid"] = proc.pid
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
     current = json.loads(path.read_text())
@@ -206,8 +242,10 @@ class LocalJob:
         for procid in range(ntasks):
             path = self.logs_dir / f"{self.job_id}_{procid}_result.pkl"
             if not path.exists():
-                raise RuntimeError(f"local job {self.job_id} ({self.state}): task {procid} left no result; "
-                                   f"see {self.logs_dir}/{self.job_id}_{procid}_log.err")  # fmt: skip
+                raise RuntimeError(
+                    f"local job {self.job_id} ({self.state}): task {procid} left no result; "
+                    f"see {self.logs_dir}/{self.job_id}_{procid}_log.err"
+                )
             outcome, value = submitit_utils.pickle_load(path)
             if outcome != "success":
                 raise RuntimeError(f"local job {self.job_id}: task {procid} failed:\n{value}")
@@ -244,8 +282,9 @@ def _supervise(state_file: str) -> int:
     _write_json_atomic(path, state)
     cancelled = False
     with open(out, "ab") as stdout, open(err, "ab") as stderr:
-        batch = subprocess.Popen(["bash", state["script"]], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)  # fmt: skip
+        batch = subprocess.Popen(
+            ["bash", state["script"]], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
         def on_cancel(signum, frame):
             nonlocal cancelled
@@ -267,8 +306,9 @@ def _supervise(state_file: str) -> int:
         _signal_group(batch.pid, signal.SIGKILL)  # leftovers of the step, as slurmd would
     state.update(
         state="CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED"),
-        exit_code=code, ended_at=time.time(),
-    )  # fmt: skip
+        exit_code=code,
+        ended_at=time.time(),
+    )
     _write_json_atomic(path, state)
     return 0
 
@@ -325,8 +365,11 @@ def _srun(argv: Sequence[str]) -> int:
         print("srun (emulator): no command given", file=sys.stderr)
         return 2
     if args.container_image:
-        print("srun (emulator): --container-image needs the pyxis plugin of a real cluster; "
-              "the local emulator runs commands directly. Submit with --cluster slurm.", file=sys.stderr)  # fmt: skip
+        print(
+            "srun (emulator): --container-image needs the pyxis plugin of a real cluster; "
+            "the local emulator runs commands directly. Submit with --cluster slurm.",
+            file=sys.stderr,
+        )
         return 2
     env = os.environ
     job_id = env["SLURM_JOB_ID"]
@@ -342,11 +385,17 @@ def _srun(argv: Sequence[str]) -> int:
             print(f"srun (emulator): --distribution=arbitrary: {exc}", file=sys.stderr)
             return 2
     if distribution not in DISTRIBUTIONS:
-        print(f"srun (emulator): --distribution={args.distribution} is not emulated; use block or cyclic",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"srun (emulator): --distribution={args.distribution} is not emulated; use block or cyclic", file=sys.stderr
+        )
         return 2
-    task_envs = task_environments(tasks_per_node=counts, node_names=node_names, job_id=job_id,
-                                  distribution=distribution, job_name=env.get("SLURM_JOB_NAME", "job"))  # fmt: skip
+    task_envs = task_environments(
+        tasks_per_node=counts,
+        node_names=node_names,
+        job_id=job_id,
+        distribution=distribution,
+        job_name=env.get("SLURM_JOB_NAME", "job"),
+    )
     procs: list[subprocess.Popen] = []
     files = []
     for task in task_envs:
@@ -381,9 +430,11 @@ def _srun(argv: Sequence[str]) -> int:
             reported.add(procid)
             first = first_failure is None
             first_failure = code if first else first_failure
-            print(f"srun (emulator): task {procid} exited with code {code}"
-                  + ("; terminating the other tasks (--kill-on-bad-exit)" if first and kill_on_bad_exit else ""),
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"srun (emulator): task {procid} exited with code {code}"
+                + ("; terminating the other tasks (--kill-on-bad-exit)" if first and kill_on_bad_exit else ""),
+                file=sys.stderr,
+            )
             if first and kill_on_bad_exit and any(q.poll() is None for q in procs):
                 forward(signal.SIGTERM, None)
                 kill_at = time.monotonic() + KILL_WAIT_S

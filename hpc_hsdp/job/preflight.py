@@ -14,8 +14,10 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
-AFTER = ("; nothing submitted (submit looks for the job's files on this machine; for files that only the compute "
-         "nodes see, render the script and sbatch it)")  # fmt: skip
+AFTER = (
+    "; nothing submitted (submit looks for the job's files on this machine; for files that only the compute "
+    "nodes see, render the script and sbatch it)"
+)
 
 
 def check_job_inputs(spec, *, own_function: bool = False, state=None) -> None:
@@ -73,13 +75,21 @@ def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> i
     if training.model == "builtin":
         model_vocab_size = train.vocab_size or training.vocab_size  # what the built-in model is built with
     elif model_vocab_size is not None:
-        check_data_vocabulary(training.model, model_vocab_size=model_vocab_size, data_vocab_size=train.vocab_size,
-                              fix=DATA_VOCABULARY_FIX)  # fmt: skip
-    check_for_training(train, model_vocab_size=model_vocab_size, seq_len=training.seq_len,
-                       global_batch=training.global_batch(world_size))  # fmt: skip
+        check_data_vocabulary(
+            training.model, model_vocab_size=model_vocab_size, data_vocab_size=train.vocab_size, fix=DATA_VOCABULARY_FIX
+        )
+    check_for_training(
+        train,
+        model_vocab_size=model_vocab_size,
+        seq_len=training.seq_len,
+        global_batch=training.global_batch(world_size),
+    )
     if training.eval_every:
-        check_for_eval(open_eval_dataset(training.data, training.val_data), model_vocab_size=model_vocab_size,
-                       seq_len=training.seq_len)  # fmt: skip
+        check_for_eval(
+            open_eval_dataset(training.data, training.val_data),
+            model_vocab_size=model_vocab_size,
+            seq_len=training.seq_len,
+        )
     return num_samples(train.num_tokens, training.seq_len)
 
 
@@ -103,5 +113,10 @@ def _check_resume(spec, num_samples: int | None, state) -> None:
 
         num_samples = NUM_SAMPLES
     training = spec.run.training
-    check_data_position(saved, global_batch=training.global_batch(spec.world_size), num_samples=num_samples,
-                        seed=training.seed, where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})")  # fmt: skip
+    check_data_position(
+        saved,
+        global_batch=training.global_batch(spec.world_size),
+        num_samples=num_samples,
+        seed=training.seed,
+        where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})",
+    )

@@ -127,8 +127,14 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     opts.append(("gpus-per-node", str(spec.gpus_per_node)))
     if s.cpus_per_task is not None:
         opts.append(("cpus-per-task", str(s.cpus_per_task)))
-    for key, value in (("mem", s.mem_per_node), ("time", s.time), ("partition", s.partition), ("account", s.account),
-                       ("qos", s.qos), ("constraint", s.constraint)):  # fmt: skip
+    for key, value in (
+        ("mem", s.mem_per_node),
+        ("time", s.time),
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("constraint", s.constraint),
+    ):
         if value is not None:
             opts.append((key, value))
     if s.exclusive:
@@ -241,8 +247,15 @@ def layout_command(spec: JobSpec, *layout_args: str) -> str:
     q = shlex.quote
     argv = [spec.environment.python, "-m", "hpc_hsdp", "layout", *layout_args]
     if spec.launch.container_image is not None:
-        argv = ["srun", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--kill-on-bad-exit=1",
-                *container_options(spec), *argv]  # fmt: skip
+        argv = [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            "--cpus-per-task=1",
+            "--kill-on-bad-exit=1",
+            *container_options(spec),
+            *argv,
+        ]
     return " ".join(q(a) for a in argv)
 
 
@@ -259,8 +272,18 @@ def default_launch_command(spec: JobSpec) -> str:
     run_argv = ["-m", "hpc_hsdp", "run", *spec.run.to_args()]
     if spec.launch.launcher == "srun":
         return " ".join(q(a) for a in [python, *run_argv])
-    layout_argv = [python, "-m", "hpc_hsdp", "layout", "--shard", str(spec.run.shard_size),
-                   "--nproc-per-node", str(spec.gpus_per_node), "--field", "node_rank"]  # fmt: skip
+    layout_argv = [
+        python,
+        "-m",
+        "hpc_hsdp",
+        "layout",
+        "--shard",
+        str(spec.run.shard_size),
+        "--nproc-per-node",
+        str(spec.gpus_per_node),
+        "--field",
+        "node_rank",
+    ]
     inner = [
         # torchrun's agent would die of the warning signal (Python's default action) and end
         # the job on QUIT (its own handler); the workers get both from SLURM directly and
@@ -278,8 +301,6 @@ def default_launch_command(spec: JobSpec) -> str:
         *(q(a) for a in run_argv),
     ]
     return "bash -c " + q(" ".join(inner))
-
-
 
 
 def plan_command(spec: JobSpec) -> str:
@@ -317,9 +338,13 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "cpu_share": cpu_share(spec),
         "unset_on_entry": [name for name in RENDEZVOUS_VARIABLES if name not in spec.environment.pass_env],
         "rendezvous_command": layout_command(spec, "--field", "rendezvous"),
-        "hostfile_command": (layout_command(spec, "--hostfile", ",".join(map(str, spec.tasks_per_node)),
-                                            "--distribution", spec.launch.distribution)
-                             if spec.ntasks is not None else None),
+        "hostfile_command": (
+            layout_command(
+                spec, "--hostfile", ",".join(map(str, spec.tasks_per_node)), "--distribution", spec.launch.distribution
+            )
+            if spec.ntasks is not None
+            else None
+        ),
         "warning_signal": warning_signal_name(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
@@ -340,21 +365,29 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
     if spec.template is not None:
         path = Path(spec.template)
         if not path.is_file():
-            raise SpecError(f"--template {spec.template!r} does not exist or is not a file; give the path of a Jinja2 template")
+            raise SpecError(
+                f"--template {spec.template!r} does not exist or is not a file; give the path of a Jinja2 template"
+            )
         env, name = template_environment(path.parent), path.name
     else:
         env, name = template_environment(), DEFAULT_TEMPLATE
     try:
         text = env.get_template(name).render(context)
     except jinja2.TemplateSyntaxError as exc:
-        raise SpecError(f"template {exc.filename or name} line {exc.lineno}: {str(exc.message).rstrip('.')}; fix the template") from None
+        raise SpecError(
+            f"template {exc.filename or name} line {exc.lineno}: {str(exc.message).rstrip('.')}; fix the template"
+        ) from None
     except jinja2.UndefinedError as exc:
-        raise SpecError(f"template {name}: {exc.message}; use only the variables listed in hpc_hsdp.job.render") from None
+        raise SpecError(
+            f"template {name}: {exc.message}; use only the variables listed in hpc_hsdp.job.render"
+        ) from None
     except jinja2.TemplateNotFound as exc:
         raise SpecError(
             f"template {name} includes or extends {exc.name!r}, which is neither next to it nor packaged "
             f"({DEFAULT_TEMPLATE}); fix the name"
         ) from None
     except UnicodeDecodeError as exc:
-        raise SpecError(f"template {name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+        raise SpecError(
+            f"template {name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
+        ) from None
     return text if text.endswith("\n") else text + "\n"

@@ -25,8 +25,7 @@ to the nodes it last had, so a job that ran on 2 nodes would wait for 2 again; t
 restores the range."""
 
 
-def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...] = (),
-                env=None) -> tuple[bool, str]:  # fmt: skip
+def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...] = (), env=None) -> tuple[bool, str]:
     """``scontrol requeue <job_id>``, from inside the job: rank 0 calls it after every rank
     saved on the warning signal (:mod:`hpc_hsdp.runtime.preemption`) or after a hang. SLURM then ends this
     run (SIGTERM, SIGKILL after KillWait) and starts the job again with the same id and
@@ -49,8 +48,12 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
     if updates:
         return _requeue_updated(job_id, updates, timeout_s=timeout_s)
     try:  # SLURM's SIGTERM to every process of the job can reach scontrol before it has read the answer: ignored
-        done = subprocess.run(["sh", "-c", "trap '' TERM; exec scontrol requeue \"$1\"", "sh", job_id], capture_output=True,
-                              text=True, timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", "trap '' TERM; exec scontrol requeue \"$1\"", "sh", job_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol requeue could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())
@@ -71,15 +74,19 @@ started from the task would be killed with it, leaving the job held forever."""
 def _requeue_updated(job_id: str, updates: tuple[str, ...], *, timeout_s: float) -> tuple[bool, str]:
     """Requeue held, ``scontrol update`` the pending job (``ExcNodeList=``, ``NumNodes=``), release."""
     try:
-        done = subprocess.run(["sh", "-c", _REQUEUE_UPDATED, "sh", job_id, *updates],
-                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", _REQUEUE_UPDATED, "sh", job_id, *updates], capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol requeuehold/release could not run ({exc}); check with scontrol show job {job_id}"
     said = " ".join((done.stdout + done.stderr).split())
     if "requeuehold: failed" in said:
         return False, said
     if "release: failed" in said or done.returncode != 0:
-        return False, f"requeued but still held: {said or f'exit code {done.returncode}'}; release it with scontrol release {job_id}"
+        return (
+            False,
+            f"requeued but still held: {said or f'exit code {done.returncode}'}; release it with scontrol release {job_id}",
+        )
     if "update: failed" in said:
         return True, f"(could not update the pending job with {' '.join(updates)}: {said})"
     return True, ""
@@ -109,8 +116,12 @@ def restore_request(job_id: str, *, env=None, timeout_s: float = 10.0) -> tuple[
         return False, ""
     restarts = (env.get("SLURM_RESTART_COUNT") or "0").strip()
     try:
-        done = subprocess.run(["sh", "-c", _RESTORE_REQUEST, "sh", job_id, restarts, *updates],
-                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", _RESTORE_REQUEST, "sh", job_id, restarts, *updates],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol update could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())

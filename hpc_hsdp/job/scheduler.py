@@ -30,8 +30,17 @@ from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 
 CLUSTERS = ("auto", "slurm", "local")
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-            "DEADLINE")  # fmt: skip
+TERMINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
 
 
 class SchedulerError(HsdpError):
@@ -138,8 +147,10 @@ class JobRecord:
             runs = [Path(m.read_text()) / "job.json" for m in matches]
             runs = [p for p in runs if p.is_file()]
             if not runs:
-                raise SpecError(f"{ref!r} is neither a run directory with a job.json nor a job id submitted from this "
-                                f"machine; pass the run directory (--run-dir of the submission)")  # fmt: skip
+                raise SpecError(
+                    f"{ref!r} is neither a run directory with a job.json nor a job id submitted from this "
+                    f"machine; pass the run directory (--run-dir of the submission)"
+                )
             path = runs[-1]
         try:
             return cls(**json.loads(path.read_text()))
@@ -303,8 +314,14 @@ class JobHandle:
         return f"--- {path.name} (task {_task_index(path)}) ---\n{tail}"
 
 
-_EFFECT_MARKERS = ("SIGTERM", "Connection closed by peer", "Connection reset by peer", "remote process exited",
-                   "Broken pipe", "DistNetworkError")  # fmt: skip
+_EFFECT_MARKERS = (
+    "SIGTERM",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote process exited",
+    "Broken pipe",
+    "DistNetworkError",
+)
 _RUN_START = "hpc-hsdp: job "  # the batch script's first stderr line of each run: "hpc-hsdp: job N starts (restart R)"
 _TASK_START = "[hpc-hsdp] rank "  # a task's first line of each run (runtime.dist.init)
 _SRUN_TASK_FAILED = re.compile(
@@ -350,11 +367,14 @@ def _slurm_status(job_id: str) -> JobStatus:
     if queued.returncode == 0 and queued.stdout.strip():
         state, _, reason = queued.stdout.strip().splitlines()[0].partition("|")
         return JobStatus(state=state, restarts=restarts, reason=None if reason in ("None", "") else reason)
-    acct = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"], capture_output=True,
-                          text=True)  # fmt: skip
+    acct = subprocess.run(
+        ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"], capture_output=True, text=True
+    )
     rows = [r for r in acct.stdout.strip().splitlines() if r]
     if acct.returncode != 0 or not rows:
-        return JobStatus(state="UNKNOWN", restarts=restarts, reason=(acct.stderr.strip() or "no accounting record")[:200])
+        return JobStatus(
+            state="UNKNOWN", restarts=restarts, reason=(acct.stderr.strip() or "no accounting record")[:200]
+        )
     state, _, code = rows[-1].partition("|")
     return JobStatus(state=state.split()[0], exit_code=code, restarts=restarts)
 
@@ -388,7 +408,9 @@ def parse_slurm_duration(text: str) -> float | None:
 def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
     """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
     try:
-        shown = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L|%l"], capture_output=True, text=True, timeout=10)
+        shown = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L|%l"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     rows = [r for r in shown.stdout.splitlines() if "|" in r]
@@ -405,15 +427,28 @@ def _restart_count(job_id: str) -> int:
     for field in shown.stdout.split():
         if field.startswith("Restarts="):
             return int(field.split("=", 1)[1])
-    acct = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    acct = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    )
     return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
 
 
 # ----------------------------------------------------------------------------- submission
 
 
-ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
-                 "REQUEUE_FED", "SIGNALING", "STAGE_OUT")  # fmt: skip
+ACTIVE_STATES = (
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+)
 
 
 def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None:
@@ -431,8 +466,10 @@ def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None
         except (HsdpError, OSError, subprocess.SubprocessError):
             job_state = "UNKNOWN"
         if job_state in ACTIVE_STATES:
-            raise SpecError(f"job {handle.job_id} is still {job_state} in run directory {run_dir}: nothing submitted; wait "
-                            f"for it, cancel it (hpc-hsdp cancel {run_dir}) or choose a new --run-dir")  # fmt: skip
+            raise SpecError(
+                f"job {handle.job_id} is still {job_state} in run directory {run_dir}: nothing submitted; wait "
+                f"for it, cancel it (hpc-hsdp cancel {run_dir}) or choose a new --run-dir"
+            )
     if spec.run.entry is not None or own_function:
         return None  # a function of the user's keeps its own state; it decides what resuming means
     return resubmission_note(run_dir, steps=spec.run.training.steps, state=state)
@@ -457,7 +494,9 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     check_job_inputs(spec, own_function=fn is not None, state=state)
     target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":
-        raise SpecError("a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher")
+        raise SpecError(
+            "a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher"
+        )
     func, args = task_function(spec)
     kwargs = {"fn": fn} if fn is not None else {}
     logs_dir = Path(spec.log_dir)
@@ -469,9 +508,16 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     else:
         job = _submit_local(spec, func, args, kwargs)
         job_id = job.job_id
-    record = JobRecord(job_id=job_id, cluster=target, run_dir=str(spec.run.run_dir), logs_dir=str(logs_dir),
-                       job_name=spec.scheduler.job_name, ntasks=spec.world_size, launcher=spec.launch.launcher,
-                       submitted_at=time.time())  # fmt: skip
+    record = JobRecord(
+        job_id=job_id,
+        cluster=target,
+        run_dir=str(spec.run.run_dir),
+        logs_dir=str(logs_dir),
+        job_name=spec.scheduler.job_name,
+        ntasks=spec.world_size,
+        launcher=spec.launch.launcher,
+        submitted_at=time.time(),
+    )
     record.save()
     return JobHandle(record), job, "\n".join(line for line in (resumes, reason) if line)
 
@@ -482,8 +528,10 @@ def _check_partition(spec) -> None:
     shown = subprocess.run(["scontrol", "show", "partition", spec.scheduler.partition], capture_output=True, text=True)
     if shown.returncode != 0:
         known = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()
-        raise SchedulerError(f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
-                             f"{', '.join(sorted(set(known))) or '(none found)'}")  # fmt: skip
+        raise SchedulerError(
+            f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
+            f"{', '.join(sorted(set(known))) or '(none found)'}"
+        )
 
 
 def _submit_slurm(spec, func, args, kwargs):
@@ -523,7 +571,9 @@ def _submit_local(spec, func, args, kwargs):
     job_id = new_job_id()
     DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
     tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
-    alloc = allocation_for(tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name)
+    alloc = allocation_for(
+        tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
+    )
     return launch_local(submission_script(spec), alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id)
 
 

@@ -74,14 +74,31 @@ def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
     return value
 
 
-def _option(default, help: str, *, minimum: float | None = None, positive: bool = False,
-            choices: tuple[str, ...] | None = None, metavar: str | None = None, path: bool = False):
+def _option(
+    default,
+    help: str,
+    *,
+    minimum: float | None = None,
+    positive: bool = False,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    path: bool = False,
+):
     """A TrainingSpec field that is also a command-line option and a config key: its
     default, its one line of ``--help``, and its bound or choices (checked on construction);
     ``path=True``: a file path, made absolute against the config file's or the caller's directory.
     The click option, the config kind, ``--help`` and ``to_args`` all derive from this."""
-    return field(default=default, metadata={"help": help, "minimum": minimum, "positive": positive, "choices": choices,
-                                                  "metavar": metavar, "path": path})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "minimum": minimum,
+            "positive": positive,
+            "choices": choices,
+            "metavar": metavar,
+            "path": path,
+        },
+    )
 
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -98,25 +115,45 @@ class TrainingSpec:
     """
 
     # ------------------------------------------------------------------ the model
-    model: str = _option("builtin", "builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM "
-                         "directory or config.json) or MODULE:FUNCTION (your factory).", metavar="MODEL")
-    shard_unit: str | None = _option(None, "Class name of the blocks wrapped with fully_shard (comma-separated); "
-                                     "default: the model's own (_no_split_modules, or the factory's).",
-                                     metavar="CLASS")
+    model: str = _option(
+        "builtin",
+        "builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM "
+        "directory or config.json) or MODULE:FUNCTION (your factory).",
+        metavar="MODEL",
+    )
+    shard_unit: str | None = _option(
+        None,
+        "Class name of the blocks wrapped with fully_shard (comma-separated); "
+        "default: the model's own (_no_split_modules, or the factory's).",
+        metavar="CLASS",
+    )
     layers: int = _option(2, "Built-in model: transformer blocks (each wrapped with fully_shard).", minimum=1)
     width: int = _option(64, "Built-in model: width (embedding dimension).", minimum=1)
     heads: int = _option(4, "Built-in model: attention heads; must divide --width.", minimum=1)
-    vocab_size: int = _option(256, "Vocabulary of the synthetic tokens (without --data); with --data the model "
-                              "takes the dataset's.", minimum=1)
+    vocab_size: int = _option(
+        256,
+        "Vocabulary of the synthetic tokens (without --data); with --data the model takes the dataset's.",
+        minimum=1,
+    )
     # ------------------------------------------------------------------ the data
-    data: str | None = _option(None, "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file "
-                               "with its .json sidecar); default: synthetic tokens.", metavar="PATH", path=True)
-    val_data: str | None = _option(None, "Held-out token data for --eval-every; default: the dataset's val split.",
-                                   metavar="PATH", path=True)
+    data: str | None = _option(
+        None,
+        "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file "
+        "with its .json sidecar); default: synthetic tokens.",
+        metavar="PATH",
+        path=True,
+    )
+    val_data: str | None = _option(
+        None, "Held-out token data for --eval-every; default: the dataset's val split.", metavar="PATH", path=True
+    )
     seq_len: int = _option(32, "Tokens per sample.", minimum=1)
     batch_size: int = _option(4, "Samples per rank per micro-batch (or give --global-batch-size).", minimum=1)
-    global_batch_size: int | None = _option(None, "Samples per optimizer step over all ranks; sets --batch-size "
-                                            "to it / (ranks x --grad-accum), which must divide.", minimum=1)
+    global_batch_size: int | None = _option(
+        None,
+        "Samples per optimizer step over all ranks; sets --batch-size "
+        "to it / (ranks x --grad-accum), which must divide.",
+        minimum=1,
+    )
     grad_accum: int = _option(1, "Micro-batches per optimizer step (replicas all-reduce once per step).", minimum=1)
     # ------------------------------------------------------------------ the optimisation
     steps: int = _option(20, "Optimizer steps in total, across restarts.", minimum=1)
@@ -126,37 +163,58 @@ class TrainingSpec:
     lr_schedule: str = _option("constant", "Learning-rate schedule after the warm-up.", choices=LR_SCHEDULES)
     warmup_steps: int = _option(0, "Linear warm-up steps from 0 to --lr.", minimum=0)
     min_lr: float = _option(0.0, "Learning rate at the last step for cosine and linear schedules.", minimum=0.0)
-    clip_grad: float = _option(0.0, "Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.",
-                               minimum=0.0)
-    precision: str = _option("auto", "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 "
-                             "on GPU, fp32 on CPU.", choices=PRECISIONS)
+    clip_grad: float = _option(
+        0.0, "Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.", minimum=0.0
+    )
+    precision: str = _option(
+        "auto",
+        "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 on GPU, fp32 on CPU.",
+        choices=PRECISIONS,
+    )
     activation_checkpointing: bool = _option(False, "Recompute each sharded block's activations in backward.")
-    reshard_after_forward: str = _option("auto", "always: free each block's gathered parameters after its forward "
-                                         "and gather them again in backward (the least memory); never: keep them "
-                                         "to backward (no re-gather, a faster step, the whole model unsharded in "
-                                         "memory); auto: never when that fits beside the sharded state in the "
-                                         "device's memory (plan --recommend's rule), else always.",
-                                         choices=RESHARD_CHOICES)
+    reshard_after_forward: str = _option(
+        "auto",
+        "always: free each block's gathered parameters after its forward "
+        "and gather them again in backward (the least memory); never: keep them "
+        "to backward (no re-gather, a faster step, the whole model unsharded in "
+        "memory); auto: never when that fits beside the sharded state in the "
+        "device's memory (plan --recommend's rule), else always.",
+        choices=RESHARD_CHOICES,
+    )
     # ------------------------------------------------------------------ eval and checkpoints
     eval_every: int = _option(0, "Mean loss on the held-out split every K steps (0: never).", minimum=0)
     eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
     checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
     keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
-    straggler_every: int = _option(10, "Every K steps the ranks share their own compute time of the step (one "
-                                   "small all-gather) and metrics.jsonl names the slowest rank (0: never).", minimum=0)
+    straggler_every: int = _option(
+        10,
+        "Every K steps the ranks share their own compute time of the step (one "
+        "small all-gather) and metrics.jsonl names the slowest rank (0: never).",
+        minimum=0,
+    )
     # ------------------------------------------------------------------ failures
-    hang_timeout: float = _option(0.0, "Seconds without a completed step after which every rank dumps its stacks and "
-                                  "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
-                                  "least 120 s.", minimum=0.0)
-    max_restarts: int = _option(2, "Requeues after failures (a hang, a node failure) before the job gives up; "
-                                "preemption and time-limit requeues do not count.", minimum=0)
+    hang_timeout: float = _option(
+        0.0,
+        "Seconds without a completed step after which every rank dumps its stacks and "
+        "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
+        "least 120 s.",
+        minimum=0.0,
+    )
+    max_restarts: int = _option(
+        2,
+        "Requeues after failures (a hang, a node failure) before the job gives up; "
+        "preemption and time-limit requeues do not count.",
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
             check_training_value(f, getattr(self, f.name))
         check_model(self.model)
         if self.width % self.heads:
-            raise SpecError(f"--width {self.width} is not divisible by --heads {self.heads}; pick a width that is a multiple of it")
+            raise SpecError(
+                f"--width {self.width} is not divisible by --heads {self.heads}; pick a width that is a multiple of it"
+            )
         if self.val_data is not None and self.data is None:
             raise SpecError("--val-data without --data: give the training data too (--data PATH)")
 
@@ -386,7 +444,9 @@ def check_signal(value: str) -> str:
             f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"
         )
     if match.group(3) is not None and int(match.group(3)) > 65535:
-        raise SpecError(f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds")
+        raise SpecError(
+            f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds"
+        )
     return value
 
 
@@ -410,7 +470,9 @@ def check_sbatch_key(key: str) -> str:
 def check_env_name(option: str, name: str) -> str:
     check_text(option, name)
     if not _IDENTIFIER.match(name):
-        raise SpecError(f"{option} name {name!r} is not a shell variable name; use letters, digits and '_' (e.g. MY_VAR)")
+        raise SpecError(
+            f"{option} name {name!r} is not a shell variable name; use letters, digits and '_' (e.g. MY_VAR)"
+        )
     return name
 
 
@@ -454,6 +516,7 @@ class SchedulerSpec:
         if self.mem is not None:
             return self.mem
         return "0" if self.exclusive else None
+
     signal: str | None = DEFAULT_SIGNAL
     """``--signal`` value ``[R:|B:]SIG@SECONDS`` sent before the time limit; None: no signal."""
     requeue: bool = True
@@ -463,15 +526,21 @@ class SchedulerSpec:
 
     def __post_init__(self) -> None:
         check_text("--job-name", self.job_name)
-        for option, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos),
-                              ("--constraint", self.constraint)):  # fmt: skip
+        for option, value in (
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--qos", self.qos),
+            ("--constraint", self.constraint),
+        ):
             _optional_text(option, value)
         if self.time is not None:
             check_time(self.time)
         if self.mem is not None:
             check_text("--mem", self.mem)
             if not _MEM.match(self.mem):
-                raise SpecError(f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)")
+                raise SpecError(
+                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)"
+                )
         _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
         _flag("--exclusive", self.exclusive)
         _flag("--requeue", self.requeue)
@@ -520,7 +589,9 @@ class EnvironmentSpec:
         if self.venv is not None:
             check_text("--venv", self.venv)
             if not self.venv.startswith("/"):
-                raise SpecError(f"--venv {self.venv!r} is not an absolute path; the job may start elsewhere, give /path/to/venv")
+                raise SpecError(
+                    f"--venv {self.venv!r} is not an absolute path; the job may start elsewhere, give /path/to/venv"
+                )
         _optional_text("--conda-env", self.conda_env)
         if self.venv is not None and self.conda_env is not None:
             raise SpecError(
@@ -575,7 +646,9 @@ class LaunchSpec:
         _optional_text("--container-image", self.container_image)
         _optional_text("--container-mounts", self.container_mounts)
         if self.container_mounts is not None and self.container_image is None:
-            raise SpecError("--container-mounts without --container-image; add the image (pyxis mounts into a container)")
+            raise SpecError(
+                "--container-mounts without --container-image; add the image (pyxis mounts into a container)"
+            )
 
 
 def check_container_mounts(mounts: str | None, run_dir: str) -> None:
@@ -616,12 +689,16 @@ def parse_nodes(value: object, *, option: str = "--nodes") -> tuple[int, int]:
     text = value.strip() if isinstance(value, str) else ""
     match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", text)
     if not match:
-        raise SpecError(f"{option} {value!r} is not a node count; write N (e.g. 2) or MIN-MAX (e.g. 1-2: SLURM grants "
-                        f"between 1 and 2 nodes)")  # fmt: skip
+        raise SpecError(
+            f"{option} {value!r} is not a node count; write N (e.g. 2) or MIN-MAX (e.g. 1-2: SLURM grants "
+            f"between 1 and 2 nodes)"
+        )
     low = int(match.group(1))
     high = int(match.group(2)) if match.group(2) is not None else low
     if low > high:
-        raise SpecError(f"{option} {text!r}: the fewest nodes ({low}) is more than the most ({high}); write {high}-{low}")
+        raise SpecError(
+            f"{option} {text!r}: the fewest nodes ({low}) is more than the most ({high}); write {high}-{low}"
+        )
     return low, high
 
 
@@ -662,15 +739,20 @@ class JobSpec:
         _positive_int("--ntasks", self.ntasks, optional=True)
         from hpc_hsdp.plan.topology import check_sizes
 
-        check_sizes(nodes=self.nodes, tasks_per_node=self.gpus_per_node,
-                    world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node))
+        check_sizes(
+            nodes=self.nodes,
+            tasks_per_node=self.gpus_per_node,
+            world_size=min(self.ntasks or self.nodes * self.gpus_per_node, self.nodes * self.gpus_per_node),
+        )
         if not isinstance(self.run, RunSpec):
             raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
         if self.min_nodes is not None:
             self._check_flexible()
         run_dir = check_text("--run-dir", self.run.run_dir)
         if not run_dir.startswith("/"):
-            raise SpecError(f"--run-dir {run_dir!r} is not absolute; the job may start in another directory, give /path/to/run")
+            raise SpecError(
+                f"--run-dir {run_dir!r} is not absolute; the job may start in another directory, give /path/to/run"
+            )
         if "%" in run_dir or "\\" in run_dir:
             raise SpecError(
                 f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; pick a path without them"
@@ -709,14 +791,18 @@ class JobSpec:
 
         _positive_int("--nodes MIN", self.min_nodes)
         if self.min_nodes > self.nodes:
-            raise SpecError(f"--nodes {self.min_nodes}-{self.nodes}: the fewest nodes is more than the most; "
-                            f"write {self.nodes}-{self.min_nodes}")  # fmt: skip
+            raise SpecError(
+                f"--nodes {self.min_nodes}-{self.nodes}: the fewest nodes is more than the most; "
+                f"write {self.nodes}-{self.min_nodes}"
+            )
         if self.min_nodes == self.nodes:
             object.__setattr__(self, "min_nodes", None)
             return
         if self.ntasks is not None:
-            raise SpecError(f"--ntasks {self.ntasks} with --nodes {self.nodes_text}: an uneven allocation needs a fixed "
-                            f"node count; give --nodes N, or drop --ntasks")  # fmt: skip
+            raise SpecError(
+                f"--ntasks {self.ntasks} with --nodes {self.nodes_text}: an uneven allocation needs a fixed "
+                f"node count; give --nodes N, or drop --ntasks"
+            )
         try:
             self.plan_at(self.min_nodes)
         except TopologyError as exc:
@@ -735,8 +821,12 @@ class JobSpec:
             if training.global_batch_size % per_step:
                 low, high = self.min_nodes * gpus * training.grad_accum, self.nodes * gpus * training.grad_accum
                 common = low * high // _gcd(low, high)
-                what = ("" if given else f" (--batch-size {training.batch_size} x {self.nodes * gpus} ranks at {self.nodes} "
-                        f"nodes x --grad-accum {training.grad_accum})")  # fmt: skip
+                what = (
+                    ""
+                    if given
+                    else f" (--batch-size {training.batch_size} x {self.nodes * gpus} ranks at {self.nodes} "
+                    f"nodes x --grad-accum {training.grad_accum})"
+                )
                 raise SpecError(
                     f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} does not split over "
                     f"{count * gpus} ranks x --grad-accum {training.grad_accum} at {count} node(s); give "

@@ -57,5 +57,7 @@ def check_data_vocabulary(model: str, *, model_vocab_size: int, data_vocab_size:
     ``fix`` says how, in the words of the model kind. The loop's ``check_data`` then checks the
     largest token id actually present."""
     if data_vocab_size is not None and data_vocab_size > model_vocab_size:
-        raise SpecError(f"--model {model!r} has a vocabulary of {model_vocab_size} tokens but the data's tokenizer has "
-                        f"{data_vocab_size}{fix}")  # fmt: skip
+        raise SpecError(
+            f"--model {model!r} has a vocabulary of {model_vocab_size} tokens but the data's tokenizer has "
+            f"{data_vocab_size}{fix}"
+        )

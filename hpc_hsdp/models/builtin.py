@@ -35,16 +35,22 @@ class ModelConfig:
     @classmethod
     def from_training(cls, training, *, vocab_size: int | None = None) -> ModelConfig:
         """The model of a TrainingSpec; ``vocab_size`` (a dataset's) replaces ``training.vocab_size``."""
-        return cls(vocab_size=vocab_size or training.vocab_size, seq_len=training.seq_len, width=training.width,
-                   heads=training.heads, layers=training.layers)  # fmt: skip
+        return cls(
+            vocab_size=vocab_size or training.vocab_size,
+            seq_len=training.seq_len,
+            width=training.width,
+            heads=training.heads,
+            layers=training.layers,
+        )
 
 
 def parameter_counts(cfg: ModelConfig, *, shard_size: int = 1) -> ParameterCounts:
     """Parameters and root parameters of the built-in model on a shard group of ``shard_size``
     (dim 0 padded as FSDP2 pads it). The one helper the estimates, ``plan`` and tests use;
     pure (in ``runtime/shapes.py``) so that ``plan`` needs no torch."""
-    return _parameter_counts(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, width=cfg.width, layers=cfg.layers,
-                             shard_size=shard_size)  # fmt: skip
+    return _parameter_counts(
+        vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, width=cfg.width, layers=cfg.layers, shard_size=shard_size
+    )
 
 
 class SelfAttention(nn.Module):

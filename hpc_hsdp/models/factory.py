@@ -56,8 +56,9 @@ def resolve_factory(model: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SpecError(f"--model {model!r}: cannot import module {module_name!r} ({exc}); check PYTHONPATH on the "
-                        f"nodes") from None  # fmt: skip
+        raise SpecError(
+            f"--model {model!r}: cannot import module {module_name!r} ({exc}); check PYTHONPATH on the nodes"
+        ) from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise SpecError(f"--model {model!r}: module {module_name!r} has no function {attribute!r}")
@@ -76,9 +77,13 @@ class FactoryAdapter:
         self.shard_unit_option = training.shard_unit
         probe, self._declared_units = self._call()
         self.vocab_size = _vocab_size(probe, what=f"--model {self.name!r}")
-        check_data_vocabulary(self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size,
-                              fix=f"; build the model with vocab_size >= {data_vocab_size} (training.vocab_size is "
-                                  f"the data's when --data is given)")  # fmt: skip
+        check_data_vocabulary(
+            self.name,
+            model_vocab_size=self.vocab_size,
+            data_vocab_size=data_vocab_size,
+            fix=f"; build the model with vocab_size >= {data_vocab_size} (training.vocab_size is "
+            f"the data's when --data is given)",
+        )
 
     def _call(self):
         import torch
@@ -94,8 +99,10 @@ class FactoryAdapter:
         if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
             made, units = made
         if not isinstance(made, nn.Module):
-            raise SpecError(f"--model {self.name!r} returned {type(made).__name__}, not a torch.nn.Module (or a "
-                            f"(module, shard_units) pair)")  # fmt: skip
+            raise SpecError(
+                f"--model {self.name!r} returned {type(made).__name__}, not a torch.nn.Module (or a "
+                f"(module, shard_units) pair)"
+            )
         return made, units
 
     def build_meta(self):
@@ -144,12 +151,15 @@ class FactoryAdapter:
             if callable(root_init):
                 root_init(module)
 
-        init_unit_by_unit(model, fresh, self.shard_units(fresh), seed=seed, init_module=init_module,
-                          what=f"--model {self.name!r}")  # fmt: skip
+        init_unit_by_unit(
+            model, fresh, self.shard_units(fresh), seed=seed, init_module=init_module, what=f"--model {self.name!r}"
+        )
 
     def load_pretrained(self, model) -> None:
-        raise SpecError(f"--model {self.name!r}: a factory has no pretrained weights to load; load them in the "
-                        f"factory's init_module or in your own loop (hpc_hsdp.train_api)")  # fmt: skip
+        raise SpecError(
+            f"--model {self.name!r}: a factory has no pretrained weights to load; load them in the "
+            f"factory's init_module or in your own loop (hpc_hsdp.train_api)"
+        )
 
     def loss(self, model, inputs, targets):
         import torch.nn.functional as F
@@ -196,6 +206,13 @@ def read_shapes(model: str):
     names = unit_names(meta, units)
     shapes = tuple((n, tuple(p.shape), unit_of(n, names) == "") for n, p in meta.named_parameters())
     layers = sum(1 for m in meta.modules() if units and isinstance(m, units))
-    return (ModelShapes(model_type=type(meta).__name__, block_class=",".join(u.__name__ for u in units) or "none",
-                        layers=layers, shapes=shapes, tied=bool(tied_groups(meta))),
-            "meta-device build of the factory (torch)")  # fmt: skip
+    return (
+        ModelShapes(
+            model_type=type(meta).__name__,
+            block_class=",".join(u.__name__ for u in units) or "none",
+            layers=layers,
+            shapes=shapes,
+            tied=bool(tied_groups(meta)),
+        ),
+        "meta-device build of the factory (torch)",
+    )

@@ -34,15 +34,17 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.models.base import check_data_vocabulary
 
 PREFIX = "hf:"
-DATA_VOCABULARY_FIX = (": token ids would fall outside the embedding; tokenize the data with the model's tokenizer "
-                       "(hpc-hsdp prepare-data --tokenizer ...)")  # fmt: skip
+DATA_VOCABULARY_FIX = (
+    ": token ids would fall outside the embedding; tokenize the data with the model's tokenizer "
+    "(hpc-hsdp prepare-data --tokenizer ...)"
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 def locate(model: str) -> tuple[Path, Path | None]:
     """``hf:PATH`` -> (config.json, the directory whose weights to load or None); no torch,
     no transformers. A PATH that does not exist is a :class:`SpecError` (one line)."""
-    text = model[len(PREFIX):] if model.startswith(PREFIX) else model
+    text = model[len(PREFIX) :] if model.startswith(PREFIX) else model
     if not text:
         raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
     path = Path(text).expanduser()
@@ -52,15 +54,21 @@ def locate(model: str) -> tuple[Path, Path | None]:
                 f"--model {model!r}: no local directory or file {text!r}; it looks like a hub model id, and nothing is "
                 f"downloaded: fetch it once (huggingface-cli download {text} --local-dir DIR) and give hf:DIR"
             )
-        raise SpecError(f"--model {model!r}: {str(path)!r} does not exist; give a directory written by "
-                        f"save_pretrained or a config.json")  # fmt: skip
+        raise SpecError(
+            f"--model {model!r}: {str(path)!r} does not exist; give a directory written by "
+            f"save_pretrained or a config.json"
+        )
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
-            raise SpecError(f"--model {model!r}: the directory {str(path)!r} has no config.json; give the directory "
-                            f"written by save_pretrained (or the config.json itself)")  # fmt: skip
+            raise SpecError(
+                f"--model {model!r}: the directory {str(path)!r} has no config.json; give the directory "
+                f"written by save_pretrained (or the config.json itself)"
+            )
         has_safetensors = (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
-        if not has_safetensors and any((path / n).is_file() for n in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if not has_safetensors and any(
+            (path / n).is_file() for n in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+        ):
             raise SpecError(
                 f"--model {model!r}: the weights in {str(path)!r} are pytorch_model.bin, which is read only whole; "
                 f"save them as safetensors (model.save_pretrained(dir, safe_serialization=True)), or give "
@@ -68,8 +76,10 @@ def locate(model: str) -> tuple[Path, Path | None]:
             )
         return config, (path if has_safetensors else None)
     if path.suffix != ".json":
-        raise SpecError(f"--model {model!r}: {str(path)!r} is a file but not a config.json; give a directory written "
-                        f"by save_pretrained or its config.json")  # fmt: skip
+        raise SpecError(
+            f"--model {model!r}: {str(path)!r} is a file but not a config.json; give a directory written "
+            f"by save_pretrained or its config.json"
+        )
     return path, None
 
 
@@ -126,8 +136,9 @@ class HFAdapter:
         self.shard_unit_option = training.shard_unit
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
-        check_data_vocabulary(self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size,
-                              fix=DATA_VOCABULARY_FIX)  # fmt: skip
+        check_data_vocabulary(
+            self.name, model_vocab_size=self.vocab_size, data_vocab_size=data_vocab_size, fix=DATA_VOCABULARY_FIX
+        )
 
     # ------------------------------------------------------------------ build and shard
 
@@ -151,8 +162,10 @@ class HFAdapter:
             wanted = sorted(getattr(model, "_no_split_modules", None) or [])
             source = f"{type(model).__name__}._no_split_modules"
             if not wanted:
-                raise SpecError(f"--model {self.name!r}: {type(model).__name__} names no blocks to shard "
-                                f"(_no_split_modules is empty); name them with --shard-unit CLASS")  # fmt: skip
+                raise SpecError(
+                    f"--model {self.name!r}: {type(model).__name__} names no blocks to shard "
+                    f"(_no_split_modules is empty); name them with --shard-unit CLASS"
+                )
         units = classes_named(model, wanted, source=source, what=f"--model {self.name!r}")
         check_tied_parameters(model, units, what=f"--model {self.name!r}")
         return units
@@ -183,8 +196,15 @@ class HFAdapter:
         units = self.shard_units(fresh)
         guard = _init_guard()
         with guard:
-            init_unit_by_unit(model, fresh, units, seed=seed, init_module=self._init_module_fn(fresh),
-                              what=f"--model {self.name!r}", buffers_only=buffers_only)  # fmt: skip
+            init_unit_by_unit(
+                model,
+                fresh,
+                units,
+                seed=seed,
+                init_module=self._init_module_fn(fresh),
+                what=f"--model {self.name!r}",
+                buffers_only=buffers_only,
+            )
 
     def init_weights(self, model, *, seed: int) -> None:
         self._initialise(model, seed=seed, buffers_only=False)
@@ -197,8 +217,9 @@ class HFAdapter:
         self._initialise(model, seed=0, buffers_only=True)  # non-persistent buffers are in no file
         files = safetensors_files(self.weights_dir)
         prefix = getattr(model, "base_model_prefix", "")
-        load_safetensors_shards(model, files, what=f"--model {self.name!r}",
-                                strip_prefixes=(f"{prefix}.",) if prefix else ())  # fmt: skip
+        load_safetensors_shards(
+            model, files, what=f"--model {self.name!r}", strip_prefixes=(f"{prefix}.",) if prefix else ()
+        )
 
     # ------------------------------------------------------------------ the step
 
@@ -215,8 +236,12 @@ class HFAdapter:
 
     def describe(self) -> dict:
         """What run.json records about the model (export rebuilds it from this)."""
-        return {"kind": "hf", "model": self.name, "config": self.config.to_dict(),
-                "weights": str(self.weights_dir) if self.weights_dir else None}  # fmt: skip
+        return {
+            "kind": "hf",
+            "model": self.name,
+            "config": self.config.to_dict(),
+            "weights": str(self.weights_dir) if self.weights_dir else None,
+        }
 
 
 def model_from_config_dict(values: dict):
@@ -259,12 +284,18 @@ def classes_named(model, names: list[str], *, source: str, what: str) -> tuple[t
         else:
             unknown.append(name)
     if unknown:
-        blocks = sorted({type(m).__name__ for m in model.modules() if m is not model and any(True for _ in m.children())})
-        raise SpecError(f"{what}: {source} names {', '.join(map(repr, unknown))}, which matches no module of "
-                        f"{type(model).__name__}; its composite modules are {', '.join(blocks[:12])}")  # fmt: skip
+        blocks = sorted(
+            {type(m).__name__ for m in model.modules() if m is not model and any(True for _ in m.children())}
+        )
+        raise SpecError(
+            f"{what}: {source} names {', '.join(map(repr, unknown))}, which matches no module of "
+            f"{type(model).__name__}; its composite modules are {', '.join(blocks[:12])}"
+        )
     if type(model) in found:
-        raise SpecError(f"{what}: {source} names the model's own class {type(model).__name__}; name its blocks "
-                        f"(the root is always wrapped last)")  # fmt: skip
+        raise SpecError(
+            f"{what}: {source} names the model's own class {type(model).__name__}; name its blocks "
+            f"(the root is always wrapped last)"
+        )
     return tuple(dict.fromkeys(found))
 
 
@@ -287,8 +318,13 @@ def read_shapes(model: str):
     names = unit_names(meta, units)
     out = tuple((n, tuple(p.shape), unit_of(n, names) == "") for n, p in meta.named_parameters())
     layers = sum(1 for m in meta.modules() if isinstance(m, units))
-    shapes = ModelShapes(model_type=adapter.config.model_type, block_class=",".join(u.__name__ for u in units),
-                         layers=layers, shapes=out, tied=bool(_tied(meta)))  # fmt: skip
+    shapes = ModelShapes(
+        model_type=adapter.config.model_type,
+        block_class=",".join(u.__name__ for u in units),
+        layers=layers,
+        shapes=out,
+        tied=bool(_tied(meta)),
+    )
     return shapes, "meta-device build (torch and transformers: no formula for this model_type)"
 
 

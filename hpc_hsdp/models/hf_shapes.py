@@ -15,8 +15,12 @@ from math import prod
 
 from hpc_hsdp.plan.shapes import padded_numel
 
-LLAMA_STYLE = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "qwen2": "Qwen2DecoderLayer",
-               "qwen3": "Qwen3DecoderLayer"}  # fmt: skip
+LLAMA_STYLE = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+}
 GPT2_STYLE = {"gpt2": "GPT2Block"}
 
 Shape = tuple[str, tuple[int, ...], bool]
@@ -33,8 +37,10 @@ class ModelShapes:
 
     def counts(self, shard_size: int = 1) -> tuple[int, int]:
         """(parameters, root parameters), dim 0 padded to a multiple of ``shard_size`` as FSDP2 pads it."""
-        return (sum(padded_numel(s, shard_size) for _, s, _ in self.shapes),
-                sum(padded_numel(s, shard_size) for _, s, root in self.shapes if root))  # fmt: skip
+        return (
+            sum(padded_numel(s, shard_size) for _, s, _ in self.shapes),
+            sum(padded_numel(s, shard_size) for _, s, root in self.shapes if root),
+        )
 
     @property
     def params(self) -> int:
@@ -49,9 +55,15 @@ class ModelShapes:
         return (self.params - self.root_params) // max(self.layers, 1)
 
     def to_dict(self) -> dict:
-        return {"model_type": self.model_type, "block_class": self.block_class, "layers": self.layers,
-                "params": self.params, "root_params": self.root_params, "block_params": self.block_params,
-                "tied_embeddings": self.tied}  # fmt: skip
+        return {
+            "model_type": self.model_type,
+            "block_class": self.block_class,
+            "layers": self.layers,
+            "params": self.params,
+            "root_params": self.root_params,
+            "block_params": self.block_params,
+            "tied_embeddings": self.tied,
+        }
 
 
 def _linear(name: str, out_features: int, in_features: int, bias: bool) -> list[tuple[str, tuple[int, ...]]]:
@@ -71,19 +83,27 @@ def _llama(c: dict, model_type: str) -> ModelShapes:
     out: list[Shape] = [("model.embed_tokens.weight", (v, h), True)]
     for i in range(layers):
         p = f"model.layers.{i}."
-        block = [*_linear("self_attn.q_proj", heads * hd, h, qkv_bias), *_linear("self_attn.k_proj", kv * hd, h, qkv_bias),
-                 *_linear("self_attn.v_proj", kv * hd, h, qkv_bias), *_linear("self_attn.o_proj", h, heads * hd, o_bias)]
+        block = [
+            *_linear("self_attn.q_proj", heads * hd, h, qkv_bias),
+            *_linear("self_attn.k_proj", kv * hd, h, qkv_bias),
+            *_linear("self_attn.v_proj", kv * hd, h, qkv_bias),
+            *_linear("self_attn.o_proj", h, heads * hd, o_bias),
+        ]
         if model_type == "qwen3":
             block += [("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,))]
-        block += [*_linear("mlp.gate_proj", inter, h, mlp_bias), *_linear("mlp.up_proj", inter, h, mlp_bias),
-                  *_linear("mlp.down_proj", h, inter, mlp_bias)]  # fmt: skip
+        block += [
+            *_linear("mlp.gate_proj", inter, h, mlp_bias),
+            *_linear("mlp.up_proj", inter, h, mlp_bias),
+            *_linear("mlp.down_proj", h, inter, mlp_bias),
+        ]
         block += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
         out += [(p + name, shape, False) for name, shape in block]
     out.append(("model.norm.weight", (h,), True))
     if not tied:
         out.append(("lm_head.weight", (v, h), True))
-    return ModelShapes(model_type=model_type, block_class=LLAMA_STYLE[model_type], layers=layers, shapes=tuple(out),
-                       tied=tied)  # fmt: skip
+    return ModelShapes(
+        model_type=model_type, block_class=LLAMA_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+    )
 
 
 def _gpt2(c: dict, model_type: str) -> ModelShapes:
@@ -94,16 +114,27 @@ def _gpt2(c: dict, model_type: str) -> ModelShapes:
     out: list[Shape] = [("transformer.wte.weight", (v, e), True), ("transformer.wpe.weight", (positions, e), True)]
     for i in range(layers):
         p = f"transformer.h.{i}."
-        block = [("ln_1.weight", (e,)), ("ln_1.bias", (e,)), ("attn.c_attn.weight", (e, 3 * e)),
-                 ("attn.c_attn.bias", (3 * e,)), ("attn.c_proj.weight", (e, e)), ("attn.c_proj.bias", (e,)),
-                 ("ln_2.weight", (e,)), ("ln_2.bias", (e,)), ("mlp.c_fc.weight", (e, inner)), ("mlp.c_fc.bias", (inner,)),
-                 ("mlp.c_proj.weight", (inner, e)), ("mlp.c_proj.bias", (e,))]  # fmt: skip
+        block = [
+            ("ln_1.weight", (e,)),
+            ("ln_1.bias", (e,)),
+            ("attn.c_attn.weight", (e, 3 * e)),
+            ("attn.c_attn.bias", (3 * e,)),
+            ("attn.c_proj.weight", (e, e)),
+            ("attn.c_proj.bias", (e,)),
+            ("ln_2.weight", (e,)),
+            ("ln_2.bias", (e,)),
+            ("mlp.c_fc.weight", (e, inner)),
+            ("mlp.c_fc.bias", (inner,)),
+            ("mlp.c_proj.weight", (inner, e)),
+            ("mlp.c_proj.bias", (e,)),
+        ]
         out += [(p + name, shape, False) for name, shape in block]
     out += [("transformer.ln_f.weight", (e,), True), ("transformer.ln_f.bias", (e,), True)]
     if not tied:
         out.append(("lm_head.weight", (v, e), True))
-    return ModelShapes(model_type=model_type, block_class=GPT2_STYLE[model_type], layers=layers, shapes=tuple(out),
-                       tied=tied)  # fmt: skip
+    return ModelShapes(
+        model_type=model_type, block_class=GPT2_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+    )
 
 
 def shapes_from_config(config: dict) -> ModelShapes | None:

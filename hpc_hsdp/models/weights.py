@@ -192,9 +192,18 @@ def init_unit_by_unit(
 # ----------------------------------------------------------------------------- safetensors
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                      "BOOL": torch.bool}  # fmt: skip
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 class SafetensorsFile:
@@ -252,8 +261,9 @@ def safetensors_files(directory: Path) -> dict[str, Path]:
 
 
 @torch.no_grad()
-def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: str,
-                            strip_prefixes: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+def load_safetensors_shards(
+    target: nn.Module, files: dict[str, Path], *, what: str, strip_prefixes: tuple[str, ...] = ()
+) -> list[str]:
     """Read each parameter's (and persistent buffer's) own shard from ``files`` into
     ``target`` (only its rows' bytes: FSDP2 shards dim 0); returns the file's tensor names
     that the model did not take. A missing parameter or a shape that differs is a
@@ -264,8 +274,7 @@ def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: 
         for b in module._buffers
         if b not in module._non_persistent_buffers_set
     }
-    wanted = {**dict(target.named_parameters()),
-              **{n: b for n, b in target.named_buffers() if n in persistent}}  # fmt: skip
+    wanted = {**dict(target.named_parameters()), **{n: b for n, b in target.named_buffers() if n in persistent}}
     aliases = {group[0]: group for group in tied_groups(target)}
     handles: dict[Path, SafetensorsFile] = {}
     used: set[str] = set()
@@ -286,15 +295,18 @@ def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: 
             handle = handles[path]
             shape = handle.shape(key)
             if shape != tuple(tensor.shape):
-                raise SpecError(f"{what}: {key} has shape {shape} in {path.name} but the config builds "
-                                f"{tuple(tensor.shape)}; the weights do not belong to this config.json")  # fmt: skip
+                raise SpecError(
+                    f"{what}: {key} has shape {shape} in {path.name} but the config builds "
+                    f"{tuple(tensor.shape)}; the weights do not belong to this config.json"
+                )
             local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             start, count = 0, (shape[0] if shape else 1)
             if isinstance(tensor, DTensor):
                 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-                local_shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh,
-                                                                            tensor.placements)  # fmt: skip
+                local_shape, offset = compute_local_shape_and_global_offset(
+                    tensor.shape, tensor.device_mesh, tensor.placements
+                )
                 if any(offset[1:]) or tuple(local_shape[1:]) != shape[1:]:
                     full = handle.read_rows(key, 0, shape[0])  # sharded beyond dim 0: take it whole
                     local.copy_(_local_part(full, tensor).to(device=local.device, dtype=local.dtype))
@@ -308,8 +320,10 @@ def load_safetensors_shards(target: nn.Module, files: dict[str, Path], *, what: 
         for handle in handles.values():
             handle.close()
     if missing:
-        raise SpecError(f"{what}: the safetensors weights lack {len(missing)} parameter(s) of the model, e.g. "
-                        f"{', '.join(missing[:3])}; they were saved from another model class or config")  # fmt: skip
+        raise SpecError(
+            f"{what}: the safetensors weights lack {len(missing)} parameter(s) of the model, e.g. "
+            f"{', '.join(missing[:3])}; they were saved from another model class or config"
+        )
     return sorted(set(files) - used)
 
 

@@ -34,9 +34,21 @@ ACTIVATION_RESERVE = 0.2
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "b": 10**9}
 _BYTE_UNITS = {
-    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
 
 
 def parse_count(text: str, *, option: str = "--model-params") -> int:
@@ -123,10 +135,15 @@ class Estimate:
                 "total": self.total_bytes,
             },
             "per_step_per_gpu": [
-                {"kind": t.kind, "axis": t.axis, "tensor_bytes": t.tensor_bytes, "wire_bytes": t.wire_bytes,
-                 "inter_node": t.inter_node}
+                {
+                    "kind": t.kind,
+                    "axis": t.axis,
+                    "tensor_bytes": t.tensor_bytes,
+                    "wire_bytes": t.wire_bytes,
+                    "inter_node": t.inter_node,
+                }
                 for t in self.traffic
-            ],  # fmt: skip
+            ],
             "intra_node_wire_bytes": self.intra_node_wire_bytes,
             "inter_node_wire_bytes": self.inter_node_wire_bytes,
         }
@@ -140,8 +157,14 @@ def check_model_options(*, dtype: str, optimizer: str) -> None:
 
 
 def estimate(
-    plan: TopologyPlan, *, model_params: int, root_params: int = 0, dtype: str = "fp32", optimizer: str = "adamw",
-    grad_accum: int = 1, reshard_after_forward: bool = True,
+    plan: TopologyPlan,
+    *,
+    model_params: int,
+    root_params: int = 0,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    grad_accum: int = 1,
+    reshard_after_forward: bool = True,
 ) -> Estimate:
     """Memory per GPU and bytes per optimizer step of rank 0 (every rank of an even plan
     moves the same); ``grad_accum`` micro-batches per step. ``reshard_after_forward=False``
@@ -158,19 +181,46 @@ def estimate(
     traffic: list[Traffic] = []
     if s > 1:
         gathered = n * b * ((2 * p - p_root) if reshard_after_forward else p)
-        traffic.append(Traffic(kind="all_gather", axis="shard", tensor_bytes=gathered,
-                               wire_bytes=gathered * (s - 1) // s, inter_node=shard_inter))  # fmt: skip
-        traffic.append(Traffic(kind="reduce_scatter", axis="shard", tensor_bytes=n * b * p,
-                               wire_bytes=n * b * p * (s - 1) // s, inter_node=shard_inter))  # fmt: skip
+        traffic.append(
+            Traffic(
+                kind="all_gather",
+                axis="shard",
+                tensor_bytes=gathered,
+                wire_bytes=gathered * (s - 1) // s,
+                inter_node=shard_inter,
+            )
+        )
+        traffic.append(
+            Traffic(
+                kind="reduce_scatter",
+                axis="shard",
+                tensor_bytes=n * b * p,
+                wire_bytes=n * b * p * (s - 1) // s,
+                inter_node=shard_inter,
+            )
+        )
     if r > 1:
         shard_grad = b * p // s
-        traffic.append(Traffic(kind="all_reduce", axis="replicate", tensor_bytes=shard_grad,
-                               wire_bytes=2 * shard_grad * (r - 1) // r, inter_node=replicate_inter))  # fmt: skip
+        traffic.append(
+            Traffic(
+                kind="all_reduce",
+                axis="replicate",
+                tensor_bytes=shard_grad,
+                wire_bytes=2 * shard_grad * (r - 1) // r,
+                inter_node=replicate_inter,
+            )
+        )
     return Estimate(
-        model_params=p, root_params=p_root, dtype=dtype, optimizer=optimizer,
-        param_bytes=b * p // s, grad_bytes=b * p // s, optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
-        traffic=tuple(traffic), reshard_after_forward=reshard_after_forward,
-    )  # fmt: skip
+        model_params=p,
+        root_params=p_root,
+        dtype=dtype,
+        optimizer=optimizer,
+        param_bytes=b * p // s,
+        grad_bytes=b * p // s,
+        optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
+        traffic=tuple(traffic),
+        reshard_after_forward=reshard_after_forward,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,8 +275,13 @@ class Candidate:
 
     def to_dict(self) -> dict:
         e = self.estimate
-        return {"shard_size": self.shard_size, "memory_per_gpu_bytes": e.total_bytes, "fits": self.fits,
-                "intra_node_wire_bytes": e.intra_node_wire_bytes, "inter_node_wire_bytes": e.inter_node_wire_bytes}  # fmt: skip
+        return {
+            "shard_size": self.shard_size,
+            "memory_per_gpu_bytes": e.total_bytes,
+            "fits": self.fits,
+            "intra_node_wire_bytes": e.intra_node_wire_bytes,
+            "inter_node_wire_bytes": e.inter_node_wire_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,15 +355,26 @@ def recommend(
         regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params)
         reshard = not gathered_fits(state_bytes=e.total_bytes, gathered_bytes=gathered, memory_bytes=gpu_memory)
         if reshard:
-            reasons.append(f"keep resharding after forward: the whole model gathered ({format_bytes(gathered)}) "
-                           f"would not fit beside the {format_bytes(e.total_bytes)} of state")  # fmt: skip
+            reasons.append(
+                f"keep resharding after forward: the whole model gathered ({format_bytes(gathered)}) "
+                f"would not fit beside the {format_bytes(e.total_bytes)} of state"
+            )
         else:
-            reasons.append(f"--reshard-after-forward never: the whole model gathered from forward to backward "
-                           f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.total_bytes + gathered)} "
-                           f"in all); backward gathers nothing again ({format_bytes(regather)} less to all-gather per "
-                           f"step in the shard group), the faster step")  # fmt: skip
-    return Recommendation(candidates=tuple(candidates), chosen=chosen, gpu_memory=gpu_memory, budget_bytes=budget,
-                          reasons=tuple(reasons), reshard_after_forward=reshard, gathered_bytes=gathered)  # fmt: skip
+            reasons.append(
+                f"--reshard-after-forward never: the whole model gathered from forward to backward "
+                f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.total_bytes + gathered)} "
+                f"in all); backward gathers nothing again ({format_bytes(regather)} less to all-gather per "
+                f"step in the shard group), the faster step"
+            )
+    return Recommendation(
+        candidates=tuple(candidates),
+        chosen=chosen,
+        gpu_memory=gpu_memory,
+        budget_bytes=budget,
+        reasons=tuple(reasons),
+        reshard_after_forward=reshard,
+        gathered_bytes=gathered,
+    )
 
 
 def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int, gpu_memory: int) -> list[str]:
@@ -316,9 +382,11 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
     too_big = [c.shard_size for c in candidates if not c.fits]
     if chosen is None:
         largest = candidates[-1]
-        return [f"no shard size fits: even --shard {largest.shard_size} needs {format_bytes(largest.needed_bytes)} "
-                f"per GPU for parameters, gradients and optimizer state, more than {reserve}; "
-                f"use more GPUs, bf16, or an optimizer with less state"]  # fmt: skip
+        return [
+            f"no shard size fits: even --shard {largest.shard_size} needs {format_bytes(largest.needed_bytes)} "
+            f"per GPU for parameters, gradients and optimizer state, more than {reserve}; "
+            f"use more GPUs, bf16, or an optimizer with less state"
+        ]
     e = chosen.estimate
     lines = [f"--shard {chosen.shard_size}: {format_bytes(e.total_bytes)} per GPU fits in {reserve}"]
     if too_big:
@@ -327,15 +395,22 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
     if others:
         nxt = others[0].estimate
         if nxt.inter_node_wire_bytes > e.inter_node_wire_bytes:
-            factor = ("" if e.inter_node_wire_bytes == 0
-                      else f", {nxt.inter_node_wire_bytes / e.inter_node_wire_bytes:.1f}x as much")  # fmt: skip
-            lines.append(f"least inter-node traffic of those that fit: {format_bytes(e.inter_node_wire_bytes)} per step "
-                         f"per GPU; the next best, --shard {others[0].shard_size}, sends "
-                         f"{format_bytes(nxt.inter_node_wire_bytes)}{factor}")  # fmt: skip
+            factor = (
+                ""
+                if e.inter_node_wire_bytes == 0
+                else f", {nxt.inter_node_wire_bytes / e.inter_node_wire_bytes:.1f}x as much"
+            )
+            lines.append(
+                f"least inter-node traffic of those that fit: {format_bytes(e.inter_node_wire_bytes)} per step "
+                f"per GPU; the next best, --shard {others[0].shard_size}, sends "
+                f"{format_bytes(nxt.inter_node_wire_bytes)}{factor}"
+            )
         else:
-            lines.append(f"equal inter-node traffic ({format_bytes(e.inter_node_wire_bytes)} per step per GPU) to "
-                         f"--shard {others[0].shard_size}, and less traffic inside the node "
-                         f"({format_bytes(e.intra_node_wire_bytes)} against {format_bytes(nxt.intra_node_wire_bytes)})")  # fmt: skip
+            lines.append(
+                f"equal inter-node traffic ({format_bytes(e.inter_node_wire_bytes)} per step per GPU) to "
+                f"--shard {others[0].shard_size}, and less traffic inside the node "
+                f"({format_bytes(e.intra_node_wire_bytes)} against {format_bytes(nxt.intra_node_wire_bytes)})"
+            )
     return lines
 
 
@@ -368,23 +443,32 @@ class SaveTime:
     def warning(self) -> str | None:
         if self.fits:
             return None
-        return (f"warning: a checkpoint of {format_bytes(self.checkpoint_bytes)} takes about {self.seconds:.0f} s at "
-                f"{self.rate / 1e9:g} GB/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
-                f"SIGTERM (scancel, preemption, the time limit) is killed half-written and the run resumes from the "
-                f"previous one; save on the warning signal (--signal USR2@SECONDS, at least "
-                f"{int(self.seconds * 2) + 60} s) or checkpoint more often (--checkpoint-every)")
+        return (
+            f"warning: a checkpoint of {format_bytes(self.checkpoint_bytes)} takes about {self.seconds:.0f} s at "
+            f"{self.rate / 1e9:g} GB/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
+            f"SIGTERM (scancel, preemption, the time limit) is killed half-written and the run resumes from the "
+            f"previous one; save on the warning signal (--signal USR2@SECONDS, at least "
+            f"{int(self.seconds * 2) + 60} s) or checkpoint more often (--checkpoint-every)"
+        )
 
     def to_dict(self) -> dict:
-        return {"checkpoint_bytes": self.checkpoint_bytes, "seconds": round(self.seconds, 1),
-                "kill_wait_s": self.kill_wait_s, "rate_bytes_per_s": self.rate, "fits": self.fits}
+        return {
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "seconds": round(self.seconds, 1),
+            "kill_wait_s": self.kill_wait_s,
+            "rate_bytes_per_s": self.rate,
+            "fits": self.fits,
+        }
 
 
-def save_time(plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KILL_WAIT_S,
-              rate: int = DEFAULT_SAVE_RATE) -> SaveTime:
+def save_time(
+    plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KILL_WAIT_S, rate: int = DEFAULT_SAVE_RATE
+) -> SaveTime:
     """A full checkpoint's size and write time for ``est`` on ``plan``'s nodes."""
     checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.shard_size
-    return SaveTime(checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate),
-                    kill_wait_s=kill_wait_s, rate=rate)
+    return SaveTime(
+        checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate), kill_wait_s=kill_wait_s, rate=rate
+    )
 
 
 DEFAULT_WRITE_BANDWIDTH = "1GB"
@@ -414,20 +498,31 @@ class SaveEstimate:
         return int(-(-(1.5 * self.seconds + 30) // 1))
 
     def to_dict(self) -> dict:
-        return {"checkpoint_bytes": self.checkpoint_bytes, "per_node_bytes": self.per_node_bytes,
-                "node_write_bandwidth": self.node_write_bandwidth, "seconds": self.seconds, "signal": self.signal,
-                "lead_s": self.lead_s, "too_slow": self.too_slow}  # fmt: skip
+        return {
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "per_node_bytes": self.per_node_bytes,
+            "node_write_bandwidth": self.node_write_bandwidth,
+            "seconds": self.seconds,
+            "signal": self.signal,
+            "lead_s": self.lead_s,
+            "too_slow": self.too_slow,
+        }
 
     def lines(self) -> list[str]:
-        head = (f"checkpoint: {format_bytes(self.checkpoint_bytes)} (parameters and optimizer state, replicas stored "
-                f"once), {format_bytes(self.per_node_bytes)} per node: about {self.seconds:,.0f} s at "
-                f"{self.node_write_bandwidth / 1e9:g} GB/s per node (--write-bandwidth)")  # fmt: skip
+        head = (
+            f"checkpoint: {format_bytes(self.checkpoint_bytes)} (parameters and optimizer state, replicas stored "
+            f"once), {format_bytes(self.per_node_bytes)} per node: about {self.seconds:,.0f} s at "
+            f"{self.node_write_bandwidth / 1e9:g} GB/s per node (--write-bandwidth)"
+        )
         if self.lead_s is None:
             return [head, "no warning signal (--signal none): a time limit or preemption ends the job without a save"]
         if self.too_slow:
-            return [head, f"warning: that is longer than the {self.lead_s} s between --signal {self.signal} and the time "
-                          f"limit: the save on the warning would not finish; give --signal USR2@{self.suggested_lead_s} "
-                          f"(1.5x the save and 30 s), or a faster file system"]  # fmt: skip
+            return [
+                head,
+                f"warning: that is longer than the {self.lead_s} s between --signal {self.signal} and the time "
+                f"limit: the save on the warning would not finish; give --signal USR2@{self.suggested_lead_s} "
+                f"(1.5x the save and 30 s), or a faster file system",
+            ]
         return [head, f"fits the {self.lead_s} s between --signal {self.signal} and the time limit"]
 
 
@@ -443,12 +538,25 @@ def parse_bandwidth(text: str) -> int:
     return parse_bytes(str(text).strip().removesuffix("/s"), option="--write-bandwidth")
 
 
-def save_estimate(plan: TopologyPlan, *, model_params: int, dtype: str = "fp32", optimizer: str = "adamw",
-                  node_write_bandwidth: int, signal: str | None) -> SaveEstimate:  # fmt: skip
+def save_estimate(
+    plan: TopologyPlan,
+    *,
+    model_params: int,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    node_write_bandwidth: int,
+    signal: str | None,
+) -> SaveEstimate:
     """The time to write one checkpoint: every node writes its share of the unique bytes (DCP
     spreads the replicated shards over the ranks) at ``node_write_bandwidth``."""
     check_model_options(dtype=dtype, optimizer=optimizer)
     total = model_params * (DTYPE_BYTES[dtype] + 4 * OPTIMIZER_STATES[optimizer])
     per_node = -(-total // plan.nodes)
-    return SaveEstimate(checkpoint_bytes=total, per_node_bytes=per_node, node_write_bandwidth=node_write_bandwidth,
-                        seconds=per_node / node_write_bandwidth, signal=signal, lead_s=signal_lead_s(signal))  # fmt: skip
+    return SaveEstimate(
+        checkpoint_bytes=total,
+        per_node_bytes=per_node,
+        node_write_bandwidth=node_write_bandwidth,
+        seconds=per_node / node_write_bandwidth,
+        signal=signal,
+        lead_s=signal_lead_s(signal),
+    )

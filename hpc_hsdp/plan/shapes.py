@@ -23,19 +23,29 @@ class ParameterCounts:
     shard_size: int
 
 
-def builtin_shapes(*, vocab_size: int, seq_len: int, width: int, layers: int) -> list[tuple[str, tuple[int, ...], bool]]:
+def builtin_shapes(
+    *, vocab_size: int, seq_len: int, width: int, layers: int
+) -> list[tuple[str, tuple[int, ...], bool]]:
     """``(name, shape, in_root)`` of every parameter of the built-in Transformer, in order."""
     w = width
-    out: list[tuple[str, tuple[int, ...], bool]] = [("tok_emb.weight", (vocab_size, w), True),
-                                                   ("pos_emb.weight", (seq_len, w), True)]  # fmt: skip
+    out: list[tuple[str, tuple[int, ...], bool]] = [
+        ("tok_emb.weight", (vocab_size, w), True),
+        ("pos_emb.weight", (seq_len, w), True),
+    ]
     block = [
-        ("attn_norm.weight", (w,)), ("attn_norm.bias", (w,)),
-        ("attn.qkv.weight", (3 * w, w)), ("attn.qkv.bias", (3 * w,)),
-        ("attn.proj.weight", (w, w)), ("attn.proj.bias", (w,)),
-        ("mlp_norm.weight", (w,)), ("mlp_norm.bias", (w,)),
-        ("mlp.fc.weight", (4 * w, w)), ("mlp.fc.bias", (4 * w,)),
-        ("mlp.proj.weight", (w, 4 * w)), ("mlp.proj.bias", (w,)),
-    ]  # fmt: skip
+        ("attn_norm.weight", (w,)),
+        ("attn_norm.bias", (w,)),
+        ("attn.qkv.weight", (3 * w, w)),
+        ("attn.qkv.bias", (3 * w,)),
+        ("attn.proj.weight", (w, w)),
+        ("attn.proj.bias", (w,)),
+        ("mlp_norm.weight", (w,)),
+        ("mlp_norm.bias", (w,)),
+        ("mlp.fc.weight", (4 * w, w)),
+        ("mlp.fc.bias", (4 * w,)),
+        ("mlp.proj.weight", (w, 4 * w)),
+        ("mlp.proj.bias", (w,)),
+    ]
     for i in range(layers):
         out += [(f"blocks.{i}.{name}", shape, False) for name, shape in block]
     out += [("norm.weight", (w,), True), ("norm.bias", (w,), True), ("head.weight", (vocab_size, w), True)]
@@ -48,8 +58,9 @@ def padded_numel(shape: tuple[int, ...], shard_size: int) -> int:
     return rows * prod(shape[1:])
 
 
-def parameter_counts(*, vocab_size: int, seq_len: int, width: int, layers: int, shard_size: int = 1,
-                     **_ignored) -> ParameterCounts:  # fmt: skip
+def parameter_counts(
+    *, vocab_size: int, seq_len: int, width: int, layers: int, shard_size: int = 1, **_ignored
+) -> ParameterCounts:
     """The built-in model's parameter counts for ``hpc-hsdp plan --model-params`` and the
     estimates (accepts a TrainingSpec's fields as keywords; the others are ignored)."""
     shapes = builtin_shapes(vocab_size=vocab_size, seq_len=seq_len, width=width, layers=layers)

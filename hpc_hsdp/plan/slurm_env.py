@@ -66,12 +66,14 @@ def task_environments(
     envs = []
     for procid, (node, local) in enumerate(placement):
         env = dict(common)
-        env.update({
-            "SLURM_PROCID": str(procid),
-            "SLURM_LOCALID": str(local),
-            "SLURM_NODEID": str(node),
-            "SLURMD_NODENAME": node_names[node],
-        })  # fmt: skip
+        env.update(
+            {
+                "SLURM_PROCID": str(procid),
+                "SLURM_LOCALID": str(local),
+                "SLURM_NODEID": str(node),
+                "SLURMD_NODENAME": node_names[node],
+            }
+        )
         if gpus_per_node > 0:
             env["SLURM_GPUS_ON_NODE"] = str(gpus_per_node)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus_per_node))

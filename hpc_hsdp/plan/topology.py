@@ -36,19 +36,31 @@ MAX_WORLD_SIZE = 1_048_576
 _TYPO_HINT = "check for a typo"
 
 
-def check_sizes(*, nodes: int, tasks_per_node: int, world_size: int | None = None, what_nodes: str = "--nodes",
-                what_tasks: str = "--gpus-per-node") -> None:  # fmt: skip
+def check_sizes(
+    *,
+    nodes: int,
+    tasks_per_node: int,
+    world_size: int | None = None,
+    what_nodes: str = "--nodes",
+    what_tasks: str = "--gpus-per-node",
+) -> None:
     """Raise TopologyError when a job's size is beyond what any cluster has (before anything
     proportional to it is allocated)."""
     if nodes > MAX_NODES:
-        raise TopologyError(f"{what_nodes} {nodes} is more than the {MAX_NODES:,} nodes hpc-hsdp plans for; {_TYPO_HINT}")
+        raise TopologyError(
+            f"{what_nodes} {nodes} is more than the {MAX_NODES:,} nodes hpc-hsdp plans for; {_TYPO_HINT}"
+        )
     if tasks_per_node > MAX_TASKS_PER_NODE:
-        raise TopologyError(f"{what_tasks} {tasks_per_node} is more than the {MAX_TASKS_PER_NODE:,} tasks per node "
-                            f"hpc-hsdp plans for; {_TYPO_HINT}")  # fmt: skip
+        raise TopologyError(
+            f"{what_tasks} {tasks_per_node} is more than the {MAX_TASKS_PER_NODE:,} tasks per node "
+            f"hpc-hsdp plans for; {_TYPO_HINT}"
+        )
     world = nodes * tasks_per_node if world_size is None else world_size
     if world > MAX_WORLD_SIZE:
-        raise TopologyError(f"{world:,} ranks ({what_nodes} {nodes:,} x {tasks_per_node:,} per node) are more than the "
-                            f"{MAX_WORLD_SIZE:,} ranks hpc-hsdp plans for; {_TYPO_HINT}")  # fmt: skip
+        raise TopologyError(
+            f"{world:,} ranks ({what_nodes} {nodes:,} x {tasks_per_node:,} per node) are more than the "
+            f"{MAX_WORLD_SIZE:,} ranks hpc-hsdp plans for; {_TYPO_HINT}"
+        )
 
 
 def _nodelist_size(text: str) -> int:
@@ -75,8 +87,10 @@ def expand_nodelist(nodelist: str) -> tuple[str, ...]:
         raise TopologyError("empty node list; give node names such as 'n[1-2]' or 'gpu-a01,gpu-a02'")
     size = _nodelist_size(text)
     if size > MAX_NODES:
-        raise TopologyError(f"node list {nodelist[:80]!r} names {size:,} nodes, more than the {MAX_NODES:,} hpc-hsdp "
-                            f"plans for; {_TYPO_HINT}")  # fmt: skip
+        raise TopologyError(
+            f"node list {nodelist[:80]!r} names {size:,} nodes, more than the {MAX_NODES:,} hpc-hsdp "
+            f"plans for; {_TYPO_HINT}"
+        )
     try:
         names = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
@@ -98,8 +112,13 @@ def parse_tasks_per_node(text: str) -> tuple[int, ...]:
                 f"malformed tasks-per-node string {text!r}; expected SLURM's form such as '8(x2),4' or '4,8'"
             )
         count, repeat = int(match.group(1)), int(match.group(2) or 1)
-        check_sizes(nodes=len(counts) + repeat, tasks_per_node=count, world_size=0,
-                    what_nodes=f"tasks-per-node {text.strip()[:80]!r}: nodes", what_tasks=f"tasks-per-node {item.strip()!r}:")  # fmt: skip
+        check_sizes(
+            nodes=len(counts) + repeat,
+            tasks_per_node=count,
+            world_size=0,
+            what_nodes=f"tasks-per-node {text.strip()[:80]!r}: nodes",
+            what_tasks=f"tasks-per-node {item.strip()!r}:",
+        )
         counts.extend([count] * repeat)
     return tuple(counts)
 
@@ -157,7 +176,9 @@ class TopologyPlan:
         if len(counts) > MAX_NODES:
             check_sizes(nodes=len(counts), tasks_per_node=1, what_nodes="tasks per node: nodes")
         if any(c < 1 for c in counts):
-            raise TopologyError(f"tasks per node {list(counts)[:16]} includes a count below 1; every node needs >= 1 task")
+            raise TopologyError(
+                f"tasks per node {list(counts)[:16]} includes a count below 1; every node needs >= 1 task"
+            )
         check_sizes(nodes=len(counts), tasks_per_node=max(counts), world_size=sum(counts))
         names = tuple(self.node_names) or default_node_names(len(counts))
         if len(names) != len(counts):
@@ -495,9 +516,7 @@ class RankLayout:
         }
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None = None
-    ) -> RankLayout:
+    def from_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None = None) -> RankLayout:
         """Derive this task's layout from SLURM's (or torchrun's) environment.
 
         ``nproc_per_node``: given only by the torchrun launcher (a task that will start
@@ -519,9 +538,7 @@ class RankLayout:
         return cls.from_env(env, shard_size=shard_size)
 
     @classmethod
-    def _from_slurm_env(
-        cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None
-    ) -> RankLayout:
+    def _from_slurm_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None) -> RankLayout:
         if "SLURM_JOB_ID" not in env and "SLURM_PROCID" not in env:
             raise SlurmEnvError(f"no SLURM environment found (SLURM_JOB_ID is not set); {_OUTSIDE_SLURM}")
         nodelist = env.get("SLURM_STEP_NODELIST") or _require(env, "SLURM_JOB_NODELIST", _OUTSIDE_SLURM)
@@ -573,21 +590,35 @@ class RankLayout:
             if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
                 raise SlurmEnvError(f"--nproc-per-node {nproc_per_node!r} must be a positive number of workers")
             workers = nproc_per_node
-            plan = TopologyPlan(tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names)
+            plan = TopologyPlan(
+                tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names
+            )
             return cls(
-                plan=plan, rank=plan.rank_of(node_rank, 0), local_rank=0, node_rank=node_rank,
-                master_addr=master_addr, master_port=master_port,
+                plan=plan,
+                rank=plan.rank_of(node_rank, 0),
+                local_rank=0,
+                node_rank=node_rank,
+                master_addr=master_addr,
+                master_port=master_port,
                 device=select_device(env, local_rank=0, local_world_size=workers),
-                slurm_procid=procid, launch_mode="task-per-node", job_id=job_id,
-            )  # fmt: skip
+                slurm_procid=procid,
+                launch_mode="task-per-node",
+                job_id=job_id,
+            )
 
         plan = TopologyPlan(tasks_per_node=tasks_per_node, shard_size=shard_size, node_names=node_names)
         return cls(
-            plan=plan, rank=plan.rank_of(node_rank, local_rank), local_rank=local_rank, node_rank=node_rank,
-            master_addr=master_addr, master_port=master_port,
+            plan=plan,
+            rank=plan.rank_of(node_rank, local_rank),
+            local_rank=local_rank,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
             device=select_device(env, local_rank=local_rank, local_world_size=on_node),
-            slurm_procid=procid, launch_mode="task-per-gpu", job_id=job_id,
-        )  # fmt: skip
+            slurm_procid=procid,
+            launch_mode="task-per-gpu",
+            job_id=job_id,
+        )
 
     @classmethod
     def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int) -> RankLayout:
@@ -621,8 +652,14 @@ class RankLayout:
                 f"node-major; use a static rendezvous (--node-rank), not c10d, so ranks follow node order"
             )
         return cls(
-            plan=plan, rank=rank, local_rank=local_rank, node_rank=node_rank,
-            master_addr=_require(env, "MASTER_ADDR", hint), master_port=rendezvous_port(env),
+            plan=plan,
+            rank=rank,
+            local_rank=local_rank,
+            node_rank=node_rank,
+            master_addr=_require(env, "MASTER_ADDR", hint),
+            master_port=rendezvous_port(env),
             device=select_device(env, local_rank=local_rank, local_world_size=local_world),
-            slurm_procid=_slurm_procid(env), launch_mode="torchrun", job_id=env.get("SLURM_JOB_ID"),
-        )  # fmt: skip
+            slurm_procid=_slurm_procid(env),
+            launch_mode="torchrun",
+            job_id=env.get("SLURM_JOB_ID"),
+        )

@@ -51,9 +51,11 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
 def request_lines(plan: TopologyPlan) -> list[str]:
     """What the job asks SLURM for by default, per node: the CPUs and memory each rank gets."""
     tasks = max(plan.tasks_per_node)
-    return [f"request: whole nodes (--exclusive, --mem=0), {tasks} task(s) and GPU(s) per node: each rank gets "
-            f"1/{tasks} of its node's CPUs (srun --cpus-per-task) and memory; --no-exclusive with --cpus-per-task "
-            f"and --mem to share nodes"]  # fmt: skip
+    return [
+        f"request: whole nodes (--exclusive, --mem=0), {tasks} task(s) and GPU(s) per node: each rank gets "
+        f"1/{tasks} of its node's CPUs (srun --cpus-per-task) and memory; --no-exclusive with --cpus-per-task "
+        f"and --mem to share nodes"
+    ]
 
 
 TABLE_HEAD_NODES, TABLE_TAIL_NODES = 4, 2
@@ -67,18 +69,32 @@ def _shown_nodes(plan: TopologyPlan) -> tuple[list[int], int | None]:
     return list(range(TABLE_HEAD_NODES)) + list(range(plan.nodes - TABLE_TAIL_NODES, plan.nodes)), TABLE_HEAD_NODES
 
 
-def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit | None = None,
-              gpu_memory: int | None = None, save: SaveTime | None = None) -> str:  # fmt: skip
+def plan_text(
+    plan: TopologyPlan,
+    *,
+    estimate: Estimate | None = None,
+    fit: Fit | None = None,
+    gpu_memory: int | None = None,
+    save: SaveTime | None = None,
+) -> str:
     s = plan.shard_size
     nodes, gap_at = _shown_nodes(plan)
     header = ("node", "gpu", "rank", "shard group", "replicate group")
     blocks: list[list[tuple[str, ...]]] = []
     for node in nodes:
         first = plan.first_rank_of_node[node]
-        blocks.append([(plan.node_names[node], str(local), str(first + local), f"{(first + local) // s}: "
-                        f"{_compact(plan.shard_group_of(first + local))}",
-                        f"{(first + local) % s}: {_compact(plan.replicate_group_of(first + local))}")
-                       for local in range(plan.tasks_per_node[node])])  # fmt: skip
+        blocks.append(
+            [
+                (
+                    plan.node_names[node],
+                    str(local),
+                    str(first + local),
+                    f"{(first + local) // s}: {_compact(plan.shard_group_of(first + local))}",
+                    f"{(first + local) % s}: {_compact(plan.replicate_group_of(first + local))}",
+                )
+                for local in range(plan.tasks_per_node[node])
+            ]
+        )
     widths = [max(len(row[i]) for row in [header, *(r for b in blocks for r in b)]) for i in range(len(header))]
 
     def line(row) -> str:
@@ -90,10 +106,12 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
             out.append("")
         if gap_at is not None and index == gap_at:
             hidden_first, hidden_last = TABLE_HEAD_NODES, plan.nodes - TABLE_TAIL_NODES - 1
-            out.append(f"... {hidden_last - hidden_first + 1:,} more nodes ({plan.node_names[hidden_first]} to "
-                       f"{plan.node_names[hidden_last]}, ranks {plan.first_rank_of_node[hidden_first]}-"
-                       f"{plan.first_rank_of_node[hidden_last] + plan.tasks_per_node[hidden_last] - 1}): "
-                       f"--json lists every rank")  # fmt: skip
+            out.append(
+                f"... {hidden_last - hidden_first + 1:,} more nodes ({plan.node_names[hidden_first]} to "
+                f"{plan.node_names[hidden_last]}, ranks {plan.first_rank_of_node[hidden_first]}-"
+                f"{plan.first_rank_of_node[hidden_last] + plan.tasks_per_node[hidden_last] - 1}): "
+                f"--json lists every rank"
+            )
             out.append("")
         out.extend(line(row) for row in block)
     out.append("")
@@ -102,25 +120,38 @@ def plan_text(plan: TopologyPlan, *, estimate: Estimate | None = None, fit: Fit 
     if estimate is not None:
         out.append("")
         out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
-        out.append(f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
-                   f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}")  # fmt: skip
+        out.append(
+            f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
+            f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}"
+        )
         for t in estimate.traffic:
             where = "inter-node" if t.inter_node else "intra-node"
-            out.append(f"  {t.kind:<14} over {t.axis:<9} {format_bytes(t.wire_bytes):>11} on the wire per step ({where})")
-        out.append(f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
-                   f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node")  # fmt: skip
+            out.append(
+                f"  {t.kind:<14} over {t.axis:<9} {format_bytes(t.wire_bytes):>11} on the wire per step ({where})"
+            )
+        out.append(
+            f"  per step: {format_bytes(estimate.intra_node_wire_bytes)} intra-node, "
+            f"{format_bytes(estimate.inter_node_wire_bytes)} inter-node"
+        )
         if not estimate.reshard_after_forward:
-            out.append("  (the whole model gathered fits beside the state: --reshard-after-forward auto keeps the "
-                       "gathered parameters to backward, no backward re-gather)")  # fmt: skip
+            out.append(
+                "  (the whole model gathered fits beside the state: --reshard-after-forward auto keeps the "
+                "gathered parameters to backward, no backward re-gather)"
+            )
     if save is not None:
-        out.append(save.warning() or f"a save on SIGTERM (about {save.seconds:.0f} s at {save.rate / 1e9:g} GB/s per "
-                                     f"node) fits KillWait ({save.kill_wait_s} s)")  # fmt: skip
+        out.append(
+            save.warning()
+            or f"a save on SIGTERM (about {save.seconds:.0f} s at {save.rate / 1e9:g} GB/s per "
+            f"node) fits KillWait ({save.kill_wait_s} s)"
+        )
     if gpu_memory is not None:
         if fit is None:
             out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")
         else:
-            out.append(f"smallest shard size that fits {format_bytes(gpu_memory)}: {fit.shard_size} "
-                       f"({format_bytes(fit.needed_bytes)} of states, {format_bytes(fit.headroom_bytes)} left for activations)")  # fmt: skip
+            out.append(
+                f"smallest shard size that fits {format_bytes(gpu_memory)}: {fit.shard_size} "
+                f"({format_bytes(fit.needed_bytes)} of states, {format_bytes(fit.headroom_bytes)} left for activations)"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -150,21 +181,34 @@ def plan_svg(plan: TopologyPlan) -> str:
     for node in range(plan.nodes):
         y = 60 + node * (row_h + gap)
         box_w = label_w + plan.tasks_per_node[node] * (cell_w + gap) + pad
-        parts.append(f'<rect x="{pad / 2}" y="{y}" width="{box_w}" height="{row_h}" rx="8" fill="#f4f4f4" stroke="#333"/>')
-        parts.append(f'<text x="{pad}" y="{y + row_h / 2 + 4}" font-weight="bold">{escape(plan.node_names[node])}</text>')
+        parts.append(
+            f'<rect x="{pad / 2}" y="{y}" width="{box_w}" height="{row_h}" rx="8" fill="#f4f4f4" stroke="#333"/>'
+        )
+        parts.append(
+            f'<text x="{pad}" y="{y + row_h / 2 + 4}" font-weight="bold">{escape(plan.node_names[node])}</text>'
+        )
         for local in range(plan.tasks_per_node[node]):
             rank = plan.rank_of(node, local)
             shard_index = rank // plan.shard_size
             x = label_w + local * (cell_w + gap)
-            parts.append(f'<rect x="{x}" y="{y + pad}" width="{cell_w}" height="{cell_h}" rx="4" '
-                         f'fill="{_colour(shard_index, groups)}" stroke="#222"/>')  # fmt: skip
-            parts.append(f'<text x="{x + cell_w / 2}" y="{y + pad + 18}" text-anchor="middle" font-weight="bold">'
-                         f"rank {rank}</text>")  # fmt: skip
-            parts.append(f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
-                         f"S{shard_index} R{rank % plan.shard_size}</text>")  # fmt: skip
+            parts.append(
+                f'<rect x="{x}" y="{y + pad}" width="{cell_w}" height="{cell_h}" rx="4" '
+                f'fill="{_colour(shard_index, groups)}" stroke="#222"/>'
+            )
+            parts.append(
+                f'<text x="{x + cell_w / 2}" y="{y + pad + 18}" text-anchor="middle" font-weight="bold">'
+                f"rank {rank}</text>"
+            )
+            parts.append(
+                f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
+                f"S{shard_index} R{rank % plan.shard_size}</text>"
+            )
     span = len(plan.nodes_of_group(plan.shard_groups[0]))
-    verdict = (f"each shard group spans {span} whole nodes" if plan.shard_groups_cross_nodes
-               else "every shard group inside one node")  # fmt: skip
+    verdict = (
+        f"each shard group spans {span} whole nodes"
+        if plan.shard_groups_cross_nodes
+        else "every shard group inside one node"
+    )
     parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
@@ -173,11 +217,16 @@ def plan_svg(plan: TopologyPlan) -> str:
 def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     """The recommendation, why, and a table of every shard size considered."""
     out = []
-    nodes = (f"{plan.nodes} node(s) x {plan.tasks_per_node[0]} GPUs" if len(set(plan.tasks_per_node)) == 1
-             else f"{plan.nodes} nodes ({','.join(map(str, plan.tasks_per_node))} GPUs)")  # fmt: skip
+    nodes = (
+        f"{plan.nodes} node(s) x {plan.tasks_per_node[0]} GPUs"
+        if len(set(plan.tasks_per_node)) == 1
+        else f"{plan.nodes} nodes ({','.join(map(str, plan.tasks_per_node))} GPUs)"
+    )
     first = rec.candidates[0].estimate
-    out.append(f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
-               f"{format_bytes(rec.gpu_memory)} per GPU")  # fmt: skip
+    out.append(
+        f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+        f"{format_bytes(rec.gpu_memory)} per GPU"
+    )
     if rec.chosen is not None:
         keep = " --reshard-after-forward never" if rec.reshard_after_forward is False else ""
         out.append(f"recommended: --shard {rec.chosen.shard_size}{keep}")
@@ -188,16 +237,25 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     rows = [("shard", "memory/GPU", "fits?", "intra-node/step", "inter-node/step", "")]
     for c in rec.candidates:
         e = c.estimate
-        rows.append((str(c.shard_size), format_bytes(e.total_bytes), "yes" if c.fits else "no",
-                     format_bytes(e.intra_node_wire_bytes), format_bytes(e.inter_node_wire_bytes),
-                     "<- recommended" if c is rec.chosen else ""))  # fmt: skip
+        rows.append(
+            (
+                str(c.shard_size),
+                format_bytes(e.total_bytes),
+                "yes" if c.fits else "no",
+                format_bytes(e.intra_node_wire_bytes),
+                format_bytes(e.inter_node_wire_bytes),
+                "<- recommended" if c is rec.chosen else "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         cells = [row[0].rjust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:5], widths[1:5])] + [row[5]]
         out.append("  ".join(cells).rstrip())
         if i == 0:
             out.append("  ".join("-" * w for w in widths[:5]))
-    out.append(f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
-               f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
-               f"{ACTIVATION_RESERVE:.0%} for activations)")  # fmt: skip
+    out.append(
+        f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
+        f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
+        f"{ACTIVATION_RESERVE:.0%} for activations)"
+    )
     return "\n".join(out) + "\n"

@@ -87,8 +87,11 @@ class RunData:
         return xs, ys
 
     def straggler_probes(self) -> list[tuple[int, dict]]:
-        return [(r["step"], r["stragglers"]) for r in self.records
-                if isinstance(r.get("stragglers"), dict) and r["stragglers"].get("own_time_s")]  # fmt: skip
+        return [
+            (r["step"], r["stragglers"])
+            for r in self.records
+            if isinstance(r.get("stragglers"), dict) and r["stragglers"].get("own_time_s")
+        ]
 
     def straggler_verdict(self) -> str | None:
         """The ranks named slow in at least half of the probes, in words, with how often."""
@@ -124,12 +127,18 @@ def _read_metrics(path: Path) -> tuple[list[dict], list[str]]:
         records.append(record)
     if bad and bad[-1] == len(lines) and not text.endswith("\n"):
         bad.pop()
-        notes.append(f"metrics.jsonl: the last line (line {len(lines)}) is cut short (being written, or the run was "
-                     f"killed); skipped")  # fmt: skip
+        notes.append(
+            f"metrics.jsonl: the last line (line {len(lines)}) is cut short (being written, or the run was "
+            f"killed); skipped"
+        )
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-        notes.insert(0, f"metrics.jsonl: line {shown} is not a metrics record; skipped" if len(bad) == 1 else
-                     f"metrics.jsonl: lines {shown} are not metrics records; skipped")  # fmt: skip
+        notes.insert(
+            0,
+            f"metrics.jsonl: line {shown} is not a metrics record; skipped"
+            if len(bad) == 1
+            else f"metrics.jsonl: lines {shown} are not metrics records; skipped",
+        )
     if not records and not bad:
         notes.append("metrics.jsonl is empty: no step finished yet")
     # a resumed attempt rewrites the steps after its checkpoint; keep the newest of each step
@@ -163,13 +172,22 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunData:
     records, notes = _read_metrics(run_dir / "metrics.jsonl")
     attempt = attempts.read_attempt(run_dir)
     times = [t for t in (_mtime(run_dir / "metrics.jsonl"), _mtime(run_dir / attempts.ATTEMPT)) if t]
-    run = RunData(path=run_dir, label=label or run_dir.name, records=records, nodes=_nodes(run_dir),
-                  restarts=attempts.read_restarts(run_dir), attempt=attempt, notes=notes,
-                  last_activity=max(times) if times else None)  # fmt: skip
+    run = RunData(
+        path=run_dir,
+        label=label or run_dir.name,
+        records=records,
+        nodes=_nodes(run_dir),
+        restarts=attempts.read_restarts(run_dir),
+        attempt=attempt,
+        notes=notes,
+        last_activity=max(times) if times else None,
+    )
     if run.state == "running" and records:
         total = run.total_steps
-        notes.append(f"in progress: step {records[-1]['step']}{f' of {total}' if total else ''}, "
-                     f"last written {time.time() - run.last_activity:.0f} s ago")  # fmt: skip
+        notes.append(
+            f"in progress: step {records[-1]['step']}{f' of {total}' if total else ''}, "
+            f"last written {time.time() - run.last_activity:.0f} s ago"
+        )
     return run
 
 

@@ -23,8 +23,10 @@ def _matplotlib():
         from matplotlib.colors import LinearSegmentedColormap
         from matplotlib.ticker import FuncFormatter
     except ImportError:
-        raise SpecError("PNG and SVG reports need matplotlib: pip install 'hpc-hsdp[report]' (or matplotlib), "
-                        "or write HTML (-o report.html), which needs nothing") from None  # fmt: skip
+        raise SpecError(
+            "PNG and SVG reports need matplotlib: pip install 'hpc-hsdp[report]' (or matplotlib), "
+            "or write HTML (-o report.html), which needs nothing"
+        ) from None
     return plt, LinearSegmentedColormap, FuncFormatter
 
 
@@ -38,24 +40,40 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     lines = []
     for run in runs:
         row = summary_rows(run)
-        lines.append(f"{run.label}: {row['state']}, step {row['step']}, loss {row['loss']}, eval {row['eval loss']}, "
-                     f"{row['tokens/s (median)']} tokens/s; restarts: {row['restarts']}; slowest: {row['slowest']}")  # fmt: skip
+        lines.append(
+            f"{run.label}: {row['state']}, step {row['step']}, loss {row['loss']}, eval {row['eval loss']}, "
+            f"{row['tokens/s (median)']} tokens/s; restarts: {row['restarts']}; slowest: {row['slowest']}"
+        )
     fig.suptitle(title + "\n" + "\n".join(lines), fontsize=10, x=0.01, ha="left")
     marks = markers(runs)
 
     def mark(ax) -> None:
         for m in marks:
             ax.axvline(m.x, color=m.color, linestyle="--", linewidth=1)
-            ax.annotate(m.label, xy=(m.x, 1), xycoords=("data", "axes fraction"), xytext=(3, -10),
-                        textcoords="offset points", fontsize=8, color=m.color)  # fmt: skip
+            ax.annotate(
+                m.label,
+                xy=(m.x, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -10),
+                textcoords="offset points",
+                fontsize=8,
+                color=m.color,
+            )
 
     def lines_of(ax, key, label, *, dashed=False, dots=False, offset=0, factor=1.0):
         drawn = False
         for i, run in enumerate(runs):
             xs, ys = run.series(key)
             if xs:
-                ax.plot(xs, [y / factor for y in ys], linestyle="--" if dashed else "-", marker="o" if dots else None, markersize=3,
-                        color=PALETTE[(i + offset) % len(PALETTE)], label=label if single else f"{run.label}: {label}")  # fmt: skip
+                ax.plot(
+                    xs,
+                    [y / factor for y in ys],
+                    linestyle="--" if dashed else "-",
+                    marker="o" if dots else None,
+                    markersize=3,
+                    color=PALETTE[(i + offset) % len(PALETTE)],
+                    label=label if single else f"{run.label}: {label}",
+                )
                 drawn = True
         return drawn
 
@@ -74,7 +92,9 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
             ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", color="#888")
 
     ax = fig.add_subplot(grid[0, 0])
-    drawn = lines_of(ax, "loss", "train loss") | lines_of(ax, "eval_loss", "eval loss", dashed=True, dots=True, offset=4 if single else 0)
+    drawn = lines_of(ax, "loss", "train loss") | lines_of(
+        ax, "eval_loss", "eval loss", dashed=True, dots=True, offset=4 if single else 0
+    )
     mark(ax)
     finish(ax, "Loss", "step", drawn=drawn)
 
@@ -85,9 +105,15 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
         for key, label, dashed in (("loss", "train loss", False), ("eval_loss", "eval loss", True)):
             xs, ys = run.series(key)
             if xs:
-                ax.plot([tokens[x] for x in xs], ys, linestyle="--" if dashed else "-", marker="o" if dashed else None,
-                        markersize=3, color=PALETTE[(i + (4 if single and dashed else 0)) % len(PALETTE)],
-                        label=label if single else f"{run.label}: {label}")  # fmt: skip
+                ax.plot(
+                    [tokens[x] for x in xs],
+                    ys,
+                    linestyle="--" if dashed else "-",
+                    marker="o" if dashed else None,
+                    markersize=3,
+                    color=PALETTE[(i + (4 if single and dashed else 0)) % len(PALETTE)],
+                    label=label if single else f"{run.label}: {label}",
+                )
                 drawn = True
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
     finish(ax, "Loss against tokens", "tokens seen", drawn=drawn)
@@ -98,7 +124,9 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     finish(ax, "Throughput", "step", si, drawn=drawn, ylabel="tokens/s", zero=True)
 
     ax = fig.add_subplot(grid[1, 1])
-    drawn = lines_of(ax, "step_time_s", "step time (rank 0)") | lines_of(ax, "data_wait_s", "data wait", dashed=True, offset=2 if single else 0)
+    drawn = lines_of(ax, "step_time_s", "step time (rank 0)") | lines_of(
+        ax, "data_wait_s", "data wait", dashed=True, offset=2 if single else 0
+    )
     mark(ax)
     finish(ax, "Step time", "step", seconds, drawn=drawn)
 
@@ -123,16 +151,31 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     keys = ("inter_node_wire_bytes", "intra_node_wire_bytes")
     factor, unit = byte_unit([y for run in runs for key in keys for y in run.comm_series(key)[1]])
     for i, run in enumerate(runs):
-        for key, label, dashed in (("inter_node_wire_bytes", "inter-node", False), ("intra_node_wire_bytes", "intra-node", True)):
+        for key, label, dashed in (
+            ("inter_node_wire_bytes", "inter-node", False),
+            ("intra_node_wire_bytes", "intra-node", True),
+        ):
             xs, ys = run.comm_series(key)
             if xs:
                 color = PALETTE[(0 if dashed else 1) % len(PALETTE)] if single else PALETTE[i % len(PALETTE)]
-                ax.plot(xs, [y / factor for y in ys], linestyle="--" if dashed else "-", color=color,
-                        label=f"{label} bytes sent (rank 0)" if single else f"{run.label}: {label}")  # fmt: skip
+                ax.plot(
+                    xs,
+                    [y / factor for y in ys],
+                    linestyle="--" if dashed else "-",
+                    color=color,
+                    label=f"{label} bytes sent (rank 0)" if single else f"{run.label}: {label}",
+                )
                 drawn = True
     mark(ax)
-    finish(ax, "Bytes on the wire per step", "step", empty="no traffic recorded (run with --comm-stats)",
-           drawn=drawn, ylabel=unit, zero=True)  # fmt: skip
+    finish(
+        ax,
+        "Bytes on the wire per step",
+        "step",
+        empty="no traffic recorded (run with --comm-stats)",
+        drawn=drawn,
+        ylabel=unit,
+        zero=True,
+    )
 
     cmap = LinearSegmentedColormap.from_list("own", ["#ebf1f7", "#a50f15"])
     for k, run in enumerate(runs):
@@ -141,8 +184,14 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
         label = "" if single else f" — {run.label}"
         ax.set_title(f"Own step time per rank, over the step's median{label}", loc="left", fontsize=11)
         if not probes:
-            ax.text(0.5, 0.5, "no per-rank step times recorded (--straggler-every 0, or one rank)",
-                    transform=ax.transAxes, ha="center", color="#888")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                "no per-rank step times recorded (--straggler-every 0, or one rank)",
+                transform=ax.transAxes,
+                ha="center",
+                color="#888",
+            )
             ax.set_axis_off()
             continue
         world = max(len(e["own_time_s"]) for _, e in probes)
@@ -159,8 +208,14 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
         slow = persistent_ranks([entry for _, entry in probes])
         nodes = run.nodes or []
         if world <= 32:
-            ax.set_yticks(range(world), [f"rank {r}" + (f" ({nodes[r]})" if r < len(nodes) else "") + (" slow" if r in slow else "")
-                                         for r in range(world)], fontsize=8)  # fmt: skip
+            ax.set_yticks(
+                range(world),
+                [
+                    f"rank {r}" + (f" ({nodes[r]})" if r < len(nodes) else "") + (" slow" if r in slow else "")
+                    for r in range(world)
+                ],
+                fontsize=8,
+            )
             for r, tick in enumerate(ax.get_yticklabels()):
                 if r in slow:
                     tick.set_color("#c00")

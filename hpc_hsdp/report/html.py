@@ -26,18 +26,26 @@ def markers(runs: Sequence[RunData]) -> list[Marker]:
         for restart in run.restarts:
             step = restart.get("resumed_from_step")
             if isinstance(step, (int, float)):
-                out.append(Marker(x=step, label=prefix + restart_label(restart), color="#444" if len(runs) == 1 else PALETTE[i % len(PALETTE)]))
+                out.append(
+                    Marker(
+                        x=step,
+                        label=prefix + restart_label(restart),
+                        color="#444" if len(runs) == 1 else PALETTE[i % len(PALETTE)],
+                    )
+                )
     return out
 
 
-def _series(runs: Sequence[RunData], key: str, *, label: str, dashed: bool = False, dots: bool = False,
-            color_offset: int = 0) -> list[Series]:  # fmt: skip
+def _series(
+    runs: Sequence[RunData], key: str, *, label: str, dashed: bool = False, dots: bool = False, color_offset: int = 0
+) -> list[Series]:
     out = []
     for i, run in enumerate(runs):
         xs, ys = run.series(key)
         name = f"{run.label}: {label}" if len(runs) > 1 else label
-        out.append(Series(label=name, xs=xs, ys=ys, color=PALETTE[(i + color_offset) % len(PALETTE)], dashed=dashed,
-                          dots=dots))  # fmt: skip
+        out.append(
+            Series(label=name, xs=xs, ys=ys, color=PALETTE[(i + color_offset) % len(PALETTE)], dashed=dashed, dots=dots)
+        )
     return out
 
 
@@ -53,43 +61,137 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
         tokens = dict(run.tokens_axis())
         for key, label, dashed in (("loss", "train loss", False), ("eval_loss", "eval loss", True)):
             xs, ys = run.series(key)
-            by_tokens.append(Series(label=f"{run.label}: {label}" if not single else label, xs=[tokens[x] for x in xs],
-                                    ys=ys, color=PALETTE[(i + (4 if single and dashed else 0)) % len(PALETTE)],
-                                    dashed=dashed, dots=dashed))  # fmt: skip
+            by_tokens.append(
+                Series(
+                    label=f"{run.label}: {label}" if not single else label,
+                    xs=[tokens[x] for x in xs],
+                    ys=ys,
+                    color=PALETTE[(i + (4 if single and dashed else 0)) % len(PALETTE)],
+                    dashed=dashed,
+                    dots=dashed,
+                )
+            )
     charts.append(("loss-tokens", line_chart(title="Loss against tokens", series=by_tokens, xlabel="tokens seen")))
-    charts.append(("tokens-per-s", line_chart(title="Throughput", series=_series(runs, "tokens_per_s", label="tokens/s"),
-                                              xlabel="step", ylabel="tokens/s", integer_x=True, markers=marks, zero_based=True)))  # fmt: skip
+    charts.append(
+        (
+            "tokens-per-s",
+            line_chart(
+                title="Throughput",
+                series=_series(runs, "tokens_per_s", label="tokens/s"),
+                xlabel="step",
+                ylabel="tokens/s",
+                integer_x=True,
+                markers=marks,
+                zero_based=True,
+            ),
+        )
+    )
     step_time = _series(runs, "step_time_s", label="step time (rank 0)")
     wait = _series(runs, "data_wait_s", label="data wait", dashed=True, color_offset=2 if single else 0)
-    charts.append(("step-time", line_chart(title="Step time", series=step_time + wait, xlabel="step", integer_x=True, markers=marks,
-                                           y_format=seconds)))  # fmt: skip
-    charts.append(("lr", line_chart(title="Learning rate", series=_series(runs, "lr", label="lr"), xlabel="step",
-                                    integer_x=True, markers=marks, zero_based=True)))  # fmt: skip
-    charts.append(("grad-norm", line_chart(title="Gradient norm (before clipping)",
-                                           series=_series(runs, "grad_norm", label="global grad norm"), xlabel="step",
-                                           integer_x=True, markers=marks)))  # fmt: skip
+    charts.append(
+        (
+            "step-time",
+            line_chart(
+                title="Step time",
+                series=step_time + wait,
+                xlabel="step",
+                integer_x=True,
+                markers=marks,
+                y_format=seconds,
+            ),
+        )
+    )
+    charts.append(
+        (
+            "lr",
+            line_chart(
+                title="Learning rate",
+                series=_series(runs, "lr", label="lr"),
+                xlabel="step",
+                integer_x=True,
+                markers=marks,
+                zero_based=True,
+            ),
+        )
+    )
+    charts.append(
+        (
+            "grad-norm",
+            line_chart(
+                title="Gradient norm (before clipping)",
+                series=_series(runs, "grad_norm", label="global grad norm"),
+                xlabel="step",
+                integer_x=True,
+                markers=marks,
+            ),
+        )
+    )
     memory = _series(runs, "peak_mem_bytes", label="peak memory (rank 0)")
     factor, unit = byte_unit([y for s in memory for y in s.ys])
-    charts.append(("memory", line_chart(title="Peak memory", series=in_unit(memory, factor), xlabel="step", ylabel=unit, integer_x=True,
-                                        markers=marks, y_format=lambda v: f"{v:.4g}")))  # fmt: skip
+    charts.append(
+        (
+            "memory",
+            line_chart(
+                title="Peak memory",
+                series=in_unit(memory, factor),
+                xlabel="step",
+                ylabel=unit,
+                integer_x=True,
+                markers=marks,
+                y_format=lambda v: f"{v:.4g}",
+            ),
+        )
+    )
     comm = []
     for i, run in enumerate(runs):
-        for key, label, dashed in (("inter_node_wire_bytes", "inter-node", False), ("intra_node_wire_bytes", "intra-node", True)):
+        for key, label, dashed in (
+            ("inter_node_wire_bytes", "inter-node", False),
+            ("intra_node_wire_bytes", "intra-node", True),
+        ):
             xs, ys = run.comm_series(key)
-            comm.append(Series(label=f"{run.label}: {label}" if not single else f"{label} bytes sent (rank 0)", xs=xs,
-                               ys=ys, color=PALETTE[(i + (0 if dashed else 1)) % len(PALETTE)] if single else PALETTE[i % len(PALETTE)],
-                               dashed=dashed))  # fmt: skip
+            comm.append(
+                Series(
+                    label=f"{run.label}: {label}" if not single else f"{label} bytes sent (rank 0)",
+                    xs=xs,
+                    ys=ys,
+                    color=PALETTE[(i + (0 if dashed else 1)) % len(PALETTE)] if single else PALETTE[i % len(PALETTE)],
+                    dashed=dashed,
+                )
+            )
     factor, unit = byte_unit([y for s in comm for y in s.ys])
-    charts.append(("comm", line_chart(title="Bytes on the wire per step", series=in_unit(comm, factor), xlabel="step",
-                                      ylabel=unit, integer_x=True, markers=marks, zero_based=True, y_format=lambda v: f"{v:.4g}",
-                                      empty_message="no traffic recorded (run with --comm-stats)")))  # fmt: skip
+    charts.append(
+        (
+            "comm",
+            line_chart(
+                title="Bytes on the wire per step",
+                series=in_unit(comm, factor),
+                xlabel="step",
+                ylabel=unit,
+                integer_x=True,
+                markers=marks,
+                zero_based=True,
+                y_format=lambda v: f"{v:.4g}",
+                empty_message="no traffic recorded (run with --comm-stats)",
+            ),
+        )
+    )
     for run in runs:
         probes = run.straggler_probes()
         slow = persistent_ranks([entry for _, entry in probes])
         run_marks = markers([run])
-        charts.append((f"ranks-{run.label}", heatmap(
-            title=f"Own step time per rank{f' — {run.label}' if not single else ''}", steps=[s for s, _ in probes],
-            own_times=[e["own_time_s"] for _, e in probes], nodes=run.nodes, slow=slow, markers=run_marks)))  # fmt: skip
+        charts.append(
+            (
+                f"ranks-{run.label}",
+                heatmap(
+                    title=f"Own step time per rank{f' — {run.label}' if not single else ''}",
+                    steps=[s for s, _ in probes],
+                    own_times=[e["own_time_s"] for _, e in probes],
+                    nodes=run.nodes,
+                    slow=slow,
+                    markers=run_marks,
+                ),
+            )
+        )
     return charts
 
 
@@ -106,8 +208,11 @@ def summary_rows(run: RunData) -> dict[str, str]:
         "eval loss": f"{evals[-1]:.4f}" if evals else "-",
         "tokens/s (median)": si(statistics.median(tps)) if tps else "-",
         "world": f"{last.get('world_size', '-')} (shard {last.get('shard_size', '-')})" if last else "-",
-        "restarts": ", ".join(f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
-                              for r in run.restarts) or "none",  # fmt: skip
+        "restarts": ", ".join(
+            f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
+            for r in run.restarts
+        )
+        or "none",
         "slowest": run.straggler_verdict() or "-",
     }
 
@@ -136,7 +241,9 @@ def render_html(runs: Sequence[RunData]) -> str:
     wide = "".join(f"<div class='wide'>{svg}</div>" for name, svg in charts if name.startswith("ranks-"))
     title = "hpc-hsdp report: " + ", ".join(run.label for run in runs)
     paths = ", ".join(str(run.path) for run in runs)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title><style>{STYLE}</style>"
-            f"</head><body><h1>{escape(title)}</h1><div class='sub'>{escape(paths)} — made "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</div><table><tr>{head}</tr>{body}</table>{notes}"
-            f"<div class='grid'>{small}</div>{wide}</body></html>\n")  # fmt: skip
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title><style>{STYLE}</style>"
+        f"</head><body><h1>{escape(title)}</h1><div class='sub'>{escape(paths)} — made "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</div><table><tr>{head}</tr>{body}</table>{notes}"
+        f"<div class='grid'>{small}</div>{wide}</body></html>\n"
+    )

@@ -99,32 +99,57 @@ def byte_unit(values) -> tuple[float, str]:
 
 
 def in_unit(series: Sequence[Series], factor: float) -> list[Series]:
-    return [Series(label=s.label, xs=s.xs, ys=[y / factor for y in s.ys], color=s.color, dashed=s.dashed, dots=s.dots)
-            for s in series]  # fmt: skip
+    return [
+        Series(label=s.label, xs=s.xs, ys=[y / factor for y in s.ys], color=s.color, dashed=s.dashed, dots=s.dots)
+        for s in series
+    ]
 
 
 def seconds(value: float) -> str:
     return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
 
 
-def _text(x: float, y: float, text: str, *, size: int = 11, anchor: str = "start", color: str = "#333",
-          weight: str = "normal", rotate: float | None = None) -> str:  # fmt: skip
+def _text(
+    x: float,
+    y: float,
+    text: str,
+    *,
+    size: int = 11,
+    anchor: str = "start",
+    color: str = "#333",
+    weight: str = "normal",
+    rotate: float | None = None,
+) -> str:
     transform = f" transform='rotate({rotate} {x:.1f} {y:.1f})'" if rotate is not None else ""
-    return (f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' text-anchor='{anchor}' fill='{color}' "
-            f"font-weight='{weight}' {FONT}{transform}>{escape(text)}</text>")  # fmt: skip
+    return (
+        f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' text-anchor='{anchor}' fill='{color}' "
+        f"font-weight='{weight}' {FONT}{transform}>{escape(text)}</text>"
+    )
 
 
 def _empty(title: str, message: str, width: int, height: int) -> str:
-    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
-            f"<rect width='{width}' height='{height}' fill='white'/>{_text(14, 22, title, size=14, weight='600')}"
-            f"{_text(width / 2, height / 2, message, anchor='middle', color='#888')}</svg>")  # fmt: skip
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
+        f"<rect width='{width}' height='{height}' fill='white'/>{_text(14, 22, title, size=14, weight='600')}"
+        f"{_text(width / 2, height / 2, message, anchor='middle', color='#888')}</svg>"
+    )
 
 
-def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str = "",
-               markers: Sequence[Marker] = (), width: int = 560, height: int = 300,
-               y_format: Callable[[float], str] = si, x_format: Callable[[float], str] = si,
-               empty_message: str = "no data recorded", zero_based: bool = False,
-               integer_x: bool = False) -> str:  # fmt: skip
+def line_chart(
+    *,
+    title: str,
+    series: Sequence[Series],
+    xlabel: str,
+    ylabel: str = "",
+    markers: Sequence[Marker] = (),
+    width: int = 560,
+    height: int = 300,
+    y_format: Callable[[float], str] = si,
+    x_format: Callable[[float], str] = si,
+    empty_message: str = "no data recorded",
+    zero_based: bool = False,
+    integer_x: bool = False,
+) -> str:
     """One chart: the series as polylines, markers as labelled vertical dashed lines."""
     drawn = [s for s in series if len(s.xs)]
     if not drawn:
@@ -157,8 +182,11 @@ def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str
     def py(y: float) -> float:
         return top + plot_h - (y - y_lo) / y_span * plot_h
 
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
-           f"<rect width='{width}' height='{height}' fill='white'/>", _text(14, 22, title, size=14, weight="600")]  # fmt: skip
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
+        f"<rect width='{width}' height='{height}' fill='white'/>",
+        _text(14, 22, title, size=14, weight="600"),
+    ]
     for t in y_ticks:
         out.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{py(t):.1f}' y2='{py(t):.1f}' stroke='#eee'/>")
         out.append(_text(left - 6, py(t) + 4, y_format(t), size=10, anchor="end", color="#666"))
@@ -171,25 +199,33 @@ def line_chart(*, title: str, series: Sequence[Series], xlabel: str, ylabel: str
         out.append(_text(14, top + plot_h / 2, ylabel, size=11, anchor="middle", color="#444", rotate=-90))
     for m in markers:
         x = px(m.x)
-        out.append(f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top}' y2='{top + plot_h}' "
-                   f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>")  # fmt: skip
+        out.append(
+            f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top}' y2='{top + plot_h}' "
+            f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
+        )
         out.append(_text(x + 3, top + 10, m.label, size=9, color=m.color))
     for s in drawn:
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(*decimate(s.xs, s.ys)))
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         if len(s.xs) > 1:
-            out.append(f"<polyline points='{points}' fill='none' stroke='{s.color}' stroke-width='1.6'{dash}>"
-                       f"<title>{escape(s.label)}</title></polyline>")  # fmt: skip
+            out.append(
+                f"<polyline points='{points}' fill='none' stroke='{s.color}' stroke-width='1.6'{dash}>"
+                f"<title>{escape(s.label)}</title></polyline>"
+            )
         if s.dots or len(s.xs) == 1:
             for x, y in zip(s.xs, s.ys):
-                out.append(f"<circle cx='{px(x):.1f}' cy='{py(y):.1f}' r='2.6' fill='{s.color}'>"
-                           f"<title>{escape(s.label)}: {x_format(x)}, {y_format(y)}</title></circle>")  # fmt: skip
+                out.append(
+                    f"<circle cx='{px(x):.1f}' cy='{py(y):.1f}' r='2.6' fill='{s.color}'>"
+                    f"<title>{escape(s.label)}: {x_format(x)}, {y_format(y)}</title></circle>"
+                )
     legend_y = top + plot_h + 48
     for s, x_offset, row in legend:
         lx, ly = left + x_offset, legend_y + row * 16
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
-        out.append(f"<line x1='{lx:.1f}' x2='{lx + 18:.1f}' y1='{ly - 4:.1f}' y2='{ly - 4:.1f}' stroke='{s.color}' "
-                   f"stroke-width='2'{dash}/>")  # fmt: skip
+        out.append(
+            f"<line x1='{lx:.1f}' x2='{lx + 18:.1f}' y1='{ly - 4:.1f}' y2='{ly - 4:.1f}' stroke='{s.color}' "
+            f"stroke-width='2'{dash}/>"
+        )
         out.append(_text(lx + 22, ly, s.label, size=10, color="#333"))
     out.append("</svg>")
     return "".join(out)
@@ -203,9 +239,17 @@ def ratio_color(ratio: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[float]],
-            nodes: Sequence[str] | None, slow: Sequence[int] = (), markers: Sequence[Marker] = (),
-            width: int = 1140, max_columns: int = 240) -> str:  # fmt: skip
+def heatmap(
+    *,
+    title: str,
+    steps: Sequence[int],
+    own_times: Sequence[Sequence[float]],
+    nodes: Sequence[str] | None,
+    slow: Sequence[int] = (),
+    markers: Sequence[Marker] = (),
+    width: int = 1140,
+    max_columns: int = 240,
+) -> str:
     """Ranks (rows) x probed steps (columns): each rank's own step time over the step's median.
     ``own_times[i][r]``: rank r's own time at ``steps[i]``. Nodes are bands with their name;
     ``slow`` ranks get their label in red."""
@@ -215,7 +259,7 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
     columns = list(range(len(steps)))
     if len(columns) > max_columns:  # several probes per column: their largest ratio per rank
         per = math.ceil(len(columns) / max_columns)
-        groups = [columns[i:i + per] for i in range(0, len(columns), per)]
+        groups = [columns[i : i + per] for i in range(0, len(columns), per)]
     else:
         groups = [[c] for c in columns]
     ratios = []
@@ -237,8 +281,11 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
     scale_h = max(min(plot_h, 160), 60)
     height = top + max(plot_h, scale_h) + 52
     cell_w = plot_w / len(groups)
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
-           f"<rect width='{width}' height='{height}' fill='white'/>", _text(14, 22, title, size=14, weight="600")]  # fmt: skip
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
+        f"<rect width='{width}' height='{height}' fill='white'/>",
+        _text(14, 22, title, size=14, weight="600"),
+    ]
     slow_set = set(slow)
     for i, column in enumerate(ratios):
         for r, value in enumerate(column):
@@ -246,51 +293,91 @@ def heatmap(*, title: str, steps: Sequence[int], own_times: Sequence[Sequence[fl
                 continue
             ratio, own, step = value
             node = f" ({nodes[r]})" if nodes and r < len(nodes) else ""
-            out.append(f"<rect x='{left + i * cell_w:.1f}' y='{top + r * row_h}' width='{cell_w + 0.3:.1f}' "
-                       f"height='{row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
-                       f"{seconds(own)}, {ratio:.2f}x</title></rect>")  # fmt: skip
+            out.append(
+                f"<rect x='{left + i * cell_w:.1f}' y='{top + r * row_h}' width='{cell_w + 0.3:.1f}' "
+                f"height='{row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
+                f"{seconds(own)}, {ratio:.2f}x</title></rect>"
+            )
     # node bands: a separator line and the node's name beside its ranks
     if nodes:
         start = 0
         for r in range(1, world + 1):
             if r == world or nodes[r] != nodes[start]:
                 y0, y1 = top + start * row_h, top + r * row_h
-                out.append(f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>")
-                out.append(f"<line x1='{left - 84}' x2='{left - 84}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>")
+                out.append(
+                    f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>"
+                )
+                out.append(
+                    f"<line x1='{left - 84}' x2='{left - 84}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>"
+                )
                 label = f"{nodes[start]}"
-                out.append(_text(left - 90, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600"))
+                out.append(
+                    _text(left - 90, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600")
+                )
                 start = r
-        out.append(f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>")
+        out.append(
+            f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>"
+        )
     if row_h >= 9:
         for r in range(world):
             red = r in slow_set
-            out.append(_text(left - 6, top + r * row_h + row_h / 2 + 4, f"rank {r}" + (" slow" if red else ""), size=10,
-                             anchor="end", color="#c00" if red else "#555", weight="700" if red else "normal"))  # fmt: skip
+            out.append(
+                _text(
+                    left - 6,
+                    top + r * row_h + row_h / 2 + 4,
+                    f"rank {r}" + (" slow" if red else ""),
+                    size=10,
+                    anchor="end",
+                    color="#c00" if red else "#555",
+                    weight="700" if red else "normal",
+                )
+            )
     else:  # rows too thin for a label each: the slow ranks of each node beside its band
         by_node: dict[str, list[int]] = {}
         for r in sorted(slow_set):
             by_node.setdefault(nodes[r] if nodes and r < len(nodes) else "", []).append(r)
         for ranks in by_node.values():
             middle = top + (ranks[0] + ranks[-1] + 1) / 2 * row_h + 4
-            out.append(_text(left - 6, middle, f"r{rank_ranges(ranks)} slow", size=9, anchor="end", color="#c00",
-                             weight="700"))  # fmt: skip
+            out.append(
+                _text(left - 6, middle, f"r{rank_ranges(ranks)} slow", size=9, anchor="end", color="#c00", weight="700")
+            )
     for m in markers:  # between the last column of the old attempt and the first of the new one
         after = [i for i, group in enumerate(groups) if steps[group[0]] > m.x]
         if after and after[0] > 0:
             x = left + after[0] * cell_w
-            out.append(f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top - 4}' y2='{top + plot_h + 4}' "
-                       f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>")  # fmt: skip
+            out.append(
+                f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top - 4}' y2='{top + plot_h + 4}' "
+                f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
+            )
     for i in range(len(groups)) if len(groups) <= 16 else sorted({0, len(groups) // 2, len(groups) - 1}):
-        out.append(_text(left + (i + 0.5) * cell_w, top + plot_h + 15, f"step {steps[groups[i][-1]]}", size=10,
-                         anchor="middle", color="#666"))  # fmt: skip
-    out.append(_text(left + plot_w / 2, top + plot_h + 32, "probed steps (each rank's own time of the step: step time "
-                     "minus the time it waited in collectives)", size=10, anchor="middle", color="#444"))  # fmt: skip
+        out.append(
+            _text(
+                left + (i + 0.5) * cell_w,
+                top + plot_h + 15,
+                f"step {steps[groups[i][-1]]}",
+                size=10,
+                anchor="middle",
+                color="#666",
+            )
+        )
+    out.append(
+        _text(
+            left + plot_w / 2,
+            top + plot_h + 32,
+            "probed steps (each rank's own time of the step: step time minus the time it waited in collectives)",
+            size=10,
+            anchor="middle",
+            color="#444",
+        )
+    )
     # colour scale
     lx = left + plot_w + 16
     band = scale_h / 11
     for k in range(11):
-        out.append(f"<rect x='{lx}' y='{top + k * band:.1f}' width='14' height='{band + 0.3:.1f}' "
-                   f"fill='{ratio_color(2.0 - k / 10)}'/>")  # fmt: skip
+        out.append(
+            f"<rect x='{lx}' y='{top + k * band:.1f}' width='14' height='{band + 0.3:.1f}' "
+            f"fill='{ratio_color(2.0 - k / 10)}'/>"
+        )
     out.append(_text(lx + 20, top + 9, "2x+ median", size=10, color="#444"))
     out.append(_text(lx + 20, top + scale_h - 2, "1x median", size=10, color="#444"))
     out.append("</svg>")

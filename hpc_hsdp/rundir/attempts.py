@@ -48,8 +48,17 @@ REASONS = {
     "resubmitted": "resubmitted after it had finished",
     "unknown": "unknown",
 }
-SHORT = {"warning_signal": "warning signal", "sigterm": "SIGTERM", "requested": "stop requested", "hang": "hang",
-         "node_failure": "node failure", "error": "error", "killed": "killed / node failure", "resubmitted": "resubmitted", "unknown": "unknown"}  # fmt: skip
+SHORT = {
+    "warning_signal": "warning signal",
+    "sigterm": "SIGTERM",
+    "requested": "stop requested",
+    "hang": "hang",
+    "node_failure": "node failure",
+    "error": "error",
+    "killed": "killed / node failure",
+    "resubmitted": "resubmitted",
+    "unknown": "unknown",
+}
 
 
 def stop_reason_code(stop_reason: str | None) -> str:
@@ -104,8 +113,15 @@ def _last_metrics_step(run_dir: Path) -> int | None:
     return last
 
 
-def begin_attempt(run_dir: str | Path, *, restart: int, job_id: str | None, start_step: int, total_steps: int,
-                  now: float | None = None) -> dict | None:  # fmt: skip
+def begin_attempt(
+    run_dir: str | Path,
+    *,
+    restart: int,
+    job_id: str | None,
+    start_step: int,
+    total_steps: int,
+    now: float | None = None,
+) -> dict | None:
     """Start an attempt (rank 0, before metrics.jsonl is cut back to ``start_step``): append
     the restart line when an attempt ran here before, write the new attempt.json. Returns
     the restart line, or None on a first start."""
@@ -124,27 +140,53 @@ def begin_attempt(run_dir: str | Path, *, restart: int, job_id: str | None, star
         else:
             reason = ended.get("reason") if ended.get("reason") in REASONS else "unknown"
             detail = ended.get("detail") or REASONS[reason]
-        line = {"wall_time": now, "restart": restart, "job_id": job_id, "resumed_from_step": start_step,
-                "previous_last_step": _last_metrics_step(run_dir), "reason": reason, "detail": detail}  # fmt: skip
+        line = {
+            "wall_time": now,
+            "restart": restart,
+            "job_id": job_id,
+            "resumed_from_step": start_step,
+            "previous_last_step": _last_metrics_step(run_dir),
+            "reason": reason,
+            "detail": detail,
+        }
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(run_dir / RESTARTS, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
-    attempt = {"format": "hpc-hsdp-attempt", "version": 1, "restart": restart, "job_id": job_id, "started_at": now,
-               "start_step": start_step, "total_steps": total_steps, "ended": None}  # fmt: skip
+    attempt = {
+        "format": "hpc-hsdp-attempt",
+        "version": 1,
+        "restart": restart,
+        "job_id": job_id,
+        "started_at": now,
+        "start_step": start_step,
+        "total_steps": total_steps,
+        "ended": None,
+    }
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / ATTEMPT, json.dumps(attempt, indent=1))
     return line
 
 
-def end_attempt(run_dir: str | Path, *, reason: str, step: int | None, detail: str = "", now: float | None = None,
-                overwrite: bool = False) -> bool:  # fmt: skip
+def end_attempt(
+    run_dir: str | Path,
+    *,
+    reason: str,
+    step: int | None,
+    detail: str = "",
+    now: float | None = None,
+    overwrite: bool = False,
+) -> bool:
     """Record why the current attempt ends. The first cause written wins (a watchdog's
     ``hang`` over the error it provoked) unless ``overwrite``; False when nothing was written."""
     run_dir = Path(run_dir)
     attempt = read_attempt(run_dir)
     if attempt is None or (attempt.get("ended") and not overwrite):
         return False
-    attempt["ended"] = {"reason": reason, "step": step, "at": time.time() if now is None else now,
-                        "detail": detail[:500]}  # fmt: skip
+    attempt["ended"] = {
+        "reason": reason,
+        "step": step,
+        "at": time.time() if now is None else now,
+        "detail": detail[:500],
+    }
     write_atomically(run_dir / ATTEMPT, json.dumps(attempt, indent=1))
     return True

@@ -81,8 +81,10 @@ class Progress:
                 elif self.requeues is None:
                     left += ": will not finish in this allocation"
                 else:
-                    left += f": needs {self.requeues} requeue{'s' if self.requeues > 1 else ''} " \
-                            f"(limit {duration(self.time_limit_s)} per run)"
+                    left += (
+                        f": needs {self.requeues} requeue{'s' if self.requeues > 1 else ''} "
+                        f"(limit {duration(self.time_limit_s)} per run)"
+                    )
             parts.append(left)
         return "; ".join(parts)
 
@@ -90,13 +92,26 @@ class Progress:
         return dict(self.__dict__)
 
 
-def progress_of(records: Sequence[dict], *, total_steps: int | None, attempt_start_step: int = 0,
-                time_left_s: float | None = None, time_limit_s: float | None = None) -> Progress:  # fmt: skip
+def progress_of(
+    records: Sequence[dict],
+    *,
+    total_steps: int | None,
+    attempt_start_step: int = 0,
+    time_left_s: float | None = None,
+    time_limit_s: float | None = None,
+) -> Progress:
     step = records[-1].get("step") if records else None
     rate = steps_per_second(records, since_step=attempt_start_step)
     eta = (total_steps - step) / rate if rate and total_steps and step is not None else None
     requeues = None
     if eta is not None and time_left_s is not None:
         requeues = requeues_needed(remaining_s=eta, time_left_s=time_left_s, time_limit_s=time_limit_s)
-    return Progress(step=step, total_steps=total_steps, steps_per_s=rate, eta_s=eta, time_left_s=time_left_s,
-                    time_limit_s=time_limit_s, requeues=requeues)  # fmt: skip
+    return Progress(
+        step=step,
+        total_steps=total_steps,
+        steps_per_s=rate,
+        eta_s=eta,
+        time_left_s=time_left_s,
+        time_limit_s=time_limit_s,
+        requeues=requeues,
+    )

@@ -22,9 +22,15 @@ TAGS = {
     "data_wait_s": "time/data_wait_s",
     "peak_mem_bytes": "memory/peak_bytes",
 }
-COMM_TOTALS = {"intra_node_wire_bytes": "comm/intra_node_wire_bytes", "inter_node_wire_bytes": "comm/inter_node_wire_bytes"}
-STRAGGLERS = {"spread": "stragglers/slowest_over_median", "slowest_rank": "stragglers/slowest_rank",
-              "median_s": "stragglers/median_own_time_s"}  # fmt: skip
+COMM_TOTALS = {
+    "intra_node_wire_bytes": "comm/intra_node_wire_bytes",
+    "inter_node_wire_bytes": "comm/inter_node_wire_bytes",
+}
+STRAGGLERS = {
+    "spread": "stragglers/slowest_over_median",
+    "slowest_rank": "stragglers/slowest_rank",
+    "median_s": "stragglers/median_own_time_s",
+}
 
 
 def _number(value) -> float | None:

@@ -158,8 +158,10 @@ def resubmission_note(run_dir: str | Path, *, steps: int, state: RunDirState | N
             f"run directory {run_dir} already completed step {state.resume_step} (--steps {steps}): nothing to train, "
             f"nothing submitted; extend the run with --steps N (N > {state.resume_step}) or choose a new --run-dir"
         )
-    return (f"run directory {run_dir} has a checkpoint at step {state.resume_step}: the job resumes from step "
-            f"{state.resume_step} and trains to step {steps}{damaged}")  # fmt: skip
+    return (
+        f"run directory {run_dir} has a checkpoint at step {state.resume_step}: the job resumes from step "
+        f"{state.resume_step} and trains to step {steps}{damaged}"
+    )
 
 
 def check_data_position(saved: dict | None, *, global_batch: int, num_samples: int, seed: int, where: str) -> None:
@@ -174,11 +176,15 @@ def check_data_position(saved: dict | None, *, global_batch: int, num_samples: i
             f"{saved['global_batch']} (any number of nodes), or start a new --run-dir"
         )
     if saved["seed"] != seed:
-        raise DataError(f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
-                        f"follows the seed: resume with --seed {saved['seed']}")  # fmt: skip
+        raise DataError(
+            f"{where} was trained with --seed {saved['seed']}, this run has --seed {seed}; the data order "
+            f"follows the seed: resume with --seed {saved['seed']}"
+        )
     if saved["num_samples"] != num_samples:
-        raise DataError(f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
-                        f"has {num_samples}; resume on the same data and --seq-len")  # fmt: skip
+        raise DataError(
+            f"{where} was trained on {saved['num_samples']} samples ({saved.get('source')}), this run's data "
+            f"has {num_samples}; resume on the same data and --seq-len"
+        )
 
 
 # ----------------------------------------------------------------------------- restarts and their causes
@@ -202,5 +208,8 @@ def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
     """Restarts of this job after failures (hang, node failure, killed, error)."""
     from hpc_hsdp.rundir.attempts import read_restarts
 
-    return sum(1 for r in read_restarts(run_dir)
-               if r.get("reason") in FAILURE_REASONS and (not job_id or str(r.get("job_id")) == job_id))  # fmt: skip
+    return sum(
+        1
+        for r in read_restarts(run_dir)
+        if r.get("reason") in FAILURE_REASONS and (not job_id or str(r.get("job_id")) == job_id)
+    )

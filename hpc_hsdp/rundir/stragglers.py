@@ -85,7 +85,11 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
     median = _norm(entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(times))
     by_node: dict[str | None, list[int]] = {}
     for r in slow:
-        node = nodes[r] if nodes and r < len(nodes) else (entry.get("slowest_node") if r == entry.get("slowest_rank") else None)
+        node = (
+            nodes[r]
+            if nodes and r < len(nodes)
+            else (entry.get("slowest_node") if r == entry.get("slowest_rank") else None)
+        )
         by_node.setdefault(node, []).append(r)
     clauses = []
     for node, ranks in sorted(by_node.items(), key=lambda item: -max(times[r] for r in item[1])):
@@ -96,8 +100,9 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
     return "; ".join(clauses)
 
 
-def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
-               threshold: float = SLOW_THRESHOLD) -> tuple[str, int, int] | None:  # fmt: skip
+def persistent(
+    entries: Sequence[dict], nodes: Sequence[str] | None = None, threshold: float = SLOW_THRESHOLD
+) -> tuple[str, int, int] | None:
     """The ranks named slow in at least half of ``entries`` (several probes: one noisy step
     names nobody), in words with each rank's median ratio in the probes that named it; with how many
     probes named the most persistent of them, and how many there were. None: nobody."""
@@ -107,8 +112,9 @@ def persistent(entries: Sequence[dict], nodes: Sequence[str] | None = None,
     counts: dict[int, int] = {}
     ratios: dict[int, list[float]] = {}  # per rank: its ratio to the median in the probes that named it
     for entry in entries:
-        median = _norm(entry.get("median_s") if entry.get("median_s") is not None
-                       else statistics.median_low(entry["own_time_s"]))  # fmt: skip
+        median = _norm(
+            entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(entry["own_time_s"])
+        )
         for r in slow_ranks(entry, threshold):
             counts[r] = counts.get(r, 0) + 1
             ratios.setdefault(r, []).append(entry["own_time_s"][r] / median)

@@ -57,9 +57,19 @@ from hpc_hsdp.runtime import faults
 from hpc_hsdp.rundir.files import atomic_write_text
 
 __all__ = [
-    "COMPLETE", "TRAIN_STATE", "AsyncSaver", "CheckpointError", "CheckpointSpaceError", "checkpoint_root",
-    "complete_checkpoints", "latest_checkpoint", "load", "prune", "save", "step_dir_name",
-]  # fmt: skip
+    "COMPLETE",
+    "TRAIN_STATE",
+    "AsyncSaver",
+    "CheckpointError",
+    "CheckpointSpaceError",
+    "checkpoint_root",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "load",
+    "prune",
+    "save",
+    "step_dir_name",
+]
 
 METADATA = ".metadata"
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -109,8 +119,10 @@ def latest_checkpoint(run_dir: str | Path, *, verify: bool = True) -> tuple[int,
             problem[0] = next((p for p in found if p is not None), None)
         if problem[0] is None:
             if problems and rank == 0:
-                _note(f"[hpc-hsdp] warning: resuming from the previous whole checkpoint {path}; newer ones are "
-                      f"damaged: {'; '.join(problems)}")  # fmt: skip
+                _note(
+                    f"[hpc-hsdp] warning: resuming from the previous whole checkpoint {path}; newer ones are "
+                    f"damaged: {'; '.join(problems)}"
+                )
             return step, Path(path)
         problems.append(f"{Path(path).name}: {problem[0]}")
         if rank == 0:
@@ -267,8 +279,13 @@ def _commit(run_dir, tmp: Path, final: Path, *, step: int, train_state: dict, ke
     dist.gather_object(records, gathered, dst=0, group=group)
     if rank == 0:
         files = {name: record for part in gathered for name, record in part.items()}
-        manifest = {"format": MANIFEST_FORMAT, "version": 1, "step": step, "files": files,
-                    "total_bytes": sum(r["bytes"] for r in files.values())}  # fmt: skip
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": 1,
+            "step": step,
+            "files": files,
+            "total_bytes": sum(r["bytes"] for r in files.values()),
+        }
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         atomic_write_text(tmp / TRAIN_STATE, json.dumps(dict(train_state, step=step), indent=1) + "\n")
         atomic_write_text(tmp / COMPLETE, f"step {step}\n")
@@ -358,8 +375,9 @@ class AsyncSaver:
         """The saver of a run with periodic checkpoints (``--checkpoint-every``), else None."""
         if ctx.run_dir is None or not training.checkpoint_every:
             return None
-        return cls(ctx.run_dir, keep=training.keep_checkpoints,
-                   timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300))  # fmt: skip
+        return cls(
+            ctx.run_dir, keep=training.keep_checkpoints, timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300)
+        )
 
     def save(self, model, optimizer, *, step: int, train_state: dict) -> None:
         self.wait()
@@ -378,8 +396,9 @@ class AsyncSaver:
                 _abandon(tmp)
                 if no_space:
                     raise _space_error(step, tmp, needed, None, self.run_dir) from None
-                raise CheckpointError(f"the checkpoint of step {step} could not be written to {tmp}: "
-                                      f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
+                raise CheckpointError(
+                    f"the checkpoint of step {step} could not be written to {tmp}: {' '.join(str(exc).split())[:300]}"
+                ) from None
             faults.in_save(rank, step)
             _commit(self.run_dir, tmp, final, step=step, train_state=train_state, keep=self.keep, group=self.group)
             return final
@@ -422,4 +441,3 @@ def finish_open_saves() -> None:
             saver.close()
         except BaseException as exc:  # noqa: BLE001 - the payload's own error is the one to raise
             _note(f"[hpc-hsdp] the checkpoint in flight could not be finished: {' '.join(str(exc).split())[:300]}")
-

@@ -47,8 +47,12 @@ _POSITIONS = {
     "reduce_scatter_tensor": {"output": 0, "input": 1, "group": 3},
     "all_reduce": {"tensor": 0, "group": 2},
 }
-_KEYWORDS = {"output": ("output", "output_tensor"), "input": ("input", "input_tensor"), "tensor": ("tensor",),
-             "group": ("group",)}  # fmt: skip
+_KEYWORDS = {
+    "output": ("output", "output_tensor"),
+    "input": ("input", "input_tensor"),
+    "tensor": ("tensor",),
+    "group": ("group",),
+}
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 

@@ -78,7 +78,9 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
 
 
-def pick_device(requested: str, layout: RankLayout, env: Mapping[str, str] | None = None) -> tuple[torch.device, str | None]:
+def pick_device(
+    requested: str, layout: RankLayout, env: Mapping[str, str] | None = None
+) -> tuple[torch.device, str | None]:
     """The torch device of this task and an optional one-line note."""
     env = os.environ if env is None else env
     if requested == "cpu":
@@ -108,9 +110,11 @@ def pick_device(requested: str, layout: RankLayout, env: Mapping[str, str] | Non
         )
     note = None
     if layout.local_world_size < count and layout.launch_mode == "task-per-gpu":
-        note = (f"note: rank {layout.rank}: node {layout.node} runs {layout.local_world_size} task(s) but {count} GPUs "
-                f"are visible; this rank uses cuda:{index} only (one task per GPU: --ntasks-per-node {count}, or "
-                f"--launcher torchrun)")
+        note = (
+            f"note: rank {layout.rank}: node {layout.node} runs {layout.local_world_size} task(s) but {count} GPUs "
+            f"are visible; this rank uses cuda:{index} only (one task per GPU: --ntasks-per-node {count}, or "
+            f"--launcher torchrun)"
+        )
     return torch.device("cuda", index), note
 
 
@@ -279,9 +283,14 @@ def init(
         me["replicate_group"] = _group_ranks(mesh, "replicate")
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
         dist.all_gather_object(realized, me)
-        ctx = RunContext(layout=layout, mesh=mesh, device=torch_device,
-                         run_dir=Path(run_dir) if run_dir is not None else None,
-                         realized=realized, _saved_env=saved)  # fmt: skip
+        ctx = RunContext(
+            layout=layout,
+            mesh=mesh,
+            device=torch_device,
+            run_dir=Path(run_dir) if run_dir is not None else None,
+            realized=realized,
+            _saved_env=saved,
+        )
         if verify:
             problems = compare_groups(
                 layout.plan,
@@ -317,7 +326,10 @@ def write_layout(ctx: RunContext) -> Path:
         "master_port": ctx.layout.master_port,
         "backend": dist.get_backend(),
         "ranks": [
-            {k: d[k] for k in ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group")}
+            {
+                k: d[k]
+                for k in ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group")
+            }
             for d in ctx.realized
         ],
     }

@@ -26,7 +26,9 @@ def resolve_entry(entry: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SpecError(f"--entry {entry!r}: cannot import module {module_name!r} ({exc}); check PYTHONPATH on the nodes") from None
+        raise SpecError(
+            f"--entry {entry!r}: cannot import module {module_name!r} ({exc}); check PYTHONPATH on the nodes"
+        ) from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise SpecError(f"--entry {entry!r}: module {module_name!r} has no function {attribute!r}")
@@ -67,8 +69,7 @@ def run_task(
 
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)
-        ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=env,
-                   comm_stats=spec.comm_stats)
+        ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=env, comm_stats=spec.comm_stats)
         try:
             ctx.spec = spec
             ctx.preemption = preemption
@@ -136,8 +137,12 @@ def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: Bas
     from hpc_hsdp.runtime.node_failure import handle_lost_peers
 
     try:
-        handle_lost_peers(ctx, max_restarts=spec.training.max_restarts, env=env,
-                          reason=f"the step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")  # fmt: skip
+        handle_lost_peers(
+            ctx,
+            max_restarts=spec.training.max_restarts,
+            env=env,
+            reason=f"the step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}",
+        )
     except Exception as probe:  # noqa: BLE001 - the payload's error is the one to raise
         print(f"[hpc-hsdp] could not check the job's nodes after the failure ({probe})", file=sys.stderr, flush=True)
 

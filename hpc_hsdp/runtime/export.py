@@ -32,8 +32,10 @@ from hpc_hsdp.runtime.loop import MODEL_RECORD
 def read_model_record(run_dir: Path) -> dict:
     path = run_dir / MODEL_RECORD
     if not path.is_file():
-        raise SpecError(f"{run_dir} has no {MODEL_RECORD}: it is not a run directory of hpc-hsdp run (or the run is "
-                        f"older than export); give the --run-dir of a training run")  # fmt: skip
+        raise SpecError(
+            f"{run_dir} has no {MODEL_RECORD}: it is not a run directory of hpc-hsdp run (or the run is "
+            f"older than export); give the --run-dir of a training run"
+        )
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -48,8 +50,9 @@ def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
     for saved, path in found:
         if saved == step:
             return saved, path
-    raise SpecError(f"{run_dir} has no complete checkpoint of step {step}; it has steps "
-                    f"{', '.join(str(s) for s, _ in found)}")  # fmt: skip
+    raise SpecError(
+        f"{run_dir} has no complete checkpoint of step {step}; it has steps {', '.join(str(s) for s, _ in found)}"
+    )
 
 
 def _training_from(record: dict):
@@ -118,8 +121,11 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
         else:
             from safetensors.torch import save_model
 
-            save_model(model, str(tmp / "model.safetensors"), metadata={"hpc_hsdp_model": record["model"],
-                                                                      "step": str(saved_step)})  # fmt: skip
+            save_model(
+                model,
+                str(tmp / "model.safetensors"),
+                metadata={"hpc_hsdp_model": record["model"], "step": str(saved_step)},
+            )
             (tmp / MODEL_RECORD).write_text(json.dumps(dict(record, step=saved_step), indent=1) + "\n")
         files = sorted(p.name for p in tmp.iterdir())
         if out_dir.exists():

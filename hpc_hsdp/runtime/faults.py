@@ -77,7 +77,9 @@ def _slow_ranks(env: Mapping[str, str]) -> dict[int, float]:
         try:
             slow[int(rank)] = float(seconds)
         except ValueError:
-            raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2") from None
+            raise ValueError(
+                f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2"
+            ) from None
         if not sep or slow[int(rank)] < 0:
             raise ValueError(f"{SLOW_RANK}={value!r} is not <rank>:<seconds>[,...]; write e.g. {SLOW_RANK}=3:0.2")
     return slow
@@ -98,11 +100,17 @@ class Faults:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
-        return cls(raise_at=_rank_step(env, RAISE_AT), kill_at=_rank_step(env, KILL_AT),
-                   kill_in_save=_rank_step(env, KILL_IN_SAVE), step_delay_s=float(delay) if delay else 0.0,
-                   skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1", freeze_at=_rank_step(env, FREEZE_AT),
-                   slow_ranks=tuple(sorted(_slow_ranks(env).items())), signal_at=_rank_step(env, SIGNAL_AT),
-                   sample_log=env.get(SAMPLE_LOG, "").strip() or None)  # fmt: skip
+        return cls(
+            raise_at=_rank_step(env, RAISE_AT),
+            kill_at=_rank_step(env, KILL_AT),
+            kill_in_save=_rank_step(env, KILL_IN_SAVE),
+            step_delay_s=float(delay) if delay else 0.0,
+            skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1",
+            freeze_at=_rank_step(env, FREEZE_AT),
+            slow_ranks=tuple(sorted(_slow_ranks(env).items())),
+            signal_at=_rank_step(env, SIGNAL_AT),
+            sample_log=env.get(SAMPLE_LOG, "").strip() or None,
+        )
 
 
 _active = Faults()
@@ -135,8 +143,11 @@ def at_step(rank: int, step: int) -> None:
     if _active.signal_at == (rank, step):
         os.kill(os.getpid(), signal.SIGUSR2)
     if _active.freeze_at == (rank, step):
-        print(f"[hpc-hsdp] fault injected: rank {rank} freezes at step {step} ({FREEZE_AT}, test hook)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[hpc-hsdp] fault injected: rank {rank} freezes at step {step} ({FREEZE_AT}, test hook)",
+            file=sys.stderr,
+            flush=True,
+        )
         while True:
             time.sleep(3600)
 
@@ -159,8 +170,9 @@ def after_step(rank: int, world_size: int, step: int, batches) -> None:
         return
     import json
 
-    line = json.dumps({"step": step, "rank": rank, "world_size": world_size,
-                       "sample_ids": [b.sample_ids.tolist() for b in batches]})
+    line = json.dumps(
+        {"step": step, "rank": rank, "world_size": world_size, "sample_ids": [b.sample_ids.tolist() for b in batches]}
+    )
     with open(os.path.join(_active.sample_log, f"samples-rank{rank}.jsonl"), "a", encoding="utf-8") as out:
         out.write(line + "\n")
 

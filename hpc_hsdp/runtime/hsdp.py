@@ -85,7 +85,9 @@ def wrap_hsdp_fsdp1(
 
     _check_mesh(mesh)
     if device_id is None:
-        device_id = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        device_id = (
+            torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        )
     matches = _matcher(block)
     policy = None
     if block is not None:

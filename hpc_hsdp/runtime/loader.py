@@ -34,8 +34,13 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         if device.type == "cpu":
             return self
-        return MicroBatch(self.step, self.micro, self.inputs.to(device, non_blocking=True),
-                          self.targets.to(device, non_blocking=True), self.sample_ids)  # fmt: skip
+        return MicroBatch(
+            self.step,
+            self.micro,
+            self.inputs.to(device, non_blocking=True),
+            self.targets.to(device, non_blocking=True),
+            self.sample_ids,
+        )
 
 
 def read_rows(source, sample_ids: np.ndarray, *, pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +62,18 @@ class BatchLoader:
     a daemon thread (``prefetch`` micro-batches deep). Use as an iterator or with
     :meth:`next_step`; always :meth:`close` (or use ``with``)."""
 
-    def __init__(self, source, *, order: SampleOrder, layout: BatchLayout, rank: int, first_step: int,
-                 last_step: int, device: torch.device, prefetch: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source,
+        *,
+        order: SampleOrder,
+        layout: BatchLayout,
+        rank: int,
+        first_step: int,
+        last_step: int,
+        device: torch.device,
+        prefetch: int | None = None,
+    ) -> None:
         self.source, self.order, self.layout, self.rank = source, order, layout, rank
         self.first_step, self.last_step = first_step, last_step
         self.device = device

@@ -88,14 +88,24 @@ class TrainData:
 def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     """The run's data: ``--data`` (and ``--val-data``) memory-mapped, or synthetic tokens.
     Reads only the sidecars; raises DataError/SpecError (one line, exit 2) on bad input."""
-    layout = BatchLayout(global_batch=training.global_batch(world_size), world_size=world_size,
-                         grad_accum=training.grad_accum)  # fmt: skip
+    layout = BatchLayout(
+        global_batch=training.global_batch(world_size), world_size=world_size, grad_accum=training.grad_accum
+    )
     if training.data is None:
         train = SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size)
-        val = (SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size,
-                                split="val") if training.eval_every else None)  # fmt: skip
-        return TrainData(train=train, val=val, order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
-                         layout=layout, vocab_size=None, description="synthetic")  # fmt: skip
+        val = (
+            SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size, split="val")
+            if training.eval_every
+            else None
+        )
+        return TrainData(
+            train=train,
+            val=val,
+            order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
+            layout=layout,
+            vocab_size=None,
+            description="synthetic",
+        )
     from hpc_hsdp.data.tokens import DataError, open_dataset, open_eval_dataset
 
     train_ds = open_dataset(training.data, split="train")
@@ -103,11 +113,19 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     train = DatasetSamples(train_ds, training.seq_len)
     val = DatasetSamples(val_ds, training.seq_len) if val_ds is not None else None
     if train.num_samples < 1:
-        raise DataError(f"--data {training.data}: {train_ds.num_tokens} tokens hold no sample of --seq-len "
-                        f"{training.seq_len} + 1 tokens; use more data or a shorter --seq-len")  # fmt: skip
-    return TrainData(train=train, val=val, order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
-                     layout=layout, vocab_size=train_ds.vocab_size, description=str(training.data),
-                     datasets=tuple(d for d in (train_ds, val_ds) if d is not None))  # fmt: skip
+        raise DataError(
+            f"--data {training.data}: {train_ds.num_tokens} tokens hold no sample of --seq-len "
+            f"{training.seq_len} + 1 tokens; use more data or a shorter --seq-len"
+        )
+    return TrainData(
+        train=train,
+        val=val,
+        order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
+        layout=layout,
+        vocab_size=train_ds.vocab_size,
+        description=str(training.data),
+        datasets=tuple(d for d in (train_ds, val_ds) if d is not None),
+    )
 
 
 def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec) -> None:
@@ -118,22 +136,35 @@ def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec
     from hpc_hsdp.data.tokens import check_for_eval, check_for_training
 
     train_ds, *rest = data.datasets
-    check_for_training(train_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len,
-                       global_batch=data.layout.global_batch)  # fmt: skip
+    check_for_training(
+        train_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len, global_batch=data.layout.global_batch
+    )
     for val_ds in rest:
         check_for_eval(val_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len)
 
 
 def make_loader(ctx: RunContext, data: TrainData, *, first_step: int, last_step: int) -> BatchLoader:
     """This rank's micro-batches of steps ``first_step..last_step``, prefetched."""
-    return BatchLoader(data.train, order=data.order, layout=data.layout, rank=ctx.rank, first_step=first_step,
-                       last_step=last_step, device=ctx.device)  # fmt: skip
+    return BatchLoader(
+        data.train,
+        order=data.order,
+        layout=data.layout,
+        rank=ctx.rank,
+        first_step=first_step,
+        last_step=last_step,
+        device=ctx.device,
+    )
 
 
 def data_state(data: TrainData, step: int, seed: int) -> dict:
     """The data position after ``step`` steps, as stored in every checkpoint."""
-    return {"samples_consumed": data.layout.samples_consumed(step), "global_batch": data.layout.global_batch,
-            "seed": seed, "num_samples": data.train.num_samples, "source": data.description}  # fmt: skip
+    return {
+        "samples_consumed": data.layout.samples_consumed(step),
+        "global_batch": data.layout.global_batch,
+        "seed": seed,
+        "num_samples": data.train.num_samples,
+        "source": data.description,
+    }
 
 
 # ----------------------------------------------------------------------------- model
@@ -171,8 +202,9 @@ def checkpoint_activations(model: nn.Module, units: tuple[type, ...]) -> int:
     return count
 
 
-def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None,
-                verbose: bool = False) -> nn.Module:  # fmt: skip
+def build_model(
+    ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
+) -> nn.Module:
     """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
     ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
     :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
@@ -186,8 +218,9 @@ def build_model(ctx: RunContext, adapter, training: TrainingSpec, *, precision: 
     choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
     if verbose and ctx.is_rank0:
         print(f"[hpc-hsdp] {choice.reason}", flush=True)
-    wrap_hsdp(model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision),
-              reshard_after_forward=choice.reshard)
+    wrap_hsdp(
+        model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision), reshard_after_forward=choice.reshard
+    )
     model.to_empty(device=ctx.device)
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
@@ -221,9 +254,17 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, adapter, batches: list[MicroBatch], *,
-               lr: float, clip_grad: float, num_replicas: int,
-               stop_code: Callable[[], int] | None = None) -> torch.Tensor:  # fmt: skip
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    adapter,
+    batches: list[MicroBatch],
+    *,
+    lr: float,
+    clip_grad: float,
+    num_replicas: int,
+    stop_code: Callable[[], int] | None = None,
+) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns a device tensor
     ``[global mean loss, global gradient norm before clipping, agreed stop code]`` (no host
     sync).
@@ -267,7 +308,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, adapter, batc
 
 
 @torch.no_grad()
-def evaluate(ctx: RunContext, model: nn.Module, adapter, source, sample_ids: np.ndarray, *, rows_per_rank: int) -> float:
+def evaluate(
+    ctx: RunContext, model: nn.Module, adapter, source, sample_ids: np.ndarray, *, rows_per_rank: int
+) -> float:
     """Mean loss per token over ``sample_ids`` of ``source`` (collective). The ranks split the
     samples in chunks of ``rows_per_rank``; a rank with no rows left in a chunk still runs
     the forward (FSDP gathers are collectives) with weight 0. The mean is over the same
@@ -293,8 +336,9 @@ def evaluate(ctx: RunContext, model: nn.Module, adapter, source, sample_ids: np.
 
 def eval_samples(data: TrainData, training: TrainingSpec) -> np.ndarray:
     """The fixed held-out samples of every evaluation: ``--eval-batches`` global batches."""
-    return eval_sample_ids(num_samples=data.val.num_samples, count=training.eval_batches * data.layout.global_batch,
-                           seed=training.seed)  # fmt: skip
+    return eval_sample_ids(
+        num_samples=data.val.num_samples, count=training.eval_batches * data.layout.global_batch, seed=training.seed
+    )
 
 
 # ----------------------------------------------------------------------------- stopping, checkpoints, metrics
@@ -306,8 +350,9 @@ def control_group(ctx: RunContext):
     return dist.new_group(backend="gloo") if ctx.device.type == "cuda" else None
 
 
-def should_stop(ctx: RunContext, last_step: int, *, stop_requested: Callable[[], bool] | None = None,
-                group=None) -> str | None:  # fmt: skip
+def should_stop(
+    ctx: RunContext, last_step: int, *, stop_requested: Callable[[], bool] | None = None, group=None
+) -> str | None:
     """Collective, at a step boundary: the agreed reason to stop (``"USR2"``, ``"TERM"``,
     ``"requested"``) or None. Every rank must call it at the same boundaries."""
     preemption = ctx.preemption
@@ -320,26 +365,48 @@ def should_stop(ctx: RunContext, last_step: int, *, stop_requested: Callable[[],
     return None
 
 
-def save_checkpoint(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int,
-                    training: TrainingSpec, data: TrainData, model_name: str = "builtin",
-                    extra: dict | None = None, background: checkpoint.AsyncSaver | None = None) -> Path:  # fmt: skip
+def save_checkpoint(
+    ctx: RunContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    training: TrainingSpec,
+    data: TrainData,
+    model_name: str = "builtin",
+    extra: dict | None = None,
+    background: checkpoint.AsyncSaver | None = None,
+) -> Path:
     """Collective: model, optimizer and the data position after ``step`` (plus ``extra``, any
     JSON-able state of a custom loop) into ``<run_dir>/checkpoints/step-N`` atomically; with
     ``background``, written by it while training goes on (else before returning)."""
     train_state = {
-        "seed": training.seed, "world_size": ctx.world_size, "batch_size": data.layout.rank_batch,
-        "grad_accum": data.layout.grad_accum, "mesh_shape": list(ctx.plan.mesh_shape), "model": model_name,
-        "data": data_state(data, step, training.seed), "extra": extra or {},
-    }  # fmt: skip
+        "seed": training.seed,
+        "world_size": ctx.world_size,
+        "batch_size": data.layout.rank_batch,
+        "grad_accum": data.layout.grad_accum,
+        "mesh_shape": list(ctx.plan.mesh_shape),
+        "model": model_name,
+        "data": data_state(data, step, training.seed),
+        "extra": extra or {},
+    }
     if background is not None:
         background.save(model, optimizer, step=step, train_state=train_state)
         return checkpoint.checkpoint_root(ctx.run_dir) / checkpoint.step_dir_name(step)
-    return checkpoint.save(ctx.run_dir, model, optimizer, step=step, train_state=train_state,
-                           keep=training.keep_checkpoints)  # fmt: skip
+    return checkpoint.save(
+        ctx.run_dir, model, optimizer, step=step, train_state=train_state, keep=training.keep_checkpoints
+    )
 
 
-def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, *, data: TrainData,
-           training: TrainingSpec, verbose: bool = True) -> tuple[int, dict]:  # fmt: skip
+def resume(
+    ctx: RunContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    data: TrainData,
+    training: TrainingSpec,
+    verbose: bool = True,
+) -> tuple[int, dict]:
     """Load the newest complete checkpoint of ``ctx.run_dir`` (collective); returns
     ``(step, train_state)``, ``(0, {})`` on a fresh start. Refuses a data position this
     run cannot continue (another global batch, seed or dataset)."""
@@ -350,14 +417,22 @@ def resume(ctx: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, 
         return 0, {}
     step, path = found
     saved = saved_train_state(path)
-    check_data_position(saved.get("data"), global_batch=data.layout.global_batch, num_samples=data.train.num_samples,
-                        seed=training.seed, where=f"checkpoint {path.name} (step {step})")  # fmt: skip
+    check_data_position(
+        saved.get("data"),
+        global_batch=data.layout.global_batch,
+        num_samples=data.train.num_samples,
+        seed=training.seed,
+        where=f"checkpoint {path.name} (step {step})",
+    )
     state = checkpoint.load(path, model, optimizer)
     if ctx.is_rank0 and verbose:
         restart = getattr(ctx.preemption, "restart_count", None)
         restart = restart if restart is not None else restart_count(os.environ)
-        print(f"[hpc-hsdp] resumed from step {step} (restart {restart}): {path}, saved on mesh "
-              f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}", flush=True)  # fmt: skip
+        print(
+            f"[hpc-hsdp] resumed from step {step} (restart {restart}): {path}, saved on mesh "
+            f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}",
+            flush=True,
+        )
     return int(state["step"]), state
 
 
@@ -382,8 +457,12 @@ def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
     from hpc_hsdp.rundir.files import atomic_write_text
 
     describe = getattr(adapter, "describe", None)
-    record = {"model": adapter.name, "vocab_size": adapter.vocab_size, "training": asdict(training),
-              "adapter": describe() if callable(describe) else {"kind": adapter.name}}  # fmt: skip
+    record = {
+        "model": adapter.name,
+        "vocab_size": adapter.vocab_size,
+        "training": asdict(training),
+        "adapter": describe() if callable(describe) else {"kind": adapter.name},
+    }
     atomic_write_text(ctx.run_dir / MODEL_RECORD, json.dumps(record, indent=1) + "\n")
 
 
@@ -405,8 +484,11 @@ class MetricsLog:
 def peak_memory(device: torch.device) -> dict:
     """This step's peak memory (CUDA: since the last :func:`reset_peak_memory`)."""
     if device.type == "cuda":
-        return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device), "peak_mem_kind": "cuda_max_allocated",
-                "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}  # fmt: skip
+        return {
+            "peak_mem_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_mem_kind": "cuda_max_allocated",
+            "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
+        }
     return {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_mem_kind": "ru_maxrss"}
 
 
@@ -416,13 +498,17 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def step_line(record: dict, total_steps: int) -> str:
-    text = (f"step {record['step']:>5}/{total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-            f"gnorm {record['grad_norm']:.3f}")  # fmt: skip
+    text = (
+        f"step {record['step']:>5}/{total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+        f"gnorm {record['grad_norm']:.3f}"
+    )
     if "eval_loss" in record:
         text += f"  eval {record['eval_loss']:.4f}"
-    return text + (f"  {record['tokens_per_s']:,.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms  "
-                   f"wait {record['data_wait_s'] * 1000:.1f} ms  peak {record['peak_mem_bytes'] / 2**20:.0f} MiB "
-                   f"({record['peak_mem_kind']})")  # fmt: skip
+    return text + (
+        f"  {record['tokens_per_s']:,.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms  "
+        f"wait {record['data_wait_s'] * 1000:.1f} ms  peak {record['peak_mem_bytes'] / 2**20:.0f} MiB "
+        f"({record['peak_mem_kind']})"
+    )
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -504,11 +590,21 @@ def train(
 
     def save(step: int, *, in_background: bool = False) -> None:
         nonlocal saved_step
-        path = save_checkpoint(ctx, model, optimizer, step=step, training=training, data=data, model_name=adapter.name,
-                               background=periodic if in_background else None)  # fmt: skip
+        path = save_checkpoint(
+            ctx,
+            model,
+            optimizer,
+            step=step,
+            training=training,
+            data=data,
+            model_name=adapter.name,
+            background=periodic if in_background else None,
+        )
         saved_step = step
         if ctx.is_rank0 and verbose:
-            print(f"[hpc-hsdp] checkpoint {path}" + (" (writing in the background)" if in_background else ""), flush=True)
+            print(
+                f"[hpc-hsdp] checkpoint {path}" + (" (writing in the background)" if in_background else ""), flush=True
+            )
 
     model.train()
     loader = make_loader(ctx, data, first_step=start_step + 1, last_step=training.steps)
@@ -527,27 +623,47 @@ def train(
                 ctx.comm_stats.reset()
             batches, waited = loader.next_step(step)
             lr = lr_of(training, step)
-            out = train_step(model, optimizer, adapter, batches, lr=lr, clip_grad=training.clip_grad,
-                             num_replicas=ctx.plan.num_replicas, stop_code=stop_code)  # fmt: skip
+            out = train_step(
+                model,
+                optimizer,
+                adapter,
+                batches,
+                lr=lr,
+                clip_grad=training.clip_grad,
+                num_replicas=ctx.plan.num_replicas,
+                stop_code=stop_code,
+            )
             loss, grad_norm, agreed = out.tolist()  # the step's one host sync
             # the ranks' signals, agreed in the step's all_reduce: all stop after this step, or none
             # (after the last one the run is done: nothing to stop or requeue)
             stopping = preemption is not None and step < training.steps and preemption.agree(int(agreed), step)
             step_time, cpu_time = time.perf_counter() - t0, time.process_time() - cpu0
             record = {
-                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_seen": step * tokens_per_step, "tokens_per_s": tokens_per_step / step_time,
-                "step_time_s": step_time, "cpu_time_s": cpu_time, "data_wait_s": waited, **peak_memory(ctx.device),
-                "world_size": ctx.world_size, "shard_size": ctx.plan.shard_size,
-                "num_replicas": ctx.plan.num_replicas, "grad_accum": layout.grad_accum,
-                "global_batch": layout.global_batch, "precision": precision,
-            }  # fmt: skip
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_seen": step * tokens_per_step,
+                "tokens_per_s": tokens_per_step / step_time,
+                "step_time_s": step_time,
+                "cpu_time_s": cpu_time,
+                "data_wait_s": waited,
+                **peak_memory(ctx.device),
+                "world_size": ctx.world_size,
+                "shard_size": ctx.plan.shard_size,
+                "num_replicas": ctx.plan.num_replicas,
+                "grad_accum": layout.grad_accum,
+                "global_batch": layout.global_batch,
+                "precision": precision,
+            }
             if ctx.comm_stats is not None:
                 record["comm"] = ctx.comm_stats.take()
             observer.step_ends(step, record)  # every K steps: each rank's own time, the slowest named
             if evaluation is not None and not stopping and (step % training.eval_every == 0 or step == training.steps):
                 t_eval = time.perf_counter()
-                record["eval_loss"] = evaluate(ctx, model, adapter, data.val, evaluation, rows_per_rank=layout.rank_batch)
+                record["eval_loss"] = evaluate(
+                    ctx, model, adapter, data.val, evaluation, rows_per_rank=layout.rank_batch
+                )
                 record["eval_time_s"] = time.perf_counter() - t_eval
                 result.eval_losses[step] = record["eval_loss"]
             record["wall_time"] = time.time()
@@ -566,8 +682,11 @@ def train(
                 result.stopped, result.stop_reason = True, preemption.stop_reason
                 if ctx.is_rank0 and verbose:
                     got = ", ".join(f"{name} {time.time() - at:.2f} s ago" for name, at in preemption.received.items())
-                    print(f"[hpc-hsdp] {result.stop_reason}: every rank stops after step {step} and saves "
-                          f"(on rank 0: {got or 'none'})", flush=True)  # fmt: skip
+                    print(
+                        f"[hpc-hsdp] {result.stop_reason}: every rank stops after step {step} and saves "
+                        f"(on rank 0: {got or 'none'})",
+                        flush=True,
+                    )
                 break  # the checkpoint of this step is written below, synchronously
             every = training.checkpoint_every
             if ctx.run_dir is not None and every and step % every == 0 and step != training.steps:

@@ -31,7 +31,9 @@ def _note(message: str) -> None:
 def slurmd_address(node: str, *, timeout_s: float = 10.0) -> tuple[str, int] | None:
     """(NodeAddr, Port) of a node's slurmd from ``scontrol -o show node``; None when unknown."""
     try:
-        shown = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=timeout_s)
+        shown = subprocess.run(
+            ["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
@@ -87,8 +89,9 @@ WAIT_GRACE_S = 60.0
 """How long past ``SlurmdTimeout`` the survivors wait for SLURM's own requeue before requeueing the job themselves."""
 
 
-def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason: str,
-                      grace_s: float = WAIT_GRACE_S) -> str | None:  # fmt: skip
+def handle_lost_peers(
+    ctx, *, max_restarts: int, env: Mapping[str, str], reason: str, grace_s: float = WAIT_GRACE_S
+) -> str | None:
     """On a rank that is left after peers were lost, when some of the job's nodes are dead.
 
     Within ``max_restarts``, the lowest rank on a live node records why (``restarts.jsonl``).
@@ -133,19 +136,26 @@ def handle_lost_peers(ctx, *, max_restarts: int, env: Mapping[str, str], reason:
         if lowest:
             if ctx.run_dir is not None:
                 record_restart(ctx.run_dir, reason="node_failure", cause=cause)
-            _note(f"[hpc-hsdp] {cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
-                  f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it")  # fmt: skip
+            _note(
+                f"[hpc-hsdp] {cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
+                f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it"
+            )
         if _wait_for_slurm(ctx, slurmd_timeout + grace_s):
             return (f"{cause}; SLURM is requeueing job {job_id} ({budget})") if lowest else None
         if lowest:
-            _note(f"[hpc-hsdp] SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it")
+            _note(
+                f"[hpc-hsdp] SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it"
+            )
     if not lowest:
         return None
     ok, said = requeue_job(job_id, exclude=tuple(dead))
     if ctx.run_dir is not None:
         record_restart(ctx.run_dir, reason="node_failure", cause=cause)
-    line = (f"{cause}; requeued job {job_id} without {','.join(dead)} ({budget}) {said}".rstrip() if ok
-            else f"{cause}; scontrol requeue {job_id} failed: {said}")  # fmt: skip
+    line = (
+        f"{cause}; requeued job {job_id} without {','.join(dead)} ({budget}) {said}".rstrip()
+        if ok
+        else f"{cause}; scontrol requeue {job_id} failed: {said}"
+    )
     _note(f"[hpc-hsdp] {line}")
     return line
 

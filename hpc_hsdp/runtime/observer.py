@@ -28,8 +28,9 @@ from hpc_hsdp.runtime.stragglers import StragglerProbe
 
 
 class RunObserver:
-    def __init__(self, ctx, *, probe: StragglerProbe | None, opening: threading.Thread | None = None,
-                 opened: list | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, ctx, *, probe: StragglerProbe | None, opening: threading.Thread | None = None, opened: list | None = None
+    ) -> None:
         self.ctx = ctx
         self.probe = probe
         self.run_dir = ctx.run_dir if ctx.is_rank0 else None
@@ -52,8 +53,13 @@ class RunObserver:
         if ctx.is_rank0 and ctx.run_dir is not None:
             restart = getattr(ctx.preemption, "restart_count", None)
             restart = restart if restart is not None else restart_count(os.environ)
-            attempts.begin_attempt(ctx.run_dir, restart=restart, job_id=ctx.layout.job_id, start_step=start_step,
-                                   total_steps=training.steps)  # fmt: skip
+            attempts.begin_attempt(
+                ctx.run_dir,
+                restart=restart,
+                job_id=ctx.layout.job_id,
+                start_step=start_step,
+                total_steps=training.steps,
+            )
             from hpc_hsdp.runtime.tensorboard import open_writer
 
             def open_in_background() -> None:
@@ -86,8 +92,9 @@ class RunObserver:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.run_dir is not None:
-            attempts.end_attempt(self.run_dir, reason=attempts.stop_reason_code(stop_reason), step=last_step,
-                                 now=time.time())  # fmt: skip
+            attempts.end_attempt(
+                self.run_dir, reason=attempts.stop_reason_code(stop_reason), step=last_step, now=time.time()
+            )
 
     def close_on_error(self, exc: BaseException, step: int | None) -> None:
         """After an exception in the loop: put the collectives back, record the error."""

@@ -91,9 +91,15 @@ class Step:
 class TrainingRun:
     """A custom loop's model, optimizer, data, stop agreement, checkpoints and metrics (see the module docstring)."""
 
-    def __init__(self, ctx: RunContext, training: TrainingSpec | None = None, *, adapter=None,
-                 optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
-                 verbose: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx: RunContext,
+        training: TrainingSpec | None = None,
+        *,
+        adapter=None,
+        optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+        verbose: bool = True,
+    ) -> None:
         from hpc_hsdp.models import resolve_model
 
         self.ctx = ctx
@@ -107,8 +113,9 @@ class TrainingRun:
         configure_device(ctx.device)
         self.model = build_model(ctx, self.adapter, self.training, precision=self.precision, verbose=verbose)
         self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, self.training)
-        self.start_step, saved = resume(ctx, self.model, self.optimizer, data=self.data, training=self.training,
-                                        verbose=verbose)  # fmt: skip
+        self.start_step, saved = resume(
+            ctx, self.model, self.optimizer, data=self.data, training=self.training, verbose=verbose
+        )
         self.state: dict = dict(saved.get("extra") or {})
         """Your own JSON-able state: saved in every checkpoint, restored on resume."""
         self.last_step = self.start_step
@@ -176,21 +183,34 @@ class TrainingRun:
         step_time = time.perf_counter() - self._step_started
         tokens = self.data.layout.global_batch * self.training.seq_len
         current = self._current if self._current is not None and self._current.number == number else None
-        record = {"step": number, "loss": float(value) / self.ctx.world_size, "lr": current.lr if current else None,
-                  "tokens_seen": number * tokens, "tokens_per_s": tokens / step_time if step_time > 0 else None,
-                  "step_time_s": step_time, "data_wait_s": current.data_wait_s if current else None,
-                  **peak_memory(self.ctx.device), "world_size": self.ctx.world_size,
-                  "shard_size": self.ctx.plan.shard_size, "num_replicas": self.ctx.plan.num_replicas,
-                  "grad_accum": self.data.layout.grad_accum, "global_batch": self.data.layout.global_batch,
-                  "precision": self.precision, **more, "wall_time": time.time()}  # fmt: skip
+        record = {
+            "step": number,
+            "loss": float(value) / self.ctx.world_size,
+            "lr": current.lr if current else None,
+            "tokens_seen": number * tokens,
+            "tokens_per_s": tokens / step_time if step_time > 0 else None,
+            "step_time_s": step_time,
+            "data_wait_s": current.data_wait_s if current else None,
+            **peak_memory(self.ctx.device),
+            "world_size": self.ctx.world_size,
+            "shard_size": self.ctx.plan.shard_size,
+            "num_replicas": self.ctx.plan.num_replicas,
+            "grad_accum": self.data.layout.grad_accum,
+            "global_batch": self.data.layout.global_batch,
+            "precision": self.precision,
+            **more,
+            "wall_time": time.time(),
+        }
         record["elapsed_s"] = record["wall_time"] - self._began
         self.last_step = max(self.last_step, number)  # logged: the step is done (a break after it keeps it)
         self._observer.step_ends(number, record)  # every K steps: each rank's own time (collective)
         self._observer.write(record)
         self._metrics.write(record)
         if self.ctx.is_rank0 and self.verbose:
-            print(f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}  "
-                  f"{step_time * 1000:.0f} ms", flush=True)  # fmt: skip
+            print(
+                f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}  {step_time * 1000:.0f} ms",
+                flush=True,
+            )
         return record
 
     # ------------------------------------------------------------------ checkpoints
@@ -199,8 +219,16 @@ class TrainingRun:
         """Collective: checkpoint the last completed step (model, optimizer, data position, ``state``)."""
         if self.ctx.run_dir is None or self.last_step == 0 or self._saved_step == self.last_step:
             return
-        path = save_checkpoint(self.ctx, self.model, self.optimizer, step=self.last_step, training=self.training,
-                               data=self.data, model_name=self.adapter.name, extra=self.state)  # fmt: skip
+        path = save_checkpoint(
+            self.ctx,
+            self.model,
+            self.optimizer,
+            step=self.last_step,
+            training=self.training,
+            data=self.data,
+            model_name=self.adapter.name,
+            extra=self.state,
+        )
         self._saved_step = self.last_step
         if self.ctx.is_rank0 and self.verbose:
             print(f"[hpc-hsdp] checkpoint {path}", flush=True)
@@ -214,6 +242,13 @@ class TrainingRun:
             self.save()
             self._observer.finish(self.stopped, self.last_step)
             sys.stdout.flush()
-        return {"rank": self.ctx.rank, "world_size": self.ctx.world_size, "shard_size": self.ctx.plan.shard_size,
-                "start_step": self.start_step, "steps": self.last_step, "stopped": self.stopped is not None,
-                "stop_reason": self.stopped, "state": dict(self.state)}  # fmt: skip
+        return {
+            "rank": self.ctx.rank,
+            "world_size": self.ctx.world_size,
+            "shard_size": self.ctx.plan.shard_size,
+            "start_step": self.start_step,
+            "steps": self.last_step,
+            "stopped": self.stopped is not None,
+            "stop_reason": self.stopped,
+            "state": dict(self.state),
+        }

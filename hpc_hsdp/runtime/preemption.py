@@ -215,8 +215,10 @@ class Preemption:
     def _requeue(self) -> tuple[bool, str]:
         job_id = self.env.get("SLURM_JOB_ID", "")
         if not in_slurm(self.env):
-            return False, ("requeue skipped: not in a SLURM job (local emulator or test); "
-                           "resubmit with the same --run-dir to resume")  # fmt: skip
+            return False, (
+                "requeue skipped: not in a SLURM job (local emulator or test); "
+                "resubmit with the same --run-dir to resume"
+            )
         from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
 
         ok, said = requeue_job(job_id)
@@ -289,8 +291,10 @@ class NodeRangeKeeper:
                 restored, said = restore_request(job_id, env=self.env)
                 self.said = said
                 if restored:
-                    _note(f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored "
-                          f"({self.env.get(REQUEST_FIELDS_VARIABLE)})")  # fmt: skip
+                    _note(
+                        f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored "
+                        f"({self.env.get(REQUEST_FIELDS_VARIABLE)})"
+                    )
                 elif said and not said.startswith("not requeued"):
                     _note(f"[hpc-hsdp] job {job_id}: node range not restored: {said}")
 

@@ -72,22 +72,31 @@ def choose_reshard(ctx, model: nn.Module, units: tuple[type, ...], *, setting: s
     if setting == "always":
         return ReshardChoice(reshard=True, reason="reshard after forward: always (--reshard-after-forward always)")
     if setting == "never":
-        return ReshardChoice(reshard=False, reason="parameters kept gathered from forward to backward "
-                                                   "(--reshard-after-forward never)")  # fmt: skip
+        return ReshardChoice(
+            reshard=False, reason="parameters kept gathered from forward to backward (--reshard-after-forward never)"
+        )
     if ctx.plan.shard_size == 1:
         return ReshardChoice(reshard=True, reason="reshard after forward: nothing to gather (shard size 1)")
     params, root = parameter_counts(model, units)
-    memory = torch.tensor([device_memory_bytes(ctx.device, local_world_size=ctx.layout.local_world_size)],
-                          dtype=torch.int64, device=ctx.device)  # fmt: skip
+    memory = torch.tensor(
+        [device_memory_bytes(ctx.device, local_world_size=ctx.layout.local_world_size)],
+        dtype=torch.int64,
+        device=ctx.device,
+    )
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(memory, op=dist.ReduceOp.MIN)
     memory_bytes = int(memory.item())
     state = estimate(ctx.plan, model_params=params, root_params=root, dtype="fp32").total_bytes
     gathered = DTYPE_BYTES[precision] * params
-    sizes = (f"the whole model gathered ({format_bytes(gathered)}) beside the sharded state "
-             f"({format_bytes(state)}) in {format_bytes(memory_bytes)} per rank")  # fmt: skip
+    sizes = (
+        f"the whole model gathered ({format_bytes(gathered)}) beside the sharded state "
+        f"({format_bytes(state)}) in {format_bytes(memory_bytes)} per rank"
+    )
     if gathered_fits(state_bytes=state, gathered_bytes=gathered, memory_bytes=memory_bytes):
-        return ReshardChoice(reshard=False, reason=f"parameters kept gathered from forward to backward "
-                                                   f"(--reshard-after-forward auto: {sizes} fits)")  # fmt: skip
-    return ReshardChoice(reshard=True, reason=f"reshard after forward (--reshard-after-forward auto: {sizes} "
-                                              f"does not fit)")  # fmt: skip
+        return ReshardChoice(
+            reshard=False,
+            reason=f"parameters kept gathered from forward to backward (--reshard-after-forward auto: {sizes} fits)",
+        )
+    return ReshardChoice(
+        reshard=True, reason=f"reshard after forward (--reshard-after-forward auto: {sizes} does not fit)"
+    )

@@ -26,5 +26,11 @@ def learning_rate(step: int, *, lr: float, schedule: str, warmup_steps: int, min
 
 def lr_of(training, step: int) -> float:
     """:func:`learning_rate` with a TrainingSpec's options."""
-    return learning_rate(step, lr=training.lr, schedule=training.lr_schedule, warmup_steps=training.warmup_steps,
-                         min_lr=training.min_lr, total_steps=training.steps)  # fmt: skip
+    return learning_rate(
+        step,
+        lr=training.lr,
+        schedule=training.lr_schedule,
+        warmup_steps=training.warmup_steps,
+        min_lr=training.min_lr,
+        total_steps=training.steps,
+    )

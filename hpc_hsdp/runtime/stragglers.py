@@ -31,9 +31,20 @@ import torch.distributed as dist
 
 from hpc_hsdp.rundir.stragglers import summarize
 
-COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
-               "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "barrier",
-               "all_gather_object", "broadcast_object_list")  # fmt: skip
+COLLECTIVES = (
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "all_to_all_single",
+    "barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+)
 
 
 class BlockedClock:

@@ -33,5 +33,7 @@ def run_submitit_job(folder: str) -> NoReturn:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m hpc_hsdp.runtime.submitit_job SUBMITIT_FOLDER (the command of a submitted job's tasks)")
+        sys.exit(
+            "usage: python -m hpc_hsdp.runtime.submitit_job SUBMITIT_FOLDER (the command of a submitted job's tasks)"
+        )
     run_submitit_job(sys.argv[1])

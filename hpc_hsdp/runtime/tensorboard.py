@@ -43,7 +43,11 @@ def open_writer(run_dir: str | Path, *, start_step: int, verbose: bool = True) -
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         if verbose:
-            print(f"[hpc-hsdp] note: no TensorBoard event files are written ({exc}); pip install 'hpc-hsdp[tb]' "
-                  f"(or tensorboard) to get them under {Path(run_dir) / TB_DIR}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[hpc-hsdp] note: no TensorBoard event files are written ({exc}); pip install 'hpc-hsdp[tb]' "
+                f"(or tensorboard) to get them under {Path(run_dir) / TB_DIR}",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
     return TensorBoardLog(SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR), purge_step=start_step + 1, flush_secs=10))

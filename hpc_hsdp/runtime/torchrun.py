@@ -17,14 +17,23 @@ from hpc_hsdp.plan.topology import RankLayout
 
 
 def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[str]:
-    layout = RankLayout.from_env(os.environ if env is None else env, shard_size=spec.shard_size,
-                                 nproc_per_node=nproc_per_node)  # fmt: skip
+    layout = RankLayout.from_env(
+        os.environ if env is None else env, shard_size=spec.shard_size, nproc_per_node=nproc_per_node
+    )
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={layout.plan.nodes}", f"--nproc-per-node={nproc_per_node}", f"--node-rank={layout.node_rank}",
-        f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
-        "-m", "hpc_hsdp", "run", *spec.to_args(),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={layout.plan.nodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={layout.node_rank}",
+        f"--master-addr={layout.master_addr}",
+        f"--master-port={layout.master_port}",
+        "-m",
+        "hpc_hsdp",
+        "run",
+        *spec.to_args(),
+    ]
 
 
 def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
@@ -45,8 +54,11 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     def note_stop(signum, frame) -> None:
         # said at once: after the workers save, SLURM may SIGKILL this process before torchrun returns
         if not stopped:
-            print(f"torchrun on this node: {signal.Signals(signum).name} received; the workers stop and save, "
-                  "the agent waits for them", flush=True)  # fmt: skip
+            print(
+                f"torchrun on this node: {signal.Signals(signum).name} received; the workers stop and save, "
+                "the agent waits for them",
+                flush=True,
+            )
         stopped.append(signum)
 
     for sig in (warning, signal.SIGTERM):
@@ -60,7 +72,9 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
 
     command = torchrun_command(spec, nproc_per_node=nproc_per_node)
     print("launching:", " ".join(command), flush=True)
-    code = subprocess.call(command, preexec_fn=agent_signals, env={**os.environ, TORCHRUN_SIGNALS_VAR: TORCHRUN_SIGNALS})
+    code = subprocess.call(
+        command, preexec_fn=agent_signals, env={**os.environ, TORCHRUN_SIGNALS_VAR: TORCHRUN_SIGNALS}
+    )
     if stopped:
         # the workers saved; SLURM ends (and maybe requeues) the step, and torchrun's agent
         # reports the SIGTERM it then gets as a failure: not one of the run

@@ -52,8 +52,11 @@ def compare_groups(
     outside SLURM names nodes ``n1, n2, ...`` while the host says otherwise).
     """
     world = plan.world_size
-    for what, seq in (("node names", node_of_rank), ("shard groups", shard_group_of_rank),
-                      ("replicate groups", replicate_group_of_rank)):  # fmt: skip
+    for what, seq in (
+        ("node names", node_of_rank),
+        ("shard groups", shard_group_of_rank),
+        ("replicate groups", replicate_group_of_rank),
+    ):
         if len(seq) != world:
             raise ValueError(f"{len(seq)} {what} for a plan of {world} ranks")
     problems: list[GroupProblem] = []
@@ -64,10 +67,15 @@ def compare_groups(
         ranks = tuple(range(first, first + plan.tasks_per_node[node_index]))
         names_of_planned[node_index] = _nodes_of(ranks, node_of_rank)
         if len(names_of_planned[node_index]) > 1:
-            problems.append(GroupProblem(
-                axis="node", planned=ranks, realized=ranks, nodes=names_of_planned[node_index],
-                reason=f"the plan puts these ranks on one node ({plan.node_names[node_index]}) but they run on several",
-            ))  # fmt: skip
+            problems.append(
+                GroupProblem(
+                    axis="node",
+                    planned=ranks,
+                    realized=ranks,
+                    nodes=names_of_planned[node_index],
+                    reason=f"the plan puts these ranks on one node ({plan.node_names[node_index]}) but they run on several",
+                )
+            )
     owners: dict[str, list[int]] = {}
     for node_index, names in names_of_planned.items():
         if len(names) == 1:  # a planned node already split over several hosts is reported above
@@ -75,11 +83,17 @@ def compare_groups(
     for name, planned_nodes in owners.items():
         if len(planned_nodes) > 1:
             found = tuple(r for r in range(world) if node_of_rank[r] == name)
-            problems.append(GroupProblem(
-                axis="node", planned=(), realized=found, nodes=(name,),
-                reason="ranks the plan puts on different nodes ("
-                + ", ".join(plan.node_names[i] for i in planned_nodes) + f") all run on {name}",
-            ))  # fmt: skip
+            problems.append(
+                GroupProblem(
+                    axis="node",
+                    planned=(),
+                    realized=found,
+                    nodes=(name,),
+                    reason="ranks the plan puts on different nodes ("
+                    + ", ".join(plan.node_names[i] for i in planned_nodes)
+                    + f") all run on {name}",
+                )
+            )
 
     for axis, realized_of_rank, planned_of in (
         ("shard", shard_group_of_rank, plan.shard_group_of),
@@ -94,16 +108,28 @@ def compare_groups(
             seen.add(realized)
             nodes = _nodes_of(realized, node_of_rank)
             if realized != planned:
-                problems.append(GroupProblem(axis=axis, planned=planned, realized=realized, nodes=nodes,
-                                             reason=f"rank {rank}'s {axis} group differs from the plan"))  # fmt: skip
+                problems.append(
+                    GroupProblem(
+                        axis=axis,
+                        planned=planned,
+                        realized=realized,
+                        nodes=nodes,
+                        reason=f"rank {rank}'s {axis} group differs from the plan",
+                    )
+                )
                 continue
             planned_span = len(plan.nodes_of_group(planned))
             if len(nodes) > planned_span:
                 where = "inside one node" if planned_span == 1 else f"on {planned_span} nodes"
-                problems.append(GroupProblem(
-                    axis=axis, planned=planned, realized=realized, nodes=nodes,
-                    reason=f"the plan puts this group {where} but it spans {len(nodes)}",
-                ))  # fmt: skip
+                problems.append(
+                    GroupProblem(
+                        axis=axis,
+                        planned=planned,
+                        realized=realized,
+                        nodes=nodes,
+                        reason=f"the plan puts this group {where} but it spans {len(nodes)}",
+                    )
+                )
     return problems
 
 
@@ -116,9 +142,7 @@ def format_problems(problems: Sequence[GroupProblem]) -> str:
     rows = [("axis", "planned", "realized", "nodes", "problem")]
     rows += [(p.axis, _ranks(p.planned), _ranks(p.realized), ",".join(p.nodes), p.reason) for p in problems]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4] for row in rows
-    )
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4] for row in rows)
 
 
 def mismatch_message(problems: Sequence[GroupProblem], plan: TopologyPlan) -> str:
@@ -129,4 +153,3 @@ def mismatch_message(problems: Sequence[GroupProblem], plan: TopologyPlan) -> st
         + "\nHINT: ranks must be node-major; launch with `srun hpc-hsdp run` (one task per GPU) or "
         "torchrun with a static rendezvous (--node-rank), and do not set RANK yourself"
     )
-

@@ -47,8 +47,20 @@ ENDING = threading.Event()
 """Set when this process's watchdog decided to end the job: an error the main thread gets
 meanwhile (a peer that already exited) must not end the task before the watchdog does."""
 
-_COUNTED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
-            "all_reduce", "broadcast", "all_gather", "barrier", "all_to_all_single", "reduce", "gather", "scatter")  # fmt: skip
+_COUNTED = (
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "barrier",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "scatter",
+)
 
 
 def _note(message: str) -> None:
@@ -108,10 +120,14 @@ def describe_hang(reports: Mapping[int, dict], world_size: int, *, timeout_s: fl
     if waiting:
         furthest = max(reports[rank]["collectives"] for rank in waiting)
         kind = next((reports[rank].get("kind") for rank in waiting if reports[rank]["collectives"] == furthest), None)
-        line += f"ranks {_ranks(waiting)} wait in a collective (furthest: #{furthest}" + (f" {kind}" if kind else "") + ")"
+        line += (
+            f"ranks {_ranks(waiting)} wait in a collective (furthest: #{furthest}" + (f" {kind}" if kind else "") + ")"
+        )
     parts = []
     if elsewhere:
-        where = "; ".join(f"rank {rank} at {reports[rank]['where']}" for rank in elsewhere[:4] if reports[rank].get("where"))
+        where = "; ".join(
+            f"rank {rank} at {reports[rank]['where']}" for rank in elsewhere[:4] if reports[rank].get("where")
+        )
         parts.append(f"ranks {_ranks(elsewhere)} never reached it" + (f" ({where})" if where else ""))
     if silent:
         parts.append(f"ranks {_ranks(silent)} did not answer (dead or frozen)")
@@ -179,11 +195,15 @@ def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> N
     if run_dir is not None and ctx.rank == 0 and job_id:
         failures = failure_restarts(run_dir, job_id=job_id)
         if failures > max_restarts:
-            causes = "; ".join(f"restart {r.get('restart')}: {r.get('detail') or r.get('reason')}"
-                               for r in read_restarts(run_dir)
-                               if r.get("reason") in FAILURE_REASONS and str(r.get("job_id")) == job_id)  # fmt: skip
-            verdict[0] = (f"job {job_id} restarted {failures} times after failures, more than --max-restarts "
-                          f"{max_restarts}: not training again ({causes})")  # fmt: skip
+            causes = "; ".join(
+                f"restart {r.get('restart')}: {r.get('detail') or r.get('reason')}"
+                for r in read_restarts(run_dir)
+                if r.get("reason") in FAILURE_REASONS and str(r.get("job_id")) == job_id
+            )
+            verdict[0] = (
+                f"job {job_id} restarted {failures} times after failures, more than --max-restarts "
+                f"{max_restarts}: not training again ({causes})"
+            )
     if dist.is_initialized() and ctx.world_size > 1:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
@@ -195,8 +215,15 @@ class Watchdog:
     after every step, ``stop()`` before anything that may legitimately take long (the final
     save) and at the end."""
 
-    def __init__(self, ctx, *, timeout_s: float = 0.0, max_restarts: int = 0, env: Mapping[str, str] | None = None,
-                 exit_fn=os._exit) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx,
+        *,
+        timeout_s: float = 0.0,
+        max_restarts: int = 0,
+        env: Mapping[str, str] | None = None,
+        exit_fn=os._exit,
+    ) -> None:
         self.ctx = ctx
         self.configured = float(timeout_s)
         self.max_restarts = max_restarts
@@ -265,16 +292,24 @@ class Watchdog:
 
     def _report(self) -> dict:
         waiting, where = main_thread_position()
-        return {"step": self.last_step, "collectives": self.counter.entered, "kind": self.counter.last_kind,
-                "waiting": waiting, "where": where, "node": getattr(self.ctx.layout, "node", None),
-                "pid": os.getpid()}  # fmt: skip
+        return {
+            "step": self.last_step,
+            "collectives": self.counter.entered,
+            "kind": self.counter.last_kind,
+            "waiting": waiting,
+            "where": where,
+            "node": getattr(self.ctx.layout, "node", None),
+            "pid": os.getpid(),
+        }
 
     def _hung(self) -> None:
         ENDING.set()
         rank, world = self.ctx.rank, self.ctx.world_size
         timeout = self.timeout_s
-        _note(f"[hpc-hsdp] watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
-              f"(timeout {timeout:.0f} s) after step {self.last_step}; Python stacks of every thread follow")  # fmt: skip
+        _note(
+            f"[hpc-hsdp] watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
+            f"(timeout {timeout:.0f} s) after step {self.last_step}; Python stacks of every thread follow"
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         self._dump_nccl_trace(rank)
@@ -383,15 +418,23 @@ class Watchdog:
         if not in_slurm(self.env):
             outcome, requeued = "not in a SLURM job: not requeued; resubmit with the same --run-dir to resume", False
         elif failures >= self.max_restarts:
-            outcome, requeued = (f"not requeued: the job already restarted {failures} times after failures "
-                                 f"(--max-restarts {self.max_restarts})"), False  # fmt: skip
+            outcome, requeued = (
+                (
+                    f"not requeued: the job already restarted {failures} times after failures "
+                    f"(--max-restarts {self.max_restarts})"
+                ),
+                False,
+            )
         else:
             from hpc_hsdp.job.requeue import requeue_job
 
             ok, said = requeue_job(job_id)
             requeued = ok
-            outcome = (f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})" if ok
-                       else f"scontrol requeue {job_id} failed: {said}")  # fmt: skip
+            outcome = (
+                f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})"
+                if ok
+                else f"scontrol requeue {job_id} failed: {said}"
+            )
         if self.ctx.run_dir is not None:  # the cause of this attempt's end, for the next one and status
             record_restart(self.ctx.run_dir, reason="hang", cause=verdict, step=self.last_step)
         return outcome
