@@ -56,12 +56,12 @@ def task(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.rundir.state import crc32_of, read_manifest
     from hpc_hsdp.runtime import checkpoint
     from hpc_hsdp.runtime.dist import init
     from hpc_hsdp.runtime.loop import build_model, make_optimizer
-    from hpc_hsdp.job.spec import TrainingSpec
 
     torch.set_num_threads(1)
     work = Path(args.work)

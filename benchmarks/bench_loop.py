@@ -112,9 +112,9 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
     """One rank's loader alone (rank 0 of 4), no training: tokens per second it delivers."""
     import torch
 
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.runtime.loader import BatchLoader
     from hpc_hsdp.runtime.loop import open_data
-    from hpc_hsdp.job.spec import TrainingSpec
 
     training = TrainingSpec(
         seq_len=MODEL["seq-len"],

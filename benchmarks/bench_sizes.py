@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 
 from bench_cli import byte_compile_package, hpc_hsdp_command
@@ -29,10 +28,10 @@ GPUS = 8
 
 
 def work(kind: str, nodes: int) -> None:
-    from hpc_hsdp.plan.view import plan_text
     from hpc_hsdp.job.render import render_sbatch
     from hpc_hsdp.job.spec import JobSpec, RunSpec
     from hpc_hsdp.plan.topology import plan_for
+    from hpc_hsdp.plan.view import plan_text
 
     if kind == "plan":
         plan_text(plan_for(nodes=nodes, gpus_per_node=GPUS, shard_size=8))

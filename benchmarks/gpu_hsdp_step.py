@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 0
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
+    from hpc_hsdp.plan.slurm_env import task_environments
     from hpc_hsdp.runtime.dist import init
     from hpc_hsdp.runtime.loader import read_rows
     from hpc_hsdp.runtime.loop import configure_device, open_data, train
-    from hpc_hsdp.plan.slurm_env import task_environments
-    from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
     defaults = (

@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_profile_loop: CUDA is not available; pass --device cpu to exercise the code path", file=sys.stderr)
         return 0
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.plan.slurm_env import task_environments
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import init
-    from hpc_hsdp.plan.slurm_env import task_environments
-    from hpc_hsdp.job.spec import TrainingSpec
 
     gpu = args.device == "cuda"
     sizes = (

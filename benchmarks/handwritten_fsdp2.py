@@ -22,7 +22,6 @@ import math
 import time
 
 import numpy as np
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

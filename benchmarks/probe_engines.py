@@ -35,19 +35,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from handwritten_fsdp2 import Block, Model, init_weights  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-
-from handwritten_fsdp2 import Block, Model, init_weights  # noqa: E402
 
 
 def build_hpc_hsdp(variant, a, mesh):
     """hpc-hsdp's own build_model + make_optimizer (+ train_step in one_step)."""
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.plan.topology import RankLayout
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.job.spec import TrainingSpec
-    from hpc_hsdp.plan.topology import RankLayout
 
     training = TrainingSpec(
         layers=a.layers,

@@ -105,11 +105,11 @@ def build_hand(config_dir: Path, mesh, phases: dict):
 def build_hpc(config_dir: Path, mesh, a, phases: dict):
     import torch
 
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.plan.topology import RankLayout
     from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.job.spec import TrainingSpec
-    from hpc_hsdp.plan.topology import RankLayout
 
     training = TrainingSpec(
         model=f"hf:{config_dir}",
@@ -192,8 +192,8 @@ def worker(a) -> None:
             model, opt = build_hand(config_dir, mesh, phases[v])
             adapter = None
             if v == "hand-model":
-                from hpc_hsdp.models import resolve_model
                 from hpc_hsdp.job.spec import TrainingSpec
+                from hpc_hsdp.models import resolve_model
 
                 adapter = resolve_model(TrainingSpec(model=f"hf:{config_dir}"), data_vocab_size=None)
         else:

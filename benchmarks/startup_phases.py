@@ -29,12 +29,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
+from hpc_hsdp.job.spec import TrainingSpec  # noqa: E402
 from hpc_hsdp.models import resolve_model  # noqa: E402
+from hpc_hsdp.plan.topology import RankLayout  # noqa: E402
 from hpc_hsdp.runtime import loop  # noqa: E402
 from hpc_hsdp.runtime.dist import MESH_AXES, RunContext, _group_ranks  # noqa: E402
 from hpc_hsdp.runtime.verify import compare_groups  # noqa: E402
-from hpc_hsdp.job.spec import TrainingSpec  # noqa: E402
-from hpc_hsdp.plan.topology import RankLayout  # noqa: E402
 
 marks.append(("imports", time.time()))
 

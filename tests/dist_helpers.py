@@ -22,8 +22,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.plan.slurm_env import task_environments
 
 _CTX = multiprocessing.get_context("fork")
 

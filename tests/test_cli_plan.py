@@ -9,9 +9,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.plan.slurm_env import task_environments
-from cli_helpers import assert_cli_imports_no_torch
 
 
 def hpc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -17,13 +17,13 @@ import dataclasses
 from fractions import Fraction
 
 import pytest
-
 from dist_helpers import in_child, launch
-from hpc_hsdp.plan.estimates import estimate
-from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
+
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.plan.estimates import estimate
+from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
+from hpc_hsdp.rundir.files import read_jsonl
 
 MODEL = TrainingSpec(
     layers=2,
@@ -58,7 +58,6 @@ def predicted(shard_size: int, grad_accum: int = 1):
 
 def _memory_of_one_step(ctx, training):
     """Sharded params + grads + optimizer states per rank after one step, by FSDPMemTracker."""
-    import torch
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from hpc_hsdp.models import resolve_model
@@ -83,12 +82,12 @@ def _memory_of_one_step(ctx, training):
 
 def measure_every_shard_size(ctx):
     """fn of run_task: the job's own shard size through the payload, then the others."""
+    from test_runtime import wrapped_collectives
     from torch.distributed.device_mesh import init_device_mesh
 
     from hpc_hsdp.runtime.comm_stats import CommStats
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
     from hpc_hsdp.runtime.loop import train
-    from test_runtime import wrapped_collectives
 
     out = {"comm": {}, "memory": {}, "accum": {}}
     steps: dict[int, dict] = {}

@@ -10,8 +10,8 @@ import pytest
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
-from hpc_hsdp.job.config import load_config, merge_options
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.config import load_config, merge_options
 from hpc_hsdp.job.spec import TrainingSpec
 
 CONFIG = textwrap.dedent("""\
@@ -186,7 +186,8 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         lr = 0.01
         """)
     )
-    from hpc_hsdp.job.config import OPTION_KINDS, load_config as load
+    from hpc_hsdp.job.config import OPTION_KINDS
+    from hpc_hsdp.job.config import load_config as load
 
     missing = set(OPTION_KINDS) - set(load(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
     assert not missing

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import DEV_CLUSTER
 from dist_helpers import wait_until
 from test_slurm import job_fields

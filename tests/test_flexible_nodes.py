@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from hpc_hsdp.errors import HsdpError, SpecError
 from dist_helpers import wait_until
 from test_slurm import job_fields
+
+from hpc_hsdp.errors import HsdpError, SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -305,9 +305,9 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     survivors put the range back, and it resumes on the one node left, resharding its checkpoint.
     The dead node comes back; a USR2 (save, our own requeue, which restores the range too) makes
     it resume on two nodes again. Every step trains on exactly the uninterrupted run's samples."""
-    from hpc_hsdp.rundir import attempts
     from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
     from hpc_hsdp.data.synthetic import SyntheticSamples
+    from hpc_hsdp.rundir import attempts
 
     debug_nodes = _debug_nodes(3)
     run, samples = tmp_path / "run", tmp_path / "samples"

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.job.local import expand_pattern
-from cli_helpers import assert_cli_imports_no_torch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 

@@ -17,12 +17,12 @@ import shutil
 import signal
 
 import pytest
-
 from dist_helpers import in_child, launch
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.schedule import learning_rate
+
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.runtime.schedule import learning_rate
 
 # 4 ranks x 2 samples x 2 micro-batches = a global batch of 16
 TRAIN = TrainingSpec(
@@ -106,9 +106,9 @@ def train_and_more(ctx):
     from torch.distributed.device_mesh import init_device_mesh
 
     from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.plan.topology import TopologyPlan
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
     from hpc_hsdp.runtime.loop import build_model, evaluate, open_data, train
-    from hpc_hsdp.plan.topology import TopologyPlan
 
     out = _train_recording(ctx, TRAIN)
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
@@ -148,10 +148,10 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
     """One process, no FSDP: the same global batches, accumulation as one big batch, the
     same clipping, schedule and weight-decay groups; compared with the HSDP checkpoint."""
     import torch
+    from test_runtime import full_checkpoint, synthetic_rows
 
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
     from hpc_hsdp.runtime.schedule import lr_of
-    from test_runtime import full_checkpoint, synthetic_rows
 
     model = build_model(ModelConfig.from_training(training), device="cpu")
     init_parameters(model, seed=training.seed)
@@ -218,7 +218,7 @@ def test_metrics_carry_the_new_fields_and_the_loss_falls(reference):
             learning_rate(r["step"], lr=1e-2, schedule="cosine", warmup_steps=2, min_lr=1e-3, total_steps=6)
         )
         assert r["grad_norm"] > 0 and r["data_wait_s"] >= 0 and r["step_time_s"] > r["data_wait_s"]
-        assert 0 < r["cpu_time_s"]
+        assert r["cpu_time_s"] > 0
         assert r["tokens_seen"] == r["step"] * 16 * 16 and r["global_batch"] == 16 and r["grad_accum"] == 2
         assert r["precision"] == "fp32"
     assert [r["step"] for r in records if "eval_loss" in r] == [3, 6]

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, job_envs, launch
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from test_loop import max_param_diff, train_recording, train_signalled_at_3, union_of_samples
+
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.dist
 

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, launch
 from hf_helpers import shard_and_report, unsharded_reference
+
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 

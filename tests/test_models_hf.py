@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dist_helpers import in_child, launch
 from hf_helpers import (
     TINY_BERT,
@@ -16,6 +15,7 @@ from hf_helpers import (
     unsharded_reference,
     write_config,
 )
+
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 

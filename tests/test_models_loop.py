@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, job_envs, launch
 from hf_helpers import (
     TINY_GPT2,
@@ -28,9 +27,10 @@ from hf_helpers import (
     train_hf_signalled_at_3,
     write_config,
 )
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.rundir.files import read_jsonl
+
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,10 +26,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.plan.topology import plan_for
 from dist_helpers import wait_until
+
+from hpc_hsdp.plan.topology import plan_for
+from hpc_hsdp.rundir import attempts
 
 ROOT = Path(__file__).resolve().parent.parent
 

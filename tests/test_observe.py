@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_cli_imports_no_torch
 
+from hpc_hsdp.job.scheduler import parse_slurm_duration
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.progress import duration, progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.job.scheduler import parse_slurm_duration
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
-from cli_helpers import assert_cli_imports_no_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ["n1", "n1", "n2", "n2"]
@@ -281,6 +281,7 @@ def _scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
 @pytest.mark.timeout(300)
 def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path):
     from dist_helpers import launch
+
     from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
     # 7 probes (steps 2-14): an odd count, so a rank another process took the CPU from in

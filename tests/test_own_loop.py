@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, launch
 from hf_helpers import TINY_LLAMA, make_corpus, write_config
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.rundir.files import read_jsonl
+
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples")
 if EXAMPLES not in sys.path:

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-
 from dist_helpers import in_child
 from hf_helpers import write_config
+
 from hpc_hsdp.models.hf_shapes import shapes_from_config
 
 CONFIGS = {

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, launch
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 from hpc_hsdp.runtime.preemption import (
     EXIT_STOPPED_NOT_REQUEUED,
     TERMINATE,
@@ -30,7 +31,6 @@ from hpc_hsdp.runtime.preemption import (
     in_slurm,
     warning_signal_from,
 )
-from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TrainingSpec(

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from hpc_hsdp.errors import SpecError
-from hpc_hsdp.cli.examples import spec_from_argv
-from hpc_hsdp.job.preflight import check_job_inputs
 from hf_helpers import TINY_LLAMA, write_config
 from test_data_tokens import documents, make_dataset
 
+from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.data.synthetic import NUM_SAMPLES
 from hpc_hsdp.data.tokens import open_dataset, write_token_file
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.cli import main
-from hpc_hsdp.errors import SpecError
 from hpc_hsdp.cli.examples import REPO, spec_from_argv
+from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import default_launch_command, render_sbatch, sbatch_quote
 from hpc_hsdp.job.spec import JobSpec, RunSpec
 

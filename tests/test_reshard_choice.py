@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpc_hsdp.models import resolve_model
-from hpc_hsdp.runtime import reshard
-from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.models import resolve_model
+from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
+from hpc_hsdp.runtime import reshard
 
 MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, vocab_size=64)
 PARAMS = parameter_counts(**dataclasses.asdict(MODEL)).params

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import in_child, job_envs, launch
+
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.plan.topology import plan_for
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TrainingSpec(

@@ -132,7 +132,7 @@ class _Flat:
         self.max_token_id = int(self.tokens.max())
 
     def read(self, start, length):
-        assert 0 <= start and start + length <= self.num_tokens
+        assert start >= 0 and start + length <= self.num_tokens
         return self.tokens[start : start + length]
 
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from test_slurm import TINY, _logs, _ranks, hpc, sbatch_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_hsdp.plan.address import hostfile_lines, node_address
+from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.cli.examples import spec_from_argv
-
+from hpc_hsdp.plan.address import hostfile_lines, node_address
 
 # ----------------------------------------------------------------------------- torch floor
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from dist_helpers import launch
+
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.estimates import estimate
 from hpc_hsdp.plan.shapes import parameter_counts
-from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.topology import TopologyPlan
 
 MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from hpc_hsdp.runtime.verify import compare_groups, format_problems, mismatch_message
 from hpc_hsdp.plan.topology import TopologyPlan, plan_for
+from hpc_hsdp.runtime.verify import compare_groups, format_problems, mismatch_message
 
 
 def planned(plan: TopologyPlan, node_names=None):

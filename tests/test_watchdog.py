@@ -9,10 +9,10 @@ import re
 import time
 
 import pytest
-
 from dist_helpers import launch
-from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S, HANG_TIMEOUT_FLOOR_S, describe_hang, hang_timeout
+
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S, HANG_TIMEOUT_FLOOR_S, describe_hang, hang_timeout
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from hpc_hsdp.cli.options import training_options
+from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.config import (
     CONFIG_ENV,
     PROFILE_ENV,
@@ -26,7 +27,6 @@ from hpc_hsdp.job.config import (
     merge_options,
     select_profile,
 )
-from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS, JobSpec, TrainingSpec, check_text
 
 # click parameter name -> config key (the option's name in a config file), where they differ

@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.cli import write_atomically
+from hpc_hsdp.cli.job_options import NODES
 from hpc_hsdp.errors import SpecError, TopologyError
+from hpc_hsdp.job.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
@@ -23,10 +25,8 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
-from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
-from hpc_hsdp.cli.job_options import NODES
-from hpc_hsdp.job.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
+from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 
 
 @click.command()
@@ -362,8 +362,8 @@ def _params_for_shard(model_params: str, root_params: str | None):
 def _builtin_counts(options: str):
     from dataclasses import asdict, fields
 
-    from hpc_hsdp.plan.shapes import parameter_counts
     from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.plan.shapes import parameter_counts
 
     known = {
         f.name.replace("_", "-"): f.name

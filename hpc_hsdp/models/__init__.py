@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpc_hsdp.models.base import ModelAdapter
     from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.models.base import ModelAdapter
 
 
 def resolve_model(training: TrainingSpec, *, data_vocab_size: int | None = None) -> ModelAdapter:

@@ -196,9 +196,9 @@ def _vocab_size(model, *, what: str) -> int:
 
 def read_shapes(model: str):
     """``plan --model MODULE:FUNCTION``: the factory's model built on the meta device (torch)."""
+    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.hf_shapes import ModelShapes
     from hpc_hsdp.models.weights import tied_groups, unit_names, unit_of
-    from hpc_hsdp.job.spec import TrainingSpec
 
     adapter = FactoryAdapter(TrainingSpec(model=model))
     meta = adapter.build_meta()

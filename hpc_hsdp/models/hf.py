@@ -309,8 +309,8 @@ def read_shapes(model: str):
     shapes = shapes_from_config(values)
     if shapes is not None:
         return shapes, "config.json formula (no torch)"
-    from hpc_hsdp.models.weights import unit_names, unit_of
     from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.models.weights import unit_names, unit_of
 
     adapter = HFAdapter(TrainingSpec(model=model))
     meta = adapter.build_meta()

@@ -7,7 +7,6 @@ from html import escape
 from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime, format_bytes
 from hpc_hsdp.plan.topology import TopologyPlan
 
-
 LISTED_RANKS = 8
 """A group of more ranks than this, equally spaced, is written ``[3,11,19,...,8187]``."""
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_hsdp.rundir import attempts
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.stragglers import persistent
 
 ACTIVE_WITHIN_S = 600

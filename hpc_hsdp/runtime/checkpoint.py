@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.rundir.state import (
     COMPLETE,
     MANIFEST,
@@ -54,7 +54,6 @@ from hpc_hsdp.rundir.state import (
     step_dir_name,
 )
 from hpc_hsdp.runtime import faults
-from hpc_hsdp.rundir.files import atomic_write_text
 
 __all__ = [
     "COMPLETE",

@@ -26,10 +26,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
-from hpc_hsdp.rundir.files import atomic_write_text
-from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
+from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
 
 MESH_AXES = ("replicate", "shard")
 

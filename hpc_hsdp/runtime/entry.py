@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 
 
 def resolve_entry(entry: str) -> Callable:

@@ -48,10 +48,11 @@ from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
 from hpc_hsdp.data.synthetic import SyntheticSamples
+from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.rundir.files import append_jsonl, truncate_metrics
 from hpc_hsdp.rundir.state import check_data_position, saved_train_state
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.dist import RunContext
-from hpc_hsdp.rundir.files import append_jsonl, truncate_metrics
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch, read_rows
 from hpc_hsdp.runtime.observer import RunObserver
@@ -59,7 +60,6 @@ from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING, restart_count
 from hpc_hsdp.runtime.reshard import choose_reshard
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.watchdog import Watchdog
-from hpc_hsdp.job.spec import TrainingSpec
 
 OnStep = Callable[[int, dict], None]
 

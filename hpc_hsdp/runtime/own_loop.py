@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch
@@ -72,7 +73,6 @@ from hpc_hsdp.runtime.loop import (
 )
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.schedule import lr_of
-from hpc_hsdp.job.spec import TrainingSpec
 
 
 @dataclass

@@ -45,8 +45,8 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     ignored, so that it does not die of it; this process only notes the signals (replacing
     submitit's handlers) and, after a stop, exits without a result, as an srun task does,
     so that the requeued job's result is the one submitit reports."""
-    from hpc_hsdp.runtime.preemption import warning_signal_from
     from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
+    from hpc_hsdp.runtime.preemption import warning_signal_from
 
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []

@@ -186,8 +186,8 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. Raise HsdpError on every rank when this job's restarts after failures
     (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
-    from hpc_hsdp.rundir.attempts import read_restarts
     from hpc_hsdp.errors import HsdpError
+    from hpc_hsdp.rundir.attempts import read_restarts
     from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts
 
     job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
