@@ -6,8 +6,7 @@ on-node runtime (and torch) only when called.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan, plan_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from hpc_hsdp import __version__
+from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError, SpecError
 
 EXIT_USAGE = 2

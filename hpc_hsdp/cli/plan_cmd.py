@@ -10,7 +10,7 @@ import click
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.job_options import NODES
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
+from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TrainingSpec, check_signal, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
@@ -323,11 +323,11 @@ def _model_summary(model: str) -> dict:
     if model.startswith("hf:"):
         from hpc_hsdp.models.hf import read_shapes
 
-        shapes, source = read_shapes(model)
+        shapes, source = read_shapes(TrainingSpec(model=model))
     else:
         from hpc_hsdp.models.factory import read_shapes
 
-        shapes, source = read_shapes(model)
+        shapes, source = read_shapes(TrainingSpec(model=model))
     record = {"model": model, **shapes.to_dict(), "source": source}
     tied = ", tied embeddings" if shapes.tied else ""
     line = (
@@ -362,7 +362,6 @@ def _params_for_shard(model_params: str, root_params: str | None):
 def _builtin_counts(options: str):
     from dataclasses import asdict, fields
 
-    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.plan.shapes import parameter_counts
 
     known = {

@@ -621,7 +621,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         shards = {split: writers[split].shards for split in SPLITS}
         num_tokens = {split: writers[split].num_tokens for split in SPLITS}
         num_documents = {split: writers[split].num_documents for split in SPLITS}
-        from hpc_hsdp import __version__
+        from hpc_hsdp._version import __version__
 
         write_dataset_manifest(
             tmp,

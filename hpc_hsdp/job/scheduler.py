@@ -28,6 +28,7 @@ from typing import Any
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
+from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 
 CLUSTERS = ("auto", "slurm", "local")
 TERMINAL = (
@@ -87,12 +88,8 @@ def resolve_cluster(choice: str) -> tuple[str, str]:
 def task_function(spec) -> tuple[Callable, tuple]:
     """The callable (and its arguments) that submitit runs on every task of ``spec``."""
     if spec.launch.launcher == "torchrun":
-        from hpc_hsdp.runtime.torchrun import launch_torchrun
-
-        return launch_torchrun, (spec.run, spec.gpus_per_node)
-    from hpc_hsdp.runtime.entry import task_main
-
-    return task_main, (spec.run,)
+        return RUN_TORCHRUN, (spec.run, spec.gpus_per_node)
+    return RUN_TASK, (spec.run,)
 
 
 def _submitit_command(logs_dir: Path) -> str:

@@ -336,7 +336,28 @@ _TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d
 _MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
 _SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
 _SIGNAL_NAMES = frozenset(
-    ["HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH"]
+    [
+        "HUP",
+        "INT",
+        "QUIT",
+        "ABRT",
+        "KILL",
+        "ALRM",
+        "TERM",
+        "USR1",
+        "USR2",
+        "CONT",
+        "STOP",
+        "TSTP",
+        "TTIN",
+        "TTOU",
+        "URG",
+        "XCPU",
+        "XFSZ",
+        "VTALRM",
+        "PROF",
+        "WINCH",
+    ]
 )
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpc_hsdp.job.spec import TrainingSpec
-    from hpc_hsdp.models.base import ModelAdapter
+    from hpc_hsdp.models.base import ModelAdapter, ModelSettings
 
 
-def resolve_model(training: TrainingSpec, *, data_vocab_size: int | None = None) -> ModelAdapter:
+def resolve_model(training: ModelSettings, *, data_vocab_size: int | None = None) -> ModelAdapter:
     """The adapter for ``training.model``: ``builtin`` -> :mod:`hpc_hsdp.models.builtin`,
     ``hf:PATH`` -> ``hpc_hsdp.models.hf.HFAdapter``, ``MODULE:FUNCTION`` ->
     ``hpc_hsdp.models.factory.FactoryAdapter`` (each imported only when chosen).

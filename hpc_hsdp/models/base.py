@@ -34,6 +34,20 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+class ModelSettings(Protocol):
+    """What a model reads of the run's training options. A :class:`~hpc_hsdp.job.spec.TrainingSpec`
+    is one; the models package names only these attributes, so it does not depend on the job layer."""
+
+    model: str
+    """``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``."""
+    shard_unit: str | None
+    layers: int
+    width: int
+    heads: int
+    vocab_size: int
+    seq_len: int
+
+
 @runtime_checkable
 class ModelAdapter(Protocol):
     name: str

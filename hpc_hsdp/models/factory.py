@@ -47,7 +47,7 @@ import importlib
 import inspect
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.models.base import check_data_vocabulary
+from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
 
 
 def resolve_factory(model: str):
@@ -194,13 +194,12 @@ def _vocab_size(model, *, what: str) -> int:
     return value
 
 
-def read_shapes(model: str):
+def read_shapes(training: ModelSettings):
     """``plan --model MODULE:FUNCTION``: the factory's model built on the meta device (torch)."""
-    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.hf_shapes import ModelShapes
     from hpc_hsdp.models.weights import tied_groups, unit_names, unit_of
 
-    adapter = FactoryAdapter(TrainingSpec(model=model))
+    adapter = FactoryAdapter(training)
     meta = adapter.build_meta()
     units = adapter.shard_units(meta)
     names = unit_names(meta, units)

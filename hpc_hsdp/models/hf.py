@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.models.base import check_data_vocabulary
+from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
 
 PREFIX = "hf:"
 DATA_VOCABULARY_FIX = (
@@ -299,20 +299,19 @@ def classes_named(model, names: list[str], *, source: str, what: str) -> tuple[t
     return tuple(dict.fromkeys(found))
 
 
-def read_shapes(model: str):
+def read_shapes(training: ModelSettings):
     """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
     and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
     families, else by building the model on the meta device (imports torch and transformers)."""
     from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
 
-    values = config_values(model)
+    values = config_values(training.model)
     shapes = shapes_from_config(values)
     if shapes is not None:
         return shapes, "config.json formula (no torch)"
-    from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.weights import unit_names, unit_of
 
-    adapter = HFAdapter(TrainingSpec(model=model))
+    adapter = HFAdapter(training)
     meta = adapter.build_meta()
     units = adapter.shard_units(meta)
     names = unit_names(meta, units)
