@@ -346,7 +346,8 @@ def test_resuming_with_another_global_batch_is_refused(reference, tmp_path):
 def test_the_live_line_shows_the_latest_eval_loss(tmp_path):
     import json
 
-    from hpc_hsdp.cli.jobs_cmd import latest_eval, step_text
+    from hpc_hsdp.cli.jobs_cmd import step_text
+    from hpc_hsdp.rundir.metrics import latest_eval
 
     records = [
         {"step": 1, "loss": 4.0, "tokens_per_s": 10.0},

@@ -11,6 +11,11 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.rundir.job_record import job_record_path
+from hpc_hsdp.rundir.layout import nodes_by_rank
+from hpc_hsdp.rundir.metrics import latest_eval
+from hpc_hsdp.rundir.runs import find_run_dirs
+
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
 """How long a job may stay UNKNOWN (no squeue nor sacct record) before following it stops."""
@@ -52,28 +57,6 @@ def step_text(metrics: dict | None, total_steps: int | None = None, last_eval: t
     return text
 
 
-def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int, float] | None:
-    """(step, eval_loss) of the newest record of ``<run_dir>/metrics.jsonl`` that has one,
-    looking at the file's tail only."""
-    try:
-        with open(Path(run_dir) / "metrics.jsonl", "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - tail_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if '"eval_loss"' not in line:
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record.get("eval_loss"), (int, float)) and isinstance(record.get("step"), int):
-            return record["step"], record["eval_loss"]
-    return None
-
-
 def run_facts(handle, status=None) -> dict:
     """What a person watching the job wants besides its state: speed, ETA against the time
     left (SLURM), the slow rank or node in words, the restarts and their causes."""
@@ -94,12 +77,7 @@ def run_facts(handle, status=None) -> dict:
         time_limit_s=limit,
     )
     probes = [r for r in records if isinstance(r.get("stragglers"), dict)]
-    nodes = None
-    try:
-        layout = json.loads((run_dir / "layout.json").read_text())
-        nodes = [str(r["node"]) for r in sorted(layout["ranks"], key=lambda r: r["rank"])]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    nodes = nodes_by_rank(run_dir)
     found = persistent([r["stragglers"] for r in probes[-LIVE_PROBES:]], nodes)
     slow = f"{found[0]} (in {found[1]} of the last {found[2]} probes)" if found else None
     restarts = [
@@ -292,7 +270,7 @@ def runs(directory, depth) -> None:
     for path in found:
         run = load_run(path)
         state = run.state
-        if (path / "job.json").is_file():
+        if job_record_path(path).is_file():
             from hpc_hsdp.job.scheduler import JobHandle
 
             try:
@@ -317,27 +295,3 @@ def _ago(seconds: float) -> str:
     from hpc_hsdp.rundir.progress import duration
 
     return duration(seconds)
-
-
-RUN_MARKERS = ("metrics.jsonl", "attempt.json", "job.json")
-
-
-def find_run_dirs(root: Path, depth: int) -> list[Path]:
-    """Directories holding a run's files, not looking inside a run (checkpoints, tb, logs)."""
-    found: list[Path] = []
-
-    def visit(path: Path, level: int) -> None:
-        if any((path / marker).is_file() for marker in RUN_MARKERS):
-            found.append(path)
-            return
-        if level >= depth:
-            return
-        try:
-            children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-        except OSError:
-            return
-        for child in children:
-            visit(child, level + 1)
-
-    visit(root, 0)
-    return found

@@ -13,8 +13,6 @@ through a small index in the user's state directory) in any new shell.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,6 +27,9 @@ from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
+from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
+from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
+from hpc_hsdp.rundir.metrics import last_metrics, recent_metrics
 
 CLUSTERS = ("auto", "slurm", "local")
 TERMINAL = (
@@ -46,10 +47,6 @@ TERMINAL = (
 
 class SchedulerError(HsdpError):
     """The scheduler refused or could not be reached."""
-
-
-def _state_home() -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "jobs"
 
 
 def slurm_available(timeout_s: float = 5.0) -> tuple[bool, str]:
@@ -109,53 +106,6 @@ def submission_script(spec) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobRecord:
-    """What ``<run-dir>/job.json`` holds: enough to find the job again."""
-
-    job_id: str
-    cluster: str
-    """``slurm`` or ``local``."""
-    run_dir: str
-    logs_dir: str
-    job_name: str
-    ntasks: int
-    launcher: str
-    submitted_at: float
-
-    def save(self) -> None:
-        from hpc_hsdp.files import write_atomically
-
-        write_atomically(Path(self.run_dir) / "job.json", json.dumps(self.__dict__, indent=1))
-        index = _state_home()
-        try:
-            index.mkdir(parents=True, exist_ok=True)
-            (index / f"{self.cluster}-{self.job_id}").write_text(self.run_dir)
-        except OSError:
-            pass  # the run directory alone is enough
-
-    @classmethod
-    def load(cls, ref: str) -> JobRecord:
-        """From a run directory, or a job id recorded on this machine."""
-        candidate = Path(ref)
-        if (candidate / "job.json").is_file():
-            path = candidate / "job.json"
-        else:
-            matches = sorted(_state_home().glob(f"*-{ref}")) if ref.replace("_", "").isdigit() else []
-            runs = [Path(m.read_text()) / "job.json" for m in matches]
-            runs = [p for p in runs if p.is_file()]
-            if not runs:
-                raise SpecError(
-                    f"{ref!r} is neither a run directory with a job.json nor a job id submitted from this "
-                    f"machine; pass the run directory (--run-dir of the submission)"
-                )
-            path = runs[-1]
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise SpecError(f"{path} is not a job record written by hpc-hsdp ({exc})") from None
-
-
-@dataclass(frozen=True, kw_only=True)
 class JobStatus:
     state: str
     exit_code: str | None = None
@@ -202,36 +152,11 @@ class JobHandle:
 
     def last_metrics(self) -> dict | None:
         """The latest record of ``<run-dir>/metrics.jsonl`` (step, loss, tokens_per_s, ...)."""
-        try:
-            with open(Path(self.record.run_dir) / "metrics.jsonl", "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 4096))
-                lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-            return json.loads(lines[-1]) if lines else None
-        except (OSError, json.JSONDecodeError):
-            return None
+        return last_metrics(self.record.run_dir)
 
     def recent_metrics(self, max_bytes: int = 262_144) -> list[dict]:
         """The records in the last ``max_bytes`` of ``<run-dir>/metrics.jsonl`` (a torn line is skipped)."""
-        try:
-            with open(Path(self.record.run_dir) / "metrics.jsonl", "rb") as f:
-                f.seek(0, 2)
-                size = f.tell()
-                f.seek(max(0, size - max_bytes))
-                lines = f.read().decode(errors="replace").splitlines()
-        except OSError:
-            return []
-        if size > max_bytes:
-            lines = lines[1:]  # the first one is cut
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-        return records
+        return recent_metrics(self.record.run_dir, max_bytes)
 
     def time_limits(self) -> tuple[float | None, float | None] | None:
         """(seconds left, time limit per run) of the running job from SLURM; None for the
@@ -241,14 +166,9 @@ class JobHandle:
         return time_limits(self.job_id)
 
     def procid_of_rank(self, rank: int) -> int:
-        """SLURM's task id of a node-major rank, from layout.json: they differ under cyclic,
-        and under torchrun, whose workers all belong to their node's one task."""
-        layout = Path(self.record.run_dir) / "layout.json"
-        if layout.is_file():
-            for entry in json.loads(layout.read_text()).get("ranks", []):
-                if entry.get("rank") == rank and entry.get("slurm_procid") is not None:
-                    return int(entry["slurm_procid"])
-        return rank
+        """SLURM's task id of a node-major rank, from layout.json (the rank itself before there is one)."""
+        procid = procid_of_rank(self.record.run_dir, rank)
+        return rank if procid is None else procid
 
     def log_paths(self, rank: int | None = None) -> list[Path]:
         logs = Path(self.record.logs_dir)
@@ -265,12 +185,8 @@ class JobHandle:
         """The node-major rank of SLURM task ``task`` (srun launcher), from layout.json."""
         if self.record.launcher != "srun":
             return None
-        layout = Path(self.record.run_dir) / "layout.json"
-        if layout.is_file():
-            for entry in json.loads(layout.read_text()).get("ranks", []):
-                if entry.get("slurm_procid") == task:
-                    return int(entry["rank"])
-        return task
+        rank = rank_of_task(self.record.run_dir, task)
+        return task if rank is None else rank
 
     def failure_summary(self, lines: int = 12) -> str:
         """Which rank failed first and how, with the last lines of its log.
@@ -456,7 +372,7 @@ def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None
     from hpc_hsdp.rundir.state import resubmission_note
 
     run_dir = Path(spec.run.run_dir)
-    if (run_dir / "job.json").is_file():
+    if job_record_path(run_dir).is_file():
         try:
             handle = JobHandle.find(str(run_dir))
             job_state = handle.status().state.split()[0]

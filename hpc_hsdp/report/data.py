@@ -8,13 +8,14 @@ and, when submitted, ``job.json``. Whatever is missing or damaged is said in
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.layout import nodes_by_rank
+from hpc_hsdp.rundir.metrics import metrics_path, read_metrics
 from hpc_hsdp.rundir.stragglers import persistent
 
 ACTIVE_WITHIN_S = 600
@@ -105,58 +106,6 @@ class RunData:
         return f"{words} (in {count} of {total} probes)"
 
 
-def _read_metrics(path: Path) -> tuple[list[dict], list[str]]:
-    notes: list[str] = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return [], ["no metrics.jsonl yet: nothing trained here (or still starting)"]
-    lines = text.splitlines()
-    records, bad = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad.append(number)
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            bad.append(number)
-            continue
-        records.append(record)
-    if bad and bad[-1] == len(lines) and not text.endswith("\n"):
-        bad.pop()
-        notes.append(
-            f"metrics.jsonl: the last line (line {len(lines)}) is cut short (being written, or the run was "
-            f"killed); skipped"
-        )
-    if bad:
-        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-        notes.insert(
-            0,
-            f"metrics.jsonl: line {shown} is not a metrics record; skipped"
-            if len(bad) == 1
-            else f"metrics.jsonl: lines {shown} are not metrics records; skipped",
-        )
-    if not records and not bad:
-        notes.append("metrics.jsonl is empty: no step finished yet")
-    # a resumed attempt rewrites the steps after its checkpoint; keep the newest of each step
-    by_step: dict[int, dict] = {}
-    for record in records:
-        by_step[record["step"]] = record
-    return [by_step[s] for s in sorted(by_step)], notes
-
-
-def _nodes(run_dir: Path) -> list[str] | None:
-    try:
-        layout = json.loads((run_dir / "layout.json").read_text())
-        ranks = sorted(layout["ranks"], key=lambda r: r["rank"])
-        return [str(r["node"]) for r in ranks]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -169,14 +118,14 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunData:
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise SpecError(f"{str(path)!r} is not a run directory (no such directory); give the --run-dir of a run")
-    records, notes = _read_metrics(run_dir / "metrics.jsonl")
+    records, notes = read_metrics(run_dir)
     attempt = attempts.read_attempt(run_dir)
-    times = [t for t in (_mtime(run_dir / "metrics.jsonl"), _mtime(run_dir / attempts.ATTEMPT)) if t]
+    times = [t for t in (_mtime(metrics_path(run_dir)), _mtime(run_dir / attempts.ATTEMPT)) if t]
     run = RunData(
         path=run_dir,
         label=label or run_dir.name,
         records=records,
-        nodes=_nodes(run_dir),
+        nodes=nodes_by_rank(run_dir),
         restarts=attempts.read_restarts(run_dir),
         attempt=attempt,
         notes=notes,

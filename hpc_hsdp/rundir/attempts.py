@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import write_atomically
+from hpc_hsdp.rundir.metrics import last_step_written
 
 ATTEMPT = "attempt.json"
 RESTARTS = "restarts.jsonl"
@@ -97,22 +98,6 @@ def read_restarts(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def _last_metrics_step(run_dir: Path) -> int | None:
-    last = None
-    try:
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    step = json.loads(line).get("step")
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(step, int):
-                    last = step
-    except OSError:
-        return None
-    return last
-
-
 def begin_attempt(
     run_dir: str | Path,
     *,
@@ -145,7 +130,7 @@ def begin_attempt(
             "restart": restart,
             "job_id": job_id,
             "resumed_from_step": start_step,
-            "previous_last_step": _last_metrics_step(run_dir),
+            "previous_last_step": last_step_written(run_dir),
             "reason": reason,
             "detail": detail,
         }

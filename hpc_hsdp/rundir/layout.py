@@ -1,0 +1,52 @@
+"""``<run-dir>/layout.json``: the realized rank layout rank 0 writes after the mesh check.
+
+One entry per rank (``rank``, ``node``, ``slurm_procid``, ...); the readers here answer the
+questions ``status``, ``logs`` and ``report`` ask of it. A missing or damaged file is no
+answer (None), never an error: a run that has not started yet has none.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LAYOUT = "layout.json"
+
+
+def layout_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / LAYOUT
+
+
+def rank_entries(run_dir: str | Path) -> list[dict] | None:
+    """The per-rank entries, in rank order."""
+    try:
+        ranks = json.loads(layout_path(run_dir).read_text())["ranks"]
+        return sorted(ranks, key=lambda r: r["rank"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def nodes_by_rank(run_dir: str | Path) -> list[str] | None:
+    """The node of each rank, indexed by rank."""
+    entries = rank_entries(run_dir)
+    try:
+        return None if entries is None else [str(r["node"]) for r in entries]
+    except (KeyError, TypeError):
+        return None
+
+
+def procid_of_rank(run_dir: str | Path, rank: int) -> int | None:
+    """SLURM's task id of a node-major rank (they differ under cyclic, and under torchrun,
+    whose workers all belong to their node's one task)."""
+    for entry in rank_entries(run_dir) or []:
+        if entry.get("rank") == rank and entry.get("slurm_procid") is not None:
+            return int(entry["slurm_procid"])
+    return None
+
+
+def rank_of_task(run_dir: str | Path, task: int) -> int | None:
+    """The node-major rank of SLURM task ``task`` (srun launcher)."""
+    for entry in rank_entries(run_dir) or []:
+        if entry.get("slurm_procid") == task:
+            return int(entry["rank"])
+    return None

@@ -1,0 +1,122 @@
+"""``<run-dir>/metrics.jsonl``: one JSON record per finished step, appended by rank 0.
+
+The runtime appends; every reader reads through here: ``status`` and ``submit --wait``
+look at the file's tail only, ``report`` reads it whole (with notes on lines it skips),
+a new attempt asks for the last step written before its resume.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+METRICS = "metrics.jsonl"
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / METRICS
+
+
+def tail_lines(path: str | Path, max_bytes: int) -> list[str] | None:
+    """The whole lines in the last ``max_bytes`` of ``path`` (the first one, cut by the
+    window, is dropped); None when the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    return lines[1:] if size > max_bytes else lines
+
+
+def _step_record(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+def last_metrics(run_dir: str | Path) -> dict | None:
+    """The newest record (step, loss, tokens_per_s, ...), from the file's last 4 KiB."""
+    lines = [line for line in tail_lines(metrics_path(run_dir), 4096) or [] if line.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+
+
+def recent_metrics(run_dir: str | Path, max_bytes: int = 262_144) -> list[dict]:
+    """The step records in the last ``max_bytes`` of the file (a torn line is skipped)."""
+    records = (_step_record(line) for line in tail_lines(metrics_path(run_dir), max_bytes) or [])
+    return [record for record in records if record is not None]
+
+
+def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int, float] | None:
+    """(step, eval_loss) of the newest record that has one, looking at the file's tail only."""
+    for line in reversed(tail_lines(metrics_path(run_dir), tail_bytes) or []):
+        if '"eval_loss"' not in line:
+            continue
+        record = _step_record(line)
+        if record is not None and isinstance(record.get("eval_loss"), (int, float)):
+            return record["step"], record["eval_loss"]
+    return None
+
+
+def last_step_written(run_dir: str | Path) -> int | None:
+    """The step of the file's last record that has one (None: no file, or no step yet)."""
+    last = None
+    try:
+        with open(metrics_path(run_dir), encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(step, int):
+                    last = step
+    except OSError:
+        return None
+    return last
+
+
+def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[str]]:
+    """Every step's newest record, in step order, and notes on what was skipped and why
+    (a resumed attempt rewrites the steps after its checkpoint: the newest of each wins)."""
+    path = metrics_path(run_dir)
+    notes: list[str] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return [], [f"no {METRICS} yet: nothing trained here (or still starting)"]
+    lines = text.splitlines()
+    records, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = _step_record(line)
+        if record is None:
+            bad.append(number)
+        else:
+            records.append(record)
+    if bad and bad[-1] == len(lines) and not text.endswith("\n"):
+        bad.pop()
+        notes.append(
+            f"{METRICS}: the last line (line {len(lines)}) is cut short (being written, or the run was killed); skipped"
+        )
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        notes.insert(
+            0,
+            f"{METRICS}: line {shown} is not a metrics record; skipped"
+            if len(bad) == 1
+            else f"{METRICS}: lines {shown} are not metrics records; skipped",
+        )
+    if not records and not bad:
+        notes.append(f"{METRICS} is empty: no step finished yet")
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)], notes
