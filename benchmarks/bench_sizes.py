@@ -95,7 +95,7 @@ def main() -> None:
     print(f"{'nodes x 8':>12} " + " ".join(f"{k + ' ms':>10} {'ratio':>8} {'per-size':>8}" for k in measured))
     for nodes in SIZES:
         cells = []
-        for kind, by_size in measured.items():
+        for by_size in measured.values():
             ratio = by_size[nodes] / by_size[BASE]
             cells.append(f"{by_size[nodes] * 1000:>10.2f} {ratio:>8.2f} {ratio / (nodes / BASE):>8.2f}")
         print(f"{nodes:>12,} " + " ".join(cells))

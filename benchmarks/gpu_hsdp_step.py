@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             tokens_per_step = training.global_batch(1) * training.seq_len
             records = []
-            result = train(ctx, training, on_step=lambda step, record: records.append(record), verbose=False)
+            result = train(ctx, training, on_step=lambda _step, record, out=records: out.append(record), verbose=False)
             timed = records[args.warmup :]
             step_time = sum(r["step_time_s"] for r in timed)
             rows.append(
