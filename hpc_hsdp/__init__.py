@@ -6,6 +6,8 @@ on-node runtime (and torch) only when called.
 
 from __future__ import annotations
 
+import importlib
+
 from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan, plan_for
@@ -34,7 +36,5 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hpc_hsdp' has no attribute {name!r}")

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from hpc_hsdp._version import __version__
 from hpc_hsdp.data.inputs import BLOCK_BYTES, Block, InputFile, discover_inputs, is_val, iter_blocks, jsonl_text
 from hpc_hsdp.data.progress import Progress, human_bytes, human_count
 from hpc_hsdp.data.tokenizer import (
@@ -621,8 +622,6 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         shards = {split: writers[split].shards for split in SPLITS}
         num_tokens = {split: writers[split].num_tokens for split in SPLITS}
         num_documents = {split: writers[split].num_documents for split in SPLITS}
-        from hpc_hsdp._version import __version__
-
         write_dataset_manifest(
             tmp,
             vocab_size=tokenizer.vocab_size,

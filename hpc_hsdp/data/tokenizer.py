@@ -110,7 +110,7 @@ def tokenizer_from_worker_state(state: tuple[str, Any]) -> ByteTokenizer | HFTok
     kind, payload = state
     if kind == BYTE:
         return ByteTokenizer()
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # noqa: PLC0415 - tokenizers is an optional extra
 
     text, eos_token, description = payload
     return HFTokenizer(Tokenizer.from_str(text), eos_token=eos_token, description=description)
@@ -118,7 +118,7 @@ def tokenizer_from_worker_state(state: tuple[str, Any]) -> ByteTokenizer | HFTok
 
 def require_tokenizers(why: str):
     try:
-        import tokenizers
+        import tokenizers  # noqa: PLC0415 - tokenizers is an optional extra
     except ImportError:
         raise DataError(
             f"{why} needs the `tokenizers` library, which is not installed; install it with "
@@ -249,7 +249,7 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int) -> HFTokenizer:
     text encodes) trained on ``texts`` with the ``tokenizers`` library; id 0 is <|endoftext|>."""
     check_trained_vocab(vocab_size)
     tokenizers = require_tokenizers(f"--train-tokenizer {vocab_size}")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - tokenizers is an optional extra
 
     tokenizer = tokenizers.Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -27,7 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from submitit.core import utils as submitit_utils
+
+from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import write_atomically
+from hpc_hsdp.plan.address import hostfile_lines
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.plan.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
 
@@ -72,8 +76,6 @@ def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_nam
     ``plan`` and the dev cluster name them."""
     counts = tuple(tasks_per_node)
     if sum(counts) > MAX_LOCAL_TASKS:
-        from hpc_hsdp.errors import SpecError
-
         raise SpecError(
             f"the local emulator runs every task as a process on this machine: {sum(counts):,} tasks are more "
             f"than its {MAX_LOCAL_TASKS}; submit to SLURM (--cluster slurm) or use fewer --nodes/--gpus-per-node"
@@ -234,8 +236,6 @@ class LocalJob:
 
     def results(self) -> list:
         """Each task's return value (submitit's result pickles), raising the first task error."""
-        from submitit.core import utils as submitit_utils
-
         self.wait()
         ntasks = sum(self.info()["tasks_per_node"])
         outcomes = []
@@ -346,8 +346,6 @@ def _srun_parser() -> argparse.ArgumentParser:
 
 def _hostfile_layout(path: str, node_names: Sequence[str]) -> tuple[tuple[int, ...], str]:
     """Tasks per node and their order (block or cyclic) from ``SLURM_HOSTFILE``."""
-    from hpc_hsdp.plan.address import hostfile_lines
-
     if not path or not Path(path).is_file():
         raise ValueError(f"SLURM_HOSTFILE={path!r} is not a file")
     lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]

@@ -12,6 +12,9 @@ import importlib.util
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.models.base import check_data_vocabulary
+from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
+from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
 AFTER = (
@@ -55,8 +58,6 @@ def _model_vocab_size(model: str) -> int | None:
     """The embedding's rows where config.json says them (``hf:PATH``); None where only the
     built model knows (the built-in model takes the data's vocabulary; a factory's module)."""
     if model.startswith("hf:"):
-        from hpc_hsdp.models.hf import config_values
-
         vocab_size = config_values(model).get("vocab_size")
         return vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
     if model != "builtin":
@@ -66,10 +67,8 @@ def _model_vocab_size(model: str) -> int | None:
 
 def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> int:
     """The checks of the loop's ``check_data``; returns the training split's number of samples."""
-    from hpc_hsdp.data.sampler import num_samples
-    from hpc_hsdp.data.tokens import check_for_eval, check_for_training, open_dataset, open_eval_dataset
-    from hpc_hsdp.models.base import check_data_vocabulary
-    from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX
+    from hpc_hsdp.data.sampler import num_samples  # noqa: PLC0415 - numpy loads only for a job with token data
+    from hpc_hsdp.data.tokens import check_for_eval, check_for_training, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
 
     train = open_dataset(training.data, split="train")
     if training.model == "builtin":
@@ -97,8 +96,6 @@ def _check_resume(spec, num_samples: int | None, state) -> None:
     """Into a run directory with a checkpoint the job resumes: the checkpoint's data position
     must continue with this job's global batch, seed and data, as the tasks check on resuming.
     ``num_samples``: the training data's (None: synthetic tokens)."""
-    from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
-
     state = state or run_dir_state(spec.run.run_dir)
     if state.checkpoint is None:
         return
@@ -109,7 +106,7 @@ def _check_resume(spec, num_samples: int | None, state) -> None:
     if not isinstance(saved, dict) or not {"global_batch", "seed", "num_samples"} <= saved.keys():
         return  # no data position saved (a function of the user's wrote it): nothing to continue
     if num_samples is None:
-        from hpc_hsdp.data.synthetic import NUM_SAMPLES
+        from hpc_hsdp.data.synthetic import NUM_SAMPLES  # noqa: PLC0415 - numpy loads only for a job with token data
 
         num_samples = NUM_SAMPLES
     training = spec.run.training

@@ -21,13 +21,13 @@ def resolve_model(training: ModelSettings, *, data_vocab_size: int | None = None
     model takes it, the others check against it."""
     model = training.model
     if model == "builtin":
-        from hpc_hsdp.models.builtin import BuiltinAdapter
+        from hpc_hsdp.models.builtin import BuiltinAdapter  # noqa: PLC0415 - each adapter imports torch; resolving one is on the task
 
         return BuiltinAdapter.from_training(training, data_vocab_size=data_vocab_size)
     if model.startswith("hf:"):
-        from hpc_hsdp.models.hf import HFAdapter
+        from hpc_hsdp.models.hf import HFAdapter  # noqa: PLC0415 - each adapter imports torch; resolving one is on the task
 
         return HFAdapter(training, data_vocab_size=data_vocab_size)
-    from hpc_hsdp.models.factory import FactoryAdapter
+    from hpc_hsdp.models.factory import FactoryAdapter  # noqa: PLC0415 - each adapter imports torch; resolving one is on the task
 
     return FactoryAdapter(training, data_vocab_size=data_vocab_size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -184,6 +184,4 @@ class BuiltinAdapter:
 
     def describe(self) -> dict:
         """What run.json's model record holds (export rebuilds the model from it)."""
-        from dataclasses import asdict
-
         return {"kind": "builtin", "config": asdict(self.cfg)}

@@ -39,6 +39,9 @@ The contract, in full::
    in the root), else they are refused.
 
 Export writes one ``model.safetensors`` file of the full state (tied names once).
+
+Importing this module loads no torch (``plan`` and submit's checks use it); torch loads when
+the model is built.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ import inspect
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
+from hpc_hsdp.models.hf import classes_named
+from hpc_hsdp.models.hf_shapes import ModelShapes
 
 
 def resolve_factory(model: str):
@@ -86,8 +91,8 @@ class FactoryAdapter:
         )
 
     def _call(self):
-        import torch
-        from torch import nn
+        import torch  # noqa: PLC0415 - loaded when a model is built
+        from torch import nn  # noqa: PLC0415 - loaded when a model is built
 
         try:
             takes_spec = len(inspect.signature(self.factory).parameters) > 0
@@ -110,8 +115,7 @@ class FactoryAdapter:
         return model
 
     def shard_units(self, model) -> tuple[type, ...]:
-        from hpc_hsdp.models.hf import classes_named
-        from hpc_hsdp.models.weights import check_tied_parameters
+        from hpc_hsdp.models.weights import check_tied_parameters  # noqa: PLC0415 - weights imports torch
 
         what = f"--model {self.name!r}"
         if self.shard_unit_option:
@@ -140,7 +144,7 @@ class FactoryAdapter:
         return units
 
     def init_weights(self, model, *, seed: int) -> None:
-        from hpc_hsdp.models.weights import init_unit_by_unit
+        from hpc_hsdp.models.weights import init_unit_by_unit  # noqa: PLC0415 - weights imports torch
 
         fresh = self.build_meta()
         root_init = getattr(fresh, "init_module", None)
@@ -162,10 +166,10 @@ class FactoryAdapter:
         )
 
     def loss(self, model, inputs, targets):
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # noqa: PLC0415 - loaded when a model is built
 
         if callable(getattr(model, "loss", None)):
-            from hpc_hsdp.models.weights import fsdp_forward_method
+            from hpc_hsdp.models.weights import fsdp_forward_method  # noqa: PLC0415 - weights imports torch
 
             fsdp_forward_method(model, "loss")
             return model.loss(inputs, targets)
@@ -181,7 +185,7 @@ class FactoryAdapter:
 
 
 def _vocab_size(model, *, what: str) -> int:
-    from torch import nn
+    from torch import nn  # noqa: PLC0415 - loaded when a model is built
 
     value = getattr(model, "vocab_size", None)
     if value is None:
@@ -196,8 +200,7 @@ def _vocab_size(model, *, what: str) -> int:
 
 def read_shapes(training: ModelSettings):
     """``plan --model MODULE:FUNCTION``: the factory's model built on the meta device (torch)."""
-    from hpc_hsdp.models.hf_shapes import ModelShapes
-    from hpc_hsdp.models.weights import tied_groups, unit_names, unit_of
+    from hpc_hsdp.models.weights import tied_groups, unit_names, unit_of  # noqa: PLC0415 - weights imports torch
 
     adapter = FactoryAdapter(training)
     meta = adapter.build_meta()

@@ -22,16 +22,22 @@ PATH is a directory written by ``save_pretrained`` (``config.json``, and optiona
   what ``model(input_ids=tokens, labels=tokens).loss`` gives on the unshifted sample
   (transformers shifts the labels itself; the loop has shifted them already, so labels
   are not passed).
+
+Importing this module loads neither torch nor transformers (``plan`` and submit's checks read
+config.json with it); they load when a model is built.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
+from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
 
 PREFIX = "hf:"
 DATA_VOCABULARY_FIX = (
@@ -85,8 +91,6 @@ def locate(model: str) -> tuple[Path, Path | None]:
 
 def config_values(model: str) -> dict:
     """``hf:PATH``'s config.json as plain JSON values (no torch, no transformers)."""
-    import json
-
     config_path, _ = locate(model)
     try:
         values = json.loads(config_path.read_text(encoding="utf-8"))
@@ -101,7 +105,7 @@ def _transformers():
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     try:
-        import transformers
+        import transformers  # noqa: PLC0415 - loaded when a model is built
     except ImportError:
         raise SpecError("--model hf:... needs transformers on every task: pip install 'hpc-hsdp[hf]'") from None
     return transformers
@@ -110,7 +114,7 @@ def _transformers():
 def load_config(config_path: Path, *, model: str):
     """The transformers config of ``config_path``; a config that is not a causal LM is a SpecError."""
     transformers = _transformers()
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415 - loaded when a model is built
 
     try:
         config = transformers.AutoConfig.from_pretrained(str(config_path), local_files_only=True)
@@ -143,7 +147,7 @@ class HFAdapter:
     # ------------------------------------------------------------------ build and shard
 
     def build_meta(self):
-        import torch
+        import torch  # noqa: PLC0415 - loaded when a model is built
 
         transformers = _transformers()
         with torch.device("meta"):
@@ -153,7 +157,7 @@ class HFAdapter:
                 return transformers.AutoModelForCausalLM.from_config(self.config, torch_dtype=torch.float32)
 
     def shard_units(self, model) -> tuple[type, ...]:
-        from hpc_hsdp.models.weights import check_tied_parameters
+        from hpc_hsdp.models.weights import check_tied_parameters  # noqa: PLC0415 - weights imports torch
 
         if self.shard_unit_option:
             wanted = [n.strip() for n in self.shard_unit_option.split(",") if n.strip()]
@@ -173,7 +177,7 @@ class HFAdapter:
     # ------------------------------------------------------------------ values
 
     def _init_module_fn(self, fresh):
-        from transformers import PreTrainedModel
+        from transformers import PreTrainedModel  # noqa: PLC0415 - loaded when a model is built
 
         owners = {}
         for name, module in fresh.named_modules():
@@ -190,7 +194,7 @@ class HFAdapter:
         return init_module
 
     def _initialise(self, model, *, seed: int, buffers_only: bool) -> None:
-        from hpc_hsdp.models.weights import init_unit_by_unit
+        from hpc_hsdp.models.weights import init_unit_by_unit  # noqa: PLC0415 - weights imports torch
 
         fresh = self.build_meta()
         units = self.shard_units(fresh)
@@ -210,7 +214,7 @@ class HFAdapter:
         self._initialise(model, seed=seed, buffers_only=False)
 
     def load_pretrained(self, model) -> None:
-        from hpc_hsdp.models.weights import load_safetensors_shards, safetensors_files
+        from hpc_hsdp.models.weights import load_safetensors_shards, safetensors_files  # noqa: PLC0415 - weights imports torch
 
         if self.weights_dir is None:
             raise SpecError(f"--model {self.name!r} has no safetensors weights to load")
@@ -224,7 +228,7 @@ class HFAdapter:
     # ------------------------------------------------------------------ the step
 
     def loss(self, model, inputs, targets):
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # noqa: PLC0415 - loaded when a model is built
 
         logits = model(input_ids=inputs, use_cache=False).logits
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -246,10 +250,10 @@ class HFAdapter:
 
 def model_from_config_dict(values: dict):
     """The causal LM of a config as ``config.to_dict()`` wrote it, on the meta device (export)."""
-    import torch
+    import torch  # noqa: PLC0415 - loaded when a model is built
 
     transformers = _transformers()
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: PLC0415 - loaded when a model is built
 
     config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
     with torch.device("meta"):
@@ -261,10 +265,8 @@ def model_from_config_dict(values: dict):
 
 def _init_guard():
     try:
-        from transformers.initialization import guard_torch_init_functions
+        from transformers.initialization import guard_torch_init_functions  # noqa: PLC0415 - loaded when a model is built
     except ImportError:  # transformers 4.x: its init functions have no guard to install
-        from contextlib import nullcontext
-
         return nullcontext()
     return guard_torch_init_functions()
 
@@ -303,13 +305,11 @@ def read_shapes(training: ModelSettings):
     """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
     and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
     families, else by building the model on the meta device (imports torch and transformers)."""
-    from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
-
     values = config_values(training.model)
     shapes = shapes_from_config(values)
     if shapes is not None:
         return shapes, "config.json formula (no torch)"
-    from hpc_hsdp.models.weights import unit_names, unit_of
+    from hpc_hsdp.models.weights import unit_names, unit_of  # noqa: PLC0415 - weights imports torch
 
     adapter = HFAdapter(training)
     meta = adapter.build_meta()
@@ -328,6 +328,6 @@ def read_shapes(training: ModelSettings):
 
 
 def _tied(model) -> list:
-    from hpc_hsdp.models.weights import tied_groups
+    from hpc_hsdp.models.weights import tied_groups  # noqa: PLC0415 - weights imports torch
 
     return tied_groups(model)

@@ -42,7 +42,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hpc_hsdp.errors import SpecError
 
@@ -107,8 +109,6 @@ def retie_like(target: nn.Module, reference: nn.Module) -> None:
 def _local_part(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``full`` for ``target`` (a DTensor shard, or the whole tensor)."""
     if isinstance(target, DTensor):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
         shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
         index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
         return full[index]
@@ -302,8 +302,6 @@ def load_safetensors_shards(
             local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             start, count = 0, (shape[0] if shape else 1)
             if isinstance(tensor, DTensor):
-                from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
                 local_shape, offset = compute_local_shape_and_global_offset(
                     tensor.shape, tensor.device_mesh, tensor.placements
                 )
@@ -330,8 +328,6 @@ def load_safetensors_shards(
 def fsdp_forward_method(model: nn.Module, method: str) -> None:
     """Let ``model.<method>(...)`` unshard the root like ``model(...)`` does (FSDP2 only
     hooks ``forward``); a no-op for a model that is not an FSDP module."""
-    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-
     if isinstance(model, FSDPModule) and method not in getattr(model, "_hpc_hsdp_forward_methods", ()):
         register_fsdp_forward_method(model, method)
         model._hpc_hsdp_forward_methods = (*getattr(model, "_hpc_hsdp_forward_methods", ()), method)

@@ -17,8 +17,10 @@ Nothing found: an error that names the fix (``--env MASTER_ADDR=...`` or the int
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import socket
+import struct
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SlurmEnvError
@@ -37,9 +39,6 @@ def _usable(address: str) -> bool:
 
 
 def _ipv4_of(name: str) -> str | None:
-    import fcntl
-    import struct
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
             packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import DataError, SpecError
+from hpc_hsdp.rundir.attempts import end_attempt, read_restarts
 
 COMPLETE = "COMPLETE"
 TRAIN_STATE = "train_state.json"
@@ -199,15 +200,11 @@ a requested stop or a resubmission)."""
 def record_restart(run_dir: str | Path, *, reason: str, cause: str, step: int | None = None) -> bool:
     """Why the current attempt ends (the first cause written wins): the next attempt's line in
     restarts.jsonl carries it."""
-    from hpc_hsdp.rundir.attempts import end_attempt
-
     return end_attempt(run_dir, reason=reason, step=step, detail=cause)
 
 
 def failure_restarts(run_dir: str | Path, *, job_id: str = "") -> int:
     """Restarts of this job after failures (hang, node failure, killed, error)."""
-    from hpc_hsdp.rundir.attempts import read_restarts
-
     return sum(
         1
         for r in read_restarts(run_dir)

@@ -18,6 +18,7 @@ either whole or absent.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -25,7 +26,15 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
+import torch.distributed.checkpoint as dcp
+
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.models.builtin import BuiltinAdapter
+from hpc_hsdp.models.factory import FactoryAdapter
+from hpc_hsdp.models.hf import model_from_config_dict
+from hpc_hsdp.models.weights import retie_like
+from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 from hpc_hsdp.runtime.loop import MODEL_RECORD
 
 
@@ -40,8 +49,6 @@ def read_model_record(run_dir: Path) -> dict:
 
 
 def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
-    from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-
     found = complete_checkpoints(run_dir)
     if not found:
         raise SpecError(f"{run_dir} has no complete checkpoint (checkpoints/step-N/COMPLETE); train first")
@@ -56,35 +63,23 @@ def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
 
 
 def _training_from(record: dict):
-    from hpc_hsdp.job.spec import TrainingSpec
-
     known = {f.name for f in fields(TrainingSpec)}
     return TrainingSpec(**{k: v for k, v in record.get("training", {}).items() if k in known})
 
 
 def build_unsharded(record: dict):
     """(model on CPU with empty values, kind) from a run's model record."""
-    from hpc_hsdp.models.weights import retie_like
-
     adapter_record = record.get("adapter", {})
     kind = adapter_record.get("kind")
     if kind == "hf":
-        from hpc_hsdp.models.hf import model_from_config_dict
-
         meta = model_from_config_dict(adapter_record["config"])
     else:
         training = _training_from(record)
         if kind == "builtin":
-            from hpc_hsdp.models.builtin import BuiltinAdapter
-
             adapter = BuiltinAdapter.from_training(training, data_vocab_size=record.get("vocab_size"))
         else:
-            from hpc_hsdp.models.factory import FactoryAdapter
-
             adapter = FactoryAdapter(training)
         meta = adapter.build_meta()
-    import copy
-
     model = copy.deepcopy(meta)
     model.to_empty(device="cpu")
     retie_like(model, meta)
@@ -93,8 +88,6 @@ def build_unsharded(record: dict):
 
 def load_model_values(model, checkpoint_path: Path) -> None:
     """Read the checkpoint's model entries into ``model``'s (full, CPU) tensors, one process."""
-    import torch.distributed.checkpoint as dcp
-
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=str(checkpoint_path), no_dist=True)
     model.load_state_dict(state["model"])
@@ -119,7 +112,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
             model.save_pretrained(str(tmp), safe_serialization=True)
             _copy_tokenizer(record, tmp)
         else:
-            from safetensors.torch import save_model
+            from safetensors.torch import save_model  # noqa: PLC0415 - safetensors is an optional extra (hf)
 
             save_model(
                 model,

@@ -37,6 +37,7 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -168,8 +169,6 @@ def after_step(rank: int, world_size: int, step: int, batches) -> None:
     """Called by the loop after every step with this rank's micro-batches (``.sample_ids`` each)."""
     if _active.sample_log is None:
         return
-    import json
-
     line = json.dumps(
         {"step": step, "rank": rank, "world_size": world_size, "sample_ids": [b.sample_ids.tolist() for b in batches]}
     )

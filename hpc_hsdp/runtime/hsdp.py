@@ -8,11 +8,13 @@ DTensors placed ``(Replicate(), Shard(0))``. ``wrap_hsdp_fsdp1`` is the FSDP1 eq
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecisionPolicy, ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
 BlockSpec = type | tuple[type, ...] | Callable[[nn.Module], bool]
 
@@ -80,9 +82,6 @@ def wrap_hsdp_fsdp1(
 
     ``device_id`` defaults to the mesh's device: ``cpu`` on CPU, the current CUDA device on GPU.
     """
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
-
     _check_mesh(mesh)
     if device_id is None:
         device_id = (
@@ -91,8 +90,6 @@ def wrap_hsdp_fsdp1(
     matches = _matcher(block)
     policy = None
     if block is not None:
-        from functools import partial
-
         policy = partial(lambda_auto_wrap_policy, lambda_fn=matches)
     strategy = ShardingStrategy._HYBRID_SHARD_ZERO2 if zero2 else ShardingStrategy.HYBRID_SHARD
     fsdp_kwargs.setdefault("use_orig_params", True)

@@ -8,7 +8,10 @@ FOLDER``, ending the process as ``hpc-hsdp run`` does (:func:`hpc_hsdp.runtime.e
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import NoReturn
+
+from submitit.core.submission import process_job
 
 from hpc_hsdp.runtime.entry import end_task, exit_code
 
@@ -17,15 +20,11 @@ def run_submitit_job(folder: str) -> NoReturn:
     """Submitit's own job runner (it loads the pickled call, runs it, pickles the result),
     then :func:`~hpc_hsdp.runtime.entry.end_task` with the status the runner would have
     left the process with."""
-    from submitit.core.submission import process_job
-
     try:
         process_job(folder)
     except SystemExit as stop:  # task_main after a signal stop: 0 (requeued) or 75
         end_task(exit_code(stop))
     except BaseException:  # submitit logged it and pickled it as the job's result
-        import traceback
-
         traceback.print_exc()
         end_task(1)
     end_task(0)

@@ -40,7 +40,7 @@ def open_writer(run_dir: str | Path, *, start_step: int, verbose: bool = True) -
     """The writer for ``<run_dir>/tb`` continuing after ``start_step``; None (and one line on
     stderr) when the tensorboard package is missing."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - tensorboard is an optional extra, loaded on rank 0 only
     except ImportError as exc:
         if verbose:
             print(

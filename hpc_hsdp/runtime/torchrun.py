@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 
-from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, RunSpec
 from hpc_hsdp.plan.topology import RankLayout
+from hpc_hsdp.runtime.preemption import warning_signal_from
 
 
 def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[str]:
@@ -45,9 +46,6 @@ def launch_torchrun(spec: RunSpec, nproc_per_node: int) -> int:
     ignored, so that it does not die of it; this process only notes the signals (replacing
     submitit's handlers) and, after a stop, exits without a result, as an srun task does,
     so that the requeued job's result is the one submitit reports."""
-    from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR
-    from hpc_hsdp.runtime.preemption import warning_signal_from
-
     warning = warning_signal_from(os.environ)
     stopped: list[int] = []
 
