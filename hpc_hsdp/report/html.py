@@ -7,8 +7,9 @@ import time
 from collections.abc import Sequence
 from html import escape
 
+from hpc_hsdp.plan.units import byte_unit, seconds, si
 from hpc_hsdp.report.data import RunData
-from hpc_hsdp.report.svg import PALETTE, Marker, Series, byte_unit, heatmap, in_unit, line_chart, seconds, si
+from hpc_hsdp.report.svg import PALETTE, Marker, Series, heatmap, in_unit, line_chart
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.stragglers import persistent_ranks
 

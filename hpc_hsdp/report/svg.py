@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from hpc_hsdp.plan.units import seconds, si
 from hpc_hsdp.rundir.stragglers import rank_ranges
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -72,41 +73,11 @@ def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -
     return ticks
 
 
-def si(value: float) -> str:
-    """``1234567`` -> ``1.23M``; small numbers keep 3 significant digits."""
-    if value == 0:
-        return "0"
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
-
-
-def binary_bytes(value: float) -> str:
-    for factor, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {suffix}"
-    return f"{value:.0f} B"
-
-
-def byte_unit(values) -> tuple[float, str]:
-    """The binary unit that suits the largest of ``values``: (bytes per unit, name)."""
-    top = max((abs(v) for v in values), default=0)
-    for factor, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if top >= factor:
-            return factor, name
-    return 1, "bytes"
-
-
 def in_unit(series: Sequence[Series], factor: float) -> list[Series]:
     return [
         Series(label=s.label, xs=s.xs, ys=[y / factor for y in s.ys], color=s.color, dashed=s.dashed, dots=s.dots)
         for s in series
     ]
-
-
-def seconds(value: float) -> str:
-    return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
 
 
 def _text(
