@@ -9,7 +9,8 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.units import byte_unit, seconds, si
 from hpc_hsdp.report.data import RunData
-from hpc_hsdp.report.html import markers, summary_rows
+from hpc_hsdp.report.html import markers
+from hpc_hsdp.report.summary import summary_rows
 from hpc_hsdp.report.svg import PALETTE
 from hpc_hsdp.rundir.stragglers import persistent_ranks
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from html import escape
 
-from hpc_hsdp.plan.units import byte_unit, seconds, si
+from hpc_hsdp.plan.units import byte_unit, seconds
 from hpc_hsdp.report.data import RunData
+from hpc_hsdp.report.summary import summary_rows
 from hpc_hsdp.report.svg import PALETTE, Marker, Series, heatmap, in_unit, line_chart
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.stragglers import persistent_ranks
@@ -194,28 +194,6 @@ def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
             )
         )
     return charts
-
-
-def summary_rows(run: RunData) -> dict[str, str]:
-    last = run.last or {}
-    total = run.total_steps
-    tps = [r["tokens_per_s"] for r in run.records if isinstance(r.get("tokens_per_s"), (int, float))]
-    evals = run.series("eval_loss")[1]
-    return {
-        "run": run.label,
-        "state": run.state,
-        "step": f"{last.get('step', '-')}" + (f" / {total}" if total else ""),
-        "loss": f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-",
-        "eval loss": f"{evals[-1]:.4f}" if evals else "-",
-        "tokens/s (median)": si(statistics.median(tps)) if tps else "-",
-        "world": f"{last.get('world_size', '-')} (shard {last.get('shard_size', '-')})" if last else "-",
-        "restarts": ", ".join(
-            f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"
-            for r in run.restarts
-        )
-        or "none",
-        "slowest": run.straggler_verdict() or "-",
-    }
 
 
 STYLE = """
