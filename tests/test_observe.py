@@ -20,8 +20,9 @@ import pytest
 from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.job.scheduler import parse_slurm_duration
+from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.progress import duration, progress_of, requeues_needed
+from hpc_hsdp.rundir.progress import progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 

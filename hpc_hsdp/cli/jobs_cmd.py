@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir.job_record import job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import latest_eval
@@ -281,7 +282,7 @@ def runs(directory, depth) -> None:
         last = run.last or {}
         loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
         step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
-        age = "-" if run.last_activity is None else f"{_ago(time.time() - run.last_activity)} ago"
+        age = "-" if run.last_activity is None else f"{duration(time.time() - run.last_activity)} ago"
         label = str(path.relative_to(root)) if path != root else "."
         rows.append((run.last_activity or 0, [label, state, step, loss, age]))
     rows.sort(key=lambda row: -row[0])
@@ -289,9 +290,3 @@ def runs(directory, depth) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-
-
-def _ago(seconds: float) -> str:
-    from hpc_hsdp.rundir.progress import duration
-
-    return duration(seconds)

@@ -35,7 +35,7 @@ import numpy as np
 
 from hpc_hsdp._version import __version__
 from hpc_hsdp.data.inputs import BLOCK_BYTES, Block, InputFile, discover_inputs, is_val, iter_blocks, jsonl_text
-from hpc_hsdp.data.progress import Progress, human_bytes, human_count
+from hpc_hsdp.data.progress import Progress
 from hpc_hsdp.data.tokenizer import (
     BYTE,
     TOKENIZER_DIR,
@@ -56,6 +56,7 @@ from hpc_hsdp.data.tokens import (
     token_dtype_for,
     write_dataset_manifest,
 )
+from hpc_hsdp.plan.units import human_bytes, human_count
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 SPLITS = ("train", "val")

@@ -6,21 +6,7 @@ import sys
 import time
 from typing import IO
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def human_count(n: float) -> str:
-    for unit in ("", "K", "M", "G"):
-        if n < 1000 or unit == "G":
-            return f"{n:.0f}{unit}" if not unit else f"{n:.2f}{unit}"
-        n /= 1000
-    return f"{n:.2f}G"
+from hpc_hsdp.plan.units import human_bytes, human_count
 
 
 class Progress:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import signal_lead_seconds
 from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes
+from hpc_hsdp.plan.units import format_bytes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
@@ -74,13 +75,6 @@ def parse_bytes(text: str, *, option: str = "--gpu-memory") -> int:
     if value < 1:
         raise SpecError(f"{option} {text!r} must be more than 0 bytes")
     return value
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime, format_bytes
+from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime
 from hpc_hsdp.plan.topology import TopologyPlan
+from hpc_hsdp.plan.units import format_bytes
 
 LISTED_RANKS = 8
 """A group of more ranks than this, equally spaced, is written ``[3,11,19,...,8187]``."""

@@ -1,4 +1,5 @@
-"""Charts as inline SVG text: line charts with restart markers, and a ranks x steps heat map.
+"""The report's charts (:mod:`.charts`) as inline SVG text: line charts with restart markers,
+and a ranks x steps heat map.
 
 Pure functions of their inputs (no plotting library, no JavaScript); the HTML report
 embeds their output as is. Hovering a point or a cell shows its value (SVG ``<title>``).
@@ -8,33 +9,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
+from hpc_hsdp.plan.units import seconds
+from hpc_hsdp.report.charts import Chart, Heatmap, LineChart, Series
 from hpc_hsdp.rundir.stragglers import rank_ranges
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 FONT = "font-family='system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif'"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Series:
-    label: str
-    xs: Sequence[float]
-    ys: Sequence[float]
-    color: str
-    dashed: bool = False
-    dots: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Marker:
-    """A vertical line at ``x`` (a restart), labelled ``label``."""
-
-    x: float
-    label: str
-    color: str = "#555"
 
 
 def decimate(xs: Sequence[float], ys: Sequence[float], max_points: int = 2000) -> tuple[list[float], list[float]]:
@@ -72,43 +55,6 @@ def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -
     return ticks
 
 
-def si(value: float) -> str:
-    """``1234567`` -> ``1.23M``; small numbers keep 3 significant digits."""
-    if value == 0:
-        return "0"
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
-
-
-def binary_bytes(value: float) -> str:
-    for factor, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {suffix}"
-    return f"{value:.0f} B"
-
-
-def byte_unit(values) -> tuple[float, str]:
-    """The binary unit that suits the largest of ``values``: (bytes per unit, name)."""
-    top = max((abs(v) for v in values), default=0)
-    for factor, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if top >= factor:
-            return factor, name
-    return 1, "bytes"
-
-
-def in_unit(series: Sequence[Series], factor: float) -> list[Series]:
-    return [
-        Series(label=s.label, xs=s.xs, ys=[y / factor for y in s.ys], color=s.color, dashed=s.dashed, dots=s.dots)
-        for s in series
-    ]
-
-
-def seconds(value: float) -> str:
-    return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
-
-
 def _text(
     x: float,
     y: float,
@@ -135,77 +81,115 @@ def _empty(title: str, message: str, width: int, height: int) -> str:
     )
 
 
-def line_chart(
-    *,
-    title: str,
-    series: Sequence[Series],
-    xlabel: str,
-    ylabel: str = "",
-    markers: Sequence[Marker] = (),
-    width: int = 560,
-    height: int = 300,
-    y_format: Callable[[float], str] = si,
-    x_format: Callable[[float], str] = si,
-    empty_message: str = "no data recorded",
-    zero_based: bool = False,
-    integer_x: bool = False,
-) -> str:
-    """One chart: the series as polylines, markers as labelled vertical dashed lines."""
-    drawn = [s for s in series if len(s.xs)]
-    if not drawn:
-        return _empty(title, empty_message, width, height)
+def _svg_open(width: float, height: float, title: str) -> list[str]:
+    return [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
+        f"<rect width='{width}' height='{height}' fill='white'/>",
+        _text(14, 22, title, size=14, weight="600"),
+    ]
+
+
+def render(chart: Chart) -> str:
+    """One chart of :func:`hpc_hsdp.report.charts.charts` as an ``<svg>`` element."""
+    return heatmap(chart) if isinstance(chart, Heatmap) else line_chart(chart)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Frame:
+    """Where a line chart's values land: the plot area in pixels and the value ranges it shows."""
+
+    left: float
+    top: float
+    plot_w: float
+    plot_h: float
+    x_lo: float
+    x_span: float
+    y_lo: float
+    y_span: float
+    x_ticks: list[float]
+    y_ticks: list[float]
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x_lo) / self.x_span * self.plot_w
+
+    def py(self, y: float) -> float:
+        return self.top + self.plot_h - (y - self.y_lo) / self.y_span * self.plot_h
+
+
+def _legend_layout(drawn: Sequence[Series], width: int) -> tuple[list[tuple[Series, float, int]], int]:
+    """Legend entries flow left to right, wrapping: (series, x offset, row) each, and the last row."""
     legend, x_cursor, rows = [], 0.0, 0
-    for s in drawn:  # legend entries flow left to right, wrapping
+    for s in drawn:
         entry_w = 30 + 6 * len(s.label)
         if x_cursor and x_cursor + entry_w > width - 80:
             x_cursor, rows = 0.0, rows + 1
         legend.append((s, x_cursor, rows))
         x_cursor += entry_w
-    left, right, top, bottom = 64, 16, 34, 58 + 16 * rows
-    plot_w, plot_h = width - left - right, height - top - bottom
-    xs = [x for s in drawn for x in s.xs] + [m.x for m in markers]
+    return legend, rows
+
+
+def _frame(chart: LineChart, drawn: Sequence[Series], *, width: int, height: int, legend_rows: int) -> _Frame:
+    """The value ranges (padded, on round ticks, from 0 when asked) in the plot area that the legend leaves."""
+    left, right, top, bottom = 64, 16, 34, 58 + 16 * legend_rows
+    xs = [x for s in drawn for x in s.xs] + [m.x for m in chart.markers]
     ys = [y for s in drawn for y in s.ys]
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
     pad = (y_hi - y_lo) * 0.06 or abs(y_hi) * 0.1 or 1.0
     y_lo, y_hi = y_lo - pad, y_hi + pad
-    if min(ys) >= 0 and (y_lo < 0 or zero_based):
+    if min(ys) >= 0 and (y_lo < 0 or chart.zero_based):
         y_lo = 0.0
-    x_ticks, y_ticks = nice_ticks(x_lo, x_hi, integer=integer_x), nice_ticks(y_lo, y_hi)
+    x_ticks, y_ticks = nice_ticks(x_lo, x_hi, integer=chart.integer_x), nice_ticks(y_lo, y_hi)
     x_lo, x_hi = min(x_lo, x_ticks[0]), max(x_hi, x_ticks[-1])
     y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
-    x_span, y_span = (x_hi - x_lo) or 1.0, (y_hi - y_lo) or 1.0
+    return _Frame(
+        left=left,
+        top=top,
+        plot_w=width - left - right,
+        plot_h=height - top - bottom,
+        x_lo=x_lo,
+        x_span=(x_hi - x_lo) or 1.0,
+        y_lo=y_lo,
+        y_span=(y_hi - y_lo) or 1.0,
+        x_ticks=x_ticks,
+        y_ticks=y_ticks,
+    )
 
-    def px(x: float) -> float:
-        return left + (x - x_lo) / x_span * plot_w
 
-    def py(y: float) -> float:
-        return top + plot_h - (y - y_lo) / y_span * plot_h
-
-    out = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
-        f"<rect width='{width}' height='{height}' fill='white'/>",
-        _text(14, 22, title, size=14, weight="600"),
-    ]
-    for t in y_ticks:
-        out.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{py(t):.1f}' y2='{py(t):.1f}' stroke='#eee'/>")
-        out.append(_text(left - 6, py(t) + 4, y_format(t), size=10, anchor="end", color="#666"))
-    for t in x_ticks:
-        out.append(f"<line x1='{px(t):.1f}' x2='{px(t):.1f}' y1='{top}' y2='{top + plot_h}' stroke='#f3f3f3'/>")
-        out.append(_text(px(t), top + plot_h + 15, x_format(t), size=10, anchor="middle", color="#666"))
+def _axes(chart: LineChart, f: _Frame) -> list[str]:
+    """Grid lines with their tick values, the plot's border and the axis labels."""
+    left, top, plot_w, plot_h = f.left, f.top, f.plot_w, f.plot_h
+    out = []
+    for t in f.y_ticks:
+        out.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{f.py(t):.1f}' y2='{f.py(t):.1f}' stroke='#eee'/>")
+        out.append(_text(left - 6, f.py(t) + 4, chart.y_format(t), size=10, anchor="end", color="#666"))
+    for t in f.x_ticks:
+        out.append(f"<line x1='{f.px(t):.1f}' x2='{f.px(t):.1f}' y1='{top}' y2='{top + plot_h}' stroke='#f3f3f3'/>")
+        out.append(_text(f.px(t), top + plot_h + 15, chart.x_format(t), size=10, anchor="middle", color="#666"))
     out.append(f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#bbb'/>")
-    out.append(_text(left + plot_w / 2, top + plot_h + 32, xlabel, size=11, anchor="middle", color="#444"))
-    if ylabel:
-        out.append(_text(14, top + plot_h / 2, ylabel, size=11, anchor="middle", color="#444", rotate=-90))
-    for m in markers:
-        x = px(m.x)
+    out.append(_text(left + plot_w / 2, top + plot_h + 32, chart.xlabel, size=11, anchor="middle", color="#444"))
+    if chart.ylabel:
+        out.append(_text(14, top + plot_h / 2, chart.ylabel, size=11, anchor="middle", color="#444", rotate=-90))
+    return out
+
+
+def _restart_lines(chart: LineChart, f: _Frame) -> list[str]:
+    out = []
+    for m in chart.markers:
+        x = f.px(m.x)
         out.append(
-            f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top}' y2='{top + plot_h}' "
+            f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{f.top}' y2='{f.top + f.plot_h}' "
             f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
         )
-        out.append(_text(x + 3, top + 10, m.label, size=9, color=m.color))
+        out.append(_text(x + 3, f.top + 10, m.label, size=9, color=m.color))
+    return out
+
+
+def _curves(chart: LineChart, drawn: Sequence[Series], f: _Frame) -> list[str]:
+    """Each series as a polyline (decimated), with a dot per point when asked or alone."""
+    out = []
     for s in drawn:
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(*decimate(s.xs, s.ys)))
+        points = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in zip(*decimate(s.xs, s.ys), strict=True))
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         if len(s.xs) > 1:
             out.append(
@@ -213,20 +197,40 @@ def line_chart(
                 f"<title>{escape(s.label)}</title></polyline>"
             )
         if s.dots or len(s.xs) == 1:
-            for x, y in zip(s.xs, s.ys):
+            for x, y in zip(s.xs, s.ys, strict=True):
                 out.append(
-                    f"<circle cx='{px(x):.1f}' cy='{py(y):.1f}' r='2.6' fill='{s.color}'>"
-                    f"<title>{escape(s.label)}: {x_format(x)}, {y_format(y)}</title></circle>"
+                    f"<circle cx='{f.px(x):.1f}' cy='{f.py(y):.1f}' r='2.6' fill='{s.color}'>"
+                    f"<title>{escape(s.label)}: {chart.x_format(x)}, {chart.y_format(y)}</title></circle>"
                 )
-    legend_y = top + plot_h + 48
+    return out
+
+
+def _legend(legend: Sequence[tuple[Series, float, int]], f: _Frame) -> list[str]:
+    out = []
+    legend_y = f.top + f.plot_h + 48
     for s, x_offset, row in legend:
-        lx, ly = left + x_offset, legend_y + row * 16
+        lx, ly = f.left + x_offset, legend_y + row * 16
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         out.append(
             f"<line x1='{lx:.1f}' x2='{lx + 18:.1f}' y1='{ly - 4:.1f}' y2='{ly - 4:.1f}' stroke='{s.color}' "
             f"stroke-width='2'{dash}/>"
         )
         out.append(_text(lx + 22, ly, s.label, size=10, color="#333"))
+    return out
+
+
+def line_chart(chart: LineChart, *, width: int = 560, height: int = 300) -> str:
+    """One chart: the series as polylines, markers as labelled vertical dashed lines."""
+    drawn = chart.drawn
+    if not drawn:
+        return _empty(chart.title, chart.empty_message, width, height)
+    legend, legend_rows = _legend_layout(drawn, width)
+    f = _frame(chart, drawn, width=width, height=height, legend_rows=legend_rows)
+    out = _svg_open(width, height, chart.title)
+    out += _axes(chart, f)
+    out += _restart_lines(chart, f)
+    out += _curves(chart, drawn, f)
+    out += _legend(legend, f)
     out.append("</svg>")
     return "".join(out)
 
@@ -235,58 +239,51 @@ def ratio_color(ratio: float) -> str:
     """1x the median (or less): pale; 2x and more: dark red."""
     t = min(max((ratio - 1.0) / 1.0, 0.0), 1.0)
     low, high = (235, 241, 247), (165, 15, 21)
-    r, g, b = (round(lo + (hi - lo) * t) for lo, hi in zip(low, high))
+    r, g, b = (round(lo + (hi - lo) * t) for lo, hi in zip(low, high, strict=True))
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def heatmap(
-    *,
-    title: str,
-    steps: Sequence[int],
-    own_times: Sequence[Sequence[float]],
-    nodes: Sequence[str] | None,
-    slow: Sequence[int] = (),
-    markers: Sequence[Marker] = (),
-    width: int = 1140,
-    max_columns: int = 240,
-) -> str:
-    """Ranks (rows) x probed steps (columns): each rank's own step time over the step's median.
-    ``own_times[i][r]``: rank r's own time at ``steps[i]``. Nodes are bands with their name;
-    ``slow`` ranks get their label in red."""
-    if not steps:
-        return _empty(title, "no per-rank step times recorded (--straggler-every 0, or one rank)", width, 120)
-    world = max(len(t) for t in own_times)
-    columns = list(range(len(steps)))
-    if len(columns) > max_columns:  # several probes per column: their largest ratio per rank
+def _column_groups(count: int, max_columns: int) -> list[list[int]]:
+    """The probes of each column: one each, or several per column past ``max_columns``."""
+    columns = list(range(count))
+    if len(columns) > max_columns:
         per = math.ceil(len(columns) / max_columns)
-        groups = [columns[i : i + per] for i in range(0, len(columns), per)]
-    else:
-        groups = [[c] for c in columns]
+        return [columns[i : i + per] for i in range(0, len(columns), per)]
+    return [[c] for c in columns]
+
+
+def _column_ratios(chart: Heatmap, groups: Sequence[Sequence[int]], world: int) -> list[list[tuple | None]]:
+    """Per column and rank: (own time over the probe's median, own time, step) of the column's largest ratio."""
     ratios = []
     for group in groups:
         column = []
         for r in range(world):
             values = []
             for c in group:
-                row = own_times[c]
+                row = chart.own_times[c]
                 median = statistics.median_low(row)
                 if r < len(row) and median > 0:
-                    values.append((row[r] / median, row[r], steps[c]))  # the largest ratio of the column
+                    values.append((row[r] / median, row[r], chart.steps[c]))
             column.append(max(values) if values else None)
         ratios.append(column)
-    row_h = 22 if world <= 16 else 14 if world <= 32 else max(2, 448 // world)
-    left, right, top = 170, 130, 40
-    plot_w = width - left - right
-    plot_h = row_h * world
-    scale_h = max(min(plot_h, 160), 60)
-    height = top + max(plot_h, scale_h) + 52
-    cell_w = plot_w / len(groups)
-    out = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>",
-        f"<rect width='{width}' height='{height}' fill='white'/>",
-        _text(14, 22, title, size=14, weight="600"),
-    ]
-    slow_set = set(slow)
+    return ratios
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Grid:
+    left: int
+    top: int
+    plot_w: int
+    plot_h: int
+    row_h: int
+    cell_w: float
+    scale_h: int
+    world: int
+
+
+def _cells(chart: Heatmap, ratios: Sequence[Sequence[tuple | None]], g: _Grid) -> list[str]:
+    nodes = chart.nodes
+    out = []
     for i, column in enumerate(ratios):
         for r, value in enumerate(column):
             if value is None:
@@ -294,37 +291,48 @@ def heatmap(
             ratio, own, step = value
             node = f" ({nodes[r]})" if nodes and r < len(nodes) else ""
             out.append(
-                f"<rect x='{left + i * cell_w:.1f}' y='{top + r * row_h}' width='{cell_w + 0.3:.1f}' "
-                f"height='{row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
+                f"<rect x='{g.left + i * g.cell_w:.1f}' y='{g.top + r * g.row_h}' width='{g.cell_w + 0.3:.1f}' "
+                f"height='{g.row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
                 f"{seconds(own)}, {ratio:.2f}x</title></rect>"
             )
-    # node bands: a separator line and the node's name beside its ranks
-    if nodes:
-        start = 0
-        for r in range(1, world + 1):
-            if r == world or nodes[r] != nodes[start]:
-                y0, y1 = top + start * row_h, top + r * row_h
-                out.append(
-                    f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>"
-                )
-                out.append(
-                    f"<line x1='{left - 84}' x2='{left - 84}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>"
-                )
-                label = f"{nodes[start]}"
-                out.append(
-                    _text(left - 90, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600")
-                )
-                start = r
-        out.append(
-            f"<line x1='{left - 84}' x2='{left + plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>"
-        )
-    if row_h >= 9:
-        for r in range(world):
+    return out
+
+
+def _node_bands(nodes: Sequence[str], g: _Grid) -> list[str]:
+    """A separator line and the node's name beside its ranks."""
+    left, top, row_h = g.left, g.top, g.row_h
+    out = []
+    start = 0
+    for r in range(1, g.world + 1):
+        if r == g.world or nodes[r] != nodes[start]:
+            y0, y1 = top + start * row_h, top + r * row_h
+            out.append(
+                f"<line x1='{left - 84}' x2='{left + g.plot_w}' y1='{y1}' y2='{y1}' stroke='#333' stroke-width='1.2'/>"
+            )
+            out.append(
+                f"<line x1='{left - 84}' x2='{left - 84}' y1='{y0 + 2}' y2='{y1 - 2}' stroke='#333' stroke-width='2'/>"
+            )
+            label = f"{nodes[start]}"
+            out.append(_text(left - 90, (y0 + y1) / 2 + 4, label, size=11, anchor="end", color="#222", weight="600"))
+            start = r
+    out.append(
+        f"<line x1='{left - 84}' x2='{left + g.plot_w}' y1='{top}' y2='{top}' stroke='#333' stroke-width='1.2'/>"
+    )
+    return out
+
+
+def _rank_labels(chart: Heatmap, g: _Grid) -> list[str]:
+    """``rank r`` beside each row (the slow ones in red), or where rows are too thin the slow ranks per node."""
+    slow_set = set(chart.slow)
+    nodes = chart.nodes
+    out = []
+    if g.row_h >= 9:
+        for r in range(g.world):
             red = r in slow_set
             out.append(
                 _text(
-                    left - 6,
-                    top + r * row_h + row_h / 2 + 4,
+                    g.left - 6,
+                    g.top + r * g.row_h + g.row_h / 2 + 4,
                     f"rank {r}" + (" slow" if red else ""),
                     size=10,
                     anchor="end",
@@ -332,53 +340,92 @@ def heatmap(
                     weight="700" if red else "normal",
                 )
             )
-    else:  # rows too thin for a label each: the slow ranks of each node beside its band
-        by_node: dict[str, list[int]] = {}
-        for r in sorted(slow_set):
-            by_node.setdefault(nodes[r] if nodes and r < len(nodes) else "", []).append(r)
-        for ranks in by_node.values():
-            middle = top + (ranks[0] + ranks[-1] + 1) / 2 * row_h + 4
-            out.append(
-                _text(left - 6, middle, f"r{rank_ranges(ranks)} slow", size=9, anchor="end", color="#c00", weight="700")
-            )
-    for m in markers:  # between the last column of the old attempt and the first of the new one
-        after = [i for i, group in enumerate(groups) if steps[group[0]] > m.x]
+        return out
+    by_node: dict[str, list[int]] = {}
+    for r in sorted(slow_set):
+        by_node.setdefault(nodes[r] if nodes and r < len(nodes) else "", []).append(r)
+    for ranks in by_node.values():
+        middle = g.top + (ranks[0] + ranks[-1] + 1) / 2 * g.row_h + 4
+        out.append(
+            _text(g.left - 6, middle, f"r{rank_ranges(ranks)} slow", size=9, anchor="end", color="#c00", weight="700")
+        )
+    return out
+
+
+def _columns_axis(chart: Heatmap, groups: Sequence[Sequence[int]], g: _Grid) -> list[str]:
+    """Restart lines between columns, step labels under some columns, the axis caption."""
+    out = []
+    for m in chart.markers:  # between the last column of the old attempt and the first of the new one
+        after = [i for i, group in enumerate(groups) if chart.steps[group[0]] > m.x]
         if after and after[0] > 0:
-            x = left + after[0] * cell_w
+            x = g.left + after[0] * g.cell_w
             out.append(
-                f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{top - 4}' y2='{top + plot_h + 4}' "
+                f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{g.top - 4}' y2='{g.top + g.plot_h + 4}' "
                 f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
             )
     for i in range(len(groups)) if len(groups) <= 16 else sorted({0, len(groups) // 2, len(groups) - 1}):
         out.append(
             _text(
-                left + (i + 0.5) * cell_w,
-                top + plot_h + 15,
-                f"step {steps[groups[i][-1]]}",
+                g.left + (i + 0.5) * g.cell_w,
+                g.top + g.plot_h + 15,
+                f"step {chart.steps[groups[i][-1]]}",
                 size=10,
                 anchor="middle",
                 color="#666",
             )
         )
     out.append(
-        _text(
-            left + plot_w / 2,
-            top + plot_h + 32,
-            "probed steps (each rank's own time of the step: step time minus the time it waited in collectives)",
-            size=10,
-            anchor="middle",
-            color="#444",
-        )
+        _text(g.left + g.plot_w / 2, g.top + g.plot_h + 32, chart.xlabel, size=10, anchor="middle", color="#444")
     )
-    # colour scale
-    lx = left + plot_w + 16
-    band = scale_h / 11
+    return out
+
+
+def _colour_scale(g: _Grid) -> list[str]:
+    lx = g.left + g.plot_w + 16
+    band = g.scale_h / 11
+    out = []
     for k in range(11):
         out.append(
-            f"<rect x='{lx}' y='{top + k * band:.1f}' width='14' height='{band + 0.3:.1f}' "
+            f"<rect x='{lx}' y='{g.top + k * band:.1f}' width='14' height='{band + 0.3:.1f}' "
             f"fill='{ratio_color(2.0 - k / 10)}'/>"
         )
-    out.append(_text(lx + 20, top + 9, "2x+ median", size=10, color="#444"))
-    out.append(_text(lx + 20, top + scale_h - 2, "1x median", size=10, color="#444"))
+    out.append(_text(lx + 20, g.top + 9, "2x+ median", size=10, color="#444"))
+    out.append(_text(lx + 20, g.top + g.scale_h - 2, "1x median", size=10, color="#444"))
+    return out
+
+
+def heatmap(chart: Heatmap, *, width: int = 1140, max_columns: int = 240) -> str:
+    """Ranks (rows) x probed steps (columns): each rank's own step time over the step's median.
+    Past ``max_columns`` probes a column holds several (each rank's largest ratio of them). Nodes
+    are bands with their name; slow ranks get their label in red."""
+    title = chart.title()
+    if not chart.steps:
+        return _empty(title, chart.empty_message, width, 120)
+    world = max(len(t) for t in chart.own_times)
+    groups = _column_groups(len(chart.steps), max_columns)
+    ratios = _column_ratios(chart, groups, world)
+    row_h = 22 if world <= 16 else 14 if world <= 32 else max(2, 448 // world)
+    left, right, top = 170, 130, 40
+    plot_w = width - left - right
+    plot_h = row_h * world
+    scale_h = max(min(plot_h, 160), 60)
+    height = top + max(plot_h, scale_h) + 52
+    g = _Grid(
+        left=left,
+        top=top,
+        plot_w=plot_w,
+        plot_h=plot_h,
+        row_h=row_h,
+        cell_w=plot_w / len(groups),
+        scale_h=scale_h,
+        world=world,
+    )
+    out = _svg_open(width, height, title)
+    out += _cells(chart, ratios, g)
+    if chart.nodes:
+        out += _node_bands(chart.nodes, g)
+    out += _rank_labels(chart, g)
+    out += _columns_axis(chart, groups, g)
+    out += _colour_scale(g)
     out.append("</svg>")
     return "".join(out)

@@ -10,25 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpc_hsdp.plan.units import duration
+
 RATE_WINDOW = 20
 """Steps/s is measured over at most this many of the latest steps of the current attempt."""
-
-
-def duration(seconds: float | None) -> str:
-    """``3725`` -> ``1h02m``; ``75`` -> ``1m15s``; ``9.4`` -> ``9s``."""
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = max(0, int(round(seconds)))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 def steps_per_second(records: Sequence[dict], *, since_step: int = 0) -> float | None:

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_hsdp.plan.estimates import DTYPE_BYTES, estimate, format_bytes, gathered_fits
+from hpc_hsdp.plan.estimates import DTYPE_BYTES, estimate, gathered_fits
+from hpc_hsdp.plan.units import format_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
