@@ -640,7 +640,7 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
     [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600), ("1-00:30", 88200), ("2-01:02:03", 176523)],
 )
 def test_time_limit_seconds(time: str, seconds: int) -> None:
-    from hpc_hsdp.job.spec import time_limit_seconds
+    from hpc_hsdp.plan.slurm_facts import time_limit_seconds
 
     assert time_limit_seconds(time) == seconds
 

@@ -27,7 +27,8 @@ from hpc_hsdp.job.config import (
     merge_options,
     select_profile,
 )
-from hpc_hsdp.job.spec import DEFAULT_SIGNAL, DEVICES, DISTRIBUTIONS, LAUNCHERS, JobSpec, TrainingSpec, check_text
+from hpc_hsdp.job.spec import DEVICES, LAUNCHERS, JobSpec, TrainingSpec
+from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, DISTRIBUTIONS, check_text
 
 # click parameter name -> config key (the option's name in a config file), where they differ
 _RENAMED = {"shard_size": "shard", "time_limit": "time", "sbatch_options": "sbatch", "env_vars": "env"}

@@ -10,7 +10,7 @@ import click
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.job_options import NODES
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.spec import DEFAULT_SIGNAL, check_signal, parse_nodes
+from hpc_hsdp.job.spec import parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
@@ -25,6 +25,7 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
+from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 

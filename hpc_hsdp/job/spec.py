@@ -6,12 +6,24 @@ The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field, fields
 from math import gcd as _gcd
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import SpecError, TopologyError
+from hpc_hsdp.plan.slurm_facts import (
+    DEFAULT_SIGNAL,
+    DISTRIBUTIONS,
+    check_signal,
+    check_text,
+    check_time,
+    signal_lead_seconds,
+    time_limit_seconds,
+)
+from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
 
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -55,23 +67,6 @@ def model_with_absolute_path(model: str, base_dir: str | os.PathLike) -> str:
 def _flag(option: str, value: object) -> None:
     if not isinstance(value, bool):
         raise SpecError(f"{option} {value!r} must be true or false")
-
-
-def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
-    """A value that will become part of one line of the script: a string without newline,
-    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
-    if not isinstance(value, str):
-        raise SpecError(f"{option} {value!r} must be a string")
-    if "\0" in value:
-        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
-    if "\n" in value or "\r" in value:
-        raise SpecError(
-            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
-            f"give it on one line"
-        )
-    if not allow_empty and value == "":
-        raise SpecError(f"{option} is empty; give a value or leave the option out")
-    return value
 
 
 def _option(
@@ -331,20 +326,9 @@ class RunSpec:
 
 # ----------------------------------------------------------------------------- the job (render, submit)
 
-_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 _MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
-_SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
-_SIGNAL_NAMES = frozenset(
-    ["HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH"]
-)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
-
-DEFAULT_SIGNAL = "USR2@120"
-"""Default ``--signal``: USR2 two minutes before the time limit. USR2 is what submitit's task
-wrapper listens for (checkpoint and requeue), so plain sbatch and ``submit`` agree; USR1 is
-left free for the payload's own preemption handling."""
 
 # #SBATCH options the job spec writes itself -> the hpc-hsdp option that sets them.
 OWNED_SBATCH_KEYS: dict[str, str] = {
@@ -386,68 +370,6 @@ def _positive_int(option: str, value: object, *, optional: bool = False) -> None
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{option} {value!r} must be a positive integer")
-
-
-def check_time(value: str) -> str:
-    """A SLURM time limit in one of the forms sbatch accepts; returns it unchanged."""
-    check_text("--time", value)
-    match = _TIME.match(value)
-    if not match:
-        raise SpecError(f"--time {value!r} is not a SLURM time; write {_TIME_FORMS} (e.g. 02:00:00 or 1-12)")
-    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
-    if days is not None:
-        parts = [("hours", d_hours, 24), ("minutes", d_minutes, 60), ("seconds", d_seconds, 60)]
-    elif third is not None:  # HH:MM:SS
-        parts = [("minutes", second, 60), ("seconds", third, 60)]
-    elif second is not None:  # MM:SS
-        parts = [("seconds", second, 60)]
-    else:
-        parts = []
-    for name, text, limit in parts:
-        if text is not None and int(text) >= limit:
-            raise SpecError(f"--time {value!r} has {int(text)} {name}; {name} must be below {limit} ({_TIME_FORMS})")
-    if all(int(x) == 0 for x in match.groups() if x is not None):
-        raise SpecError(f"--time {value!r} is zero (SLURM reads that as no limit); give a real limit such as 01:00:00")
-    return value
-
-
-def time_limit_seconds(value: str) -> int:
-    """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
-    days, d_hours, d_minutes, d_seconds, first, second, third = _TIME.match(check_time(value)).groups()
-    if days is not None:
-        return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
-    if third is not None:
-        return (int(first) * 60 + int(second)) * 60 + int(third)
-    return int(first) * 60 + int(second or 0)
-
-
-SLURM_DEFAULT_SIGNAL_LEAD_S = 60
-"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
-
-
-def signal_lead_seconds(value: str) -> int:
-    """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
-    match = _SIGNAL.match(check_signal(value))
-    return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
-
-
-def check_signal(value: str) -> str:
-    """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
-    check_text("--signal", value)
-    match = _SIGNAL.match(value)
-    name = match.group(2).upper() if match else ""
-    name = name[3:] if name.startswith("SIG") else name
-    ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
-    if not ok:
-        raise SpecError(
-            f"--signal {value!r} is not SIG@SECONDS; write e.g. {DEFAULT_SIGNAL} or B:TERM@60 "
-            f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"
-        )
-    if match.group(3) is not None and int(match.group(3)) > 65535:
-        raise SpecError(
-            f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds"
-        )
-    return value
 
 
 def _signal_with_lead(value: str, lead: int) -> str:
@@ -539,7 +461,8 @@ class SchedulerSpec:
             check_text("--mem", self.mem)
             if not _MEM.match(self.mem):
                 raise SpecError(
-                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)"
+                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
+                    f"(e.g. 512G, or 0 for all)"
                 )
         _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
         _flag("--exclusive", self.exclusive)
@@ -551,7 +474,8 @@ class SchedulerSpec:
                 if lead >= limit:
                     raise SpecError(
                         f"--signal {self.signal} comes {lead} s before the time limit, but --time {self.time} is only "
-                        f"{limit} s: give a lead shorter than the limit (e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
+                        f"{limit} s: give a lead shorter than the limit "
+                        f"(e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
                         f"or a longer --time"
                     )
         extra = _pairs(self.extra)
@@ -595,7 +519,8 @@ class EnvironmentSpec:
         _optional_text("--conda-env", self.conda_env)
         if self.venv is not None and self.conda_env is not None:
             raise SpecError(
-                f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one (--venv none turns the venv off)"
+                f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one "
+                f"(--venv none turns the venv off)"
             )
         env = _pairs(self.env)
         for name, value in env:
@@ -621,8 +546,6 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
 """What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
 torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
 job instead of printing stacks; older agents ignore the variable and still do."""
-
-DISTRIBUTIONS = ("block", "cyclic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -654,8 +577,6 @@ class LaunchSpec:
 def check_container_mounts(mounts: str | None, run_dir: str) -> None:
     """The run directory must appear inside the image at its own path: the tasks write the
     checkpoints and logs there and the batch shell (on the host) reads the requeue request."""
-    import posixpath
-
     same_path = []
     for item in (mounts or "").split(","):
         parts = item.strip().split(":")
@@ -732,13 +653,9 @@ class JobSpec:
     """Absolute path of a user's Jinja2 template; None: the packaged ``job.sbatch.j2``."""
 
     def __post_init__(self) -> None:
-        from hpc_hsdp.errors import TopologyError
-
         _positive_int("--nodes", self.nodes)
         _positive_int("--gpus-per-node", self.gpus_per_node)
         _positive_int("--ntasks", self.ntasks, optional=True)
-        from hpc_hsdp.plan.topology import check_sizes
-
         check_sizes(
             nodes=self.nodes,
             tasks_per_node=self.gpus_per_node,
@@ -755,7 +672,8 @@ class JobSpec:
             )
         if "%" in run_dir or "\\" in run_dir:
             raise SpecError(
-                f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; pick a path without them"
+                f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; "
+                f"pick a path without them"
             )
         if self.launch.container_image is not None:
             check_container_mounts(self.launch.container_mounts, run_dir)
@@ -772,23 +690,20 @@ class JobSpec:
             if not self.nodes <= self.ntasks <= self.nodes * self.gpus_per_node:
                 raise SpecError(
                     f"--ntasks {self.ntasks} on --nodes {self.nodes} with --gpus-per-node {self.gpus_per_node}: "
-                    f"give between {self.nodes} and {self.nodes * self.gpus_per_node} tasks (one per GPU, each node >= 1)"
+                    f"give between {self.nodes} and {self.nodes * self.gpus_per_node} tasks "
+                    f"(one per GPU, each node >= 1)"
                 )
         try:
             self.plan  # noqa: B018  (raises TopologyError when nodes, tasks and shard size do not fit)
         except TopologyError as exc:
             if self.ntasks is None:
                 raise
-            from hpc_hsdp.plan.topology import format_tasks_per_node
-
             raise TopologyError(
                 f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
                 f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
             ) from None
 
     def _check_flexible(self) -> None:
-        from hpc_hsdp.errors import TopologyError
-
         _positive_int("--nodes MIN", self.min_nodes)
         if self.min_nodes > self.nodes:
             raise SpecError(
@@ -812,8 +727,6 @@ class JobSpec:
         given = training.global_batch_size is not None
         if not given:  # the stream must not depend on the nodes granted
             derived = training.batch_size * self.nodes * gpus * training.grad_accum
-            import dataclasses
-
             training = dataclasses.replace(training, global_batch_size=derived)
             object.__setattr__(self, "run", dataclasses.replace(self.run, training=training))
         for count in (self.min_nodes, self.nodes):
@@ -828,9 +741,11 @@ class JobSpec:
                     f"nodes x --grad-accum {training.grad_accum})"
                 )
                 raise SpecError(
-                    f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} does not split over "
+                    f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} "
+                    f"does not split over "
                     f"{count * gpus} ranks x --grad-accum {training.grad_accum} at {count} node(s); give "
-                    f"--global-batch-size a multiple of {common}, so every node count SLURM grants trains on the same samples"
+                    f"--global-batch-size a multiple of {common}, so every node count SLURM grants "
+                    f"trains on the same samples"
                 )
 
     @property
@@ -845,8 +760,6 @@ class JobSpec:
 
     def plan_at(self, nodes: int):
         """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""
-        from hpc_hsdp.plan.topology import plan_for
-
         return plan_for(nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
 
     @property
@@ -859,8 +772,6 @@ class JobSpec:
     @property
     def plan(self):
         """The TopologyPlan of the job: the same function ``hpc-hsdp plan`` and the on-node layout use."""
-        from hpc_hsdp.plan.topology import TopologyPlan, plan_for
-
         if self.ntasks is None:
             return plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
         return TopologyPlan(tasks_per_node=self.tasks_per_node, shard_size=self.run.shard_size)

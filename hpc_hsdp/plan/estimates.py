@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.spec import signal_lead_seconds
+from hpc_hsdp.plan.slurm_facts import signal_lead_seconds
 from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
