@@ -680,10 +680,9 @@ def default(key: str) -> object:
 
 def options_of(command: str) -> tuple[JobOption, ...]:
     """The options a command takes, in the order of its ``--help``."""
-    taken = [o for o in OPTIONS if command in o.commands]
     if command == "run":
         return tuple(OPTION_BY_KEY[key] for key in RUN_ARGUMENTS) + TRAINING_OPTIONS
-    return tuple(taken)
+    return tuple(declared for declared in OPTIONS if command in declared.commands)
 
 
 CONFIG_KINDS: Mapping[str, str] = MappingProxyType({o.key: o.kind for o in OPTIONS if o.in_config})
