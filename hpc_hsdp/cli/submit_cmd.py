@@ -8,7 +8,6 @@ import sys
 import click
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.cli.jobs_cmd import follow
 from hpc_hsdp.cli.options import command_options
 from hpc_hsdp.job.scheduler import CLUSTERS, submission_script, submit_spec
 
@@ -41,6 +40,8 @@ def submit(cluster, wait, dry_run, **options) -> None:
     hpc-hsdp submit --nodes 2 --shard 4 --wait
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200
     """
+    from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
+
     spec = job_spec_from_options(options, new_run_dir=True)
     if dry_run:
         click.echo(submission_script(spec), nl=False)

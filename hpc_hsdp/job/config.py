@@ -36,11 +36,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import CONFIG_ENV, CONFIG_KINDS, OPTIONS, PROFILE_ENV, TRAINING_OPTIONS
 from hpc_hsdp.job.spec import (
@@ -169,6 +164,11 @@ def parse_config(data: Mapping[str, Any], *, path: str | Path) -> dict[str, Any]
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read and check a TOML config file (see the module docstring)."""
+    try:
+        import tomllib  # noqa: PLC0415  (only when a config file is read: render/submit --help stay as quick)
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415  (as above)
+
     path = Path(path)
     try:
         with open(path, "rb") as f:

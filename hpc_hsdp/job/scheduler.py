@@ -32,7 +32,6 @@ from hpc_hsdp.job.config import OPTION_KINDS, check_kind, command_line_layer, re
 from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
-from hpc_hsdp.rundir.state import resubmission_note, run_dir_state
 
 CLUSTERS = ("auto", "slurm", "local")
 TERMINAL = (
@@ -457,6 +456,8 @@ def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None
     its run already completed (SpecError, nothing submitted); else the line that says from
     which step the job resumes (None: a fresh start). ``state``: the directory's
     :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already."""
+    from hpc_hsdp.rundir.state import resubmission_note  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
+
     run_dir = Path(spec.run.run_dir)
     if (run_dir / "job.json").is_file():
         try:
@@ -480,6 +481,8 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
     in its run directory, the run there already completed, or the tasks could not use the
     job's inputs (:func:`~hpc_hsdp.job.preflight.check_job_inputs`)."""
+    from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
+
     if spec.launch.container_image is not None:
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
