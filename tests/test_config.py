@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import textwrap
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from hpc_hsdp.cli import main
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.config import load_config, merge_options
-from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.job.config import OPTION_KINDS, load_config, merge_options
+from hpc_hsdp.job.options import TRAINING_OPTIONS
+from hpc_hsdp.job.scheduler import api_job_spec, api_options
+from hpc_hsdp.job.spec import SchedulerSpec, TrainingSpec
 
 CONFIG = textwrap.dedent("""\
     nodes = 2
@@ -135,8 +137,6 @@ def test_unknown_profile_lists_the_known_ones(config_file: Path, tmp_path: Path)
 
 
 def test_bad_config_through_the_command_is_one_line(tmp_path: Path, capsys) -> None:
-    from hpc_hsdp.cli import main
-
     path = tmp_path / "job.toml"
     path.write_text("shard = 4\nbogus = 1\n")
     with pytest.raises(SystemExit) as exc:
@@ -186,10 +186,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         lr = 0.01
         """)
     )
-    from hpc_hsdp.job.config import OPTION_KINDS
-    from hpc_hsdp.job.config import load_config as load
-
-    missing = set(OPTION_KINDS) - set(load(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
+    missing = set(OPTION_KINDS) - set(load_config(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
     assert not missing
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(
@@ -266,31 +263,30 @@ _SAMPLE_BY_KIND = {"int": 3, "float": 0.25, "bool": True, "str": "x", "path": "/
 _SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68}
 
 
-@pytest.mark.parametrize("f", fields(TrainingSpec), ids=lambda f: f.name)
-def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(tmp_path: Path, f) -> None:
+@pytest.mark.parametrize("declared", TRAINING_OPTIONS, ids=lambda declared: declared.key)
+def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(tmp_path: Path, declared) -> None:
     """Each TrainingSpec field is an option of its own: the same value from a config file
     (either spelling) and from the command line gives the same spec, and to_args reproduces it."""
-    from hpc_hsdp.job.config import OPTION_KINDS
-    from hpc_hsdp.job.spec import option_flag
-
-    kind = OPTION_KINDS[f.name]
-    value = _SAMPLE.get(f.name, f.metadata["choices"][-1] if f.metadata.get("choices") else _SAMPLE_BY_KIND[kind])
+    kind = OPTION_KINDS[declared.key]
+    value = _SAMPLE.get(declared.key, declared.choices[-1] if declared.choices else _SAMPLE_BY_KIND[kind])
     if kind == "bool":  # the value that is not the default: --flag, or --no-flag for a default-on option
-        value = not f.default
+        value = not declared.default
     toml_value = (
         str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
     )
-    needs_data = f.name == "val_data"
-    lines = f"shard = 1\n{f.name.replace('_', '-')} = {toml_value}\n" + ('data = "/data/train"\n' if needs_data else "")
+    needs_data = declared.key == "val_data"
+    lines = f"shard = 1\n{declared.key.replace('_', '-')} = {toml_value}\n" + (
+        'data = "/data/train"\n' if needs_data else ""
+    )
     path = tmp_path / "one.toml"
     path.write_text(lines)
-    flag = option_flag(f.name)
+    flag = declared.flag
     cli = [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
     cli = (["--data", "/data/train"] if needs_data else []) + cli
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(["--shard", "1", *cli], cwd=tmp_path)
     assert from_file == from_cli
-    assert getattr(from_cli.run.training, f.name) == value
+    assert getattr(from_cli.run.training, declared.key) == value
     assert from_cli.run.training.to_args() == cli
 
 
@@ -298,9 +294,7 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
 
 
 def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path) -> None:
-    from hpc_hsdp.job.scheduler import api_options
-
-    kwargs = api_options(
+    spec = api_job_spec(
         {
             "nodes": 2,
             "shard": 4,
@@ -312,9 +306,11 @@ def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path
             "pass_env": ("HOME",),
             "exclusive": True,
             "run_dir": "run",
-        }
+        },
+        cwd=tmp_path,
+        environ={},
+        default_venv=None,
     )
-    spec = job_spec_from_options(kwargs, cwd=tmp_path, environ={}, default_venv=None)
     assert spec.scheduler.extra == (("mail-type", "END"), ("overcommit", None))
     assert spec.environment.env == (("A", "1"),) and spec.environment.setup == ("module load x",)
     assert spec.environment.pass_env == ("HOME",) and spec.scheduler.exclusive is True
@@ -335,8 +331,6 @@ def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path
     ],
 )
 def test_api_options_reject_wrong_kinds(options: dict, message: str) -> None:
-    from hpc_hsdp.job.scheduler import api_options
-
     with pytest.raises(SpecError) as info:
         api_options({"shard": 4, **options})
     assert message in str(info.value)
@@ -347,7 +341,5 @@ def test_api_options_reject_wrong_kinds(options: dict, message: str) -> None:
 
 @pytest.mark.parametrize("field", ["exclusive", "requeue"])
 def test_scheduler_flags_must_be_bools(field: str) -> None:
-    from hpc_hsdp.job.spec import SchedulerSpec
-
     with pytest.raises(SpecError, match=f"--{field} 'yes' must be true or false"):
         SchedulerSpec(**{field: "yes"})

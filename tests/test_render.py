@@ -13,12 +13,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_render_golden import HOSTILE
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.cli.examples import REPO, spec_from_argv
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import default_launch_command, render_sbatch, sbatch_quote
-from hpc_hsdp.job.spec import JobSpec, RunSpec
+from hpc_hsdp.job.spec import JobSpec, LaunchSpec, RunSpec, SchedulerSpec
+from hpc_hsdp.plan.slurm_facts import time_limit_seconds
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -107,8 +111,6 @@ def test_sbatch_quote_refuses_line_breaks(value: str) -> None:
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
 def test_real_sbatch_parses_the_hostile_header(tmp_path: Path) -> None:
     """sbatch 22.05 itself (-vvv prints each directive; a dummy config on a dead port; --test-only)."""
-    from test_render_golden import HOSTILE
-
     script = tmp_path / "job.sbatch"
     text = render_sbatch(spec_from_argv(HOSTILE))
     script.write_text(text)
@@ -427,9 +429,6 @@ def test_run_dir_is_made_absolute_and_defaults_under_cwd(tmp_path: Path) -> None
 
 
 def test_default_venv_is_the_running_one(tmp_path: Path) -> None:
-    from hpc_hsdp.cli.job_options import job_spec_from_options
-    from hpc_hsdp.cli.render_cmd import render
-
     params = render.make_context("render", ["--shard", "8"]).params
     spec = job_spec_from_options(params, environ={}, cwd=tmp_path)
     expected = os.path.abspath(sys.prefix) if sys.prefix != sys.base_prefix else None
@@ -598,8 +597,6 @@ def test_render_is_deterministic_and_pure() -> None:
 def test_launch_commands() -> None:
     run = RunSpec(shard_size=4, run_dir="/r x")
     assert default_launch_command(JobSpec(nodes=2, run=run)) == "python -m hpc_hsdp run --shard 4 --run-dir '/r x'"
-    from hpc_hsdp.job.spec import LaunchSpec
-
     torchrun = default_launch_command(JobSpec(nodes=2, run=run, launch=LaunchSpec(launcher="torchrun")))
     words = shlex.split(torchrun)
     assert words[:2] == ["bash", "-c"] and len(words) == 3
@@ -625,7 +622,8 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
         from click.testing import CliRunner
         from hpc_hsdp.cli import cli
         result = CliRunner().invoke(cli, ["render", "--nodes", "2", "--shard", "4", "--launcher", "torchrun",
-                                          "-o", {str(tmp_path / "job.sbatch")!r}, "--run-dir", {str(tmp_path / "run")!r}])
+                                          "-o", {str(tmp_path / "job.sbatch")!r},
+                                          "--run-dir", {str(tmp_path / "run")!r}])
         assert result.exit_code == 0, result.output
         heavy = sorted(m for m in ("torch", "numpy", "submitit", "transformers") if m in sys.modules)
         print(",".join(heavy) or "clean")
@@ -640,8 +638,6 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
     [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600), ("1-00:30", 88200), ("2-01:02:03", 176523)],
 )
 def test_time_limit_seconds(time: str, seconds: int) -> None:
-    from hpc_hsdp.job.spec import time_limit_seconds
-
     assert time_limit_seconds(time) == seconds
 
 
@@ -657,9 +653,6 @@ def test_time_limit_seconds(time: str, seconds: int) -> None:
     ],
 )
 def test_signal_lead_must_be_shorter_than_the_time_limit(time: str, signal: str | None, accepted: bool) -> None:
-    from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.job.spec import SchedulerSpec
-
     if accepted:
         assert SchedulerSpec(time=time, signal=signal).signal == signal
     else:

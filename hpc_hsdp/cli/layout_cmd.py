@@ -7,7 +7,8 @@ import os
 
 import click
 
-from hpc_hsdp.job.spec import DISTRIBUTIONS
+from hpc_hsdp.plan.address import hostfile_lines, node_address
+from hpc_hsdp.plan.slurm_facts import DISTRIBUTIONS
 from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_from_env
 
 
@@ -50,13 +51,9 @@ def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> 
     srun hpc-hsdp layout --shard 4
     """
     if hostfile_counts is not None:
-        from hpc_hsdp.plan.address import hostfile_lines
-
         click.echo("\n".join(hostfile_lines(os.environ, parse_tasks_per_node(hostfile_counts), distribution)))
         return
     if field == "rendezvous":
-        from hpc_hsdp.plan.address import node_address
-
         _, port = rendezvous_from_env({k: v for k, v in os.environ.items() if k != "MASTER_PORT"})
         click.echo(f"{node_address(os.environ)} {port}")
         return

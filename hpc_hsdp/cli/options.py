@@ -1,47 +1,100 @@
-"""Click options derived from :class:`hpc_hsdp.job.spec.TrainingSpec`, shared by ``run``,
-``render`` and ``submit``: one option per field, its help, bound and choices taken from
-the field, so that an option is defined once."""
+"""Click options built from the option registry (:mod:`hpc_hsdp.job.options`): every option of
+``render``, ``submit``, ``run`` and ``plan`` comes from its one declaration there, and nothing
+else in the CLI declares a job option."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
-from hpc_hsdp.job.spec import TrainingSpec, option_flag, training_field_kind
+from hpc_hsdp.job.options import DECLARED, LAYERED, RUN_ARGUMENTS, TRAINING_OPTIONS, JobOption, option, options_of
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
-_CLICK_TYPES = {"int": int, "float": float, "str": str}
+
+class NodeCount(click.ParamType):
+    """``--nodes``: ``2`` (an int) or ``1-2`` (a flexible allocation, kept as text)."""
+
+    name = "nodes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value is None:
+            return value
+        text = str(value).strip()
+        return int(text) if text.isdigit() else text  # MIN-MAX and typos: checked with the spec, one line
 
 
-def _training_option(f):
-    kind, meta = training_field_kind(f), f.metadata
-    flag = option_flag(f.name)
-    default_text = (
-        "none" if f.default is None else ("yes" if f.default is True else "no" if f.default is False else f.default)
-    )
-    help_text = f"{meta['help']}  [default: {default_text}]"
-    if kind == "bool":
-        return click.option(f"{flag}/--no-{flag[2:]}", f"training_{f.name}", default=None, help=help_text)
-    click_type = click.Choice(meta["choices"]) if meta.get("choices") else _CLICK_TYPES[kind]
+_CLICK_TYPES = {"int": int, "float": float, "str": str, "path": str, "nodes": NodeCount()}
+
+
+def _default_text(value: object) -> str | None:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or value == ():
+        return None
+    return str(value)
+
+
+def click_option(declared: JobOption, command: str):
+    """The click option of ``declared`` on ``command``. A LAYERED option defaults to None (a config
+    file, its profile, then the declared default fill it) and says its default in the help; one
+    with a default of the command's own carries it (``run`` reads no config file)."""
+    shown = declared.shown_on(command)
+    help_text = shown.help or declared.help
+    metavar = declared.metavar if shown.metavar == "" else shown.metavar
+    layered = shown.default is LAYERED
+    if layered:
+        default = None
+        default_text = shown.default_text or declared.default_text or _default_text(declared.default)
+    else:
+        default = declared.default if shown.default is DECLARED else shown.default
+        default_text = None if isinstance(default, bool) else _default_text(default)
+    if default_text is not None:
+        help_text = f"{help_text}  [default: {default_text}]"
+    flag, param = declared.flag, declared.click_param
+    if declared.kind == "bool":
+        if layered:
+            return click.option(f"{flag}/--no-{flag[2:]}", param, default=None, help=help_text)
+        return click.option(flag, param, is_flag=True, default=default, help=help_text)
+    if declared.kind in ("list", "table"):
+        return click.option(flag, param, multiple=True, metavar=metavar, help=help_text)
+    if declared.choices:
+        click_type = click.Choice(declared.choices)
+    elif shown.directory:
+        click_type = click.Path(file_okay=False)
+    else:
+        click_type = _CLICK_TYPES[declared.kind]
     return click.option(
-        flag, f"training_{f.name}", type=click_type, default=None, metavar=meta.get("metavar"), help=help_text
+        flag, param, type=click_type, default=default, metavar=metavar, required=shown.required, help=help_text
     )
 
 
-def training_options(command):
-    """Add one option per TrainingSpec field (``--layers``, ``--steps``, ...); defaults None
-    so that a config file can fill what the command line leaves out."""
-    for f in reversed(fields(TrainingSpec)):
-        command = _training_option(f)(command)
-    return command
+def command_options(command: str):
+    """A decorator adding every option that ``command`` takes, in the order of its ``--help``."""
+
+    def decorate(function):
+        for declared in reversed(options_of(command)):
+            function = click_option(declared, command)(function)
+        return function
+
+    return decorate
 
 
-def training_from_kwargs(kwargs: dict, base: dict | None = None) -> TrainingSpec:
-    """Pop the ``training_*`` options from click's kwargs into a TrainingSpec (given values
-    override ``base``)."""
-    values = dict(base or {})
-    for f in fields(TrainingSpec):
-        value = kwargs.pop(f"training_{f.name}", None)
-        if value is not None:
-            values[f.name] = value
-    return TrainingSpec(**values)
+def job_option(key: str, command: str):
+    """One registry option of ``command``, for a command that places it among options of its own (plan)."""
+    declared = option(key)
+    if command not in declared.commands:
+        raise ValueError(f"option {key} is not declared for {command!r}")
+    return click_option(declared, command)
+
+
+def run_spec_from_options(kwargs: Mapping[str, Any]) -> RunSpec:
+    """The RunSpec of ``hpc-hsdp run``'s click kwargs (unset training options: their defaults)."""
+    training = {
+        declared.key: kwargs[declared.click_param]
+        for declared in TRAINING_OPTIONS
+        if kwargs.get(declared.click_param) is not None
+    }
+    own = {option(key).attribute: kwargs[option(key).click_param] for key in RUN_ARGUMENTS}
+    return RunSpec(**own, training=TrainingSpec(**training))

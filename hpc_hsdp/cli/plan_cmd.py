@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import click
 
 from hpc_hsdp.cli import write_atomically
-from hpc_hsdp.cli.job_options import NODES
+from hpc_hsdp.cli.options import job_option
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TrainingSpec, check_signal, parse_nodes
+from hpc_hsdp.job.spec import TrainingSpec, check_model, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
@@ -25,28 +26,16 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
+from hpc_hsdp.plan.shapes import parameter_counts
+from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 
 
 @click.command()
-@click.option(
-    "--nodes",
-    type=NODES,
-    default=None,
-    metavar="N|MIN-MAX",
-    help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.  "
-    "[default: 1, or as many as --nodelist names]",
-)
-@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs (one task each) per node.")
-@click.option(
-    "--shard",
-    "shard_size",
-    type=int,
-    default=None,
-    help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple of it. "
-    "Required unless --recommend.",
-)
+@job_option("nodes", "plan")
+@job_option("gpus_per_node", "plan")
+@job_option("shard", "plan")
 @click.option("--nodelist", default=None, help="Name the nodes as SLURM does, e.g. 'gpu-a[01-02]'.")
 @click.option(
     "--tasks-per-node",
@@ -69,18 +58,12 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     help="Add per-GPU memory and traffic estimates for this many parameters (7B, 350M, ...), or 'builtin' "
     "for the built-in payload's model, e.g. 'builtin:layers=4,width=128' (dim 0 padded as FSDP2 pads it).",
 )
-@click.option(
-    "--model",
-    "model",
-    default=None,
-    metavar="MODEL",
-    help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no torch for "
-    "the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports torch).",
-)
+@job_option("model", "plan")
 @click.option(
     "--root-params",
     default=None,
-    help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  [default: 0]",
+    help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  "
+    "[default: 0]",
 )
 @click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
 @click.option(
@@ -89,14 +72,7 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     show_default=True,
     help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.",
 )
-@click.option(
-    "--grad-accum",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
-    "reduce-scatters on each, the replicas all-reduce once.",
-)
+@job_option("grad_accum", "plan")
 @click.option(
     "--write-bandwidth",
     default=DEFAULT_WRITE_BANDWIDTH,
@@ -105,14 +81,7 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     help="What one node writes to the checkpoints' file system per second (e.g. 2GB/s); with --model-params, "
     "plan estimates the save time.",
 )
-@click.option(
-    "--signal",
-    "signal",
-    default=DEFAULT_SIGNAL,
-    show_default=True,
-    metavar="SIG@SECONDS",
-    help="The job's warning signal (as for submit): the save on it must finish within SECONDS.",
-)
+@job_option("signal", "plan")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
 @click.option(
     "--kill-wait",
@@ -136,12 +105,12 @@ def plan(
     tasks_per_node_text,
     as_json,
     svg_path,
-    model,
+    training_model,
     model_params,
     root_params,
     dtype,
     optimizer,
-    grad_accum,
+    training_grad_accum,
     write_bandwidth,
     signal,
     gpu_memory,
@@ -162,6 +131,7 @@ def plan(
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
     """
+    model, grad_accum = training_model, training_grad_accum
     model_info = None
     if model is not None:
         if model_params is not None or root_params is not None:
@@ -309,8 +279,6 @@ def plan(
 
 def _model_summary(model: str) -> dict:
     """``--model`` -> {"counts": shard size -> (parameters, root parameters), "record": JSON, "line": text}."""
-    from hpc_hsdp.job.spec import check_model
-
     check_model(model)
     if model == "builtin":
         counts = _builtin_counts("")
@@ -321,11 +289,11 @@ def _model_summary(model: str) -> dict:
             "line": f"model builtin: {params:,} parameters, {root:,} in the root",
         }
     if model.startswith("hf:"):
-        from hpc_hsdp.models.hf import read_shapes
+        from hpc_hsdp.models.hf import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
 
         shapes, source = read_shapes(TrainingSpec(model=model))
     else:
-        from hpc_hsdp.models.factory import read_shapes
+        from hpc_hsdp.models.factory import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
 
         shapes, source = read_shapes(TrainingSpec(model=model))
     record = {"model": model, **shapes.to_dict(), "source": source}
@@ -360,10 +328,6 @@ def _params_for_shard(model_params: str, root_params: str | None):
 
 
 def _builtin_counts(options: str):
-    from dataclasses import asdict, fields
-
-    from hpc_hsdp.plan.shapes import parameter_counts
-
     known = {
         f.name.replace("_", "-"): f.name
         for f in fields(TrainingSpec)

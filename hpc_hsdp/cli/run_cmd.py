@@ -4,48 +4,12 @@ from __future__ import annotations
 
 import click
 
-from hpc_hsdp.cli.options import training_from_kwargs, training_options
-from hpc_hsdp.job.spec import DEVICES, RunSpec
+from hpc_hsdp.cli.options import command_options, run_spec_from_options
 
 
 @click.command()
-@click.option(
-    "--shard", "shard_size", type=int, default=1, show_default=True, help="Shard-group size S (inner mesh axis)."
-)
-@click.option(
-    "--run-dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Run directory: layout.json, metrics.jsonl, checkpoints/.",
-)
-@click.option(
-    "--device",
-    type=click.Choice(DEVICES),
-    default="auto",
-    show_default=True,
-    help="auto: this task's GPU when CUDA is usable, else CPU.",
-)
-@click.option(
-    "--entry",
-    default=None,
-    help="module:function called with the run context on every rank "
-    "instead of the built-in payload, e.g. mypkg.train:main.",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=int,
-    default=300,
-    show_default=True,
-    help="Process-group timeout for collectives, in seconds.",
-)
-@click.option(
-    "--comm-stats",
-    is_flag=True,
-    help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl as 'comm'.",
-)
-@training_options
-def run(shard_size, run_dir, device, entry, timeout_s, comm_stats, **kwargs) -> None:
+@command_options("run")
+def run(**options) -> None:
     """On each task: process group, DeviceMesh ("replicate", "shard"), verified groups, train.
 
     Start it once per GPU: `srun hpc-hsdp run --shard 4 --run-dir runs/x`, or under
@@ -53,17 +17,8 @@ def run(shard_size, run_dir, device, entry, timeout_s, comm_stats, **kwargs) -> 
     checkpoints in the run directory; a rerun resumes from the newest checkpoint.
     `kill -QUIT <pid>` prints a rank's stacks to its log.
     """
-    training = training_from_kwargs(kwargs)
-    spec = RunSpec(
-        shard_size=shard_size,
-        run_dir=run_dir,
-        device=device,
-        entry=entry,
-        training=training,
-        timeout_s=timeout_s,
-        comm_stats=comm_stats,
-    )
-    from hpc_hsdp.runtime.entry import end_task, exit_code, task_main  # torch loads here, not on `hpc-hsdp --help`
+    spec = run_spec_from_options(options)
+    from hpc_hsdp.runtime.entry import end_task, exit_code, task_main  # noqa: PLC0415  (torch loads here, not on `hpc-hsdp --help`)
 
     try:
         task_main(spec)

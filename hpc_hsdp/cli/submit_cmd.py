@@ -7,12 +7,13 @@ import sys
 
 import click
 
-from hpc_hsdp.cli.job_options import job_options, job_spec_from_options
-from hpc_hsdp.job.scheduler import CLUSTERS
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.options import command_options
+from hpc_hsdp.job.scheduler import CLUSTERS, submission_script, submit_spec
 
 
 @click.command()
-@job_options
+@command_options("submit")
 @click.option(
     "--cluster",
     type=click.Choice(CLUSTERS),
@@ -39,8 +40,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
     hpc-hsdp submit --nodes 2 --shard 4 --wait
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200
     """
-    from hpc_hsdp.cli.jobs_cmd import follow
-    from hpc_hsdp.job.scheduler import submission_script, submit_spec
+    from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 
     spec = job_spec_from_options(options, new_run_dir=True)
     if dry_run:

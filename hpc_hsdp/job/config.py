@@ -30,70 +30,28 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import time
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.options import CONFIG_ENV, CONFIG_KINDS, OPTIONS, PROFILE_ENV, TRAINING_OPTIONS
 from hpc_hsdp.job.spec import (
-    DEFAULT_SIGNAL,
     EnvironmentSpec,
     JobSpec,
     LaunchSpec,
     RunSpec,
     SchedulerSpec,
     TrainingSpec,
+    check_text,
     model_with_absolute_path,
-    option_flag,
     parse_nodes,
-    training_field_kind,
 )
 
-CONFIG_ENV = "HPC_HSDP_CONFIG"
-"""Environment variable naming the config file when ``--config`` is not given."""
-PROFILE_ENV = "HPC_HSDP_PROFILE"
-"""Environment variable naming the profile when ``--profile`` is not given."""
-
-_TRAINING_KINDS = {f.name: "path" if f.metadata.get("path") else training_field_kind(f) for f in fields(TrainingSpec)}
-
-# option (config key) -> kind of value
-OPTION_KINDS: dict[str, str] = {
-    "nodes": "nodes",
-    "gpus_per_node": "int",
-    "shard": "int",
-    "ntasks": "int",
-    "job_name": "str",
-    "partition": "str",
-    "account": "str",
-    "qos": "str",
-    "time": "str",
-    "constraint": "str",
-    "exclusive": "bool",
-    "mem": "str",
-    "cpus_per_task": "int",
-    "signal": "str",
-    "requeue": "bool",
-    "run_dir": "path",
-    "setup": "list",
-    "env": "table",
-    "pass_env": "list",
-    "sbatch": "table",
-    "launcher": "str",
-    "distribution": "str",
-    "entry": "str",
-    "device": "str",
-    "timeout": "int",
-    "comm_stats": "bool",
-    "container_image": "str",
-    "container_mounts": "str",
-    "debug": "bool",
-    "venv": "path",
-    "conda_env": "str",
-    "python": "str",
-    "template": "path",
-    **_TRAINING_KINDS,
-}
+OPTION_KINDS: Mapping[str, str] = CONFIG_KINDS
+"""Config key -> kind of value (from the declarations in :mod:`hpc_hsdp.job.options`)."""
 _TOP_LEVEL_ONLY = {"profile": "str", "profiles": "profiles"}
 
 _KIND_WORDS = {
@@ -170,7 +128,8 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
             close = [k for k in allowed if k.startswith(key[:3])][:3]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise SpecError(
-                f"unknown key {raw_key!r} in {where}{hint}; known keys are the job options: {', '.join(sorted(allowed))}"
+                f"unknown key {raw_key!r} in {where}{hint}; known keys are the job options: "
+                f"{', '.join(sorted(allowed))}"
             )
         if key in out:
             raise SpecError(f"{raw_key!r} is given twice in {where} (as - and _ spellings); keep one")
@@ -206,9 +165,9 @@ def parse_config(data: Mapping[str, Any], *, path: str | Path) -> dict[str, Any]
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read and check a TOML config file (see the module docstring)."""
     try:
-        import tomllib
+        import tomllib  # noqa: PLC0415  (only when a config file is read: render/submit --help stay as quick)
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415  (as above)
 
     path = Path(path)
     try:
@@ -283,8 +242,6 @@ def default_run_dir(job_name: str, cwd: str | Path, *, new: bool = False) -> str
     base = Path(cwd) / "hpc-hsdp-runs" / safe
     if not new:
         return str(base)
-    import time
-
     stamped = base.with_name(f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
     candidate, n = stamped, 1
     while candidate.exists():
@@ -304,14 +261,15 @@ def build_job_spec(
     turns activation off. ``new_run_dir``: without a ``run_dir``, a new directory for this job
     (``submit``) rather than the job name's (``render``).
     """
-    o = dict(options)
-    unknown = set(o) - set(OPTION_KINDS)
+    unknown = set(options) - set(OPTION_KINDS)
     if unknown:
         raise SpecError(f"unknown job option(s) {', '.join(sorted(unknown))}")
-    if o.get("shard") is None:
+    if options.get("shard") is None:
         raise SpecError(
             "--shard is required: give the shard-group size, e.g. --shard 4 (or shard = 4 in the config file)"
         )
+    given = {key: value for key, value in options.items() if value is not None}
+    o = {**{declared.key: declared.default for declared in OPTIONS if declared.in_config}, **given}
 
     def absolute(value: str | None, option: str) -> str | None:
         if value is None:
@@ -320,76 +278,139 @@ def build_job_spec(
             raise SpecError(f"{option} is empty; give a path or leave the option out")
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
 
-    job_name = o.get("job_name", "hpc-hsdp")
-    if o.get("run_dir") is not None:
+    if o["run_dir"] is not None:
         run_dir = absolute(o["run_dir"], "--run-dir")
     else:
-        run_dir = default_run_dir(str(job_name), cwd, new=new_run_dir)
-    venv_option = o.get("venv")
-    if venv_option == _NO_VENV:
+        run_dir = default_run_dir(str(o["job_name"]), cwd, new=new_run_dir)
+    if o["venv"] == _NO_VENV:
         venv = None
-    elif venv_option is not None:
-        venv = absolute(venv_option, "--venv")
+    elif o["venv"] is not None:
+        venv = absolute(o["venv"], "--venv")
     else:
-        venv = default_venv if o.get("conda_env") is None else None
-    signal = o.get("signal", DEFAULT_SIGNAL)
+        venv = default_venv if o["conda_env"] is None else None
+    signal = o["signal"]
     if isinstance(signal, str) and signal.lower() == "none":
         signal = None
 
-    training_values = {name: o[name] for name in _TRAINING_KINDS if o.get(name) is not None}
-    for name, kind in _TRAINING_KINDS.items():
-        if kind == "path" and name in training_values:
-            training_values[name] = absolute(training_values[name], option_flag(name))
+    training_values = {declared.key: o[declared.key] for declared in TRAINING_OPTIONS if declared.key in given}
+    for declared in TRAINING_OPTIONS:
+        if declared.kind == "path" and declared.key in training_values:
+            training_values[declared.key] = absolute(training_values[declared.key], declared.flag)
     if isinstance(training_values.get("model"), str):
         training_values["model"] = model_with_absolute_path(training_values["model"], cwd)
-    training = TrainingSpec(**training_values)
     run = RunSpec(
         shard_size=o["shard"],
         run_dir=run_dir,
-        device=o.get("device", "auto"),
-        entry=o.get("entry"),
-        training=training,
-        **({"timeout_s": o["timeout"]} if o.get("timeout") is not None else {}),
-        comm_stats=o.get("comm_stats", False),
+        device=o["device"],
+        entry=o["entry"],
+        training=TrainingSpec(**training_values),
+        timeout_s=o["timeout"],
+        comm_stats=o["comm_stats"],
     )
     scheduler = SchedulerSpec(
-        job_name=job_name,
-        partition=o.get("partition"),
-        account=o.get("account"),
-        qos=o.get("qos"),
-        time=o.get("time"),
-        constraint=o.get("constraint"),
-        exclusive=o.get("exclusive", SchedulerSpec.exclusive),
-        mem=o.get("mem"),
-        cpus_per_task=o.get("cpus_per_task"),
+        job_name=o["job_name"],
+        partition=o["partition"],
+        account=o["account"],
+        qos=o["qos"],
+        time=o["time"],
+        constraint=o["constraint"],
+        exclusive=o["exclusive"],
+        mem=o["mem"],
+        cpus_per_task=o["cpus_per_task"],
         signal=signal,
-        requeue=o.get("requeue", True),
-        extra=tuple(o.get("sbatch", {}).items()),
+        requeue=o["requeue"],
+        extra=tuple(dict(o["sbatch"]).items()),
     )
     environment = EnvironmentSpec(
-        setup=tuple(o.get("setup", ())),
+        setup=tuple(o["setup"]),
         venv=venv,
-        conda_env=o.get("conda_env"),
-        env=tuple(o.get("env", {}).items()),
-        pass_env=tuple(o.get("pass_env", ())),
-        debug=o.get("debug", False),
-        python=o.get("python", "python"),
+        conda_env=o["conda_env"],
+        env=tuple(dict(o["env"]).items()),
+        pass_env=tuple(o["pass_env"]),
+        debug=o["debug"],
+        python=o["python"],
     )
     launch = LaunchSpec(
-        launcher=o.get("launcher", "srun"),
-        distribution=o.get("distribution", "block"),
-        container_image=o.get("container_image"),
-        container_mounts=o.get("container_mounts"),
+        launcher=o["launcher"],
+        distribution=o["distribution"],
+        container_image=o["container_image"],
+        container_mounts=o["container_mounts"],
     )
-    min_nodes, nodes = parse_nodes(o.get("nodes", 1))
+    min_nodes, nodes = parse_nodes(o["nodes"])
     return JobSpec(
         nodes=nodes,
         min_nodes=min_nodes if min_nodes != nodes else None,
-        gpus_per_node=o.get("gpus_per_node", 8),
-        ntasks=o.get("ntasks"),
+        gpus_per_node=o["gpus_per_node"],
+        ntasks=o["ntasks"],
         run=run,
         scheduler=scheduler,
         environment=environment,
         launch=launch,
-        template=absolute(o.get("template"), "--template"),
+        template=absolute(o["template"], "--template"),
     )
+
+
+def key_value_items(option: str, items: tuple[str, ...], *, flag_ok: bool) -> dict[str, str | None]:
+    """``--env``/``--sbatch`` items as the command line gives them (``KEY=VALUE``; ``KEY`` alone a
+    flag where ``flag_ok``) -> a table."""
+    out: dict[str, str | None] = {}
+    for item in items:
+        check_text(option, item)
+        key, sep, value = item.partition("=")
+        if not sep:
+            if not flag_ok:
+                raise SpecError(
+                    f"{option} {item!r} is not KEY=VALUE; write {option} {item}=value, "
+                    f"or --pass-env {item} to pass it by name"
+                )
+            out[key] = None
+        else:
+            out[key] = value
+        if not key:
+            raise SpecError(f"{option} {item!r} has no KEY before '='; write KEY=VALUE")
+    return out
+
+
+def command_line_layer(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of one call (the command line's, or ``hpc_hsdp.submit``'s keywords), by config
+    key, as a layer above the config file: unset ones (None, empty) left out, tables given as
+    ``KEY=VALUE`` items."""
+    layer: dict[str, Any] = {}
+    for declared in OPTIONS:
+        value = values.get(declared.key)
+        if not declared.in_config or value is None or value == ():
+            continue
+        if declared.kind == "table":
+            value = key_value_items(declared.flag, value, flag_ok=declared.key == "sbatch")
+        elif declared.kind == "list":
+            value = tuple(value)
+        layer[declared.key] = value
+    return layer
+
+
+def running_venv() -> str | None:
+    """The running interpreter's virtualenv, when it runs in one."""
+    return os.path.abspath(sys.prefix) if sys.prefix != sys.base_prefix else None
+
+
+def resolve_job_spec(
+    command_line: Mapping[str, Any],
+    *,
+    config_path: str | None,
+    profile_name: str | None,
+    environ: Mapping[str, str],
+    cwd: str | Path,
+    default_venv: str | None,
+    new_run_dir: bool = False,
+) -> JobSpec:
+    """The JobSpec of one call's options (a :func:`command_line_layer`): the config file
+    (``config_path`` or ``$HPC_HSDP_CONFIG``), its profile (``profile_name``,
+    ``$HPC_HSDP_PROFILE`` or the file's ``profile`` key), precedence command line > config >
+    profile > default, validation. Raises SpecError/TopologyError."""
+    config_path = config_path or environ.get(CONFIG_ENV) or None
+    profile_name = profile_name or environ.get(PROFILE_ENV) or None
+    config = load_config(os.path.join(cwd, os.path.expanduser(config_path))) if config_path else None
+    profile = select_profile(config, profile_name, config_path=config_path)
+    top = {k: v for k, v in (config or {}).items() if k not in ("profile", "profiles")}
+    options = merge_options(profile, top, command_line)
+    return build_job_spec(options, cwd=cwd, default_venv=default_venv, new_run_dir=new_run_dir)

@@ -13,17 +13,21 @@ through a small index in the user's state directory) in any new shell.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.job.config import OPTION_KINDS, check_kind, command_line_layer, resolve_job_spec, running_venv
+from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
@@ -90,14 +94,12 @@ def task_function(spec) -> tuple[Callable, tuple]:
 
 
 def _submitit_command(logs_dir: Path) -> str:
-    import shlex
-
     return " ".join([shlex.quote(sys.executable), "-u -m hpc_hsdp.runtime.submitit_job", shlex.quote(str(logs_dir))])
 
 
 def submission_script(spec) -> str:
     """The exact text that ``submit`` hands to sbatch (and to the emulator) for ``spec``."""
-    from hpc_hsdp.job.render import render_sbatch
+    from hpc_hsdp.job.render import render_sbatch  # noqa: PLC0415  (jinja2: status, logs and cancel load this module and render nothing)
 
     return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)))
 
@@ -133,7 +135,7 @@ class JobHandle:
 
     def status(self) -> JobStatus:
         if self.record.cluster == "local":
-            from hpc_hsdp.job.local import LocalJob
+            from hpc_hsdp.job.local import LocalJob  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
 
             info = LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).info()
             code = info.get("exit_code")
@@ -142,7 +144,7 @@ class JobHandle:
 
     def cancel(self) -> None:
         if self.record.cluster == "local":
-            from hpc_hsdp.job.local import LocalJob
+            from hpc_hsdp.job.local import LocalJob  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
 
             LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).cancel()
             return
@@ -369,7 +371,7 @@ def check_run_dir(spec, *, own_function: bool = False, state=None) -> str | None
     its run already completed (SpecError, nothing submitted); else the line that says from
     which step the job resumes (None: a fresh start). ``state``: the directory's
     :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already."""
-    from hpc_hsdp.rundir.state import resubmission_note
+    from hpc_hsdp.rundir.state import resubmission_note  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
     run_dir = Path(spec.run.run_dir)
     if job_record_path(run_dir).is_file():
@@ -394,7 +396,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
     in its run directory, the run there already completed, or the tasks could not use the
     job's inputs (:func:`~hpc_hsdp.job.preflight.check_job_inputs`)."""
-    from hpc_hsdp.rundir.state import run_dir_state
+    from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
     if spec.launch.container_image is not None:
         raise SpecError(
@@ -448,7 +450,7 @@ def _check_partition(spec) -> None:
 
 
 def _submit_slurm(spec, func, args, kwargs):
-    import submitit
+    import submitit  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
 
     script = submission_script(spec)
 
@@ -462,7 +464,7 @@ def _submit_slurm(spec, func, args, kwargs):
             return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
 
     if spec.flexible:  # SLURM may grant fewer nodes: results() are those of the tasks that ran
-        from hpc_hsdp.job.flexible_job import FlexibleSlurmJob
+        from hpc_hsdp.job.flexible_job import FlexibleSlurmJob  # noqa: PLC0415  (imports submitit)
 
         RenderedScriptExecutor.job_class = FlexibleSlurmJob
     executor = RenderedScriptExecutor(folder=spec.log_dir)
@@ -477,9 +479,9 @@ def _submit_slurm(spec, func, args, kwargs):
 
 
 def _submit_local(spec, func, args, kwargs):
-    from submitit.core.utils import DelayedSubmission
+    from submitit.core.utils import DelayedSubmission  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
 
-    from hpc_hsdp.job.local import allocation_for, launch_local, new_job_id
+    from hpc_hsdp.job.local import allocation_for, launch_local, new_job_id  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
 
     job_id = new_job_id()
     DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
@@ -495,25 +497,43 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     arguments, ``nodes=2, shard=4, ...``); ``fn(ctx)``, when given, runs on every rank
     after the mesh is built. Returns submitit's Job (SLURM) or a LocalJob with the same
     ``job_id``, ``state``, ``done()``, ``wait()``, ``results()``, ``cancel()``."""
-    from hpc_hsdp.cli.job_options import job_spec_from_options
-
-    spec = job_spec_from_options(api_options(options), new_run_dir=True)
+    spec = api_job_spec(options, environ=os.environ, cwd=os.getcwd(), default_venv=running_venv(), new_run_dir=True)
     _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
     return job
+
+
+def api_job_spec(
+    options: dict[str, Any],
+    *,
+    environ: Mapping[str, str],
+    cwd: str | Path,
+    default_venv: str | None,
+    new_run_dir: bool = False,
+):
+    """The JobSpec of :func:`submit`'s keyword arguments, as ``hpc-hsdp submit`` makes it of the
+    same options on its command line (config file, profile, precedence)."""
+    given = api_options(options)
+    return resolve_job_spec(
+        command_line_layer(given),
+        config_path=given.get("config"),
+        profile_name=given.get("profile"),
+        environ=environ,
+        cwd=cwd,
+        default_venv=default_venv,
+        new_run_dir=new_run_dir,
+    )
 
 
 def api_options(options: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments of :func:`submit`, named like the config-file keys (``shard``,
     ``gpus_per_node``, ``env`` and ``sbatch`` as dicts, ``setup`` a string or a list) ->
-    the click parameters of ``hpc-hsdp submit``. Values are checked as a config file's are."""
-    from hpc_hsdp.cli.job_options import JOB_OPTION_NAMES, config_key
-    from hpc_hsdp.job.config import OPTION_KINDS, check_kind
-
-    click_name = {config_key(name): name for name in JOB_OPTION_NAMES}
+    the same options as ``hpc-hsdp submit``'s command line gives them (tables as ``KEY=VALUE``
+    items). Values are checked as a config file's are."""
+    known = {declared.key for declared in OPTIONS}
     converted: dict[str, Any] = {}
     for name, value in options.items():
-        if name not in click_name:
-            raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(sorted(click_name))}")
+        if name not in known:
+            raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(sorted(known))}")
         kind = OPTION_KINDS.get(name, "path")  # config, profile: strings
         if value is not None:
             if kind == "table" and isinstance(value, dict):
@@ -523,5 +543,5 @@ def api_options(options: dict[str, Any]) -> dict[str, Any]:
                 if kind in ("list", "table") and isinstance(value, (str, tuple)):
                     value = [value] if isinstance(value, str) else list(value)  # one line, or KEY=VALUE items
                 value = check_kind(name, value, "list" if kind == "table" else kind, "submit()")
-        converted[click_name[name]] = value
+        converted[name] = value
     return converted

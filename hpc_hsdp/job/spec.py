@@ -6,18 +6,35 @@ The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field, fields
 from math import gcd as _gcd
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import SpecError, TopologyError
+from hpc_hsdp.job.options import (
+    DEVICES,
+    LAUNCHERS,
+    RUN_ARGUMENTS,
+    TRAINING_OPTIONS,
+    JobOption,
+    default,
+    option,
+)
+from hpc_hsdp.plan.slurm_facts import (
+    DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
+    DISTRIBUTIONS,
+    check_signal,
+    check_text,
+    check_time,
+    signal_lead_seconds,
+    time_limit_seconds,
+)
+from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
 
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
-
-DEVICES = ("auto", "cpu", "cuda")
-"""``--device``: ``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
 
 
 def check_entry(entry: str | None) -> None:
@@ -57,159 +74,61 @@ def _flag(option: str, value: object) -> None:
         raise SpecError(f"{option} {value!r} must be true or false")
 
 
-def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
-    """A value that will become part of one line of the script: a string without newline,
-    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
-    if not isinstance(value, str):
-        raise SpecError(f"{option} {value!r} must be a string")
-    if "\0" in value:
-        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
-    if "\n" in value or "\r" in value:
-        raise SpecError(
-            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
-            f"give it on one line"
-        )
-    if not allow_empty and value == "":
-        raise SpecError(f"{option} is empty; give a value or leave the option out")
-    return value
-
-
-def _option(
-    default,
-    help: str,
-    *,
-    minimum: float | None = None,
-    positive: bool = False,
-    choices: tuple[str, ...] | None = None,
-    metavar: str | None = None,
-    path: bool = False,
-):
-    """A TrainingSpec field that is also a command-line option and a config key: its
-    default, its one line of ``--help``, and its bound or choices (checked on construction);
-    ``path=True``: a file path, made absolute against the config file's or the caller's directory.
-    The click option, the config kind, ``--help`` and ``to_args`` all derive from this."""
-    return field(
-        default=default,
-        metadata={
-            "help": help,
-            "minimum": minimum,
-            "positive": positive,
-            "choices": choices,
-            "metavar": metavar,
-            "path": path,
-        },
-    )
-
-
-PRECISIONS = ("auto", "bf16", "fp32")
-LR_SCHEDULES = ("constant", "cosine", "linear")
-RESHARD_CHOICES = ("auto", "always", "never")
+def _training_field(key: str):
+    """A TrainingSpec field: its default from the option's declaration in :mod:`hpc_hsdp.job.options`,
+    which the field's metadata carries (``metadata["option"]``) for the checks."""
+    declared = option(key)
+    return field(default=declared.default, metadata={"option": declared})
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingSpec:
     """The training loop's options (``hpc-hsdp run``, ``render``, ``submit``, config files).
 
-    Each field is one option, defined here once: ``--seq-len`` on the command line,
-    ``seq_len`` (or ``seq-len``) in a config file, the same keyword in the Python API.
+    Each field is one option, declared once in :mod:`hpc_hsdp.job.options`: ``--seq-len`` on
+    the command line, ``seq_len`` (or ``seq-len``) in a config file, the same keyword in the
+    Python API.
     """
 
     # ------------------------------------------------------------------ the model
-    model: str = _option(
-        "builtin",
-        "builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM "
-        "directory or config.json) or MODULE:FUNCTION (your factory).",
-        metavar="MODEL",
-    )
-    shard_unit: str | None = _option(
-        None,
-        "Class name of the blocks wrapped with fully_shard (comma-separated); "
-        "default: the model's own (_no_split_modules, or the factory's).",
-        metavar="CLASS",
-    )
-    layers: int = _option(2, "Built-in model: transformer blocks (each wrapped with fully_shard).", minimum=1)
-    width: int = _option(64, "Built-in model: width (embedding dimension).", minimum=1)
-    heads: int = _option(4, "Built-in model: attention heads; must divide --width.", minimum=1)
-    vocab_size: int = _option(
-        256,
-        "Vocabulary of the synthetic tokens (without --data); with --data the model takes the dataset's.",
-        minimum=1,
-    )
+    model: str = _training_field("model")
+    shard_unit: str | None = _training_field("shard_unit")
+    layers: int = _training_field("layers")
+    width: int = _training_field("width")
+    heads: int = _training_field("heads")
+    vocab_size: int = _training_field("vocab_size")
     # ------------------------------------------------------------------ the data
-    data: str | None = _option(
-        None,
-        "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file "
-        "with its .json sidecar); default: synthetic tokens.",
-        metavar="PATH",
-        path=True,
-    )
-    val_data: str | None = _option(
-        None, "Held-out token data for --eval-every; default: the dataset's val split.", metavar="PATH", path=True
-    )
-    seq_len: int = _option(32, "Tokens per sample.", minimum=1)
-    batch_size: int = _option(4, "Samples per rank per micro-batch (or give --global-batch-size).", minimum=1)
-    global_batch_size: int | None = _option(
-        None,
-        "Samples per optimizer step over all ranks; sets --batch-size "
-        "to it / (ranks x --grad-accum), which must divide.",
-        minimum=1,
-    )
-    grad_accum: int = _option(1, "Micro-batches per optimizer step (replicas all-reduce once per step).", minimum=1)
+    data: str | None = _training_field("data")
+    val_data: str | None = _training_field("val_data")
+    seq_len: int = _training_field("seq_len")
+    batch_size: int = _training_field("batch_size")
+    global_batch_size: int | None = _training_field("global_batch_size")
+    grad_accum: int = _training_field("grad_accum")
     # ------------------------------------------------------------------ the optimisation
-    steps: int = _option(20, "Optimizer steps in total, across restarts.", minimum=1)
-    seed: int = _option(0, "Seed of the initialisation and of the data order.", minimum=0)
-    lr: float = _option(3e-3, "Peak AdamW learning rate.", positive=True)
-    weight_decay: float = _option(0.0, "AdamW weight decay.", minimum=0.0)
-    lr_schedule: str = _option("constant", "Learning-rate schedule after the warm-up.", choices=LR_SCHEDULES)
-    warmup_steps: int = _option(0, "Linear warm-up steps from 0 to --lr.", minimum=0)
-    min_lr: float = _option(0.0, "Learning rate at the last step for cosine and linear schedules.", minimum=0.0)
-    clip_grad: float = _option(
-        0.0, "Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.", minimum=0.0
-    )
-    precision: str = _option(
-        "auto",
-        "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 on GPU, fp32 on CPU.",
-        choices=PRECISIONS,
-    )
-    activation_checkpointing: bool = _option(False, "Recompute each sharded block's activations in backward.")
-    reshard_after_forward: str = _option(
-        "auto",
-        "always: free each block's gathered parameters after its forward "
-        "and gather them again in backward (the least memory); never: keep them "
-        "to backward (no re-gather, a faster step, the whole model unsharded in "
-        "memory); auto: never when that fits beside the sharded state in the "
-        "device's memory (plan --recommend's rule), else always.",
-        choices=RESHARD_CHOICES,
-    )
+    steps: int = _training_field("steps")
+    seed: int = _training_field("seed")
+    lr: float = _training_field("lr")
+    weight_decay: float = _training_field("weight_decay")
+    lr_schedule: str = _training_field("lr_schedule")
+    warmup_steps: int = _training_field("warmup_steps")
+    min_lr: float = _training_field("min_lr")
+    clip_grad: float = _training_field("clip_grad")
+    precision: str = _training_field("precision")
+    activation_checkpointing: bool = _training_field("activation_checkpointing")
+    reshard_after_forward: str = _training_field("reshard_after_forward")
     # ------------------------------------------------------------------ eval and checkpoints
-    eval_every: int = _option(0, "Mean loss on the held-out split every K steps (0: never).", minimum=0)
-    eval_batches: int = _option(8, "Global batches of held-out data per evaluation.", minimum=1)
-    checkpoint_every: int = _option(0, "Save a distributed checkpoint every K steps (0: only at the end).", minimum=0)
-    keep_checkpoints: int = _option(2, "Complete checkpoints to keep.", minimum=1)
-    straggler_every: int = _option(
-        10,
-        "Every K steps the ranks share their own compute time of the step (one "
-        "small all-gather) and metrics.jsonl names the slowest rank (0: never).",
-        minimum=0,
-    )
+    eval_every: int = _training_field("eval_every")
+    eval_batches: int = _training_field("eval_batches")
+    checkpoint_every: int = _training_field("checkpoint_every")
+    keep_checkpoints: int = _training_field("keep_checkpoints")
+    straggler_every: int = _training_field("straggler_every")
     # ------------------------------------------------------------------ failures
-    hang_timeout: float = _option(
-        0.0,
-        "Seconds without a completed step after which every rank dumps its stacks and "
-        "the job ends (and requeues within --max-restarts); 0: 20x the median step time, at "
-        "least 120 s.",
-        minimum=0.0,
-    )
-    max_restarts: int = _option(
-        2,
-        "Requeues after failures (a hang, a node failure) before the job gives up; "
-        "preemption and time-limit requeues do not count.",
-        minimum=0,
-    )
+    hang_timeout: float = _training_field("hang_timeout")
+    max_restarts: int = _training_field("max_restarts")
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            check_training_value(f, getattr(self, f.name))
+            check_option_value(f.metadata["option"], getattr(self, f.name))
         check_model(self.model)
         if self.width % self.heads:
             raise SpecError(
@@ -220,17 +139,7 @@ class TrainingSpec:
 
     def to_args(self) -> list[str]:
         """The options that reproduce this spec on ``hpc-hsdp run``; defaults are left out."""
-        args: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value == f.default:
-                continue
-            flag = option_flag(f.name)
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                args += [flag, repr(value) if isinstance(value, float) else str(value)]
-        return args
+        return [arg for declared in TRAINING_OPTIONS for arg in run_arguments(declared, getattr(self, declared.key))]
 
     def rank_batch_size(self, world_size: int) -> int:
         """Samples per rank per micro-batch: ``--batch-size``, or ``--global-batch-size`` split
@@ -250,22 +159,19 @@ class TrainingSpec:
         return self.rank_batch_size(world_size) * world_size * self.grad_accum
 
 
-def option_flag(name: str) -> str:
-    """``seq_len`` -> ``--seq-len``."""
-    return "--" + name.replace("_", "-")
+def run_arguments(declared: JobOption, value: object) -> list[str]:
+    """The ``hpc-hsdp run`` arguments that give an option this value; none for its default."""
+    if value == declared.default:
+        return []
+    if isinstance(value, bool):
+        return [declared.flag if value else f"--no-{declared.flag[2:]}"]
+    return [declared.flag, repr(value) if isinstance(value, float) else str(value)]
 
 
-def training_field_kind(f) -> str:
-    """The config kind of a TrainingSpec field: int, float, str or bool (None allowed for
-    ``X | None`` fields)."""
-    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return text.split("|")[0].strip()
-
-
-def check_training_value(f, value) -> None:
-    """Check one TrainingSpec value against its field's kind, bound and choices."""
-    flag, kind, meta = option_flag(f.name), training_field_kind(f), f.metadata
-    if value is None and "None" in str(f.type):
+def check_option_value(declared: JobOption, value: object) -> None:
+    """Check one value against its option's kind, bound and choices."""
+    flag, kind = declared.flag, declared.kind
+    if value is None and declared.default is None:
         return
     if kind == "bool":
         _flag(flag, value)
@@ -273,16 +179,15 @@ def check_training_value(f, value) -> None:
     if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         raise SpecError(f"{flag} {value!r} must be an integer")
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
-        raise SpecError(f"{flag} {value!r} must be a number, e.g. {f.default!r}")
-    if kind == "str":
+        raise SpecError(f"{flag} {value!r} must be a number, e.g. {declared.default!r}")
+    if kind in ("str", "path"):
         check_text(flag, value)
-    if meta.get("choices") and value not in meta["choices"]:
-        raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(meta['choices'])}")
-    minimum = meta.get("minimum")
-    if minimum is not None and value < minimum:
-        raise SpecError(f"{flag} {value} must be at least {minimum}")
-    if meta.get("positive") and not value > 0:
-        raise SpecError(f"{flag} {value!r} must be a positive number, e.g. {f.default!r}")
+    if declared.choices and value not in declared.choices:
+        raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(declared.choices)}")
+    if declared.minimum is not None and value < declared.minimum:
+        raise SpecError(f"{flag} {value} must be at least {declared.minimum}")
+    if declared.positive and not value > 0:
+        raise SpecError(f"{flag} {value!r} must be a positive number, e.g. {declared.default!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,20 +198,20 @@ class RunSpec:
     """S: the inner ("shard") mesh axis."""
     run_dir: str
     """Directory of the run: layout.json, metrics.jsonl, checkpoints/, logs."""
-    device: str = "auto"
+    device: str = default("device")
     """``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
-    entry: str | None = None
+    entry: str | None = default("entry")
     """``module:function`` called with the run context on every rank; None: the built-in payload."""
     training: TrainingSpec = TrainingSpec()
     """Options of the built-in payload."""
-    timeout_s: int = 300
+    timeout_s: int = default("timeout")
     """Process-group timeout for collectives, in seconds."""
-    comm_stats: bool = False
+    comm_stats: bool = default("comm_stats")
     """Record every rank's collectives per step (kind, mesh axis, tensor and wire bytes,
     intra-/inter-node); rank 0 adds the totals to metrics.jsonl as ``comm``."""
 
     def __post_init__(self) -> None:
-        _flag("--comm-stats", self.comm_stats)
+        check_option_value(option("comm_stats"), self.comm_stats)
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise SpecError(f"--shard {self.shard_size!r} must be a positive integer such as 4")
         if self.device not in DEVICES:
@@ -317,55 +222,15 @@ class RunSpec:
 
     def to_args(self) -> list[str]:
         """Arguments of ``hpc-hsdp run`` that reproduce this spec."""
-        args = ["--shard", str(self.shard_size), "--run-dir", self.run_dir]
-        if self.device != "auto":
-            args += ["--device", self.device]
-        if self.entry is not None:
-            args += ["--entry", self.entry]
-        if self.timeout_s != 300:
-            args += ["--timeout", str(self.timeout_s)]
-        if self.comm_stats:
-            args.append("--comm-stats")
-        return args + self.training.to_args()
+        own = [arg for key in RUN_ARGUMENTS for arg in run_arguments(option(key), getattr(self, option(key).attribute))]
+        return own + self.training.to_args()
 
 
 # ----------------------------------------------------------------------------- the job (render, submit)
 
-_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 _MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
-_SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
-_SIGNAL_NAMES = frozenset(
-    [
-        "HUP",
-        "INT",
-        "QUIT",
-        "ABRT",
-        "KILL",
-        "ALRM",
-        "TERM",
-        "USR1",
-        "USR2",
-        "CONT",
-        "STOP",
-        "TSTP",
-        "TTIN",
-        "TTOU",
-        "URG",
-        "XCPU",
-        "XFSZ",
-        "VTALRM",
-        "PROF",
-        "WINCH",
-    ]
-)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
-
-DEFAULT_SIGNAL = "USR2@120"
-"""Default ``--signal``: USR2 two minutes before the time limit. USR2 is what submitit's task
-wrapper listens for (checkpoint and requeue), so plain sbatch and ``submit`` agree; USR1 is
-left free for the payload's own preemption handling."""
 
 # #SBATCH options the job spec writes itself -> the hpc-hsdp option that sets them.
 OWNED_SBATCH_KEYS: dict[str, str] = {
@@ -409,68 +274,6 @@ def _positive_int(option: str, value: object, *, optional: bool = False) -> None
         raise SpecError(f"{option} {value!r} must be a positive integer")
 
 
-def check_time(value: str) -> str:
-    """A SLURM time limit in one of the forms sbatch accepts; returns it unchanged."""
-    check_text("--time", value)
-    match = _TIME.match(value)
-    if not match:
-        raise SpecError(f"--time {value!r} is not a SLURM time; write {_TIME_FORMS} (e.g. 02:00:00 or 1-12)")
-    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
-    if days is not None:
-        parts = [("hours", d_hours, 24), ("minutes", d_minutes, 60), ("seconds", d_seconds, 60)]
-    elif third is not None:  # HH:MM:SS
-        parts = [("minutes", second, 60), ("seconds", third, 60)]
-    elif second is not None:  # MM:SS
-        parts = [("seconds", second, 60)]
-    else:
-        parts = []
-    for name, text, limit in parts:
-        if text is not None and int(text) >= limit:
-            raise SpecError(f"--time {value!r} has {int(text)} {name}; {name} must be below {limit} ({_TIME_FORMS})")
-    if all(int(x) == 0 for x in match.groups() if x is not None):
-        raise SpecError(f"--time {value!r} is zero (SLURM reads that as no limit); give a real limit such as 01:00:00")
-    return value
-
-
-def time_limit_seconds(value: str) -> int:
-    """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
-    days, d_hours, d_minutes, d_seconds, first, second, third = _TIME.match(check_time(value)).groups()
-    if days is not None:
-        return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
-    if third is not None:
-        return (int(first) * 60 + int(second)) * 60 + int(third)
-    return int(first) * 60 + int(second or 0)
-
-
-SLURM_DEFAULT_SIGNAL_LEAD_S = 60
-"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
-
-
-def signal_lead_seconds(value: str) -> int:
-    """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
-    match = _SIGNAL.match(check_signal(value))
-    return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
-
-
-def check_signal(value: str) -> str:
-    """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
-    check_text("--signal", value)
-    match = _SIGNAL.match(value)
-    name = match.group(2).upper() if match else ""
-    name = name[3:] if name.startswith("SIG") else name
-    ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
-    if not ok:
-        raise SpecError(
-            f"--signal {value!r} is not SIG@SECONDS; write e.g. {DEFAULT_SIGNAL} or B:TERM@60 "
-            f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"
-        )
-    if match.group(3) is not None and int(match.group(3)) > 65535:
-        raise SpecError(
-            f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds"
-        )
-    return value
-
-
 def _signal_with_lead(value: str, lead: int) -> str:
     return f"{value.partition('@')[0]}@{max(lead, 1)}"
 
@@ -507,7 +310,7 @@ def _pairs(value: object) -> tuple[tuple[str, object], ...]:
 class SchedulerSpec:
     """The #SBATCH header besides the topology: what SLURM allocates and how it treats the job."""
 
-    job_name: str = "hpc-hsdp"
+    job_name: str = default("job_name")
     """``#SBATCH --job-name``."""
     partition: str | None = None
     """``#SBATCH --partition``; None: the cluster's default partition."""
@@ -519,7 +322,7 @@ class SchedulerSpec:
     """Time limit in a SLURM form (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: the partition's."""
     constraint: str | None = None
     """``#SBATCH --constraint``: node features, e.g. ``h100&ib``."""
-    exclusive: bool = True
+    exclusive: bool = default("exclusive")
     """``#SBATCH --exclusive``: no other job shares the nodes. The default, as a site's
     multi-GPU jobs are run: the job gets every CPU and (with ``mem`` None) all memory of
     its nodes, shared equally by the ranks."""
@@ -538,29 +341,30 @@ class SchedulerSpec:
             return self.mem
         return "0" if self.exclusive else None
 
-    signal: str | None = DEFAULT_SIGNAL
+    signal: str | None = default("signal")
     """``--signal`` value ``[R:|B:]SIG@SECONDS`` sent before the time limit; None: no signal."""
-    requeue: bool = True
+    requeue: bool = default("requeue")
     """``#SBATCH --requeue``: SLURM may requeue the job after preemption or node failure."""
     extra: tuple[tuple[str, str | None], ...] = ()
     """``--sbatch KEY=VALUE`` passthrough, sorted by key; a None value writes ``--KEY`` alone."""
 
     def __post_init__(self) -> None:
         check_text("--job-name", self.job_name)
-        for option, value in (
+        for flag, value in (
             ("--partition", self.partition),
             ("--account", self.account),
             ("--qos", self.qos),
             ("--constraint", self.constraint),
         ):
-            _optional_text(option, value)
+            _optional_text(flag, value)
         if self.time is not None:
             check_time(self.time)
         if self.mem is not None:
             check_text("--mem", self.mem)
             if not _MEM.match(self.mem):
                 raise SpecError(
-                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T (e.g. 512G, or 0 for all)"
+                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
+                    f"(e.g. 512G, or 0 for all)"
                 )
         _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
         _flag("--exclusive", self.exclusive)
@@ -572,7 +376,8 @@ class SchedulerSpec:
                 if lead >= limit:
                     raise SpecError(
                         f"--signal {self.signal} comes {lead} s before the time limit, but --time {self.time} is only "
-                        f"{limit} s: give a lead shorter than the limit (e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
+                        f"{limit} s: give a lead shorter than the limit "
+                        f"(e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
                         f"or a longer --time"
                     )
         extra = _pairs(self.extra)
@@ -597,9 +402,9 @@ class EnvironmentSpec:
     """Variables exported with these values (quoted), sorted by name; after the NCCL/torch defaults, so they win."""
     pass_env: tuple[str, ...] = ()
     """Variables taken by name from the environment that runs sbatch; their values are never written."""
-    debug: bool = False
+    debug: bool = default("debug")
     """Export NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and friends."""
-    python: str = "python"
+    python: str = default("python")
     """Interpreter name (or path) the script calls for ``-m hpc_hsdp``."""
 
     def __post_init__(self) -> None:
@@ -616,7 +421,8 @@ class EnvironmentSpec:
         _optional_text("--conda-env", self.conda_env)
         if self.venv is not None and self.conda_env is not None:
             raise SpecError(
-                f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one (--venv none turns the venv off)"
+                f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one "
+                f"(--venv none turns the venv off)"
             )
         env = _pairs(self.env)
         for name, value in env:
@@ -635,24 +441,20 @@ class EnvironmentSpec:
         _flag("--debug", self.debug)
 
 
-LAUNCHERS = ("srun", "torchrun")
-
 TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP"
 """What torchrun's agent handles (``--signals-to-handle``, read from ``PET_SIGNALS_TO_HANDLE``;
 torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` would end the
 job instead of printing stacks; older agents ignore the variable and still do."""
 
-DISTRIBUTIONS = ("block", "cyclic")
-
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """How the job step starts the ranks."""
 
-    launcher: str = "srun"
+    launcher: str = default("launcher")
     """``srun``: one task per GPU; ``torchrun``: one task per node running torchrun with a static rendezvous."""
-    distribution: str = "block"
+    distribution: str = default("distribution")
     """srun ``--distribution``; ``cyclic`` scrambles SLURM_PROCID, which the node-major layout ignores."""
     container_image: str | None = None
     """Pyxis ``--container-image`` for srun; None: no container."""
@@ -675,8 +477,6 @@ class LaunchSpec:
 def check_container_mounts(mounts: str | None, run_dir: str) -> None:
     """The run directory must appear inside the image at its own path: the tasks write the
     checkpoints and logs there and the batch shell (on the host) reads the requeue request."""
-    import posixpath
-
     same_path = []
     for item in (mounts or "").split(","):
         parts = item.strip().split(":")
@@ -730,14 +530,14 @@ class JobSpec:
     ``render_sbatch(spec)`` is a pure function of it; ``submit`` sends that very text.
     """
 
-    nodes: int = 1
+    nodes: int = default("nodes")
     """Nodes in the job; with ``min_nodes``, the most SLURM may grant."""
     min_nodes: int | None = None
     """The fewest nodes of a flexible allocation (``--nodes MIN-MAX``, sbatch ``--nodes=MIN-MAX``);
     None: exactly ``nodes``. The mesh follows the nodes granted; the global batch stays the
     same at every count (``--global-batch-size``, derived from ``--batch-size`` at ``nodes``
     when not given), so the sample stream does not depend on what SLURM grants."""
-    gpus_per_node: int = 8
+    gpus_per_node: int = default("gpus_per_node")
     """GPUs per node (``#SBATCH --gpus-per-node``); one task (srun) or one torchrun worker each."""
     ntasks: int | None = None
     """Total tasks for an uneven allocation (``#SBATCH --ntasks``, e.g. 12 on 2 nodes: 8,4); None: nodes x GPUs."""
@@ -753,13 +553,9 @@ class JobSpec:
     """Absolute path of a user's Jinja2 template; None: the packaged ``job.sbatch.j2``."""
 
     def __post_init__(self) -> None:
-        from hpc_hsdp.errors import TopologyError
-
         _positive_int("--nodes", self.nodes)
         _positive_int("--gpus-per-node", self.gpus_per_node)
         _positive_int("--ntasks", self.ntasks, optional=True)
-        from hpc_hsdp.plan.topology import check_sizes
-
         check_sizes(
             nodes=self.nodes,
             tasks_per_node=self.gpus_per_node,
@@ -776,7 +572,8 @@ class JobSpec:
             )
         if "%" in run_dir or "\\" in run_dir:
             raise SpecError(
-                f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; pick a path without them"
+                f"--run-dir {run_dir!r} contains '%' or a backslash, which SLURM reads as a log-file pattern; "
+                f"pick a path without them"
             )
         if self.launch.container_image is not None:
             check_container_mounts(self.launch.container_mounts, run_dir)
@@ -793,23 +590,20 @@ class JobSpec:
             if not self.nodes <= self.ntasks <= self.nodes * self.gpus_per_node:
                 raise SpecError(
                     f"--ntasks {self.ntasks} on --nodes {self.nodes} with --gpus-per-node {self.gpus_per_node}: "
-                    f"give between {self.nodes} and {self.nodes * self.gpus_per_node} tasks (one per GPU, each node >= 1)"
+                    f"give between {self.nodes} and {self.nodes * self.gpus_per_node} tasks "
+                    f"(one per GPU, each node >= 1)"
                 )
         try:
             self.plan  # noqa: B018  (raises TopologyError when nodes, tasks and shard size do not fit)
         except TopologyError as exc:
             if self.ntasks is None:
                 raise
-            from hpc_hsdp.plan.topology import format_tasks_per_node
-
             raise TopologyError(
                 f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
                 f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
             ) from None
 
     def _check_flexible(self) -> None:
-        from hpc_hsdp.errors import TopologyError
-
         _positive_int("--nodes MIN", self.min_nodes)
         if self.min_nodes > self.nodes:
             raise SpecError(
@@ -833,8 +627,6 @@ class JobSpec:
         given = training.global_batch_size is not None
         if not given:  # the stream must not depend on the nodes granted
             derived = training.batch_size * self.nodes * gpus * training.grad_accum
-            import dataclasses
-
             training = dataclasses.replace(training, global_batch_size=derived)
             object.__setattr__(self, "run", dataclasses.replace(self.run, training=training))
         for count in (self.min_nodes, self.nodes):
@@ -849,9 +641,11 @@ class JobSpec:
                     f"nodes x --grad-accum {training.grad_accum})"
                 )
                 raise SpecError(
-                    f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} does not split over "
+                    f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} "
+                    f"does not split over "
                     f"{count * gpus} ranks x --grad-accum {training.grad_accum} at {count} node(s); give "
-                    f"--global-batch-size a multiple of {common}, so every node count SLURM grants trains on the same samples"
+                    f"--global-batch-size a multiple of {common}, so every node count SLURM grants "
+                    f"trains on the same samples"
                 )
 
     @property
@@ -866,8 +660,6 @@ class JobSpec:
 
     def plan_at(self, nodes: int):
         """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""
-        from hpc_hsdp.plan.topology import plan_for
-
         return plan_for(nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
 
     @property
@@ -880,8 +672,6 @@ class JobSpec:
     @property
     def plan(self):
         """The TopologyPlan of the job: the same function ``hpc-hsdp plan`` and the on-node layout use."""
-        from hpc_hsdp.plan.topology import TopologyPlan, plan_for
-
         if self.ntasks is None:
             return plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
         return TopologyPlan(tasks_per_node=self.tasks_per_node, shard_size=self.run.shard_size)

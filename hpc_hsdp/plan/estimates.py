@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.spec import signal_lead_seconds
+from hpc_hsdp.plan.slurm_facts import signal_lead_seconds
 from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes
 from hpc_hsdp.plan.units import format_bytes
 

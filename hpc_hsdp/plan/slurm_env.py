@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpc_hsdp.job.spec import DISTRIBUTIONS
+import hostlist
+
+from hpc_hsdp.plan.slurm_facts import DISTRIBUTIONS
 from hpc_hsdp.plan.topology import format_tasks_per_node
 
 
 def compress_nodelist(names: Sequence[str]) -> str:
-    import hostlist
-
     return hostlist.collect_hostlist(list(names))
 
 

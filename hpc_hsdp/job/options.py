@@ -1,0 +1,689 @@
+"""The job options: each one declared here once, everything else derived from it.
+
+A declaration names the option (its config-file key and Python API keyword, ``--flag``
+spelled from it), its kind of value, default, one line of help, metavar, choices or bound,
+the commands that take it and how it reaches a task. From this table come the click
+options of ``render``, ``submit``, ``run`` and ``plan`` (:mod:`hpc_hsdp.cli.options`), the
+spec fields' defaults, the ``hpc-hsdp run`` arguments of the rendered script
+(``RunSpec.to_args``), the config keys and kinds (:mod:`hpc_hsdp.job.config`), the keywords of
+``hpc_hsdp.submit`` and ``--help``. Pure data: no click, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, DISTRIBUTIONS
+
+CONFIG_ENV = "HPC_HSDP_CONFIG"
+"""Environment variable naming the config file when ``--config`` is not given."""
+PROFILE_ENV = "HPC_HSDP_PROFILE"
+"""Environment variable naming the profile when ``--profile`` is not given."""
+
+DEVICES = ("auto", "cpu", "cuda")
+"""``--device``: ``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
+LAUNCHERS = ("srun", "torchrun")
+PRECISIONS = ("auto", "bf16", "fp32")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+RESHARD_CHOICES = ("auto", "always", "never")
+
+# How an option reaches the tasks of a job.
+RUN_ARGUMENT = "an `hpc-hsdp run` argument in the rendered script"
+SBATCH_LINE = "an #SBATCH line"
+SCRIPT_LINE = "the script's setup, activation or launch lines"
+ENVIRONMENT = "a variable exported to every task"
+SUBMIT_SIDE = "read where the job is rendered or submitted"
+
+RENDER_SUBMIT = ("render", "submit")
+ON_EVERY_TASK = ("render", "submit", "run")
+
+KINDS = ("int", "float", "str", "path", "bool", "nodes", "list", "table")
+"""Kinds of value (as a config file holds them): ``path`` is a string made absolute against the
+config file's (or the caller's) directory, ``nodes`` an int or ``"MIN-MAX"``, ``list`` repeatable
+strings, ``table`` repeatable ``KEY=VALUE`` items."""
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+LAYERED = _Marker("LAYERED")
+"""``Shown.default``: the command line leaves the option unset (None) for a config file, its
+profile and then the declared default to fill."""
+DECLARED = _Marker("DECLARED")
+"""``Shown.default``: the command line carries the option's declared default itself."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shown:
+    """How one command shows an option where it differs from the declaration."""
+
+    help: str | None = None
+    """Its own help text; None: the declaration's."""
+    default: object = LAYERED
+    """LAYERED (the command reads config files), DECLARED, or a default of this command's own."""
+    default_text: str | None = None
+    """What ``[default: ...]`` says for a LAYERED option; None: the declaration's."""
+    metavar: str | None = ""
+    """Its own metavar (None: click's); "": the declaration's."""
+    required: bool = False
+    directory: bool = False
+    """The value names a directory (click checks that an existing path is not a file)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOption:
+    """One job option, declared once (see the module docstring)."""
+
+    key: str
+    """Config-file key and Python API keyword (``gpus_per_node``); ``--gpus-per-node`` on the command line."""
+    kind: str
+    help: str
+    default: object = None
+    default_text: str | None = None
+    """What ``[default: ...]`` says in ``--help``; None: derived from ``default`` (yes/no for a bool, none
+    shown for None or empty)."""
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    positive: bool = False
+    commands: tuple[str, ...] = RENDER_SUBMIT
+    reaches: str = SBATCH_LINE
+    training: bool = False
+    """A TrainingSpec field (``spec_field``), given to the tasks as an ``hpc-hsdp run`` argument."""
+    param: str | None = None
+    """The click parameter name, where it is not the key (``training_<key>`` for a training option)."""
+    spec_field: str | None = None
+    """The RunSpec/TrainingSpec attribute it sets, where it is not the key."""
+    in_config: bool = True
+    """False: it selects the config file itself (``--config``, ``--profile``) and is no key in one."""
+    shown: Mapping[str, Shown] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"option {self.key}: kind {self.kind!r} is not one of {KINDS}")
+        if self.reaches == RUN_ARGUMENT and "run" not in self.commands:
+            raise ValueError(f"option {self.key} reaches the tasks as a run argument, so `run` must take it")
+        unknown = set(self.shown) - set(self.commands)
+        if unknown:
+            raise ValueError(f"option {self.key} is shown on {sorted(unknown)}, which do not take it")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def click_param(self) -> str:
+        return self.param or (f"training_{self.key}" if self.training else self.key)
+
+    @property
+    def attribute(self) -> str:
+        return self.spec_field or self.key
+
+    def shown_on(self, command: str) -> Shown:
+        return self.shown.get(command, Shown())
+
+
+def _training(key: str, **declaration) -> JobOption:
+    declaration.setdefault("commands", ON_EVERY_TASK)
+    return JobOption(key=key, reaches=RUN_ARGUMENT, training=True, **declaration)
+
+
+OPTIONS: tuple[JobOption, ...] = (
+    JobOption(
+        key="config",
+        kind="path",
+        in_config=False,
+        metavar="FILE",
+        default_text=f"${CONFIG_ENV}",
+        reaches=SUBMIT_SIDE,
+        help="TOML file with job options and [profiles.NAME] tables.",
+    ),
+    JobOption(
+        key="profile",
+        kind="str",
+        in_config=False,
+        metavar="NAME",
+        default_text=f"${PROFILE_ENV}",
+        reaches=SUBMIT_SIDE,
+        help="Profile of the config file to apply (below the file's top level).",
+    ),
+    JobOption(
+        key="nodes",
+        kind="nodes",
+        default=1,
+        metavar="N|MIN-MAX",
+        commands=(*RENDER_SUBMIT, "plan"),
+        help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
+        "SLURM grants and the global batch stays the same.",
+        shown={
+            "plan": Shown(
+                help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.",
+                default_text="1, or as many as --nodelist names",
+            )
+        },
+    ),
+    JobOption(
+        key="gpus_per_node",
+        kind="int",
+        default=8,
+        commands=(*RENDER_SUBMIT, "plan"),
+        help="GPUs per node; one task (srun) or torchrun worker each.",
+        shown={"plan": Shown(help="GPUs (one task each) per node.", default=DECLARED)},
+    ),
+    JobOption(
+        key="shard",
+        kind="int",
+        param="shard_size",
+        spec_field="shard_size",
+        commands=(*ON_EVERY_TASK, "plan"),
+        reaches=RUN_ARGUMENT,
+        help="Shard-group size S (required here or in the config): divides a node or is a multiple of it.",
+        shown={
+            "run": Shown(help="Shard-group size S (inner mesh axis).", default=1),
+            "plan": Shown(
+                help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple "
+                "of it. Required unless --recommend."
+            ),
+        },
+    ),
+    JobOption(
+        key="ntasks",
+        kind="int",
+        help="Total tasks for an uneven allocation (e.g. 12 on 2 nodes: 8,4); replaces --ntasks-per-node.",
+    ),
+    JobOption(key="job_name", kind="str", default="hpc-hsdp", help="#SBATCH --job-name."),
+    JobOption(key="partition", kind="str", help="#SBATCH --partition."),
+    JobOption(key="account", kind="str", help="#SBATCH --account."),
+    JobOption(key="qos", kind="str", help="#SBATCH --qos."),
+    JobOption(
+        key="time",
+        kind="str",
+        param="time_limit",
+        metavar="TIME",
+        help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.",
+    ),
+    JobOption(key="constraint", kind="str", help="#SBATCH --constraint (node features, e.g. 'h100&ib')."),
+    JobOption(
+        key="exclusive",
+        kind="bool",
+        default=True,
+        help="Whole nodes (#SBATCH --exclusive): every rank gets an equal share of its node's CPUs and memory.",
+    ),
+    JobOption(
+        key="mem",
+        kind="str",
+        default_text="0 with --exclusive",
+        help="Memory per node, e.g. 512G (0: all of it).",
+    ),
+    JobOption(
+        key="cpus_per_task",
+        kind="int",
+        default_text="the node's CPUs / its tasks, at run time",
+        help="CPUs per task (also passed to srun).",
+    ),
+    JobOption(
+        key="signal",
+        kind="str",
+        default=DEFAULT_SIGNAL,
+        metavar="SIG@SECONDS",
+        commands=(*RENDER_SUBMIT, "plan"),
+        help="Signal sent before the time limit; 'none' for no signal.",
+        shown={
+            "plan": Shown(
+                help="The job's warning signal (as for submit): the save on it must finish within SECONDS.",
+                default=DECLARED,
+            )
+        },
+    ),
+    JobOption(key="requeue", kind="bool", default=True, default_text="requeue", help="Let SLURM requeue the job."),
+    JobOption(
+        key="run_dir",
+        kind="path",
+        metavar="DIR",
+        commands=ON_EVERY_TASK,
+        reaches=RUN_ARGUMENT,
+        default_text="render: ./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>",
+        help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.",
+        shown={
+            "run": Shown(
+                help="Run directory: layout.json, metrics.jsonl, checkpoints/.",
+                default=DECLARED,
+                metavar=None,
+                required=True,
+                directory=True,
+            )
+        },
+    ),
+    JobOption(
+        key="setup",
+        kind="list",
+        default=(),
+        metavar="LINE",
+        reaches=SCRIPT_LINE,
+        help="A raw shell line run before launch (module load ...); repeatable; not quoted.",
+    ),
+    JobOption(
+        key="env",
+        kind="table",
+        param="env_vars",
+        default=(),
+        metavar="KEY=VALUE",
+        reaches=ENVIRONMENT,
+        help="Export a variable (value quoted); repeatable.",
+    ),
+    JobOption(
+        key="pass_env",
+        kind="list",
+        default=(),
+        metavar="NAME",
+        reaches=ENVIRONMENT,
+        help="Pass a variable by name from the submitting environment (never written); repeatable.",
+    ),
+    JobOption(
+        key="sbatch",
+        kind="table",
+        param="sbatch_options",
+        default=(),
+        metavar="KEY=VALUE",
+        help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable.",
+    ),
+    JobOption(
+        key="launcher",
+        kind="str",
+        default="srun",
+        choices=LAUNCHERS,
+        reaches=SCRIPT_LINE,
+        help="srun: one task per GPU; torchrun: one task per node, static rendezvous.",
+    ),
+    JobOption(
+        key="distribution",
+        kind="str",
+        default="block",
+        choices=DISTRIBUTIONS,
+        reaches=SCRIPT_LINE,
+        help="srun --distribution; the layout is node-major either way.",
+    ),
+    JobOption(
+        key="entry",
+        kind="str",
+        metavar="MODULE:FUNCTION",
+        default_text="the built-in payload",
+        commands=ON_EVERY_TASK,
+        reaches=RUN_ARGUMENT,
+        help="Your training function, called on every rank.",
+        shown={
+            "run": Shown(
+                help="module:function called with the run context on every rank instead of the built-in "
+                "payload, e.g. mypkg.train:main.",
+                default=DECLARED,
+                metavar=None,
+            )
+        },
+    ),
+    JobOption(
+        key="device",
+        kind="str",
+        default="auto",
+        choices=DEVICES,
+        commands=ON_EVERY_TASK,
+        reaches=RUN_ARGUMENT,
+        help="Device of each rank.",
+        shown={"run": Shown(help="auto: this task's GPU when CUDA is usable, else CPU.", default=DECLARED)},
+    ),
+    JobOption(
+        key="timeout",
+        kind="int",
+        default=300,
+        metavar="SECONDS",
+        spec_field="timeout_s",
+        commands=ON_EVERY_TASK,
+        reaches=RUN_ARGUMENT,
+        help="Process-group timeout.",
+        shown={"run": Shown(help="Process-group timeout for collectives, in seconds.", default=DECLARED, metavar=None)},
+    ),
+    JobOption(
+        key="comm_stats",
+        kind="bool",
+        default=False,
+        commands=ON_EVERY_TASK,
+        reaches=RUN_ARGUMENT,
+        help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.",
+        shown={
+            "run": Shown(
+                help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl "
+                "as 'comm'.",
+                default=DECLARED,
+            )
+        },
+    ),
+    JobOption(key="container_image", kind="str", reaches=SCRIPT_LINE, help="Pyxis container image for srun."),
+    JobOption(
+        key="container_mounts",
+        kind="str",
+        reaches=SCRIPT_LINE,
+        help="Pyxis container mounts for srun (/src:/dst,...).",
+    ),
+    JobOption(
+        key="debug",
+        kind="bool",
+        default=False,
+        reaches=ENVIRONMENT,
+        help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, ...",
+    ),
+    JobOption(
+        key="venv",
+        kind="path",
+        metavar="PATH",
+        default_text="the running interpreter's venv",
+        reaches=SCRIPT_LINE,
+        help="Virtualenv to activate ('none': no activation).",
+    ),
+    JobOption(
+        key="conda_env",
+        kind="str",
+        metavar="NAME",
+        reaches=SCRIPT_LINE,
+        help="Conda environment to activate instead of a venv.",
+    ),
+    JobOption(
+        key="python", kind="str", default="python", reaches=SCRIPT_LINE, help="Interpreter name the script calls."
+    ),
+    JobOption(
+        key="template",
+        kind="path",
+        metavar="PATH",
+        reaches=SUBMIT_SIDE,
+        help="Your own Jinja2 template (gets the same variables; may extend job.sbatch.j2).",
+    ),
+    # ------------------------------------------------------------------ the training loop (TrainingSpec)
+    _training(
+        "model",
+        kind="str",
+        default="builtin",
+        metavar="MODEL",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no "
+                "torch for the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports "
+                "torch).",
+                default=None,
+            )
+        },
+        help=(
+            "builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM directory or "
+            "config.json) or MODULE:FUNCTION (your factory)."
+        ),
+    ),
+    _training(
+        "shard_unit",
+        kind="str",
+        default=None,
+        default_text="none",
+        metavar="CLASS",
+        help=(
+            "Class name of the blocks wrapped with fully_shard (comma-separated); default: the model's own "
+            "(_no_split_modules, or the factory's)."
+        ),
+    ),
+    _training(
+        "layers",
+        kind="int",
+        default=2,
+        minimum=1,
+        help="Built-in model: transformer blocks (each wrapped with fully_shard).",
+    ),
+    _training(
+        "width",
+        kind="int",
+        default=64,
+        minimum=1,
+        help="Built-in model: width (embedding dimension).",
+    ),
+    _training(
+        "heads",
+        kind="int",
+        default=4,
+        minimum=1,
+        help="Built-in model: attention heads; must divide --width.",
+    ),
+    _training(
+        "vocab_size",
+        kind="int",
+        default=256,
+        minimum=1,
+        help="Vocabulary of the synthetic tokens (without --data); with --data the model takes the dataset's.",
+    ),
+    _training(
+        "data",
+        kind="path",
+        default=None,
+        default_text="none",
+        metavar="PATH",
+        help=(
+            "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file with its .json "
+            "sidecar); default: synthetic tokens."
+        ),
+    ),
+    _training(
+        "val_data",
+        kind="path",
+        default=None,
+        default_text="none",
+        metavar="PATH",
+        help="Held-out token data for --eval-every; default: the dataset's val split.",
+    ),
+    _training(
+        "seq_len",
+        kind="int",
+        default=32,
+        minimum=1,
+        help="Tokens per sample.",
+    ),
+    _training(
+        "batch_size",
+        kind="int",
+        default=4,
+        minimum=1,
+        help="Samples per rank per micro-batch (or give --global-batch-size).",
+    ),
+    _training(
+        "global_batch_size",
+        kind="int",
+        default=None,
+        default_text="none",
+        minimum=1,
+        help=(
+            "Samples per optimizer step over all ranks; sets --batch-size to it / (ranks x --grad-accum), "
+            "which must divide."
+        ),
+    ),
+    _training(
+        "grad_accum",
+        kind="int",
+        default=1,
+        minimum=1,
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
+                "reduce-scatters on each, the replicas all-reduce once.",
+                default=DECLARED,
+            )
+        },
+        help="Micro-batches per optimizer step (replicas all-reduce once per step).",
+    ),
+    _training(
+        "steps",
+        kind="int",
+        default=20,
+        minimum=1,
+        help="Optimizer steps in total, across restarts.",
+    ),
+    _training(
+        "seed",
+        kind="int",
+        default=0,
+        minimum=0,
+        help="Seed of the initialisation and of the data order.",
+    ),
+    _training(
+        "lr",
+        kind="float",
+        default=0.003,
+        positive=True,
+        help="Peak AdamW learning rate.",
+    ),
+    _training(
+        "weight_decay",
+        kind="float",
+        default=0.0,
+        minimum=0.0,
+        help="AdamW weight decay.",
+    ),
+    _training(
+        "lr_schedule",
+        kind="str",
+        default="constant",
+        choices=LR_SCHEDULES,
+        help="Learning-rate schedule after the warm-up.",
+    ),
+    _training(
+        "warmup_steps",
+        kind="int",
+        default=0,
+        minimum=0,
+        help="Linear warm-up steps from 0 to --lr.",
+    ),
+    _training(
+        "min_lr",
+        kind="float",
+        default=0.0,
+        minimum=0.0,
+        help="Learning rate at the last step for cosine and linear schedules.",
+    ),
+    _training(
+        "clip_grad",
+        kind="float",
+        default=0.0,
+        minimum=0.0,
+        help="Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.",
+    ),
+    _training(
+        "precision",
+        kind="str",
+        default="auto",
+        choices=PRECISIONS,
+        help=("bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 on GPU, fp32 on CPU."),
+    ),
+    _training(
+        "activation_checkpointing",
+        kind="bool",
+        default=False,
+        help="Recompute each sharded block's activations in backward.",
+    ),
+    _training(
+        "reshard_after_forward",
+        kind="str",
+        default="auto",
+        choices=RESHARD_CHOICES,
+        help=(
+            "always: free each block's gathered parameters after its forward and gather them again in "
+            "backward (the least memory); never: keep them to backward (no re-gather, a faster step, the "
+            "whole model unsharded in memory); auto: never when that fits beside the sharded state in the "
+            "device's memory (plan --recommend's rule), else always."
+        ),
+    ),
+    _training(
+        "eval_every",
+        kind="int",
+        default=0,
+        minimum=0,
+        help="Mean loss on the held-out split every K steps (0: never).",
+    ),
+    _training(
+        "eval_batches",
+        kind="int",
+        default=8,
+        minimum=1,
+        help="Global batches of held-out data per evaluation.",
+    ),
+    _training(
+        "checkpoint_every",
+        kind="int",
+        default=0,
+        minimum=0,
+        help="Save a distributed checkpoint every K steps (0: only at the end).",
+    ),
+    _training(
+        "keep_checkpoints",
+        kind="int",
+        default=2,
+        minimum=1,
+        help="Complete checkpoints to keep.",
+    ),
+    _training(
+        "straggler_every",
+        kind="int",
+        default=10,
+        minimum=0,
+        help=(
+            "Every K steps the ranks share their own compute time of the step (one small all-gather) and "
+            "metrics.jsonl names the slowest rank (0: never)."
+        ),
+    ),
+    _training(
+        "hang_timeout",
+        kind="float",
+        default=0.0,
+        minimum=0.0,
+        help=(
+            "Seconds without a completed step after which every rank dumps its stacks and the job ends (and "
+            "requeues within --max-restarts); 0: 20x the median step time, at least 120 s."
+        ),
+    ),
+    _training(
+        "max_restarts",
+        kind="int",
+        default=2,
+        minimum=0,
+        help=(
+            "Requeues after failures (a hang, a node failure) before the job gives up; preemption and "
+            "time-limit requeues do not count."
+        ),
+    ),
+)
+
+OPTION_BY_KEY: Mapping[str, JobOption] = MappingProxyType({o.key: o for o in OPTIONS})
+TRAINING_OPTIONS: tuple[JobOption, ...] = tuple(o for o in OPTIONS if o.training)
+"""The TrainingSpec fields' options, in the fields' order."""
+RUN_ARGUMENTS: tuple[str, ...] = ("shard", "run_dir", "device", "entry", "timeout", "comm_stats")
+"""RunSpec's own options in the order ``hpc-hsdp run`` lists them and the rendered script passes
+them (not the order of ``render --help``); the training options follow."""
+
+
+def option(key: str) -> JobOption:
+    return OPTION_BY_KEY[key]
+
+
+def default(key: str) -> object:
+    """The declared default of an option: what a spec field holds when nothing sets it."""
+    return OPTION_BY_KEY[key].default
+
+
+def options_of(command: str) -> tuple[JobOption, ...]:
+    """The options a command takes, in the order of its ``--help``."""
+    if command == "run":
+        return tuple(OPTION_BY_KEY[key] for key in RUN_ARGUMENTS) + TRAINING_OPTIONS
+    return tuple(declared for declared in OPTIONS if command in declared.commands)
+
+
+CONFIG_KINDS: Mapping[str, str] = MappingProxyType({o.key: o.kind for o in OPTIONS if o.in_config})
+"""Config-file key -> kind of value."""

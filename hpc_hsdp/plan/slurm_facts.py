@@ -1,0 +1,123 @@
+"""Facts about SLURM that the job spec, the plan and the emulator share: srun's task
+distributions, sbatch's ``--signal`` and ``--time`` forms, and what a value must be to sit
+on one line of an sbatch script. Pure; no job spec, no scheduler."""
+
+from __future__ import annotations
+
+import re
+
+from hpc_hsdp.errors import SpecError
+
+DISTRIBUTIONS = ("block", "cyclic")
+"""srun ``--distribution`` values hpc-hsdp writes and emulates."""
+
+DEFAULT_SIGNAL = "USR2@120"
+"""Default ``--signal``: USR2 two minutes before the time limit. USR2 is what submitit's task
+wrapper listens for (checkpoint and requeue), so plain sbatch and ``submit`` agree; USR1 is
+left free for the payload's own preemption handling."""
+
+SLURM_DEFAULT_SIGNAL_LEAD_S = 60
+"""sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
+
+_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
+_SIGNAL_NAMES = frozenset(
+    [
+        "HUP",
+        "INT",
+        "QUIT",
+        "ABRT",
+        "KILL",
+        "ALRM",
+        "TERM",
+        "USR1",
+        "USR2",
+        "CONT",
+        "STOP",
+        "TSTP",
+        "TTIN",
+        "TTOU",
+        "URG",
+        "XCPU",
+        "XFSZ",
+        "VTALRM",
+        "PROF",
+        "WINCH",
+    ]
+)
+
+
+def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
+    """A value that will become part of one line of the script: a string without newline,
+    carriage return or NUL (a newline would start a new #SBATCH or shell line)."""
+    if not isinstance(value, str):
+        raise SpecError(f"{option} {value!r} must be a string")
+    if "\0" in value:
+        raise SpecError(f"{option} {value!r} contains a NUL byte, which no script line can hold; remove it")
+    if "\n" in value or "\r" in value:
+        raise SpecError(
+            f"{option} {value!r} contains a line break, which would start a new line of the sbatch script; "
+            f"give it on one line"
+        )
+    if not allow_empty and value == "":
+        raise SpecError(f"{option} is empty; give a value or leave the option out")
+    return value
+
+
+def check_time(value: str) -> str:
+    """A SLURM time limit in one of the forms sbatch accepts; returns it unchanged."""
+    check_text("--time", value)
+    match = _TIME.match(value)
+    if not match:
+        raise SpecError(f"--time {value!r} is not a SLURM time; write {_TIME_FORMS} (e.g. 02:00:00 or 1-12)")
+    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
+    if days is not None:
+        parts = [("hours", d_hours, 24), ("minutes", d_minutes, 60), ("seconds", d_seconds, 60)]
+    elif third is not None:  # HH:MM:SS
+        parts = [("minutes", second, 60), ("seconds", third, 60)]
+    elif second is not None:  # MM:SS
+        parts = [("seconds", second, 60)]
+    else:
+        parts = []
+    for name, text, limit in parts:
+        if text is not None and int(text) >= limit:
+            raise SpecError(f"--time {value!r} has {int(text)} {name}; {name} must be below {limit} ({_TIME_FORMS})")
+    if all(int(x) == 0 for x in match.groups() if x is not None):
+        raise SpecError(f"--time {value!r} is zero (SLURM reads that as no limit); give a real limit such as 01:00:00")
+    return value
+
+
+def time_limit_seconds(value: str) -> int:
+    """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
+    days, d_hours, d_minutes, d_seconds, first, second, third = _TIME.match(check_time(value)).groups()
+    if days is not None:
+        return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
+    if third is not None:
+        return (int(first) * 60 + int(second)) * 60 + int(third)
+    return int(first) * 60 + int(second or 0)
+
+
+def signal_lead_seconds(value: str) -> int:
+    """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
+    match = _SIGNAL.match(check_signal(value))
+    return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
+
+
+def check_signal(value: str) -> str:
+    """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
+    check_text("--signal", value)
+    match = _SIGNAL.match(value)
+    name = match.group(2).upper() if match else ""
+    name = name[3:] if name.startswith("SIG") else name
+    ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
+    if not ok:
+        raise SpecError(
+            f"--signal {value!r} is not SIG@SECONDS; write e.g. {DEFAULT_SIGNAL} or B:TERM@60 "
+            f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"
+        )
+    if match.group(3) is not None and int(match.group(3)) > 65535:
+        raise SpecError(
+            f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds"
+        )
+    return value
