@@ -173,24 +173,9 @@ def init(
     the totals since the last take; the built-in payload logs them per step).
     """
     env = dict(os.environ if env is None else env)
-    if dist.is_initialized():
-        raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
-    if device not in DEVICES:
-        raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
-    _require_numpy()
-    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
-    if layout.launch_mode == "task-per-node":
-        raise SlurmEnvError(
-            f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
-            f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
-            f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
-        )
+    layout = _task_layout(env, shard_size=shard_size, device=device)
     torch_device, device_note = pick_device(device, layout, env)
-    torch_env = layout.torch_env()
-    if torch_device.type == "cuda":
-        torch_env.update(flight_recorder_env(env))
-    if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
-        torch_env["RANK"] = str(layout.slurm_procid)
+    torch_env = _torch_env(env, layout, torch_device)
     torch_rank = int(torch_env["RANK"])
 
     faulthandler.enable()
@@ -216,17 +201,7 @@ def init(
 
     ctx: RunContext | None = None
     try:
-        if torch_device.type == "cuda":
-            torch.cuda.set_device(torch_device)
-        dist.init_process_group(
-            backend="nccl" if torch_device.type == "cuda" else "gloo",
-            init_method="env://",
-            rank=torch_rank,
-            world_size=layout.world_size,
-            timeout=timedelta(seconds=timeout_s),
-            device_id=torch_device if torch_device.type == "cuda" else None,
-        )
-        mesh = init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+        mesh = _join(layout, torch_device, rank=torch_rank, timeout_s=timeout_s)
         me["shard_group"] = _group_ranks(mesh, "shard")
         me["replicate_group"] = _group_ranks(mesh, "replicate")
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
@@ -240,14 +215,7 @@ def init(
             _saved_env=saved,
         )
         if verify:
-            problems = compare_groups(
-                layout.plan,
-                [d["node"] for d in realized],
-                [d["shard_group"] for d in realized],
-                [d["replicate_group"] for d in realized],
-            )
-            if problems:
-                raise GroupMismatchError(mismatch_message(problems, layout.plan))
+            _verify_groups(layout, realized)
         if ctx.run_dir is not None and torch_rank == 0:
             write_layout(ctx)
         if comm_stats:
@@ -259,6 +227,60 @@ def init(
         else:
             _leave(saved)
         raise
+
+
+def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+    """This task's place in the job, refused (HsdpError) where it cannot train."""
+    if dist.is_initialized():
+        raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
+    if device not in DEVICES:
+        raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
+    _require_numpy()
+    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
+    if layout.launch_mode == "task-per-node":
+        raise SlurmEnvError(
+            f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
+            f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
+            f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
+        )
+    return layout
+
+
+def _torch_env(env: Mapping[str, str], layout: RankLayout, torch_device: torch.device) -> dict[str, str]:
+    """RANK, WORLD_SIZE, ... for torch (and the NCCL flight recorder's size on CUDA)."""
+    torch_env = layout.torch_env()
+    if torch_device.type == "cuda":
+        torch_env.update(flight_recorder_env(env))
+    if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
+        torch_env["RANK"] = str(layout.slurm_procid)
+    return torch_env
+
+
+def _join(layout: RankLayout, torch_device: torch.device, *, rank: int, timeout_s: int) -> DeviceMesh:
+    """The process group (NCCL on CUDA, gloo on CPU) and the ``("replicate", "shard")`` mesh."""
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    dist.init_process_group(
+        backend="nccl" if torch_device.type == "cuda" else "gloo",
+        init_method="env://",
+        rank=rank,
+        world_size=layout.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=torch_device if torch_device.type == "cuda" else None,
+    )
+    return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+
+
+def _verify_groups(layout: RankLayout, realized: list[dict]) -> None:
+    """GroupMismatchError (on every rank: all see the same ``realized``) when torch's groups differ from the plan."""
+    problems = compare_groups(
+        layout.plan,
+        [d["node"] for d in realized],
+        [d["shard_group"] for d in realized],
+        [d["replicate_group"] for d in realized],
+    )
+    if problems:
+        raise GroupMismatchError(mismatch_message(problems, layout.plan))
 
 
 def write_layout(ctx: RunContext) -> Path:
