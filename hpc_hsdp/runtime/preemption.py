@@ -42,7 +42,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, requeue_job, restore_request
+from hpc_hsdp.job import requeue
+from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
 from hpc_hsdp.runtime.log import note
 
 WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
@@ -217,7 +218,7 @@ class Preemption:
                 "requeue skipped: not in a SLURM job (local emulator or test); "
                 "resubmit with the same --run-dir to resume"
             )
-        ok, said = requeue_job(job_id)
+        ok, said = requeue.requeue_job(job_id)  # looked up now: tests stand in for it
         if not ok:
             return False, f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume"
         request = self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()  # a flexible job's range, put back with the requeue
@@ -280,7 +281,7 @@ class NodeRangeKeeper:
                 return
             if signal.SIGTERM.value in data:
                 job_id = self.env.get("SLURM_JOB_ID", "")
-                restored, said = restore_request(job_id, env=self.env)
+                restored, said = requeue.restore_request(job_id, env=self.env)
                 self.said = said
                 if restored:
                     note(
