@@ -14,14 +14,20 @@ train like the single-tensor one (to float rounding) and be what make_optimizer 
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import pytest
+import torch
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.estimates import estimate
 from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
+from hpc_hsdp.runtime import engine, loop, reshard
+from hpc_hsdp.runtime.comm_stats import CommStats
+from hpc_hsdp.runtime.dist import RunContext
 
 MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)
 TASKS_PER_NODE = (2, 2)
@@ -29,12 +35,6 @@ TASKS_PER_NODE = (2, 2)
 
 def train_three_ways(ctx):
     """fn of run_task: per variant, the losses, grad norms and the shard axis' all-gather bytes per step."""
-    import torch
-
-    from hpc_hsdp.runtime import loop
-    from hpc_hsdp.runtime.comm_stats import CommStats
-    from hpc_hsdp.runtime.dist import RunContext
-
     nodes = [d["node"] for d in ctx.realized]
     single_tensor = loop.make_optimizer
 
@@ -55,15 +55,18 @@ def train_three_ways(ctx):
     ):
         steps: dict[int, dict] = {}
         sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
-        loop.make_optimizer = make
+        engine.make_optimizer = make  # the engine builds the loop's optimizer
         try:
             with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
                 sub.comm_stats = recorder
                 result = loop.train(
-                    sub, training, on_step=lambda step, record: steps.__setitem__(step, record), verbose=False
+                    sub,
+                    training,
+                    on_step=lambda step, record, steps=steps: steps.__setitem__(step, record),
+                    verbose=False,
                 )
         finally:
-            loop.make_optimizer = single_tensor
+            engine.make_optimizer = single_tensor
         out[name] = {
             "loss": [steps[s]["loss"] for s in sorted(steps)],
             "grad_norm": [steps[s]["grad_norm"] for s in sorted(steps)],
@@ -76,11 +79,6 @@ def train_three_ways(ctx):
 def agreed_choice(ctx):
     """auto with rank 0 seeing too little memory for the gathered model and the others plenty:
     every rank must choose to reshard (a lone re-gather would hang the shard group)."""
-    from unittest import mock
-
-    from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime import reshard
-
     adapter = resolve_model(MODEL)
     model = adapter.build_meta()
     memory = 1 << 16 if ctx.rank == 0 else 1 << 40

@@ -26,12 +26,15 @@ written by a background thread over a gloo group of its own while training goes 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import os
 import shutil
-import sys
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -45,6 +48,7 @@ from hpc_hsdp.rundir.state import (
     MANIFEST,
     MANIFEST_FORMAT,
     TRAIN_STATE,
+    check_data_position,
     checkpoint_root,
     complete_checkpoints,
     damage,
@@ -54,6 +58,16 @@ from hpc_hsdp.rundir.state import (
     step_dir_name,
 )
 from hpc_hsdp.runtime import faults
+from hpc_hsdp.runtime.log import note, say
+from hpc_hsdp.runtime.preemption import restart_count
+from hpc_hsdp.runtime.run_data import data_state
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.runtime.dist import RunContext
+    from hpc_hsdp.runtime.run_data import TrainData
 
 __all__ = [
     "COMPLETE",
@@ -66,7 +80,9 @@ __all__ = [
     "latest_checkpoint",
     "load",
     "prune",
+    "resume",
     "save",
+    "save_checkpoint",
     "step_dir_name",
 ]
 
@@ -80,10 +96,6 @@ class CheckpointError(HsdpError):
 
 class CheckpointSpaceError(CheckpointError):
     """The disk or quota has no room for a checkpoint."""
-
-
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- load
@@ -118,14 +130,14 @@ def latest_checkpoint(run_dir: str | Path, *, verify: bool = True) -> tuple[int,
             problem[0] = next((p for p in found if p is not None), None)
         if problem[0] is None:
             if problems and rank == 0:
-                _note(
-                    f"[hpc-hsdp] warning: resuming from the previous whole checkpoint {path}; newer ones are "
+                note(
+                    f"warning: resuming from the previous whole checkpoint {path}; newer ones are "
                     f"damaged: {'; '.join(problems)}"
                 )
             return step, Path(path)
         problems.append(f"{Path(path).name}: {problem[0]}")
         if rank == 0:
-            _note(f"[hpc-hsdp] warning: checkpoint {path} is damaged ({problem[0]}); trying the one before it")
+            note(f"warning: checkpoint {path} is damaged ({problem[0]}); trying the one before it")
     if problems:
         raise CheckpointError(
             f"no whole checkpoint left in {checkpoint_root(run_dir)} ({'; '.join(problems)}); restore the files, or "
@@ -237,10 +249,8 @@ def _ran_out_of_space(exc: BaseException, tmp: Path, needed: int, group=None) ->
     the checkpoint goes: less than one rank's share of it means the disk is full."""
     mine = _no_space(exc) is not None
     if not mine:
-        try:
+        with contextlib.suppress(OSError):
             mine = shutil.disk_usage(tmp.parent).free < needed // max(dist.get_world_size(group), 1)
-        except OSError:
-            pass
     try:
         agreed = torch.tensor([float(mine)], dtype=torch.float64, device=_collective_device(group))
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
@@ -358,8 +368,6 @@ class AsyncSaver:
     the save in flight is committed and raises its error, the same on every rank."""
 
     def __init__(self, run_dir: str | Path, *, keep: int, timeout_s: float = 300) -> None:
-        from datetime import timedelta
-
         self.run_dir = run_dir
         self.keep = keep
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -439,4 +447,75 @@ def finish_open_saves() -> None:
         try:
             saver.close()
         except BaseException as exc:  # noqa: BLE001 - the payload's own error is the one to raise
-            _note(f"[hpc-hsdp] the checkpoint in flight could not be finished: {' '.join(str(exc).split())[:300]}")
+            note(f"the checkpoint in flight could not be finished: {' '.join(str(exc).split())[:300]}")
+
+
+# ----------------------------------------------------------------------------- a run's checkpoints
+
+
+def save_checkpoint(
+    ctx: RunContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    training: TrainingSpec,
+    data: TrainData,
+    model_name: str = "builtin",
+    extra: dict | None = None,
+    background: AsyncSaver | None = None,
+) -> Path:
+    """Collective: model, optimizer and the data position after ``step`` (plus ``extra``, any
+    JSON-able state of a custom loop) into ``<run_dir>/checkpoints/step-N`` atomically; with
+    ``background``, written by it while training goes on (else before returning)."""
+    train_state = {
+        "seed": training.seed,
+        "world_size": ctx.world_size,
+        "batch_size": data.layout.rank_batch,
+        "grad_accum": data.layout.grad_accum,
+        "mesh_shape": list(ctx.plan.mesh_shape),
+        "model": model_name,
+        "data": data_state(data, step, training.seed),
+        "extra": extra or {},
+    }
+    if background is not None:
+        background.save(model, optimizer, step=step, train_state=train_state)
+        return checkpoint_root(ctx.run_dir) / step_dir_name(step)
+    return save(ctx.run_dir, model, optimizer, step=step, train_state=train_state, keep=training.keep_checkpoints)
+
+
+def resume(
+    ctx: RunContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    data: TrainData,
+    training: TrainingSpec,
+    verbose: bool = True,
+) -> tuple[int, dict]:
+    """Load the newest complete checkpoint of ``ctx.run_dir`` (collective); returns
+    ``(step, train_state)``, ``(0, {})`` on a fresh start. Refuses a data position this
+    run cannot continue (another global batch, seed or dataset)."""
+    if ctx.run_dir is None:
+        return 0, {}
+    found = latest_checkpoint(ctx.run_dir)
+    if found is None:
+        return 0, {}
+    step, path = found
+    saved = saved_train_state(path)
+    check_data_position(
+        saved.get("data"),
+        global_batch=data.layout.global_batch,
+        num_samples=data.train.num_samples,
+        seed=training.seed,
+        where=f"checkpoint {path.name} (step {step})",
+    )
+    state = load(path, model, optimizer)
+    if ctx.is_rank0 and verbose:
+        restart = getattr(ctx.preemption, "restart_count", None)
+        restart = restart if restart is not None else restart_count(os.environ)
+        say(
+            f"resumed from step {step} (restart {restart}): {path}, saved on mesh "
+            f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}"
+        )
+    return int(state["step"]), state

@@ -4,8 +4,9 @@
 SLURM's (or torchrun's) variables, exports RANK/WORLD_SIZE/... for torch, picks the
 device, creates the process group explicitly (NCCL on CUDA, gloo on CPU), builds the
 ``("replicate", "shard")`` mesh and checks the groups torch built against the plan on
-every rank. Hung jobs: ``kill -QUIT <pid>`` (or ``scancel --signal=QUIT <job>``: it reaches every task and the job keeps running)
-prints every thread's stack of a rank to its stderr, i.e. its log, and the rank goes on.
+every rank. Hung jobs: ``kill -QUIT <pid>`` (or ``scancel --signal=QUIT <job>``: it reaches
+every task and the job keeps running) prints every thread's stack of a rank to its stderr, i.e.
+its log, and the rank goes on. Which device a task gets: :func:`hpc_hsdp.runtime.device.pick_device`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import os
 import signal
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,6 +29,9 @@ from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.runtime.comm_stats import for_context
+from hpc_hsdp.runtime.device import pick_device
+from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
 
 MESH_AXES = ("replicate", "shard")
@@ -59,13 +62,9 @@ the node-major rank, so that under cyclic distribution the realized groups strad
 and the check must fail on every rank."""
 
 
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _require_numpy() -> None:
     try:
-        import numpy  # noqa: F401
+        import numpy  # noqa: F401, PLC0415 - only asks whether numpy is installed
     except ImportError:
         raise HsdpError(
             "numpy is not installed; torch.distributed's object collectives (the group check, "
@@ -76,57 +75,6 @@ def _require_numpy() -> None:
 def node_name(env: Mapping[str, str]) -> str:
     """The node this task runs on: SLURM's name for it, else the short host name."""
     return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
-
-
-def pick_device(
-    requested: str, layout: RankLayout, env: Mapping[str, str] | None = None
-) -> tuple[torch.device, str | None]:
-    """The torch device of this task and an optional one-line note."""
-    env = os.environ if env is None else env
-    if requested == "cpu":
-        return torch.device("cpu"), None
-    available = torch.cuda.is_available()
-    if not available:
-        visible = env.get("CUDA_VISIBLE_DEVICES", "<unset>")
-        if requested == "cuda":
-            raise HsdpError(
-                f"--device cuda but CUDA is not usable on node {layout.node} ({cuda_unusable_reason()}, "
-                f"CUDA_VISIBLE_DEVICES={visible}); ask SLURM for GPUs (--gpus-per-node) or run with --device cpu"
-            )
-        if layout.device.startswith("cuda"):
-            # SLURM gave this task GPUs: a CPU fallback would "succeed", slowly
-            raise HsdpError(
-                f"rank {layout.rank} on node {layout.node} was given GPUs (CUDA_VISIBLE_DEVICES={visible}) but CUDA "
-                f"is not usable: {cuda_unusable_reason()}; install a CUDA build of torch for this node's driver, "
-                f"or run on CPU on purpose with --device cpu"
-            )
-        return torch.device("cpu"), f"note: rank {layout.rank}: no GPU given, running on CPU with gloo"
-    index = int(layout.device.split(":")[1]) if layout.device.startswith("cuda") else layout.local_rank
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise HsdpError(
-            f"rank {layout.rank} (local rank {layout.local_rank}) wants cuda:{index} but only {count} GPU(s) are visible "
-            f"on node {layout.node}; start one task per GPU (--ntasks-per-node equal to --gpus-per-node)"
-        )
-    note = None
-    if layout.local_world_size < count and layout.launch_mode == "task-per-gpu":
-        note = (
-            f"note: rank {layout.rank}: node {layout.node} runs {layout.local_world_size} task(s) but {count} GPUs "
-            f"are visible; this rank uses cuda:{index} only (one task per GPU: --ntasks-per-node {count}, or "
-            f"--launcher torchrun)"
-        )
-    return torch.device("cuda", index), note
-
-
-def cuda_unusable_reason() -> str:
-    """Why ``torch.cuda.is_available()`` is False, in words."""
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return f"this torch ({torch.__version__}) is a CPU-only build"
-    try:
-        torch.cuda.init()
-    except Exception as exc:  # the driver's or the runtime's own reason
-        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA: {' '.join(str(exc).split())}"
-    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
 
 
 @dataclass(eq=False)
@@ -225,24 +173,9 @@ def init(
     the totals since the last take; the built-in payload logs them per step).
     """
     env = dict(os.environ if env is None else env)
-    if dist.is_initialized():
-        raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
-    if device not in DEVICES:
-        raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
-    _require_numpy()
-    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
-    if layout.launch_mode == "task-per-node":
-        raise SlurmEnvError(
-            f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
-            f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
-            f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
-        )
-    torch_device, note = pick_device(device, layout, env)
-    torch_env = layout.torch_env()
-    if torch_device.type == "cuda":
-        torch_env.update(flight_recorder_env(env))
-    if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
-        torch_env["RANK"] = str(layout.slurm_procid)
+    layout = _task_layout(env, shard_size=shard_size, device=device)
+    torch_device, device_note = pick_device(device, layout, env)
+    torch_env = _torch_env(env, layout, torch_device)
     torch_rank = int(torch_env["RANK"])
 
     faulthandler.enable()
@@ -258,27 +191,17 @@ def init(
         "device": str(torch_device),
         "launch_mode": layout.launch_mode,
     }
-    _note(
-        f"[hpc-hsdp] rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "
+    note(
+        f"rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "
         f"local {layout.local_rank} device {torch_device} shard {list(layout.shard_group)} "
         f"replicate {list(layout.replicate_group)} pid {os.getpid()} (kill -QUIT {os.getpid()}: stacks)"
     )
-    if note:
-        _note(note)
+    if device_note:
+        note(device_note, tag=False)
 
     ctx: RunContext | None = None
     try:
-        if torch_device.type == "cuda":
-            torch.cuda.set_device(torch_device)
-        dist.init_process_group(
-            backend="nccl" if torch_device.type == "cuda" else "gloo",
-            init_method="env://",
-            rank=torch_rank,
-            world_size=layout.world_size,
-            timeout=timedelta(seconds=timeout_s),
-            device_id=torch_device if torch_device.type == "cuda" else None,
-        )
-        mesh = init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+        mesh = _join(layout, torch_device, rank=torch_rank, timeout_s=timeout_s)
         me["shard_group"] = _group_ranks(mesh, "shard")
         me["replicate_group"] = _group_ranks(mesh, "replicate")
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
@@ -292,19 +215,10 @@ def init(
             _saved_env=saved,
         )
         if verify:
-            problems = compare_groups(
-                layout.plan,
-                [d["node"] for d in realized],
-                [d["shard_group"] for d in realized],
-                [d["replicate_group"] for d in realized],
-            )
-            if problems:
-                raise GroupMismatchError(mismatch_message(problems, layout.plan))
+            _verify_groups(layout, realized)
         if ctx.run_dir is not None and torch_rank == 0:
             write_layout(ctx)
         if comm_stats:
-            from hpc_hsdp.runtime.comm_stats import for_context
-
             ctx.comm_stats = for_context(ctx).__enter__()
         return ctx
     except BaseException:
@@ -313,6 +227,60 @@ def init(
         else:
             _leave(saved)
         raise
+
+
+def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+    """This task's place in the job, refused (HsdpError) where it cannot train."""
+    if dist.is_initialized():
+        raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
+    if device not in DEVICES:
+        raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
+    _require_numpy()
+    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
+    if layout.launch_mode == "task-per-node":
+        raise SlurmEnvError(
+            f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
+            f"`hpc-hsdp run` must run once per GPU; use the torchrun launcher (hpc-hsdp render/submit "
+            f"--launcher torchrun) or srun --ntasks-per-node {layout.local_world_size}"
+        )
+    return layout
+
+
+def _torch_env(env: Mapping[str, str], layout: RankLayout, torch_device: torch.device) -> dict[str, str]:
+    """RANK, WORLD_SIZE, ... for torch (and the NCCL flight recorder's size on CUDA)."""
+    torch_env = layout.torch_env()
+    if torch_device.type == "cuda":
+        torch_env.update(flight_recorder_env(env))
+    if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
+        torch_env["RANK"] = str(layout.slurm_procid)
+    return torch_env
+
+
+def _join(layout: RankLayout, torch_device: torch.device, *, rank: int, timeout_s: int) -> DeviceMesh:
+    """The process group (NCCL on CUDA, gloo on CPU) and the ``("replicate", "shard")`` mesh."""
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    dist.init_process_group(
+        backend="nccl" if torch_device.type == "cuda" else "gloo",
+        init_method="env://",
+        rank=rank,
+        world_size=layout.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=torch_device if torch_device.type == "cuda" else None,
+    )
+    return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+
+
+def _verify_groups(layout: RankLayout, realized: list[dict]) -> None:
+    """GroupMismatchError (on every rank: all see the same ``realized``) when torch's groups differ from the plan."""
+    problems = compare_groups(
+        layout.plan,
+        [d["node"] for d in realized],
+        [d["shard_group"] for d in realized],
+        [d["replicate_group"] for d in realized],
+    )
+    if problems:
+        raise GroupMismatchError(mismatch_message(problems, layout.plan))
 
 
 def write_layout(ctx: RunContext) -> Path:

@@ -8,6 +8,8 @@ process group down. ``task_main`` turns a signal stop into the task's exit statu
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import os
 import signal
@@ -17,6 +19,10 @@ from typing import NoReturn
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.plan.topology import RankLayout
+from hpc_hsdp.runtime import faults, log
+from hpc_hsdp.runtime.log import note
+from hpc_hsdp.runtime.node_failure import handle_lost_peers
 from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 
 
@@ -52,20 +58,17 @@ def run_task(
     warning signal) before the process group is torn down; ``preemption.exit_code()`` then
     says how the task should exit (see :func:`task_main`).
     """
-    from hpc_hsdp.runtime import faults
-
+    log.configure()
     env = os.environ if env is None else env
     preemption = preemption if preemption is not None else Preemption(env)
     preemption.install()  # before torch loads: a signal during start-up is recorded, not fatal
     range_keeper = NodeRangeKeeper(env).install()  # a flexible job requeued by SLURM: its node range put back
     faults.install(env)
     try:
-        from hpc_hsdp.plan.topology import RankLayout
-
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again
         RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device)
-        from hpc_hsdp.runtime.dist import init
+        from hpc_hsdp.runtime.dist import init  # noqa: PLC0415 - torch loads after the signal handlers
 
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)
@@ -75,7 +78,7 @@ def run_task(
             ctx.preemption = preemption
             try:
                 if fn is None:
-                    from hpc_hsdp.runtime.loop import payload
+                    from hpc_hsdp.runtime.loop import payload  # noqa: PLC0415 - as init
 
                     result = payload(ctx)
                 else:
@@ -112,14 +115,10 @@ def end_task(code: int) -> NoReturn:
     Every file is closed by then (checkpoints, metrics, TensorBoard); the exit handlers run
     (logging flushes), stdout and stderr are flushed, and the process ends with ``code``
     before any module is torn down."""
-    import atexit
-
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
@@ -134,8 +133,6 @@ def exit_code(stop: SystemExit) -> int:
 def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: BaseException) -> None:
     """A step that failed because peers vanished with their node: requeue without it
     (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own."""
-    from hpc_hsdp.runtime.node_failure import handle_lost_peers
-
     try:
         handle_lost_peers(
             ctx,
@@ -144,7 +141,7 @@ def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: Bas
             reason=f"the step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}",
         )
     except Exception as probe:  # noqa: BLE001 - the payload's error is the one to raise
-        print(f"[hpc-hsdp] could not check the job's nodes after the failure ({probe})", file=sys.stderr, flush=True)
+        note(f"could not check the job's nodes after the failure ({probe})")
 
 
 def task_main(spec: RunSpec, *, fn: Callable | None = None):

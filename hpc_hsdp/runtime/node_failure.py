@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
+import time
 from collections.abc import Mapping, Sequence
 
+from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.rundir.state import failure_restarts, record_restart
+from hpc_hsdp.runtime.log import note
+from hpc_hsdp.runtime.preemption import in_slurm, restart_count
+
 PROBE_TIMEOUT_S = 3.0
-
-
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def slurmd_address(node: str, *, timeout_s: float = 10.0) -> tuple[str, int] | None:
@@ -101,17 +102,14 @@ def handle_lost_peers(
     itself is not requeued). SLURM pins the requeued job to the node count it had: for a flexible
     allocation (``--nodes MIN-MAX``) the range is put back on its SIGTERM, on every live node
     (:class:`hpc_hsdp.runtime.preemption.NodeRangeKeeper`, even while the ranks are stuck in a
-    collective), so that it resumes on the nodes that are free, fewer if need be. Only when SLURM has not ended it ``SlurmdTimeout`` + ``grace_s``
-    later, or the job is not requeueable, the lowest live rank requeues it without the dead
-    nodes (requeuehold, ExcNodeList, release). (Requeueing it ourselves at once would gain
-    nothing: SLURM keeps the job COMPLETING until the dead node is DOWN; and Slurm 22.05 then
-    loses the job's GPU bookkeeping: its next steps fail with "Invalid generic resource".)
+    collective), so that it resumes on the nodes that are free, fewer if need be. Only when
+    SLURM has not ended it ``SlurmdTimeout`` + ``grace_s`` later, or the job is not requeueable,
+    the lowest live rank requeues it without the dead nodes (requeuehold, ExcNodeList, release).
+    (Requeueing it ourselves at once would gain nothing: SLURM keeps the job COMPLETING until
+    the dead node is DOWN; and Slurm 22.05 then loses the job's GPU bookkeeping: its next steps
+    fail with "Invalid generic resource".)
 
     Returns the line printed on the lowest live rank (None: no dead node, or another rank)."""
-    from hpc_hsdp.job.requeue import requeue_job
-    from hpc_hsdp.rundir.state import failure_restarts, record_restart
-    from hpc_hsdp.runtime.preemption import in_slurm, restart_count
-
     if not in_slurm(env) or ctx.world_size < 2:
         return None
     plan = ctx.plan
@@ -126,9 +124,12 @@ def handle_lost_peers(
     cause = f"node {','.join(dead)} died (slurmd unreachable) with ranks {lost[0]}-{lost[-1]}; {reason}"
     failures = failure_restarts(ctx.run_dir, job_id=job_id) if ctx.run_dir is not None else restart_count(env)
     if failures >= max_restarts:
-        line = f"{cause}; not requeued: the job already restarted {failures} times after failures (--max-restarts {max_restarts})"
+        line = (
+            f"{cause}; not requeued: the job already restarted {failures} times after failures "
+            f"(--max-restarts {max_restarts})"
+        )
         if lowest:
-            _note(f"[hpc-hsdp] {line}")
+            note(line)
         return line if lowest else None
     budget = f"failure restart {failures + 1} of at most {max_restarts}"
     slurm_requeues, slurmd_timeout = slurm_requeues_on_node_failure(job_id)
@@ -136,16 +137,14 @@ def handle_lost_peers(
         if lowest:
             if ctx.run_dir is not None:
                 record_restart(ctx.run_dir, reason="node_failure", cause=cause)
-            _note(
-                f"[hpc-hsdp] {cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
+            note(
+                f"{cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
                 f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it"
             )
         if _wait_for_slurm(ctx, slurmd_timeout + grace_s):
             return (f"{cause}; SLURM is requeueing job {job_id} ({budget})") if lowest else None
         if lowest:
-            _note(
-                f"[hpc-hsdp] SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it"
-            )
+            note(f"SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it")
     if not lowest:
         return None
     ok, said = requeue_job(job_id, exclude=tuple(dead))
@@ -156,15 +155,13 @@ def handle_lost_peers(
         if ok
         else f"{cause}; scontrol requeue {job_id} failed: {said}"
     )
-    _note(f"[hpc-hsdp] {line}")
+    note(line)
     return line
 
 
 def _wait_for_slurm(ctx, limit_s: float) -> bool:
     """Sleep until SLURM ends this task (SIGTERM, recorded by the task's preemption handler:
     True) or ``limit_s`` passed (False)."""
-    import time
-
     preemption = getattr(ctx, "preemption", None)
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:

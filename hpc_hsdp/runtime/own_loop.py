@@ -16,7 +16,8 @@ An ``--entry`` function gets the run context; :class:`TrainingRun` gives it the 
             run.log(step, loss=loss)            # one metrics.jsonl line (global mean), rank 0 writes
         return run.finish()                     # final checkpoint; the summary
 
-What it does, with the built-in loop's own parts (:mod:`hpc_hsdp.runtime.loop`):
+It is the public face of the engine the built-in loop runs on
+(:class:`hpc_hsdp.runtime.engine.Engine`): what one gets, the other has.
 
 - **Model**: the adapter of ``--model`` (or the ``adapter=`` you pass), built on meta,
   ``fully_shard`` per shard unit then the root on the ``("replicate", "shard")`` mesh,
@@ -29,67 +30,39 @@ What it does, with the built-in loop's own parts (:mod:`hpc_hsdp.runtime.loop`):
 - **Stopping**: before every step all ranks agree (one collective) on the task's signals
   (the warning signal, SIGTERM); on a stop every rank saves and ``steps()`` ends;
   ``run.stopped`` says why. ``hpc-hsdp run`` then requeues as for the built-in loop.
-- **Checkpoints**: every ``--checkpoint-every`` steps, at a stop and in :meth:`finish`:
-  model, optimizer, the data position and ``run.state`` (any JSON-able dict) in the atomic
-  distributed checkpoint; a new start of the same ``--run-dir`` resumes all four.
+- **Hangs**: the watchdog of ``--hang-timeout``: when no step completes in time every rank
+  writes its stacks, rank 0 names the ranks that never reached the collective, the job ends
+  (and is requeued inside SLURM).
+- **Checkpoints**: every ``--checkpoint-every`` steps (written in the background while the
+  next steps train), at a stop and in :meth:`finish`: model, optimizer, the data position and
+  ``run.state`` (any JSON-able dict) in the atomic distributed checkpoint; a new start of the
+  same ``--run-dir`` resumes all four.
 - **Learning rate**: set from ``--lr-schedule`` before each step (``step.lr``); change the
   optimizer's groups after that if you schedule it yourself.
 - **Metrics**: :meth:`log` (collective: every rank calls it) writes ``step``, ``loss`` (the
-  global mean), ``lr``, ``tokens_per_s``, ``step_time_s``, ``data_wait_s``, peak memory,
-  the mesh, ``wall_time`` and your own numbers to ``metrics.jsonl``.
+  global mean), ``lr``, ``tokens_per_s``, ``step_time_s``, ``cpu_time_s``, ``data_wait_s``,
+  peak memory, the mesh, ``comm`` (``--comm-stats``), your own numbers, the stragglers entry
+  (``--straggler-every``), ``eval_loss`` (``--eval-every``) and ``wall_time`` to
+  ``metrics.jsonl`` and TensorBoard.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.dist import RunContext
-from hpc_hsdp.runtime.loader import MicroBatch
-from hpc_hsdp.runtime.loop import (
-    MetricsLog,
-    build_model,
-    check_data,
-    configure_device,
-    control_group,
-    make_loader,
-    make_optimizer,
-    open_data,
-    peak_memory,
-    record_model,
-    reset_peak_memory,
-    resolve_precision,
-    resume,
-    save_checkpoint,
-    seed_step,
-    should_stop,
-)
-from hpc_hsdp.runtime.observer import RunObserver
-from hpc_hsdp.runtime.schedule import lr_of
+from hpc_hsdp.runtime.engine import Engine, Step
 
-
-@dataclass
-class Step:
-    """One optimizer step of :meth:`TrainingRun.steps`: its number, learning rate and this rank's micro-batches."""
-
-    number: int
-    lr: float
-    batches: list[MicroBatch]
-    data_wait_s: float
-
-    def __int__(self) -> int:
-        return self.number
+__all__ = ["Step", "TrainingRun"]
 
 
 class TrainingRun:
-    """A custom loop's model, optimizer, data, stop agreement, checkpoints and metrics (see the module docstring)."""
+    """A custom loop's model, optimizer, data, stop agreement, watchdog, checkpoints and
+    metrics: the engine's public face (see the module docstring)."""
 
     def __init__(
         self,
@@ -100,155 +73,87 @@ class TrainingRun:
         optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
         verbose: bool = True,
     ) -> None:
-        from hpc_hsdp.models import resolve_model
-
         self.ctx = ctx
-        self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
-        self.verbose = verbose
-        self.data = open_data(self.training, ctx.world_size)
-        self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
-        check_data(self.data, model_vocab_size=self.adapter.vocab_size, training=self.training)
-        record_model(ctx, self.adapter, self.training)
-        self.precision = resolve_precision(self.training.precision, ctx.device)
-        configure_device(ctx.device)
-        self.model = build_model(ctx, self.adapter, self.training, precision=self.precision, verbose=verbose)
-        self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, self.training)
-        self.start_step, saved = resume(
-            ctx, self.model, self.optimizer, data=self.data, training=self.training, verbose=verbose
-        )
-        self.state: dict = dict(saved.get("extra") or {})
-        """Your own JSON-able state: saved in every checkpoint, restored on resume."""
-        self.last_step = self.start_step
+        self.engine = Engine(ctx, training, adapter=adapter, optimizer=optimizer, verbose=verbose)
+        self.training = self.engine.training
         self.stopped: str | None = None
         """Why :meth:`steps` ended early: ``"USR2"``, ``"TERM"``, ``"requested"``, or None."""
-        self._observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
-        self._metrics = MetricsLog(ctx, start_step=self.start_step)
-        self._saved_step = self.start_step or None
-        self._group = control_group(ctx)
-        self._began = time.time()
-        self._step_started = 0.0
         self._current: Step | None = None
-        self._loader = None
-        self._finished = False
+
+    model = property(lambda self: self.engine.model)
+    optimizer = property(lambda self: self.engine.optimizer)
+    adapter = property(lambda self: self.engine.adapter)
+    data = property(lambda self: self.engine.data)
+    precision = property(lambda self: self.engine.precision)
+    start_step = property(lambda self: self.engine.start_step)
+    """Step of the checkpoint the run resumed from (0: fresh start)."""
+    last_step = property(lambda self: self.engine.last_step)
+    """The last step completed (logged, or ended by the loop's body)."""
+
+    @property
+    def state(self) -> dict:
+        """Your own JSON-able state: saved in every checkpoint, restored on resume."""
+        return self.engine.state
 
     # ------------------------------------------------------------------ the steps
 
     def steps(self, stop_requested: Callable[[], bool] | None = None) -> Iterator[Step]:
         """The steps left to ``--steps``: before each, the stop agreement (collective) and
-        the due checkpoint of the step before. ``stop_requested()`` must answer the same on
-        every rank."""
-        training = self.training
-        self.model.train()
-        self._loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=training.steps)
+        the due checkpoint of the step before (written in the background). ``stop_requested()``
+        must answer the same on every rank."""
+        engine = self.engine
         try:
-            for number in range(self.start_step + 1, training.steps + 1):
+            for number in engine.open_steps():
                 done = number - 1
-                every = training.checkpoint_every
-                if done > self.start_step and every and done % every == 0:
-                    self.save()
-                reason = should_stop(self.ctx, done, stop_requested=stop_requested, group=self._group)
+                reason = engine.agree_stop(done, stop_requested)
                 if reason is not None:
                     self.stopped = reason
-                    if self.ctx.is_rank0 and self.verbose:
-                        print(f"[hpc-hsdp] {reason}: every rank stops after step {done} and saves", flush=True)
+                    engine.announce_stop(reason, done)
                     break
-                faults.at_step(self.ctx.rank, number)
-                seed_step(training.seed, number, self.ctx.rank)
-                reset_peak_memory(self.ctx.device)
-                self._step_started = time.perf_counter()
-                self._observer.step_begins(number)
-                batches, waited = self._loader.next_step(number)
-                lr = lr_of(training, number)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                self._current = Step(number=number, lr=lr, batches=batches, data_wait_s=waited)
+                if done > engine.start_step:
+                    engine.save_if_due(done)
+                self._current = engine.begin_step(number)
                 yield self._current
-                self.last_step = number
+                engine.last_step = max(engine.last_step, number)
+                engine.step_done(self._current)
         finally:
-            self._loader.close()
+            engine.close_steps()
         self.finish()
 
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
-        return self.adapter.loss(self.model, inputs, targets)
+        return self.engine.loss(inputs, targets)
 
     def log(self, step: Step | int, *, loss: torch.Tensor | float, **more) -> dict:
         """Collective, after the step's optimizer step: the global mean of ``loss`` over all
         ranks and one metrics.jsonl record (rank 0 writes; every rank gets it back); marks the
         step done. ``more``: your own JSON-able numbers."""
-        number = int(step)
+        engine, number = self.engine, int(step)
         value = loss.detach().float().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         value = value.to(self.ctx.device)
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        step_time = time.perf_counter() - self._step_started
-        tokens = self.data.layout.global_batch * self.training.seq_len
-        current = self._current if self._current is not None and self._current.number == number else None
-        record = {
-            "step": number,
-            "loss": float(value) / self.ctx.world_size,
-            "lr": current.lr if current else None,
-            "tokens_seen": number * tokens,
-            "tokens_per_s": tokens / step_time if step_time > 0 else None,
-            "step_time_s": step_time,
-            "data_wait_s": current.data_wait_s if current else None,
-            **peak_memory(self.ctx.device),
-            "world_size": self.ctx.world_size,
-            "shard_size": self.ctx.plan.shard_size,
-            "num_replicas": self.ctx.plan.num_replicas,
-            "grad_accum": self.data.layout.grad_accum,
-            "global_batch": self.data.layout.global_batch,
-            "precision": self.precision,
-            **more,
-            "wall_time": time.time(),
-        }
-        record["elapsed_s"] = record["wall_time"] - self._began
-        self.last_step = max(self.last_step, number)  # logged: the step is done (a break after it keeps it)
-        self._observer.step_ends(number, record)  # every K steps: each rank's own time (collective)
-        self._observer.write(record)
-        self._metrics.write(record)
-        if self.ctx.is_rank0 and self.verbose:
-            print(
-                f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}  {step_time * 1000:.0f} ms",
-                flush=True,
-            )
-        return record
+        current = self._current if self._current is not None and self._current.number == number else number
+        record = engine.step_record(current, loss=float(value) / self.ctx.world_size, more=more)
+        engine.evaluate_if_due(record)
+        line = f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}"
+        if "eval_loss" in record:
+            line += f"  eval {record['eval_loss']:.4f}"
+        if record["step_time_s"] is not None:
+            line += f"  {record['step_time_s'] * 1000:.0f} ms"
+        return engine.publish(record, line)  # the step is done (a break after it keeps it)
 
     # ------------------------------------------------------------------ checkpoints
 
     def save(self) -> None:
         """Collective: checkpoint the last completed step (model, optimizer, data position, ``state``)."""
-        if self.ctx.run_dir is None or self.last_step == 0 or self._saved_step == self.last_step:
-            return
-        path = save_checkpoint(
-            self.ctx,
-            self.model,
-            self.optimizer,
-            step=self.last_step,
-            training=self.training,
-            data=self.data,
-            model_name=self.adapter.name,
-            extra=self.state,
-        )
-        self._saved_step = self.last_step
-        if self.ctx.is_rank0 and self.verbose:
-            print(f"[hpc-hsdp] checkpoint {path}", flush=True)
+        self.engine.save()
 
     def finish(self) -> dict:
         """Collective: the final checkpoint (once); returns the run's summary."""
-        if not self._finished:
-            self._finished = True
-            if self._loader is not None:
-                self._loader.close()
-            self.save()
-            self._observer.finish(self.stopped, self.last_step)
-            sys.stdout.flush()
-        return {
-            "rank": self.ctx.rank,
-            "world_size": self.ctx.world_size,
-            "shard_size": self.ctx.plan.shard_size,
-            "start_step": self.start_step,
-            "steps": self.last_step,
-            "stopped": self.stopped is not None,
-            "stop_reason": self.stopped,
-            "state": dict(self.state),
-        }
+        self.engine.finish(self.stopped)
+        return dict(
+            self.engine.summary(),
+            stopped=self.stopped is not None,
+            stop_reason=self.stopped,
+            state=dict(self.state),
+        )

@@ -22,8 +22,8 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.job.requeue.requeue_job`) and tells the others the outcome; on SIGTERM nothing is asked of SLURM,
-   which is already ending or requeueing the job. Outside SLURM (the local emulator,
+   through :func:`hpc_hsdp.job.requeue.requeue_job`) and tells the others the outcome; on
+   SIGTERM nothing is asked of SLURM, which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
 5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
    being ended by SLURM, :data:`EXIT_STOPPED_NOT_REQUEUED` when it stopped and nothing will
@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from hpc_hsdp.job import requeue
+from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
+from hpc_hsdp.runtime.log import note
 
 WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
 """Name of the job's warning signal (``USR2``); the rendered script exports it from ``--signal``."""
@@ -81,10 +84,6 @@ def restart_count(env: Mapping[str, str]) -> int:
         return int(env.get("SLURM_RESTART_COUNT") or 0)
     except ValueError:
         return 0
-
-
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -166,8 +165,8 @@ class Preemption:
         ``step``: the last completed step (for the log and ``finish``); ``group``: the
         process group to agree in (default: the world), e.g. a gloo group on GPU runs so
         that the agreement costs no device sync (then ``device`` is the CPU)."""
-        import torch
-        import torch.distributed as dist
+        import torch  # noqa: PLC0415 - the handlers go in before torch loads (module docstring)
+        import torch.distributed as dist  # noqa: PLC0415 - as torch
 
         if not (dist.is_available() and dist.is_initialized()):
             code = self._local
@@ -201,7 +200,7 @@ class Preemption:
             message = "SIGTERM: SLURM is ending or requeueing the job; saved, exiting"
         elif rank == 0:
             requeued, message = self._requeue()
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415 - the handlers go in before torch loads
 
         if dist.is_available() and dist.is_initialized() and reason != "TERM":
             shared = [(requeued, message)]
@@ -209,7 +208,7 @@ class Preemption:
             requeued, message = shared[0]
         self.outcome = StopOutcome(reason=reason, step=self.agreed_step, requeued=requeued, message=message)
         if rank == 0:
-            _note(f"[hpc-hsdp] stopped after step {self.agreed_step} on {reason}: {message}")
+            note(f"stopped after step {self.agreed_step} on {reason}: {message}")
         return self.outcome
 
     def _requeue(self) -> tuple[bool, str]:
@@ -219,9 +218,7 @@ class Preemption:
                 "requeue skipped: not in a SLURM job (local emulator or test); "
                 "resubmit with the same --run-dir to resume"
             )
-        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
-
-        ok, said = requeue_job(job_id)
+        ok, said = requeue.requeue_job(job_id)  # looked up now: tests stand in for it
         if not ok:
             return False, f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume"
         request = self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()  # a flexible job's range, put back with the requeue
@@ -256,8 +253,6 @@ class NodeRangeKeeper:
         self._previous_fd = -1
 
     def wanted(self) -> bool:
-        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
-
         local = self.env.get("LOCAL_RANK", self.env.get("SLURM_LOCALID", "0")).strip()
         return bool(self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()) and in_slurm(self.env) and local == "0"
 
@@ -279,8 +274,6 @@ class NodeRangeKeeper:
         return self
 
     def _watch(self, read_fd: int) -> None:
-        from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, restore_request
-
         while True:
             data = os.read(read_fd, 64)
             if not data:  # uninstalled: the write end closed
@@ -288,15 +281,14 @@ class NodeRangeKeeper:
                 return
             if signal.SIGTERM.value in data:
                 job_id = self.env.get("SLURM_JOB_ID", "")
-                restored, said = restore_request(job_id, env=self.env)
+                restored, said = requeue.restore_request(job_id, env=self.env)
                 self.said = said
                 if restored:
-                    _note(
-                        f"[hpc-hsdp] job {job_id} requeued by SLURM: node range restored "
-                        f"({self.env.get(REQUEST_FIELDS_VARIABLE)})"
+                    note(
+                        f"job {job_id} requeued by SLURM: node range restored ({self.env.get(REQUEST_FIELDS_VARIABLE)})"
                     )
                 elif said and not said.startswith("not requeued"):
-                    _note(f"[hpc-hsdp] job {job_id}: node range not restored: {said}")
+                    note(f"job {job_id}: node range not restored: {said}")
 
     def uninstall(self) -> None:
         if self._fds is None:

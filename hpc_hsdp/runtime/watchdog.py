@@ -23,6 +23,7 @@ watchdog thread:
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import json
@@ -34,7 +35,17 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_store
+
+from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.rundir.attempts import read_restarts
+from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
+from hpc_hsdp.runtime.log import note
+from hpc_hsdp.runtime.node_failure import handle_lost_peers
+from hpc_hsdp.runtime.preemption import in_slurm, restart_count
 
 HANG_TIMEOUT_FLOOR_S = 120.0
 HANG_TIMEOUT_STEP_FACTOR = 20
@@ -61,10 +72,6 @@ _COUNTED = (
     "gather",
     "scatter",
 )
-
-
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class CollectiveCounter:
@@ -186,10 +193,6 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. Raise HsdpError on every rank when this job's restarts after failures
     (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
-    from hpc_hsdp.errors import HsdpError
-    from hpc_hsdp.rundir.attempts import read_restarts
-    from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts
-
     job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
     verdict = [None]
     if run_dir is not None and ctx.rank == 0 and job_id:
@@ -249,8 +252,6 @@ class Watchdog:
         return cls(ctx, timeout_s=training.hang_timeout, max_restarts=training.max_restarts, env=env).start(step=step)
 
     def start(self, *, step: int = 0) -> Watchdog:
-        from torch.distributed.distributed_c10d import _get_default_store
-
         self.last_step = step
         self.last_progress = time.monotonic()
         restart = self.env.get("SLURM_RESTART_COUNT", "0")
@@ -306,8 +307,8 @@ class Watchdog:
         ENDING.set()
         rank, world = self.ctx.rank, self.ctx.world_size
         timeout = self.timeout_s
-        _note(
-            f"[hpc-hsdp] watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
+        note(
+            f"watchdog: rank {rank}: no step completed for {time.monotonic() - self.last_progress:.0f} s "
             f"(timeout {timeout:.0f} s) after step {self.last_step}; Python stacks of every thread follow"
         )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -319,7 +320,7 @@ class Watchdog:
             try:
                 store.set(self._prefix + f"rank{rank}", json.dumps(reports[rank]))
             except Exception as exc:  # noqa: BLE001 - the store may be gone with rank 0
-                _note(f"[hpc-hsdp] watchdog: rank {rank}: cannot reach the job's store ({exc})")
+                note(f"watchdog: rank {rank}: cannot reach the job's store ({exc})")
                 store = None
         verdict = None
         if rank == 0:
@@ -330,7 +331,7 @@ class Watchdog:
                 verdict = lost
             else:
                 verdict = f"{verdict}; {self._requeue_and_record(verdict)}"
-                _note(f"[hpc-hsdp] {verdict}")
+                note(f"{verdict}")
             if store is not None:
                 try:
                     store.set(self._prefix + "verdict", verdict)
@@ -340,15 +341,13 @@ class Watchdog:
                     pass
         elif store is not None:
             verdict = self._wait_verdict(store)
-            _note(f"[hpc-hsdp] watchdog: rank {rank}: stacks above; " + (verdict or "rank 0 did not answer"))
+            note(f"watchdog: rank {rank}: stacks above; " + (verdict or "rank 0 did not answer"))
             if verdict is None:  # rank 0 is gone: perhaps with its node
                 self._lost_peers(f"hang after step {self.last_step}: rank 0 did not answer the watchdog")
         else:
             self._lost_peers(f"hang after step {self.last_step}: the job's store is unreachable")
-            try:
+            with contextlib.suppress(Exception):
                 store.set(self._prefix + f"read{rank}", "1")
-            except Exception:  # noqa: BLE001
-                pass
         self.exit_fn(EXIT_HUNG)
 
     def _collect(self, store, world: int, me: int, *, key: str = "rank") -> dict[int, dict]:
@@ -383,17 +382,13 @@ class Watchdog:
         return None
 
     def _lost_peers(self, reason: str) -> str | None:
-        from hpc_hsdp.runtime.node_failure import handle_lost_peers
-
         try:
             return handle_lost_peers(self.ctx, max_restarts=self.max_restarts, env=self.env, reason=reason)
         except Exception as exc:  # noqa: BLE001 - the watchdog must still end the job
-            _note(f"[hpc-hsdp] watchdog: could not check the job's nodes ({exc})")
+            note(f"watchdog: could not check the job's nodes ({exc})")
             return None
 
     def _dump_nccl_trace(self, rank: int) -> None:
-        import torch
-
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
         run_dir = self.ctx.run_dir
         if dump is None or run_dir is None or not torch.cuda.is_available():
@@ -401,35 +396,26 @@ class Watchdog:
         try:
             trace = dump()
         except Exception as exc:  # noqa: BLE001 - not recording (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or failed
-            _note(f"[hpc-hsdp] watchdog: rank {rank}: no NCCL flight recorder trace ({exc})")
+            note(f"watchdog: rank {rank}: no NCCL flight recorder trace ({exc})")
             return
         path = Path(run_dir) / "hang" / f"nccl-trace-rank{rank}.pkl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
-        _note(f"[hpc-hsdp] watchdog: rank {rank}: NCCL flight recorder trace in {path}")
+        note(f"watchdog: rank {rank}: NCCL flight recorder trace in {path}")
 
     def _requeue_and_record(self, verdict: str) -> str:
-        from hpc_hsdp.rundir.state import failure_restarts, record_restart
-        from hpc_hsdp.runtime.preemption import in_slurm, restart_count
-
         restarts = restart_count(self.env)
         job_id = self.env.get("SLURM_JOB_ID", "")
         failures = failure_restarts(self.ctx.run_dir, job_id=job_id) if self.ctx.run_dir is not None else restarts
         if not in_slurm(self.env):
-            outcome, requeued = "not in a SLURM job: not requeued; resubmit with the same --run-dir to resume", False
+            outcome = "not in a SLURM job: not requeued; resubmit with the same --run-dir to resume"
         elif failures >= self.max_restarts:
-            outcome, requeued = (
-                (
-                    f"not requeued: the job already restarted {failures} times after failures "
-                    f"(--max-restarts {self.max_restarts})"
-                ),
-                False,
+            outcome = (
+                f"not requeued: the job already restarted {failures} times after failures "
+                f"(--max-restarts {self.max_restarts})"
             )
         else:
-            from hpc_hsdp.job.requeue import requeue_job
-
             ok, said = requeue_job(job_id)
-            requeued = ok
             outcome = (
                 f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})"
                 if ok

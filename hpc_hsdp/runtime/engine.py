@@ -1,0 +1,355 @@
+"""The one engine under both training loops: the built-in :func:`hpc_hsdp.runtime.loop.train`
+and people's own loops (:class:`hpc_hsdp.TrainingRun`, its public face).
+
+:class:`Engine` owns, for one run on one rank: the data and its position (the prefetching
+loader), the model (built on meta, sharded, materialized, initialised or resumed), the
+optimizer and the learning-rate schedule, the per-step seeding, the stop agreement on the
+task's signals, the hang watchdog, the checkpoints (periodic ones written in the background
+by the :class:`~hpc_hsdp.runtime.checkpoint.AsyncSaver`, synchronous ones at a stop and at the
+end), the metrics (``metrics.jsonl``, the observer: stragglers, TensorBoard, attempts), the
+communication statistics and the test hooks of :mod:`hpc_hsdp.runtime.faults`.
+
+A loop drives it step by step, every rank the same::
+
+    engine = Engine(ctx, training)             # collective: build, shard, resume
+    for number in engine.open_steps():         # collective: watchdog (restart budget), loader
+        step = engine.begin_step(number)       # hooks, seed, clocks, this rank's batches, lr
+        ...                                    # forward, backward, optimizer step
+        record = engine.step_record(step, loss=..., grad_norm=...)  # + comm stats, stragglers
+        engine.evaluate_if_due(record)         # collective on --eval-every steps
+        engine.publish(record)                 # metrics.jsonl, TensorBoard, the step's line
+        engine.step_done(step)                 # hooks, watchdog
+        if stopping: break
+        engine.save_if_due(number)             # --checkpoint-every, in the background
+    engine.finish(stop_reason)                 # collective: the final checkpoint, attempt ends
+
+The stop agreement comes in two kinds: the built-in loop adds :attr:`Engine.stop_code` to its
+step's one fused all_reduce and reads the result with :meth:`Engine.agreed_stop`; an own loop
+agrees with :meth:`Engine.agree_stop` (one small collective) at each step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.models import resolve_model
+from hpc_hsdp.runtime import checkpoint, faults
+from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
+from hpc_hsdp.runtime.dist import RunContext
+from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
+from hpc_hsdp.runtime.log import say
+from hpc_hsdp.runtime.metrics import MetricsLog
+from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
+from hpc_hsdp.runtime.observer import RunObserver
+from hpc_hsdp.runtime.run_data import TrainData, check_data, eval_samples, make_loader, open_data
+from hpc_hsdp.runtime.schedule import lr_of
+from hpc_hsdp.runtime.step import evaluate, seed_step, train_step
+from hpc_hsdp.runtime.watchdog import Watchdog
+
+
+@dataclass
+class Step:
+    """One optimizer step: its number, learning rate and this rank's micro-batches."""
+
+    number: int
+    lr: float
+    batches: list[MicroBatch]
+    data_wait_s: float
+    started: float = field(default=0.0, repr=False)
+    """``time.perf_counter()`` when the step began."""
+    cpu_started: float = field(default=0.0, repr=False)
+    """``time.process_time()`` when the step began."""
+
+    def __int__(self) -> int:
+        return self.number
+
+
+def control_group(ctx: RunContext):
+    """A gloo group for the per-step stop agreement on GPU runs, so that it costs no device
+    sync (None on CPU: the default gloo group serves)."""
+    return dist.new_group(backend="gloo") if ctx.device.type == "cuda" else None
+
+
+def should_stop(
+    ctx: RunContext, last_step: int, *, stop_requested: Callable[[], bool] | None = None, group=None
+) -> str | None:
+    """Collective, at a step boundary: the agreed reason to stop (``"USR2"``, ``"TERM"``,
+    ``"requested"``) or None. Every rank must call it at the same boundaries."""
+    preemption = ctx.preemption
+    if preemption is not None:
+        device = torch.device("cpu") if group is not None else ctx.device
+        if preemption.should_stop(last_step, device=device, group=group):
+            return preemption.stop_reason
+    if stop_requested is not None and stop_requested():
+        return "requested"
+    return None
+
+
+class Engine:
+    """See the module docstring. Collective constructor: every rank builds its engine."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        training: TrainingSpec | None = None,
+        *,
+        adapter=None,
+        optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        self.ctx = ctx
+        self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
+        self.verbose = verbose
+        self.data: TrainData = open_data(self.training, ctx.world_size)
+        self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
+        self._build(optimizer)
+        self.start_step, saved = checkpoint.resume(
+            ctx, self.model, self.optimizer, data=self.data, training=self.training, verbose=verbose
+        )
+        self.state: dict = dict(saved.get("extra") or {})
+        """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
+        self.last_step = self.start_step
+        """The last step completed."""
+        self.saved_step: int | None = self.start_step or None
+        self.observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
+        self.metrics = MetricsLog(ctx, start_step=self.start_step)  # after the observer: it reads the old records
+        self.evaluation = (
+            eval_samples(self.data, self.training) if self.data.val is not None and self.training.eval_every else None
+        )
+        self.tokens_per_step = self.data.layout.global_batch * self.training.seq_len
+        self.began = time.time()
+        self.periodic = checkpoint.AsyncSaver.for_run(ctx, self.training)  # None without --checkpoint-every
+        self.loader: BatchLoader | None = None
+        self.watchdog: Watchdog | None = None
+        self._stop_group = None
+        self._agreement_ready = False
+        self._finished = False
+
+    def _build(self, optimizer) -> None:
+        ctx, training = self.ctx, self.training
+        check_data(self.data, model_vocab_size=self.adapter.vocab_size, training=training)
+        record_model(ctx, self.adapter, training)
+        self.precision = resolve_precision(training.precision, ctx.device)
+        configure_device(ctx.device)
+        self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
+        self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training)
+
+    # ------------------------------------------------------------------ the steps
+
+    def open_steps(self) -> range:
+        """Collective, once: training mode, the loader from the step after the resumed one, the
+        watchdog (which first refuses a job past ``--max-restarts``); the steps left."""
+        self.model.train()
+        steps = self.training.steps
+        self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
+        self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
+        return range(self.start_step + 1, steps + 1)
+
+    def close_steps(self) -> None:
+        """Stop the watchdog (nothing after the last step may count as a hang) and the loader."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.loader is not None:
+            self.loader.close()
+
+    def begin_step(self, number: int) -> Step:
+        """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
+        faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
+        seed_step(self.training.seed, number, self.ctx.rank)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        self.observer.step_begins(number)
+        reset_peak_memory(self.ctx.device)
+        if self.ctx.comm_stats is not None:
+            self.ctx.comm_stats.reset()
+        batches, waited = self.loader.next_step(number)
+        return Step(
+            number=number,
+            lr=lr_of(self.training, number),
+            batches=batches,
+            data_wait_s=waited,
+            started=started,
+            cpu_started=cpu_started,
+        )
+
+    def train_step(self, step: Step) -> torch.Tensor:
+        """The built-in step (:func:`hpc_hsdp.runtime.step.train_step`) with this run's settings
+        and the stop agreement fused into its all_reduce: ``[loss, grad_norm, agreed stop code]``."""
+        return train_step(
+            self.model,
+            self.optimizer,
+            self.adapter,
+            step.batches,
+            lr=step.lr,
+            clip_grad=self.training.clip_grad,
+            num_replicas=self.ctx.plan.num_replicas,
+            stop_code=self.stop_code,
+        )
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
+        return self.adapter.loss(self.model, inputs, targets)
+
+    def step_record(self, step: Step | int, *, loss: float, lr: float | None = None, **fields) -> dict:
+        """The step's metrics record: ``step``, ``loss``, ``lr``, then ``fields`` given first
+        (``grad_norm``), the throughput, clocks, peak memory, the mesh and precision, ``comm``
+        (``--comm-stats``), ``more`` (a loop's own numbers, a dict) and the stragglers entry
+        (collective on its probed steps)."""
+        number = int(step)
+        current = step if isinstance(step, Step) else None
+        more = fields.pop("more", None)
+        step_time = time.perf_counter() - current.started if current is not None else None
+        cpu_time = time.process_time() - current.cpu_started if current is not None else None
+        ctx, layout = self.ctx, self.data.layout
+        record = {
+            "step": number,
+            "loss": loss,
+            "lr": current.lr if lr is None and current is not None else lr,
+            **fields,
+            "tokens_seen": number * self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_step / step_time if step_time else None,
+            "step_time_s": step_time,
+            "cpu_time_s": cpu_time,
+            "data_wait_s": current.data_wait_s if current is not None else None,
+            **peak_memory(ctx.device),
+            "world_size": ctx.world_size,
+            "shard_size": ctx.plan.shard_size,
+            "num_replicas": ctx.plan.num_replicas,
+            "grad_accum": layout.grad_accum,
+            "global_batch": layout.global_batch,
+            "precision": self.precision,
+        }
+        if ctx.comm_stats is not None:
+            record["comm"] = ctx.comm_stats.take()
+        if more:
+            record.update(more)
+        if step_time is not None:
+            self.observer.step_ends(number, record)  # every K steps: each rank's own time, the slowest named
+        return record
+
+    def evaluation_due(self, number: int) -> bool:
+        every = self.training.eval_every
+        return self.evaluation is not None and (number % every == 0 or number == self.training.steps)
+
+    def evaluate_if_due(self, record: dict) -> float | None:
+        """Collective on ``--eval-every`` steps (and the last): the held-out mean loss into the
+        record (``eval_loss``, ``eval_time_s``)."""
+        if not self.evaluation_due(record["step"]):
+            return None
+        started = time.perf_counter()
+        record["eval_loss"] = evaluate(
+            self.ctx,
+            self.model,
+            self.adapter,
+            self.data.val,
+            self.evaluation,
+            rows_per_rank=self.data.layout.rank_batch,
+        )
+        record["eval_time_s"] = time.perf_counter() - started
+        return record["eval_loss"]
+
+    def publish(self, record: dict, line: str | None = None) -> dict:
+        """The finished record: ``wall_time``, ``elapsed_s``; TensorBoard and metrics.jsonl
+        (rank 0), and ``line`` on rank 0's stdout."""
+        record["wall_time"] = time.time()
+        record["elapsed_s"] = record["wall_time"] - self.began
+        self.last_step = max(self.last_step, record["step"])
+        self.observer.write(record)
+        self.metrics.write(record)
+        if line is not None and self.ctx.is_rank0 and self.verbose:
+            say(line, tag=False)
+        return record
+
+    def step_done(self, step: Step) -> None:
+        """After the step and its record: the sample-id hook, the watchdog's progress."""
+        faults.after_step(self.ctx.rank, self.ctx.world_size, step.number, step.batches)
+        if self.watchdog is not None:
+            self.watchdog.step_done(step.number)
+
+    # ------------------------------------------------------------------ stopping
+
+    @property
+    def stop_code(self) -> Callable[[], int] | None:
+        """This rank's signal code, for a fused agreement (``train_step(..., stop_code=)``)."""
+        preemption = self.ctx.preemption
+        return (lambda: preemption.local_code) if preemption is not None else None
+
+    def agreed_stop(self, code: float, number: int) -> bool:
+        """Whether the code the ranks agreed on in the step's all_reduce stops them after step
+        ``number`` (after the last one the run is done: nothing to stop or requeue)."""
+        preemption = self.ctx.preemption
+        return preemption is not None and number < self.training.steps and preemption.agree(int(code), number)
+
+    def agree_stop(self, done: int, stop_requested: Callable[[], bool] | None = None) -> str | None:
+        """Collective, at the boundary after step ``done``: the agreed reason to stop or None."""
+        if not self._agreement_ready:
+            self._stop_group, self._agreement_ready = control_group(self.ctx), True
+        return should_stop(self.ctx, done, stop_requested=stop_requested, group=self._stop_group)
+
+    def announce_stop(self, reason: str, number: int) -> None:
+        if self.ctx.is_rank0 and self.verbose:
+            preemption = self.ctx.preemption
+            received = preemption.received.items() if preemption is not None else ()
+            got = ", ".join(f"{name} {time.time() - at:.2f} s ago" for name, at in received)
+            say(f"{reason}: every rank stops after step {number} and saves (on rank 0: {got or 'none'})")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, step: int | None = None, *, in_background: bool = False) -> None:
+        """Collective: checkpoint step ``step`` (default: the last completed), with ``state``;
+        ``in_background``: by the periodic saver while training goes on."""
+        step = self.last_step if step is None else step
+        if self.ctx.run_dir is None or step == 0 or self.saved_step == step:
+            return
+        background = self.periodic if in_background else None
+        path = checkpoint.save_checkpoint(
+            self.ctx,
+            self.model,
+            self.optimizer,
+            step=step,
+            training=self.training,
+            data=self.data,
+            model_name=self.adapter.name,
+            extra=json.loads(json.dumps(self.state)) if self.state else None,  # as it is now: written later
+            background=background,
+        )
+        self.saved_step = step
+        if self.ctx.is_rank0 and self.verbose:
+            say(f"checkpoint {path}" + (" (writing in the background)" if background is not None else ""))
+
+    def save_if_due(self, number: int) -> None:
+        """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not
+        of the last step: :meth:`finish` writes that one)."""
+        every = self.training.checkpoint_every
+        if self.ctx.run_dir is not None and every and number % every == 0 and number != self.training.steps:
+            self.save(number, in_background=True)
+
+    def finish(self, stop_reason: str | None) -> None:
+        """Collective, once: the final checkpoint (synchronous) unless the last step has one,
+        the periodic saver committed and closed, the attempt's end recorded."""
+        if self._finished:
+            return
+        self._finished = True
+        self.close_steps()
+        self.save()
+        if self.periodic is not None:
+            self.periodic.close()
+        self.observer.finish(stop_reason, self.last_step)
+        sys.stdout.flush()
+
+    def summary(self) -> dict:
+        ctx = self.ctx
+        return {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "shard_size": ctx.plan.shard_size,
+            "start_step": self.start_step,
+            "steps": self.last_step,
+        }

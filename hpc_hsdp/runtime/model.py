@@ -1,0 +1,102 @@
+"""The model of a run: built from its adapter on the meta device, sharded, materialized and
+initialised; its optimizer; ``model.json``, the record ``hpc-hsdp export`` rebuilds it from."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.runtime.device import resolve_precision
+from hpc_hsdp.runtime.dist import RunContext
+from hpc_hsdp.runtime.hsdp import wrap_hsdp
+from hpc_hsdp.runtime.log import say
+from hpc_hsdp.runtime.reshard import choose_reshard
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """bf16: bf16 parameters (all-gathered in bf16) and compute, fp32 gradient reduction."""
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def checkpoint_activations(model: nn.Module, units: tuple[type, ...]) -> int:
+    """Recompute each shard unit's activations in backward (``torch.utils.checkpoint``,
+    non-reentrant) without renaming a parameter; returns how many units."""
+    count = 0
+    for module in model.modules():
+        if units and isinstance(module, units):
+            module.forward = functools.partial(torch.utils.checkpoint.checkpoint, module.forward, use_reentrant=False)
+            count += 1
+    return count
+
+
+def build_model(
+    ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
+) -> nn.Module:
+    """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
+    ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
+    :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
+    ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
+    same on every mesh shape)."""
+    precision = precision or resolve_precision(training.precision, ctx.device)
+    model = adapter.build_meta()
+    units = tuple(adapter.shard_units(model))
+    if training.activation_checkpointing:
+        checkpoint_activations(model, units)
+    choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
+    if verbose and ctx.is_rank0:
+        say(choice.reason)
+    wrap_hsdp(
+        model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision), reshard_after_forward=choice.reshard
+    )
+    model.to_empty(device=ctx.device)
+    if adapter.has_pretrained_weights:
+        adapter.load_pretrained(model)
+    else:
+        adapter.init_weights(model, seed=training.seed)
+    return model
+
+
+def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
+    """AdamW; the learning rate is set every step from the schedule. Weight decay applies
+    to matrices and embeddings only (not to biases and norms).
+
+    On CPU the fused kernel (one op per parameter group): torch's default there runs ~10 ops
+    per parameter, each paying DTensor's dispatch on FSDP2's parameters, and that was the
+    whole of FSDP1's step advantage (benchmarks/probe_engines.py: the optimizer step of the
+    0.9M model was 6x FSDP1's, 8-9 % of the whole step). On CUDA the multi-tensor kernel,
+    torch's default there: the fused one made the H200 loop step 1.31x slower (RESULTS.md)."""
+    params = list(model.parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    device = params[0].device if params else torch.device("cpu")
+    kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
+
+
+MODEL_RECORD = "model.json"
+
+
+def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
+    """``<run_dir>/model.json`` (rank 0): which model this run trains (``adapter.describe()``:
+    for ``hf:`` models the whole config) and the data it reads; ``hpc-hsdp export`` rebuilds
+    the model from it without the job's nodes."""
+    if ctx.run_dir is None or not ctx.is_rank0:
+        return
+    describe = getattr(adapter, "describe", None)
+    record = {
+        "model": adapter.name,
+        "vocab_size": adapter.vocab_size,
+        "training": asdict(training),
+        "adapter": describe() if callable(describe) else {"kind": adapter.name},
+    }
+    atomic_write_text(ctx.run_dir / MODEL_RECORD, json.dumps(record, indent=1) + "\n")

@@ -1,0 +1,105 @@
+"""One optimizer step of the built-in loop, the held-out evaluation and the per-step seeding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hpc_hsdp.runtime.dist import RunContext
+from hpc_hsdp.runtime.loader import MicroBatch, read_rows
+from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    adapter,
+    batches: list[MicroBatch],
+    *,
+    lr: float,
+    clip_grad: float,
+    num_replicas: int,
+    stop_code: Callable[[], int] | None = None,
+) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches; returns a device tensor
+    ``[global mean loss, global gradient norm before clipping, agreed stop code]`` (no host
+    sync).
+
+    Every micro-batch's gradients are reduce-scattered in the shard group; the all-reduce
+    across replicas (``set_requires_all_reduce``) runs only with the last one. Loss, squared
+    gradient norm and the stop agreement go through ONE all_reduce over all ranks: each
+    rank's local gradient shards cover the model once per replica, so the sum over all ranks
+    is ``num_replicas`` times the squared norm; ``stop_code()``, this rank's signal code
+    (:data:`hpc_hsdp.runtime.preemption.WARNING`, ``TERMINATE``), read after the backward,
+    is summed as one count per code, so the agreed code is the highest any rank had."""
+    accum = len(batches)
+    device = batches[0].inputs.device
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    for index, batch in enumerate(batches):
+        if accum > 1:
+            model.set_requires_all_reduce(index == accum - 1)
+        loss = adapter.loss(model, batch.inputs, batch.targets)
+        (loss / accum).backward()
+        loss_sum += loss.detach().float()
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    if grads:
+        squared = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
+    else:
+        squared = torch.zeros((), device=device)
+    code = stop_code() if stop_code is not None else NONE
+    warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
+    terminated = torch.full((), float(code == TERMINATE), device=device)
+    fused = torch.stack([loss_sum, squared, warned, terminated])
+    dist.all_reduce(fused, op=dist.ReduceOp.SUM)
+    mean_loss = fused[0] / (dist.get_world_size() * accum)
+    grad_norm = (fused[1] / num_replicas).sqrt()
+    agreed = torch.where(fused[3] > 0, float(TERMINATE), torch.where(fused[2] > 0, float(WARNING), float(NONE)))
+    if clip_grad > 0 and grads:
+        torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return torch.stack([mean_loss, grad_norm, agreed])
+
+
+@torch.no_grad()
+def evaluate(
+    ctx: RunContext, model: nn.Module, adapter, source, sample_ids: np.ndarray, *, rows_per_rank: int
+) -> float:
+    """Mean loss per token over ``sample_ids`` of ``source`` (collective). The ranks split the
+    samples in chunks of ``rows_per_rank``; a rank with no rows left in a chunk still runs
+    the forward (FSDP gathers are collectives) with weight 0. The mean is over the same
+    samples on every mesh shape."""
+    was_training = model.training
+    model.eval()
+    world, rank = ctx.world_size, ctx.rank
+    per_chunk = world * rows_per_rank
+    totals = torch.zeros(2, device=ctx.device, dtype=torch.float64)
+    for start in range(0, len(sample_ids), per_chunk):
+        mine = sample_ids[start + rank * rows_per_rank : start + (rank + 1) * rows_per_rank]
+        weight = len(mine)
+        inputs, targets = read_rows(source, mine if weight else sample_ids[:1])
+        inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+        loss = adapter.loss(model, inputs, targets).double()
+        tokens = weight * targets.shape[1]
+        totals += torch.stack([loss * tokens, torch.tensor(float(tokens), device=ctx.device, dtype=torch.float64)])
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    model.train(was_training)
+    total, tokens = totals.tolist()
+    return total / tokens
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed torch's RNGs (CPU and CUDA) from ``(seed, step, rank)`` before a step, so that
+    dropout draws the same masks in a resumed run as in an uninterrupted one."""
+    torch.manual_seed((seed * 1_000_003 + step * 65_537 + rank) % (2**63))
