@@ -109,7 +109,9 @@ def measure_every_shard_size(ctx):
         steps = {}
         with CommStats(mesh=mesh, node_of_rank=nodes) as recorder:
             sub.comm_stats = recorder
-            train(sub, MODEL, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+            train(
+                sub, MODEL, on_step=lambda step, record, out=steps: out.__setitem__(step, record["comm"]), verbose=False
+            )
         out["comm"][s] = steps
     for accum in GRAD_ACCUMS:  # same mesh (S = 4), same global batch, N micro-batches per step
         training = dataclasses.replace(MODEL, global_batch_size=MODEL.batch_size * ctx.world_size * 2, grad_accum=accum)
@@ -117,7 +119,12 @@ def measure_every_shard_size(ctx):
         steps = {}
         with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
             sub.comm_stats = recorder
-            train(sub, training, on_step=lambda step, record: steps.__setitem__(step, record["comm"]), verbose=False)
+            train(
+                sub,
+                training,
+                on_step=lambda step, record, out=steps: out.__setitem__(step, record["comm"]),
+                verbose=False,
+            )
         out["accum"][accum] = steps
     for s in (1, 8):
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)

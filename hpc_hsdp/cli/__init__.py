@@ -17,6 +17,7 @@ import click
 
 from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import write_atomically as write
 
 EXIT_USAGE = 2
 
@@ -103,8 +104,6 @@ def fail(message: str) -> None:
 
 def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
     """:func:`hpc_hsdp.files.write_atomically`, with a failure as a one-line user error."""
-    from hpc_hsdp.files import write_atomically as write
-
     try:
         write(path, text, mode=mode)
     except OSError as exc:

@@ -11,9 +11,15 @@ source checkout (the ``sbatch/`` directory next to the package).
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpc_hsdp.cli import write_atomically
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.render_cmd import render
+from hpc_hsdp.job.render import render_sbatch
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH_DIR = REPO / "sbatch"
@@ -123,23 +129,16 @@ EXAMPLES: tuple[Example, ...] = (
 def spec_from_argv(argv: list[str] | tuple[str, ...], *, cwd: str | Path = REPO):
     """The JobSpec ``hpc-hsdp render <argv>`` builds, run from ``cwd`` with no
     ``$HPC_HSDP_*`` variables and no default venv (machine-independent)."""
-    from hpc_hsdp.cli.job_options import job_spec_from_options
-    from hpc_hsdp.cli.render_cmd import render
-
     params = render.make_context("render", list(argv)).params
     return job_spec_from_options(params, environ={}, cwd=cwd, default_venv=None)
 
 
 def render_example(example: Example) -> str:
     """The text ``hpc-hsdp render <argv>`` prints for ``example`` (machine-independent)."""
-    from hpc_hsdp.job.render import render_sbatch
-
     return render_sbatch(spec_from_argv(example.argv))
 
 
 def readme_text() -> str:
-    import shlex
-
     lines = [
         "# Rendered sbatch examples",
         "",
@@ -179,8 +178,6 @@ def stale_files() -> list[Path]:
 
 def write_all() -> list[Path]:
     """Rewrite every generated file that changed; returns those written."""
-    from hpc_hsdp.cli import write_atomically
-
     written = []
     for path, text in generated_files().items():
         if not path.is_file() or path.read_text(encoding="utf-8") != text:

@@ -24,7 +24,7 @@ def export(run_dir, step, out_dir) -> None:
                      run's --data has a tokenizer/): AutoModelForCausalLM.from_pretrained(DIR)
     other models:    DIR/model.safetensors + DIR/model.json (model, config, options)
     """
-    from hpc_hsdp.runtime.export import export as run_export  # torch loads here
+    from hpc_hsdp.runtime.export import export as run_export  # noqa: PLC0415 - torch loads only when a run is exported
 
     result = run_export(run_dir, out_dir, step=step)
     click.echo(

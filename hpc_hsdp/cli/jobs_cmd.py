@@ -11,11 +11,17 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.scheduler import JobHandle
 from hpc_hsdp.plan.units import duration
+from hpc_hsdp.report.data import load_run
+from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.job_record import job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import latest_eval
+from hpc_hsdp.rundir.progress import progress_of
 from hpc_hsdp.rundir.runs import find_run_dirs
+from hpc_hsdp.rundir.stragglers import persistent
 
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
@@ -61,10 +67,6 @@ def step_text(metrics: dict | None, total_steps: int | None = None, last_eval: t
 def run_facts(handle, status=None) -> dict:
     """What a person watching the job wants besides its state: speed, ETA against the time
     left (SLURM), the slow rank or node in words, the restarts and their causes."""
-    from hpc_hsdp.rundir import attempts
-    from hpc_hsdp.rundir.progress import progress_of
-    from hpc_hsdp.rundir.stragglers import persistent
-
     run_dir = Path(handle.record.run_dir)
     records = handle.recent_metrics()
     attempt = attempts.read_attempt(run_dir) or {}
@@ -150,8 +152,6 @@ def failure_of(handle, status) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(job, as_json) -> None:
     """State of a submitted job, its restarts and its latest training step."""
-    from hpc_hsdp.job.scheduler import JobHandle
-
     handle = JobHandle.find(job)
     st = handle.status()
     facts = run_facts(handle, st)
@@ -208,8 +208,6 @@ def status(job, as_json) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow) -> None:
     """Print a job's per-task logs (all tasks, or one rank's)."""
-    from hpc_hsdp.job.scheduler import JobHandle
-
     handle = JobHandle.find(job)
     offsets = {p: 0 for p in handle.log_paths(rank)}
 
@@ -241,8 +239,6 @@ def logs(job, rank, follow) -> None:
 @click.argument("job")
 def cancel(job) -> None:
     """Cancel a submitted job (scancel, or the local emulator's equivalent)."""
-    from hpc_hsdp.job.scheduler import JobHandle
-
     handle = JobHandle.find(job)
     st = handle.status()
     if st.finished:
@@ -257,9 +253,6 @@ def cancel(job) -> None:
 @click.option("--depth", default=4, show_default=True, help="How deep to look for run directories.")
 def runs(directory, depth) -> None:
     """List the runs under DIRECTORY: state, step, loss, last activity (newest first)."""
-    from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.report.data import load_run
-
     root = Path(directory)
     if not root.is_dir():
         raise SpecError(f"{directory!r} is not a directory; give the directory that holds your run directories")
@@ -272,8 +265,6 @@ def runs(directory, depth) -> None:
         run = load_run(path)
         state = run.state
         if job_record_path(path).is_file():
-            from hpc_hsdp.job.scheduler import JobHandle
-
             try:
                 job_state = JobHandle.find(str(path)).status().state
                 state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"

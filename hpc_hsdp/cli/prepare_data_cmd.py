@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import signal
 import sys
 
@@ -31,9 +33,6 @@ def _steady_allocator() -> None:
     1 MiB text blocks come from the heap and fragment it: RSS crept up with the input size
     (43 -> 54 -> 67 MiB for 1x/4x/16x). A fixed threshold returns them to the system on
     free (40 -> 47 -> 48 MiB). Workers fork from this process and inherit it."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     if sys.platform.startswith("linux") and name:
         try:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
+
+from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
 
 
 @click.command()
@@ -26,10 +29,6 @@ def report(run_dirs, output) -> None:
     hpc-hsdp report runs/a                      # runs/a/report.html
     hpc-hsdp report runs/a runs/b -o cmp.png
     """
-    from pathlib import Path
-
-    from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
-
     runs = load_runs(run_dirs)
     target = check_output(Path(output) if output else Path(run_dirs[0]) / "report.html")
     for run in runs:

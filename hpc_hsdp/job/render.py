@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 from pathlib import Path
 
 import jinja2
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.spec import TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
+from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
+from hpc_hsdp.plan.topology import format_tasks_per_node
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
@@ -198,14 +200,10 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
 def warning_signal_name(spec: JobSpec) -> str:
     """The name (``USR2``) of the job's warning signal, from ``--signal [R:|B:]SIG@SECONDS``;
     the default's when the job has none (the tasks still save on it, e.g. ``scancel --signal``)."""
-    from hpc_hsdp.job.spec import DEFAULT_SIGNAL
-
     value = spec.scheduler.signal or DEFAULT_SIGNAL
     name = value.rsplit(":", 1)[-1].split("@", 1)[0].upper()
     name = name[3:] if name.startswith("SIG") else name
     if name.isdigit():
-        import signal
-
         try:
             name = signal.Signals(int(name)).name[3:]
         except ValueError:
@@ -306,8 +304,6 @@ def default_launch_command(spec: JobSpec) -> str:
 def plan_command(spec: JobSpec) -> str:
     """The ``hpc-hsdp plan`` command that shows this job's layout."""
     if spec.ntasks is not None:
-        from hpc_hsdp.plan.topology import format_tasks_per_node
-
         args = ["--tasks-per-node", format_tasks_per_node(spec.tasks_per_node)]
     else:
         args = ["--nodes", spec.nodes_text, "--gpus-per-node", str(spec.gpus_per_node)]

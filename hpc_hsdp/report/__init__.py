@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.files import write_atomically
 from hpc_hsdp.report.data import RunData, load_run, unique_labels
+from hpc_hsdp.report.figure import render_figure
+from hpc_hsdp.report.html import render_html
 
 FORMATS = (".html", ".png", ".svg")
 
@@ -47,13 +50,8 @@ def write_report(runs: Sequence[RunData], output: str | Path) -> Path:
     if not any(run.records for run in runs):
         raise NothingToDraw("; ".join(f"{run.label}: {run.notes[0] if run.notes else 'no metrics'}" for run in runs))
     if suffix == ".html":
-        from hpc_hsdp.files import write_atomically
-        from hpc_hsdp.report.html import render_html
-
         write_atomically(output, render_html(runs))
     else:
-        from hpc_hsdp.report.figure import render_figure
-
         tmp = output.with_name(f".{output.name}.tmp{suffix}")
         try:
             render_figure(runs, tmp)

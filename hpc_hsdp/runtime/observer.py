@@ -25,6 +25,7 @@ from hpc_hsdp.rundir import attempts
 from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.stragglers import StragglerProbe
+from hpc_hsdp.runtime.tensorboard import open_writer
 
 
 class RunObserver:
@@ -60,7 +61,6 @@ class RunObserver:
                 start_step=start_step,
                 total_steps=training.steps,
             )
-            from hpc_hsdp.runtime.tensorboard import open_writer
 
             def open_in_background() -> None:
                 opened[0] = open_writer(ctx.run_dir, start_step=start_step, verbose=verbose)
