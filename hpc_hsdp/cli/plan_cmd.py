@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import click
@@ -131,31 +132,10 @@ def plan(
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
     """
-    model, grad_accum = training_model, training_grad_accum
-    model_info = None
-    if model is not None:
-        if model_params is not None or root_params is not None:
-            raise SpecError("--model and --model-params both say what the model is; keep one")
-        model_params, model_info = "", _model_summary(model)
-    if recommend:
-        if model_params is None:
-            raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
-        if gpu_memory is None:
-            raise SpecError("--recommend needs --gpu-memory (what it must fit in); add e.g. --gpu-memory 80GiB")
-    elif shard_size is None:
+    model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)
+    if not recommend and shard_size is None:
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
-    if root_params is not None and model_params is None:
-        raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
-    fewest_nodes = None
-    if nodes is not None:
-        fewest_nodes, nodes = parse_nodes(nodes)
-        if fewest_nodes == nodes:
-            fewest_nodes = None
-        elif nodelist or tasks_per_node_text or recommend:
-            raise SpecError(
-                f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
-                f"those describe one allocation; give --nodes N"
-            )
+    fewest_nodes, nodes = _node_range(nodes, one_allocation=bool(nodelist or tasks_per_node_text or recommend))
     the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
     fewest = None
     if fewest_nodes is not None:
@@ -172,30 +152,115 @@ def plan(
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
     if recommend:
         rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer)
-        if as_json:
-            data = {"recommendation": rec.to_dict()}
-            if model_info is not None:
-                data["model"] = model_info["record"]
-            if rec.chosen is not None:
-                chosen = _build_plan(nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text)
-                data["plan"] = chosen.to_dict()
-                data["estimate"] = rec.chosen.estimate.to_dict()
-            click.echo(json.dumps(data))
-        else:
-            if model_info is not None:
-                click.echo(model_info["line"])
-            click.echo(recommend_text(rec, the_plan), nl=False)
+        chosen = None
+        if rec.chosen is not None and as_json:
+            chosen = _build_plan(nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text)
+        _echo_recommendation(rec, the_plan, chosen, model_info, as_json=as_json)
         return
-    params, p_root = params_for_shard(the_plan.shard_size) if params_for_shard else (None, 0)
-    if grad_accum < 1:
-        raise SpecError(f"--grad-accum {grad_accum} must be at least 1")
-    est = (
-        estimate(
-            the_plan, model_params=params, root_params=p_root, dtype=dtype, optimizer=optimizer, grad_accum=grad_accum
-        )
-        if params
-        else None
+    if training_grad_accum < 1:
+        raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
+    model = _ModelCost(params_for_shard, dtype=dtype, optimizer=optimizer, grad_accum=training_grad_accum)
+    sizing = _sizing(
+        the_plan, model, memory=memory, write_bandwidth=write_bandwidth, signal=signal, kill_wait=kill_wait
     )
+    if svg_path:
+        write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
+    if as_json:
+        _echo_plan_json(the_plan, sizing, model_info, memory=memory, fewest=fewest, node_range=(fewest_nodes, nodes))
+    else:
+        _echo_plan_text(the_plan, sizing, model_info, memory=memory, node_range=(fewest_nodes, nodes))
+        if fewest is not None:
+            _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
+
+
+def _model_options(model, model_params, root_params, recommend: bool, gpu_memory) -> tuple[str | None, dict | None]:
+    """What says the model's size (``--model`` or ``--model-params``), checked against the
+    options that need it; ``model_info`` for ``--model``."""
+    model_info = None
+    if model is not None:
+        if model_params is not None or root_params is not None:
+            raise SpecError("--model and --model-params both say what the model is; keep one")
+        model_params, model_info = "", _model_summary(model)
+    if recommend:
+        if model_params is None:
+            raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
+        if gpu_memory is None:
+            raise SpecError("--recommend needs --gpu-memory (what it must fit in); add e.g. --gpu-memory 80GiB")
+    if root_params is not None and model_params is None:
+        raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
+    return model_params, model_info
+
+
+def _node_range(nodes, *, one_allocation: bool) -> tuple[int | None, int | None]:
+    """(fewest, most) nodes of ``--nodes``; fewest is None unless the allocation is flexible."""
+    if nodes is None:
+        return None, None
+    fewest_nodes, nodes = parse_nodes(nodes)
+    if fewest_nodes == nodes:
+        return None, nodes
+    if one_allocation:
+        raise SpecError(
+            f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
+            f"those describe one allocation; give --nodes N"
+        )
+    return fewest_nodes, nodes
+
+
+def _echo_recommendation(rec, the_plan: TopologyPlan, chosen: TopologyPlan | None, model_info, *, as_json: bool):
+    if as_json:
+        data = {"recommendation": rec.to_dict()}
+        if model_info is not None:
+            data["model"] = model_info["record"]
+        if chosen is not None:
+            data["plan"] = chosen.to_dict()
+            data["estimate"] = rec.chosen.estimate.to_dict()
+        click.echo(json.dumps(data))
+        return
+    if model_info is not None:
+        click.echo(model_info["line"])
+    click.echo(recommend_text(rec, the_plan), nl=False)
+
+
+@dataclass(frozen=True)
+class _ModelCost:
+    """The model's parameters per shard size and how they are stored and trained."""
+
+    params_for_shard: Callable[[int], tuple[int, int]] | None
+    dtype: str
+    optimizer: str
+    grad_accum: int
+
+    def params(self, plan: TopologyPlan) -> tuple[int | None, int]:
+        return self.params_for_shard(plan.shard_size) if self.params_for_shard else (None, 0)
+
+    def estimate(self, plan: TopologyPlan, **more):
+        params, root = self.params(plan)
+        if not params:
+            return None
+        return estimate(
+            plan,
+            model_params=params,
+            root_params=root,
+            dtype=self.dtype,
+            optimizer=self.optimizer,
+            grad_accum=self.grad_accum,
+            **more,
+        )
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    estimate: object | None
+    fit: object | None
+    on_sigterm: object | None
+    saving: object | None
+
+
+def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait) -> _Sizing:
+    """Memory and traffic per GPU, the smallest shard size that fits, and the checkpoint's cost."""
+    params, _ = model.params(the_plan)
+    dtype, optimizer = model.dtype, model.optimizer
+    est = model.estimate(the_plan)
     if (
         est is not None
         and memory is not None
@@ -203,15 +268,7 @@ def plan(
         and gathered_fits(state_bytes=est.total_bytes, gathered_bytes=DTYPE_BYTES[dtype] * params, memory_bytes=memory)
     ):
         # what the run's default --reshard-after-forward auto does on a GPU of this memory
-        est = estimate(
-            the_plan,
-            model_params=params,
-            root_params=p_root,
-            dtype=dtype,
-            optimizer=optimizer,
-            grad_accum=grad_accum,
-            reshard_after_forward=False,
-        )
+        est = model.estimate(the_plan, reshard_after_forward=False)
     fit = (
         smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
         if memory is not None
@@ -228,53 +285,50 @@ def plan(
             model_params=params,
             dtype=dtype,
             optimizer=optimizer,
-            node_write_bandwidth=parse_bandwidth(write_bandwidth),
+            node_write_bandwidth=rate,
             signal=None if signal.strip().lower() == "none" else signal,
         )
-    if svg_path:
-        write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
-    if as_json:
-        data = the_plan.to_dict()
-        if model_info is not None:
-            data["model"] = model_info["record"]
-        if est is not None:
-            data["estimate"] = est.to_dict()
-            data["save_on_sigterm"] = on_sigterm.to_dict()
-        if saving is not None:
-            data["checkpoint_estimate"] = saving.to_dict()
-        if memory is not None:
-            data["gpu_memory"] = memory
-            data["smallest_fitting_shard"] = fit.shard_size if fit else None
-        if fewest is not None:
-            data["flexible"] = {"min_nodes": fewest_nodes, "max_nodes": nodes, "at_min_nodes": fewest.to_dict()}
-        click.echo(json.dumps(data))
-    else:
-        if model_info is not None:
-            click.echo(model_info["line"])
-        if fewest is not None:
-            click.echo(
-                f"flexible allocation --nodes {fewest_nodes}-{nodes}: SLURM grants between {fewest_nodes} and "
-                f"{nodes} nodes; the mesh follows what it grants, the global batch stays the same\n"
-                f"at {nodes} nodes (the most):"
-            )
-        click.echo(plan_text(the_plan, estimate=est, fit=fit, gpu_memory=memory, save=on_sigterm), nl=False)
-        if saving is not None:
-            click.echo("\n".join(saving.lines()))
-        if fewest is not None:
-            fewest_est = (
-                estimate(
-                    fewest,
-                    model_params=params,
-                    root_params=p_root,
-                    dtype=dtype,
-                    optimizer=optimizer,
-                    grad_accum=grad_accum,
-                )
-                if params
-                else None
-            )
-            click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
-            click.echo(plan_text(fewest, estimate=fewest_est), nl=False)
+    return _Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
+
+
+def _echo_plan_json(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range) -> None:
+    data = the_plan.to_dict()
+    if model_info is not None:
+        data["model"] = model_info["record"]
+    if sizing.estimate is not None:
+        data["estimate"] = sizing.estimate.to_dict()
+        data["save_on_sigterm"] = sizing.on_sigterm.to_dict()
+    if sizing.saving is not None:
+        data["checkpoint_estimate"] = sizing.saving.to_dict()
+    if memory is not None:
+        data["gpu_memory"] = memory
+        data["smallest_fitting_shard"] = sizing.fit.shard_size if sizing.fit else None
+    if fewest is not None:
+        data["flexible"] = {"min_nodes": node_range[0], "max_nodes": node_range[1], "at_min_nodes": fewest.to_dict()}
+    click.echo(json.dumps(data))
+
+
+def _echo_plan_text(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, node_range) -> None:
+    if model_info is not None:
+        click.echo(model_info["line"])
+    fewest_nodes, nodes = node_range
+    if fewest_nodes is not None:
+        click.echo(
+            f"flexible allocation --nodes {fewest_nodes}-{nodes}: SLURM grants between {fewest_nodes} and "
+            f"{nodes} nodes; the mesh follows what it grants, the global batch stays the same\n"
+            f"at {nodes} nodes (the most):"
+        )
+    click.echo(
+        plan_text(the_plan, estimate=sizing.estimate, fit=sizing.fit, gpu_memory=memory, save=sizing.on_sigterm),
+        nl=False,
+    )
+    if sizing.saving is not None:
+        click.echo("\n".join(sizing.saving.lines()))
+
+
+def _echo_fewest_nodes(fewest: TopologyPlan, model: _ModelCost, *, fewest_nodes: int) -> None:
+    click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
+    click.echo(plan_text(fewest, estimate=model.estimate(fewest)), nl=False)
 
 
 def _model_summary(model: str) -> dict:
