@@ -270,14 +270,7 @@ def build_job_spec(
         )
     given = {key: value for key, value in options.items() if value is not None}
     o = {**{declared.key: declared.default for declared in OPTIONS if declared.in_config}, **given}
-
-    def absolute(value: str | None, option: str) -> str | None:
-        if value is None:
-            return None
-        if value == "":
-            raise SpecError(f"{option} is empty; give a path or leave the option out")
-        return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
-
+    absolute = _absolute_against(cwd)
     if o["run_dir"] is not None:
         run_dir = absolute(o["run_dir"], "--run-dir")
     else:
@@ -288,17 +281,44 @@ def build_job_spec(
         venv = absolute(o["venv"], "--venv")
     else:
         venv = default_venv if o["conda_env"] is None else None
-    signal = o["signal"]
-    if isinstance(signal, str) and signal.lower() == "none":
-        signal = None
+    # built in this order so that, of several bad options, the same one is reported as before
+    run, scheduler = _run_spec(o, given, run_dir=run_dir, cwd=cwd), _scheduler_spec(o)
+    environment, launch = _environment_spec(o, venv=venv), _launch_spec(o)
+    min_nodes, nodes = parse_nodes(o["nodes"])
+    return JobSpec(
+        nodes=nodes,
+        min_nodes=min_nodes if min_nodes != nodes else None,
+        gpus_per_node=o["gpus_per_node"],
+        ntasks=o["ntasks"],
+        run=run,
+        scheduler=scheduler,
+        environment=environment,
+        launch=launch,
+        template=absolute(o["template"], "--template"),
+    )
 
+
+def _absolute_against(cwd: str | Path):
+    def absolute(value: str | None, option: str) -> str | None:
+        if value is None:
+            return None
+        if value == "":
+            raise SpecError(f"{option} is empty; give a path or leave the option out")
+        return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
+
+    return absolute
+
+
+def _run_spec(o: Mapping[str, Any], given: Mapping[str, Any], *, run_dir: str, cwd: str | Path) -> RunSpec:
+    """What each task runs; training options left unset keep TrainingSpec's defaults."""
+    absolute = _absolute_against(cwd)
     training_values = {declared.key: o[declared.key] for declared in TRAINING_OPTIONS if declared.key in given}
     for declared in TRAINING_OPTIONS:
         if declared.kind == "path" and declared.key in training_values:
             training_values[declared.key] = absolute(training_values[declared.key], declared.flag)
     if isinstance(training_values.get("model"), str):
         training_values["model"] = model_with_absolute_path(training_values["model"], cwd)
-    run = RunSpec(
+    return RunSpec(
         shard_size=o["shard"],
         run_dir=run_dir,
         device=o["device"],
@@ -307,7 +327,13 @@ def build_job_spec(
         timeout_s=o["timeout"],
         comm_stats=o["comm_stats"],
     )
-    scheduler = SchedulerSpec(
+
+
+def _scheduler_spec(o: Mapping[str, Any]) -> SchedulerSpec:
+    signal = o["signal"]
+    if isinstance(signal, str) and signal.lower() == "none":
+        signal = None
+    return SchedulerSpec(
         job_name=o["job_name"],
         partition=o["partition"],
         account=o["account"],
@@ -321,7 +347,10 @@ def build_job_spec(
         requeue=o["requeue"],
         extra=tuple(dict(o["sbatch"]).items()),
     )
-    environment = EnvironmentSpec(
+
+
+def _environment_spec(o: Mapping[str, Any], *, venv: str | None) -> EnvironmentSpec:
+    return EnvironmentSpec(
         setup=tuple(o["setup"]),
         venv=venv,
         conda_env=o["conda_env"],
@@ -330,23 +359,14 @@ def build_job_spec(
         debug=o["debug"],
         python=o["python"],
     )
-    launch = LaunchSpec(
+
+
+def _launch_spec(o: Mapping[str, Any]) -> LaunchSpec:
+    return LaunchSpec(
         launcher=o["launcher"],
         distribution=o["distribution"],
         container_image=o["container_image"],
         container_mounts=o["container_mounts"],
-    )
-    min_nodes, nodes = parse_nodes(o["nodes"])
-    return JobSpec(
-        nodes=nodes,
-        min_nodes=min_nodes if min_nodes != nodes else None,
-        gpus_per_node=o["gpus_per_node"],
-        ntasks=o["ntasks"],
-        run=run,
-        scheduler=scheduler,
-        environment=environment,
-        launch=launch,
-        template=absolute(o["template"], "--template"),
     )
 
 
