@@ -114,7 +114,7 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
 
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.runtime.loader import BatchLoader
-    from hpc_hsdp.runtime.loop import open_data
+    from hpc_hsdp.runtime.run_data import open_data
 
     training = TrainingSpec(
         seq_len=MODEL["seq-len"],

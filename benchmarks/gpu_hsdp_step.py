@@ -50,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
     from hpc_hsdp.plan.slurm_env import task_environments
+    from hpc_hsdp.runtime.device import configure_device
     from hpc_hsdp.runtime.dist import init
     from hpc_hsdp.runtime.loader import read_rows
-    from hpc_hsdp.runtime.loop import configure_device, open_data, train
+    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.runtime.run_data import open_data
 
     gpu = args.device == "cuda"
     defaults = (

@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.plan.slurm_env import task_environments
-    from hpc_hsdp.runtime import loop
+    from hpc_hsdp.runtime import engine
+    from hpc_hsdp.runtime.device import configure_device
     from hpc_hsdp.runtime.dist import init
+    from hpc_hsdp.runtime.loop import train
 
     gpu = args.device == "cuda"
     sizes = (
@@ -45,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     env = task_environments(tasks_per_node=[1], node_names=[socket.gethostname().split(".")[0]], job_id="prof")[0]
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     ctx = init(1, args.device, env=env, timeout_s=120)
-    default_optimizer = loop.make_optimizer
+    default_optimizer = engine.make_optimizer  # the engine builds every loop's optimizer through it
 
     def fused_optimizer(model, training):
         optimizer = default_optimizer(model, training)
         return torch.optim.AdamW(optimizer.param_groups, lr=training.lr, fused=True)
 
     try:
-        loop.configure_device(ctx.device)
+        configure_device(ctx.device)
         training = TrainingSpec(
             **sizes,
             steps=args.steps,
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         times: dict[str, list[float]] = {}
         for name, make in (("AdamW foreach (default)", default_optimizer), ("AdamW fused", fused_optimizer)):
-            loop.make_optimizer = make
+            engine.make_optimizer = make
             state: dict = {}
             records: list[dict] = []
 
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "prof" in state and step == args.steps - 1:
                     state["prof"].__exit__(None, None, None)
 
-            loop.train(ctx, training, on_step=on_step, verbose=False)
+            train(ctx, training, on_step=on_step, verbose=False)
             times[name] = [r["step_time_s"] for r in records[3:]]
             if "prof" in state:
                 averages = state["prof"].key_averages()
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:<26} median step {1000 * statistics.median(values):8.1f} ms  ratio {statistics.median(values) / base:.3f}"
             )
     finally:
-        loop.make_optimizer = default_optimizer
+        engine.make_optimizer = default_optimizer
         ctx.shutdown()
     return 0
 

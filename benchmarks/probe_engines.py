@@ -45,8 +45,8 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import RankLayout
-    from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
+    from hpc_hsdp.runtime.model import build_model, make_optimizer
 
     training = TrainingSpec(
         layers=a.layers,
@@ -60,8 +60,8 @@ def build_hpc_hsdp(variant, a, mesh):
     layout = RankLayout.from_env(dict(os.environ), shard_size=2)
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     adapter = resolve_model(training, data_vocab_size=None)
-    model = loop.build_model(ctx, adapter, training)
-    optimizer = loop.make_optimizer(model, training)
+    model = build_model(ctx, adapter, training)
+    optimizer = make_optimizer(model, training)
     if variant.endswith("-unfused"):  # the optimizer before issue 14: torch's default (single-tensor on CPU)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=training.lr)
@@ -115,7 +115,7 @@ def one_step(model, opt, adapter, tokens):
     t0 = time.perf_counter()
     if adapter is not None:  # hpc-hsdp's train_step: forward, backward, fused loss/norm all-reduce, optimizer
         from hpc_hsdp.runtime.loader import MicroBatch
-        from hpc_hsdp.runtime.loop import train_step
+        from hpc_hsdp.runtime.step import train_step
 
         batch = MicroBatch(step=0, micro=0, inputs=tokens[:, :-1], targets=tokens[:, 1:], sample_ids=None)
         train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()

@@ -108,8 +108,8 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import RankLayout
-    from hpc_hsdp.runtime import loop
     from hpc_hsdp.runtime.dist import RunContext
+    from hpc_hsdp.runtime.model import build_model, make_optimizer
 
     training = TrainingSpec(
         model=f"hf:{config_dir}",
@@ -127,10 +127,10 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     for method in ("build_meta", "init_weights"):  # build_model's parts, timed on the adapter
         setattr(adapter, method, timed(getattr(adapter, method), phases, method))
     t = time.process_time()
-    model = loop.build_model(ctx, adapter, training, precision="fp32")
+    model = build_model(ctx, adapter, training, precision="fp32")
     phases["build_model"] = time.process_time() - t
     model.train()
-    return model, loop.make_optimizer(model, training), adapter
+    return model, make_optimizer(model, training), adapter
 
 
 def hand_step(model, opt, tokens, loss_of=None):
@@ -151,20 +151,22 @@ def hand_step(model, opt, tokens, loss_of=None):
 
 
 def hpc_step(model, opt, adapter, tokens, *, norm=True):
-    from hpc_hsdp.runtime import loop
+    import torch
+
     from hpc_hsdp.runtime.loader import MicroBatch
+    from hpc_hsdp.runtime.step import train_step
 
     batch = MicroBatch(
         step=0, micro=0, inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous(), sample_ids=None
     )
     if norm:
-        return loop.train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
-    saved = loop.torch._foreach_norm
-    loop.torch._foreach_norm = lambda grads, p: [loop.torch.zeros(())]  # the norm's cost, measured away
+        return train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+    saved = torch._foreach_norm
+    torch._foreach_norm = lambda grads, p: [torch.zeros(())]  # the norm's cost, measured away
     try:
-        return loop.train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+        return train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
     finally:
-        loop.torch._foreach_norm = saved
+        torch._foreach_norm = saved
 
 
 def worker(a) -> None:

@@ -32,8 +32,10 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from hpc_hsdp.job.spec import TrainingSpec  # noqa: E402
 from hpc_hsdp.models import resolve_model  # noqa: E402
 from hpc_hsdp.plan.topology import RankLayout  # noqa: E402
-from hpc_hsdp.runtime import loop  # noqa: E402
 from hpc_hsdp.runtime.dist import MESH_AXES, RunContext, _group_ranks  # noqa: E402
+from hpc_hsdp.runtime.model import build_model, make_optimizer  # noqa: E402
+from hpc_hsdp.runtime.run_data import make_loader, open_data  # noqa: E402
+from hpc_hsdp.runtime.step import train_step  # noqa: E402
 from hpc_hsdp.runtime.verify import compare_groups  # noqa: E402
 
 marks.append(("imports", time.time()))
@@ -67,15 +69,15 @@ def main():
     assert not problems, problems
     marks.append(("group check", time.time()))
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=realized, _active=False)
-    data = loop.open_data(training, ctx.world_size)
+    data = open_data(training, ctx.world_size)
     adapter = resolve_model(training, data_vocab_size=data.vocab_size)
-    model = loop.build_model(ctx, adapter, training)
+    model = build_model(ctx, adapter, training)
     marks.append(("model", time.time()))
-    optimizer = loop.make_optimizer(model, training)
+    optimizer = make_optimizer(model, training)
     marks.append(("optimizer", time.time()))
-    with loop.make_loader(ctx, data, first_step=1, last_step=1) as loader:
+    with make_loader(ctx, data, first_step=1, last_step=1) as loader:
         batches, _ = loader.next_step(1)
-        out = loop.train_step(
+        out = train_step(
             model, optimizer, adapter, batches, lr=training.lr, clip_grad=0.0, num_replicas=ctx.plan.num_replicas
         )
         out.tolist()

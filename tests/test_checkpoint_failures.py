@@ -207,7 +207,7 @@ def load_newest(ctx):
     """fn: build the model, load the newest whole checkpoint (verified), report its step."""
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime import checkpoint
-    from hpc_hsdp.runtime.loop import build_model, make_optimizer
+    from hpc_hsdp.runtime.model import build_model, make_optimizer
 
     training = ctx.spec.training
     model = build_model(ctx, resolve_model(training, data_vocab_size=None), training)

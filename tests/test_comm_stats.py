@@ -62,7 +62,8 @@ def _memory_of_one_step(ctx, training):
 
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.runtime.loader import read_rows
-    from hpc_hsdp.runtime.loop import build_model, make_optimizer, open_data
+    from hpc_hsdp.runtime.model import build_model, make_optimizer
+    from hpc_hsdp.runtime.run_data import open_data
 
     adapter = resolve_model(training)
     model = build_model(ctx, adapter, training)

@@ -108,7 +108,10 @@ def train_and_more(ctx):
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import TopologyPlan
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
-    from hpc_hsdp.runtime.loop import build_model, evaluate, open_data, train
+    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.runtime.model import build_model
+    from hpc_hsdp.runtime.run_data import open_data
+    from hpc_hsdp.runtime.step import evaluate
 
     out = _train_recording(ctx, TRAIN)
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)

@@ -37,18 +37,3 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError:
             break  # a line torn by a crash ends the valid part
     return records
-
-
-def truncate_metrics(path: str | os.PathLike, *, keep_through_step: int) -> int:
-    """Keep only the records with ``step <= keep_through_step`` (a resumed run rewrites the
-    rest) and drop a line torn by a crash, so that the next append starts a line of its own;
-    returns how many records were dropped."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    records = read_jsonl(path)
-    kept = [r for r in records if r.get("step", 0) <= keep_through_step]
-    text = "".join(json.dumps(r) + "\n" for r in kept)
-    if path.read_text(encoding="utf-8") != text:
-        atomic_write_text(path, text)
-    return len(records) - len(kept)

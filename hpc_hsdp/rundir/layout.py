@@ -10,11 +10,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpc_hsdp.rundir.files import atomic_write_text
+
 LAYOUT = "layout.json"
+RANK_FIELDS = ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group")
+"""What each rank's entry holds."""
 
 
 def layout_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / LAYOUT
+
+
+def write_layout(run_dir: str | Path, record: dict) -> Path:
+    """Rank 0, after the mesh check: the plan, the rendezvous and each rank's entry, durably."""
+    path = layout_path(run_dir)
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def rank_entries(run_dir: str | Path) -> list[dict] | None:

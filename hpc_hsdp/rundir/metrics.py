@@ -8,13 +8,47 @@ a new attempt asks for the last step written before its resume.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from hpc_hsdp.rundir.files import append_jsonl, atomic_write_text, read_jsonl
 
 METRICS = "metrics.jsonl"
 
 
 def metrics_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / METRICS
+
+
+class MetricsLog:
+    """The writer of ``metrics.jsonl`` (rank 0; ``run_dir`` None on the other ranks and without a
+    run directory): records after ``start_step`` are dropped on resume (the resumed run rewrites
+    them), then one line per step."""
+
+    def __init__(self, run_dir: str | Path | None, *, start_step: int) -> None:
+        self.path = metrics_path(run_dir) if run_dir is not None else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            truncate_metrics(self.path, keep_through_step=start_step)
+
+    def write(self, record: dict) -> None:
+        if self.path is not None:
+            append_jsonl(self.path, record)
+
+
+def truncate_metrics(path: str | os.PathLike, *, keep_through_step: int) -> int:
+    """Keep only the records with ``step <= keep_through_step`` (a resumed run rewrites the
+    rest) and drop a line torn by a crash, so that the next append starts a line of its own;
+    returns how many records were dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    records = read_jsonl(path)
+    kept = [r for r in records if r.get("step", 0) <= keep_through_step]
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if path.read_text(encoding="utf-8") != text:
+        atomic_write_text(path, text)
+    return len(records) - len(kept)
 
 
 def tail_lines(path: str | Path, max_bytes: int) -> list[str] | None:

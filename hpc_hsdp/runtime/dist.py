@@ -12,7 +12,6 @@ its log, and the rank goes on. Which device a task gets: :func:`hpc_hsdp.runtime
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import socket
@@ -28,7 +27,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
-from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.layout import RANK_FIELDS
+from hpc_hsdp.rundir.layout import write_layout as layout_file
 from hpc_hsdp.runtime.comm_stats import for_context
 from hpc_hsdp.runtime.device import pick_device
 from hpc_hsdp.runtime.log import note
@@ -293,14 +293,6 @@ def write_layout(ctx: RunContext) -> Path:
         "master_addr": ctx.layout.master_addr,
         "master_port": ctx.layout.master_port,
         "backend": dist.get_backend(),
-        "ranks": [
-            {
-                k: d[k]
-                for k in ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group")
-            }
-            for d in ctx.realized
-        ],
+        "ranks": [{k: d[k] for k in RANK_FIELDS} for d in ctx.realized],
     }
-    path = ctx.run_dir / "layout.json"
-    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
-    return path
+    return layout_file(ctx.run_dir, record)

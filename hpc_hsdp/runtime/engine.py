@@ -46,7 +46,7 @@ from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_me
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
 from hpc_hsdp.runtime.log import say
-from hpc_hsdp.runtime.metrics import MetricsLog
+from hpc_hsdp.runtime.metrics import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.run_data import TrainData, check_data, eval_samples, make_loader, open_data
@@ -120,7 +120,7 @@ class Engine:
         """The last step completed."""
         self.saved_step: int | None = self.start_step or None
         self.observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
-        self.metrics = MetricsLog(ctx, start_step=self.start_step)  # after the observer: it reads the old records
+        self.metrics = metrics_log(ctx, start_step=self.start_step)  # after the observer: it reads the old records
         self.evaluation = (
             eval_samples(self.data, self.training) if self.data.val is not None and self.training.eval_every else None
         )

@@ -34,8 +34,8 @@ from hpc_hsdp.models.builtin import BuiltinAdapter
 from hpc_hsdp.models.factory import FactoryAdapter
 from hpc_hsdp.models.hf import model_from_config_dict
 from hpc_hsdp.models.weights import retie_like
+from hpc_hsdp.rundir.model_record import MODEL_RECORD
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.loop import MODEL_RECORD
 
 
 def read_model_record(run_dir: Path) -> dict:

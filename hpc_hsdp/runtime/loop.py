@@ -13,10 +13,9 @@ one host sync for the metrics and the agreed stop, evaluation every ``--eval-eve
 steps, checkpoints.
 
 The loop is a short user of :class:`hpc_hsdp.runtime.engine.Engine`, the machinery
-:class:`hpc_hsdp.TrainingRun` gives people's own loops. The engine's parts stay importable
-from here: :func:`open_data` + :func:`check_data`, :func:`build_model`, :func:`make_optimizer`,
-:func:`make_loader`, :func:`should_stop`, :func:`train_step`, :func:`evaluate`,
-:func:`save_checkpoint` / :func:`resume`, :class:`MetricsLog`.
+:class:`hpc_hsdp.TrainingRun` gives people's own loops; the engine's parts live in
+``run_data`` (data and its position), ``model`` (build, shard, optimizer), ``step`` (the
+fused step, evaluation, seeding), ``device``, ``checkpoint`` and ``metrics``.
 
 ``<run_dir>/metrics.jsonl``, one record per step (rank 0): ``step``, ``loss`` (global
 mean), ``lr``, ``grad_norm`` (global, before clipping), ``tokens_seen``,
@@ -39,52 +38,11 @@ import torch
 from torch import nn
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.runtime.checkpoint import resume, save_checkpoint
-from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
-from hpc_hsdp.runtime.engine import Engine, control_group, should_stop
-from hpc_hsdp.runtime.metrics import MetricsLog, step_line
-from hpc_hsdp.runtime.model import (
-    MODEL_RECORD,
-    build_model,
-    checkpoint_activations,
-    make_optimizer,
-    mixed_precision_policy,
-    record_model,
-)
-from hpc_hsdp.runtime.run_data import TrainData, check_data, data_state, eval_samples, make_loader, open_data
-from hpc_hsdp.runtime.step import evaluate, seed_step, train_step
+from hpc_hsdp.runtime.engine import Engine
+from hpc_hsdp.runtime.metrics import step_line
 
-__all__ = [
-    "MODEL_RECORD",
-    "MetricsLog",
-    "TrainData",
-    "TrainResult",
-    "build_model",
-    "check_data",
-    "checkpoint_activations",
-    "configure_device",
-    "control_group",
-    "data_state",
-    "eval_samples",
-    "evaluate",
-    "make_loader",
-    "make_optimizer",
-    "mixed_precision_policy",
-    "open_data",
-    "payload",
-    "peak_memory",
-    "record_model",
-    "reset_peak_memory",
-    "resolve_precision",
-    "resume",
-    "save_checkpoint",
-    "seed_step",
-    "should_stop",
-    "step_line",
-    "train",
-    "train_step",
-]
+__all__ = ["OnStep", "TrainResult", "payload", "train"]
 
 OnStep = Callable[[int, dict], None]
 

@@ -1,24 +1,15 @@
-"""``<run_dir>/metrics.jsonl``, written by rank 0, and the step's line on stdout."""
+"""The run's metrics on this task: ``metrics.jsonl`` through :mod:`hpc_hsdp.rundir.metrics`
+(rank 0 writes it), and the step's line on stdout."""
 
 from __future__ import annotations
 
-from hpc_hsdp.rundir.files import append_jsonl, truncate_metrics
+from hpc_hsdp.rundir.metrics import MetricsLog
 from hpc_hsdp.runtime.dist import RunContext
 
 
-class MetricsLog:
-    """``<run_dir>/metrics.jsonl`` on rank 0: records after ``start_step`` are dropped on
-    resume (the resumed run rewrites them), then one line per step."""
-
-    def __init__(self, ctx: RunContext, *, start_step: int) -> None:
-        self.path = ctx.run_dir / "metrics.jsonl" if ctx.run_dir is not None and ctx.is_rank0 else None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            truncate_metrics(self.path, keep_through_step=start_step)
-
-    def write(self, record: dict) -> None:
-        if self.path is not None:
-            append_jsonl(self.path, record)
+def metrics_log(ctx: RunContext, *, start_step: int) -> MetricsLog:
+    """Rank 0's writer of ``<run_dir>/metrics.jsonl``; on other ranks one that writes nothing."""
+    return MetricsLog(ctx.run_dir if ctx.is_rank0 else None, start_step=start_step)
 
 
 def step_line(record: dict, total_steps: int) -> str:

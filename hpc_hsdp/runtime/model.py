@@ -4,7 +4,6 @@ initialised; its optimizer; ``model.json``, the record ``hpc-hsdp export`` rebui
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import asdict
 
 import torch
@@ -12,7 +11,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
 from hpc_hsdp.runtime.device import resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
@@ -83,9 +82,6 @@ def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Opti
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
 
 
-MODEL_RECORD = "model.json"
-
-
 def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
     """``<run_dir>/model.json`` (rank 0): which model this run trains (``adapter.describe()``:
     for ``hf:`` models the whole config) and the data it reads; ``hpc-hsdp export`` rebuilds
@@ -99,4 +95,4 @@ def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
         "training": asdict(training),
         "adapter": describe() if callable(describe) else {"kind": adapter.name},
     }
-    atomic_write_text(ctx.run_dir / MODEL_RECORD, json.dumps(record, indent=1) + "\n")
+    write_model_record(ctx.run_dir, record)
