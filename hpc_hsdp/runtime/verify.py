@@ -59,9 +59,16 @@ def compare_groups(
     ):
         if len(seq) != world:
             raise ValueError(f"{len(seq)} {what} for a plan of {world} ranks")
-    problems: list[GroupProblem] = []
+    problems = _node_problems(plan, node_of_rank)
+    problems += _group_problems(plan, node_of_rank, "shard", shard_group_of_rank, plan.shard_group_of)
+    problems += _group_problems(plan, node_of_rank, "replicate", replicate_group_of_rank, plan.replicate_group_of)
+    return problems
 
-    # Ranks on the nodes the plan expects (as a partition of the ranks).
+
+def _node_problems(plan: TopologyPlan, node_of_rank: Sequence[str]) -> list[GroupProblem]:
+    """The ranks on each planned node, as a partition: one planned node on several hosts, or
+    several planned nodes on one host."""
+    problems: list[GroupProblem] = []
     names_of_planned: dict[int, tuple[str, ...]] = {}
     for node_index, first in enumerate(plan.first_rank_of_node):
         ranks = tuple(range(first, first + plan.tasks_per_node[node_index]))
@@ -82,7 +89,7 @@ def compare_groups(
             owners.setdefault(names[0], []).append(node_index)
     for name, planned_nodes in owners.items():
         if len(planned_nodes) > 1:
-            found = tuple(r for r in range(world) if node_of_rank[r] == name)
+            found = tuple(r for r in range(plan.world_size) if node_of_rank[r] == name)
             problems.append(
                 GroupProblem(
                     axis="node",
@@ -94,42 +101,49 @@ def compare_groups(
                     + f") all run on {name}",
                 )
             )
+    return problems
 
-    for axis, realized_of_rank, planned_of in (
-        ("shard", shard_group_of_rank, plan.shard_group_of),
-        ("replicate", replicate_group_of_rank, plan.replicate_group_of),
-    ):
-        seen: set[tuple[int, ...]] = set()
-        for rank in range(world):
-            realized = tuple(realized_of_rank[rank])
-            planned = tuple(planned_of(rank))
-            if realized in seen:
-                continue
-            seen.add(realized)
-            nodes = _nodes_of(realized, node_of_rank)
-            if realized != planned:
-                problems.append(
-                    GroupProblem(
-                        axis=axis,
-                        planned=planned,
-                        realized=realized,
-                        nodes=nodes,
-                        reason=f"rank {rank}'s {axis} group differs from the plan",
-                    )
+
+def _group_problems(
+    plan: TopologyPlan,
+    node_of_rank: Sequence[str],
+    axis: str,
+    realized_of_rank: Sequence[Sequence[int]],
+    planned_of,
+) -> list[GroupProblem]:
+    """Each realized group of one mesh axis once: other ranks than planned, or more nodes."""
+    problems: list[GroupProblem] = []
+    seen: set[tuple[int, ...]] = set()
+    for rank in range(plan.world_size):
+        realized = tuple(realized_of_rank[rank])
+        planned = tuple(planned_of(rank))
+        if realized in seen:
+            continue
+        seen.add(realized)
+        nodes = _nodes_of(realized, node_of_rank)
+        if realized != planned:
+            problems.append(
+                GroupProblem(
+                    axis=axis,
+                    planned=planned,
+                    realized=realized,
+                    nodes=nodes,
+                    reason=f"rank {rank}'s {axis} group differs from the plan",
                 )
-                continue
-            planned_span = len(plan.nodes_of_group(planned))
-            if len(nodes) > planned_span:
-                where = "inside one node" if planned_span == 1 else f"on {planned_span} nodes"
-                problems.append(
-                    GroupProblem(
-                        axis=axis,
-                        planned=planned,
-                        realized=realized,
-                        nodes=nodes,
-                        reason=f"the plan puts this group {where} but it spans {len(nodes)}",
-                    )
+            )
+            continue
+        planned_span = len(plan.nodes_of_group(planned))
+        if len(nodes) > planned_span:
+            where = "inside one node" if planned_span == 1 else f"on {planned_span} nodes"
+            problems.append(
+                GroupProblem(
+                    axis=axis,
+                    planned=planned,
+                    realized=realized,
+                    nodes=nodes,
+                    reason=f"the plan puts this group {where} but it spans {len(nodes)}",
                 )
+            )
     return problems
 
 
