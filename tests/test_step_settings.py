@@ -36,7 +36,7 @@ TASKS_PER_NODE = (2, 2)
 def train_three_ways(ctx):
     """fn of run_task: per variant, the losses, grad norms and the shard axis' all-gather bytes per step."""
     nodes = [d["node"] for d in ctx.realized]
-    single_tensor = loop.make_optimizer
+    single_tensor = engine.make_optimizer
 
     def make_single_tensor(model, training):
         groups = [
