@@ -176,9 +176,9 @@ def _copy_regular_file(source: Path, destination: Path) -> bool:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:  # ELOOP: a symlink; or unreadable
         return False
-    with os.fdopen(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-            return False
-        with open(destination, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return False
+    with os.fdopen(fd, "rb") as src, open(destination, "wb") as dst:
+        shutil.copyfileobj(src, dst)
     return True
