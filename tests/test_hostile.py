@@ -615,3 +615,28 @@ def test_the_task_refuses_an_entry_that_is_not_a_name_before_importing():
     for resolve in (resolve_entry, resolve_factory):
         with pytest.raises(SpecError, match="is not module:function"):
             resolve("os.system('touch x'):y")
+
+
+def test_the_dev_clusters_state_directory_is_refused_when_a_symlink_or_anothers(tmp_path):
+    """``scripts/dev-cluster``'s own check, run alone (the script itself needs root and the cluster)."""
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "dev-cluster").read_text()
+    start = script.index("check_state_dir() {")
+    function = script[start : script.index("\n}\n", start) + 3]
+    prelude = 'PROG=dev-cluster\ndie() { echo "$PROG: $*" >&2; exit 1; }\n' + function
+
+    def run(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", prelude + 'check_state_dir "$1"', "bash", str(path)], capture_output=True, text=True
+        )
+
+    assert run(tmp_path / "new").returncode == 0
+    (tmp_path / "mine").mkdir()
+    assert run(tmp_path / "mine").returncode == 0
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    refused = run(tmp_path / "link")
+    assert refused.returncode == 1 and "is a symlink or belongs to another user" in refused.stderr
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 12345, 12345)
+        assert run(theirs).returncode == 1
