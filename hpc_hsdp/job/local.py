@@ -214,8 +214,9 @@ class LocalJob:
         if not isinstance(data, dict) or not isinstance(data.get("state"), str):
             return {"state": "UNKNOWN", "exit_code": None}
         pid = data.get("supervisor_pid")
-        live = pid is not None and _is_supervisor(pid, data.get("supervisor_started")) and _alive(pid)
-        if data["state"] in ("PENDING", "RUNNING") and pid and not live:
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            pid = None  # not a pid: nothing to look at
+        if data["state"] in ("PENDING", "RUNNING") and pid and not _alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             data = json.loads(path.read_text())
             if data["state"] in ("PENDING", "RUNNING"):
