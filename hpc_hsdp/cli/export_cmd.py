@@ -27,6 +27,8 @@ def export(run_dir, step, out_dir) -> None:
     from hpc_hsdp.runtime.export import export as run_export  # noqa: PLC0415 - torch loads only when a run is exported
 
     result = run_export(run_dir, out_dir, step=step)
+    for path in result["skipped"]:
+        click.echo(f"hpc-hsdp: warning: not exported: {path} is a symlink or not a regular file", err=True)
     click.echo(
         f"exported step {result['step']} ({result['kind']}) to {result['out_dir']}: {', '.join(result['files'])}"
     )

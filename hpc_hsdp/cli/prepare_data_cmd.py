@@ -13,6 +13,7 @@ from hpc_hsdp.data.prepare import (
     DECODE_ERRORS,
     DEFAULT_SHARD_TOKENS,
     ENGINES,
+    MAX_LINE_BYTES,
     PrepareSpec,
     Progress,
     available_cores,
@@ -109,6 +110,13 @@ def _steady_allocator() -> None:
     show_default=True,
     help="Encode in worker processes, or in this process with the tokenizers library's threads.",
 )
+@click.option(
+    "--max-line-bytes",
+    type=int,
+    default=MAX_LINE_BYTES,
+    show_default=True,
+    help="JSONL inputs: the longest line (one document) read; a longer one is refused.",
+)
 @click.option("--force", is_flag=True, help="Replace DIR if it exists and is not empty.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line.")
 def prepare_data(
@@ -124,6 +132,7 @@ def prepare_data(
     shard_tokens,
     decode_errors,
     engine,
+    max_line_bytes,
     force,
     quiet,
 ) -> None:
@@ -153,6 +162,7 @@ def prepare_data(
         decode_errors=decode_errors,
         engine=engine,
         force=force,
+        max_line_bytes=max_line_bytes,
     )
     _steady_allocator()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -42,8 +42,25 @@ def _kind_of(path: Path) -> tuple[str, bool]:
     return ("jsonl" if stem.suffix in JSONL_SUFFIXES else "text"), compressed
 
 
+MAX_LINE_BYTES = 256 << 20
+"""The longest JSONL line (one document) read by default: a file with an enormous line is
+refused with ``--max-line-bytes`` named, so that memory stays bounded."""
+
+
+def _line_too_long(source: str, number: int, max_line_bytes: int) -> DataError:
+    return DataError(
+        f"input {source} line {number} is longer than {max_line_bytes:,} bytes (--max-line-bytes); "
+        f"split the document, or raise --max-line-bytes if the memory allows"
+    )
+
+
 def discover_inputs(
-    inputs: tuple[str, ...], *, glob: str | None = None, field: str | None = None, decode_errors: str = "strict"
+    inputs: tuple[str, ...],
+    *,
+    glob: str | None = None,
+    field: str | None = None,
+    decode_errors: str = "strict",
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[InputFile], int]:
     """The input files in order (each directory walked recursively, sorted, hidden names
     skipped), and how many empty files inside directories were left out. Raises DataError."""
@@ -86,7 +103,7 @@ def discover_inputs(
             f"leave --field out for text files"
         )
     for file in jsonl:
-        _check_first_jsonl_line(file, field)
+        _check_first_jsonl_line(file, field, max_line_bytes)
     return files, skipped_empty
 
 
@@ -124,10 +141,15 @@ def _checked_input(path: Path, decode_errors: str) -> InputFile:
     return file
 
 
-def _check_first_jsonl_line(file: InputFile, key: str | None) -> None:
+def _check_first_jsonl_line(file: InputFile, key: str | None, max_line_bytes: int = MAX_LINE_BYTES) -> None:
     stream, raw = _open_binary(file)
     with raw, stream:
-        for number, line in enumerate(stream, start=1):
+        for number in range(1, 1002):
+            line = stream.readline(max_line_bytes + 1)
+            if not line:
+                break
+            if len(line) > max_line_bytes and not line.endswith(b"\n"):
+                raise _line_too_long(str(file.path), number, max_line_bytes)
             if line.strip():
                 jsonl_text(line, key, str(file.path), number)
                 return
@@ -224,8 +246,11 @@ def _text_pieces(stream: IO[bytes], source: str, block_bytes: int, val_fraction:
         pending = pending[end:] + more
 
 
-def _jsonl_pieces(stream: IO[bytes], source: str, block_bytes: int) -> Iterator[Piece]:
-    """Runs of whole JSONL lines of about ``block_bytes``."""
+def _jsonl_pieces(
+    stream: IO[bytes], source: str, block_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[Piece]:
+    """Runs of whole JSONL lines of about ``block_bytes``; a line longer than
+    ``max_line_bytes`` is refused (DataError) before more of it is held in memory."""
     carry = b""
     number = 1
     while True:
@@ -237,6 +262,8 @@ def _jsonl_pieces(stream: IO[bytes], source: str, block_bytes: int) -> Iterator[
             return
         end = data.rfind(b"\n") + 1
         if end == 0:  # a line longer than a block: read on
+            if len(data) > max_line_bytes:
+                raise _line_too_long(source, number, max_line_bytes)
             carry = data
             continue
         yield Piece(source, "jsonl", data[:end], number)
@@ -244,7 +271,9 @@ def _jsonl_pieces(stream: IO[bytes], source: str, block_bytes: int) -> Iterator[
         carry = data[end:]
 
 
-def iter_blocks(files: list[InputFile], *, val_fraction: float, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+def iter_blocks(
+    files: list[InputFile], *, val_fraction: float, block_bytes: int = BLOCK_BYTES, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[Block]:
     """The inputs as blocks of about ``block_bytes`` of text, in order."""
     pieces: list[Piece] = []
     size = 0
@@ -255,7 +284,7 @@ def iter_blocks(files: list[InputFile], *, val_fraction: float, block_bytes: int
         with raw, stream:
             source = str(file.path)
             if file.kind == "jsonl":
-                file_pieces = _jsonl_pieces(stream, source, block_bytes)
+                file_pieces = _jsonl_pieces(stream, source, block_bytes, max_line_bytes)
             else:
                 file_pieces = _text_pieces(stream, source, block_bytes, val_fraction)
             for piece in file_pieces:

@@ -34,7 +34,16 @@ from typing import Any
 import numpy as np
 
 from hpc_hsdp._version import __version__
-from hpc_hsdp.data.inputs import BLOCK_BYTES, Block, InputFile, discover_inputs, is_val, iter_blocks, jsonl_text
+from hpc_hsdp.data.inputs import (
+    BLOCK_BYTES,
+    MAX_LINE_BYTES,
+    Block,
+    InputFile,
+    discover_inputs,
+    is_val,
+    iter_blocks,
+    jsonl_text,
+)
 from hpc_hsdp.data.progress import Progress
 from hpc_hsdp.data.tokenizer import (
     BYTE,
@@ -96,6 +105,8 @@ class PrepareSpec:
     decode_errors: str = "strict"
     engine: str = "auto"
     force: bool = False
+    max_line_bytes: int = MAX_LINE_BYTES
+    """The longest JSONL line read; a longer one is refused (memory stays bounded)."""
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -105,6 +116,8 @@ class PrepareSpec:
                 f"--val-fraction {self.val_fraction} is outside [0, 1); give the held-out share of "
                 f"documents, e.g. --val-fraction 0.01"
             )
+        if isinstance(self.max_line_bytes, bool) or not isinstance(self.max_line_bytes, int) or self.max_line_bytes < 1:
+            raise DataError(f"--max-line-bytes {self.max_line_bytes}: give a positive number of bytes")
         if self.workers < 1:
             raise DataError(f"--workers {self.workers}: give at least 1")
         if self.shard_tokens < 1:
@@ -540,7 +553,11 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     began = time.monotonic()
     progress = progress or Progress(enabled=False)
     files, skipped_empty = discover_inputs(
-        spec.inputs, glob=spec.glob, field=spec.field, decode_errors=spec.decode_errors
+        spec.inputs,
+        glob=spec.glob,
+        field=spec.field,
+        decode_errors=spec.decode_errors,
+        max_line_bytes=spec.max_line_bytes,
     )
     tokenizer: ByteTokenizer | HFTokenizer | None = None
     if spec.train_tokenizer is not None:
@@ -591,7 +608,9 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             "dtype": dtype,
         }
         encoder = BlockEncoder(tokenizer, **settings)
-        blocks = iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)
+        blocks = iter_blocks(
+            files, val_fraction=spec.val_fraction, block_bytes=block_bytes, max_line_bytes=spec.max_line_bytes
+        )
         if engine == "processes":
             encoded_blocks = _encode_in_processes(blocks, encoder, spec.workers, settings)
         else:
@@ -675,7 +694,9 @@ def _training_texts(files: list[InputFile], spec: PrepareSpec, progress: Progres
         decode_errors=spec.decode_errors,
         dtype="uint16",
     )
-    for block in _prefetched(iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes)):
+    for block in _prefetched(
+        iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes, max_line_bytes=spec.max_line_bytes)
+    ):
         texts, vals, _, _ = parser.documents(block)
         progress.update(disk_bytes=block.disk_bytes, text_bytes=sum(len(p.data) for p in block.pieces))
         yield from (text for text, val in zip(texts, vals) if not val)

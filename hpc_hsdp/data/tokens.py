@@ -189,7 +189,12 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
         raise DataError(f"{side}: tokenizer must be a JSON object, got {type(tokenizer).__name__}; {_PREPARE_HINT}")
     index = None
     if meta.get("document_index"):
-        index = bin_path.parent / str(meta["document_index"])
+        name = meta["document_index"]
+        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+            raise DataError(
+                f"{side}: document_index {str(name)[:80]!r} is not a file name beside the token file; {_PREPARE_HINT}"
+            )
+        index = bin_path.parent / name
         expected = (num_documents + 1) * INDEX_DTYPE.itemsize
         actual = index.stat().st_size if index.is_file() else None
         if actual != expected:
@@ -287,11 +292,28 @@ class TokenDataset:
             begin = self._ends[shard - 1] if shard else 0
             offset = start - begin
             take = min(length, self._ends[shard] - start)
-            pieces.append(maps[shard][offset : offset + take])
+            piece = maps[shard][offset : offset + take]
+            self._check_ids(piece, shard, offset)
+            pieces.append(piece)
             start, length, shard = start + take, length - take, shard + 1
         if not pieces:
             return np.empty(0, dtype=self.dtype)
         return np.asarray(pieces[0]) if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _check_ids(self, piece: np.ndarray, shard: int, offset: int) -> None:
+        """Every id read is at most the ``max_token_id`` its sidecar records (which the checks
+        before step 1 hold against the model's vocabulary): a sidecar that understates its data
+        stops the run with the file and the id, not an IndexError inside the model."""
+        if not piece.size:
+            return
+        high = int(piece.max())
+        limit = self.files[shard].max_token_id
+        if high > limit:
+            at = offset + int(np.argmax(piece > limit))
+            raise DataError(
+                f"token file {self.files[shard].path} holds token id {high} (token {at}), above the max_token_id "
+                f"{limit} its sidecar records: file and sidecar disagree; {_PREPARE_HINT}"
+            )
 
     def document_offsets(self) -> np.ndarray:
         """``num_documents + 1`` offsets into the concatenation (int64)."""
@@ -384,6 +406,25 @@ def check_for_training(ds: TokenDataset, *, model_vocab_size: int | None, seq_le
             f"global batch of {global_batch} (needs {need} tokens); use more data, a smaller --seq-len, "
             f"or a smaller batch"
         )
+
+
+def check_token_data(
+    train: TokenDataset | None,
+    *,
+    val: TokenDataset | None = None,
+    model_vocab_size: int | None,
+    seq_len: int,
+    global_batch: int,
+) -> None:
+    """The one check of a job's token data, before submitting (``job/preflight.py``) and on the
+    tasks before step 1 (``runtime/run_data.py``): the sidecars were read and checked when the
+    datasets opened (types, ranges, each ``.bin``'s size against its dtype and token count);
+    here the largest token id against the model's vocabulary and the samples against the
+    batch. Every id read later is held to its sidecar's ``max_token_id`` (:meth:`TokenDataset.read`)."""
+    if train is not None:
+        check_for_training(train, model_vocab_size=model_vocab_size, seq_len=seq_len, global_batch=global_batch)
+    if val is not None:
+        check_for_eval(val, model_vocab_size=model_vocab_size, seq_len=seq_len)
 
 
 def check_for_eval(ds: TokenDataset, *, model_vocab_size: int | None, seq_len: int) -> None:

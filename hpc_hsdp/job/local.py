@@ -30,7 +30,7 @@ from pathlib import Path
 from submitit.core import utils as submitit_utils
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import private_dir, write_atomically
 from hpc_hsdp.plan.address import hostfile_lines
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.plan.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
@@ -152,8 +152,11 @@ def launch_local(
     logs_dir = Path(logs_dir).resolve()
     logs_dir.mkdir(parents=True, exist_ok=True)
     job_id = job_id or new_job_id()
-    shim_dir = logs_dir / ".emulator-bin"
-    shim_dir.mkdir(exist_ok=True)
+    try:  # the job's state, and the srun it runs: nobody else may change them
+        private_dir(logs_dir, mode=0o777)  # its permissions are the user's; its owner must be too
+        shim_dir = private_dir(logs_dir / ".emulator-bin")
+    except PermissionError as exc:
+        raise SpecError(f"the local emulator cannot use {exc}") from None
     shim = shim_dir / "srun"
     shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.local srun "$@"\n')
     shim.chmod(0o755)
@@ -188,7 +191,7 @@ def launch_local(
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
     current = json.loads(path.read_text())
     if current.get("supervisor_pid") is None:
-        current["supervisor_pid"] = proc.pid
+        current["supervisor_pid"], current["supervisor_started"] = proc.pid, process_start_time(proc.pid)
         _write_json_atomic(path, current)
     return LocalJob(logs_dir=logs_dir, job_id=job_id)
 
@@ -206,7 +209,13 @@ class LocalJob:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             return {"state": "UNKNOWN", "exit_code": None}
+        except (OSError, ValueError):  # garbage or torn by someone else: nothing to trust in it
+            return {"state": "UNKNOWN", "exit_code": None}
+        if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+            return {"state": "UNKNOWN", "exit_code": None}
         pid = data.get("supervisor_pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            pid = None  # not a pid: nothing to look at
         if data["state"] in ("PENDING", "RUNNING") and pid and not _alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             data = json.loads(path.read_text())
@@ -230,8 +239,9 @@ class LocalJob:
         return self.state
 
     def cancel(self) -> None:
-        pid = self.info().get("supervisor_pid")
-        if pid and _alive(pid):
+        info = self.info()
+        pid = info.get("supervisor_pid")
+        if _is_supervisor(pid, info.get("supervisor_started")) and _alive(pid):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:
@@ -251,6 +261,33 @@ class LocalJob:
                 raise RuntimeError(f"local job {self.job_id}: task {procid} failed:\n{value}")
             outcomes.append(value)
         return outcomes
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
+    with the pid it names one process, never a later one that got the same pid."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_supervisor(pid: object, started: object) -> bool:
+    """``pid`` (from the job's state file, which anyone with the run directory could edit) is
+    still the supervisor this emulator started: a pid of a process, of this user, that began
+    when the state file says (where ``/proc`` tells)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
+        return False
+    now = process_start_time(pid)
+    if now is None and not Path("/proc/self/stat").exists():
+        return True  # no /proc here (macOS): the pid alone
+    if now is None or now != started:
+        return False
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -278,7 +315,12 @@ def _supervise(state_file: str) -> int:
     out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id)
     err = expand_pattern(_sbatch_value(script, "error") or out, job_id=job_id)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    state.update(state="RUNNING", started_at=time.time(), supervisor_pid=os.getpid())
+    state.update(
+        state="RUNNING",
+        started_at=time.time(),
+        supervisor_pid=os.getpid(),
+        supervisor_started=process_start_time(os.getpid()),
+    )
     _write_json_atomic(path, state)
     cancelled = False
     with open(out, "ab") as stdout, open(err, "ab") as stderr:

@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.models.base import check_data_vocabulary
+from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
@@ -45,7 +45,7 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> None:
 
 def check_importable(option: str, value: str, *, fix: str) -> None:
     """``MODULE:FUNCTION``'s module can be found by this interpreter (found, not imported)."""
-    module = value.partition(":")[0]
+    module = split_import_name(option, value)[0]
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -68,7 +68,7 @@ def _model_vocab_size(model: str) -> int | None:
 def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> int:
     """The checks of the loop's ``check_data``; returns the training split's number of samples."""
     from hpc_hsdp.data.sampler import num_samples  # noqa: PLC0415 - numpy loads only for a job with token data
-    from hpc_hsdp.data.tokens import check_for_eval, check_for_training, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
+    from hpc_hsdp.data.tokens import check_token_data, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
 
     train = open_dataset(training.data, split="train")
     if training.model == "builtin":
@@ -77,18 +77,13 @@ def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> i
         check_data_vocabulary(
             training.model, model_vocab_size=model_vocab_size, data_vocab_size=train.vocab_size, fix=DATA_VOCABULARY_FIX
         )
-    check_for_training(
+    check_token_data(
         train,
+        val=open_eval_dataset(training.data, training.val_data) if training.eval_every else None,
         model_vocab_size=model_vocab_size,
         seq_len=training.seq_len,
         global_batch=training.global_batch(world_size),
     )
-    if training.eval_every:
-        check_for_eval(
-            open_eval_dataset(training.data, training.val_data),
-            model_vocab_size=model_vocab_size,
-            seq_len=training.seq_len,
-        )
     return num_samples(train.num_tokens, training.seq_len)
 
 

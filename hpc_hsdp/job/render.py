@@ -41,6 +41,7 @@ import signal
 from pathlib import Path
 
 import jinja2
+import jinja2.sandbox
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
@@ -100,12 +101,16 @@ class _SafeBytecodeCache(jinja2.FileSystemBytecodeCache):
 
 def template_environment(template_dir: str | Path | None = None) -> jinja2.Environment:
     """The Jinja2 environment: the user's template directory first (when given), then the
-    packaged templates, so a user's template can extend ``job.sbatch.j2``."""
+    packaged templates, so a user's template can extend ``job.sbatch.j2``.
+
+    A template is text, not code: every one (shipped or the user's) renders in Jinja2's
+    immutable sandbox, where attributes such as ``__globals__`` or ``__init__`` and calls that
+    change the context are refused (``jinja2.sandbox.SecurityError``)."""
     loaders: list[jinja2.BaseLoader] = []
     if template_dir is not None:
         loaders.append(jinja2.FileSystemLoader(str(template_dir)))
     loaders.append(jinja2.FileSystemLoader(str(TEMPLATE_DIR)))
-    env = jinja2.Environment(
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -369,6 +374,11 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
         env, name = template_environment(), DEFAULT_TEMPLATE
     try:
         text = env.get_template(name).render(context)
+    except jinja2.sandbox.SecurityError as exc:
+        raise SpecError(
+            f"template {name} did something a template may not ({' '.join(str(exc).split())[:200]}); "
+            f"a template may only use the variables and filters listed in hpc_hsdp.job.render"
+        ) from None
     except jinja2.TemplateSyntaxError as exc:
         raise SpecError(
             f"template {exc.filename or name} line {exc.lineno}: {str(exc.message).rstrip('.')}; fix the template"

@@ -31,6 +31,7 @@ from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
+from hpc_hsdp.plan.slurm_facts import check_job_id
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
 from hpc_hsdp.rundir.metrics import last_metrics, recent_metrics
@@ -148,7 +149,7 @@ class JobHandle:
 
             LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).cancel()
             return
-        done = subprocess.run(["scancel", self.job_id], capture_output=True, text=True)
+        done = subprocess.run(["scancel", check_job_id(self.job_id)], capture_output=True, text=True)
         if done.returncode != 0:
             raise SchedulerError(f"scancel {self.job_id} failed: {done.stderr.strip()}")
 
@@ -277,6 +278,7 @@ def _task_index(path: Path) -> int:
 
 
 def _slurm_status(job_id: str) -> JobStatus:
+    job_id = check_job_id(job_id)  # it reaches squeue, sacct and scontrol as an argument
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True)
     restarts = _restart_count(job_id)
     if queued.returncode == 0 and queued.stdout.strip():
@@ -322,6 +324,7 @@ def parse_slurm_duration(text: str) -> float | None:
 
 def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
     """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
+    job_id = check_job_id(job_id)
     try:
         shown = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%L|%l"], capture_output=True, text=True, timeout=10

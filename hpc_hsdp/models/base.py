@@ -25,6 +25,7 @@ Contract for every adapter:
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hpc_hsdp.errors import SpecError
@@ -64,6 +65,21 @@ class ModelAdapter(Protocol):
     def load_pretrained(self, model: nn.Module) -> None: ...
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+
+
+_IMPORT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def split_import_name(option: str, value: object) -> tuple[str, str]:
+    """``module.path:function`` -> (module, function), identifiers only: the name is imported
+    (``importlib``) and looked up (``getattr``), never evaluated. A value from a config or a
+    job file of another form (an expression, a path, ``os.system('...')``) is refused here,
+    before anything is imported."""
+    if not isinstance(value, str) or not _IMPORT_NAME.match(value):
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise SpecError(f"{option} {shown} is not module:function (Python identifiers); write e.g. 'mypkg.train:main'")
+    module, _, function = value.partition(":")
+    return module, function
 
 
 def check_data_vocabulary(model: str, *, model_vocab_size: int, data_vocab_size: int | None, fix: str) -> None:

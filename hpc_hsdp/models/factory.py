@@ -50,14 +50,14 @@ import importlib
 import inspect
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
+from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import classes_named
 from hpc_hsdp.models.hf_shapes import ModelShapes
 
 
 def resolve_factory(model: str):
     """``MODULE:FUNCTION`` -> the function (imported now, so a typo fails before training)."""
-    module_name, _, attribute = model.partition(":")
+    module_name, attribute = split_import_name("--model", model)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -121,3 +121,19 @@ def check_signal(value: str) -> str:
             f"--signal {value!r}: SLURM sends a signal at most 65535 seconds before the limit; give fewer seconds"
         )
     return value
+
+
+_JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,10}|\+[0-9]{1,6})?$")
+
+
+def check_job_id(value: object, *, where: str = "the job id") -> str:
+    """A SLURM job id in one of SLURM's forms, ``123``, ``123_4`` (an array task) or
+    ``123+1`` (a heterogeneous component), as text; anything else (an option such as
+    ``--user=root``, a path, a name) is refused before it reaches squeue, scancel or a file name."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _JOB_ID.match(text):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise SpecError(
+            f"{where} {shown} is not a SLURM job id (123, 123_4 or 123+1); give the run directory or a job id"
+        )
+    return text

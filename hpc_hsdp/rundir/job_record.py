@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import private_dir, write_atomically
+from hpc_hsdp.plan.slurm_facts import check_job_id
 
 JOB_RECORD = "job.json"
 
@@ -24,6 +26,15 @@ def job_record_path(run_dir: str | Path) -> Path:
 def jobs_index() -> Path:
     """This machine's index of submitted jobs: one file per job, holding its run directory."""
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "jobs"
+
+
+def _own_index() -> bool:
+    """The index is this user's own directory (not a symlink, not another user's)."""
+    try:
+        info = os.lstat(jobs_index())
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +55,7 @@ class JobRecord:
         write_atomically(job_record_path(self.run_dir), json.dumps(asdict(self), indent=1))
         index = jobs_index()
         try:
-            index.mkdir(parents=True, exist_ok=True)
+            private_dir(index)  # its entries name run directories: nobody else may add one
             (index / f"{self.cluster}-{self.job_id}").write_text(self.run_dir)
         except OSError:
             pass  # the run directory alone is enough
@@ -54,7 +65,7 @@ class JobRecord:
         """From a run directory, or a job id recorded on this machine."""
         path = job_record_path(ref)
         if not path.is_file():
-            matches = sorted(jobs_index().glob(f"*-{ref}")) if ref.replace("_", "").isdigit() else []
+            matches = sorted(jobs_index().glob(f"*-{ref}")) if ref.replace("_", "").isdigit() and _own_index() else []
             runs = [job_record_path(m.read_text()) for m in matches]
             runs = [p for p in runs if p.is_file()]
             if not runs:
@@ -63,7 +74,53 @@ class JobRecord:
                     f"machine; pass the run directory (--run-dir of the submission)"
                 )
             path = runs[-1]
+        return cls.from_file(path)
+
+    @classmethod
+    def from_file(cls, path: Path) -> JobRecord:
+        """A ``job.json`` read as data that may be hostile: at most 64 KiB, every field of its
+        type, the job id in one of SLURM's forms (it reaches squeue and scancel, and names files)."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise SpecError(f"{path} is not a job record written by hpc-hsdp ({exc})") from None
+            with open(path, "rb") as f:
+                raw = f.read(_MAX_RECORD_BYTES + 1)
+            if len(raw) > _MAX_RECORD_BYTES:
+                raise ValueError(f"more than {_MAX_RECORD_BYTES:,} bytes")
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            record = cls(**data)
+        except OSError as exc:
+            raise SpecError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+        except (ValueError, TypeError) as exc:
+            reason = " ".join(str(exc).split())[:120]
+            raise SpecError(f"{path} is not a job record written by hpc-hsdp ({reason})") from None
+        record.check(path)
+        return record
+
+    def check(self, path: Path) -> None:
+        """Types and forms of the fields (SpecError naming ``path`` and the field)."""
+        for name, kinds in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise SpecError(
+                    f"{path} is not a job record written by hpc-hsdp ({name} is {type(value).__name__}); "
+                    f"pass the run directory of a submission"
+                )
+        if self.cluster not in ("slurm", "local"):
+            raise SpecError(
+                f"{path}: cluster {self.cluster[:40]!r} is neither slurm nor local; pass another run directory"
+            )
+        check_job_id(self.job_id, where=f"{path}: job_id")
+
+
+_MAX_RECORD_BYTES = 64 * 1024
+_FIELD_TYPES = {
+    "job_id": str,
+    "cluster": str,
+    "run_dir": str,
+    "logs_dir": str,
+    "job_name": str,
+    "ntasks": int,
+    "launcher": str,
+    "submitted_at": (int, float),
+}

@@ -84,6 +84,9 @@ def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str 
     path = Path(path)
     if not (path / TRAIN_STATE).is_file():
         return f"{TRAIN_STATE} is missing"
+    problem = _train_state_problem(path)
+    if problem:
+        return problem
     manifest = read_manifest(path)
     if manifest is None:
         return None if not (path / MANIFEST).exists() else f"{MANIFEST} is unreadable"
@@ -101,6 +104,29 @@ def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str 
         saved = files.get(name, {})
         if "crc32" in saved and crc32_of(path / name) != saved["crc32"]:
             return f"{name} has the right size but not the bytes saved (CRC-32 differs)"
+    return None
+
+
+_MAX_TRAIN_STATE_BYTES = 4 << 20
+
+
+def _train_state_problem(path: Path) -> str | None:
+    """``train_state.json`` is a JSON object of at most 4 MiB whose ``step`` is the directory's."""
+    file = path / TRAIN_STATE
+    try:
+        if file.stat().st_size > _MAX_TRAIN_STATE_BYTES:
+            return f"{TRAIN_STATE} has more than {_MAX_TRAIN_STATE_BYTES:,} bytes"
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"{TRAIN_STATE} is unreadable ({exc.strerror})"
+    except ValueError:
+        return f"{TRAIN_STATE} is not JSON (truncated or garbage)"
+    step = data.get("step") if isinstance(data, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        return f"{TRAIN_STATE} has no integer step"
+    match = _STEP_DIR.match(path.name)
+    if match and int(match.group(1)) != step:
+        return f"{TRAIN_STATE} says step {step}, the directory {path.name}"
     return None
 
 

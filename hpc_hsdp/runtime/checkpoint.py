@@ -16,8 +16,9 @@ so a checkpoint loads into another mesh shape or world size.
 
 On load, :func:`latest_checkpoint` checks the newest complete checkpoint against its manifest
 (sizes on rank 0, CRC-32s shared out over the ranks) and falls back to the previous one with
-a warning when files were truncated, deleted or changed; with none left it raises
-``CheckpointError``.
+a warning when files were truncated, deleted or changed, or when its pickles would run code
+(:mod:`hpc_hsdp.runtime.safe_dcp`: DCP's metadata and non-tensor entries are read as plain
+data only); with none left it raises ``CheckpointError``.
 
 Saves are synchronous (:func:`save`: on a stop signal, at the end) or asynchronous
 (:class:`AsyncSaver`: the periodic ones; the state is copied to host memory at once and
@@ -61,6 +62,7 @@ from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.run_data import data_state
+from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
 
 if TYPE_CHECKING:
     from torch import nn
@@ -116,7 +118,8 @@ def latest_checkpoint(run_dir: str | Path, *, verify: bool = True) -> tuple[int,
     for step, path in candidates[0]:
         problem = [None]
         if rank == 0:
-            problem[0] = damage(path) if verify else None
+            # the checks of the files (accidents), then of what they hold (nothing that runs)
+            problem[0] = (damage(path) or unsafe_content(path)) if verify else unsafe_content(path)
         dist.broadcast_object_list(problem, src=0)
         if problem[0] is None and verify:
             manifest = read_manifest(path) or {}
@@ -152,7 +155,7 @@ def load(path: str | Path, model, optimizer) -> dict:
     path = Path(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+    load_state(state, path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return saved_train_state(path)
 

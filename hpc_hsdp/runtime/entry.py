@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.spec import RunSpec
+from hpc_hsdp.models.base import split_import_name
 from hpc_hsdp.plan.topology import RankLayout
 from hpc_hsdp.runtime import faults, log
 from hpc_hsdp.runtime.log import note
@@ -28,7 +29,7 @@ from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
 
 def resolve_entry(entry: str) -> Callable:
     """``module:function`` -> the function (imported now, so a typo fails before training)."""
-    module_name, _, attribute = entry.partition(":")
+    module_name, attribute = split_import_name("--entry", entry)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

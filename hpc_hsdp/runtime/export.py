@@ -22,11 +22,10 @@ import copy
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import fields
 from pathlib import Path
-
-import torch.distributed.checkpoint as dcp
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
@@ -35,7 +34,9 @@ from hpc_hsdp.models.factory import FactoryAdapter
 from hpc_hsdp.models.hf import model_from_config_dict
 from hpc_hsdp.models.weights import retie_like
 from hpc_hsdp.rundir.model_record import MODEL_RECORD
+from hpc_hsdp.rundir.state import damage
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
 
 
 def read_model_record(run_dir: Path) -> dict:
@@ -45,7 +46,20 @@ def read_model_record(run_dir: Path) -> dict:
             f"{run_dir} has no {MODEL_RECORD}: it is not a run directory of hpc-hsdp run (or the run is "
             f"older than export); give the --run-dir of a training run"
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        if path.stat().st_size > _MAX_RECORD_BYTES:
+            raise ValueError(f"more than {_MAX_RECORD_BYTES:,} bytes")
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict) or not isinstance(record.get("adapter", {}), dict):
+            raise ValueError("not a JSON object with an adapter")
+    except (OSError, ValueError) as exc:
+        raise SpecError(
+            f"{path} is not a model record written by hpc-hsdp run ({' '.join(str(exc).split())[:120]})"
+        ) from None
+    return record
+
+
+_MAX_RECORD_BYTES = 16 << 20
 
 
 def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
@@ -89,7 +103,7 @@ def build_unsharded(record: dict):
 def load_model_values(model, checkpoint_path: Path) -> None:
     """Read the checkpoint's model entries into ``model``'s (full, CPU) tensors, one process."""
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint_path), no_dist=True)
+    load_state(state, checkpoint_path, no_dist=True)
     model.load_state_dict(state["model"])
 
 
@@ -99,18 +113,25 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise SpecError(f"run directory {str(run_dir)!r} does not exist")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.is_symlink() or out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise SpecError(f"-o {str(out_dir)!r} exists and is not empty; give a new directory")
     record = read_model_record(run_dir)
     saved_step, checkpoint_path = choose_checkpoint(run_dir, step)
+    problem = damage(checkpoint_path, checksum_files=["*"]) or unsafe_content(checkpoint_path)
+    if problem:
+        raise SpecError(
+            f"checkpoint {checkpoint_path} is damaged ({problem}); nothing exported: give the --step of "
+            f"another checkpoint, or restore this one"
+        )
     model, kind = build_unsharded(record)
+    skipped: list[str] = []
     load_model_values(model, checkpoint_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         if kind == "hf":
             model.save_pretrained(str(tmp), safe_serialization=True)
-            _copy_tokenizer(record, tmp)
+            skipped = _copy_tokenizer(record, tmp)
         else:
             from safetensors.torch import save_model  # noqa: PLC0415 - safetensors is an optional extra (hf)
 
@@ -127,16 +148,37 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"step": saved_step, "kind": kind, "files": files, "out_dir": str(out_dir)}
+    return {"step": saved_step, "kind": kind, "files": files, "out_dir": str(out_dir), "skipped": skipped}
 
 
-def _copy_tokenizer(record: dict, out: Path) -> None:
-    data = record.get("training", {}).get("data")
-    if not data:
-        return
+def _copy_tokenizer(record: dict, out: Path) -> list[str]:
+    """Copy the regular files of the run's ``<data>/tokenizer/`` into ``out``; returns the
+    entries skipped (symlinks, which could point anywhere, devices, directories), by path."""
+    training = record.get("training", {})
+    data = training.get("data") if isinstance(training, dict) else None
+    if not data or not isinstance(data, str):
+        return []
     source = Path(data)
     tokenizer_dir = (source if source.is_dir() else source.parent) / "tokenizer"
-    if tokenizer_dir.is_dir():
-        for path in tokenizer_dir.iterdir():
-            if path.is_file():
-                shutil.copy2(path, out / path.name)
+    if not tokenizer_dir.is_dir():
+        return []
+    skipped = []
+    for path in sorted(tokenizer_dir.iterdir()):
+        if not _copy_regular_file(path, out / path.name):
+            skipped.append(str(path))
+    return skipped
+
+
+def _copy_regular_file(source: Path, destination: Path) -> bool:
+    """Copy ``source`` when it is a regular file itself (opened without following a symlink,
+    so a link swapped in after a check is refused too); False when it is not."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # ELOOP: a symlink; or unreadable
+        return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return False
+    with os.fdopen(fd, "rb") as src, open(destination, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return True

@@ -14,7 +14,7 @@ import numpy as np
 
 from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.data.tokens import DataError, check_for_eval, check_for_training, open_dataset, open_eval_dataset
+from hpc_hsdp.data.tokens import DataError, check_token_data, open_dataset, open_eval_dataset
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader
@@ -85,11 +85,14 @@ def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec
     if not data.datasets:
         return
     train_ds, *rest = data.datasets
-    check_for_training(
-        train_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len, global_batch=data.layout.global_batch
-    )
-    for val_ds in rest:
-        check_for_eval(val_ds, model_vocab_size=model_vocab_size, seq_len=training.seq_len)
+    for index, val_ds in enumerate(rest or [None]):
+        check_token_data(
+            train_ds if index == 0 else None,
+            val=val_ds,
+            model_vocab_size=model_vocab_size,
+            seq_len=training.seq_len,
+            global_batch=data.layout.global_batch,
+        )
 
 
 def make_loader(ctx: RunContext, data: TrainData, *, first_step: int, last_step: int) -> BatchLoader:
