@@ -640,3 +640,39 @@ def test_the_dev_clusters_state_directory_is_refused_when_a_symlink_or_anothers(
         theirs.mkdir()
         os.chown(theirs, 12345, 12345)
         assert run(theirs).returncode == 1
+
+
+# ----------------------------------------------------------------------------- rendezvous
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses of the TCP sockets listening on ``port`` (/proc/net/tcp and tcp6, hex)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def report_store_address(ctx):
+    return {"rank": ctx.rank, "listening": _listening_addresses(ctx.layout.master_port)}
+
+
+@pytest.mark.dist
+def test_the_store_listens_on_the_job_address_only(tmp_path):
+    """torch's env:// store binds every interface; the job's is served on MASTER_ADDR alone."""
+    from dist_helpers import launch
+
+    from hpc_hsdp.job.spec import RunSpec
+
+    spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", timeout_s=60)
+    outcomes = launch(spec, tasks_per_node=[2], fn=report_store_address, timeout_s=120)
+    seen = {o.value["rank"]: o.value["listening"] for o in outcomes}
+    assert seen[0] == ["0100007F"], seen  # 127.0.0.1, little-endian hex; not 00000000 (every interface)

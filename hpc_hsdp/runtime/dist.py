@@ -11,6 +11,7 @@ its log, and the rank goes on. Which device a task gets: :func:`hpc_hsdp.runtime
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import os
 import signal
@@ -260,15 +261,57 @@ def _join(layout: RankLayout, torch_device: torch.device, *, rank: int, timeout_
     """The process group (NCCL on CUDA, gloo on CPU) and the ``("replicate", "shard")`` mesh."""
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
+    timeout = timedelta(seconds=timeout_s)
+    if layout.launch_mode == "torchrun":
+        rendezvous = {"init_method": "env://"}  # torchrun's agent already serves the store at MASTER_ADDR:PORT
+    else:
+        rendezvous = {"store": rendezvous_store(layout, rank=rank, timeout=timeout)}
     dist.init_process_group(
         backend="nccl" if torch_device.type == "cuda" else "gloo",
-        init_method="env://",
         rank=rank,
         world_size=layout.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
         device_id=torch_device if torch_device.type == "cuda" else None,
+        **rendezvous,
     )
     return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+
+
+def rendezvous_store(layout: RankLayout, *, rank: int, timeout: timedelta) -> dist.TCPStore:
+    """The job's TCP store at ``MASTER_ADDR:MASTER_PORT``. Rank 0 serves it on that address
+    only, not on every interface as torch's ``env://`` does (torch binds all of them unless it
+    is handed a listening socket); where the address is not one of this node's (a name or a
+    virtual address set on purpose), it serves on every interface as before."""
+    listen_fd = _listen_on(layout.master_addr, layout.master_port) if rank == 0 else None
+    return dist.TCPStore(
+        layout.master_addr,
+        layout.master_port,
+        layout.world_size,
+        rank == 0,
+        timeout,
+        multi_tenant=True,
+        master_listen_fd=listen_fd,
+    )
+
+
+def _listen_on(address: str, port: int) -> int | None:
+    """A socket listening on ``address:port`` (its file descriptor, handed over to the store),
+    or None when ``address`` is not this node's. A port in use raises, as torch's bind would."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return None
+        raise
+    return sock.detach()
 
 
 def _verify_groups(layout: RankLayout, realized: list[dict]) -> None:
