@@ -233,6 +233,31 @@ def test_a_hostile_non_tensor_entry_is_refused_by_export(trained, tmp_path, caps
     assert not marker.exists()
 
 
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_export_replaces_only_a_previous_export_of_the_same_run(trained, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = run_main(["export", str(trained), "--step", "2", "-o", str(out)], capsys)
+    assert code == 0, err
+    first = json.loads((out / "hpc-hsdp-export.json").read_text())
+    assert first["run_dir"] == str(trained.resolve()) and first["step"] == 2
+    code, _, err = run_main(["export", str(trained), "-o", str(out)], capsys)  # the same run: replaced
+    assert code == 0, err
+    assert json.loads((out / "hpc-hsdp-export.json").read_text())["step"] == 4
+    assert not [p for p in tmp_path.iterdir() if p.name != "out"]  # no temporary or replaced copy left
+
+    other = tmp_path / "other-run"
+    shutil.copytree(trained, other)
+    code, _, err = run_main(["export", str(other), "-o", str(out)], capsys)  # another run's export: refused
+    one_error_line(code, err, "is not an export of this run")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, _, err = run_main(["export", str(trained), "-o", str(mine)], capsys)  # someone's directory: refused
+    one_error_line(code, err, "is not an export of this run")
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
 MANIFEST_NAME = "manifest.json"
 
 

@@ -13,7 +13,8 @@ The model comes from ``RUN_DIR/model.json`` (written by the loop at start: the `
 config itself, so the source directory may be gone); the values from the checkpoint's
 ``model`` entries only (DCP reads them into full tensors; the optimizer is not read).
 The output is written to a temporary directory beside ``DIR`` and renamed: ``DIR`` is
-either whole or absent.
+either whole or absent. ``DIR/hpc-hsdp-export.json`` names the run it came from: a later
+export of the same run may replace it; any other non-empty ``DIR`` is refused.
 """
 
 from __future__ import annotations
@@ -113,8 +114,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise SpecError(f"run directory {str(run_dir)!r} does not exist")
-    if out_dir.is_symlink() or out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise SpecError(f"-o {str(out_dir)!r} exists and is not empty; give a new directory")
+    replaces = _check_output(out_dir, run_dir)
     record = read_model_record(run_dir)
     saved_step, checkpoint_path = choose_checkpoint(run_dir, step)
     problem = damage(checkpoint_path, checksum_files=["*"]) or unsafe_content(checkpoint_path)
@@ -141,14 +141,52 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
                 metadata={"hpc_hsdp_model": record["model"], "step": str(saved_step)},
             )
             (tmp / MODEL_RECORD).write_text(json.dumps(dict(record, step=saved_step), indent=1) + "\n")
+        (tmp / EXPORT_MARKER).write_text(
+            json.dumps({"format": EXPORT_FORMAT, "run_dir": str(run_dir.resolve()), "step": saved_step}) + "\n"
+        )
         files = sorted(p.name for p in tmp.iterdir())
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        tmp.rename(out_dir)
+        if replaces:
+            old = out_dir.rename(out_dir.with_name(f"{tmp.name}.replaced"))
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if out_dir.exists():
+                out_dir.rmdir()  # empty (checked above)
+            tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"step": saved_step, "kind": kind, "files": files, "out_dir": str(out_dir), "skipped": skipped}
+
+
+EXPORT_MARKER = "hpc-hsdp-export.json"
+EXPORT_FORMAT = "hpc-hsdp-export"
+
+
+def _check_output(out_dir: Path, run_dir: Path) -> bool:
+    """Whether ``out_dir`` is a previous export of this run, to be replaced (True), or new or
+    empty (False); SpecError for anything else: a file, a symlink, another directory's contents."""
+    if not out_dir.is_symlink() and (not out_dir.exists() or out_dir.is_dir() and not any(out_dir.iterdir())):
+        return False
+    if not out_dir.is_symlink() and out_dir.is_dir() and _exported_from(out_dir) == str(run_dir.resolve()):
+        return True
+    raise SpecError(
+        f"-o {str(out_dir)!r} exists and is not empty (and is not an export of this run); give a new directory"
+    )
+
+
+def _exported_from(out_dir: Path) -> str | None:
+    """The run directory a previous export names in its marker (untrusted: size-capped, type-checked)."""
+    marker = out_dir / EXPORT_MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 65536:
+            return None
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != EXPORT_FORMAT:
+        return None
+    return record.get("run_dir") if isinstance(record.get("run_dir"), str) else None
 
 
 def _copy_tokenizer(record: dict, out: Path) -> list[str]:
