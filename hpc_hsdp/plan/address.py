@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.plan.topology import expand_nodelist
+from hpc_hsdp.plan.topology import RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_SPAN, expand_nodelist
 
 IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 _ROUTE_PROBE = "10.255.255.255"  # a UDP "connect" only picks a route and source address; nothing is sent
@@ -150,3 +150,63 @@ def hostfile_lines(env: Mapping[str, str], counts: tuple[int, ...], distribution
     if distribution == "block":
         return [node for node, count in zip(nodes, counts) for _ in range(count)]
     return [node for round_ in range(max(counts)) for node, count in zip(nodes, counts) if round_ < count]
+
+
+# ----------------------------------------------------------------------------- the rendezvous port
+
+PORT_TRIES = 64
+"""How many ports after the derived one the batch script tries before giving up."""
+FIRST_PORT_VARIABLE = "HPC_HSDP_RENDEZVOUS_PORT"
+"""The first port to try, in place of the one derived from the job id (the local emulator
+sets it to the port it reserved for the job)."""
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a TCP server could listen on ``port`` on every address of this node now (as
+    torch's TCP store will): a bind to the wildcard address, IPv4 and, where there is one, IPv6."""
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, address in families:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no such family on this node
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address, port))
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno == 99:  # EADDRNOTAVAIL: IPv6 disabled
+                continue
+            return False
+        finally:
+            sock.close()
+    return True
+
+
+def port_candidates(first: int, tries: int = PORT_TRIES) -> list[int]:
+    """``first``, then the ports after it: within the derived range (20000-29999, wrapping) when
+    ``first`` is in it, else up to 65535."""
+    if RENDEZVOUS_PORT_BASE <= first < RENDEZVOUS_PORT_BASE + RENDEZVOUS_PORT_SPAN:
+        offset = first - RENDEZVOUS_PORT_BASE
+        return [RENDEZVOUS_PORT_BASE + (offset + k) % RENDEZVOUS_PORT_SPAN for k in range(tries)]
+    return [port for port in range(first, min(first + tries, 65536))]
+
+
+def pick_port(
+    first: int,
+    *,
+    taken: frozenset[int] | set[int] = frozenset(),
+    is_free: Callable[[int], bool] = port_is_free,
+    tries: int = PORT_TRIES,
+    where: str = "this node",
+) -> int:
+    """The first of :func:`port_candidates` that is not ``taken`` (held for another job) and free here."""
+    for port in port_candidates(first, tries):
+        if port not in taken and is_free(port):
+            return port
+    raise SlurmEnvError(
+        f"no free port among the {tries} from {first} on {where}; set --env MASTER_PORT=<a free port> "
+        f"or free one of them"
+    )
