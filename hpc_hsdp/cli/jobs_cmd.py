@@ -238,8 +238,12 @@ def logs(job, rank, follow) -> None:
     if not follow:
         print_new()
         return
-    for _ in watch(handle):
+    said = None
+    for status, _ in watch(handle):
         print_new()  # after reading the status: the last pass has every line the job wrote
+        if status.note != said:  # the scheduler stopped (or started again) answering: say so once
+            said = status.note
+            click.echo(f"hpc-hsdp: {said}" if said else "hpc-hsdp: the scheduler answers again", err=True)
 
 
 @click.command(epilog=JOB_HELP)
