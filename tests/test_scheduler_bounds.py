@@ -342,15 +342,31 @@ def test_status_json_says_the_controller_did_not_answer(tmp_path):
 # ----------------------------------------------------------------------------- the rendezvous port
 
 
-def test_port_candidates_start_at_the_derived_port_and_wrap_in_its_range():
-    assert port_candidates(25731, 3) == [25731, 25732, 25733]
-    assert port_candidates(29999, 3) == [29999, 20000, 20001]
+def test_port_candidates_are_the_derived_port_then_ports_no_job_derives():
+    assert port_candidates(25731, 3) == [25731, 15731, 15732]
+    assert port_candidates(29999, 3) == [29999, 19999, 10000]
     assert port_candidates(65534, 5) == [65534, 65535]
 
 
+def test_a_port_in_time_wait_is_free_for_the_store_and_a_listened_one_is_not():
+    """A requeued job's previous run leaves its store's connections in TIME_WAIT: the store
+    binds it again (SO_REUSEADDR), so the probe must call it free."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's listener (libuv) does
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its end lingers in TIME_WAIT
+    client.close()
+    server.close()
+    assert port_is_free(port)
+
+
 def test_the_picker_skips_ports_in_use_and_held(tmp_path):
-    assert pick_port(21000, is_free=lambda port: port not in (21000, 21001)) == 21002
-    assert pick_port(21000, taken={21000}, is_free=lambda port: True) == 21001
+    assert pick_port(21000, is_free=lambda port: port not in (21000, 11000)) == 11001
+    assert pick_port(21000, taken={21000}, is_free=lambda port: True) == 11000
     with pytest.raises(SlurmEnvError, match="no free port among the 4 from 21000 on node n1"):
         pick_port(21000, tries=4, is_free=lambda port: False, where="node n1")
     with socket.socket() as held:
@@ -375,7 +391,13 @@ def test_layout_hands_the_first_free_port_to_the_batch_script(tmp_path):
         out = hpc("layout", "--field", "rendezvous", env=env)
     assert out.returncode == 0, out.stderr
     address, picked = out.stdout.split()
-    assert address == "127.0.0.1" and int(picked) != port and port < int(picked) <= port + 64
+    assert address == "127.0.0.1" and int(picked) == port + 1  # not a derived port: the ones after it
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 20077))
+        held.listen()
+        derived = hpc("layout", "--field", "rendezvous", env={**env, "HPC_HSDP_RENDEZVOUS_PORT": ""})
+    assert derived.returncode == 0, derived.stderr
+    assert derived.stdout.split()[1] == "10077"  # 20077 held: 10077, a port no job derives
 
 
 _RESERVE = """
@@ -411,7 +433,7 @@ def test_emulated_jobs_started_at_once_never_share_a_port(tmp_path):
         for k in range(8)
     ]
     ports = [int(p.communicate(timeout=60)[0]) for p in procs]
-    assert sorted(ports) == list(range(20731, 20739)), ports
+    assert sorted(ports) == [*range(10731, 10738), 20731], ports
     held = json.loads((tmp_path / "state" / "hpc-hsdp" / "emulator" / "ports.json").read_text())
     assert sorted(int(p) for p in held) == sorted(ports)
     # a job that ended gives its port back

@@ -25,7 +25,7 @@ from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_
     default=None,
     help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
     "(\"ADDRESS PORT\": this node's reachable address and the job's port: the one derived from the job id, "
-    "or the first free one after it).",
+    "else a free one of 10000-19999, which no job derives).",
 )
 @click.option(
     "--hostfile",

@@ -62,7 +62,7 @@ PORTS_LOCK = "ports.lock"
 
 def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
     """The rendezvous port of emulated job ``job_id``: the one derived from its id, or the first
-    free one after it, that no other live emulated job holds. Chosen and recorded under an
+    free fallback (:func:`~hpc_hsdp.plan.address.port_candidates`), that no other live emulated job holds. Chosen and recorded under an
     exclusive lock (``flock`` on ``ports.lock`` in :func:`emulator_state_dir`), so that two jobs
     started at once never get the same one; a reservation lasts while its job is pending or
     running (``state_file``)."""
