@@ -161,7 +161,7 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
 
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
-    from hpc_hsdp.job.scheduler import resolve_cluster
+    from hpc_hsdp.job.scheduler import SchedulerError, resolve_cluster
 
     said = (
         "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
@@ -172,9 +172,10 @@ def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
         (tmp_path / name).write_text(f"#!/bin/sh\n{text}\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    target, reason = resolve_cluster("auto")
-    assert target == "local" and "\n" not in reason
-    assert reason.endswith(f"({'the SLURM controller does not answer: ' + said} second line)"), reason
+    with pytest.raises(SchedulerError) as refused:  # SLURM is here and its controller is silent: no local run
+        resolve_cluster("auto")
+    reason = str(refused.value)
+    assert "\n" not in reason and f"({said} second line); nothing submitted" in reason, reason
 
 
 def test_logs_into_a_closed_pipe_end_quietly_with_0(tmp_path):
@@ -223,7 +224,9 @@ def test_the_runtime_does_not_import_the_submitting_side():
     for path in sorted((package / "runtime").glob("*.py")):
         wrong = sorted(name for name in _imports(path) if name.startswith(submitting_side))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
-    assert _imports(package / "job" / "requeue.py") == set()
+    # the requeue runs on the task: the one bounded runner, nothing of the submitting side
+    assert _imports(package / "job" / "requeue.py") == {"hpc_hsdp.job.slurm_command"}
+    assert _imports(package / "job" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
     assert _imports(package / "rundir" / "state.py") == {"hpc_hsdp.errors", "hpc_hsdp.rundir.attempts"}
 
 

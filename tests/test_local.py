@@ -247,8 +247,30 @@ print(json.dumps(job.results()))
     assert results == [[0, "n1", [0, 2]], [1, "n1", [1, 3]], [2, "n2", [0, 2]], [3, "n2", [1, 3]]]
 
 
-def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
+def test_auto_never_trains_here_when_a_configured_controller_does_not_answer(tmp_path):
+    """Issue 29: SLURM configured (SLURM_CONF) and its controller refusing connections: submit
+    refuses in one line, exit 2, writes nothing; it used to train on this machine instead."""
     (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=1\n")
+    run = tmp_path / "run"
+    args = ["submit", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--steps", "1", "--run-dir", str(run)]
+    out = hpc(*args, *TINY, env={"SLURM_CONF": str(tmp_path / "slurm.conf")}, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("hpc-hsdp: error: the SLURM controller nowhere does not answer (") and line.endswith(
+        "nothing submitted: try again, or --cluster local to run on this machine"
+    ), line
+    assert not run.exists() and "local emulator" not in out.stdout + out.stderr
+
+
+def test_auto_runs_on_the_emulator_where_slurm_is_not_configured(tmp_path):
+    """sbatch may be installed (this machine's Debian packages), but with no configuration at all
+    (no SLURM_CONF, no slurm.conf) scontrol finds no controller: the emulator runs the job."""
+    from hpc_hsdp.job.slurm_command import slurm_config
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    if slurm_config(env) is not None:
+        pytest.skip(f"this machine has a SLURM configuration ({slurm_config(env)})")
+    run = tmp_path / "run"
     out = hpc(
         "submit",
         "--nodes",
@@ -261,9 +283,8 @@ def test_auto_falls_back_to_local_when_no_controller_answers(tmp_path):
         "1",
         "--wait",
         "--run-dir",
-        str(tmp_path / "run"),
+        str(run),
         *TINY,
-        env={"SLURM_CONF": str(tmp_path / "slurm.conf")},
     )
     assert out.returncode == 0, out.stderr
     assert "running on the local emulator" in out.stderr.splitlines()[0]

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import click
 
-from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.scheduler import JobHandle
+from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.job_record import job_record_path
+from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import latest_eval
 from hpc_hsdp.rundir.progress import progress_of
@@ -70,7 +70,8 @@ def run_facts(handle, status=None) -> dict:
     run_dir = Path(handle.record.run_dir)
     records = handle.recent_metrics()
     attempt = attempts.read_attempt(run_dir) or {}
-    limits = handle.time_limits() if status is None or status.state.split()[0] == "RUNNING" else None
+    running = status is None or (status.state.split()[0] == "RUNNING" and status.current)
+    limits = handle.time_limits() if running else None  # no second wait on a controller that did not answer
     left, limit = limits if limits else (None, None)
     progress = progress_of(
         records,
@@ -104,6 +105,8 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     last_shown = ""
     for status, _ in watch(handle, poll_s=poll_s):
         line = f"job {handle.job_id} {status.state}"
+        if status.note:
+            line += f" [{status.note}]"
         if status.restarts:
             line += f" (restarts {status.restarts})"
         facts = run_facts(handle, status)
@@ -171,16 +174,20 @@ def status(job, as_json) -> None:
         "stragglers": facts["stragglers"],
         "restart_causes": facts["restarts"],
         "failure": failure_of(handle, st),
+        **st.to_dict(),
     }
     if as_json:
         click.echo(json.dumps(data))
         return
     click.echo(
         f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
+        + ("" if st.current else " (not current: see below)")
         + (f", exit {st.exit_code}" if st.exit_code else "")
         + (f", reason {st.reason}" if st.reason else "")
         + f", restarts {st.restarts}"
     )
+    if st.note:
+        click.echo(f"scheduler: {st.note}")
     step = step_text(
         metrics,
         facts["total_steps"],
@@ -231,8 +238,12 @@ def logs(job, rank, follow) -> None:
     if not follow:
         print_new()
         return
-    for _ in watch(handle):
+    said = None
+    for status, _ in watch(handle):
         print_new()  # after reading the status: the last pass has every line the job wrote
+        if status.note != said:  # the scheduler stopped (or started again) answering: say so once
+            said = status.note
+            click.echo(f"hpc-hsdp: {said}" if said else "hpc-hsdp: the scheduler answers again", err=True)
 
 
 @click.command(epilog=JOB_HELP)
@@ -244,6 +255,8 @@ def cancel(job) -> None:
     if st.finished:
         click.echo(f"job {handle.job_id} already ended ({st.state}); nothing to cancel")
         return
+    if st.controller_answered is False:
+        raise SchedulerError(f"{st.note}: job {handle.job_id} not cancelled; try again")
     handle.cancel()
     click.echo(f"cancelled job {handle.job_id}")
 
@@ -260,16 +273,28 @@ def runs(directory, depth) -> None:
     if not found:
         click.echo(f"no runs under {root} (a run directory holds metrics.jsonl, attempt.json or job.json)")
         return
+    records, broken = {}, {}
+    for path in found:
+        if job_record_path(path).is_file():
+            try:
+                records[path] = JobRecord.load(str(path))
+            except HsdpError as exc:  # a broken record is shown, not fatal
+                broken[path] = type(exc).__name__
+    statuses = job_statuses(list(records.values()))  # one squeue and one sacct for every SLURM job
+    notes = sorted({st.note.rsplit(" (", 1)[0] for st in statuses.values() if st.note})
     rows = []
     for path in found:
         run = load_run(path)
         state = run.state
-        if job_record_path(path).is_file():
-            try:
-                job_state = JobHandle.find(str(path)).status().state
-                state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
-            except Exception as exc:  # noqa: BLE001 - a broken record is shown, not fatal
-                state = f"{state} (job.json: {type(exc).__name__})"
+        if path in broken:
+            state = f"{state} (job.json: {broken[path]})"
+        elif path in records:
+            st = statuses[records[path].run_dir]
+            job_state = st.state
+            state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
+            if not st.current:
+                age = st.last_known_age_s()
+                state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")
         last = run.last or {}
         loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
         step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
@@ -281,3 +306,5 @@ def runs(directory, depth) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for note in notes:
+        click.echo(f"scheduler: {note}; the states marked 'last known' are SLURM's last answer")

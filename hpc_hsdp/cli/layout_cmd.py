@@ -7,7 +7,7 @@ import os
 
 import click
 
-from hpc_hsdp.plan.address import hostfile_lines, node_address
+from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, node_address, pick_port
 from hpc_hsdp.plan.slurm_facts import DISTRIBUTIONS
 from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_from_env
 
@@ -24,7 +24,8 @@ from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_
     "--field",
     default=None,
     help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
-    "(\"ADDRESS PORT\": this node's reachable address and the job's port).",
+    "(\"ADDRESS PORT\": this node's reachable address and the job's port: the one derived from the job id, "
+    "else a free one of 10000-19999, which no job derives).",
 )
 @click.option(
     "--hostfile",
@@ -54,8 +55,12 @@ def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> 
         click.echo("\n".join(hostfile_lines(os.environ, parse_tasks_per_node(hostfile_counts), distribution)))
         return
     if field == "rendezvous":
-        _, port = rendezvous_from_env({k: v for k, v in os.environ.items() if k != "MASTER_PORT"})
-        click.echo(f"{node_address(os.environ)} {port}")
+        env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+        address = node_address(os.environ)
+        _, derived = rendezvous_from_env(env)
+        first = int(env[FIRST_PORT_VARIABLE]) if env.get(FIRST_PORT_VARIABLE, "").strip().isdigit() else derived
+        port = pick_port(first, where=f"node {env.get('SLURMD_NODENAME') or '?'}")  # a port in use is no failed job
+        click.echo(f"{address} {port}")
         return
     if field in ("master_addr", "master_port"):
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)

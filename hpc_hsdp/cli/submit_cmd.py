@@ -19,7 +19,8 @@ from hpc_hsdp.job.scheduler import CLUSTERS, submission_script, submit_spec
     type=click.Choice(CLUSTERS),
     default="auto",
     show_default=True,
-    help="auto: SLURM when sbatch is found and the controller answers, else the local emulator.",
+    help="auto: SLURM where sbatch is installed and configured (a controller that does not answer refuses the "
+    "job: exit 2), the local emulator only where SLURM is not.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job (state, step, loss, tokens/s); exit 0 only if it succeeded.")
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")

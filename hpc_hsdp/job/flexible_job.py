@@ -7,21 +7,16 @@ would wait for their files and then fail. Imported only where a SLURM job is sub
 
 from __future__ import annotations
 
-import subprocess
-
 import submitit
+
+from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
 
 
 def last_run_nodes(job_id: str, *, timeout_s: float = 30.0) -> int | None:
     """How many nodes the job's last run had (sacct: a requeued job's newest record), None when unknown."""
     try:
-        shown = subprocess.run(
-            ["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NNodes"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        shown = run_slurm(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "NNodes"], timeout_s=timeout_s)
+    except SchedulerError:
         return None
     counts = [line.strip() for line in shown.stdout.splitlines() if line.strip().isdigit()]
     return int(counts[-1]) if shown.returncode == 0 and counts else None

@@ -15,11 +15,11 @@ reads it, so status, logs and cancel work from the run directory alone.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,9 +31,15 @@ from submitit.core import utils as submitit_utils
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import private_dir, write_atomically
-from hpc_hsdp.plan.address import hostfile_lines
+from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
-from hpc_hsdp.plan.topology import default_node_names, expand_nodelist, format_tasks_per_node, parse_tasks_per_node
+from hpc_hsdp.plan.topology import (
+    default_node_names,
+    expand_nodelist,
+    format_tasks_per_node,
+    parse_tasks_per_node,
+    rendezvous_port,
+)
 
 KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
@@ -45,10 +51,50 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     write_atomically(path, json.dumps(data, indent=1))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def emulator_state_dir() -> Path:
+    """The emulator's own state on this machine (the ports it reserved, and their lock)."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "emulator"
+
+
+PORTS_FILE = "ports.json"
+PORTS_LOCK = "ports.lock"
+
+
+def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
+    """The rendezvous port of emulated job ``job_id``: the one derived from its id, or the first
+    free fallback (:func:`~hpc_hsdp.plan.address.port_candidates`), that no other live emulated job holds. Chosen and recorded under an
+    exclusive lock (``flock`` on ``ports.lock`` in :func:`emulator_state_dir`), so that two jobs
+    started at once never get the same one; a reservation lasts while its job is pending or
+    running (``state_file``)."""
+    folder = emulator_state_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / PORTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            held = json.loads((folder / PORTS_FILE).read_text())
+        except (OSError, ValueError):
+            held = {}
+        live = {port: r for port, r in held.items() if isinstance(r, dict) and _reservation_live(r)}
+        derived = rendezvous_port({"SLURM_JOB_ID": job_id})
+        port = pick_port(derived, taken={int(p) for p in live if str(p).isdigit()}, is_free=is_free)
+        live[str(port)] = {"job_id": job_id, "state_file": str(state_file), "at": time.time()}
+        _write_json_atomic(folder / PORTS_FILE, live)
+    return port
+
+
+def _reservation_live(reservation: dict) -> bool:
+    """A reserved port stays held while its job may still bind it: pending (a minute at most
+    without a supervisor) or running with a live supervisor."""
+    try:
+        state = json.loads(Path(reservation["state_file"]).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if state.get("state") not in ("PENDING", "RUNNING"):
+        return False
+    pid = state.get("supervisor_pid")
+    if pid:
+        return _alive(pid)
+    return time.time() - float(reservation.get("at") or 0) < 60
 
 
 def new_job_id() -> str:
@@ -84,7 +130,9 @@ def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_nam
     return LocalAllocation(tasks_per_node=counts, node_names=names, job_name=job_name, gpus_per_node=gpus_per_node)
 
 
-def job_environment(alloc: LocalAllocation, *, job_id: str, submit_dir: str, shim_dir: Path) -> dict[str, str]:
+def job_environment(
+    alloc: LocalAllocation, *, job_id: str, submit_dir: str, shim_dir: Path, port: int
+) -> dict[str, str]:
     """The batch script's environment: job-level SLURM variables, rendezvous on loopback."""
     nodelist = compress_nodelist(alloc.node_names)
     env = dict(os.environ)
@@ -109,7 +157,8 @@ def job_environment(alloc: LocalAllocation, *, job_id: str, submit_dir: str, shi
             "SLURM_LOCALID": "0",
             "SLURM_CLUSTER_NAME": "local-emulator",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
+            "MASTER_PORT": str(port),  # a script that keeps it uses it; the rendered one picks from the next
+            FIRST_PORT_VARIABLE: str(port),
             "HPC_HSDP_EMULATOR": "1",
             "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
             "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -177,7 +226,8 @@ def launch_local(
     }
     path = state_path(logs_dir, job_id)
     _write_json_atomic(path, state)
-    env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir)
+    port = reserve_port(job_id, path)
+    env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.local", "supervise", str(path)],
         env=env,

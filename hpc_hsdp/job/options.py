@@ -21,6 +21,11 @@ CONFIG_ENV = "HPC_HSDP_CONFIG"
 """Environment variable naming the config file when ``--config`` is not given."""
 PROFILE_ENV = "HPC_HSDP_PROFILE"
 """Environment variable naming the profile when ``--profile`` is not given."""
+SLURM_TIMEOUT_ENV = "HPC_HSDP_SLURM_TIMEOUT"
+"""Environment variable: seconds any one SLURM command (``sbatch``, ``squeue``, ``scontrol``,
+``sacct``, ``scancel``, ``sinfo``) may take before hpc-hsdp stops waiting for it
+(:func:`hpc_hsdp.job.slurm_command.run_slurm`); default ``DEFAULT_SLURM_TIMEOUT_S``."""
+DEFAULT_SLURM_TIMEOUT_S = 10.0
 
 DEVICES = ("auto", "cpu", "cuda")
 """``--device``: ``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""

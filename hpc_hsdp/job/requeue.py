@@ -3,15 +3,17 @@
 A module of its own so that dependencies point one way: the scheduler module
 (:mod:`hpc_hsdp.job.scheduler`) hands the runtime's task function to submitit, and the runtime
 (:mod:`hpc_hsdp.runtime.preemption`, the watchdog) asks for a requeue through this module,
-never through the scheduler module. Standard library only.
+never through the scheduler module. Its scontrol calls go through the one bounded runner,
+:func:`hpc_hsdp.job.slurm_command.run_slurm` (standard library only, as this module).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
+
+from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
 
 REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
 """Set by the rendered script of a container job: where no ``scontrol`` exists (inside the
@@ -48,13 +50,8 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
     if updates:
         return _requeue_updated(job_id, updates, timeout_s=timeout_s)
     try:  # SLURM's SIGTERM to every process of the job can reach scontrol before it has read the answer: ignored
-        done = subprocess.run(
-            ["sh", "-c", "trap '' TERM; exec scontrol requeue \"$1\"", "sh", job_id],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_slurm(["sh", "-c", "trap '' TERM; exec scontrol requeue \"$1\"", "sh", job_id], timeout_s=timeout_s)
+    except SchedulerError as exc:
         return False, f"scontrol requeue could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())
     return done.returncode == 0, said or f"exit code {done.returncode}"
@@ -74,10 +71,8 @@ started from the task would be killed with it, leaving the job held forever."""
 def _requeue_updated(job_id: str, updates: tuple[str, ...], *, timeout_s: float) -> tuple[bool, str]:
     """Requeue held, ``scontrol update`` the pending job (``ExcNodeList=``, ``NumNodes=``), release."""
     try:
-        done = subprocess.run(
-            ["sh", "-c", _REQUEUE_UPDATED, "sh", job_id, *updates], capture_output=True, text=True, timeout=timeout_s
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_slurm(["sh", "-c", _REQUEUE_UPDATED, "sh", job_id, *updates], timeout_s=timeout_s)
+    except SchedulerError as exc:
         return False, f"scontrol requeuehold/release could not run ({exc}); check with scontrol show job {job_id}"
     said = " ".join((done.stdout + done.stderr).split())
     if "requeuehold: failed" in said:
@@ -116,13 +111,8 @@ def restore_request(job_id: str, *, env=None, timeout_s: float = 10.0) -> tuple[
         return False, ""
     restarts = (env.get("SLURM_RESTART_COUNT") or "0").strip()
     try:
-        done = subprocess.run(
-            ["sh", "-c", _RESTORE_REQUEST, "sh", job_id, restarts, *updates],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_slurm(["sh", "-c", _RESTORE_REQUEST, "sh", job_id, restarts, *updates], timeout_s=timeout_s)
+    except SchedulerError as exc:
         return False, f"scontrol update could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())
     return done.returncode == 0, said or ("" if done.returncode == 0 else f"exit code {done.returncode}")

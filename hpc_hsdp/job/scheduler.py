@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,20 @@ from hpc_hsdp.job.config import OPTION_KINDS, check_kind, command_line_layer, re
 from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
+from hpc_hsdp.job.slurm_command import (  # noqa: F401  (SchedulerError re-exported: the scheduler's API)
+    TIMED_OUT,
+    SchedulerError,
+    SchedulerTimeout,
+    bounded_command,
+    daemon_of,
+    ping_controller,
+    run_slurm,
+    slurm_timeout_s,
+)
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 from hpc_hsdp.plan.slurm_facts import check_job_id
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
+from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
 from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
 from hpc_hsdp.rundir.metrics import last_metrics, recent_metrics
 
@@ -50,38 +61,40 @@ TERMINAL = (
 )
 
 
-class SchedulerError(HsdpError):
-    """The scheduler refused or could not be reached."""
-
-
-def slurm_available(timeout_s: float = 5.0) -> tuple[bool, str]:
-    """Whether ``sbatch`` exists and the controller answers ``scontrol ping``."""
-    if shutil.which("sbatch") is None:
-        return False, "sbatch not found on PATH"
-    try:
-        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"scontrol ping failed ({exc})"
-    if ping.returncode != 0 or " is UP" not in ping.stdout:
-        said = " ".join((ping.stdout + ping.stderr).split()) or f"exit code {ping.returncode}"
-        return False, f"the SLURM controller does not answer: {said}"
-    return True, "the SLURM controller answers"
-
-
-def resolve_cluster(choice: str) -> tuple[str, str]:
-    """``auto`` -> ``slurm`` when the controller answers, else ``local``; with a reason line."""
+def resolve_cluster(choice: str, *, ping=ping_controller, which=shutil.which) -> tuple[str, str]:
+    """``auto`` -> ``slurm`` when the controller answers; ``local`` only where no SLURM client is
+    installed (no ``sbatch``) or configured (``scontrol`` finds no configuration). Where SLURM is
+    configured, a controller that does not answer is a :class:`SchedulerError` (nothing is
+    submitted, nothing runs here: a login node is no place to train). With a reason line."""
     if choice not in CLUSTERS:
         raise SpecError(f"--cluster {choice!r} is unknown; choose auto, slurm or local")
     if choice == "local":
         return "local", "running on the local emulator (--cluster local)"
-    up, why = slurm_available()
-    if choice == "slurm":
-        if not up:
-            raise SchedulerError(f"--cluster slurm but {why}; start or reach a SLURM cluster, or use --cluster local")
-        return "slurm", f"submitting to SLURM ({why})"
-    if up:
-        return "slurm", f"submitting to SLURM ({why})"
-    return "local", f"running on the local emulator: no SLURM here ({why})"
+    if which("sbatch") is None:
+        if choice == "slurm":
+            raise SchedulerError(
+                "--cluster slurm but sbatch is not on PATH; load SLURM's client, or use --cluster local"
+            )
+        return "local", "running on the local emulator: no SLURM here (sbatch not found on PATH)"
+    found = ping()
+    if found.answered:
+        return "slurm", f"submitting to SLURM ({found.controller} answers)"
+    if not found.configured and choice == "auto":
+        return "local", f"running on the local emulator: SLURM is installed but not configured here ({found.said})"
+    if not found.configured:
+        raise SchedulerError(
+            f"--cluster slurm but SLURM is not configured here ({found.said}); set SLURM_CONF, or use --cluster local"
+        )
+    if "did not answer" in found.said:
+        raise SchedulerTimeout(
+            f"{found.said}; nothing submitted: try again, or --cluster local to run on this machine",
+            command="scontrol ping",
+            timeout_s=found.timeout_s,
+        )
+    raise SchedulerError(
+        f"{found.controller} does not answer ({found.said}); nothing submitted: try again, or --cluster local "
+        f"to run on this machine"
+    )
 
 
 # ----------------------------------------------------------------------------- what runs on each task
@@ -111,13 +124,45 @@ def submission_script(spec) -> str:
 @dataclass(frozen=True, kw_only=True)
 class JobStatus:
     state: str
+    """The job's state: SLURM's answer; when it did not answer, the last known one (or a final
+    state from the accounting), ``UNKNOWN`` without either."""
     exit_code: str | None = None
     restarts: int = 0
     reason: str | None = None
+    controller_answered: bool | None = None
+    """Whether the SLURM controller answered this query (None: not asked, a local job)."""
+    accounting_answered: bool | None = None
+    """Whether ``sacct`` answered (None: not asked; the queue said enough)."""
+    note: str | None = None
+    """In words, when the state is not SLURM's current answer: who did not answer, and what is shown instead."""
+    last_known_state: str | None = None
+    """The state SLURM last told (``<run-dir>/job_state.json``), when it did not answer now."""
+    last_known_at: float | None = None
+    """When SLURM told ``last_known_state`` (epoch seconds)."""
 
     @property
     def finished(self) -> bool:
         return self.state.split()[0] in TERMINAL
+
+    @property
+    def current(self) -> bool:
+        """The state is what the scheduler just said (not a last known one)."""
+        return self.note is None
+
+    def last_known_age_s(self, now: float | None = None) -> float | None:
+        if self.last_known_at is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.last_known_at)
+
+    def to_dict(self, now: float | None = None) -> dict:
+        age = self.last_known_age_s(now)
+        return {
+            "controller_answered": self.controller_answered,
+            "accounting_answered": self.accounting_answered,
+            "scheduler_note": self.note,
+            "last_known_state": self.last_known_state,
+            "last_known_age_s": None if age is None else round(age, 1),
+        }
 
 
 class JobHandle:
@@ -141,7 +186,7 @@ class JobHandle:
             info = LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).info()
             code = info.get("exit_code")
             return JobStatus(state=info["state"], exit_code=None if code is None else str(code))
-        return _slurm_status(self.job_id)
+        return _slurm_status(self.record)
 
     def cancel(self) -> None:
         if self.record.cluster == "local":
@@ -149,9 +194,15 @@ class JobHandle:
 
             LocalJob(logs_dir=Path(self.record.logs_dir), job_id=self.job_id).cancel()
             return
-        done = subprocess.run(["scancel", check_job_id(self.job_id)], capture_output=True, text=True)
+        try:
+            done = run_slurm(["scancel", check_job_id(self.job_id)])
+        except SchedulerTimeout as exc:
+            raise SchedulerError(
+                f"{exc}: job {self.job_id} may not be cancelled; see hpc-hsdp status {self.record.run_dir}, "
+                f"and try again"
+            ) from None
         if done.returncode != 0:
-            raise SchedulerError(f"scancel {self.job_id} failed: {done.stderr.strip()}")
+            raise SchedulerError(f"scancel {self.job_id} failed: {' '.join(done.stderr.split())}")
 
     def last_metrics(self) -> dict | None:
         """The latest record of ``<run-dir>/metrics.jsonl`` (step, loss, tokens_per_s, ...)."""
@@ -277,23 +328,179 @@ def _task_index(path: Path) -> int:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
-def _slurm_status(job_id: str) -> JobStatus:
-    job_id = check_job_id(job_id)  # it reaches squeue, sacct and scontrol as an argument
-    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True)
-    restarts = _restart_count(job_id)
-    if queued.returncode == 0 and queued.stdout.strip():
-        state, _, reason = queued.stdout.strip().splitlines()[0].partition("|")
-        return JobStatus(state=state, restarts=restarts, reason=None if reason in ("None", "") else reason)
-    acct = subprocess.run(
-        ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"], capture_output=True, text=True
+def parse_squeue_rows(text: str) -> dict[str, tuple[str, str | None]]:
+    """``squeue -h -o %i|%T|%r`` -> {job id: (state, reason or None)}."""
+    rows: dict[str, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            continue
+        job_id, state, reason = parts
+        rows.setdefault(job_id, (state, None if reason in ("None", "") else reason))
+    return rows
+
+
+def parse_sacct_rows(text: str) -> dict[str, tuple[str, str]]:
+    """``sacct -X -n -P -o JobID,State,ExitCode`` -> {job id: (state, exit code)}, each job's last
+    row (its newest record); ``CANCELLED by 0`` -> ``CANCELLED``."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0] or not parts[1].strip():
+            continue
+        job_id, state, code = parts
+        rows[job_id] = (state.split()[0], code)
+    return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Answers:
+    """What one round of queries (one squeue, one sacct) said about some jobs."""
+
+    queued: dict[str, tuple[str, str | None]]
+    controller: str | None
+    """Why the controller did not answer (None: it answered)."""
+    accounted: dict[str, tuple[str, str]]
+    accounting: str | None
+    """Why the accounting did not answer (None: it answered, or was not asked)."""
+    accounting_asked: bool
+
+
+def _ask(job_ids: list[str]) -> _Answers:
+    """One ``squeue`` for every job id, then one ``sacct`` for those not in the queue (all of
+    them when the controller did not answer); each bounded by :func:`run_slurm`."""
+    job_ids = [check_job_id(job_id) for job_id in job_ids]  # they reach squeue and sacct as arguments
+    queued: dict[str, tuple[str, str | None]] = {}
+    controller = None
+    try:
+        shown = run_slurm(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    except SchedulerError as exc:
+        controller = str(exc)
+    else:
+        said = " ".join(shown.stderr.split())
+        if shown.returncode == 0:
+            queued = parse_squeue_rows(shown.stdout)
+        elif "Invalid job id" not in said:  # SLURM's answer for one id it no longer knows
+            controller = f"squeue failed: {said or f'exit code {shown.returncode}'}"
+    rest = [job_id for job_id in job_ids if job_id not in queued]
+    accounted: dict[str, tuple[str, str]] = {}
+    accounting = None
+    if rest:
+        try:
+            acct = run_slurm(["sacct", "-X", "-n", "-P", "-j", ",".join(rest), "-o", "JobID,State,ExitCode"])
+        except SchedulerError as exc:
+            accounting = str(exc)
+        else:
+            if acct.returncode == 0:
+                accounted = parse_sacct_rows(acct.stdout)
+            else:
+                accounting = f"sacct failed: {' '.join(acct.stderr.split())[:200] or f'exit code {acct.returncode}'}"
+    return _Answers(
+        queued=queued, controller=controller, accounted=accounted, accounting=accounting, accounting_asked=bool(rest)
     )
-    rows = [r for r in acct.stdout.strip().splitlines() if r]
-    if acct.returncode != 0 or not rows:
-        return JobStatus(
-            state="UNKNOWN", restarts=restarts, reason=(acct.stderr.strip() or "no accounting record")[:200]
+
+
+def _status_from(record: JobRecord, answers: _Answers, *, restarts: int | None = None, now: float) -> JobStatus:
+    """One job's status from a round of answers; recorded as its last known state when it is
+    the scheduler's current one, and completed with the last known one when it is not."""
+    job_id = record.job_id
+    known = load_job_state(record.run_dir, job_id)
+    known_restarts = int(known.get("restarts") or 0) if known else 0
+    asked = {
+        "controller_answered": answers.controller is None,
+        "accounting_answered": None if not answers.accounting_asked else answers.accounting is None,
+    }
+    current: JobStatus | None = None
+    if job_id in answers.queued:
+        state, reason = answers.queued[job_id]
+        current = JobStatus(
+            state=state, reason=reason, restarts=known_restarts if restarts is None else restarts, **asked
         )
-    state, _, code = rows[-1].partition("|")
-    return JobStatus(state=state.split()[0], exit_code=code, restarts=restarts)
+    elif job_id in answers.accounted and (answers.controller is None or answers.accounted[job_id][0] in TERMINAL):
+        # out of the queue and in the accounting; or the accounting holds its end (final, whoever is silent)
+        state, code = answers.accounted[job_id]
+        current = JobStatus(
+            state=state, exit_code=code, restarts=known_restarts if restarts is None else restarts, **asked
+        )
+    elif answers.controller is None and answers.accounting is None:
+        return JobStatus(state="UNKNOWN", restarts=known_restarts, reason="no accounting record", **asked)
+    if current is not None and (answers.controller is None or current.finished):
+        save_job_state(
+            record.run_dir,
+            job_id,
+            state=current.state,
+            exit_code=current.exit_code,
+            restarts=current.restarts,
+            reason=current.reason,
+            now=now,
+            previous=known,
+        )
+        if answers.controller is None:
+            return current
+        return replace(current, note=f"{answers.controller}; the accounting has the job's end")
+    # not SLURM's current answer: say who did not answer and show the last known state
+    silent = answers.controller or answers.accounting
+    accounting_state = answers.accounted.get(job_id, (None,))[0]
+    # the controller answered that the job left the queue: it ended, but how is unknown
+    state = "UNKNOWN" if answers.controller is None else (known or {}).get("state") or accounting_state or "UNKNOWN"
+    if answers.controller is not None and answers.accounting is not None:
+        silent += f"; {answers.accounting}"
+    if known:
+        shown = f"last known state {known['state']}, {_age_words(now - float(known.get('at') or now))} ago"
+    elif accounting_state:
+        shown = f"no state recorded before; the accounting says {accounting_state}, which may be behind"
+    else:
+        shown = "no state recorded before"
+    return JobStatus(
+        state=state,
+        exit_code=(known or {}).get("exit_code"),
+        restarts=known_restarts,
+        reason=(known or {}).get("reason"),
+        note=f"{silent} ({shown})",
+        last_known_state=(known or {}).get("state"),
+        last_known_at=float(known["at"]) if known and known.get("at") else None,
+        **asked,
+    )
+
+
+def _age_words(seconds: float) -> str:
+    from hpc_hsdp.plan.units import duration  # noqa: PLC0415  (only when the scheduler did not answer)
+
+    return duration(max(0.0, seconds))
+
+
+def _slurm_status(record: JobRecord) -> JobStatus:
+    """The state of one SLURM job: ``squeue`` while the controller knows it (restarts from
+    ``scontrol show job``), else ``sacct``; each call bounded. When the controller does not
+    answer, no further call is made to it."""
+    answers = _ask([record.job_id])
+    restarts = None
+    if answers.controller is None:
+        try:
+            restarts = _restart_count(record.job_id)
+        except SchedulerError:
+            restarts = None
+    return _status_from(record, answers, restarts=restarts, now=time.time())
+
+
+def job_statuses(records: list[JobRecord]) -> dict[str, JobStatus]:
+    """The status of every job of ``records``, keyed by run directory: local jobs from their
+    state files, every SLURM job from one ``squeue`` and one ``sacct`` call together (restarts:
+    the last known ones)."""
+    statuses: dict[str, JobStatus] = {}
+    slurm = [record for record in records if record.cluster == "slurm"]
+    for record in records:
+        if record.cluster != "slurm":
+            try:
+                statuses[record.run_dir] = JobHandle(record).status()
+            except (OSError, ValueError) as exc:  # a broken state file is shown, not fatal
+                statuses[record.run_dir] = JobStatus(state="UNKNOWN", reason=f"{type(exc).__name__}: {exc}"[:200])
+    if slurm:
+        answers = _ask(sorted({record.job_id for record in slurm}))
+        now = time.time()
+        for record in slurm:
+            statuses[record.run_dir] = _status_from(record, answers, now=now)
+    return statuses
 
 
 def parse_slurm_duration(text: str) -> float | None:
@@ -326,10 +533,8 @@ def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
     """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
     job_id = check_job_id(job_id)
     try:
-        shown = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%L|%l"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        shown = run_slurm(["squeue", "-h", "-j", job_id, "-o", "%L|%l"])
+    except SchedulerError:
         return None
     rows = [r for r in shown.stdout.splitlines() if "|" in r]
     if shown.returncode != 0 or not rows:
@@ -341,13 +546,11 @@ def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
 def _restart_count(job_id: str) -> int:
     """How often SLURM restarted the job: ``Restarts=`` of ``scontrol show job`` while the
     controller knows it, else the REQUEUED rows of ``sacct -D`` (22.05's sacct has no Restarts)."""
-    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    shown = run_slurm(["scontrol", "-o", "show", "job", job_id])
     for field in shown.stdout.split():
         if field.startswith("Restarts="):
             return int(field.split("=", 1)[1])
-    acct = subprocess.run(
-        ["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
-    )
+    acct = run_slurm(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
     return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
 
 
@@ -407,14 +610,15 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
             f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
             f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
         )
-    state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
-    resumes = check_run_dir(spec, own_function=fn is not None, state=state)
-    check_job_inputs(spec, own_function=fn is not None, state=state)
-    target, reason = resolve_cluster(cluster)
     if fn is not None and spec.launch.launcher != "srun":
         raise SpecError(
             "a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher"
         )
+    # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
+    target, reason = resolve_cluster(cluster)
+    state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
+    resumes = check_run_dir(spec, own_function=fn is not None, state=state)
+    check_job_inputs(spec, own_function=fn is not None, state=state)
     func, args = task_function(spec)
     kwargs = {"fn": fn} if fn is not None else {}
     logs_dir = Path(spec.log_dir)
@@ -443,9 +647,9 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
 def _check_partition(spec) -> None:
     if not spec.scheduler.partition:
         return
-    shown = subprocess.run(["scontrol", "show", "partition", spec.scheduler.partition], capture_output=True, text=True)
+    shown = run_slurm(["scontrol", "show", "partition", spec.scheduler.partition])
     if shown.returncode != 0:
-        known = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()
+        known = run_slurm(["sinfo", "-h", "-o", "%R"]).stdout.split()
         raise SchedulerError(
             f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
             f"{', '.join(sorted(set(known))) or '(none found)'}"
@@ -466,10 +670,14 @@ def _submit_slurm(spec, func, args, kwargs):
         def _num_tasks(self) -> int:
             return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
 
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return bounded_command(super()._make_submission_command(submission_file_path), timeout_s=limit)
+
     if spec.flexible:  # SLURM may grant fewer nodes: results() are those of the tasks that ran
         from hpc_hsdp.job.flexible_job import FlexibleSlurmJob  # noqa: PLC0415  (imports submitit)
 
         RenderedScriptExecutor.job_class = FlexibleSlurmJob
+    limit = slurm_timeout_s()
     executor = RenderedScriptExecutor(folder=spec.log_dir)
     try:
         job = executor.submit(functools.partial(func, **kwargs), *args)
@@ -477,6 +685,13 @@ def _submit_slurm(spec, func, args, kwargs):
             job.tasks_per_node, job.min_nodes = executor._num_tasks() // spec.nodes, spec.min_nodes
         return job
     except submitit.core.utils.FailedJobError as exc:  # sbatch's own stderr is inside
+        if getattr(exc.__cause__, "returncode", None) == TIMED_OUT:
+            raise SchedulerTimeout(
+                f"{daemon_of('sbatch')} did not answer sbatch within {limit:g} s; the job may be queued all the "
+                f"same: look with squeue --me before submitting again",
+                command="sbatch",
+                timeout_s=limit,
+            ) from None
         message = " ".join(str(exc).split())
         raise SchedulerError(f"sbatch refused the job: {message[-400:]}") from None
 

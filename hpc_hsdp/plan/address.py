@@ -17,6 +17,7 @@ Nothing found: an error that names the fix (``--env MASTER_ADDR=...`` or the int
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import socket
@@ -24,7 +25,7 @@ import struct
 from collections.abc import Callable, Mapping
 
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.plan.topology import expand_nodelist
+from hpc_hsdp.plan.topology import RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_SPAN, expand_nodelist
 
 IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 _ROUTE_PROBE = "10.255.255.255"  # a UDP "connect" only picks a route and source address; nothing is sent
@@ -150,3 +151,71 @@ def hostfile_lines(env: Mapping[str, str], counts: tuple[int, ...], distribution
     if distribution == "block":
         return [node for node, count in zip(nodes, counts) for _ in range(count)]
     return [node for round_ in range(max(counts)) for node, count in zip(nodes, counts) if round_ < count]
+
+
+# ----------------------------------------------------------------------------- the rendezvous port
+
+PORT_TRIES = 64
+"""How many ports the batch script tries before giving up: the derived one, then the fallbacks."""
+FALLBACK_PORT_BASE = 10000
+"""Fallback ports are 10000-19999: no job derives one of them (another job's derived port, free
+now but bound in a moment by that job's own rank 0, is never taken), and Linux hands out none of
+them to outgoing connections (``ip_local_port_range`` starts at 32768)."""
+FIRST_PORT_VARIABLE = "HPC_HSDP_RENDEZVOUS_PORT"
+"""The first port to try, in place of the one derived from the job id (the local emulator
+sets it to the port it reserved for the job)."""
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a TCP server could listen on ``port`` on every address of this node now, as torch's
+    TCP store will: a bind to the wildcard address with ``SO_REUSEADDR`` (so a port whose last
+    connections linger in TIME_WAIT, such as the previous run's of a requeued job, counts as free,
+    and one another process listens on does not), IPv4 and, where there is one, IPv6."""
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, address in families:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no such family on this node
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address, port))
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:  # IPv6 disabled
+                continue
+            return False
+        finally:
+            sock.close()
+    return True
+
+
+def port_candidates(first: int, tries: int = PORT_TRIES) -> list[int]:
+    """``first``, then, when it is a derived port (20000-29999), the fallbacks from
+    ``first - 10000`` on, wrapping within 10000-19999; otherwise the ports after ``first``."""
+    if RENDEZVOUS_PORT_BASE <= first < RENDEZVOUS_PORT_BASE + RENDEZVOUS_PORT_SPAN:
+        offset = first - RENDEZVOUS_PORT_BASE
+        fallbacks = [FALLBACK_PORT_BASE + (offset + k) % RENDEZVOUS_PORT_SPAN for k in range(tries - 1)]
+        return [first, *fallbacks]
+    return [port for port in range(first, min(first + tries, 65536))]
+
+
+def pick_port(
+    first: int,
+    *,
+    taken: frozenset[int] | set[int] = frozenset(),
+    is_free: Callable[[int], bool] = port_is_free,
+    tries: int = PORT_TRIES,
+    where: str = "this node",
+) -> int:
+    """The first of :func:`port_candidates` that is not ``taken`` (held for another job) and free here."""
+    for port in port_candidates(first, tries):
+        if port not in taken and is_free(port):
+            return port
+    raise SlurmEnvError(
+        f"no free port among the {tries} from {first} on {where}; set --env MASTER_PORT=<a free port> "
+        f"or free one of them"
+    )

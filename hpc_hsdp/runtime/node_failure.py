@@ -17,11 +17,11 @@ it; by the survivors when SLURM does not) and resumes from the newest complete c
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
 from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
 from hpc_hsdp.rundir.state import failure_restarts, record_restart
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.preemption import in_slurm, restart_count
@@ -32,10 +32,8 @@ PROBE_TIMEOUT_S = 3.0
 def slurmd_address(node: str, *, timeout_s: float = 10.0) -> tuple[str, int] | None:
     """(NodeAddr, Port) of a node's slurmd from ``scontrol -o show node``; None when unknown."""
     try:
-        shown = subprocess.run(
-            ["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=timeout_s
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        shown = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s=timeout_s)
+    except SchedulerError:
         return None
     fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
     addr, port = fields.get("NodeAddr"), fields.get("Port", "6818")
@@ -62,8 +60,8 @@ def unreachable_nodes(nodes: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_
 def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:
     """``KEY=VALUE`` words (``scontrol -o show job``) or ``KEY = VALUE`` lines (``show config``)."""
     try:
-        shown = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
+        shown = run_slurm(["scontrol", *args], timeout_s=timeout_s)
+    except SchedulerError:
         return {}
     if shown.returncode != 0:
         return {}
