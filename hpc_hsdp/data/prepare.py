@@ -559,17 +559,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         decode_errors=spec.decode_errors,
         max_line_bytes=spec.max_line_bytes,
     )
-    tokenizer: ByteTokenizer | HFTokenizer | None = None
-    if spec.train_tokenizer is not None:
-        if spec.eos_token is not None:
-            raise DataError("--eos-token is for --tokenizer PATH; a trained tokenizer's is <|endoftext|>: leave it out")
-        require_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
-    elif spec.tokenizer == BYTE:
-        if spec.eos_token is not None:
-            raise DataError("--eos-token is for --tokenizer PATH; the byte tokenizer's is id 256: leave it out")
-        tokenizer = ByteTokenizer()
-    else:
-        tokenizer = load_tokenizer_file(spec.tokenizer, eos_token=spec.eos_token)
+    tokenizer = _given_tokenizer(spec)
     output = _check_output(spec, files)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
@@ -615,30 +605,10 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             encoded_blocks = _encode_in_processes(blocks, encoder, spec.workers, settings)
         else:
             encoded_blocks = _encode_in_threads(blocks, encoder, spec.workers)
-        fault = _fault_after_blocks()
-        text_bytes = empty_documents = 0
         progress.start("tokenizing", total_disk)
-        for count, encoded in enumerate(encoded_blocks, start=1):
-            for split in SPLITS:
-                writers[split].append(encoded.tokens[split], encoded.lengths[split], encoded.continues[split])
-            text_bytes += encoded.text_bytes
-            empty_documents += encoded.empty_documents
-            progress.update(disk_bytes=encoded.disk_bytes, text_bytes=encoded.text_bytes, tokens=encoded.num_tokens)
-            if fault is not None and count == fault[0]:
-                os.kill(os.getpid(), fault[1])
-        for writer in writers.values():
-            writer.close()
+        text_bytes, empty_documents = _write_blocks(encoded_blocks, writers, progress)
         progress.finish()
-        if not writers["train"].num_documents:
-            raise DataError(
-                f"no document went to the train split ({writers['val'].num_documents} went to val); "
-                f"lower --val-fraction or give more input"
-            )
-        if spec.val_fraction > 0 and not writers["val"].num_documents:
-            raise DataError(
-                f"--val-fraction {spec.val_fraction} chose none of the {writers['train'].num_documents} "
-                f"documents for the val split; raise it or give more documents"
-            )
+        _check_splits(writers, spec)
         shards = {split: writers[split].shards for split in SPLITS}
         num_tokens = {split: writers[split].num_tokens for split in SPLITS}
         num_documents = {split: writers[split].num_documents for split in SPLITS}
@@ -683,6 +653,53 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         engine=engine,
         seconds=time.monotonic() - began,
     )
+
+
+def _given_tokenizer(spec: PrepareSpec) -> ByteTokenizer | HFTokenizer | None:
+    """The tokenizer ``--tokenizer`` names, checked; None when one is trained on the input."""
+    if spec.train_tokenizer is not None:
+        if spec.eos_token is not None:
+            raise DataError("--eos-token is for --tokenizer PATH; a trained tokenizer's is <|endoftext|>: leave it out")
+        require_tokenizers(f"--train-tokenizer {spec.train_tokenizer}")
+        return None
+    if spec.tokenizer == BYTE:
+        if spec.eos_token is not None:
+            raise DataError("--eos-token is for --tokenizer PATH; the byte tokenizer's is id 256: leave it out")
+        return ByteTokenizer()
+    return load_tokenizer_file(spec.tokenizer, eos_token=spec.eos_token)
+
+
+def _write_blocks(
+    encoded_blocks: Iterator[EncodedBlock], writers: dict[str, SplitWriter], progress: Progress
+) -> tuple[int, int]:
+    """Append every encoded block to its splits' writers, in input order, and close them;
+    returns (text bytes, empty documents)."""
+    fault = _fault_after_blocks()
+    text_bytes = empty_documents = 0
+    for count, encoded in enumerate(encoded_blocks, start=1):
+        for split in SPLITS:
+            writers[split].append(encoded.tokens[split], encoded.lengths[split], encoded.continues[split])
+        text_bytes += encoded.text_bytes
+        empty_documents += encoded.empty_documents
+        progress.update(disk_bytes=encoded.disk_bytes, text_bytes=encoded.text_bytes, tokens=encoded.num_tokens)
+        if fault is not None and count == fault[0]:
+            os.kill(os.getpid(), fault[1])
+    for writer in writers.values():
+        writer.close()
+    return text_bytes, empty_documents
+
+
+def _check_splits(writers: dict[str, SplitWriter], spec: PrepareSpec) -> None:
+    if not writers["train"].num_documents:
+        raise DataError(
+            f"no document went to the train split ({writers['val'].num_documents} went to val); "
+            f"lower --val-fraction or give more input"
+        )
+    if spec.val_fraction > 0 and not writers["val"].num_documents:
+        raise DataError(
+            f"--val-fraction {spec.val_fraction} chose none of the {writers['train'].num_documents} "
+            f"documents for the val split; raise it or give more documents"
+        )
 
 
 def _training_texts(files: list[InputFile], spec: PrepareSpec, progress: Progress, block_bytes: int) -> Iterator[str]:
