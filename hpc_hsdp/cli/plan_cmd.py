@@ -27,7 +27,6 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
-from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
@@ -401,6 +400,7 @@ def _builtin_counts(options: str):
         except ValueError:
             raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
     training = asdict(TrainingSpec(**values))
+    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
 
     def counts(shard_size: int) -> tuple[int, int]:
         c = parameter_counts(**training, shard_size=shard_size)

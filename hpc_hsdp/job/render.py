@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import signal
 from pathlib import Path
 
 import jinja2
@@ -209,6 +208,8 @@ def warning_signal_name(spec: JobSpec) -> str:
     name = value.rsplit(":", 1)[-1].split("@", 1)[0].upper()
     name = name[3:] if name.startswith("SIG") else name
     if name.isdigit():
+        import signal  # noqa: PLC0415 - only for a numeric --signal: its enum costs every render a millisecond
+
         try:
             name = signal.Signals(int(name)).name[3:]
         except ValueError:
