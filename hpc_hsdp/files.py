@@ -55,3 +55,9 @@ def private_dir(path: str | os.PathLike, *, mode: int = 0o700) -> Path:
     if stat.S_IMODE(info.st_mode) & ~mode:
         os.chmod(path, stat.S_IMODE(info.st_mode) & mode)
     return path
+
+
+def user_state_dir(name: str) -> Path:
+    """``$XDG_STATE_HOME/hpc-hsdp/NAME`` (``~/.local/state`` without it): this user's state of
+    hpc-hsdp on this machine (the jobs index, the emulator's port reservations). Not created."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / name

@@ -30,7 +30,7 @@ from pathlib import Path
 from submitit.core import utils as submitit_utils
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, write_atomically
+from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.plan.topology import (
@@ -53,7 +53,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 def emulator_state_dir() -> Path:
     """The emulator's own state on this machine (the ports it reserved, and their lock)."""
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "emulator"
+    return user_state_dir("emulator")
 
 
 PORTS_FILE = "ports.json"

@@ -186,7 +186,7 @@ class Ping:
 
     @property
     def controller(self) -> str:
-        return f"the SLURM controller {self.host}" if self.host else "the SLURM controller"
+        return _name(self.host)
 
 
 _NO_CONFIG_MARKERS = ("Could not establish a configuration source", "fetch_config")

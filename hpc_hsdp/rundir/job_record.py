@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, write_atomically
+from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
 from hpc_hsdp.plan.slurm_facts import check_job_id
 
 JOB_RECORD = "job.json"
@@ -25,7 +25,7 @@ def job_record_path(run_dir: str | Path) -> Path:
 
 def jobs_index() -> Path:
     """This machine's index of submitted jobs: one file per job, holding its run directory."""
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / "jobs"
+    return user_state_dir("jobs")
 
 
 def _own_index() -> bool:
