@@ -531,6 +531,21 @@ def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
     assert JobRecord.load("77").run_dir == str(run)
 
 
+def test_the_emulators_port_reservations_are_private(tmp_path, monkeypatch):
+    from hpc_hsdp.job.local import emulator_state_dir, reserve_port
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    reserve_port("4242", tmp_path / "state.json", is_free=lambda port: True)
+    assert stat.S_IMODE(emulator_state_dir().stat().st_mode) == 0o700
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(emulator_state_dir())
+    emulator_state_dir().symlink_to(elsewhere)
+    with pytest.raises(SpecError, match="the local emulator cannot use .* is a symlink"):
+        reserve_port("4243", tmp_path / "state.json", is_free=lambda port: True)
+    assert not list(elsewhere.iterdir())  # nothing written through the link
+
+
 # ----------------------------------------------------------------------------- token data
 
 

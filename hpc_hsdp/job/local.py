@@ -66,8 +66,7 @@ def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
     exclusive lock (``flock`` on ``ports.lock`` in :func:`emulator_state_dir`), so that two jobs
     started at once never get the same one; a reservation lasts while its job is pending or
     running (``state_file``)."""
-    folder = emulator_state_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _private(emulator_state_dir())  # its reservations name state files: nobody else may add one
     with open(folder / PORTS_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -80,6 +79,14 @@ def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
         live[str(port)] = {"job_id": job_id, "state_file": str(state_file), "at": time.time()}
         _write_json_atomic(folder / PORTS_FILE, live)
     return port
+
+
+def _private(path: Path, *, mode: int = 0o700) -> Path:
+    """:func:`~hpc_hsdp.files.private_dir`, refusing a symlink or another user's directory as a user error."""
+    try:
+        return private_dir(path, mode=mode)
+    except PermissionError as exc:
+        raise SpecError(f"the local emulator cannot use {exc}") from None
 
 
 def _reservation_live(reservation: dict) -> bool:
@@ -201,11 +208,10 @@ def launch_local(
     logs_dir = Path(logs_dir).resolve()
     logs_dir.mkdir(parents=True, exist_ok=True)
     job_id = job_id or new_job_id()
-    try:  # the job's state, and the srun it runs: nobody else may change them
-        private_dir(logs_dir, mode=0o777)  # its permissions are the user's; its owner must be too
-        shim_dir = private_dir(logs_dir / ".emulator-bin")
-    except PermissionError as exc:
-        raise SpecError(f"the local emulator cannot use {exc}") from None
+    # the job's state, the srun it runs and the port reservations: nobody else may change them
+    _private(logs_dir, mode=0o777)  # its permissions are the user's; its owner must be too
+    shim_dir = _private(logs_dir / ".emulator-bin")
+    _private(emulator_state_dir())  # refused here, before anything of the job is written
     shim = shim_dir / "srun"
     shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.local srun "$@"\n')
     shim.chmod(0o755)
