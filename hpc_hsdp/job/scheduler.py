@@ -42,6 +42,7 @@ from hpc_hsdp.job.slurm_command import (  # noqa: F401  (SchedulerError re-expor
 )
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 from hpc_hsdp.plan.slurm_facts import check_job_id
+from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
 from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
@@ -464,8 +465,6 @@ def _status_from(record: JobRecord, answers: _Answers, *, restarts: int | None =
 
 
 def _age_words(seconds: float) -> str:
-    from hpc_hsdp.plan.units import duration  # noqa: PLC0415  (only when the scheduler did not answer)
-
     return duration(max(0.0, seconds))
 
 
