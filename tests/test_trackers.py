@@ -64,13 +64,14 @@ def test_a_bad_tracker_is_one_line(given, message):
 
 def hpc(*args: str, env: dict | None = None, prelude: str = "", timeout: float = 200) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not k.startswith(("SLURM", "MASTER_"))}
+    base = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}  # None: unset
     code = prelude + "import sys\nfrom hpc_hsdp.cli import main\nsys.argv[0] = 'hpc-hsdp'\nmain()\n"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**base, **(env or {})},
+        env=base,
         cwd=ROOT,
     )
 
@@ -173,7 +174,8 @@ def wandb_records(path: Path):
 
 
 def wandb_attempts(run_dir: Path) -> list[dict]:
-    """Each offline attempt's run id, branch point (rewind) step, config and history rows, in order."""
+    """Each offline attempt's run id, branch point (rewind) step, config and history rows, in order
+    (an attempt killed before W&B's service wrote its first records leaves a file of none)."""
     found = []
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         entry = {"run_id": None, "rewind_to": None, "config": {}, "rows": []}
@@ -329,3 +331,56 @@ def test_a_tracker_that_cannot_write_is_a_warning_and_the_job_completes(tmp_path
     assert len(warnings) == 1 and "training goes on without it" in warnings[0], logs[-3000:]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert not (run / "tb").exists()  # --tracker mlflow alone: no TensorBoard files
+
+
+# ----------------------------------------------------------------------------- cancelled and submitted again
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_a_cancelled_job_submitted_again_continues_one_mlflow_and_one_wandb_run(tmp_path, monkeypatch):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    env = {"WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": None, "WANDB_MODE": None, "WANDB_DIR": None}
+    run = tmp_path / "run"
+    job = _submit(run, "--tracker", "wandb,mlflow", "--steps", "30", "--checkpoint-every", "2")
+    first = hpc(*job, env={**env, "HPC_HSDP_FAULT_STEP_DELAY_S": "0.5"})
+    assert first.returncode == 0, first.stdout + first.stderr
+    deadline = time.monotonic() + 150
+    while len((run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []) < 3:
+        assert time.monotonic() < deadline, hpc("logs", str(run)).stdout
+        time.sleep(0.3)
+    assert hpc("cancel", str(run)).returncode == 0
+    deadline = time.monotonic() + 60
+    while json.loads(hpc("status", str(run), "--json").stdout)["state"] not in ("CANCELLED", "COMPLETED", "FAILED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    stopped_at = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert 3 <= stopped_at < 30
+    again = hpc(*job, "--wait", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumes from step" in again.stderr
+    logs = "".join(p.read_text(errors="replace") for p in (run / "logs").glob("*_log.*"))
+    assert "warning: tracker" not in logs, logs[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    ids = read_tracker_runs(run)
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("hpc-hsdp").experiment_id])
+    assert [r.info.run_id for r in runs] == [ids["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
+    latest = {}
+    for m in sorted(client.get_metric_history(ids["mlflow"]["run_id"], "loss/train"), key=lambda m: m.timestamp):
+        latest[m.step] = m.value
+    assert sorted(latest) == list(range(1, 31))
+    assert all(math.isclose(latest[r["step"]], r["loss"], rel_tol=1e-6) for r in records)
+
+    attempts = wandb_attempts(run)
+    assert len(attempts) == 2 and {a["run_id"] for a in attempts} - {None} == {ids["wandb"]["run_id"]}
+    assert attempts[1]["run_id"] == ids["wandb"]["run_id"]  # the one that completed
+    history = wandb_history(attempts)
+    assert sorted(history) == list(range(1, 31))
+    assert all(math.isclose(history[r["step"]]["loss/train"], r["loss"], rel_tol=1e-6) for r in records)

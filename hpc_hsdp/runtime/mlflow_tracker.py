@@ -34,10 +34,12 @@ _BATCH = 100  # params per log_batch call (MLflow's limit)
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, client, run_id: str, attempt: int) -> None:
+    def __init__(self, client, run_id: str, attempt: int, *, through: int) -> None:
         from mlflow.entities import Metric  # noqa: PLC0415 - an optional extra: rank 0's tracker thread only
 
         self.client, self.run_id, self.attempt, self._metric = client, run_id, attempt, Metric
+        self.through = through
+        """The step after which this attempt logs (the run holds the rows before it)."""
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
         import time  # noqa: PLC0415 - (cheap) only where a row has no wall time
@@ -82,15 +84,23 @@ def open_tracker(start) -> MlflowTracker:
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name)
         run = client.create_run(experiment_id, run_name=start.name, tags={"hpc_hsdp.run_dir": str(start.run_dir)})
-        attempt = 1
+        attempt, through, redone = 1, 0, range(0)
     else:
         attempt = int(entry.get("attempts", 0)) + 1
+        through = start.continues_after(entry)
+        redone = start.redone_after(through)
         client.update_run(run.info.run_id, status="RUNNING")
     run_id = run.info.run_id
     write_tracker_run(
         start.run_dir,
         "mlflow",
-        {"run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "attempts": attempt},
+        {
+            "run_id": run_id,
+            "experiment_id": run.info.experiment_id,
+            "tracking_uri": uri,
+            "attempts": attempt,
+            "logged_through": through,
+        },
     )
     logged = run.data.params
     params = [Param(k, str(v)) for k, v in start.config.items() if k not in logged]
@@ -100,10 +110,10 @@ def open_tracker(start) -> MlflowTracker:
         if logged.get(k, str(v)) != str(v)
     ]
     tags.append(RunTag("hpc_hsdp.attempts", str(attempt)))
-    if len(start.redone):
-        redone = f"{start.redone.start}-{start.redone.stop - 1} (attempt {attempt})"
+    if len(redone):
+        steps = f"{redone.start}-{redone.stop - 1} (attempt {attempt})"
         earlier = run.data.tags.get(REDONE_TAG)
-        tags.append(RunTag(REDONE_TAG, f"{earlier}, {redone}" if earlier else redone))
+        tags.append(RunTag(REDONE_TAG, f"{earlier}, {steps}" if earlier else steps))
     for first in range(0, max(len(params), 1), _BATCH):
         client.log_batch(run_id, params=params[first : first + _BATCH], tags=tags if first == 0 else [])
-    return MlflowTracker(client, run_id, attempt)
+    return MlflowTracker(client, run_id, attempt, through=through)

@@ -13,14 +13,16 @@ so the curves go on with no repeated or out-of-order steps. One of the trackers 
 
 from __future__ import annotations
 
-from hpc_hsdp.rundir.trackers import TB_DIR
+from hpc_hsdp.rundir.trackers import TB_DIR, tracker_run, write_tracker_run
 
 
 class TensorBoardTracker:
     name = "tensorboard"
 
-    def __init__(self, writer) -> None:
+    def __init__(self, writer, *, through: int) -> None:
         self.writer = writer
+        self.through = through
+        """The step after which this attempt writes (rows before it are in the event files)."""
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
         for tag, value in scalars.items():
@@ -32,9 +34,12 @@ class TensorBoardTracker:
 
 
 def open_tracker(start) -> TensorBoardTracker:
-    """The writer for ``<run_dir>/tb`` continuing after ``start.start_step`` (ImportError without
-    the tensorboard package)."""
+    """The writer for ``<run_dir>/tb`` continuing after the checkpoint's step, or after the last
+    step the event files are known to hold when that is earlier (ImportError without the
+    tensorboard package)."""
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - tensorboard is an optional extra, loaded on rank 0 only
 
-    writer = SummaryWriter(log_dir=str(start.run_dir / TB_DIR), purge_step=start.start_step + 1, flush_secs=10)
-    return TensorBoardTracker(writer)
+    through = start.continues_after(tracker_run(start.run_dir, "tensorboard"))
+    write_tracker_run(start.run_dir, "tensorboard", {"logged_through": through})
+    writer = SummaryWriter(log_dir=str(start.run_dir / TB_DIR), purge_step=through + 1, flush_secs=10)
+    return TensorBoardTracker(writer, through=through)

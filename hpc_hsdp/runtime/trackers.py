@@ -4,6 +4,7 @@ Each tracker is a module with ``open_tracker(start: TrackerStart) -> Tracker | N
 imports its package (only here, on rank 0: wandb and mlflow take a second each) and gives
 an object with two methods::
 
+    through                         # the step after which its run goes on (rows up to it are there)
     log(step, scalars, wall_time)   # one metrics row: {tag: value} (rundir.scalars, the tags TensorBoard has)
     close(outcome)                  # "completed", "stopped" (to be resumed) or "error"
 
@@ -16,11 +17,14 @@ the attempt; training never fails for it.
 
 One tracker run per run directory: each tracker keeps its run's id in
 ``<run-dir>/trackers.json`` (:mod:`hpc_hsdp.rundir.trackers`) and continues that run when the
-job resumes. The steps a crash made the job train again (``TrackerStart.redone``: after the
-checkpoint it resumed from, up to the last step ``metrics.jsonl`` had) are handled by each
-tracker as it can: TensorBoard purges them, W&B rewinds the run to the checkpoint's step,
-MLflow (which cannot overwrite a value) logs them again marked with the ``attempt`` metric
-and the ``hpc_hsdp.redone_steps`` tag.
+job resumes, after the step its run is known to hold (``logged_through``, recorded every few
+seconds: an attempt cancelled or killed before a tracker took its rows leaves it behind the
+checkpoint) or the checkpoint's step, whichever is earlier: the rows in between come from
+``metrics.jsonl`` first. The steps the run may hold already that it gets again (after a crash
+resumed from an older checkpoint: up to the last step ``metrics.jsonl`` had) are handled by
+each tracker as it can: TensorBoard purges them, W&B rewinds the run to that step, MLflow
+(which cannot overwrite a value) logs them again marked with the ``attempt`` metric and the
+``hpc_hsdp.redone_steps`` tag. A tracker opens with ``through``, the step after which it logs.
 """
 
 from __future__ import annotations
@@ -29,11 +33,15 @@ import dataclasses
 import importlib
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
+from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.rundir.metrics import metrics_path
 from hpc_hsdp.rundir.scalars import record_scalars
+from hpc_hsdp.rundir.trackers import record_progress
 from hpc_hsdp.runtime.log import note
 
 MODULES = {
@@ -44,6 +52,8 @@ MODULES = {
 """tracker name -> the module that opens it."""
 CLOSE_TIMEOUT_S = 120.0
 """How long the end of an attempt waits for the trackers to take the last rows and close."""
+PROGRESS_EVERY_S = 5.0
+"""How often the tracker thread records each tracker's ``logged_through`` (and at the end)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,11 +74,17 @@ class TrackerStart:
         """The run's display name: the run directory's."""
         return self.run_dir.name
 
-    @property
-    def redone(self) -> range:
-        """The steps logged before that this attempt trains again (after a crash resumed from an
-        older checkpoint); empty after a clean stop."""
-        return range(self.start_step + 1, (self.last_logged or 0) + 1)
+    def continues_after(self, entry: dict | None) -> int:
+        """The step after which a tracker's run goes on, given its ``trackers.json`` entry: the
+        checkpoint's step, or an earlier one where the run is known to hold fewer rows (an
+        attempt that ended before the tracker took its rows); 0 for a new run."""
+        known = (entry or {}).get("logged_through", 0)
+        return max(0, min(known if isinstance(known, int) else 0, self.start_step))
+
+    def redone_after(self, through: int) -> range:
+        """The steps the run may hold already that it gets again, continuing after ``through``
+        (after a crash resumed from an older checkpoint; empty after a clean stop)."""
+        return range(through + 1, (self.last_logged or 0) + 1)
 
 
 def run_config(ctx, training) -> dict:
@@ -138,29 +154,61 @@ class Trackers:
             note(f"warning: the trackers did not finish within {timeout_s:g} s; the last rows may be missing from them")
 
     def _work(self, start: TrackerStart, verbose: bool) -> None:
-        active = []
+        active, progress = [], {}
         for name in self.names:
             tracker = _open(name, start, verbose=verbose)
             if tracker is not None:
                 active.append((name, tracker))
                 self.opened.append(name)
+                progress[name] = tracker.through
+        # rows an earlier attempt trained that a tracker never took (its run continues after an
+        # older step than the checkpoint's): from metrics.jsonl, where every finished step is
+        behind = min((tracker.through for _, tracker in active), default=start.start_step)
+        if behind < start.start_step:
+            for row in read_jsonl(metrics_path(start.run_dir)):
+                step = row.get("step")
+                if isinstance(step, int) and behind < step <= start.start_step:
+                    item = (step, record_scalars(row), row.get("wall_time"))
+                    self._deliver([e for e in active if e[1].through < step], item, active, progress)
+        # a tracker whose rows are on disk when log() returns counts them as it goes; one that buffers
+        # them elsewhere (W&B's service process) only once its run closed: a killed attempt loses those
+        durable = {name for name, tracker in active if getattr(tracker, "durable", True)}
+        saved = time.monotonic()
         while True:
             item = self._queue.get()
             if isinstance(item, str):
+                closed = set()
                 for name, tracker in active:
                     try:
                         tracker.close(item)
+                        closed.add(name)
                     except Exception as exc:  # noqa: BLE001 - a tracker never ends the training
                         note(f"warning: tracker {name} could not close its run: {type(exc).__name__}: {_brief(exc)}")
+                self._save(start, {n: s for n, s in progress.items() if n in durable or n in closed})
                 return
-            for entry in list(active):
-                name, tracker = entry
+            self._deliver(list(active), item, active, progress)
+            if time.monotonic() - saved > PROGRESS_EVERY_S:
+                self._save(start, {n: s for n, s in progress.items() if n in durable})
+                saved = time.monotonic()
+
+    def _deliver(self, targets: list, item: tuple, active: list, progress: dict) -> None:
+        for entry in targets:
+            name, tracker = entry
+            try:
+                tracker.log(*item)
+                progress[name] = item[0]
+            except Exception as exc:  # noqa: BLE001 - a tracker never ends the training
+                note(off_note(name, f"logging step {item[0]} failed: {type(exc).__name__}: {_brief(exc)}"))
+                active.remove(entry)
                 try:
-                    tracker.log(*item)
-                except Exception as exc:  # noqa: BLE001 - a tracker never ends the training
-                    note(off_note(name, f"logging step {item[0]} failed: {type(exc).__name__}: {_brief(exc)}"))
-                    active.remove(entry)
-                    try:
-                        tracker.close("error")
-                    except Exception:  # noqa: BLE001, S110 - it failed already; said once
-                        pass
+                    tracker.close("error")
+                except Exception:  # noqa: BLE001, S110 - it failed already; said once
+                    pass
+
+    @staticmethod
+    def _save(start: TrackerStart, progress: dict) -> None:
+        if progress:
+            try:
+                record_progress(start.run_dir, progress)
+            except OSError as exc:
+                note(f"warning: could not record the trackers' progress in the run directory ({exc})")

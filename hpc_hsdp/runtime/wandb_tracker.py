@@ -29,10 +29,14 @@ DEFAULT_PROJECT = "hpc-hsdp"
 
 class WandbTracker:
     name = "wandb"
+    durable = False
+    """Its rows go to W&B's service process, which writes them later: they count once the run closed."""
 
-    def __init__(self, run, *, offline_dir: str | None) -> None:
+    def __init__(self, run, *, offline_dir: str | None, through: int) -> None:
         self.run = run
         self.offline_dir = offline_dir
+        self.through = through
+        """The step after which this attempt logs (the run holds the rows before it)."""
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
         self.run.log(scalars, step=step)
@@ -56,8 +60,10 @@ def open_tracker(start) -> WandbTracker:
     project = (entry or {}).get("project") or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
     run_id = (entry or {}).get("run_id") or new_run_id()
     attempts = int((entry or {}).get("attempts", 0)) + 1
+    through = start.continues_after(entry)
+    kept = {"run_id": run_id, "project": project, "attempts": attempts, "logged_through": through}
     # kept before the run starts: an attempt that dies in its first step still leaves the id to continue
-    write_tracker_run(start.run_dir, "wandb", {"run_id": run_id, "project": project, "attempts": attempts})
+    write_tracker_run(start.run_dir, "wandb", {**kept, "started": bool((entry or {}).get("started"))})
     root = os.environ.get("WANDB_DIR") or str(start.run_dir)
     common = {
         "project": project,
@@ -67,16 +73,20 @@ def open_tracker(start) -> WandbTracker:
         "settings": wandb.Settings(console="off", silent=True),
     }
     run = None
-    if entry is not None and len(start.redone):
+    redone = start.redone_after(through)
+    if (entry or {}).get("started") and len(redone):
         try:
-            run = wandb.init(resume_from=f"{run_id}?_step={start.start_step}", **common)
+            run = wandb.init(resume_from=f"{run_id}?_step={through}", **common)
         except Exception as exc:  # noqa: BLE001 - a server without rewind: resume instead
+            wandb.teardown()  # the failed init's settings must not reach the next one
             note(
-                f"warning: W&B did not rewind run {run_id} to step {start.start_step} ({type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:200]}); steps {start.redone.start}-{start.redone.stop - 1} keep "
+                f"warning: W&B did not rewind run {run_id} to step {through} ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}); steps {redone.start}-{redone.stop - 1} keep "
                 f"their first values there"
             )
     if run is None:
         run = wandb.init(id=run_id, resume="allow", **common)
+    write_tracker_run(start.run_dir, "wandb", {**kept, "started": True})
     run.config.update(start.config, allow_val_change=True)
-    return WandbTracker(run, offline_dir=os.path.join(root, "wandb") if mode == "offline" else None)
+    offline_dir = os.path.join(root, "wandb") if mode == "offline" else None
+    return WandbTracker(run, offline_dir=offline_dir, through=through)
