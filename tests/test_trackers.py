@@ -384,3 +384,36 @@ def test_a_cancelled_job_submitted_again_continues_one_mlflow_and_one_wandb_run(
     history = wandb_history(attempts)
     assert sorted(history) == list(range(1, 31))
     assert all(math.isclose(history[r["step"]]["loss/train"], r["loss"], rel_tol=1e-6) for r in records)
+
+
+# ----------------------------------------------------------------------------- a tracker added later
+
+
+def test_a_tracker_added_on_a_resubmission_gets_the_history_so_far(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from hpc_hsdp.rundir.metrics import MetricsLog
+    from hpc_hsdp.runtime.trackers import Trackers, TrackerStart
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    metrics = MetricsLog(run, start_step=0)
+    rows = [{"step": s, "loss": 1.0 / s, "lr": 0.1, "wall_time": 1.0e9 + s} for s in range(1, 8)]
+    for row in rows[:5]:  # steps 1-5 trained without MLflow, checkpoint at 5
+        metrics.write(row)
+    start = TrackerStart(run_dir=run, start_step=5, last_logged=5, total_steps=7, config={"steps": 7})
+    trackers = Trackers(("mlflow",), start)
+    for row in rows[5:]:
+        metrics.write(row)
+        trackers.log(row)
+    trackers.close("completed")
+    assert trackers.opened == ["mlflow"]
+    entry = read_tracker_runs(run)["mlflow"]
+    assert entry["logged_through"] == 7 and entry["attempts"] == 1
+    client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+    history = client.get_metric_history(entry["run_id"], "loss/train")
+    assert [(m.step, m.value, m.timestamp) for m in sorted(history, key=lambda m: m.step)] == [
+        (r["step"], r["loss"], int(r["wall_time"] * 1000)) for r in rows
+    ]
+    assert "hpc_hsdp.redone_steps" not in client.get_run(entry["run_id"]).data.tags
