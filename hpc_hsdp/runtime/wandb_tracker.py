@@ -56,6 +56,8 @@ def open_tracker(start) -> WandbTracker:
     import wandb  # noqa: PLC0415 - an optional extra, slow to import: rank 0's tracker thread only
 
     entry = tracker_run(start.run_dir, "wandb")
+    if os.environ.get("WANDB_MODE") == "":
+        del os.environ["WANDB_MODE"]  # set empty: not set (W&B itself would refuse the empty mode)
     mode = os.environ.get("WANDB_MODE") or "offline"
     project = (entry or {}).get("project") or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
     run_id = (entry or {}).get("run_id") or new_run_id()
