@@ -260,7 +260,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
 
 
 _SAMPLE_BY_KIND = {"int": 3, "float": 0.25, "bool": True, "str": "x", "path": "/data/tokens"}
-_SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68}
+_SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68, "tracker": "wandb,mlflow"}
 
 
 @pytest.mark.parametrize("declared", TRAINING_OPTIONS, ids=lambda declared: declared.key)

@@ -251,19 +251,24 @@ def test_report_draws_what_exists_around_a_corrupt_line_and_a_run_in_progress(tm
 # ----------------------------------------------------------------------------- TensorBoard without the package
 
 
-def _open_writer_without_tensorboard(run_dir):
+def _trackers_without_tensorboard(run_dir):
     sys.modules["tensorboard"] = None  # import tensorboard -> ImportError, as when it is not installed
-    from hpc_hsdp.runtime.tensorboard import open_writer
+    from hpc_hsdp.runtime.trackers import Trackers, TrackerStart
 
-    return open_writer(run_dir, start_step=0)
+    start = TrackerStart(run_dir=Path(run_dir), start_step=0, last_logged=None, total_steps=2, config={})
+    trackers = Trackers(("tensorboard",), start)
+    for step in (1, 2):
+        trackers.log({"step": step, "loss": 1.0})
+    trackers.close("completed")
+    return trackers.opened
 
 
 def test_without_tensorboard_the_run_goes_on_and_says_it_once(tmp_path, capfd):
     from dist_helpers import in_child
 
-    assert in_child(_open_writer_without_tensorboard, tmp_path) is None
+    assert in_child(_trackers_without_tensorboard, tmp_path) == []
     err = capfd.readouterr().err
-    assert err.count("no TensorBoard event files are written") == 1 and "hpc-hsdp[tb]" in err
+    assert err.count("warning: tracker tensorboard is off for this attempt") == 1 and "hpc-hsdp[tb]" in err
     assert not (tmp_path / "tb").exists()
 
 

@@ -134,6 +134,7 @@ _SAMPLES = {
     "width": 68,
     "data": "/data/train",
     "val_data": "/data/val",
+    "tracker": "wandb,mlflow",
 }
 
 

@@ -33,6 +33,11 @@ LAUNCHERS = ("srun", "torchrun")
 PRECISIONS = ("auto", "bf16", "fp32")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 RESHARD_CHOICES = ("auto", "always", "never")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+"""``--tracker``: where every metrics row goes besides metrics.jsonl (comma-separated; ``none``: nowhere else)."""
+NO_TRACKER = "none"
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tb"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
+"""tracker -> (the module its package installs, the hpc-hsdp extra that installs it)."""
 
 # How an option reaches the tasks of a job.
 RUN_ARGUMENT = "an `hpc-hsdp run` argument in the rendered script"
@@ -642,6 +647,18 @@ OPTIONS: tuple[JobOption, ...] = (
         help=(
             "Every K steps the ranks share their own compute time of the step (one small all-gather) and "
             "metrics.jsonl names the slowest rank (0: never)."
+        ),
+    ),
+    _training(
+        "tracker",
+        kind="str",
+        default="tensorboard",
+        metavar="NAMES",
+        help=(
+            "Where rank 0 sends every metrics row and the job's options besides metrics.jsonl, comma-separated: "
+            "tensorboard (RUN_DIR/tb), wandb (offline under RUN_DIR unless WANDB_MODE says otherwise), mlflow "
+            "(MLFLOW_TRACKING_URI, else a store in RUN_DIR/mlruns); none: metrics.jsonl only. One tracker run "
+            "per run directory: a resumed or resubmitted job continues it."
         ),
     ),
     _training(

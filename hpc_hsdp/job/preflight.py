@@ -9,9 +9,11 @@ job's files."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
@@ -41,6 +43,26 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> None:
         _check_resume(spec, num_samples, state)
     except SpecError as exc:
         raise SpecError(f"{exc}{AFTER}") from None
+
+
+def check_trackers(training) -> None:
+    """Each tracker ``--tracker`` asks for has its package here (found, not imported: wandb and
+    mlflow take a second each to import); a :class:`SpecError` names the first that has not.
+    The default (TensorBoard alone) is not asked for: without its package the run says so once
+    and goes on, as it always has."""
+    if training.tracker == default("tracker"):
+        return
+    for name in training.trackers:
+        module, extra = TRACKER_PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise SpecError(
+                f"--tracker {name}: the {module} package is not installed for {sys.executable}; pip install "
+                f"'hpc-hsdp[{extra}]' in the job's environment, or leave {name} out of --tracker; nothing submitted"
+            )
 
 
 def check_importable(option: str, value: str, *, fix: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.config import OPTION_KINDS, check_kind, command_line_layer, resolve_job_spec, running_venv
 from hpc_hsdp.job.options import OPTIONS
-from hpc_hsdp.job.preflight import check_job_inputs
+from hpc_hsdp.job.preflight import check_job_inputs, check_trackers
 from hpc_hsdp.job.requeue import REQUEUE_FILE_VARIABLE, requeue_job  # noqa: F401  (re-exported: the scheduler's API)
 from hpc_hsdp.job.slurm_command import (  # noqa: F401  (SchedulerError re-exported: the scheduler's API)
     TIMED_OUT,
@@ -599,8 +599,9 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     """Submit ``spec``; returns the handle, the submitit-style job object and what to say
     before the job's own line: from which step it resumes (when it does), then why this
     cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
-    in its run directory, the run there already completed, or the tasks could not use the
-    job's inputs (:func:`~hpc_hsdp.job.preflight.check_job_inputs`)."""
+    in its run directory, the run there already completed, the tasks could not use the
+    job's inputs (:func:`~hpc_hsdp.job.preflight.check_job_inputs`) or a ``--tracker`` is
+    not installed (:func:`~hpc_hsdp.job.preflight.check_trackers`)."""
     from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
     if spec.launch.container_image is not None:
@@ -613,6 +614,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         raise SpecError(
             "a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher"
         )
+    check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster)
     state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it

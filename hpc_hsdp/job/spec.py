@@ -17,7 +17,9 @@ from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.options import (
     DEVICES,
     LAUNCHERS,
+    NO_TRACKER,
     RUN_ARGUMENTS,
+    TRACKERS,
     TRAINING_OPTIONS,
     JobOption,
     default,
@@ -122,6 +124,7 @@ class TrainingSpec:
     checkpoint_every: int = _training_field("checkpoint_every")
     keep_checkpoints: int = _training_field("keep_checkpoints")
     straggler_every: int = _training_field("straggler_every")
+    tracker: str = _training_field("tracker")
     # ------------------------------------------------------------------ failures
     hang_timeout: float = _training_field("hang_timeout")
     max_restarts: int = _training_field("max_restarts")
@@ -136,6 +139,12 @@ class TrainingSpec:
             )
         if self.val_data is not None and self.data is None:
             raise SpecError("--val-data without --data: give the training data too (--data PATH)")
+        object.__setattr__(self, "tracker", ",".join(tracker_names(self.tracker)) or NO_TRACKER)
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """``--tracker`` as names, in the order given (empty for ``none``)."""
+        return tracker_names(self.tracker)
 
     def to_args(self) -> list[str]:
         """The options that reproduce this spec on ``hpc-hsdp run``; defaults are left out."""
@@ -157,6 +166,20 @@ class TrainingSpec:
     def global_batch(self, world_size: int) -> int:
         """Samples per optimizer step over all ranks."""
         return self.rank_batch_size(world_size) * world_size * self.grad_accum
+
+
+def tracker_names(value: str) -> tuple[str, ...]:
+    """``--tracker tensorboard,wandb`` -> ``("tensorboard", "wandb")``; ``none`` -> ``()``."""
+    names = tuple(name.strip().lower() for name in value.split(","))
+    if names == (NO_TRACKER,):
+        return ()
+    choose = f"choose from {', '.join(TRACKERS)} (comma-separated), or {NO_TRACKER}"
+    for name in names:
+        if name not in TRACKERS:
+            raise SpecError(f"--tracker {value!r}: {name!r} is no tracker; {choose}")
+    if len(set(names)) != len(names):
+        raise SpecError(f"--tracker {value!r} names a tracker twice; {choose}")
+    return names
 
 
 def run_arguments(declared: JobOption, value: object) -> list[str]:

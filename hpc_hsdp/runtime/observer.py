@@ -1,7 +1,8 @@
 """What the training loop tells the outside world beyond metrics.jsonl, as one component.
 
 - ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`): each restart with its cause;
-- TensorBoard event files under ``<run-dir>/tb`` (:mod:`hpc_hsdp.runtime.tensorboard`);
+- every finished record to the run's trackers, ``--tracker`` (:mod:`hpc_hsdp.runtime.trackers`:
+  TensorBoard by default, W&B, MLflow), fed from rank 0 in a background thread;
 - the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.runtime.stragglers`).
 
 The loop's hooks, every rank::
@@ -9,7 +10,7 @@ The loop's hooks, every rank::
     observer = RunObserver.start(ctx, training, start_step=start_step)  # before metrics.jsonl is cut back
     observer.step_begins(step)                 # right after the step's clock starts
     observer.step_ends(step, record)           # after comm_stats.take(), before evaluation: adds "stragglers"
-    observer.write(record)                     # the finished record: TensorBoard (rank 0)
+    observer.write(record)                     # the finished record: the trackers (rank 0)
     observer.finish(stop_reason, last_step)    # after the loop
 
 Only rank 0 writes files; ``step_begins``/``step_ends`` are collective on probed steps.
@@ -18,40 +19,35 @@ Only rank 0 writes files; ``step_begins``/``step_ends`` are collective on probed
 from __future__ import annotations
 
 import os
-import threading
 import time
+from pathlib import Path
 
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.metrics import last_step_written
 from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.stragglers import StragglerProbe
-from hpc_hsdp.runtime.tensorboard import open_writer
+from hpc_hsdp.runtime.trackers import Trackers, TrackerStart, run_config
 
 
 class RunObserver:
     def __init__(
-        self, ctx, *, probe: StragglerProbe | None, opening: threading.Thread | None = None, opened: list | None = None
+        self, ctx, *, probe: StragglerProbe | None, trackers: Trackers | None = None, total_steps: int = 0
     ) -> None:
         self.ctx = ctx
         self.probe = probe
         self.run_dir = ctx.run_dir if ctx.is_rank0 else None
-        self._opening, self._opened = opening, opened or [None]
-
-    @property
-    def tensorboard(self):
-        """The TensorBoard writer (None without the package, or off rank 0); opened in a
-        thread at start (importing tensorboard takes about as long as a first step), waited for here."""
-        if self._opening is not None:
-            self._opening.join()
-            self._opening = None
-        return self._opened[0]
+        self.trackers = trackers
+        """Rank 0's trackers (None elsewhere, without a run directory, or with ``--tracker none``)."""
+        self.total_steps = total_steps
 
     @classmethod
     def start(cls, ctx, training, *, start_step: int, verbose: bool = True) -> RunObserver:
         every = getattr(training, "straggler_every", 0)
         probe = StragglerProbe.for_context(ctx, every) if every and ctx.world_size > 1 else None
-        opening, opened = None, [None]
+        trackers = None
         if ctx.is_rank0 and ctx.run_dir is not None:
+            last_logged = last_step_written(ctx.run_dir)  # before this attempt cuts metrics.jsonl back
             restart = getattr(ctx.preemption, "restart_count", None)
             restart = restart if restart is not None else restart_count(os.environ)
             attempts.begin_attempt(
@@ -61,13 +57,16 @@ class RunObserver:
                 start_step=start_step,
                 total_steps=training.steps,
             )
-
-            def open_in_background() -> None:
-                opened[0] = open_writer(ctx.run_dir, start_step=start_step, verbose=verbose)
-
-            opening = threading.Thread(target=open_in_background, name="hpc-hsdp-tensorboard", daemon=True)
-            opening.start()
-        ctx.observer = observer = cls(ctx, probe=probe, opening=opening, opened=opened)
+            if training.trackers:
+                start = TrackerStart(
+                    run_dir=Path(ctx.run_dir),
+                    start_step=start_step,
+                    last_logged=last_logged,
+                    total_steps=training.steps,
+                    config=run_config(ctx, training),
+                )
+                trackers = Trackers(training.trackers, start, verbose=verbose)
+        ctx.observer = observer = cls(ctx, probe=probe, trackers=trackers, total_steps=training.steps)
         return observer
 
     def step_begins(self, step: int) -> None:
@@ -83,14 +82,15 @@ class RunObserver:
         return record
 
     def write(self, record: dict) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def finish(self, stop_reason: str | None, last_step: int) -> None:
         if self.probe is not None:
             self.probe.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.trackers is not None:
+            done = stop_reason is None and last_step >= self.total_steps
+            self.trackers.close("completed" if done else "stopped")
         if self.run_dir is not None:
             attempts.end_attempt(
                 self.run_dir, reason=attempts.stop_reason_code(stop_reason), step=last_step, now=time.time()
@@ -100,7 +100,7 @@ class RunObserver:
         """After an exception in the loop: put the collectives back, record the error."""
         if self.probe is not None:
             self.probe.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.trackers is not None:
+            self.trackers.close("error")
         if self.run_dir is not None:
             attempts.end_attempt(self.run_dir, reason="error", step=step, detail=f"{type(exc).__name__}: {exc}")

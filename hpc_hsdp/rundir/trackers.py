@@ -1,0 +1,62 @@
+"""``<run-dir>/trackers.json``: the tracker runs of this run directory, one per tracker.
+
+Rank 0 writes an entry when a tracker's run is created and reads it when the job resumes,
+is requeued or is submitted again into the directory, so that every attempt continues the
+same run::
+
+    {"tensorboard": {"logged_through": 40},
+     "wandb": {"run_id": "k3j2h1g0", "project": "hpc-hsdp", "attempts": 2, "logged_through": 40},
+     "mlflow": {"run_id": "9f...", "experiment_id": "1", "tracking_uri": "file:///.../mlruns", "attempts": 2,
+                "logged_through": 40}}
+
+A missing or damaged file is no entry (a new run starts), never an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpc_hsdp.rundir.files import atomic_write_text
+
+TRACKERS_FILE = "trackers.json"
+TB_DIR = "tb"
+"""TensorBoard's event files: ``<run-dir>/tb``."""
+MLFLOW_DIR = "mlruns"
+"""MLflow's local file store, where ``MLFLOW_TRACKING_URI`` names none: ``<run-dir>/mlruns``."""
+
+
+def trackers_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / TRACKERS_FILE
+
+
+def read_tracker_runs(run_dir: str | Path) -> dict[str, dict]:
+    """Every tracker's entry (``{}``: none yet, or a file that cannot be read)."""
+    try:
+        entries = json.loads(trackers_path(run_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in entries.items() if isinstance(v, dict)} if isinstance(entries, dict) else {}
+
+
+def tracker_run(run_dir: str | Path, name: str) -> dict | None:
+    """The entry of one tracker (``wandb``, ``mlflow``), or None."""
+    return read_tracker_runs(run_dir).get(name)
+
+
+def write_tracker_run(run_dir: str | Path, name: str, entry: dict) -> None:
+    """Set one tracker's entry, durably, keeping the others."""
+    entries = read_tracker_runs(run_dir)
+    entries[name] = entry
+    atomic_write_text(trackers_path(run_dir), json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def record_progress(run_dir: str | Path, logged_through: dict[str, int]) -> None:
+    """Each tracker's ``logged_through``: the last step its run is known to hold (written by the
+    tracker thread every few seconds and at the end of an attempt). A later attempt gives the
+    tracker the rows of ``metrics.jsonl`` after it, which an attempt that died before the
+    tracker took them (a cancelled job, a node lost) never gave."""
+    entries = read_tracker_runs(run_dir)
+    for name, step in logged_through.items():
+        entries.setdefault(name, {})["logged_through"] = step
+    atomic_write_text(trackers_path(run_dir), json.dumps(entries, indent=1, sort_keys=True) + "\n")
