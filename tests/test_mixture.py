@@ -1,0 +1,145 @@
+"""Data mixtures (``--data web=DIR:0.7,code=DIR:0.3``): parsing, the apportionment of every
+step's rows, the sample stream per source (pure, fast), and the option on every surface."""
+
+from __future__ import annotations
+
+import shlex
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from hpc_hsdp.data.sampler import BatchLayout, MixtureOrder
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.plan.mixture import (
+    check_batch,
+    map_data_paths,
+    min_global_batch,
+    parse_mixture,
+    rows_after,
+    rows_of_step,
+    steps_until_used_once,
+    used_once_text,
+)
+
+
+def test_parse_normalises_and_keeps_the_text():
+    mixture = parse_mixture("web=/d/web:0.7,code=rel/code:0.3")
+    assert mixture.names == ("web", "code")
+    assert mixture.shares == (Fraction(7, 10), Fraction(3, 10))
+    assert parse_mixture("a=x:3,b=y:1").shares == (Fraction(3, 4), Fraction(1, 4))  # sums normalised
+    assert parse_mixture("a=C:/x:y:2,b=z:1").sources[0].path == "C:/x:y"  # the weight after the last colon
+    assert map_data_paths("web=w:0.7,code=c:0.3", lambda p: f"/abs/{p}") == "web=/abs/w:0.7,code=/abs/c:0.3"
+    assert map_data_paths("plain/dir", lambda p: f"/abs/{p}") == "/abs/plain/dir"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("web=w:0.7,web=c:0.3", "names source 'web' twice"),
+        ("web=w:0,code=c:1", "must be positive"),
+        ("web=w:-1,code=c:1", "must be positive"),
+        ("web=w:lots,code=c:1", "is not a number"),
+        ("web=w,code=c:1", "is not NAME=PATH:WEIGHT"),
+        ("web=w:1,,code=c:1", "has an empty item"),
+        ("web=:1", "is not NAME=PATH:WEIGHT"),
+    ],
+)
+def test_bad_mixtures_are_one_clear_line(value, message):
+    with pytest.raises(SpecError, match=message) as raised:
+        TrainingSpec(data=value)
+    assert "\n" not in str(raised.value)
+
+
+def test_val_data_with_a_mixture_is_refused():
+    with pytest.raises(SpecError, match="each source is evaluated on its own val split"):
+        TrainingSpec(data="a=x:1,b=y:1", val_data="v")
+
+
+@pytest.mark.parametrize(
+    ("value", "batch"), [("web=w:0.7,code=c:0.3", 8), ("a=x:0.5,b=y:0.3,c=z:0.2", 12), ("a=x:0.9,b=y:0.1", 4)]
+)
+def test_rows_over_200_steps_follow_the_weights_within_2_percent(value, batch):
+    mixture = parse_mixture(value)
+    check_batch(mixture, batch)
+    per_step = np.array([rows_of_step(mixture, k, batch) for k in range(1, 201)])
+    assert (per_step >= 0).all() and (per_step.sum(axis=1) == batch).all()
+    # the sample stream itself: count the source of every row that every rank reads
+    layout = BatchLayout(global_batch=batch, world_size=2, grad_accum=2)
+    order = MixtureOrder(mixture, num_samples=(37, 11, 5)[: len(mixture.sources)], seed=3, global_batch=batch)
+    counts = np.zeros(len(mixture.sources))
+    for step in range(1, 201):
+        for micro in range(2):
+            for rank in range(2):
+                ids = order.sample_ids(layout.positions(step, micro, rank))
+                counts += np.bincount(order.source_of(ids), minlength=len(counts))
+    shares = np.array([float(s) for s in mixture.shares])
+    assert np.abs(counts / counts.sum() - shares).max() < 0.02
+    assert (counts == per_step.sum(axis=0)).all()
+    assert np.abs(per_step.sum(axis=0) - 200 * batch * shares).max() <= len(shares)  # in fact within rows
+
+
+def test_each_source_wraps_through_every_sample_once_per_epoch_and_the_stream_is_a_function_of_the_step():
+    mixture = parse_mixture("big=b:0.75,small=s:0.25")
+    sizes = (50, 7)
+    order = MixtureOrder(mixture, num_samples=sizes, seed=11, global_batch=8)
+    stream = np.concatenate([order.sample_ids(np.arange((k - 1) * 8, k * 8)) for k in range(1, 41)])
+    small = stream[order.source_of(stream) == 1] - 50
+    assert len(small) == rows_after(mixture, 40, 8)[1] == 80
+    for epoch in range(len(small) // 7):  # every epoch of the small source is a permutation of it
+        assert sorted(small[epoch * 7 : (epoch + 1) * 7].tolist()) == list(range(7))
+    assert small[:7].tolist() != small[7:14].tolist()  # reshuffled each epoch
+    fresh = MixtureOrder(mixture, num_samples=sizes, seed=11, global_batch=8)
+    assert fresh.sample_ids(np.arange(30 * 8, 31 * 8)).tolist() == stream[30 * 8 : 31 * 8].tolist()
+    state = order.state(40)
+    assert state["small"] == {"samples_consumed": 80, "epoch": 11, "num_samples": 7, "weight": "0.25"}
+    other_seed = MixtureOrder(mixture, num_samples=sizes, seed=12, global_batch=8)
+    assert other_seed.sample_ids(np.arange(8)).tolist() != stream[:8].tolist()
+
+
+def test_a_batch_too_small_for_the_mixture_is_refused_naming_the_least():
+    mixture = parse_mixture("a=x:0.4,b=y:0.3,c=z:0.3")
+    least = min_global_batch(mixture)
+    check_batch(mixture, least)
+    with pytest.raises(SpecError, match=f"use a global batch of at least {least}"):
+        check_batch(mixture, least - 1)
+
+
+def test_steps_until_used_once_is_the_first_step_that_covers_each_source():
+    mixture = parse_mixture("web=w:0.7,code=c:0.3")
+    sizes, batch = (1000, 150), 16
+    got = steps_until_used_once(mixture, sizes, batch)
+    for index, steps in enumerate(got):
+        assert rows_after(mixture, steps, batch)[index] >= sizes[index] > rows_after(mixture, steps - 1, batch)[index]
+    assert got == (90, 32)
+    line = used_once_text(mixture, sizes, batch, 100)
+    assert "web (70% of each batch, 1,000 samples) once after 90 steps" in line and "code (30%" in line
+
+
+def _cli(capsys, args: list[str]) -> tuple[int, str, str]:
+    from hpc_hsdp.cli import main
+
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_option_reaches_config_files_render_and_help(tmp_path, capsys):
+    config = tmp_path / "job.toml"
+    config.write_text('data = "web=data/web:0.7,code=/abs/code:0.3"\n')
+    base = ["render", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--run-dir", str(tmp_path / "r")]
+    code, out, err = _cli(capsys, [*base, "--config", str(config)])
+    assert code == 0, err
+    value = f"web={tmp_path}/data/web:0.7,code=/abs/code:0.3"  # made absolute per source
+    assert f"--data {shlex.quote(value)} " in out
+    code, out, err = _cli(capsys, [*base, "--data", "web=w:0.7,web=c:0.3"])
+    assert code == 2 and "names source 'web' twice" in err and len(err.splitlines()) == 1, err
+    code, out, err = _cli(capsys, [*base, "--data", "plain/dir"])  # one dataset keeps working
+    assert code == 0 and f"--data {tmp_path}" not in out and "/plain/dir" in out, err
+    code, out, _ = _cli(capsys, ["run", "--help"])
+    assert "NAME=PATH:W" in out and "mixture" in out
