@@ -143,3 +143,75 @@ def test_the_option_reaches_config_files_render_and_help(tmp_path, capsys):
     assert code == 0 and f"--data {tmp_path}" not in out and "/plain/dir" in out, err
     code, out, _ = _cli(capsys, ["run", "--help"])
     assert "NAME=PATH:W" in out and "mixture" in out
+
+
+# ----------------------------------------------------------------------------- before submitting
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    from test_data_tokens import documents, make_dataset
+
+    root = tmp_path_factory.mktemp("sources")
+    web = make_dataset(root / "web", shards={"train": [documents(1, 120)], "val": [documents(2, 20)]})
+    code = make_dataset(root / "code", shards={"train": [documents(3, 30)], "val": [documents(4, 10)]})
+    return web, code
+
+
+def test_preflight_checks_every_source_and_says_when_each_is_used_once(two_sources, tmp_path):
+    from hpc_hsdp.cli.examples import spec_from_argv
+    from hpc_hsdp.data.sampler import num_samples
+    from hpc_hsdp.data.tokens import open_dataset
+    from hpc_hsdp.job.preflight import check_job_inputs
+
+    web, code = two_sources
+    argv = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--seq-len", "16", "--batch-size", "4"]
+    argv += ["--steps", "50", "--run-dir", str(tmp_path / "run")]
+    note = check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.7,code={code}:0.3"]))
+    sizes = tuple(num_samples(open_dataset(p).num_tokens, 16) for p in (web, code))
+    steps = steps_until_used_once(parse_mixture("web=w:0.7,code=c:0.3"), sizes, 8)
+    assert f"web (70% of each batch, {sizes[0]:,} samples) once after {steps[0]:,} steps" in note, note
+    assert f"code (30% of each batch, {sizes[1]:,} samples) once after {steps[1]:,} steps" in note, note
+    with pytest.raises(SpecError, match=r"token data .*nowhere does not exist.*nothing submitted"):
+        check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.7,code={tmp_path / 'nowhere'}:0.3"]))
+    with pytest.raises(SpecError, match="use a global batch of at least 3"):
+        small = [a if a != "4" else "1" for a in argv[:-2]]  # a global batch of 2
+        check_job_inputs(spec_from_argv([*small, "--data", f"a={web}:1,b={code}:1,c={code}:1,d={web}:1"]))
+
+
+def test_a_checkpoint_of_another_mixture_is_refused(two_sources, tmp_path):
+    import json
+
+    from hpc_hsdp.cli.examples import spec_from_argv
+    from hpc_hsdp.data.sampler import num_samples
+    from hpc_hsdp.data.tokens import open_dataset
+    from hpc_hsdp.job.preflight import check_job_inputs
+    from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
+
+    web, code = two_sources
+    sizes = [num_samples(open_dataset(p).num_tokens, 16) for p in (web, code)]
+    path = checkpoint_root(tmp_path / "run") / "step-000004"
+    path.mkdir(parents=True)
+    sources = {
+        "web": {"samples_consumed": 22, "epoch": 0, "num_samples": sizes[0], "weight": "0.7"},
+        "code": {"samples_consumed": 10, "epoch": 0, "num_samples": sizes[1], "weight": "0.3"},
+    }
+    data = {"global_batch": 8, "seed": 0, "num_samples": sum(sizes), "source": "m", "sources": sources}
+    (path / TRAIN_STATE).write_text(json.dumps({"step": 4, "seed": 0, "data": data}))
+    (path / COMPLETE).write_text("")
+    argv = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--seq-len", "16", "--batch-size", "4"]
+    argv += ["--steps", "50", "--run-dir", str(tmp_path / "run")]
+    check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.7,code={code}:0.3"]))  # the same: continues
+    with pytest.raises(SpecError, match="was trained on the mixture web:0.7 .*this run has web:0.6"):
+        check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.6,code={code}:0.4"]))
+    with pytest.raises(SpecError, match="this run has one dataset"):
+        check_job_inputs(spec_from_argv([*argv, "--data", str(web)]))
+
+
+def test_per_source_fields_reach_tensorboard_tags():
+    from hpc_hsdp.rundir.scalars import record_scalars
+
+    record = {"step": 3, "loss": 2.0, "loss/web": 1.5, "tokens/web": 64, "epoch/code": 2, "eval_loss/code": 3.0}
+    tags = record_scalars(record)
+    assert tags["loss/train_web"] == 1.5 and tags["data/tokens_web"] == 64.0
+    assert tags["data/epoch_code"] == 2.0 and tags["loss/eval_code"] == 3.0 and tags["loss/train"] == 2.0
