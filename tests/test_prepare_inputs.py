@@ -140,3 +140,26 @@ def test_without_pyarrow_or_zstandard_the_refusal_names_the_extra(inputs, tmp_pa
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.splitlines()) == 1 and f"needs the `{module}` library" in out.stderr, out.stderr
         assert "pip install 'hpc-hsdp[data]'" in out.stderr
+
+
+def test_small_blocks_cut_row_groups_into_bounded_pieces_with_the_same_tokens(inputs, texts, tmp_path):
+    from hpc_hsdp.data.inputs import _open_table, discover_inputs, iter_blocks
+    from hpc_hsdp.data.prepare import PrepareSpec, prepare
+
+    # one big row group: it is read in batches of about block_bytes of text, not whole
+    big = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": texts * 4}), big, row_group_size=len(texts) * 4)
+    files, _ = discover_inputs((str(big),), field="text")
+    batches = list(_open_table(files[0], 16384)[1]("text"))
+    assert len(batches) > 10 and sum(len(b) for b in batches) == len(texts) * 4
+    longest = max(len(t.encode()) for t in texts)
+    assert max(sum(len(x.as_py().encode()) for x in b.column(0)) for b in batches) <= 16384 + 2 * longest
+    blocks = list(iter_blocks(files, val_fraction=0.0, block_bytes=4096, field="text"))
+    assert max(len(p.data) for b in blocks for p in b.pieces) <= 4096 + longest
+    assert sum(b.disk_bytes for b in blocks) == big.stat().st_size  # the progress adds up to the file
+    expected = _prepare(inputs["jsonl"], tmp_path / "jsonl")
+    for source in (inputs["parquet"], inputs["datasets"]):
+        out = tmp_path / f"small-{source.name}"
+        prepare(PrepareSpec(inputs=(str(source),), field="text", output=str(out), workers=1), block_bytes=4096)
+        ds = open_dataset(out)
+        assert ds.read(0, ds.num_tokens).tolist() == expected

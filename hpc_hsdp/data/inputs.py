@@ -40,8 +40,8 @@ DATASETS_STATE = "state.json"
 """The file ``datasets``' ``save_to_disk`` writes beside its Arrow files (``_data_files``)."""
 DATASETS_DICT = "dataset_dict.json"
 EXTRA_HINT = "install it with pip install 'hpc-hsdp[data]'"
-ROWS_PER_BATCH = 8192
-"""Rows of a Parquet or Arrow input read at a time (fewer where a row group has fewer)."""
+MAX_ROWS_PER_BATCH = 65536
+"""The most rows of a Parquet row group read at a time (fewer: about ``BLOCK_BYTES`` of its text)."""
 
 
 @dataclass(frozen=True)
@@ -195,25 +195,36 @@ def _datasets_files(path: Path, given: str) -> list[InputFile]:
     return out
 
 
-def _open_table(file: InputFile):
-    """(the schema, a function that yields record batches of the given columns) of a Parquet
-    or Arrow input; DataError when it is not one."""
+def _parquet_batches(parquet, field: str, block_bytes: int):
+    """The ``field`` column of a Parquet file, row group by row group, in batches of about
+    ``block_bytes`` of its uncompressed text (the row group's metadata says its size): memory
+    holds one such batch, however large the row groups."""
+    meta = parquet.metadata
+    for index in range(meta.num_row_groups):
+        group = meta.row_group(index)
+        chunks = [group.column(j) for j in range(group.num_columns)]
+        size = next((c.total_uncompressed_size for c in chunks if c.path_in_schema == field), group.total_byte_size)
+        rows = max(1, min(MAX_ROWS_PER_BATCH, group.num_rows * block_bytes // max(size, 1)))
+        yield from parquet.iter_batches(batch_size=rows, row_groups=[index], columns=[field], use_threads=False)
+
+
+def _open_table(file: InputFile, block_bytes: int = BLOCK_BYTES):
+    """(the schema, a function that yields record batches of one column) of a Parquet or
+    Arrow input; DataError when it is not one."""
     pa = require_pyarrow(f"input {file.path} ({_KIND_NAMES[file.kind]})")
     try:
         if file.kind == "parquet":
             parquet = pa.parquet.ParquetFile(file.path)
-            return parquet.schema_arrow, lambda columns: parquet.iter_batches(
-                batch_size=ROWS_PER_BATCH, columns=columns, use_threads=False
-            )
+            return parquet.schema_arrow, lambda field: _parquet_batches(parquet, field, block_bytes)
         source = pa.memory_map(str(file.path), "r")
         try:
             reader = pa.ipc.open_stream(source)
         except pa.ArrowInvalid:  # datasets writes the stream format; the file format serves too
             reader = pa.ipc.open_file(source)
-            return reader.schema, lambda columns: (
-                reader.get_batch(i).select(columns) for i in range(reader.num_record_batches)
+            return reader.schema, lambda field: (
+                reader.get_batch(i).select([field]) for i in range(reader.num_record_batches)
             )
-        return reader.schema, lambda columns: (batch.select(columns) for batch in reader)
+        return reader.schema, lambda field: (batch.select([field]) for batch in reader)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(
             f"input {file.path} is not a readable {_KIND_NAMES[file.kind]} file ({exc}); fix or leave it out"
@@ -425,13 +436,14 @@ def _jsonl_pieces(
         carry = data[end:]
 
 
-def _row_pieces(file: InputFile, field: str, rows_done: list[int]) -> Iterator[Piece]:
-    """A Parquet or Arrow input's text column, one record batch (at most a row group's) at a
-    time, as pieces of rows; nulls are empty texts. ``rows_done[0]`` counts the rows read."""
+def _row_pieces(file: InputFile, field: str, rows_done: list[int], block_bytes: int) -> Iterator[Piece]:
+    """A Parquet or Arrow input's text column, one record batch at a time (Arrow files are
+    memory-mapped: a batch is not read until its rows are), as pieces of rows of about
+    ``block_bytes`` of text; nulls are empty texts. ``rows_done[0]`` counts the rows read."""
     pa = require_pyarrow(f"input {file.path}")
     source = str(file.path)
     row = 0
-    for batch in _open_table(file)[1]([field]):
+    for batch in _open_table(file, block_bytes)[1](field):
         column = batch.column(0)
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             column = column.cast(pa.large_string())
@@ -442,12 +454,19 @@ def _row_pieces(file: InputFile, field: str, rows_done: list[int]) -> Iterator[P
             continue
         buffers = column.buffers()
         offsets = np.frombuffer(buffers[1], dtype=np.int64 if pa.types.is_large_string(column.type) else np.int32)
-        offsets = offsets[column.offset : column.offset + count + 1]
-        first, last = int(offsets[0]), int(offsets[-1])
-        data = buffers[2].to_pybytes()[first:last] if buffers[2] is not None else b""
-        yield Piece(source, "rows", data, row, lengths=tuple(np.diff(offsets).tolist()))
+        offsets = offsets[column.offset : column.offset + count + 1].astype(np.int64)
+        start = 0
+        while start < count:  # pieces of about block_bytes: whole rows, at least one
+            limit = int(offsets[start]) + block_bytes
+            end = max(start + 1, min(count, int(np.searchsorted(offsets, limit, side="right")) - 1))
+            first, last = int(offsets[start]), int(offsets[end])
+            data = (
+                buffers[2].slice(first, last - first).to_pybytes() if buffers[2] is not None and last > first else b""
+            )
+            yield Piece(source, "rows", data, row + start, lengths=tuple(np.diff(offsets[start : end + 1]).tolist()))
+            start = end
+            rows_done[0] = row + start
         row += count
-        rows_done[0] = row
 
 
 def _table_rows(file: InputFile) -> int:
@@ -474,7 +493,7 @@ def iter_blocks(
     for file in files:
         if file.kind in ("parquet", "arrow"):
             rows_done, total_rows = [0], _table_rows(file)
-            for piece in _row_pieces(file, field, rows_done):
+            for piece in _row_pieces(file, field, rows_done, block_bytes):
                 pieces.append(piece)
                 size += len(piece.data)
                 if size >= block_bytes:
