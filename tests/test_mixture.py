@@ -215,3 +215,15 @@ def test_per_source_fields_reach_tensorboard_tags():
     tags = record_scalars(record)
     assert tags["loss/train_web"] == 1.5 and tags["data/tokens_web"] == 64.0
     assert tags["data/epoch_code"] == 2.0 and tags["loss/eval_code"] == 3.0 and tags["loss/train"] == 2.0
+
+
+def test_the_python_api_takes_a_mixture_and_makes_its_paths_absolute(tmp_path):
+    from hpc_hsdp.job.scheduler import api_job_spec
+
+    spec = api_job_spec(
+        {"shard": 1, "data": "web=data/web:0.7,code=/abs/code:0.3"}, environ={}, cwd=tmp_path, default_venv=None
+    )
+    assert spec.run.training.data == f"web={tmp_path}/data/web:0.7,code=/abs/code:0.3"
+    assert spec.run.training.mixture.names == ("web", "code")
+    with pytest.raises(SpecError, match="must be positive"):
+        api_job_spec({"shard": 1, "data": "web=w:0,code=c:1"}, environ={}, cwd=tmp_path, default_venv=None)

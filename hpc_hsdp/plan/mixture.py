@@ -21,9 +21,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SpecError
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _MIXTURE = re.compile(r"^[A-Za-z0-9_-]+=")
@@ -76,6 +79,8 @@ def is_mixture(value: object) -> bool:
 def parse_mixture(value: str, *, flag: str = "--data") -> Mixture:
     """``NAME=PATH:WEIGHT,...`` -> Mixture; SpecError (one line, exit 2) on a bad item, a
     weight that is not a positive number, or a name given twice."""
+    from fractions import Fraction  # noqa: PLC0415 - fractions imports decimal (milliseconds): only a mixture needs it, not every CLI start
+
     sources: list[Source] = []
     for item in value.split(","):
         item = item.strip()

@@ -34,7 +34,7 @@ class TrainData:
     train: object
     """``read(sample_ids)`` -> ``(rows, seq_len + 1)`` int64; ``num_samples``; ``max_token_id``."""
     val: object | None
-    """The held-out source (None: no evaluation)."""
+    """The held-out source (None: no evaluation, or a mixture's, whose are ``source_vals``)."""
     order: SampleOrder | MixtureOrder
     layout: BatchLayout
     vocab_size: int | None
@@ -128,10 +128,9 @@ def _open_mixture(training: TrainingSpec, layout: BatchLayout) -> TrainData:
         seed=training.seed,
         global_batch=layout.global_batch,
     )
-    first_val = next(iter(vals.values()), None)
     return TrainData(
         train=MixtureSamples(tuple(trains), mixture.names),
-        val=first_val,
+        val=None,  # each source is evaluated on its own: source_vals
         order=order,
         layout=layout,
         vocab_size=vocab_sizes.pop(),
