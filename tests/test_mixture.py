@@ -202,7 +202,7 @@ def test_a_checkpoint_of_another_mixture_is_refused(two_sources, tmp_path):
     argv = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--seq-len", "16", "--batch-size", "4"]
     argv += ["--steps", "50", "--run-dir", str(tmp_path / "run")]
     check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.7,code={code}:0.3"]))  # the same: continues
-    with pytest.raises(SpecError, match="was trained on the mixture web:0.7 .*this run has web:0.6"):
+    with pytest.raises(SpecError, match="was trained on the mixture web:0.7 .*this run has the mixture web:0.6"):
         check_job_inputs(spec_from_argv([*argv, "--data", f"web={web}:0.6,code={code}:0.4"]))
     with pytest.raises(SpecError, match="this run has one dataset"):
         check_job_inputs(spec_from_argv([*argv, "--data", str(web)]))

@@ -209,10 +209,11 @@ def check_data_position(
     if saved_sources != given:
 
         def words(table: dict) -> str:
-            return ", ".join(f"{n}:{w} ({s} samples)" for n, (w, s) in table.items()) or "one dataset"
+            sources = ", ".join(f"{n}:{w} ({s} samples)" for n, (w, s) in table.items())
+            return f"the mixture {sources}" if sources else "one dataset"
 
         raise DataError(
-            f"{where} was trained on the mixture {words(saved_sources)}, this run has {words(given)}; resuming "
+            f"{where} was trained on {words(saved_sources)}, this run has {words(given)}; resuming "
             f"would draw other samples: resume with the same --data sources and weights, or start a new --run-dir"
         )
     if saved["global_batch"] != global_batch:
