@@ -1,6 +1,6 @@
 """prepare-data throughput against the tokenizers library's own encode_batch, and its peak memory as the input grows.
 
-    python benchmarks/bench_data.py [--runs N] [--megabytes MB] [--vocab V]
+    python benchmarks/bench_data.py [--runs N] [--megabytes MB] [--vocab V] [--formats text,jsonl,parquet,...]
 
 Corpus: the Python standard library's .py files (sorted; the first MB megabytes), "1x";
 "4x" is four copies of it. A byte-level BPE of V ids is trained on 1x first (not timed).
@@ -12,7 +12,12 @@ Each measurement is a fresh process, run N times interleaved (median):
                    in the measuring process): reading, encoding, writing the shards, --engine
                    processes / threads
 
-and prints tokens/s with the ratio to encode_batch on the same input (target >= 0.8), and
+``--formats``: the same documents also as one JSONL file per copy (``jsonl``), zstandard-compressed
+JSONL (``zst``), a Parquet file per copy in row groups of 2,048 documents (``parquet``) or a
+``datasets`` save_to_disk directory per copy (``datasets``), read with ``--field text``; the
+conversion is not timed, and a verdict compares each format's tokens/s with JSONL's.
+
+It prints tokens/s with the ratio to encode_batch on the same input (target >= 0.8), and
 the peak RSS (ru_maxrss) of the prepare-data process and of its largest worker per size
 (target: flat as the input grows), beside encode_batch's, which holds every text and
 encoding at once. `--sizes 1,4,16 --only processes` shows where prepare-data's levels off.
@@ -52,10 +57,11 @@ PREPARE = textwrap.dedent("""
     import json, resource, sys, time
     from pathlib import Path
     from hpc_hsdp.cli import main
-    tokenizer, output, engine, *inputs = sys.argv[1:]
+    tokenizer, output, engine, fmt, *inputs = sys.argv[1:]
+    how = ["--glob", "*.py"] if fmt == "text" else ["--field", "text"]
     start = time.perf_counter()
     try:
-        main(["prepare-data", *inputs, "--glob", "*.py", "--tokenizer", tokenizer, "--engine", engine, "-o", output, "-q"])
+        main(["prepare-data", *inputs, *how, "--tokenizer", tokenizer, "--engine", engine, "-o", output, "-q"])
     except SystemExit as exc:
         assert exc.code in (0, None), exc.code
     seconds = time.perf_counter() - start
@@ -94,6 +100,39 @@ def build_inputs(work: Path, files: list[Path], copies: int) -> list[str]:
             shutil.copyfile(path, target)
         folders.append(str(folder))
     return folders
+
+
+FORMATS = ("text", "jsonl", "zst", "parquet", "datasets")
+
+
+def convert_inputs(work: Path, folders: list[str], fmt: str) -> list[str]:
+    """The documents of each copy folder as one input of ``fmt`` (not timed)."""
+    out = []
+    for folder in folders:
+        texts = [p.read_text(encoding="utf-8") for p in sorted(Path(folder).rglob("*.py"))]
+        target = work / fmt / Path(folder).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if fmt in ("jsonl", "zst"):
+            data = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+            if fmt == "zst":
+                import zstandard
+
+                data = zstandard.ZstdCompressor(level=3).compress(data)
+            path = target.with_suffix(".jsonl.zst" if fmt == "zst" else ".jsonl")
+            path.write_bytes(data)
+        elif fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            path = target.with_suffix(".parquet")
+            pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), path, row_group_size=2048)
+        else:
+            import datasets
+
+            path = target
+            datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(path))
+        out.append(str(path))
+    return out
 
 
 def train_tokenizer(work: Path, inputs: list[str], vocab: int) -> Path:
@@ -136,6 +175,7 @@ def main() -> int:
     parser.add_argument("--megabytes", type=float, default=8.0, help="size of the 1x corpus")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--sizes", default="1,4", help="input sizes in copies of the 1x corpus, e.g. 1,4,16")
+    parser.add_argument("--formats", default="text", help=f"input formats, of {', '.join(FORMATS)}")
     parser.add_argument(
         "--only",
         default="encode_batch,processes,threads",
@@ -148,25 +188,34 @@ def main() -> int:
         work = Path(tmp)
         files = stdlib_corpus(args.megabytes)
         inputs = {n: build_inputs(work / f"{n}x", files, n) for n in sizes}
+        formats = args.formats.split(",")
+        converted = {
+            (fmt, n): convert_inputs(work / f"{n}x", inputs[n], fmt) for fmt in formats if fmt != "text" for n in sizes
+        }
         size = sum(p.stat().st_size for p in files)
         tokenizer = train_tokenizer(work, inputs[sizes[0]][:1], args.vocab)
         print(
             f"corpus 1x: {len(files)} standard-library files, {size / 1e6:.1f} MB; sizes {args.sizes} x; "
             f"BPE {args.vocab}; {os.cpu_count()} CPUs; runs {args.runs}, interleaved"
         )
-        variants = {
-            "encode_batch": lambda folders: run_json(BASELINE, [str(tokenizer), *folders]),
-            "processes": lambda folders: _prepare(work, tokenizer, "processes", folders),
-            "threads": lambda folders: _prepare(work, tokenizer, "threads", folders),
-        }
-        variants = {name: run for name, run in variants.items() if name in wanted}
+        variants = {}
+        if "encode_batch" in wanted:
+            variants["encode_batch"] = lambda n: run_json(BASELINE, [str(tokenizer), *inputs[n]])
+        for engine in ("processes", "threads"):
+            if engine not in wanted:
+                continue
+            for fmt in formats:
+                name = engine if fmt == "text" else f"{engine}, {fmt}"
+                variants[name] = lambda n, engine=engine, fmt=fmt: _prepare(
+                    work, tokenizer, engine, fmt, inputs[n] if fmt == "text" else converted[(fmt, n)]
+                )
         results: dict[tuple[str, int], list[dict]] = {}
         for _ in range(args.runs):
             for n in sizes:
                 for name, run in variants.items():
-                    results.setdefault((name, n), []).append(run(inputs[n]))
+                    results.setdefault((name, n), []).append(run(n))
     print(
-        f"\n{'variant':<26} {'size':>5} {'tokens':>12} {'tokens/s':>10} {'ratio':>6} {'peak RSS':>9} "
+        f"\n{'variant':<34} {'size':>5} {'tokens':>12} {'tokens/s':>10} {'ratio':>6} {'peak RSS':>9} "
         f"{'main':>8} {'worker':>8}"
     )
     verdicts = []
@@ -181,7 +230,7 @@ def main() -> int:
             main_rss = statistics.median(r["rss_main"] for r in runs)
             worker = statistics.median(r["rss_worker"] for r in runs)
             print(
-                f"{label:<26} {n:>4}x {runs[0]['tokens']:>12,} {rate / 1e6:>8.3f} M "
+                f"{label:<34} {n:>4}x {runs[0]['tokens']:>12,} {rate / 1e6:>8.3f} M "
                 f"{'' if ratio is None else f'{ratio:.2f}':>6} {megabytes(peak):>9} {megabytes(main_rss):>8} "
                 f"{megabytes(worker):>8}"
             )
@@ -196,14 +245,23 @@ def main() -> int:
             f"{label}: input {sizes[-1] / sizes[0]:.0f}x larger, peak RSS {last / first:.2f}x "
             f"({megabytes(first)} -> {megabytes(last)})"
         )
+    for name in variants:
+        engine, _, fmt = name.partition(", ")
+        if fmt and fmt != "jsonl" and f"{engine}, jsonl" in variants:
+            for n in sizes:
+                rate = statistics.median(r["tokens"] / r["seconds"] for r in results[(name, n)])
+                base = statistics.median(r["tokens"] / r["seconds"] for r in results[(f"{engine}, jsonl", n)])
+                verdicts.append(
+                    f"prepare-data ({engine}) at {n}x: {fmt} {rate / base:.2f}x the tokens/s of the same JSONL"
+                )
     print("\n" + "\n".join(verdicts))
     return 0
 
 
-def _prepare(work: Path, tokenizer: Path, engine: str, inputs: list[str]) -> dict:
+def _prepare(work: Path, tokenizer: Path, engine: str, fmt: str, inputs: list[str]) -> dict:
     output = work / f"out-{engine}"
     shutil.rmtree(output, ignore_errors=True)
-    result = run_json(PREPARE, [str(tokenizer), str(output), engine, *inputs])
+    result = run_json(PREPARE, [str(tokenizer), str(output), engine, fmt, *inputs])
     shutil.rmtree(output, ignore_errors=True)
     return result
 

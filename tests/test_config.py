@@ -259,7 +259,14 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
     assert from_file == from_cli
 
 
-_SAMPLE_BY_KIND = {"int": 3, "float": 0.25, "bool": True, "str": "x", "path": "/data/tokens"}
+_SAMPLE_BY_KIND = {
+    "int": 3,
+    "float": 0.25,
+    "bool": True,
+    "str": "x",
+    "path": "/data/tokens",
+    "data": "web=/data/web:0.7,code=/data/code:0.3",  # a mixture: the one value of kind data that is no path
+}
 _SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68, "tracker": "wandb,mlflow"}
 
 

@@ -73,7 +73,7 @@ def test_the_training_options_are_the_training_spec_fields_in_order_with_their_k
     assert [f.name for f in fields] == [declared.key for declared in TRAINING_OPTIONS]
     for f, declared in zip(fields, TRAINING_OPTIONS, strict=True):
         annotation = f.type.split("|")[0].strip()
-        assert annotation == {"path": "str"}.get(declared.kind, declared.kind), f.name
+        assert annotation == {"path": "str", "data": "str"}.get(declared.kind, declared.kind), f.name
         assert ("None" in f.type) == (declared.default is None), f.name
         assert f.default == declared.default and f.metadata["option"] is declared
 

@@ -301,7 +301,11 @@ BAD_INPUTS = [
         lambda d: [str(_jsonl(d, ['{"text": 3}'])), "--field", "text", "-o", "out"],
         "holds a int, not text",
     ),
-    ("--field for text", lambda d: [str(_text(d)), "--field", "text", "-o", "out"], "--field text is for JSONL inputs"),
+    (
+        "--field for text",
+        lambda d: [str(_text(d)), "--field", "text", "-o", "out"],
+        "--field text is for JSONL, Parquet or datasets inputs",
+    ),
     (
         "val fraction 1",
         lambda d: [str(_text(d)), "--val-fraction", "1", "-o", "out"],

@@ -25,7 +25,7 @@ class NodeCount(click.ParamType):
         return int(text) if text.isdigit() else text  # MIN-MAX and typos: checked with the spec, one line
 
 
-_CLICK_TYPES = {"int": int, "float": float, "str": str, "path": str, "nodes": NodeCount()}
+_CLICK_TYPES = {"int": int, "float": float, "str": str, "path": str, "data": str, "nodes": NodeCount()}
 
 
 def _default_text(value: object) -> str | None:

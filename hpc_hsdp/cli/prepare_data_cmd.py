@@ -51,7 +51,12 @@ def _steady_allocator() -> None:
     metavar="DIR",
     help="Dataset directory to create (dataset.json, train/, val/, tokenizer/).",
 )
-@click.option("--field", default=None, metavar="KEY", help="JSONL inputs: the key that holds a document's text.")
+@click.option(
+    "--field",
+    default=None,
+    metavar="KEY",
+    help="JSONL inputs: the key that holds a document's text; Parquet and datasets inputs: the column.",
+)
 @click.option(
     "--tokenizer",
     default="byte",
@@ -139,13 +144,17 @@ def prepare_data(
     """Tokenize text into a dataset of token files for `hpc-hsdp run --data DIR`.
 
     INPUT: text files (one document each), JSONL files (one document per line, with
-    --field), directories of them (recursive, sorted), gzip'd ones (.gz). Each document
+    --field), directories of them (recursive, sorted), gzip'd (.gz) or zstandard (.zst)
+    ones; Parquet files (.parquet, one document per row of the --field column) and a
+    datasets directory written by save_to_disk (one split's; read with pyarrow, offline).
+    Parquet, datasets and .zst need the `data` extra. Each document
     ends with the end-of-document token. Output is written to DIR.tmp-XXXX and renamed
     to DIR when complete.
 
     \b
     hpc-hsdp prepare-data corpus/ -o data/corpus --train-tokenizer 8192 --val-fraction 0.01
     hpc-hsdp prepare-data dump.jsonl.gz --field text --tokenizer ./llama-tokenizer -o data/dump
+    hpc-hsdp prepare-data fineweb/sample/ --field text --tokenizer ./llama-tokenizer -o data/web
     hpc-hsdp prepare-data book.txt -o data/book          # byte-level, no tokenizer needed
     """
     spec = PrepareSpec(

@@ -1,8 +1,13 @@
 """The inputs of ``prepare-data``: which files, checked up front, read as blocks of text.
 
-A text file is one document; a JSONL file holds one per line. A block is about
-``BLOCK_BYTES`` of text: many small files, or a piece of a long one, cut where the
-tokenizer's pre-tokenizer splits anyway, so that the pieces encode as the whole would.
+A text file is one document; a JSONL file holds one per line (either gzip'd, ``.gz``, or
+zstandard-compressed, ``.zst``, streamed). A Parquet file holds one document per row, in the
+column ``--field`` names, read one row group's batch at a time with pyarrow (memory stays
+bounded); a directory written by ``datasets``' ``save_to_disk`` is read the same way from its
+Arrow files (``state.json`` names them, in order), with pyarrow alone: the ``datasets``
+library is not imported and nothing is downloaded. A block is about ``BLOCK_BYTES`` of text:
+many small files, or a piece of a long one, cut where the tokenizer's pre-tokenizer splits
+anyway, so that the pieces encode as the whole would.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import codecs
 import fnmatch
 import gzip
 import hashlib
+import io
 import json
 import os
 import zlib
@@ -19,27 +25,63 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from hpc_hsdp.data.tokens import DataError
 
 BLOCK_BYTES = 1 << 20
 PEEK_BYTES = 1 << 12
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+RECORD_KINDS = ("jsonl", "parquet", "arrow")
+"""Kinds whose documents are records: ``--field`` names the key or column of the text."""
+DATASETS_STATE = "state.json"
+"""The file ``datasets``' ``save_to_disk`` writes beside its Arrow files (``_data_files``)."""
+DATASETS_DICT = "dataset_dict.json"
+EXTRA_HINT = "install it with pip install 'hpc-hsdp[data]'"
+MAX_ROWS_PER_BATCH = 65536
+"""The most rows of a Parquet row group read at a time (fewer: about ``BLOCK_BYTES`` of its text)."""
 
 
 @dataclass(frozen=True)
 class InputFile:
     path: Path
     kind: str
-    """``text`` (the file is one document) or ``jsonl`` (one document per line)."""
-    compressed: bool
+    """``text`` (the file is one document), ``jsonl`` (one document per line), ``parquet`` (one
+    per row) or ``arrow`` (one per row of a ``datasets`` directory's Arrow stream file)."""
+    compressed: str | None
+    """``gzip``, ``zstd`` or None."""
     size: int
     """Bytes on disk."""
 
 
-def _kind_of(path: Path) -> tuple[str, bool]:
-    compressed = path.suffix == ".gz"
+def _kind_of(path: Path) -> tuple[str, str | None]:
+    compressed = COMPRESSIONS.get(path.suffix)
     stem = path.with_suffix("") if compressed else path
+    if not compressed and path.suffix in PARQUET_SUFFIXES:
+        return "parquet", None
     return ("jsonl" if stem.suffix in JSONL_SUFFIXES else "text"), compressed
+
+
+def require_pyarrow(why: str):
+    """The pyarrow module (the ``data`` extra), or a one-line DataError."""
+    try:
+        import pyarrow  # noqa: PLC0415 - pyarrow is an optional extra, loaded only for Parquet and Arrow inputs
+        import pyarrow.ipc  # noqa: PLC0415 - as above
+        import pyarrow.parquet  # noqa: PLC0415 - as above
+    except ImportError:
+        raise DataError(f"{why} needs the `pyarrow` library, which is not installed; {EXTRA_HINT}") from None
+    return pyarrow
+
+
+def require_zstandard(why: str):
+    """The zstandard module (the ``data`` extra), or a one-line DataError."""
+    try:
+        import zstandard  # noqa: PLC0415 - zstandard is an optional extra, loaded only for .zst inputs
+    except ImportError:
+        raise DataError(f"{why} needs the `zstandard` library, which is not installed; {EXTRA_HINT}") from None
+    return zstandard
 
 
 MAX_LINE_BYTES = 256 << 20
@@ -70,7 +112,9 @@ def discover_inputs(
         path = Path(given)
         if not path.exists():
             raise DataError(f"input {given} does not exist; check the path")
-        if path.is_dir():
+        if path.is_dir() and ((path / DATASETS_STATE).is_file() or (path / DATASETS_DICT).is_file()):
+            files.extend(_datasets_files(path, given))
+        elif path.is_dir():
             found = 0
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -94,39 +138,156 @@ def discover_inputs(
             files.append(_checked_input(path, decode_errors))
         else:
             raise DataError(f"input {given} is neither a file nor a directory; give text or JSONL files")
-    jsonl = [f for f in files if f.kind == "jsonl"]
-    if jsonl and field is None:
-        raise DataError(f"input {jsonl[0].path} is JSONL: say which key holds the text with --field, e.g. --field text")
-    if field is not None and not jsonl:
+    records = [f for f in files if f.kind in RECORD_KINDS]
+    if records and field is None:
+        first = records[0]
+        if first.kind == "jsonl":
+            raise DataError(
+                f"input {first.path} is JSONL: say which key holds the text with --field, e.g. --field text"
+            )
         raise DataError(
-            f"--field {field} is for JSONL inputs (.jsonl, .ndjson, .gz of them) but none was given; "
-            f"leave --field out for text files"
+            f"input {first.path} is {_KIND_NAMES[first.kind]}: say which column holds the text with --field "
+            f"(it has: {', '.join(map(repr, _columns(first)))})"
         )
-    for file in jsonl:
-        _check_first_jsonl_line(file, field, max_line_bytes)
+    if field is not None and not records:
+        raise DataError(
+            f"--field {field} is for JSONL, Parquet or datasets inputs (.jsonl, .ndjson, .gz or .zst of them, "
+            f".parquet, a save_to_disk directory) but none was given; leave --field out for text files"
+        )
+    for file in records:
+        if file.kind == "jsonl":
+            _check_first_jsonl_line(file, field, max_line_bytes)
+        else:
+            _check_text_column(file, field)
     return files, skipped_empty
+
+
+_KIND_NAMES = {"parquet": "Parquet", "arrow": "a datasets (save_to_disk) Arrow file"}
+
+
+def _datasets_files(path: Path, given: str) -> list[InputFile]:
+    """The Arrow files of a ``datasets`` directory (``save_to_disk``), in the order its
+    ``state.json`` lists them. A DatasetDict's directory is refused, naming its splits."""
+    if not (path / DATASETS_STATE).is_file():
+        try:
+            splits = json.loads((path / DATASETS_DICT).read_text()).get("splits") or []
+        except (OSError, ValueError, AttributeError):
+            splits = []
+        named = ", ".join(f"{given.rstrip('/')}/{split}" for split in splits) or "one of its split directories"
+        raise DataError(f"input {given} is a datasets DatasetDict: give the split to read, e.g. {named}")
+    try:
+        state = json.loads((path / DATASETS_STATE).read_text())
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(
+            f"input {given} has no readable {DATASETS_STATE} ({type(exc).__name__}: {exc}); "
+            f"give a directory written by datasets' save_to_disk"
+        ) from None
+    if not names:
+        raise DataError(f"input {given}: its {DATASETS_STATE} lists no data file; the dataset is empty")
+    require_pyarrow(f"input {given} (a datasets directory)")
+    out = []
+    for name in names:
+        file = path / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not file.is_file():
+            raise DataError(f"input {given}: {DATASETS_STATE} names {name!r}, which is not a file in it")
+        out.append(InputFile(path=file, kind="arrow", compressed=None, size=file.stat().st_size))
+    return out
+
+
+def _parquet_batches(parquet, field: str, block_bytes: int):
+    """The ``field`` column of a Parquet file, row group by row group, in batches of about
+    ``block_bytes`` of its uncompressed text (the row group's metadata says its size): memory
+    holds one such batch, however large the row groups."""
+    meta = parquet.metadata
+    for index in range(meta.num_row_groups):
+        group = meta.row_group(index)
+        chunks = [group.column(j) for j in range(group.num_columns)]
+        size = next((c.total_uncompressed_size for c in chunks if c.path_in_schema == field), group.total_byte_size)
+        rows = max(1, min(MAX_ROWS_PER_BATCH, group.num_rows * block_bytes // max(size, 1)))
+        yield from parquet.iter_batches(batch_size=rows, row_groups=[index], columns=[field], use_threads=False)
+
+
+def _open_table(file: InputFile, block_bytes: int = BLOCK_BYTES):
+    """(the schema, a function that yields record batches of one column) of a Parquet or
+    Arrow input; DataError when it is not one."""
+    pa = require_pyarrow(f"input {file.path} ({_KIND_NAMES[file.kind]})")
+    try:
+        if file.kind == "parquet":
+            parquet = pa.parquet.ParquetFile(file.path)
+            return parquet.schema_arrow, lambda field: _parquet_batches(parquet, field, block_bytes)
+        source = pa.memory_map(str(file.path), "r")
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:  # datasets writes the stream format; the file format serves too
+            reader = pa.ipc.open_file(source)
+            return reader.schema, lambda field: (
+                reader.get_batch(i).select([field]) for i in range(reader.num_record_batches)
+            )
+        return reader.schema, lambda field: (batch.select([field]) for batch in reader)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(
+            f"input {file.path} is not a readable {_KIND_NAMES[file.kind]} file ({exc}); fix or leave it out"
+        ) from None
+
+
+def _columns(file: InputFile) -> list[str]:
+    return list(_open_table(file)[0].names)
+
+
+def _check_text_column(file: InputFile, field: str | None) -> None:
+    pa = require_pyarrow(f"input {file.path}")
+    schema = _open_table(file)[0]
+    if field not in schema.names:
+        raise DataError(
+            f"input {file.path} has no column {field!r} (it has: {', '.join(map(repr, schema.names))}); "
+            f"give the column that holds the text with --field"
+        )
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise DataError(
+            f"input {file.path}: column {field!r} holds {kind}, not text; give the column that holds the text with --field"
+        )
 
 
 def _open_binary(file: InputFile) -> tuple[IO[bytes], IO[bytes]]:
     """(the decompressed stream, the file on disk) of an input."""
     raw = open(file.path, "rb")
-    return (gzip.GzipFile(fileobj=raw, mode="rb") if file.compressed else raw), raw
+    if file.compressed == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    if file.compressed == "zstd":
+        zstandard = require_zstandard(f"input {file.path} (zstandard)")
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+        return io.BufferedReader(reader, buffer_size=1 << 16), raw
+    return raw, raw
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import zstandard  # noqa: PLC0415 - zstandard is an optional extra
+    except ImportError:
+        return ()
+    return (zstandard.ZstdError,)
 
 
 def _checked_input(path: Path, decode_errors: str) -> InputFile:
     """An input that exists, is readable, holds something, and (strict) starts as UTF-8 text."""
     kind, compressed = _kind_of(path)
     file = InputFile(path=path, kind=kind, compressed=compressed, size=path.stat().st_size)
+    if kind == "parquet":
+        _open_table(file)  # readable, and pyarrow installed
+        return file
     try:
         stream, raw = _open_binary(file)
         with raw, stream:
             first = stream.read(PEEK_BYTES)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise DataError(f"input {path} is not a valid gzip file ({exc}); fix or leave it out") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error, *_zstd_errors()) as exc:
+        name = "gzip" if compressed == "gzip" else "zstandard"
+        raise DataError(f"input {path} is not a valid {name} file ({exc}); fix or leave it out") from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise DataError(
-            f"cannot read input {path} ({reason}); check that it is a readable{' gzip' if compressed else ''} file"
+            f"cannot read input {path} ({reason}); check that it is a readable{f' {compressed}' if compressed else ''} file"
         ) from None
     if not first:
         raise DataError(f"input {path} is empty{' after decompression' if compressed else ''}; leave it out")
@@ -188,11 +349,15 @@ class Piece:
     kind: str
     data: bytes
     start: int
-    """Text: byte offset of ``data`` in the file; JSONL: the number of its first line."""
+    """Text: byte offset of ``data`` in the file; JSONL: the number of its first line; rows
+    (Parquet, Arrow): the number of its first row (0-based)."""
     ends_document: bool = True
     """Text: the document (file) ends with this piece."""
     val: bool = False
     """Text: the document belongs to the val split."""
+    lengths: tuple[int, ...] = ()
+    """Rows: the UTF-8 bytes of each row's text, one after the other in ``data`` (0: an empty
+    or null text)."""
 
 
 @dataclass(frozen=True)
@@ -271,15 +436,73 @@ def _jsonl_pieces(
         carry = data[end:]
 
 
+def _row_pieces(file: InputFile, field: str, rows_done: list[int], block_bytes: int) -> Iterator[Piece]:
+    """A Parquet or Arrow input's text column, one record batch at a time (Arrow files are
+    memory-mapped: a batch is not read until its rows are), as pieces of rows of about
+    ``block_bytes`` of text; nulls are empty texts. ``rows_done[0]`` counts the rows read."""
+    pa = require_pyarrow(f"input {file.path}")
+    source = str(file.path)
+    row = 0
+    for batch in _open_table(file, block_bytes)[1](field):
+        column = batch.column(0)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            column = column.cast(pa.large_string())
+        if column.null_count:
+            column = column.fill_null("")
+        count = len(column)
+        if not count:
+            continue
+        buffers = column.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int64 if pa.types.is_large_string(column.type) else np.int32)
+        offsets = offsets[column.offset : column.offset + count + 1].astype(np.int64)
+        start = 0
+        while start < count:  # pieces of about block_bytes: whole rows, at least one
+            limit = int(offsets[start]) + block_bytes
+            end = max(start + 1, min(count, int(np.searchsorted(offsets, limit, side="right")) - 1))
+            first, last = int(offsets[start]), int(offsets[end])
+            data = (
+                buffers[2].slice(first, last - first).to_pybytes() if buffers[2] is not None and last > first else b""
+            )
+            yield Piece(source, "rows", data, row + start, lengths=tuple(np.diff(offsets[start : end + 1]).tolist()))
+            start = end
+            rows_done[0] = row + start
+        row += count
+
+
+def _table_rows(file: InputFile) -> int:
+    pa = require_pyarrow(f"input {file.path}")
+    if file.kind == "parquet":
+        return max(1, pa.parquet.ParquetFile(file.path).metadata.num_rows)
+    return 0  # an Arrow stream says its rows only at its end: progress moves per file
+
+
 def iter_blocks(
-    files: list[InputFile], *, val_fraction: float, block_bytes: int = BLOCK_BYTES, max_line_bytes: int = MAX_LINE_BYTES
+    files: list[InputFile],
+    *,
+    val_fraction: float,
+    block_bytes: int = BLOCK_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    field: str | None = None,
 ) -> Iterator[Block]:
-    """The inputs as blocks of about ``block_bytes`` of text, in order."""
+    """The inputs as blocks of about ``block_bytes`` of text, in order (``field``: the column
+    of a Parquet or Arrow input's text)."""
     pieces: list[Piece] = []
     size = 0
     reported = 0
     finished = 0
     for file in files:
+        if file.kind in ("parquet", "arrow"):
+            rows_done, total_rows = [0], _table_rows(file)
+            for piece in _row_pieces(file, field, rows_done, block_bytes):
+                pieces.append(piece)
+                size += len(piece.data)
+                if size >= block_bytes:
+                    position = finished + (file.size * rows_done[0] // total_rows if total_rows else 0)
+                    position = max(position, reported)
+                    yield Block(tuple(pieces), position - reported)
+                    reported, pieces, size = position, [], 0
+            finished += file.size
+            continue
         stream, raw = _open_binary(file)
         with raw, stream:
             source = str(file.path)

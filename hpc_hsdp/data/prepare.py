@@ -87,11 +87,13 @@ class PrepareSpec:
     """What ``hpc-hsdp prepare-data`` was asked to do."""
 
     inputs: tuple[str, ...]
-    """Text files, JSONL files (``--field``), directories of them (recursive), any of them gzip'd."""
+    """Text files, JSONL files (``--field``), directories of them (recursive), any of them gzip'd
+    or zstandard-compressed; Parquet files (``--field``: the text column) and ``datasets``
+    directories written by ``save_to_disk`` (one split's)."""
     output: str
     """The dataset directory to create."""
     field: str | None = None
-    """The JSONL key that holds a document's text."""
+    """The JSONL key, or the Parquet or datasets column, that holds a document's text."""
     tokenizer: str = BYTE
     """``byte``, or a tokenizer.json / transformers tokenizer directory."""
     train_tokenizer: int | None = None
@@ -192,6 +194,24 @@ class BlockEncoder:
                     ) from None
                 vals.append(piece.val)
                 ends.append(piece.ends_document)
+                continue
+            if piece.kind == "rows":  # Parquet or Arrow: the column's UTF-8 texts, one after the other
+                position = 0
+                for number, length in enumerate(piece.lengths, start=piece.start):
+                    data = piece.data[position : position + length]
+                    position += length
+                    if not length:
+                        empty += 1
+                        continue
+                    try:
+                        text = data.decode("utf-8", errors=self.decode_errors)
+                    except UnicodeDecodeError:
+                        raise DataError(
+                            f"input {piece.source} row {number} is not UTF-8 text; pass --decode-errors replace"
+                        ) from None
+                    texts.append(text)
+                    vals.append(is_val(text.encode("utf-8", errors="surrogatepass"), self.val_fraction))
+                    ends.append(True)
                 continue
             for number, line in enumerate(piece.data.split(b"\n"), start=piece.start):
                 if not line.strip():
@@ -599,7 +619,11 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         }
         encoder = BlockEncoder(tokenizer, **settings)
         blocks = iter_blocks(
-            files, val_fraction=spec.val_fraction, block_bytes=block_bytes, max_line_bytes=spec.max_line_bytes
+            files,
+            val_fraction=spec.val_fraction,
+            block_bytes=block_bytes,
+            max_line_bytes=spec.max_line_bytes,
+            field=spec.field,
         )
         if engine == "processes":
             encoded_blocks = _encode_in_processes(blocks, encoder, spec.workers, settings)
@@ -712,7 +736,13 @@ def _training_texts(files: list[InputFile], spec: PrepareSpec, progress: Progres
         dtype="uint16",
     )
     for block in _prefetched(
-        iter_blocks(files, val_fraction=spec.val_fraction, block_bytes=block_bytes, max_line_bytes=spec.max_line_bytes)
+        iter_blocks(
+            files,
+            val_fraction=spec.val_fraction,
+            block_bytes=block_bytes,
+            max_line_bytes=spec.max_line_bytes,
+            field=spec.field,
+        )
     ):
         texts, vals, _, _ = parser.documents(block)
         progress.update(disk_bytes=block.disk_bytes, text_bytes=sum(len(p.data) for p in block.pieces))

@@ -20,9 +20,12 @@ with exactly the samples an uninterrupted run would see.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from hpc_hsdp.plan.mixture import check_batch, rows_after, rows_of_step
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -196,3 +199,122 @@ class DatasetSamples:
         for row, sample in enumerate(ids.tolist()):
             out[row] = self.dataset.read(sample * self.seq_len, self.seq_len + 1)
         return out
+
+
+# ---------------------------------------------------------------------------- mixtures
+
+
+class MixtureOrder:
+    """The sample stream of a mixture (``--data web=DIR:0.7,code=DIR:0.3``), with the interface
+    of :class:`SampleOrder`: stream position ``p`` is row ``p - (k-1)*G`` of step ``k``'s global
+    batch of ``G`` rows.
+
+    Step ``k`` takes ``rows_of_step(k)`` rows of each source (:mod:`hpc_hsdp.plan.mixture`: a
+    pure function of ``k``), spread over the batch by a permutation seeded with
+    ``(seed, k)``; the ``j``-th row of source ``s`` in the step is position
+    ``rows_after(k-1)[s] + j`` of that source's own stream, a :class:`SampleOrder` of its samples
+    (reshuffled every epoch of it: a source that runs out wraps). A sample id is global: source
+    ``s``'s sample ``i`` is ``offsets[s] + i`` (:class:`MixtureSamples` reads it).
+    """
+
+    def __init__(self, mixture, *, num_samples: tuple[int, ...], seed: int, global_batch: int) -> None:
+        check_batch(mixture, global_batch)
+        self.mixture = mixture
+        self.seed = seed
+        self.global_batch = global_batch
+        self.sizes = tuple(int(n) for n in num_samples)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.num_samples = int(self.offsets[-1])
+        self.orders = tuple(
+            SampleOrder(num_samples=n, seed=derive_key(seed, zlib.crc32(s.name.encode()), 0x313))
+            for s, n in zip(mixture.sources, self.sizes)
+        )
+        self._cached: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source of each row, that source's stream position) of step ``step``'s global batch."""
+        if self._cached is not None and self._cached[0] == step:
+            return self._cached[1], self._cached[2]
+        counts = rows_of_step(self.mixture, step, self.global_batch)
+        before = rows_after(self.mixture, step - 1, self.global_batch)
+        arranged = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        shuffle = FeistelPermutation(self.global_batch, derive_key(self.seed, step, 0x317))
+        sources = arranged[shuffle(np.arange(self.global_batch))]
+        positions = np.empty(self.global_batch, dtype=np.int64)
+        for index, first in enumerate(before):
+            here = sources == index
+            positions[here] = first + np.arange(int(here.sum()), dtype=np.int64)
+        self._cached = (step, sources, positions)
+        return sources, positions
+
+    def sample_ids(self, positions) -> np.ndarray:
+        """Global sample id at each stream position (int64)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty_like(positions)
+        steps, rows = np.divmod(positions, self.global_batch)
+        for step in np.unique(steps):
+            here = steps == step
+            sources, source_positions = self.step_rows(int(step) + 1)
+            chosen, chosen_positions = sources[rows[here]], source_positions[rows[here]]
+            ids = np.empty(len(chosen), dtype=np.int64)
+            for index, order in enumerate(self.orders):
+                mine = chosen == index
+                if mine.any():
+                    ids[mine] = self.offsets[index] + order.sample_ids(chosen_positions[mine])
+            out[here] = ids
+        return out
+
+    def source_of(self, sample_ids) -> np.ndarray:
+        """The source index of each global sample id."""
+        return np.searchsorted(self.offsets, np.asarray(sample_ids, dtype=np.int64), side="right") - 1
+
+    def state(self, step: int) -> dict:
+        """Each source's position after ``step`` steps: rows given, whole epochs of it, samples."""
+        rows = rows_after(self.mixture, step, self.global_batch)
+        return {
+            source.name: {
+                "samples_consumed": used,
+                "epoch": used // size,
+                "num_samples": size,
+                "weight": source.weight_text or str(source.weight),
+            }
+            for source, used, size in zip(self.mixture.sources, rows, self.sizes)
+        }
+
+
+@dataclass(frozen=True)
+class MixtureSamples:
+    """The sources of a mixture as one sample source: global sample id ``offsets[s] + i`` is
+    sample ``i`` of source ``s`` (anything with ``read(ids)``, ``num_samples``, ``max_token_id``)."""
+
+    sources: tuple
+    names: tuple[str, ...]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([s.num_samples for s in self.sources])]).astype(np.int64)
+
+    @property
+    def num_samples(self) -> int:
+        return int(sum(s.num_samples for s in self.sources))
+
+    @property
+    def max_token_id(self) -> int:
+        return max(s.max_token_id for s in self.sources)
+
+    def source_of(self, sample_ids) -> np.ndarray:
+        return np.searchsorted(self.offsets, np.asarray(sample_ids, dtype=np.int64), side="right") - 1
+
+    def read(self, sample_ids) -> np.ndarray:
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        offsets = self.offsets
+        which = self.source_of(ids)
+        rows = None
+        for index, source in enumerate(self.sources):
+            mine = which == index
+            if mine.any():
+                part = source.read(ids[mine] - offsets[index])
+                if rows is None:
+                    rows = np.empty((len(ids), part.shape[1]), dtype=np.int64)
+                rows[mine] = part
+        return rows if rows is not None else np.empty((0, 0), dtype=np.int64)

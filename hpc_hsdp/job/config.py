@@ -49,6 +49,7 @@ from hpc_hsdp.job.spec import (
     model_with_absolute_path,
     parse_nodes,
 )
+from hpc_hsdp.plan.mixture import map_data_paths
 
 OPTION_KINDS: Mapping[str, str] = CONFIG_KINDS
 """Config key -> kind of value (from the declarations in :mod:`hpc_hsdp.job.options`)."""
@@ -59,6 +60,7 @@ _KIND_WORDS = {
     "float": "a number",
     "str": "a string",
     "path": "a path (string)",
+    "data": "a path, or a mixture NAME=PATH:WEIGHT,... (a string)",
     "bool": "true or false",
     "nodes": 'a node count (an integer) or "MIN-MAX"',
     "list": "a list of strings",
@@ -70,6 +72,7 @@ _EXAMPLES = {
     "float": "3e-3",
     "str": '"text"',
     "path": '"/path"',
+    "data": '"web=/data/web:0.7,code=/data/code:0.3"',
     "bool": "true",
     "list": '["line one", "line two"]',
     "table": '{ KEY = "value" }',
@@ -88,6 +91,7 @@ def check_kind(key: str, value: Any, kind: str, where: str) -> Any:
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
         "path": lambda v: isinstance(v, str),
+        "data": lambda v: isinstance(v, str),
         "bool": lambda v: isinstance(v, bool),
         "list": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
         "table": lambda v: isinstance(v, dict),
@@ -140,6 +144,8 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
         value = check_kind(raw_key, value, kind, where)
         if kind == "path" and not (key == "venv" and value == _NO_VENV):
             value = str(base_dir / os.path.expanduser(value)) if value else value
+        if kind == "data" and value:
+            value = map_data_paths(value, lambda path: str(base_dir / os.path.expanduser(path)))
         if key == "model" and isinstance(value, str):
             value = model_with_absolute_path(value, base_dir)
         out[key] = value
@@ -316,6 +322,10 @@ def _run_spec(o: Mapping[str, Any], given: Mapping[str, Any], *, run_dir: str, c
     for declared in TRAINING_OPTIONS:
         if declared.kind == "path" and declared.key in training_values:
             training_values[declared.key] = absolute(training_values[declared.key], declared.flag)
+        if declared.kind == "data" and declared.key in training_values:
+            training_values[declared.key] = map_data_paths(
+                training_values[declared.key], lambda path, flag=declared.flag: absolute(path, flag)
+            )
     if isinstance(training_values.get("model"), str):
         training_values["model"] = model_with_absolute_path(training_values["model"], cwd)
     return RunSpec(

@@ -49,9 +49,10 @@ SUBMIT_SIDE = "read where the job is rendered or submitted"
 RENDER_SUBMIT = ("render", "submit")
 ON_EVERY_TASK = ("render", "submit", "run")
 
-KINDS = ("int", "float", "str", "path", "bool", "nodes", "list", "table")
+KINDS = ("int", "float", "str", "path", "data", "bool", "nodes", "list", "table")
 """Kinds of value (as a config file holds them): ``path`` is a string made absolute against the
-config file's (or the caller's) directory, ``nodes`` an int or ``"MIN-MAX"``, ``list`` repeatable
+config file's (or the caller's) directory, ``data`` one such path or a mixture
+``NAME=PATH:WEIGHT,...`` whose every path is (:mod:`hpc_hsdp.plan.mixture`), ``nodes`` an int or ``"MIN-MAX"``, ``list`` repeatable
 strings, ``table`` repeatable ``KEY=VALUE`` items."""
 
 
@@ -473,13 +474,14 @@ OPTIONS: tuple[JobOption, ...] = (
     ),
     _training(
         "data",
-        kind="path",
+        kind="data",
         default=None,
         default_text="none",
-        metavar="PATH",
+        metavar="PATH|NAME=PATH:W,...",
         help=(
             "Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file with its .json "
-            "sidecar); default: synthetic tokens."
+            "sidecar), or a weighted mixture of them, e.g. web=data/web:0.7,code=data/code:0.3 (every "
+            "step's batch drawn from the sources by the weights); default: synthetic tokens."
         ),
     ),
     _training(

@@ -16,6 +16,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
+from hpc_hsdp.plan.mixture import check_batch, used_once_text
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
@@ -25,24 +26,32 @@ AFTER = (
 )
 
 
-def check_job_inputs(spec, *, own_function: bool = False, state=None) -> None:
+def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | None:
     """The model, ``--data`` and ``--val-data`` of the built-in loop, or ``--entry``; a
     :class:`SpecError` (exit 2) names the first that the tasks could not use. With an
     ``--entry`` or a Python function of the user's, that function decides what it opens.
-    ``state``: the run directory's :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already."""
+    ``state``: the run directory's :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already.
+    Returns a line to show for a ``--data`` mixture (after how many steps each source is used
+    once), else None."""
     if spec.run.entry is not None:
         check_importable("--entry", spec.run.entry, fix=INSTALL_OR_RENAME)
     if spec.run.entry is not None or own_function:
-        return
+        return None
     training = spec.run.training
+    note = sources = None
     try:
         model_vocab_size = _model_vocab_size(training.model)
         num_samples = None
-        if training.data is not None:
+        if training.mixture is not None:
+            num_samples, sources, note = _check_mixture(
+                training, world_size=spec.world_size, model_vocab_size=model_vocab_size
+            )
+        elif training.data is not None:
             num_samples = _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
-        _check_resume(spec, num_samples, state)
+        _check_resume(spec, num_samples, state, sources)
     except SpecError as exc:
         raise SpecError(f"{exc}{AFTER}") from None
+    return note
 
 
 def check_trackers(training) -> None:
@@ -109,7 +118,47 @@ def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> i
     return num_samples(train.num_tokens, training.seq_len)
 
 
-def _check_resume(spec, num_samples: int | None, state) -> None:
+def _check_mixture(training, *, world_size: int, model_vocab_size: int | None) -> tuple[int, dict, str]:
+    """A mixture's sources, each checked as ``--data`` is; returns (all samples, the sources
+    for the resume check, the line of steps until each is used once)."""
+    from hpc_hsdp.data.sampler import num_samples  # noqa: PLC0415 - numpy loads only for a job with token data
+    from hpc_hsdp.data.tokens import check_token_data, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
+
+    mixture = training.mixture
+    global_batch = training.global_batch(world_size)
+    check_batch(mixture, global_batch)
+    sizes, vocabularies = [], set()
+    for source in mixture.sources:
+        train = open_dataset(source.path, split="train")
+        vocabularies.add(train.vocab_size)
+        vocab = model_vocab_size
+        if training.model == "builtin":
+            vocab = train.vocab_size or training.vocab_size
+        elif model_vocab_size is not None:
+            check_data_vocabulary(
+                training.model,
+                model_vocab_size=model_vocab_size,
+                data_vocab_size=train.vocab_size,
+                fix=DATA_VOCABULARY_FIX,
+            )
+        check_token_data(
+            train,
+            val=open_eval_dataset(source.path) if training.eval_every else None,
+            model_vocab_size=vocab,
+            seq_len=training.seq_len,
+            global_batch=1,
+        )
+        sizes.append(num_samples(train.num_tokens, training.seq_len))
+    if len(vocabularies) > 1:
+        raise SpecError(
+            f"--data mixture: the sources were tokenized with different vocabularies ({sorted(vocabularies)}); "
+            f"prepare every source with the same --tokenizer"
+        )
+    sources = {s.name: (s.weight_text or str(s.weight), n) for s, n in zip(mixture.sources, sizes)}
+    return sum(sizes), sources, used_once_text(mixture, tuple(sizes), global_batch, training.steps)
+
+
+def _check_resume(spec, num_samples: int | None, state, sources: dict | None = None) -> None:
     """Into a run directory with a checkpoint the job resumes: the checkpoint's data position
     must continue with this job's global batch, seed and data, as the tasks check on resuming.
     ``num_samples``: the training data's (None: synthetic tokens)."""
@@ -133,4 +182,5 @@ def _check_resume(spec, num_samples: int | None, state) -> None:
         num_samples=num_samples,
         seed=training.seed,
         where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})",
+        sources=sources,
     )

@@ -619,7 +619,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     target, reason = resolve_cluster(cluster)
     state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
     resumes = check_run_dir(spec, own_function=fn is not None, state=state)
-    check_job_inputs(spec, own_function=fn is not None, state=state)
+    mixture_note = check_job_inputs(spec, own_function=fn is not None, state=state)
     func, args = task_function(spec)
     kwargs = {"fn": fn} if fn is not None else {}
     logs_dir = Path(spec.log_dir)
@@ -642,7 +642,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         submitted_at=time.time(),
     )
     record.save()
-    return JobHandle(record), job, "\n".join(line for line in (resumes, reason) if line)
+    return JobHandle(record), job, "\n".join(line for line in (resumes, mixture_note, reason) if line)
 
 
 def _check_partition(spec) -> None:

@@ -25,6 +25,7 @@ from hpc_hsdp.job.options import (
     default,
     option,
 )
+from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
     DISTRIBUTIONS,
@@ -140,11 +141,21 @@ class TrainingSpec:
         if self.val_data is not None and self.data is None:
             raise SpecError("--val-data without --data: give the training data too (--data PATH)")
         object.__setattr__(self, "tracker", ",".join(tracker_names(self.tracker)) or NO_TRACKER)
+        if self.val_data is not None and is_mixture(self.data):
+            raise SpecError(
+                "--val-data with a --data mixture: each source is evaluated on its own val split "
+                "(eval_loss/NAME); leave --val-data out"
+            )
 
     @property
     def trackers(self) -> tuple[str, ...]:
         """``--tracker`` as names, in the order given (empty for ``none``)."""
         return tracker_names(self.tracker)
+
+    @property
+    def mixture(self) -> Mixture | None:
+        """``--data``'s mixture, parsed (None: one dataset, or synthetic tokens)."""
+        return parse_mixture(self.data) if is_mixture(self.data) else None
 
     def to_args(self) -> list[str]:
         """The options that reproduce this spec on ``hpc-hsdp run``; defaults are left out."""
@@ -203,8 +214,10 @@ def check_option_value(declared: JobOption, value: object) -> None:
         raise SpecError(f"{flag} {value!r} must be an integer")
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
         raise SpecError(f"{flag} {value!r} must be a number, e.g. {declared.default!r}")
-    if kind in ("str", "path"):
+    if kind in ("str", "path", "data"):
         check_text(flag, value)
+    if kind == "data" and is_mixture(value):
+        parse_mixture(value, flag=flag)
     if declared.choices and value not in declared.choices:
         raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(declared.choices)}")
     if declared.minimum is not None and value < declared.minimum:

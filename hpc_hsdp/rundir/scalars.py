@@ -26,6 +26,13 @@ COMM_TOTALS = {
     "intra_node_wire_bytes": "comm/intra_node_wire_bytes",
     "inter_node_wire_bytes": "comm/inter_node_wire_bytes",
 }
+SOURCE_PREFIXES = {
+    "loss/": "loss/train_",
+    "eval_loss/": "loss/eval_",
+    "tokens/": "data/tokens_",
+    "epoch/": "data/epoch_",
+}
+"""A data mixture's per-source keys (``loss/web``) -> their tags (``loss/train_web``)."""
 STRAGGLERS = {
     "spread": "stragglers/slowest_over_median",
     "slowest_rank": "stragglers/slowest_rank",
@@ -43,9 +50,15 @@ def _number(value) -> float | None:
 def record_scalars(record: dict) -> dict[str, float]:
     """``{tag: value}`` of one record: the fields in :data:`TAGS`; with ``comm``, the intra-
     and inter-node wire bytes and ``comm/<axis>_wire_bytes`` per mesh axis; with
-    ``stragglers``, the spread, the slowest rank and the median own time."""
+    ``stragglers``, the spread, the slowest rank and the median own time; a mixture's
+    per-source keys (:data:`SOURCE_PREFIXES`)."""
     out: dict[str, float] = {}
     _copy_numbers(record, TAGS, out)
+    for key, value in record.items():
+        prefix, slash, name = key.partition("/")
+        tag = SOURCE_PREFIXES.get(prefix + slash) if slash else None
+        if tag is not None and name and _number(value) is not None:
+            out[tag + name] = float(value)
     comm = record.get("comm")
     if isinstance(comm, dict):
         _copy_numbers(comm, COMM_TOTALS, out)

@@ -191,11 +191,31 @@ def resubmission_note(run_dir: str | Path, *, steps: int, state: RunDirState | N
     )
 
 
-def check_data_position(saved: dict | None, *, global_batch: int, num_samples: int, seed: int, where: str) -> None:
+def check_data_position(
+    saved: dict | None, *, global_batch: int, num_samples: int, seed: int, where: str, sources: dict | None = None
+) -> None:
     """A checkpoint's data position (``train_state.json``'s ``data``) must continue this run's
-    sample stream exactly: the same global batch, seed and number of samples (DataError)."""
+    sample stream exactly: the same global batch, seed and number of samples, and for a
+    mixture the same sources, weights and samples of each (``sources``: name -> (weight,
+    samples)) (DataError)."""
     if not saved:
         return
+    saved_sources = {
+        name: (str(entry.get("weight")), entry.get("num_samples"))
+        for name, entry in (saved.get("sources") or {}).items()
+        if isinstance(entry, dict)
+    }
+    given = {name: (str(weight), samples) for name, (weight, samples) in (sources or {}).items()}
+    if saved_sources != given:
+
+        def words(table: dict) -> str:
+            sources = ", ".join(f"{n}:{w} ({s} samples)" for n, (w, s) in table.items())
+            return f"the mixture {sources}" if sources else "one dataset"
+
+        raise DataError(
+            f"{where} was trained on {words(saved_sources)}, this run has {words(given)}; resuming "
+            f"would draw other samples: resume with the same --data sources and weights, or start a new --run-dir"
+        )
     if saved["global_batch"] != global_batch:
         raise DataError(
             f"{where} was trained with a global batch of {saved['global_batch']} samples, this run has "

@@ -61,7 +61,7 @@ from hpc_hsdp.rundir.state import (
 from hpc_hsdp.runtime import faults
 from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.preemption import restart_count
-from hpc_hsdp.runtime.run_data import data_state
+from hpc_hsdp.runtime.run_data import data_state, source_table
 from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
 
 if TYPE_CHECKING:
@@ -512,6 +512,7 @@ def resume(
         num_samples=data.train.num_samples,
         seed=training.seed,
         where=f"checkpoint {path.name} (step {step})",
+        sources=source_table(data),
     )
     state = load(path, model, optimizer)
     if ctx.is_rank0 and verbose:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
+from hpc_hsdp.plan.mixture import rows_after, rows_of_step
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
@@ -49,7 +50,14 @@ from hpc_hsdp.runtime.log import say
 from hpc_hsdp.runtime.metrics import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
 from hpc_hsdp.runtime.observer import RunObserver
-from hpc_hsdp.runtime.run_data import TrainData, check_data, eval_samples, make_loader, open_data
+from hpc_hsdp.runtime.run_data import (
+    TrainData,
+    check_data,
+    eval_samples,
+    make_loader,
+    open_data,
+    source_eval_samples,
+)
 from hpc_hsdp.runtime.schedule import lr_of
 from hpc_hsdp.runtime.step import evaluate, seed_step, train_step
 from hpc_hsdp.runtime.watchdog import Watchdog
@@ -121,9 +129,12 @@ class Engine:
         self.saved_step: int | None = self.start_step or None
         self.observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
         self.metrics = metrics_log(ctx, start_step=self.start_step)  # after the observer: it reads the old records
+        self.sources = self.data.source_names
+        """A mixture's source names (empty: one dataset): ``loss/NAME``, ``tokens/NAME``, ``eval_loss/NAME``."""
         self.evaluation = (
             eval_samples(self.data, self.training) if self.data.val is not None and self.training.eval_every else None
         )
+        self.source_evaluation = source_eval_samples(self.data, self.training) if self.training.eval_every else {}
         self.tokens_per_step = self.data.layout.global_batch * self.training.seq_len
         self.began = time.time()
         self.periodic = checkpoint.AsyncSaver.for_run(ctx, self.training)  # None without --checkpoint-every
@@ -191,7 +202,28 @@ class Engine:
             clip_grad=self.training.clip_grad,
             num_replicas=self.ctx.plan.num_replicas,
             stop_code=self.stop_code,
+            num_sources=len(self.sources),
         )
+
+    def source_fields(self, number: int, losses: list[float] | None = None) -> dict:
+        """A mixture's per-source fields of step ``number``'s record: ``tokens/NAME`` (the
+        step's tokens drawn from each source: a pure function of the step), ``epoch/NAME`` (the
+        whole passes over each source after the step) and, given the
+        per-source losses that :meth:`train_step` returns after its first three values,
+        ``loss/NAME`` (a source without rows in the step has none)."""
+        if not self.sources:
+            return {}
+        order = self.data.order
+        rows = rows_of_step(order.mixture, number, self.data.layout.global_batch)
+        used = rows_after(order.mixture, number, self.data.layout.global_batch)
+        out: dict = {}
+        for index, name in enumerate(self.sources):
+            if losses is not None and index < len(losses) and losses[index] == losses[index]:  # not nan
+                out[f"loss/{name}"] = losses[index]
+        for name, count, total, size in zip(self.sources, rows, used, order.sizes):
+            out[f"tokens/{name}"] = count * self.training.seq_len
+            out[f"epoch/{name}"] = total // size  # whole passes over the source so far (it wraps)
+        return out
 
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
@@ -228,6 +260,8 @@ class Engine:
         }
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
+        if self.sources:
+            record.update({k: v for k, v in self.source_fields(number).items() if k not in record})
         if more:
             record.update(more)
         if step_time is not None:
@@ -236,7 +270,8 @@ class Engine:
 
     def evaluation_due(self, number: int) -> bool:
         every = self.training.eval_every
-        return self.evaluation is not None and (number % every == 0 or number == self.training.steps)
+        has = self.evaluation is not None or bool(self.source_evaluation)
+        return has and (number % every == 0 or number == self.training.steps)
 
     def evaluate_if_due(self, record: dict) -> float | None:
         """Collective on ``--eval-every`` steps (and the last): the held-out mean loss into the
@@ -244,14 +279,22 @@ class Engine:
         if not self.evaluation_due(record["step"]):
             return None
         started = time.perf_counter()
-        record["eval_loss"] = evaluate(
-            self.ctx,
-            self.model,
-            self.adapter,
-            self.data.val,
-            self.evaluation,
-            rows_per_rank=self.data.layout.rank_batch,
-        )
+        if self.source_evaluation:  # a mixture: each source on its own val split; eval_loss their weighted mean
+            shares = dict(zip(self.sources, self.data.order.mixture.shares))
+            for name, (val, ids) in self.source_evaluation.items():
+                record[f"eval_loss/{name}"] = evaluate(
+                    self.ctx, self.model, self.adapter, val, ids, rows_per_rank=self.data.layout.rank_batch
+                )
+            record["eval_loss"] = sum(float(shares[n]) * record[f"eval_loss/{n}"] for n in self.source_evaluation)
+        else:
+            record["eval_loss"] = evaluate(
+                self.ctx,
+                self.model,
+                self.adapter,
+                self.data.val,
+                self.evaluation,
+                rows_per_rank=self.data.layout.rank_batch,
+            )
         record["eval_time_s"] = time.perf_counter() - started
         return record["eval_loss"]
 

@@ -34,6 +34,7 @@ from hpc_hsdp.models.builtin import BuiltinAdapter
 from hpc_hsdp.models.factory import FactoryAdapter
 from hpc_hsdp.models.hf import model_from_config_dict
 from hpc_hsdp.models.weights import retie_like
+from hpc_hsdp.plan.mixture import data_paths
 from hpc_hsdp.rundir.model_record import MODEL_RECORD
 from hpc_hsdp.rundir.state import damage
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
@@ -190,13 +191,16 @@ def _exported_from(out_dir: Path) -> str | None:
 
 
 def _copy_tokenizer(record: dict, out: Path) -> list[str]:
-    """Copy the regular files of the run's ``<data>/tokenizer/`` into ``out``; returns the
+    """Copy the regular files of the run's ``<data>/tokenizer/`` (a mixture's first source's) into ``out``; returns the
     entries skipped (symlinks, which could point anywhere, devices, directories), by path."""
     training = record.get("training", {})
     data = training.get("data") if isinstance(training, dict) else None
     if not data or not isinstance(data, str):
         return []
-    source = Path(data)
+    try:
+        source = Path(data_paths(data)[0][1])  # a mixture's sources share one tokenizer: the first one's
+    except SpecError:
+        return []
     tokenizer_dir = (source if source.is_dir() else source.parent) / "tokenizer"
     if not tokenizer_dir.is_dir():
         return []

@@ -30,6 +30,8 @@ class MicroBatch:
     targets: torch.Tensor
     sample_ids: np.ndarray
     """The dataset sample ids of these rows (for tests and debugging)."""
+    sources: np.ndarray | None = None
+    """A mixture's source index of each row (None: one dataset)."""
 
     def to(self, device: torch.device) -> MicroBatch:
         if device.type == "cpu":
@@ -40,6 +42,7 @@ class MicroBatch:
             self.inputs.to(device, non_blocking=True),
             self.targets.to(device, non_blocking=True),
             self.sample_ids,
+            self.sources,
         )
 
 
@@ -88,7 +91,8 @@ class BatchLoader:
         """One micro-batch of this rank, on the host (what the thread does)."""
         ids = self.order.sample_ids(self.layout.positions(step, micro, self.rank))
         inputs, targets = read_rows(self.source, ids, pin_memory=self.pin_memory)
-        return MicroBatch(step, micro, inputs, targets, ids)
+        source_of = getattr(self.order, "source_of", None)
+        return MicroBatch(step, micro, inputs, targets, ids, source_of(ids) if source_of is not None else None)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():

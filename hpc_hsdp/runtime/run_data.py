@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpc_hsdp.data.sampler import BatchLayout, DatasetSamples, SampleOrder, eval_sample_ids
+from hpc_hsdp.data.sampler import (
+    BatchLayout,
+    DatasetSamples,
+    MixtureOrder,
+    MixtureSamples,
+    SampleOrder,
+    eval_sample_ids,
+)
 from hpc_hsdp.data.synthetic import SyntheticSamples
 from hpc_hsdp.data.tokens import DataError, check_token_data, open_dataset, open_eval_dataset
 from hpc_hsdp.job.spec import TrainingSpec
@@ -27,8 +34,8 @@ class TrainData:
     train: object
     """``read(sample_ids)`` -> ``(rows, seq_len + 1)`` int64; ``num_samples``; ``max_token_id``."""
     val: object | None
-    """The held-out source (None: no evaluation)."""
-    order: SampleOrder
+    """The held-out source (None: no evaluation, or a mixture's, whose are ``source_vals``)."""
+    order: SampleOrder | MixtureOrder
     layout: BatchLayout
     vocab_size: int | None
     """The dataset's vocabulary (None: synthetic tokens, the model's ``--vocab-size``)."""
@@ -36,6 +43,13 @@ class TrainData:
     """``synthetic`` or the dataset path (for checkpoints and messages)."""
     datasets: tuple = ()
     """The opened token datasets (train, val), for :func:`check_data`."""
+    source_vals: dict | None = None
+    """A mixture's held-out sources by name (each source's val split; None: one dataset)."""
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """A mixture's source names, in order (empty: one dataset)."""
+        return self.order.mixture.names if isinstance(self.order, MixtureOrder) else ()
 
 
 def open_data(training: TrainingSpec, world_size: int) -> TrainData:
@@ -59,6 +73,8 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
             vocab_size=None,
             description="synthetic",
         )
+    if training.mixture is not None:
+        return _open_mixture(training, layout)
     train_ds = open_dataset(training.data, split="train")
     val_ds = open_eval_dataset(training.data, training.val_data) if training.eval_every else None
     train = DatasetSamples(train_ds, training.seq_len)
@@ -79,10 +95,65 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     )
 
 
+def _open_mixture(training: TrainingSpec, layout: BatchLayout) -> TrainData:
+    """A ``--data NAME=PATH:W,...`` mixture: every source's train split (and val split with
+    ``--eval-every``), one vocabulary, one order over all of them."""
+    mixture = training.mixture
+    trains, vals, datasets = [], {}, []
+    vocab_sizes = set()
+    for source in mixture.sources:
+        train_ds = open_dataset(source.path, split="train")
+        train = DatasetSamples(train_ds, training.seq_len)
+        if train.num_samples < 1:
+            raise DataError(
+                f"--data source {source.name} ({source.path}): {train_ds.num_tokens} tokens hold no sample of "
+                f"--seq-len {training.seq_len} + 1 tokens; use more data or a shorter --seq-len"
+            )
+        trains.append(train)
+        datasets.append((train_ds, None))
+        vocab_sizes.add(train_ds.vocab_size)
+        if training.eval_every:
+            val_ds = open_eval_dataset(source.path, None)
+            vals[source.name] = DatasetSamples(val_ds, training.seq_len)
+            datasets[-1] = (train_ds, val_ds)
+    if len(vocab_sizes) > 1:
+        sizes = ", ".join(f"{s.name} {d[0].vocab_size}" for s, d in zip(mixture.sources, datasets))
+        raise DataError(
+            f"--data mixture: the sources were tokenized with different vocabularies ({sizes}); "
+            f"prepare every source with the same --tokenizer"
+        )
+    order = MixtureOrder(
+        mixture,
+        num_samples=tuple(t.num_samples for t in trains),
+        seed=training.seed,
+        global_batch=layout.global_batch,
+    )
+    return TrainData(
+        train=MixtureSamples(tuple(trains), mixture.names),
+        val=None,  # each source is evaluated on its own: source_vals
+        order=order,
+        layout=layout,
+        vocab_size=vocab_sizes.pop(),
+        description=mixture.format(),
+        datasets=tuple(datasets),
+        source_vals=vals or None,
+    )
+
+
 def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec) -> None:
     """Before step 1: every token id fits the model's vocabulary and the training split
     holds at least one global batch (DataError, exit 2)."""
     if not data.datasets:
+        return
+    if data.source_vals is not None or isinstance(data.order, MixtureOrder):
+        for train_ds, val_ds in data.datasets:
+            check_token_data(
+                train_ds,
+                val=val_ds,
+                model_vocab_size=model_vocab_size,
+                seq_len=training.seq_len,
+                global_batch=1,  # a source need not hold a whole batch: it gives a share, and wraps
+            )
         return
     train_ds, *rest = data.datasets
     for index, val_ds in enumerate(rest or [None]):
@@ -110,12 +181,26 @@ def make_loader(ctx: RunContext, data: TrainData, *, first_step: int, last_step:
 
 def data_state(data: TrainData, step: int, seed: int) -> dict:
     """The data position after ``step`` steps, as stored in every checkpoint."""
-    return {
+    state = {
         "samples_consumed": data.layout.samples_consumed(step),
         "global_batch": data.layout.global_batch,
         "seed": seed,
         "num_samples": data.train.num_samples,
         "source": data.description,
+    }
+    if isinstance(data.order, MixtureOrder):
+        state["sources"] = data.order.state(step)
+    return state
+
+
+def source_table(data: TrainData) -> dict | None:
+    """A mixture's sources for :func:`~hpc_hsdp.rundir.state.check_data_position`: name ->
+    (weight as written, samples); None for one dataset."""
+    if not isinstance(data.order, MixtureOrder):
+        return None
+    return {
+        source.name: (source.weight_text or str(source.weight), size)
+        for source, size in zip(data.order.mixture.sources, data.order.sizes)
     }
 
 
@@ -124,3 +209,13 @@ def eval_samples(data: TrainData, training: TrainingSpec) -> np.ndarray:
     return eval_sample_ids(
         num_samples=data.val.num_samples, count=training.eval_batches * data.layout.global_batch, seed=training.seed
     )
+
+
+def source_eval_samples(data: TrainData, training: TrainingSpec) -> dict[str, tuple[object, np.ndarray]]:
+    """A mixture's evaluation: per source, (its val split, its fixed held-out samples:
+    ``--eval-batches`` global batches of it); empty for one dataset."""
+    count = training.eval_batches * data.layout.global_batch
+    return {
+        name: (val, eval_sample_ids(num_samples=val.num_samples, count=count, seed=training.seed))
+        for name, val in (data.source_vals or {}).items()
+    }

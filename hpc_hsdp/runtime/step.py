@@ -29,6 +29,7 @@ def train_step(
     clip_grad: float,
     num_replicas: int,
     stop_code: Callable[[], int] | None = None,
+    num_sources: int = 0,
 ) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns a device tensor
     ``[global mean loss, global gradient norm before clipping, agreed stop code]`` (no host
@@ -40,14 +41,31 @@ def train_step(
     rank's local gradient shards cover the model once per replica, so the sum over all ranks
     is ``num_replicas`` times the squared norm; ``stop_code()``, this rank's signal code
     (:data:`hpc_hsdp.runtime.preemption.WARNING`, ``TERMINATE``), read after the backward,
-    is summed as one count per code, so the agreed code is the highest any rank had."""
+    is summed as one count per code, so the agreed code is the highest any rank had.
+
+    With a mixture of ``num_sources`` sources (each batch's ``sources``), the same all_reduce
+    carries each source's sum of row losses and its rows, and the result goes on with each
+    source's mean loss (nan for a source without rows in the step, or where the adapter's loss
+    is not the cross-entropy of its logits: :func:`row_losses`)."""
     accum = len(batches)
     device = batches[0].inputs.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    by_source = torch.zeros(2 * num_sources, device=device, dtype=torch.float32)
     for index, batch in enumerate(batches):
         if accum > 1:
             model.set_requires_all_reduce(index == accum - 1)
-        loss = adapter.loss(model, batch.inputs, batch.targets)
+        rows = (
+            row_losses(adapter, model, batch.inputs, batch.targets)
+            if num_sources and batch.sources is not None
+            else None
+        )
+        if rows is not None:
+            loss = rows.mean()
+            where = torch.as_tensor(batch.sources, device=device, dtype=torch.long)
+            by_source.index_add_(0, where, rows.detach().float())
+            by_source.index_add_(0, where + num_sources, torch.ones_like(rows, dtype=torch.float32))
+        else:
+            loss = adapter.loss(model, batch.inputs, batch.targets)
         (loss / accum).backward()
         loss_sum += loss.detach().float()
     grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
@@ -58,7 +76,7 @@ def train_step(
     code = stop_code() if stop_code is not None else NONE
     warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
     terminated = torch.full((), float(code == TERMINATE), device=device)
-    fused = torch.stack([loss_sum, squared, warned, terminated])
+    fused = torch.cat([torch.stack([loss_sum, squared, warned, terminated]), by_source])
     dist.all_reduce(fused, op=dist.ReduceOp.SUM)
     mean_loss = fused[0] / (dist.get_world_size() * accum)
     grad_norm = (fused[1] / num_replicas).sqrt()
@@ -69,7 +87,25 @@ def train_step(
         group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return torch.stack([mean_loss, grad_norm, agreed])
+    head = torch.stack([mean_loss, grad_norm, agreed])
+    if not num_sources:
+        return head
+    sums, rows_seen = fused[4 : 4 + num_sources], fused[4 + num_sources :]
+    return torch.cat([head, sums / rows_seen])  # 0/0: nan, a source without rows
+
+
+def row_losses(adapter, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """Each row's mean cross-entropy, from one forward, where the adapter's loss is the mean
+    cross-entropy of its logits (the built-in model, a transformers model, a factory's model
+    without a ``loss`` of its own): their mean is that loss. None for any other loss."""
+    logits_of = getattr(adapter, "logits", None)
+    if logits_of is None or callable(getattr(model, "loss", None)):
+        return None
+    logits = logits_of(model, inputs)
+    tokens = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    )
+    return tokens.view(targets.shape).mean(dim=1)
 
 
 @torch.no_grad()
