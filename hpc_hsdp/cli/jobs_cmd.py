@@ -210,6 +210,13 @@ def status(job, as_json) -> None:
     click.echo(f"run directory: {handle.record.run_dir}")
 
 
+class _Bytes:
+    """stdout for the bytes of a log, as they are (click writes them to the binary stream)."""
+
+    def write(self, data: bytes) -> None:
+        click.echo(data, nl=False)
+
+
 FOLLOW_TAIL = 10
 """Lines of each log that ``logs --follow`` shows before the new ones (``tail -f``'s)."""
 
@@ -242,7 +249,7 @@ def logs(job, rank, follow, tail) -> None:
             return 0
 
     offsets = {p: start(p) for p in handle.log_paths(rank)}
-    out = click.get_binary_stream("stdout")
+    out = _Bytes()
 
     def print_new() -> None:
         if rank is None:  # tasks start after the batch step: pick up their logs as they appear (from their start)
@@ -256,12 +263,11 @@ def logs(job, rank, follow, tail) -> None:
                 continue
             if len(offsets) > 2 or not follow:
                 click.echo(f"==> {path.name} <==")
-            sys.stdout.flush()
             try:
                 offsets[path] = copy_from(path, offsets[path], out)
             except OSError:
                 continue
-            out.flush()
+        sys.stdout.flush()
 
     if not follow:
         print_new()
