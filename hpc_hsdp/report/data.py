@@ -131,13 +131,18 @@ class MetricsDigest:
         return out
 
     def median_tokens_per_s(self) -> float | None:
-        """The median of every step's tokens/s (exact: the values are all kept, 8 bytes each)."""
+        """The median of every step's tokens/s, as :func:`statistics.median` gives it (exact: the
+        values are all kept, 8 bytes each, and partitioned in place, with no copy)."""
         values = self._tokens_per_s
         if not values:
             return None
         import numpy  # noqa: PLC0415 - the report's alone: status, runs and the CLI's start stay without it
 
-        return float(numpy.median(numpy.frombuffer(values, dtype=numpy.float64)))
+        view = numpy.frombuffer(values, dtype=numpy.float64)
+        middle = len(view) // 2
+        view.partition(middle)
+        high = float(view[middle])
+        return high if len(view) % 2 else (float(view[:middle].max()) + high) / 2
 
 
 @dataclass(frozen=True, kw_only=True)
