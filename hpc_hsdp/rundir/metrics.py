@@ -241,7 +241,7 @@ class _BadLines:
 
 
 def _parse(number: int, lines: list[bytes], bad: _BadLines) -> tuple[list[dict], list[int] | None]:
-    """The chunk's step records and their line numbers (None: one a line from ``number`` on, the
+    """The chunk's step records and their line numbers (None: one per line from ``number`` on, the
     common case of a chunk without blank or bad lines); the numbers of bad lines go to ``bad``."""
     try:
         records = [_fast_loads(line) for line in lines]
