@@ -61,3 +61,49 @@ def user_state_dir(name: str) -> Path:
     """``$XDG_STATE_HOME/hpc-hsdp/NAME`` (``~/.local/state`` without it): this user's state of
     hpc-hsdp on this machine (the jobs index, the emulator's port reservations). Not created."""
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc-hsdp" / name
+
+
+TAIL_BLOCK = 1 << 16
+"""How much of a file :func:`tail_offset` reads at a time, from its end backwards."""
+COPY_BLOCK = 1 << 20
+"""How much of a file :func:`copy_from` holds at a time."""
+
+
+def tail_offset(path: str | os.PathLike, lines: int, *, block: int = TAIL_BLOCK) -> int:
+    """Where the last ``lines`` lines of ``path`` begin (a byte offset): read from the end
+    backwards a block at a time, as ``tail -n`` and ``journalctl -n`` do, so that the cost is
+    the lines asked for, not the file. A last line without its newline counts as a line; 0
+    when the file has no more lines than that. OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if lines <= 0 or size == 0:
+            return size
+        f.seek(size - 1)
+        wanted = lines + (f.read(1) == b"\n")  # the file's last newline ends its last line
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            found = chunk.count(b"\n")
+            if found < wanted:
+                wanted -= found
+                end = start
+                continue
+            position = len(chunk)
+            for _ in range(wanted):
+                position = chunk.rindex(b"\n", 0, position)
+            return start + position + 1
+        return 0
+
+
+def copy_from(path: str | os.PathLike, offset: int, out, *, block: int = COPY_BLOCK) -> int:
+    """Write the bytes of ``path`` from ``offset`` to its end to the binary stream ``out``, a
+    block at a time (memory flat in the file's size); returns the offset reached. OSError when
+    it cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(block):
+            out.write(chunk)
+            offset += len(chunk)
+    return offset

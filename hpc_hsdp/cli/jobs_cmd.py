@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import copy_from, tail_offset
 from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
@@ -209,30 +210,63 @@ def status(job, as_json) -> None:
     click.echo(f"run directory: {handle.record.run_dir}")
 
 
+class _Bytes:
+    """stdout for the bytes of a log, as they are (click writes them to the binary stream)."""
+
+    def write(self, data: bytes) -> None:
+        click.echo(data, nl=False)
+
+
+FOLLOW_TAIL = 10
+"""Lines of each log that ``logs --follow`` shows before the new ones (``tail -f``'s)."""
+
+
 @click.command(epilog=JOB_HELP)
 @click.argument("job")
 @click.option("--rank", type=int, default=None, help="Only this node-major rank's log (stdout then stderr).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
-def logs(job, rank, follow) -> None:
-    """Print a job's per-task logs (all tasks, or one rank's)."""
+@click.option(
+    "--follow", "-f", is_flag=True, help=f"Keep printing new lines until the job ends (from the last {FOLLOW_TAIL})."
+)
+@click.option(
+    "--tail",
+    "-n",
+    "tail",
+    type=click.IntRange(min=-1),
+    default=None,
+    metavar="N",
+    help=f"Only the last N lines of each log (read from its end); -1: all. Default: all, with --follow {FOLLOW_TAIL}.",
+)
+def logs(job, rank, follow, tail) -> None:
+    """Print a job's per-task logs (all tasks, or one rank's), streamed: any size in constant memory."""
     handle = JobHandle.find(job)
-    offsets = {p: 0 for p in handle.log_paths(rank)}
+    if tail is None:
+        tail = FOLLOW_TAIL if follow else -1
+
+    def start(path: Path) -> int:
+        try:
+            return tail_offset(path, tail) if tail >= 0 else 0
+        except OSError:
+            return 0
+
+    offsets = {p: start(p) for p in handle.log_paths(rank)}
+    out = _Bytes()
 
     def print_new() -> None:
-        if rank is None:  # tasks start after the batch step: pick up their logs as they appear
+        if rank is None:  # tasks start after the batch step: pick up their logs as they appear (from their start)
             for path in handle.log_paths(None):
                 offsets.setdefault(path, 0)
         for path in list(offsets):
-            if not path.exists():
+            try:
+                if path.stat().st_size <= offsets[path]:
+                    continue
+            except OSError:
                 continue
-            with open(path, "rb") as f:
-                f.seek(offsets[path])
-                chunk = f.read()
-                offsets[path] = f.tell()
-            if chunk:
-                if len(offsets) > 2 or not follow:
-                    click.echo(f"==> {path.name} <==")
-                click.echo(chunk.decode(errors="replace"), nl=False)
+            if len(offsets) > 2 or not follow:
+                click.echo(f"==> {path.name} <==")
+            try:
+                offsets[path] = copy_from(path, offsets[path], out)
+            except OSError:
+                continue
         sys.stdout.flush()
 
     if not follow:
@@ -284,7 +318,7 @@ def runs(directory, depth) -> None:
     notes = sorted({st.note.rsplit(" (", 1)[0] for st in statuses.values() if st.note})
     rows = []
     for path in found:
-        run = load_run(path)
+        run = load_run(path, tail_only=True)  # the newest record, from the file's end: a long run costs no more
         state = run.state
         if path in broken:
             state = f"{state} (job.json: {broken[path]})"

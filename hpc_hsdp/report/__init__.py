@@ -47,7 +47,7 @@ def write_report(runs: Sequence[RunData], output: str | Path) -> Path:
     """Write the report of ``runs`` to ``output`` (its suffix picks the format)."""
     output = check_output(output)
     suffix = output.suffix.lower()
-    if not any(run.records for run in runs):
+    if not any(run.last for run in runs):
         raise NothingToDraw("; ".join(f"{run.label}: {run.notes[0] if run.notes else 'no metrics'}" for run in runs))
     if suffix == ".html":
         write_atomically(output, render_html(runs))

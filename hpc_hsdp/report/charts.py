@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from hpc_hsdp.plan.units import byte_unit, seconds, si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.stragglers import persistent_ranks
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -154,13 +153,12 @@ def _loss_against_tokens(runs: Sequence[RunData]) -> list[Series]:
     single = len(runs) == 1
     out = []
     for i, run in enumerate(runs):
-        tokens = dict(run.tokens_axis())
         for key, label, dashed in (("loss", "train loss", False), ("eval_loss", "eval loss", True)):
-            xs, ys = run.series(key)
+            xs, ys = run.against_tokens(key)
             out.append(
                 Series(
                     label=f"{run.label}: {label}" if not single else label,
-                    xs=[tokens[x] for x in xs],
+                    xs=xs,
                     ys=ys,
                     color=PALETTE[(i + (4 if single and dashed else 0)) % len(PALETTE)],
                     dashed=dashed,
@@ -199,7 +197,7 @@ def _heatmap(run: RunData, *, single: bool) -> Heatmap:
         steps=[s for s, _ in probes],
         own_times=[e["own_time_s"] for _, e in probes],
         nodes=run.nodes,
-        slow=persistent_ranks([entry for _, entry in probes]),
+        slow=run.slow_ranks(),
         markers=markers([run]),
         verdict=run.straggler_verdict(),
     )

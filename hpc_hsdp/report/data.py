@@ -9,24 +9,150 @@ and, when submitted, ``job.json``. Whatever is missing or damaged is said in
 from __future__ import annotations
 
 import time
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.metrics import metrics_path, read_metrics
-from hpc_hsdp.rundir.stragglers import persistent
+from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
+from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600
 """A run without an end record whose metrics changed this recently is taken as running."""
+
+STEP_SERIES = ("loss", "eval_loss", "tokens_per_s", "step_time_s", "data_wait_s", "lr", "grad_norm", "peak_mem_bytes")
+"""The keys of a record drawn against steps (a sample of each is kept)."""
+COMM_SERIES = ("inter_node_wire_bytes", "intra_node_wire_bytes")
+"""The keys of a record's ``comm`` drawn against steps."""
+TOKEN_SERIES = ("loss", "eval_loss")
+"""The keys drawn against the tokens seen."""
+_NUMBER = (int, float)
+_COLUMNS = ("step", "tokens_seen", *(key for key in STEP_SERIES if key != "eval_loss"))
+"""The keys that (nearly) every record has, read as columns of a chunk at once."""
+_columns_of = itemgetter(*_COLUMNS)
+
+
+def _finite(value) -> bool:
+    """A number to draw: int or float (not a bool), not NaN nor infinite."""
+    return type(value) in _NUMBER and value - value == 0
+
+
+_NUMBER_TYPES = frozenset(_NUMBER)
+
+
+def _pairs(xs: list, values: list) -> tuple[list, list]:
+    """The (x, value) of the drawable values: all of them when every value is a finite number
+    (the common case: checked in C), else those that are."""
+    if set(map(type, values)) <= _NUMBER_TYPES:
+        total = sum(values)
+        if total - total == 0:  # no NaN, no infinity
+            return xs, values
+    kept = [(x, v) for x, v in zip(xs, values) if _finite(v)]
+    return [x for x, _ in kept], [v for _, v in kept]
+
+
+class MetricsDigest:
+    """What the report needs of a run's records, taken as they stream past
+    (:func:`hpc_hsdp.rundir.metrics.scan_metrics`): a bounded sample of every series it draws
+    (:class:`~hpc_hsdp.report.sample.Downsampler`) and, exactly, the numbers it prints: the
+    last record, the latest and the best eval loss, every tokens/s (for their median: 8 bytes
+    a step), which ranks the straggler probes named slow. Memory does not grow with the
+    run's length but for the tokens/s."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: dict | None = None
+        self.latest_eval: tuple[int, float] | None = None
+        self.best_eval: tuple[int, float] | None = None
+        self.steps = {key: Downsampler() for key in STEP_SERIES}
+        self.comm = {key: Downsampler() for key in COMM_SERIES}
+        self.tokens = {key: Downsampler() for key in TOKEN_SERIES}
+        self.probes = ProbeSample()
+        self.slow = SlowTally()
+        self._tokens_per_s = array("d")
+        self._tokens_seen = 0.0
+
+    def add(self, records: list[dict]) -> None:
+        if not records:
+            return
+        self.count += len(records)
+        self.last = records[-1]
+        try:  # every record has every key (the built-in loop's): one pass, in C
+            columns = dict(zip(_COLUMNS, zip(*map(_columns_of, records))))
+        except KeyError:
+            columns = {key: [r.get(key) for r in records] for key in _COLUMNS}
+        steps = columns["step"]
+        for key, sampler in self.steps.items():
+            if key != "eval_loss":
+                sampler.extend(*_pairs(steps, columns[key]))
+        with_eval = [r for r in records if "eval_loss" in r]
+        self.steps["eval_loss"].extend(*_pairs([r["step"] for r in with_eval], [r["eval_loss"] for r in with_eval]))
+        self._tokens_per_s.extend(_pairs(columns["tokens_per_s"], columns["tokens_per_s"])[1])
+        for r in with_eval:
+            value = r["eval_loss"]
+            if _finite(value):
+                self.latest_eval = (r["step"], value)
+                if self.best_eval is None or value < self.best_eval[1]:
+                    self.best_eval = (r["step"], value)
+        with_comm = [r for r in records if type(r.get("comm")) is dict]
+        if with_comm:
+            comm_steps = [r["step"] for r in with_comm]
+            for key, sampler in self.comm.items():
+                sampler.extend(*_pairs(comm_steps, [r["comm"].get(key) for r in with_comm]))
+        tokens = self._tokens_axis(records, columns["tokens_seen"])
+        self.tokens["loss"].extend(*_pairs(tokens, columns["loss"]))
+        at = [(t, r["eval_loss"]) for t, r in zip(tokens, records) if "eval_loss" in r]
+        self.tokens["eval_loss"].extend(*_pairs([t for t, _ in at], [v for _, v in at]))
+        for r in records:
+            if "stragglers" in r:
+                entry = r["stragglers"]
+                if isinstance(entry, dict) and entry.get("own_time_s"):
+                    self.probes.add(r["step"], entry)
+                    self.slow.add(entry)
+
+    def _tokens_axis(self, records: list[dict], seen: Sequence) -> Sequence[float]:
+        """Tokens seen after each record: its ``tokens_seen``, or the sum of tokens per step."""
+        if set(map(type, seen)) <= _NUMBER_TYPES:
+            self._tokens_seen = float(seen[-1])
+            return seen
+        out, total = [], self._tokens_seen
+        for r, value in zip(records, seen):
+            if type(value) in _NUMBER:
+                total = float(value)
+            elif type(r.get("tokens_per_s")) in _NUMBER and type(r.get("step_time_s")) in _NUMBER:
+                total += r["tokens_per_s"] * r["step_time_s"]
+            out.append(total)
+        self._tokens_seen = total
+        return out
+
+    def median_tokens_per_s(self) -> float | None:
+        """The median of every step's tokens/s, as :func:`statistics.median` gives it (exact: the
+        values are all kept, 8 bytes each, and partitioned in place, with no copy)."""
+        values = self._tokens_per_s
+        if not values:
+            return None
+        import numpy  # noqa: PLC0415 - the report's alone: status, runs and the CLI's start stay without it
+
+        view = numpy.frombuffer(values, dtype=numpy.float64)
+        middle = len(view) // 2
+        view.partition(middle)
+        high = float(view[middle])
+        return high if len(view) % 2 else (float(view[:middle].max()) + high) / 2
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunData:
     path: Path
     label: str
-    records: list[dict]
+    last: dict | None
+    """The newest step record (None: no step finished)."""
+    digest: MetricsDigest | None
+    """The streamed records (None: read from the file's tail only, as ``runs`` reads them)."""
     nodes: list[str] | None
     """Node of each node-major rank (layout.json), None without it."""
     restarts: list[dict]
@@ -34,10 +160,6 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     last_activity: float | None = None
     """Unix time of the newest write to metrics.jsonl / attempt.json."""
-
-    @property
-    def last(self) -> dict | None:
-        return self.records[-1] if self.records else None
 
     @property
     def total_steps(self) -> int | None:
@@ -52,58 +174,46 @@ class RunData:
             if reason == "completed":
                 return "completed"
             return f"stopped: {attempts.SHORT.get(reason, reason)}"
-        if self.attempt is None and not self.records:
+        if self.attempt is None and self.last is None:
             return "not started"
         if self.last_activity is not None and time.time() - self.last_activity < ACTIVE_WITHIN_S:
             return "running"
         return "no end recorded (killed?)"
 
-    def series(self, key: str) -> tuple[list[float], list[float]]:
-        xs, ys = [], []
-        for r in self.records:
-            value = r.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                xs.append(r["step"])
-                ys.append(float(value))
-        return xs, ys
+    def _digest(self) -> MetricsDigest:
+        if self.digest is None:
+            raise ValueError(f"{self.label}: read from the tail only (load_run(..., tail_only=False) streams it)")
+        return self.digest
 
-    def tokens_axis(self) -> list[tuple[int, float]]:
-        """(step, tokens seen after it): the record's ``tokens_seen`` or the sum of tokens per step."""
-        out, total = [], 0.0
-        for r in self.records:
-            if isinstance(r.get("tokens_seen"), (int, float)):
-                total = float(r["tokens_seen"])
-            elif isinstance(r.get("tokens_per_s"), (int, float)) and isinstance(r.get("step_time_s"), (int, float)):
-                total += r["tokens_per_s"] * r["step_time_s"]
-            out.append((r["step"], total))
-        return out
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of a record key, sampled (:data:`STEP_SERIES`)."""
+        return self._digest().steps[key].points()
 
     def comm_series(self, key: str) -> tuple[list[float], list[float]]:
-        xs, ys = [], []
-        for r in self.records:
-            comm = r.get("comm")
-            if isinstance(comm, dict) and isinstance(comm.get(key), (int, float)):
-                xs.append(r["step"])
-                ys.append(float(comm[key]))
-        return xs, ys
+        return self._digest().comm[key].points()
+
+    def against_tokens(self, key: str) -> tuple[list[float], list[float]]:
+        """(tokens seen, values) of ``loss`` or ``eval_loss``, sampled."""
+        return self._digest().tokens[key].points()
 
     def straggler_probes(self) -> list[tuple[int, dict]]:
-        return [
-            (r["step"], r["stragglers"])
-            for r in self.records
-            if isinstance(r.get("stragglers"), dict) and r["stragglers"].get("own_time_s")
-        ]
+        """The probes of the heat map: all, or a bounded sample that keeps the slow ones."""
+        return self._digest().probes.probes()
 
     def straggler_verdict(self) -> str | None:
-        """The ranks named slow in at least half of the probes, in words, with how often."""
-        probes = self.straggler_probes()
-        if not probes:
+        """The ranks named slow in at least half of the probes (all of them), in words, with how often."""
+        tally = self._digest().slow
+        if not tally.probes:
             return None
-        found = persistent([entry for _, entry in probes], self.nodes)
+        found = tally.persistent(self.nodes)
         if found is None:
-            return f"no rank was persistently 1.2x slower than the median ({len(probes)} probes)"
+            return f"no rank was persistently 1.2x slower than the median ({tally.probes} probes)"
         words, count, total = found
         return f"{words} (in {count} of {total} probes)"
+
+    def slow_ranks(self) -> list[int]:
+        """The ranks slow in at least half of all the probes."""
+        return self._digest().slow.persistent_ranks()
 
 
 def _mtime(path: Path) -> float | None:
@@ -113,28 +223,35 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def load_run(path: str | Path, *, label: str | None = None) -> RunData:
-    """Read one run directory; :class:`SpecError` when it is not a directory."""
+def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = False) -> RunData:
+    """Read one run directory; :class:`SpecError` when it is not a directory. Its metrics are
+    streamed once into a :class:`MetricsDigest`; ``tail_only``: only the newest record is read,
+    from the file's end (what ``runs`` shows)."""
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise SpecError(f"{str(path)!r} is not a run directory (no such directory); give the --run-dir of a run")
-    records, notes = read_metrics(run_dir)
+    if tail_only:
+        last, notes, digest = last_metrics(run_dir), [], None
+    else:
+        digest, notes = scan_metrics(run_dir, MetricsDigest)
+        last = digest.last if digest is not None else None
     attempt = attempts.read_attempt(run_dir)
     times = [t for t in (_mtime(metrics_path(run_dir)), _mtime(run_dir / attempts.ATTEMPT)) if t]
     run = RunData(
         path=run_dir,
         label=label or run_dir.name,
-        records=records,
+        last=last,
+        digest=digest,
         nodes=nodes_by_rank(run_dir),
         restarts=attempts.read_restarts(run_dir),
         attempt=attempt,
         notes=notes,
         last_activity=max(times) if times else None,
     )
-    if run.state == "running" and records:
+    if run.state == "running" and last is not None:
         total = run.total_steps
         notes.append(
-            f"in progress: step {records[-1]['step']}{f' of {total}' if total else ''}, "
+            f"in progress: step {last['step']}{f' of {total}' if total else ''}, "
             f"last written {time.time() - run.last_activity:.0f} s ago"
         )
     return run

@@ -41,7 +41,7 @@ def _heading(runs: Sequence[RunData]) -> str:
     for run in runs:
         row = summary_rows(run)
         lines.append(
-            f"{run.label}: {row['state']}, step {row['step']}, loss {row['loss']}, eval {row['eval loss']}, "
+            f"{run.label}: {row['state']}, step {row['step']}, loss {row['loss']}, eval {row['eval loss']} (best {row['best eval']}), "
             f"{row['tokens/s (median)']} tokens/s; restarts: {row['restarts']}; slowest: {row['slowest']}"
         )
     return "\n".join(lines)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-
 from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
@@ -12,15 +10,18 @@ from hpc_hsdp.rundir import attempts
 def summary_rows(run: RunData) -> dict[str, str]:
     last = run.last or {}
     total = run.total_steps
-    tps = [r["tokens_per_s"] for r in run.records if isinstance(r.get("tokens_per_s"), (int, float))]
-    evals = run.series("eval_loss")[1]
+    digest = run.digest
+    tps = digest.median_tokens_per_s() if digest is not None else None
+    evals = digest.latest_eval if digest is not None else None
+    best = digest.best_eval if digest is not None else None
     return {
         "run": run.label,
         "state": run.state,
         "step": f"{last.get('step', '-')}" + (f" / {total}" if total else ""),
         "loss": f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-",
-        "eval loss": f"{evals[-1]:.4f}" if evals else "-",
-        "tokens/s (median)": si(statistics.median(tps)) if tps else "-",
+        "eval loss": f"{evals[1]:.4f}" if evals else "-",
+        "best eval": f"{best[1]:.4f} (step {best[0]})" if best else "-",
+        "tokens/s (median)": si(tps) if tps is not None else "-",
         "world": f"{last.get('world_size', '-')} (shard {last.get('shard_size', '-')})" if last else "-",
         "restarts": ", ".join(
             f"step {r.get('resumed_from_step')}: {attempts.SHORT.get(r.get('reason'), r.get('reason'))}"

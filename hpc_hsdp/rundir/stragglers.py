@@ -100,40 +100,60 @@ def describe(entry: dict | None, nodes: Sequence[str] | None = None, threshold: 
     return "; ".join(clauses)
 
 
+class SlowTally:
+    """Which ranks the probes name slow, counted one probe at a time (a run's probes need not
+    be held): :meth:`persistent` and :meth:`persistent_ranks` say what :func:`persistent` and
+    :func:`persistent_ranks` say of the same probes."""
+
+    def __init__(self, threshold: float = SLOW_THRESHOLD) -> None:
+        self.threshold = threshold
+        self.probes = 0
+        self.world = 0
+        self.counts: dict[int, int] = {}
+        self.ratios: dict[int, list[float]] = {}
+        """Per rank: its ratio to the median in the probes that named it."""
+
+    def add(self, entry: dict | None) -> None:
+        if not entry or not entry.get("own_time_s"):
+            return
+        times = entry["own_time_s"]
+        self.probes += 1
+        self.world = max(self.world, len(times))
+        median = _norm(entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(times))
+        for r in slow_ranks(entry, self.threshold):
+            self.counts[r] = self.counts.get(r, 0) + 1
+            self.ratios.setdefault(r, []).append(times[r] / median)
+
+    def persistent_ranks(self) -> list[int]:
+        return sorted(r for r, n in self.counts.items() if 2 * n >= self.probes)
+
+    def persistent(self, nodes: Sequence[str] | None = None) -> tuple[str, int, int] | None:
+        named = self.persistent_ranks()
+        if not named:
+            return None
+        typical = [statistics.median_low(self.ratios[r]) if r in named else 1.0 for r in range(self.world)]
+        words = describe({"own_time_s": typical, "median_s": 1.0}, nodes, self.threshold)
+        if words is None:
+            return None
+        return words, max(self.counts[r] for r in named), self.probes
+
+
+def _tally(entries: Sequence[dict], threshold: float) -> SlowTally:
+    tally = SlowTally(threshold)
+    for entry in entries:
+        tally.add(entry)
+    return tally
+
+
 def persistent(
     entries: Sequence[dict], nodes: Sequence[str] | None = None, threshold: float = SLOW_THRESHOLD
 ) -> tuple[str, int, int] | None:
     """The ranks named slow in at least half of ``entries`` (several probes: one noisy step
     names nobody), in words with each rank's median ratio in the probes that named it; with how many
     probes named the most persistent of them, and how many there were. None: nobody."""
-    entries = [e for e in entries if e and e.get("own_time_s")]
-    if not entries:
-        return None
-    counts: dict[int, int] = {}
-    ratios: dict[int, list[float]] = {}  # per rank: its ratio to the median in the probes that named it
-    for entry in entries:
-        median = _norm(
-            entry.get("median_s") if entry.get("median_s") is not None else statistics.median_low(entry["own_time_s"])
-        )
-        for r in slow_ranks(entry, threshold):
-            counts[r] = counts.get(r, 0) + 1
-            ratios.setdefault(r, []).append(entry["own_time_s"][r] / median)
-    named = persistent_ranks(entries, threshold)
-    if not named:
-        return None
-    world = max(len(e["own_time_s"]) for e in entries)
-    typical = [statistics.median_low(ratios[r]) if r in named else 1.0 for r in range(world)]
-    words = describe({"own_time_s": typical, "median_s": 1.0}, nodes, threshold)
-    if words is None:
-        return None
-    return words, max(counts[r] for r in named), len(entries)
+    return _tally(entries, threshold).persistent(nodes)
 
 
 def persistent_ranks(entries: Sequence[dict], threshold: float = SLOW_THRESHOLD) -> list[int]:
     """Ranks named slow (:func:`slow_ranks`) in at least half of ``entries``."""
-    entries = [e for e in entries if e and e.get("own_time_s")]
-    counts: dict[int, int] = {}
-    for entry in entries:
-        for r in slow_ranks(entry, threshold):
-            counts[r] = counts.get(r, 0) + 1
-    return sorted(r for r, n in counts.items() if 2 * n >= len(entries))
+    return _tally(entries, threshold).persistent_ranks()
