@@ -295,6 +295,7 @@ def build_job_spec(
         environment=environment,
         launch=launch,
         template=absolute(o["template"], "--template"),
+        spare_nodes=o["spare_nodes"],
     )
 
 
