@@ -181,3 +181,30 @@ def test_a_run_spec_with_replica_fault_tolerance_round_trips_through_run_argumen
     run = RunSpec(shard_size=2, run_dir="/r", training=training)
     assert "--fault-tolerance" in run.to_args()
     assert json.loads(json.dumps(run.to_args()))  # plain strings, as the rendered script passes them
+
+
+def test_membership_changes_are_shown_with_time_and_cause_once_per_step(tmp_path: Path) -> None:
+    from hpc_hsdp.report.data import load_run
+    from hpc_hsdp.report.summary import summary_rows
+    from hpc_hsdp.rundir.replicas import membership_changes, read_membership
+
+    events = [
+        {"time": 100.0, "event": "lighthouse started", "address": "10.0.0.1:20001"},
+        {"time": 100.1, "event": "replica group started", "replica_id": 1, "nodes": ["n2"], "cause": "job start"},
+        {"time": 101.0, "step": 1, "replicas": 2, "of": 2, "replica_id": 0, "cause": "start"},
+        {"time": 130.0, "event": "replica group lost", "replica_id": 1, "cause": "its job step ended with exit code -9"},
+        {"time": 130.1, "event": "replica group started", "replica_id": 1, "nodes": ["n3"], "cause": "on a spare"},
+        {"time": 131.0, "step": 9, "replicas": 1, "of": 2, "replica_id": 0, "cause": "a replica group was lost"},
+        {"time": 131.0, "step": 9, "replicas": 1, "of": 2, "replica_id": 0, "cause": "a replica group was lost"},
+        {"time": 140.0, "step": 14, "replicas": 2, "of": 2, "replica_id": 1, "cause": "healed from a live peer"},
+    ]
+    (tmp_path / "replicas.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    lines = membership_changes(read_membership(tmp_path))
+    assert len(lines) == 5, lines
+    assert "replica group 1 lost (its job step ended with exit code -9)" in lines[1]
+    assert "replica group 1 started on n3 (on a spare)" in lines[2]
+    assert lines[3].endswith("step 9: 1/2 replica groups (a replica group was lost)")
+    records = [{"step": s, "loss": 1.0, "replicas": r, "replica_groups": 2} for s, r in ((1, 2), (9, 1), (14, 2))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    row = summary_rows(load_run(tmp_path))["replica groups"]
+    assert row.startswith("2 -> 1 -> 2 (5 changes; last: ") and "healed from a live peer" in row

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import expand_nodelist
+from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
 
-MEMBERSHIP_LOG = "replicas.jsonl"
 REPLICA_TAG = "{replica}"
 """In the srun options: replaced by ``r<group>a<attempt>`` (each group step's own log files)."""
 LIGHTHOUSE_RESTARTS = 5

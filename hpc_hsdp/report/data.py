@@ -16,6 +16,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import metrics_path, read_metrics
+from hpc_hsdp.rundir.replicas import read_membership
 from hpc_hsdp.rundir.stragglers import persistent
 
 ACTIVE_WITHIN_S = 600
@@ -30,6 +31,8 @@ class RunData:
     nodes: list[str] | None
     """Node of each node-major rank (layout.json), None without it."""
     restarts: list[dict]
+    membership: list[dict] = field(default_factory=list)
+    """``replicas.jsonl``: a fault-tolerant run's membership changes."""
     attempt: dict | None
     notes: list[str] = field(default_factory=list)
     last_activity: float | None = None
@@ -127,6 +130,7 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunData:
         records=records,
         nodes=nodes_by_rank(run_dir),
         restarts=attempts.read_restarts(run_dir),
+        membership=read_membership(run_dir),
         attempt=attempt,
         notes=notes,
         last_activity=max(times) if times else None,

@@ -7,6 +7,7 @@ import statistics
 from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.replicas import membership_changes
 
 
 def summary_rows(run: RunData) -> dict[str, str]:
@@ -27,5 +28,17 @@ def summary_rows(run: RunData) -> dict[str, str]:
             for r in run.restarts
         )
         or "none",
+        "replica groups": _replica_groups(run),
         "slowest": run.straggler_verdict() or "-",
     }
+
+
+def _replica_groups(run: RunData) -> str:
+    """The live replica groups over the run (``2 -> 1 -> 2``) and its changes, or ``-``."""
+    counts = [r["replicas"] for r in run.records if isinstance(r.get("replicas"), int)]
+    if not counts:
+        return "-"
+    path = [counts[0]] + [c for previous, c in zip(counts, counts[1:], strict=False) if c != previous]
+    changes = membership_changes(run.membership)
+    text = " -> ".join(map(str, path))
+    return text + (f" ({len(changes)} changes; last: {changes[-1]})" if changes else "")

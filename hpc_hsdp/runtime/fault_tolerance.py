@@ -36,10 +36,8 @@ from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note
-
-MEMBERSHIP_LOG = "replicas.jsonl"
-"""``<run-dir>/replicas.jsonl``: one record per membership change a replica group saw."""
 
 
 def replica_env(env: Mapping[str, str]) -> tuple[int, int, int]:
