@@ -192,7 +192,12 @@ def test_membership_changes_are_shown_with_time_and_cause_once_per_step(tmp_path
         {"time": 100.0, "event": "lighthouse started", "address": "10.0.0.1:20001"},
         {"time": 100.1, "event": "replica group started", "replica_id": 1, "nodes": ["n2"], "cause": "job start"},
         {"time": 101.0, "step": 1, "replicas": 2, "of": 2, "replica_id": 0, "cause": "start"},
-        {"time": 130.0, "event": "replica group lost", "replica_id": 1, "cause": "its job step ended with exit code -9"},
+        {
+            "time": 130.0,
+            "event": "replica group lost",
+            "replica_id": 1,
+            "cause": "its job step ended with exit code -9",
+        },
         {"time": 130.1, "event": "replica group started", "replica_id": 1, "nodes": ["n3"], "cause": "on a spare"},
         {"time": 131.0, "step": 9, "replicas": 1, "of": 2, "replica_id": 0, "cause": "a replica group was lost"},
         {"time": 131.0, "step": 9, "replicas": 1, "of": 2, "replica_id": 0, "cause": "a replica group was lost"},

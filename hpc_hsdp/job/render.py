@@ -146,6 +146,8 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
             opts.append((key, value))
     if s.exclusive:
         opts.append(("exclusive", None))
+    if spec.replicas is not None:
+        opts.append(("no-kill", None))  # a node that dies ends its replica group's step, not the job
     opts += [
         ("output", f"{spec.log_dir}/%j_0_log.out"),  # %t is 0 for the batch step, as submitit writes it
         ("error", f"{spec.log_dir}/%j_0_log.err"),
@@ -255,6 +257,7 @@ def replica_command(spec: JobSpec) -> str | None:
         f"--min-replicas={training.min_replicas}",
         f"--quorum-timeout={training.quorum_timeout:g}",
         f"--run-dir={spec.run.run_dir}",
+        f"--steps={training.steps}",
         "--",
     ]
     return " ".join(shlex.quote(a) for a in argv)

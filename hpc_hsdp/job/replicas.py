@@ -81,6 +81,11 @@ class Supervisor:
     run_dir: str | None = None
     join_timeout_ms: int = 5000
     heartbeat_timeout_ms: int = 2000
+    steps: int | None = None
+    """The run's last step: a group step that ends with 0 before it did not finish the training."""
+    probe_nodes: bool = False
+    """Ask each group's slurmd whether its nodes live (SLURM; srun itself may take a minute)."""
+    slurmd_addresses: dict = field(default_factory=dict)
     lighthouse: subprocess.Popen | None = None
     lighthouse_starts: list[float] = field(default_factory=list)
     stopping: bool = False
@@ -158,6 +163,62 @@ class Supervisor:
             cause=cause,
         )
 
+    def last_step(self) -> int:
+        """The newest step in ``metrics.jsonl`` (0 without one)."""
+        if not self.run_dir:
+            return 0
+        try:
+            lines = (Path(self.run_dir) / "metrics.jsonl").read_bytes()[-4096:].splitlines()
+            return int(json.loads(lines[-1])["step"]) if lines else 0
+        except (OSError, ValueError, KeyError, IndexError):
+            return 0
+
+    def dead_nodes(self, group: Group) -> list[str]:
+        """The group's nodes whose slurmd does not answer (SLURM only; none elsewhere)."""
+        if not self.probe_nodes:
+            return []
+        from hpc_hsdp.job.slurm_command import slurmd_address  # noqa: PLC0415 - SLURM jobs only
+
+        dead = []
+        for index in group.nodes:
+            name = self.node_names[index]
+            if name not in self.slurmd_addresses:  # asked of scontrol once per node, not every second
+                self.slurmd_addresses[name] = slurmd_address(name)
+            address = self.slurmd_addresses[name]
+            if address is None:
+                continue
+            try:
+                with socket.create_connection(address, timeout=2.0):
+                    pass
+            except OSError:
+                dead.append(name)
+        return dead
+
+    def end_step(self, group: Group) -> None:
+        """End a group's srun (its step on a dead node would only end after SLURM's timeouts)."""
+        proc = group.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # twice within a second: srun cancels the step
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    def replace(self, group: Group, cause: str, *, nodes_alive: bool) -> None:
+        """A lost group: started again on spare nodes, or given up when there are none."""
+        log(self.run_dir, "replica group lost", replica_id=group.replica_id, attempt=group.attempt, cause=cause)
+        if not self.spares:
+            group.lost = True
+            return
+        old = group.nodes
+        group.nodes = self.spares.pop(0)
+        if nodes_alive:
+            self.spares.append(old)  # its nodes wait as a spare now
+        group.attempt += 1
+        self.start_group(group, f"restarted on a spare: {cause}")
+
     def live(self) -> list[Group]:
         return [g for g in self.groups if not g.lost]
 
@@ -167,38 +228,37 @@ class Supervisor:
         for group in self.groups:
             self.start_group(group, "job start")
         finished_at = None
+        last_probe = 0.0
         while True:
             time.sleep(0.2)
             if self.lighthouse is not None and self.lighthouse.poll() is not None and finished_at is None:
                 log(self.run_dir, "lighthouse ended", code=self.lighthouse.returncode, cause="its process ended")
                 if not self.start_lighthouse():
                     return self.fall_back("the lighthouse could not be kept")
+            probe = self.probe_nodes and time.time() - last_probe > 1.0
+            last_probe = time.time() if probe else last_probe
             for group in self.groups:
-                if group.proc is None or group.done or group.lost or group.proc.poll() is None:
+                if group.proc is None or group.done or group.lost:
+                    continue
+                dead = self.dead_nodes(group) if probe and finished_at is None else []
+                if dead:
+                    self.end_step(group)
+                    self.replace(group, f"node {','.join(dead)} died (slurmd unreachable)", nodes_alive=False)
+                    continue
+                if group.proc.poll() is None:
                     continue
                 code = group.proc.returncode
-                if code == 0:
+                if code == 0 and (self.steps is None or self.last_step() >= self.steps):
                     group.done = True
                     finished_at = finished_at or time.time()
                     log(self.run_dir, "replica group finished", replica_id=group.replica_id)
                     continue
-                log(
-                    self.run_dir,
-                    "replica group lost",
-                    replica_id=group.replica_id,
-                    attempt=group.attempt,
-                    code=code,
-                    cause=f"its job step ended with exit code {code}",
-                )
                 if finished_at is not None:
                     group.lost = True
-                elif self.spares:
-                    self.spares.append(group.nodes)  # its nodes become a spare after the spare is taken
-                    group.nodes = self.spares.pop(0)
-                    group.attempt += 1
-                    self.start_group(group, f"restarted on a spare after exit code {code}")
-                else:
-                    group.lost = True
+                    continue
+                dead = self.dead_nodes(group)
+                cause = f"its job step ended with exit code {code}" + (f" (node {','.join(dead)} died)" if dead else "")
+                self.replace(group, cause, nodes_alive=not dead)
             if finished_at is not None:
                 running = [g for g in self.groups if not g.done and not g.lost]
                 if not running or time.time() - finished_at > FINISH_GRACE_S:
@@ -259,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-replicas", type=int, default=1)
     parser.add_argument("--quorum-timeout", type=float, default=60.0)
     parser.add_argument("--run-dir", default=None)
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -284,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir=args.run_dir,
         join_timeout_ms=join_ms,
         heartbeat_timeout_ms=int(min(args.quorum_timeout * 1000 / 4, 2000)),
+        steps=args.steps,
+        probe_nodes=bool(env.get("SLURM_JOB_ID")) and env.get("HPC_HSDP_EMULATOR") != "1",
     )
 
     def on_signal(signum, frame):

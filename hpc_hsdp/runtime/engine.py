@@ -41,7 +41,6 @@ import torch.distributed as dist
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
-from hpc_hsdp.rundir.metrics import metrics_path
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
@@ -138,8 +137,7 @@ class Engine:
         self.saved_step: int | None = self.start_step or None
         self.observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
         self.metrics = metrics_log(ctx, start_step=self.start_step)  # after the observer: it reads the old records
-        if self.ft is not None and ctx.rank == 0 and ctx.run_dir is not None:  # every group's rank 0 may lead a step
-            self.metrics.path = metrics_path(ctx.run_dir)
+
         self.evaluation = (
             eval_samples(self.data, self.training) if self.data.val is not None and self.training.eval_every else None
         )
