@@ -130,3 +130,50 @@ def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path
     assert restarted and restarted[0]["nodes"] == ["n3"]
     assert any("healed from a live peer" in e.get("cause", "") and e["replica_id"] == 1 for e in events)
     assert all(isinstance(e["time"], float) for e in events)
+
+
+def _launch(spec):
+    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
+    return launch_local(
+        render_sbatch(spec),
+        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
+        logs_dir=Path(spec.log_dir),
+    )
+
+
+def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_job_resumes_exactly(tmp_path: Path):
+    from hpc_hsdp.rundir.state import complete_checkpoints
+
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    spec = _spec(run_dir, samples, "--min-replicas", "2", "--quorum-timeout", "8")
+    (run_dir / "logs").mkdir(parents=True)
+    job = _launch(spec)
+    try:
+        _wait_for_step(run_dir, 4, job, timeout_s=240)
+        for pid in _group_pids(job.job_id, 1):
+            os.kill(pid, signal.SIGKILL)
+        job.wait(timeout_s=240)
+    finally:
+        job.cancel()
+    assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
+    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "fall back to requeue" and "--min-replicas" in e["cause"] for e in events)
+    saved = [step for step, _ in complete_checkpoints(run_dir)]
+    last = _metrics(run_dir)[-1]["step"]
+    assert saved and saved[-1] == last, (saved, last)  # the last committed step itself: nothing to redo
+
+    again = _launch(spec)  # what the requeue does: the same script on the same run directory
+    try:
+        assert again.wait(timeout_s=300) == "COMPLETED"
+    finally:
+        again.cancel()
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    per_step: dict[int, list[int]] = {}
+    for path in samples.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    for step in range(1, STEPS + 1):
+        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step

@@ -81,6 +81,7 @@ class Supervisor:
     run_dir: str | None = None
     join_timeout_ms: int = 5000
     heartbeat_timeout_ms: int = 2000
+    quorum_timeout: float = 60.0
     steps: int | None = None
     """The run's last step: a group step that ends with 0 before it did not finish the training."""
     probe_nodes: bool = False
@@ -286,7 +287,7 @@ class Supervisor:
         running = [g for g in self.groups if g.proc is not None and g.proc.poll() is None]
         for group in running:
             group.proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 60
+        deadline = time.time() + self.quorum_timeout + 60  # their quorum times out, one of them saves
         for group in running:
             try:
                 group.proc.wait(timeout=max(0.1, deadline - time.time()))
@@ -346,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         join_timeout_ms=join_ms,
         heartbeat_timeout_ms=int(min(args.quorum_timeout * 1000 / 4, 2000)),
         steps=args.steps,
+        quorum_timeout=args.quorum_timeout,
         probe_nodes=bool(env.get("SLURM_JOB_ID")) and env.get("HPC_HSDP_EMULATOR") != "1",
     )
 

@@ -120,6 +120,8 @@ class Engine:
         """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
         self.ft = None
         """The torchft side of a replica group (``--fault-tolerance replica``), else None."""
+        self.retries = 0
+        """Attempts of the coming step that the live replica groups did not commit (a group was lost in it)."""
         if self.training.fault_tolerance == "replica":
             from hpc_hsdp.runtime.fault_tolerance import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
 
@@ -201,7 +203,11 @@ class Engine:
         if self.ft is not None:
             from hpc_hsdp.runtime.fault_tolerance import read_group_batches  # noqa: PLC0415 - as in __init__
 
-            number = self.ft.begin()  # the quorum: which groups train which step (a healed group jumps ahead)
+            try:
+                number = self.ft.begin()  # the quorum: which groups train which step (a healed group jumps ahead)
+            except Exception:
+                self._fall_back_save()
+                raise
             began = time.perf_counter()
             batches, waited = read_group_batches(self, number, self.ft), 0.0
             waited = time.perf_counter() - began
@@ -284,6 +290,7 @@ class Engine:
             record["replicas"] = self.ft.replicas
             record["replica_groups"] = self.ft.num_groups
             record["replica_id"] = self.ft.replica_id
+            record["retries"], self.retries = self.retries, 0
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
         if more:
@@ -385,6 +392,21 @@ class Engine:
         self.saved_step = step
         if self.ctx.is_rank0 and self.verbose:
             say(f"checkpoint {path}" + (" (writing in the background)" if background is not None else ""))
+
+    def _fall_back_save(self) -> None:
+        """Collective in a replica group whose quorum failed (below ``--min-replicas``): one
+        surviving group saves the last committed step, so that the requeued job resumes exactly."""
+        claim = torch.zeros(1, device=self.ctx.device)
+        if self.ctx.rank == 0:
+            claim[0] = float(self.ft.claim_fallback_save())
+        dist.broadcast(claim, src=0)
+        if claim.item():
+            self.ft.index = 0  # this group saves for all
+            self.save(self.last_step)
+            if self.periodic is not None:
+                self.periodic.close()
+            if self.ctx.rank == 0:
+                say(f"replica group {self.ft.replica_id}: below --min-replicas; saved step {self.last_step} to requeue")
 
     def save_if_due(self, number: int) -> None:
         """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not

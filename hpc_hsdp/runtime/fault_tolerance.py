@@ -40,6 +40,15 @@ from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note
 
 
+class QuorumLost(RuntimeError):
+    """No quorum of ``--min-replicas`` groups within ``--quorum-timeout``: the job falls back to a
+    requeue (the engine saves the last committed step first, one group for all)."""
+
+
+FALLBACK_LOCK = ".fallback-save.lock"
+"""Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
+
+
 def replica_env(env: Mapping[str, str]) -> tuple[int, int, int]:
     """(replica id, replica groups of the job, attempt) of this task (set by the job's supervisor)."""
     return int(env.get(REPLICA_ID_ENV, "0")), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
@@ -126,7 +135,14 @@ class ReplicaGroup:
         behind, the gradients zeroed; the number of the step to train now."""
         before = self.manager.current_step()
         began = time.time()
-        self.optimizer.zero_grad(set_to_none=True)  # start_quorum (synchronous) + zero_grad
+        try:
+            self.optimizer.zero_grad(set_to_none=True)  # start_quorum (synchronous) + zero_grad
+        except Exception as exc:  # torchft raises what its quorum RPC raised (a timeout)
+            raise QuorumLost(
+                f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.min_replicas} "
+                f"groups within --quorum-timeout {self.training.quorum_timeout:g} s after step {before} "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            ) from exc
         number = self.manager.current_step() + 1
         self.replicas = self.manager.num_participants()
         self.index = self.manager.participating_rank()
@@ -223,6 +239,25 @@ class ReplicaGroup:
             }
         self.raw_optimizer.load_state_dict({"state": rebuilt, "param_groups": optim["param_groups"]})
         self._load_engine_state(state.get("engine") or {})
+
+    def claim_fallback_save(self) -> bool:
+        """Rank 0: whether this group writes the fall back's checkpoint (the first to lock the
+        file, while no complete checkpoint of its step exists); held until the process ends."""
+        import fcntl  # noqa: PLC0415 - the fall back only
+
+        from hpc_hsdp.rundir.state import checkpoint_root, complete_checkpoints  # noqa: PLC0415 - as fcntl
+
+        if self.ctx.run_dir is None:
+            return False
+        root = checkpoint_root(self.ctx.run_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = open(root / FALLBACK_LOCK, "a")  # noqa: SIM115 - held to the end of the process
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        step = self.manager.current_step()
+        return step > 0 and all(saved != step for saved, _ in complete_checkpoints(self.ctx.run_dir))
 
     def close(self) -> None:
         try:

@@ -118,6 +118,7 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
     number = step.number  # a replica group that healed from a peer goes on from the peer's step
     loss, grad_norm, agreed = engine.train_step(step).tolist()  # the step's one host sync
     if not step.committed:  # a replica group was lost in the step: the live ones train it again
+        engine.retries += 1
         return False
     stopping = engine.agreed_stop(agreed, number)  # the ranks' signals: all stop after this step, or none
     record = engine.step_record(step, loss=loss, grad_norm=grad_norm)
