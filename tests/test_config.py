@@ -182,6 +182,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         debug = true
         venv = "/v"
         python = "python3"
+        spare_nodes = 0
         steps = 9
         lr = 0.01
         """)
@@ -282,16 +283,18 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
         str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
     )
     needs_data = declared.key == "val_data"
+    needs_nodes = declared.key == "fault_tolerance"  # replica groups: at least two
     lines = f"shard = 1\n{declared.key.replace('_', '-')} = {toml_value}\n" + (
         'data = "/data/train"\n' if needs_data else ""
     )
+    lines += "nodes = 2\n" if needs_nodes else ""
     path = tmp_path / "one.toml"
     path.write_text(lines)
     flag = declared.flag
     cli = [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
     cli = (["--data", "/data/train"] if needs_data else []) + cli
     from_file = spec(["--config", str(path)], cwd=tmp_path)
-    from_cli = spec(["--shard", "1", *cli], cwd=tmp_path)
+    from_cli = spec(["--shard", "1", *(["--nodes", "2"] if needs_nodes else []), *cli], cwd=tmp_path)
     assert from_file == from_cli
     assert getattr(from_cli.run.training, declared.key) == value
     assert from_cli.run.training.to_args() == cli

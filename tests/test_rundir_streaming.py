@@ -120,6 +120,7 @@ def test_the_report_of_a_long_run_prints_the_exact_numbers_and_draws_a_bounded_s
         "tokens/s (median)": si(statistics.median(r["tokens_per_s"] for r in records)),
         "world": "4 (shard 2)",
         "restarts": "none",
+        "replica groups": "-",
         "slowest": f"{words} (in {count} of {total} probes)",
     }
     assert run.digest.median_tokens_per_s() == statistics.median(r["tokens_per_s"] for r in records)

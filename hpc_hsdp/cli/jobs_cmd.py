@@ -21,8 +21,12 @@ from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import latest_eval
 from hpc_hsdp.rundir.progress import progress_of
+from hpc_hsdp.rundir.replicas import membership_changes, read_membership
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.stragglers import persistent
+
+MEMBERSHIP_SHOWN = 8
+"""The newest membership changes of a fault-tolerant run that ``status`` shows."""
 
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
@@ -90,6 +94,7 @@ def run_facts(handle, status=None) -> dict:
         for r in attempts.read_restarts(run_dir)
     ]
     return {
+        "membership": membership_changes(read_membership(run_dir)),
         "last": records[-1] if records else None,
         "total_steps": attempt.get("total_steps"),
         "progress": progress,
@@ -174,6 +179,7 @@ def status(job, as_json) -> None:
         "progress": progress.to_dict(),
         "stragglers": facts["stragglers"],
         "restart_causes": facts["restarts"],
+        "membership": facts["membership"],
         "failure": failure_of(handle, st),
         **st.to_dict(),
     }
@@ -205,6 +211,13 @@ def status(job, as_json) -> None:
         click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:
         click.echo(f"restarts: {'; '.join(facts['restarts'])}")
+    if facts["membership"]:
+        last = metrics.get("replicas") if metrics else None
+        click.echo(
+            "replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":"
+        )
+        for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
+            click.echo(f"  {line}")
     if data["failure"]:
         click.echo(f"failure: {data['failure']}")
     click.echo(f"run directory: {handle.record.run_dir}")

@@ -27,6 +27,7 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
+from hpc_hsdp.plan.replicas import replica_shape
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
@@ -82,6 +83,9 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     "plan estimates the save time.",
 )
 @job_option("signal", "plan")
+@job_option("fault_tolerance", "plan")
+@job_option("min_replicas", "plan")
+@job_option("spare_nodes", "plan")
 @click.option("--gpu-memory", default=None, help="GPU memory (80GiB); adds the smallest shard size that fits.")
 @click.option(
     "--kill-wait",
@@ -113,6 +117,9 @@ def plan(
     training_grad_accum,
     write_bandwidth,
     signal,
+    training_fault_tolerance,
+    training_min_replicas,
+    spare_nodes,
     gpu_memory,
     kill_wait,
     recommend: bool,
@@ -162,14 +169,36 @@ def plan(
     sizing = _sizing(
         the_plan, model, memory=memory, write_bandwidth=write_bandwidth, signal=signal, kill_wait=kill_wait
     )
+    replicas = _replicas(the_plan, training_fault_tolerance, training_min_replicas, spare_nodes, fewest_nodes)
     if svg_path:
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
-        _echo_plan_json(the_plan, sizing, model_info, memory=memory, fewest=fewest, node_range=(fewest_nodes, nodes))
+        _echo_plan_json(
+            the_plan,
+            sizing,
+            model_info,
+            memory=memory,
+            fewest=fewest,
+            node_range=(fewest_nodes, nodes),
+            replicas=replicas,
+        )
     else:
         _echo_plan_text(the_plan, sizing, model_info, memory=memory, node_range=(fewest_nodes, nodes))
+        if replicas is not None:
+            click.echo("\n".join(replicas.describe(the_plan.node_names)))
         if fewest is not None:
             _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
+
+
+def _replicas(the_plan: TopologyPlan, fault_tolerance: str, min_replicas: int, spare_nodes: int, fewest_nodes):
+    """The replica groups, spares and lighthouse of ``--fault-tolerance replica`` (None without it)."""
+    if fault_tolerance != "replica":
+        if spare_nodes:
+            raise SpecError(f"--spare-nodes {spare_nodes} needs --fault-tolerance replica")
+        return None
+    if fewest_nodes is not None:
+        raise SpecError("--fault-tolerance replica does not work with a flexible allocation (--nodes MIN-MAX) yet")
+    return replica_shape(the_plan, min_replicas=min_replicas, spare_nodes=spare_nodes)
 
 
 def _model_options(model, model_params, root_params, recommend: bool, gpu_memory) -> tuple[str | None, dict | None]:
@@ -290,8 +319,12 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
     return _Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
 
 
-def _echo_plan_json(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range) -> None:
+def _echo_plan_json(
+    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range, replicas=None
+) -> None:
     data = the_plan.to_dict()
+    if replicas is not None:
+        data["replicas"] = replicas.to_dict()
     if model_info is not None:
         data["model"] = model_info["record"]
     if sizing.estimate is not None:

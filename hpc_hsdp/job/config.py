@@ -301,6 +301,7 @@ def build_job_spec(
         environment=environment,
         launch=launch,
         template=absolute(o["template"], "--template"),
+        spare_nodes=o["spare_nodes"],
     )
 
 

@@ -431,6 +431,7 @@ def _srun_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ntasks-per-node", type=int, default=None)
     parser.add_argument("--ntasks", "-n", type=int, default=None)
     parser.add_argument("--nodes", "-N", type=int, default=None)
+    parser.add_argument("--relative", "-r", type=int, default=None)  # a step on nodes N.. of the allocation
     parser.add_argument("--label", "-l", action="store_true")
     parser.add_argument("--export", default=None)
     parser.add_argument("--cpu-bind", default=None)
@@ -471,6 +472,16 @@ def _srun(argv: Sequence[str]) -> int:
     job_id = env["SLURM_JOB_ID"]
     node_names = expand_nodelist(env["SLURM_JOB_NODELIST"])
     counts = parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+    if args.relative is not None or args.nodes is not None:  # a step on some of the job's nodes (a replica group)
+        first = args.relative or 0
+        last = first + (args.nodes or len(node_names) - first)
+        if last > len(node_names):
+            print(
+                f"srun (emulator): --relative={first} --nodes={args.nodes}: the job has {len(node_names)} nodes",
+                file=sys.stderr,
+            )
+            return 2
+        node_names, counts = node_names[first:last], counts[first:last]
     if args.ntasks_per_node is not None:
         counts = (args.ntasks_per_node,) * len(counts)
     distribution = args.distribution.split(":")[0].split(",")[0]
@@ -500,7 +511,8 @@ def _srun(argv: Sequence[str]) -> int:
         out = open(expand_pattern(args.output, **names), "ab") if args.output else None
         err = open(expand_pattern(args.error, **names), "ab") if args.error else out
         files += [f for f in (out, err) if f is not None]
-        task_env = {**env, **task, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}
+        job_level = {k: env[k] for k in ("SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES") if k in env}
+        task_env = {**env, **task, **job_level, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}
         procs.append(subprocess.Popen(args.command, env=task_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
 
     def forward(signum, frame):

@@ -38,6 +38,9 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")
 NO_TRACKER = "none"
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tb"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 """tracker -> (the module its package installs, the hpc-hsdp extra that installs it)."""
+FAULT_TOLERANCE = ("none", "replica")
+"""``--fault-tolerance``: ``none`` (a lost node requeues the job) or ``replica`` (torchft: each
+replica group is its own job step; the others train on without it)."""
 
 # How an option reaches the tasks of a job.
 RUN_ARGUMENT = "an `hpc-hsdp run` argument in the rendered script"
@@ -413,6 +416,18 @@ OPTIONS: tuple[JobOption, ...] = (
         reaches=SUBMIT_SIDE,
         help="Your own Jinja2 template (gets the same variables; may extend job.sbatch.j2).",
     ),
+    JobOption(
+        key="spare_nodes",
+        kind="int",
+        default=0,
+        minimum=0,
+        commands=(*RENDER_SUBMIT, "plan"),
+        help=(
+            "With --fault-tolerance replica: nodes allocated beyond --nodes that wait; a lost replica group "
+            "is started again on them and joins from a live peer."
+        ),
+        shown={"plan": Shown(default=DECLARED)},
+    ),
     # ------------------------------------------------------------------ the training loop (TrainingSpec)
     _training(
         "model",
@@ -671,6 +686,41 @@ OPTIONS: tuple[JobOption, ...] = (
         help=(
             "Seconds without a completed step after which every rank dumps its stacks and the job ends (and "
             "requeues within --max-restarts); 0: 20x the median step time, at least 120 s."
+        ),
+    ),
+    _training(
+        "fault_tolerance",
+        kind="str",
+        default="none",
+        choices=FAULT_TOLERANCE,
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
+        help=(
+            "replica: each replica group (the whole nodes holding one copy of the model) runs as its own job "
+            "step under torchft; a lost group costs the others one quorum, not a requeue (needs hpc-hsdp[ft])."
+        ),
+    ),
+    _training(
+        "min_replicas",
+        kind="int",
+        default=1,
+        minimum=1,
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
+        help=(
+            "With --fault-tolerance replica: the fewest live replica groups that train on; below it every "
+            "survivor saves and the job requeues (as without fault tolerance)."
+        ),
+    ),
+    _training(
+        "quorum_timeout",
+        kind="float",
+        default=60.0,
+        positive=True,
+        metavar="SECONDS",
+        help=(
+            "With --fault-tolerance replica: how long a step waits for the replica groups' quorum (and a "
+            "group's collectives for a lost peer) before it goes on without the missing ones."
         ),
     ),
     _training(

@@ -126,7 +126,8 @@ def template_environment(template_dir: str | Path | None = None) -> jinja2.Envir
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     """The #SBATCH options in their fixed order; ``--sbatch`` passthrough last, by key."""
     s = spec.scheduler
-    opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", spec.nodes_text)]
+    nodes = str(spec.nodes + spec.spare_nodes) if spec.spare_nodes else spec.nodes_text  # spares wait in the job
+    opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", nodes)]
     # --ntasks (uneven): the allocation holds one task slot per GPU on every node, and the
     # step places exactly the planned counts (--ntasks alone lets SLURM put 11,1 or 6,6)
     opts.append(("ntasks-per-node", "1" if spec.launch.launcher == "torchrun" else str(spec.gpus_per_node)))
@@ -145,6 +146,8 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
             opts.append((key, value))
     if s.exclusive:
         opts.append(("exclusive", None))
+    if spec.replicas is not None:
+        opts.append(("no-kill", None))  # a node that dies ends its replica group's step, not the job
     opts += [
         ("output", f"{spec.log_dir}/%j_0_log.out"),  # %t is 0 for the batch step, as submitit writes it
         ("error", f"{spec.log_dir}/%j_0_log.err"),
@@ -226,8 +229,38 @@ def srun_options(spec: JobSpec) -> list[str]:
         opts.append(f"--distribution={spec.launch.distribution}")
     if spec.scheduler.cpus_per_task is not None:
         opts.append(f"--cpus-per-task={spec.scheduler.cpus_per_task}")  # not inherited by srun in Slurm 22.05
-    opts += [f"--output={spec.log_dir}/%j_%t_log.out", f"--error={spec.log_dir}/%j_%t_log.err"]
+    # a replica group's step: its own log files (the supervisor fills in the group and its start)
+    tag = f"{REPLICA_TAG}_" if spec.replicas is not None else ""
+    opts += [f"--output={spec.log_dir}/%j_{tag}%t_log.out", f"--error={spec.log_dir}/%j_{tag}%t_log.err"]
     return opts + container_options(spec)
+
+
+REPLICA_TAG = "{replica}"
+"""In a fault-tolerant job's srun options: the replica supervisor writes ``r<group>a<attempt>`` there."""
+
+
+def replica_command(spec: JobSpec) -> str | None:
+    """``python -m hpc_hsdp.job.replicas ...`` (without the srun options and launch command that
+    follow it), the batch shell's supervisor of a fault-tolerant job; None without one."""
+    shape = spec.replicas
+    if shape is None:
+        return None
+    training = spec.run.training
+    argv = [
+        spec.environment.python,
+        "-m",
+        "hpc_hsdp.job.replicas",
+        f"--groups={shape.num_groups}",
+        f"--nodes-per-group={shape.nodes_per_group}",
+        f"--tasks-per-node={spec.gpus_per_node}",
+        f"--spare-nodes={spec.spare_nodes}",
+        f"--min-replicas={training.min_replicas}",
+        f"--quorum-timeout={training.quorum_timeout:g}",
+        f"--run-dir={spec.run.run_dir}",
+        f"--steps={training.steps}",
+        "--",
+    ]
+    return " ".join(shlex.quote(a) for a in argv)
 
 
 CONTAINER_NAME = "hpc-hsdp"
@@ -348,6 +381,8 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
             else None
         ),
         "warning_signal": warning_signal_name(spec),
+        "replicas": spec.replicas,
+        "replica_command": replica_command(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
 

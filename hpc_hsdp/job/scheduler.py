@@ -705,6 +705,7 @@ def _submit_local(spec, func, args, kwargs):
     job_id = new_job_id()
     DelayedSubmission(functools.partial(func, **kwargs), *args).dump(Path(spec.log_dir) / f"{job_id}_submitted.pkl")
     tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
+    tasks_per_node += (spec.gpus_per_node,) * spec.spare_nodes  # --fault-tolerance replica: spares wait
     alloc = allocation_for(
         tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
     )

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -220,3 +221,36 @@ def ping_controller(*, timeout_s: float | None = None, env: Mapping[str, str] | 
 
 def _name(host: str | None) -> str:
     return f"the SLURM controller {host}" if host else "the SLURM controller"
+
+
+# ----------------------------------------------------------------------------- is a node alive
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def slurmd_address(node: str, *, timeout_s: float = 10.0) -> tuple[str, int] | None:
+    """(NodeAddr, Port) of a node's slurmd from ``scontrol -o show node``; None when unknown."""
+    try:
+        shown = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s=timeout_s)
+    except SchedulerError:
+        return None
+    fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+    addr, port = fields.get("NodeAddr"), fields.get("Port", "6818")
+    if shown.returncode != 0 or not addr or not port.isdigit():
+        return None
+    return addr, int(port)
+
+
+def unreachable_nodes(nodes: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The nodes whose slurmd refuses or does not answer a TCP connection within ``timeout_s``."""
+    dead = []
+    for node in nodes:
+        address = slurmd_address(node)
+        if address is None:
+            continue  # unknown to scontrol here: say nothing rather than guess
+        try:
+            with socket.create_connection(address, timeout=timeout_s):
+                pass
+        except OSError:
+            dead.append(node)
+    return dead

@@ -26,6 +26,7 @@ from hpc_hsdp.job.options import (
     option,
 )
 from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
+from hpc_hsdp.plan.replicas import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
     DISTRIBUTIONS,
@@ -75,6 +76,25 @@ def model_with_absolute_path(model: str, base_dir: str | os.PathLike) -> str:
 def _flag(option: str, value: object) -> None:
     if not isinstance(value, bool):
         raise SpecError(f"{option} {value!r} must be true or false")
+
+
+TORCHFT_PIN = "torchft==0.2.0"
+
+
+def require_torchft() -> None:
+    """``--fault-tolerance replica`` needs torchft where the job is made and where it runs:
+    SpecError (one line, exit 2) without it; asks the import system only (nothing is imported)."""
+    import importlib.util  # noqa: PLC0415 - only with --fault-tolerance replica
+
+    try:
+        found = importlib.util.find_spec("torchft") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SpecError(
+            f"--fault-tolerance replica needs torchft, which is not installed: pip install 'hpc-hsdp[ft]' "
+            f"({TORCHFT_PIN}), or --fault-tolerance none"
+        )
 
 
 def _training_field(key: str):
@@ -128,6 +148,9 @@ class TrainingSpec:
     tracker: str = _training_field("tracker")
     # ------------------------------------------------------------------ failures
     hang_timeout: float = _training_field("hang_timeout")
+    fault_tolerance: str = _training_field("fault_tolerance")
+    min_replicas: int = _training_field("min_replicas")
+    quorum_timeout: float = _training_field("quorum_timeout")
     max_restarts: int = _training_field("max_restarts")
 
     def __post_init__(self) -> None:
@@ -146,6 +169,8 @@ class TrainingSpec:
                 "--val-data with a --data mixture: each source is evaluated on its own val split "
                 "(eval_loss/NAME); leave --val-data out"
             )
+        if self.fault_tolerance == "replica":
+            require_torchft()
 
     @property
     def trackers(self) -> tuple[str, ...]:
@@ -587,6 +612,9 @@ class JobSpec:
     """srun or torchrun, distribution, container."""
     template: str | None = None
     """Absolute path of a user's Jinja2 template; None: the packaged ``job.sbatch.j2``."""
+    spare_nodes: int = default("spare_nodes")
+    """With ``--fault-tolerance replica``: nodes allocated beyond ``nodes`` that wait for a lost
+    replica group to be started again on them."""
 
     def __post_init__(self) -> None:
         _positive_int("--nodes", self.nodes)
@@ -638,6 +666,39 @@ class JobSpec:
                 f"--ntasks {self.ntasks} on {self.nodes} nodes of {self.gpus_per_node} GPUs most likely gives "
                 f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
             ) from None
+        self._check_fault_tolerance()
+
+    def _check_fault_tolerance(self) -> None:
+        check_option_value(option("spare_nodes"), self.spare_nodes)
+        training = self.run.training
+        if training.fault_tolerance != "replica":
+            if self.spare_nodes:
+                raise SpecError(
+                    f"--spare-nodes {self.spare_nodes} needs --fault-tolerance replica: without it a lost node "
+                    f"requeues the whole job and spares would only wait"
+                )
+            return
+        for given, why in (
+            (self.flexible, f"--nodes {self.nodes_text} (a flexible allocation)"),
+            (self.ntasks is not None, f"--ntasks {self.ntasks} (an uneven allocation)"),
+            (self.launch.launcher != "srun", f"--launcher {self.launch.launcher}"),
+            (self.run.entry is not None, f"--entry {self.run.entry} (the built-in loop runs the replica steps)"),
+            (self.launch.container_image is not None, "--container-image"),
+        ):
+            if given:
+                raise SpecError(f"--fault-tolerance replica does not work with {why} yet; leave it out")
+        self.replicas  # noqa: B018  (raises where the job does not split into whole-node replica groups)
+
+    @property
+    def replicas(self):
+        """The replica groups, spares and lighthouse (``--fault-tolerance replica``), else None."""
+        if self.run.training.fault_tolerance != "replica":
+            return None
+        return replica_shape(
+            plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size),
+            min_replicas=self.run.training.min_replicas,
+            spare_nodes=self.spare_nodes,
+        )
 
     def _check_flexible(self) -> None:
         _positive_int("--nodes MIN", self.min_nodes)

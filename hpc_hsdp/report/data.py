@@ -20,6 +20,7 @@ from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
+from hpc_hsdp.rundir.replicas import read_membership
 from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600
@@ -76,6 +77,8 @@ class MetricsDigest:
         self.slow = SlowTally()
         self._tokens_per_s = array("d")
         self._tokens_seen = 0.0
+        self.replica_path: list[int] = []
+        """A fault-tolerant run's live replica groups as they changed (``[2, 1, 2]``)."""
 
     def add(self, records: list[dict]) -> None:
         if not records:
@@ -109,6 +112,9 @@ class MetricsDigest:
         at = [(t, r["eval_loss"]) for t, r in zip(tokens, records) if "eval_loss" in r]
         self.tokens["eval_loss"].extend(*_pairs([t for t, _ in at], [v for _, v in at]))
         for r in records:
+            count = r.get("replicas")
+            if type(count) is int and (not self.replica_path or self.replica_path[-1] != count):
+                self.replica_path.append(count)
             if "stragglers" in r:
                 entry = r["stragglers"]
                 if isinstance(entry, dict) and entry.get("own_time_s"):
@@ -156,6 +162,8 @@ class RunData:
     nodes: list[str] | None
     """Node of each node-major rank (layout.json), None without it."""
     restarts: list[dict]
+    membership: list[dict] = field(default_factory=list)
+    """``replicas.jsonl``: a fault-tolerant run's membership changes."""
     attempt: dict | None
     notes: list[str] = field(default_factory=list)
     last_activity: float | None = None
@@ -244,6 +252,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
         digest=digest,
         nodes=nodes_by_rank(run_dir),
         restarts=attempts.read_restarts(run_dir),
+        membership=read_membership(run_dir),
         attempt=attempt,
         notes=notes,
         last_activity=max(times) if times else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.replicas import membership_changes
 
 
 def summary_rows(run: RunData) -> dict[str, str]:
@@ -28,5 +29,16 @@ def summary_rows(run: RunData) -> dict[str, str]:
             for r in run.restarts
         )
         or "none",
+        "replica groups": _replica_groups(run),
         "slowest": run.straggler_verdict() or "-",
     }
+
+
+def _replica_groups(run: RunData) -> str:
+    """The live replica groups over the run (``2 -> 1 -> 2``) and its changes, or ``-``."""
+    path = run.digest.replica_path if run.digest is not None else []
+    if not path:
+        return "-"
+    changes = membership_changes(run.membership)
+    text = " -> ".join(map(str, path))
+    return text + (f" ({len(changes)} changes; last: {changes[-1]})" if changes else "")

@@ -44,15 +44,25 @@ class MetricsLog:
     run directory): records after ``start_step`` are dropped on resume (the resumed run rewrites
     them), then one line per step."""
 
-    def __init__(self, run_dir: str | Path | None, *, start_step: int) -> None:
+    def __init__(self, run_dir: str | Path | None, *, start_step: int, replacing: bool = False) -> None:
         self.path = metrics_path(run_dir) if run_dir is not None else None
+        self.replacing = replacing
+        """Several writers, one at a time (the leading replica groups of a fault-tolerant run): nothing
+        is dropped when the writer opens; a record drops the file's records from its step on first."""
+        self._last: int | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            truncate_metrics(self.path, keep_through_step=start_step)
+            if not replacing:
+                truncate_metrics(self.path, keep_through_step=start_step)
 
     def write(self, record: dict) -> None:
-        if self.path is not None:
-            append_jsonl(self.path, record)
+        if self.path is None:
+            return
+        step = record.get("step")
+        if self.replacing and isinstance(step, int) and (self._last is None or step <= self._last):
+            truncate_metrics(self.path, keep_through_step=step - 1)  # a resumed or rejoining writer's first record
+        append_jsonl(self.path, record)
+        self._last = step if isinstance(step, int) else self._last
 
 
 def _loads(line: bytes | str):

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
+from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
@@ -111,9 +112,15 @@ class RunContext:
     def world_size(self) -> int:
         return self.layout.world_size
 
+    replica: tuple[int, int, int] | None = None
+    """With ``--fault-tolerance replica``: (replica id, replica groups, attempt) of this task's
+    replica group, which is the whole world of its process group; None otherwise."""
+
     @property
     def is_rank0(self) -> bool:
-        return self.rank == 0
+        """Rank 0, which writes the run's files; of a replica group's job, rank 0 of group 0 on
+        its first start only (the others write their own steps' records, not the run's files)."""
+        return self.rank == 0 and (self.replica is None or (self.replica[0] == 0 and self.replica[2] == 0))
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
@@ -208,6 +215,7 @@ def init(
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
         dist.all_gather_object(realized, me)
         ctx = RunContext(
+            replica=_replica_of(env),
             layout=layout,
             mesh=mesh,
             device=torch_device,
@@ -228,6 +236,12 @@ def init(
         else:
             _leave(saved)
         raise
+
+
+def _replica_of(env: Mapping[str, str]) -> tuple[int, int, int] | None:
+    if REPLICA_ID_ENV not in env:
+        return None
+    return int(env[REPLICA_ID_ENV]), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
 
 
 def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:

@@ -75,6 +75,8 @@ class Step:
     """``time.perf_counter()`` when the step began."""
     cpu_started: float = field(default=0.0, repr=False)
     """``time.process_time()`` when the step began."""
+    committed: bool = True
+    """False: a replica group's step that the live groups did not commit (trained again)."""
 
     def __int__(self) -> int:
         return self.number
@@ -124,6 +126,22 @@ class Engine:
         )
         self.state: dict = dict(saved.get("extra") or {})
         """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
+        self.ft = None
+        """The torchft side of a replica group (``--fault-tolerance replica``), else None."""
+        self.retries = 0
+        """Attempts of the coming step that the live replica groups did not commit (a group was lost in it)."""
+        if self.training.fault_tolerance == "replica":
+            from hpc_hsdp.runtime.fault_tolerance import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
+
+            self.ft = ReplicaGroup(
+                ctx,
+                self.training,
+                self.model,
+                self.optimizer,
+                start_step=self.start_step,
+                engine_state=lambda: self.state,
+                load_engine_state=self._load_state,
+            )
         self.last_step = self.start_step
         """The last step completed."""
         self.saved_step: int | None = self.start_step or None
@@ -155,14 +173,26 @@ class Engine:
 
     # ------------------------------------------------------------------ the steps
 
-    def open_steps(self) -> range:
+    def open_steps(self):
         """Collective, once: training mode, the loader from the step after the resumed one, the
-        watchdog (which first refuses a job past ``--max-restarts``); the steps left."""
+        watchdog (which first refuses a job past ``--max-restarts``); the steps left. A replica
+        group's steps follow its last committed one: a step the groups did not commit comes again,
+        and a group that healed from a peer goes on from the peer's step."""
         self.model.train()
         steps = self.training.steps
-        self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
         self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
+        if self.ft is not None:
+            return self._replica_steps()
+        self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
         return range(self.start_step + 1, steps + 1)
+
+    def _replica_steps(self):
+        while self.last_step < self.training.steps:
+            yield self.last_step + 1
+
+    def _load_state(self, state: dict) -> None:
+        self.state.clear()
+        self.state.update(state)
 
     def close_steps(self) -> None:
         """Stop the watchdog (nothing after the last step may count as a hang) and the loader."""
@@ -180,7 +210,19 @@ class Engine:
         reset_peak_memory(self.ctx.device)
         if self.ctx.comm_stats is not None:
             self.ctx.comm_stats.reset()
-        batches, waited = self.loader.next_step(number)
+        if self.ft is not None:
+            from hpc_hsdp.runtime.fault_tolerance import read_group_batches  # noqa: PLC0415 - as in __init__
+
+            try:
+                number = self.ft.begin()  # the quorum: which groups train which step (a healed group jumps ahead)
+            except Exception:
+                self._fall_back_save()
+                raise
+            began = time.perf_counter()
+            batches, waited = read_group_batches(self, number, self.ft), 0.0
+            waited = time.perf_counter() - began
+        else:
+            batches, waited = self.loader.next_step(number)
         return Step(
             number=number,
             lr=lr_of(self.training, number),
@@ -192,7 +234,24 @@ class Engine:
 
     def train_step(self, step: Step) -> torch.Tensor:
         """The built-in step (:func:`hpc_hsdp.runtime.step.train_step`) with this run's settings
-        and the stop agreement fused into its all_reduce: ``[loss, grad_norm, agreed stop code]``."""
+        and the stop agreement fused into its all_reduce: ``[loss, grad_norm, agreed stop code]``.
+        A replica group's step (:func:`hpc_hsdp.runtime.fault_tolerance.train_step`) sets
+        ``step.committed``."""
+        if self.ft is not None:
+            from hpc_hsdp.runtime.fault_tolerance import train_step as replica_step  # noqa: PLC0415 - as in __init__
+
+            out, step.committed = replica_step(
+                self.model,
+                self.ft,
+                self.adapter,
+                step.batches,
+                lr=step.lr,
+                clip_grad=self.training.clip_grad,
+                num_replicas=self.ctx.plan.num_replicas,
+                global_batch=self.data.layout.global_batch,
+                stop_code=self.stop_code,
+            )
+            return out
         return train_step(
             self.model,
             self.optimizer,
@@ -258,6 +317,11 @@ class Engine:
             "global_batch": layout.global_batch,
             "precision": self.precision,
         }
+        if self.ft is not None:
+            record["replicas"] = self.ft.replicas
+            record["replica_groups"] = self.ft.num_groups
+            record["replica_id"] = self.ft.replica_id
+            record["retries"], self.retries = self.retries, 0
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
         if self.sources:
@@ -305,14 +369,16 @@ class Engine:
         record["elapsed_s"] = record["wall_time"] - self.began
         self.last_step = max(self.last_step, record["step"])
         self.observer.write(record)
-        self.metrics.write(record)
-        if line is not None and self.ctx.is_rank0 and self.verbose:
+        if self.ft is None or self.ft.leads:  # one record per step: the step's leading replica group writes it
+            self.metrics.write(record)
+        if line is not None and self.verbose and (self.ctx.is_rank0 or (self.ft is not None and self.ctx.rank == 0)):
             say(line, tag=False)
         return record
 
     def step_done(self, step: Step) -> None:
         """After the step and its record: the sample-id hook, the watchdog's progress."""
-        faults.after_step(self.ctx.rank, self.ctx.world_size, step.number, step.batches)
+        rank = self.ctx.rank if self.ft is None else f"{self.ft.replica_id}-{self.ctx.rank}"
+        faults.after_step(rank, self.ctx.world_size, step.number, step.batches)
         if self.watchdog is not None:
             self.watchdog.step_done(step.number)
 
@@ -351,6 +417,8 @@ class Engine:
         step = self.last_step if step is None else step
         if self.ctx.run_dir is None or step == 0 or self.saved_step == step:
             return
+        if self.ft is not None and not self.ft.leads:  # the step's leading replica group saves for all
+            return
         background = self.periodic if in_background else None
         path = checkpoint.save_checkpoint(
             self.ctx,
@@ -366,6 +434,21 @@ class Engine:
         self.saved_step = step
         if self.ctx.is_rank0 and self.verbose:
             say(f"checkpoint {path}" + (" (writing in the background)" if background is not None else ""))
+
+    def _fall_back_save(self) -> None:
+        """Collective in a replica group whose quorum failed (below ``--min-replicas``): one
+        surviving group saves the last committed step, so that the requeued job resumes exactly."""
+        claim = torch.zeros(1, device=self.ctx.device)
+        if self.ctx.rank == 0:
+            claim[0] = float(self.ft.claim_fallback_save())
+        dist.broadcast(claim, src=0)
+        if claim.item():
+            self.ft.index = 0  # this group saves for all
+            self.save(self.last_step)
+            if self.periodic is not None:
+                self.periodic.close()
+            if self.ctx.rank == 0:
+                say(f"replica group {self.ft.replica_id}: below --min-replicas; saved step {self.last_step} to requeue")
 
     def save_if_due(self, number: int) -> None:
         """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not
@@ -385,6 +468,8 @@ class Engine:
         if self.periodic is not None:
             self.periodic.close()
         self.observer.finish(stop_reason, self.last_step)
+        if self.ft is not None:
+            self.ft.close()
         sys.stdout.flush()
 
     def summary(self) -> dict:

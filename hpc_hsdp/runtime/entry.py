@@ -133,7 +133,11 @@ def exit_code(stop: SystemExit) -> int:
 
 def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: BaseException) -> None:
     """A step that failed because peers vanished with their node: requeue without it
-    (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own."""
+    (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own. A replica
+    group's step (``--fault-tolerance replica``) just ends: the job's supervisor starts the
+    group again on spare nodes, the other groups train on."""
+    if spec.training.fault_tolerance == "replica":
+        return
     try:
         handle_lost_peers(
             ctx,

@@ -115,8 +115,12 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
     """Step ``number`` of the built-in loop, its record and its periodic checkpoint; True when
     the ranks agreed (in the step's all_reduce) to stop after it."""
     step = engine.begin_step(number)
+    number = step.number  # a replica group that healed from a peer goes on from the peer's step
     values = engine.train_step(step).tolist()  # the step's one host sync
     loss, grad_norm, agreed = values[:3]
+    if not step.committed:  # a replica group was lost in the step: the live ones train it again
+        engine.retries += 1
+        return False
     stopping = engine.agreed_stop(agreed, number)  # the ranks' signals: all stop after this step, or none
     record = engine.step_record(step, loss=loss, grad_norm=grad_norm, **engine.source_fields(number, values[3:]))
     if not stopping and engine.evaluate_if_due(record) is not None:

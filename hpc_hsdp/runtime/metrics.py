@@ -8,7 +8,10 @@ from hpc_hsdp.runtime.dist import RunContext
 
 
 def metrics_log(ctx: RunContext, *, start_step: int) -> MetricsLog:
-    """Rank 0's writer of ``<run_dir>/metrics.jsonl``; on other ranks one that writes nothing."""
+    """Rank 0's writer of ``<run_dir>/metrics.jsonl``; on other ranks one that writes nothing. In a
+    fault-tolerant run rank 0 of every replica group (the leading group of a step writes its record)."""
+    if ctx.replica is not None:
+        return MetricsLog(ctx.run_dir if ctx.rank == 0 else None, start_step=start_step, replacing=True)
     return MetricsLog(ctx.run_dir if ctx.is_rank0 else None, start_step=start_step)
 
 

@@ -16,45 +16,20 @@ it; by the survivors when SLURM does not) and resumes from the newest complete c
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from hpc_hsdp.job.requeue import requeue_job
-from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
+from hpc_hsdp.job.slurm_command import (  # noqa: F401 - re-exported: the node probe lives beside run_slurm
+    PROBE_TIMEOUT_S,
+    SchedulerError,
+    run_slurm,
+    slurmd_address,
+    unreachable_nodes,
+)
 from hpc_hsdp.rundir.state import failure_restarts, record_restart
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.preemption import in_slurm, restart_count
-
-PROBE_TIMEOUT_S = 3.0
-
-
-def slurmd_address(node: str, *, timeout_s: float = 10.0) -> tuple[str, int] | None:
-    """(NodeAddr, Port) of a node's slurmd from ``scontrol -o show node``; None when unknown."""
-    try:
-        shown = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s=timeout_s)
-    except SchedulerError:
-        return None
-    fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
-    addr, port = fields.get("NodeAddr"), fields.get("Port", "6818")
-    if shown.returncode != 0 or not addr or not port.isdigit():
-        return None
-    return addr, int(port)
-
-
-def unreachable_nodes(nodes: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
-    """The nodes whose slurmd refuses or does not answer a TCP connection within ``timeout_s``."""
-    dead = []
-    for node in nodes:
-        address = slurmd_address(node)
-        if address is None:
-            continue  # unknown to scontrol here: say nothing rather than guess
-        try:
-            with socket.create_connection(address, timeout=timeout_s):
-                pass
-        except OSError:
-            dead.append(node)
-    return dead
 
 
 def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:

@@ -1,0 +1,59 @@
+"""``<run-dir>/replicas.jsonl``: the membership changes of a fault-tolerant run (no torch).
+
+Two writers append to it: the job's replica supervisor (:mod:`hpc_hsdp.job.replicas`: the
+lighthouse, each group step started, lost, finished, a fall back to requeue, ``"event"`` and
+``"cause"``), and each replica group's rank 0 when the quorum of a step differs from its last
+one (:mod:`hpc_hsdp.runtime.fault_tolerance`: ``"step"``, ``"replicas"`` of ``"of"``, ``"cause"``).
+Every record has its ``"time"`` (seconds since the epoch). ``status`` and ``report`` show them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hpc_hsdp.rundir.files import read_jsonl
+
+MEMBERSHIP_LOG = "replicas.jsonl"
+
+
+def membership_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / MEMBERSHIP_LOG
+
+
+def read_membership(run_dir: str | Path) -> list[dict]:
+    """The records, in the order written (none without the file)."""
+    path = membership_path(run_dir)
+    if not path.exists():
+        return []
+    return [r for r in read_jsonl(path) if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
+
+
+def membership_changes(records: list[dict]) -> list[str]:
+    """One line per change, with its time and cause: the supervisor's events (a group lost,
+    started again, the lighthouse, a fall back) and each new quorum size as the groups saw it
+    (once per step, whichever group wrote it)."""
+    lines, seen = [], set()
+    for record in records:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record["time"]))
+        event = record.get("event")
+        if event is not None:
+            if event == "replica group started" and record.get("cause") == "job start":
+                continue
+            what = event
+            if "replica_id" in record:
+                what = what.replace("replica group", f"replica group {record['replica_id']}")
+            if record.get("nodes"):
+                what += f" on {','.join(record['nodes'])}"
+            cause = record.get("cause")
+            lines.append(f"{stamp} {what}" + (f" ({cause})" if cause else ""))
+            continue
+        key = (record.get("step"), record.get("replicas"))
+        if key in seen or record.get("cause") == "start":
+            continue
+        seen.add(key)
+        lines.append(
+            f"{stamp} step {record.get('step')}: {record.get('replicas')}/{record.get('of')} replica groups "
+            f"({record.get('cause')})"
+        )
+    return lines

@@ -1,0 +1,346 @@
+"""Replica-level fault tolerance (``--fault-tolerance replica``) on one replica group, with torchft.
+
+The job's replica groups (:mod:`hpc_hsdp.plan.replicas`) each run as a job of their own: a
+process group and a mesh of the group's ranks, ``fully_shard`` on it as always. Across the
+groups, :class:`ReplicaGroup` puts torchft in three places of the engine's step:
+
+- the quorum (``OptimizerWrapper.zero_grad`` -> ``Manager.start_quorum``, synchronous:
+  ``use_async_quorum=False``; FSDP2's hooks do not survive the asynchronous one) decides
+  which groups train the step; a group that is behind (relaunched, or on a spare) loads the
+  state from a live peer in it (:meth:`ReplicaGroup.state_dict` / ``load_state_dict``);
+- the gradient average: every FSDP unit's reduce-scatter output goes through
+  ``Manager.allreduce`` (``FSDPModule.set_all_reduce_hook``) over a torchft process group
+  (gloo on CPU, NCCL on GPU) of the same rank of every live group;
+- the commit: ``OptimizerWrapper.step`` steps the optimizer only when every live group
+  agrees (``should_commit``); a step that failed (a group died in it) is trained again, with
+  the groups that are left, under the same number.
+
+The step's rows (:func:`hpc_hsdp.plan.replicas.group_rows`) follow from the step number and
+the live groups alone: whatever the membership, every sample of every step is trained once.
+Membership changes are appended to ``<run-dir>/replicas.jsonl`` (time, step, replicas, cause).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
+from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
+from hpc_hsdp.runtime.log import note
+
+
+class QuorumLost(RuntimeError):
+    """No quorum of ``--min-replicas`` groups within ``--quorum-timeout``: the job falls back to a
+    requeue (the engine saves the last committed step first, one group for all)."""
+
+
+FALLBACK_LOCK = ".fallback-save.lock"
+"""Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
+
+
+def replica_env(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """(replica id, replica groups of the job, attempt) of this task (set by the job's supervisor)."""
+    return int(env.get(REPLICA_ID_ENV, "0")), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
+
+
+def _local(tensor):
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _to_local_tree(value):
+    """A state with every DTensor replaced by this rank's local shard (a copy: sent to a peer)."""
+    if isinstance(value, DTensor):
+        return value.to_local().detach().clone()
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _to_local_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_local_tree(v) for v in value)
+    return value
+
+
+class ReplicaGroup:
+    """torchft on one replica group: see the module docstring. Collective constructor (the group's ranks)."""
+
+    def __init__(
+        self,
+        ctx,
+        training,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        start_step: int,
+        engine_state: Callable[[], dict],
+        load_engine_state: Callable[[dict], None],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL  # noqa: PLC0415 - the optional extra
+        from torchft.optim import OptimizerWrapper  # noqa: PLC0415 - the optional extra
+
+        env = os.environ if env is None else env
+        self.ctx, self.training, self.model, self.raw_optimizer = ctx, training, model, optimizer
+        self.replica_id, self.num_groups, self.attempt = replica_env(env)
+        self._engine_state, self._load_engine_state = engine_state, load_engine_state
+        timeout = timedelta(seconds=training.quorum_timeout)
+        pg = ProcessGroupNCCL(timeout=timeout) if ctx.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+        layout = ctx.layout
+        self.manager = Manager(
+            pg=pg,
+            min_replica_size=training.min_replicas,
+            load_state_dict=self.load_state_dict,
+            state_dict=self.state_dict,
+            replica_id=f"hpc_hsdp_replica_{self.replica_id}",
+            use_async_quorum=False,
+            init_sync=False,  # every group initialises from the same seed (or resumes the same checkpoint)
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            store_addr=layout.master_addr,
+            store_port=layout.master_port,
+            hostname=layout.master_addr,
+        )
+        self.manager.load_state_dict({"step": start_step, "batches_committed": 0})
+        self.optimizer = OptimizerWrapper(self.manager, optimizer)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(self._average_across_groups)
+        self.replicas: int | None = None
+        """Replica groups in the current step's quorum."""
+        self.index: int | None = None
+        """This group's place among them (0: the step's leader, which writes metrics and checkpoints)."""
+        self.healed_at: int | None = None
+        self._last_members: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------ the step
+
+    def _average_across_groups(self, reduced: torch.Tensor) -> None:
+        self.manager.allreduce(reduced).wait()
+
+    def begin(self) -> int:
+        """Collective (the group, then every live group): the quorum, the heal if this group is
+        behind, the gradients zeroed; the number of the step to train now."""
+        before = self.manager.current_step()
+        began = time.time()
+        try:
+            self.optimizer.zero_grad(set_to_none=True)  # start_quorum (synchronous) + zero_grad
+        except Exception as exc:  # torchft raises what its quorum RPC raised (a timeout)
+            raise QuorumLost(
+                f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.min_replicas} "
+                f"groups within --quorum-timeout {self.training.quorum_timeout:g} s after step {before} "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            ) from exc
+        number = self.manager.current_step() + 1
+        self.replicas = self.manager.num_participants()
+        self.index = self.manager.participating_rank()
+        if self.index is None:
+            raise RuntimeError(f"replica group {self.replica_id} is not in the quorum of step {number}")
+        members = (self.manager._quorum_id, self.replicas)  # noqa: SLF001 - torchft exposes no getter
+        if members != self._last_members:
+            cause = "start" if self._last_members is None else "membership changed"
+            if self.manager.current_step() != before:
+                cause = f"healed from a live peer at step {self.manager.current_step()}"
+                self.healed_at = self.manager.current_step()
+            elif self._last_members is not None and self.replicas < self._last_members[1]:
+                cause = "a replica group was lost"
+            elif self._last_members is not None and self.replicas > self._last_members[1]:
+                cause = "a replica group joined"
+            self._record_membership(number, cause, waited_s=time.time() - began)
+            self._last_members = members
+        return number
+
+    def commit(self) -> bool:
+        """Collective: step the optimizer when every live group agrees; whether it did."""
+        before = self.manager.current_step()
+        self.optimizer.step()  # should_commit, then the inner optimizer's step
+        return self.manager.current_step() == before + 1
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the step's live groups (same-rank peers), in place."""
+        from torch.distributed import ReduceOp  # noqa: PLC0415 - beside the others
+
+        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        return tensor
+
+    @property
+    def leads(self) -> bool:
+        """This group writes the step's record and checkpoint (the first of the live groups)."""
+        return self.index == 0
+
+    def _record_membership(self, number: int, cause: str, *, waited_s: float) -> None:
+        record = {
+            "time": time.time(),
+            "step": number,
+            "replicas": self.replicas,
+            "of": self.num_groups,
+            "replica_id": self.replica_id,
+            "attempt": self.attempt,
+            "cause": cause,
+            "quorum_s": round(waited_s, 3),
+        }
+        if self.ctx.rank == 0:
+            note(
+                f"replica group {self.replica_id}: step {number} trains with {self.replicas}/{self.num_groups} "
+                f"replica groups ({cause}; quorum {waited_s:.2f} s)"
+            )
+            if self.ctx.run_dir is not None:
+                append_jsonl(Path(self.ctx.run_dir) / MEMBERSHIP_LOG, record)
+
+    # ------------------------------------------------------------------ the state a joining group fetches
+
+    def state_dict(self) -> dict:
+        """This rank's part of the group's state: its local shards, optimizer state (shards),
+        the step and the engine's own state (the data position follows from the step)."""
+        return {
+            "model": {name: _local(p).detach().clone() for name, p in self.model.named_parameters()},
+            "optimizer": _to_local_tree(self.raw_optimizer.state_dict()),
+            "step": self.manager.current_step(),
+            "engine": json.loads(json.dumps(self._engine_state())),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """A live peer's state (same rank in its group): shards copied into the parameters; the
+        optimizer's shards rebuilt as DTensors shaped like their parameters."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, local in state["model"].items():
+                _local(params[name]).copy_(local.to(self.ctx.device))
+        ordered = [p for group in self.raw_optimizer.param_groups for p in group["params"]]
+        optim = state["optimizer"]
+        rebuilt = {}
+        for index, entry in optim.get("state", {}).items():
+            param = ordered[int(index)]
+            rebuilt[index] = {
+                key: (
+                    DTensor.from_local(
+                        value.to(self.ctx.device),
+                        param.device_mesh,
+                        param.placements,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )
+                    if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.dim() > 0
+                    else value
+                )
+                for key, value in entry.items()
+            }
+        self.raw_optimizer.load_state_dict({"state": rebuilt, "param_groups": optim["param_groups"]})
+        self._load_engine_state(state.get("engine") or {})
+
+    def claim_fallback_save(self) -> bool:
+        """Rank 0: whether this group writes the fall back's checkpoint (the first to lock the
+        file, while no complete checkpoint of its step exists); held until the process ends."""
+        import fcntl  # noqa: PLC0415 - the fall back only
+
+        from hpc_hsdp.rundir.state import checkpoint_root, complete_checkpoints  # noqa: PLC0415 - as fcntl
+
+        if self.ctx.run_dir is None:
+            return False
+        root = checkpoint_root(self.ctx.run_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = open(root / FALLBACK_LOCK, "a")  # noqa: SIM115 - held to the end of the process
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        step = self.manager.current_step()
+        return step > 0 and all(saved != step for saved, _ in complete_checkpoints(self.ctx.run_dir))
+
+    def close(self) -> None:
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception as exc:  # noqa: BLE001 - at the end: nothing left to save
+            note(f"torchft manager shutdown: {exc}")
+
+
+def read_group_batches(engine, number: int, group: ReplicaGroup):
+    """This rank's micro-batches of step ``number`` when ``group.replicas`` groups train it
+    (:func:`~hpc_hsdp.plan.replicas.group_rows`), read now: which rows are this rank's is
+    known only after the step's quorum. An empty micro-batch carries one row of weight 0."""
+    from hpc_hsdp.plan.replicas import group_rows  # noqa: PLC0415 - beside the loader's imports
+    from hpc_hsdp.runtime.loader import MicroBatch, read_rows  # noqa: PLC0415 - no cycle at import
+
+    data, ctx = engine.data, engine.ctx
+    layout = data.layout
+    positions = layout.step_positions(number)
+    spans = group_rows(
+        layout.global_batch,
+        participants=group.replicas,
+        group_index=group.index,
+        group_world=ctx.world_size,
+        rank=ctx.rank,
+        max_rows=layout.rank_batch,
+    )
+    batches = []
+    for micro, (start, stop) in enumerate(spans):
+        ids = data.order.sample_ids(positions[start:stop])
+        inputs, targets = read_rows(data.train, ids if len(ids) else data.order.sample_ids(positions[:1]))
+        batches.append(MicroBatch(number, micro, inputs, targets, ids).to(ctx.device))
+    return batches
+
+
+def train_step(
+    model, optimizer_group: ReplicaGroup, adapter, batches, *, lr, clip_grad, num_replicas, global_batch, stop_code
+):
+    """One step of a replica group: ``([global mean loss, global grad norm, agreed stop code], committed)``.
+
+    Each micro-batch's loss is weighted by its rows so that, after FSDP's average over the
+    group's ranks and torchft's over the live groups, the gradient is the global batch's
+    mean, whatever each group's share of it. The loss, the row count and the stop codes are
+    summed over the group, then over the live groups (torchft); the squared gradient norm
+    (the gradients are the same in every group by then) over the group only."""
+    from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING  # noqa: PLC0415 - beside step.py's
+
+    group = optimizer_group
+    device = batches[0].inputs.device
+    world = dist.get_world_size()
+    scale = world * group.replicas / global_batch
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    accum = len(batches)
+    for index, batch in enumerate(batches):
+        if accum > 1:
+            model.set_requires_all_reduce(index == accum - 1)
+        rows = len(batch.sample_ids)
+        loss = adapter.loss(model, batch.inputs, batch.targets)
+        (loss * (rows * scale)).backward()
+        loss_sum += loss.detach().float() * rows
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    if grads:
+        squared = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
+    else:
+        squared = torch.zeros((), device=device)
+    code = stop_code() if stop_code is not None else NONE
+    rows_here = float(sum(len(b.sample_ids) for b in batches))
+    fused = torch.stack(
+        [
+            loss_sum,
+            torch.full((), rows_here, device=device),
+            torch.full((), float(code == WARNING), device=device),
+            torch.full((), float(code == TERMINATE), device=device),
+            squared,
+        ]
+    )
+    dist.all_reduce(fused, op=dist.ReduceOp.SUM)
+    across = group.allreduce_sum(fused[:4].clone())
+    mean_loss = across[0] / torch.clamp(across[1], min=1.0)
+    grad_norm = (fused[4] / num_replicas).sqrt()
+    agreed = torch.where(across[3] > 0, float(TERMINATE), torch.where(across[2] > 0, float(WARNING), float(NONE)))
+    if clip_grad > 0 and grads:
+        torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
+    for param_group in group.optimizer.param_groups:
+        param_group["lr"] = lr
+    committed = group.commit()
+    return torch.stack([mean_loss, grad_norm, agreed]), committed

@@ -1,0 +1,179 @@
+"""--fault-tolerance replica for real on the local emulator: the rendered script's replica
+supervisor, a torchft lighthouse, one emulated job step (process group) per replica group,
+and one group killed (-9, every process of it) in the middle of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.render_cmd import render
+from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
+from hpc_hsdp.data.synthetic import SyntheticSamples
+from hpc_hsdp.job.local import allocation_for, launch_local
+from hpc_hsdp.job.render import render_sbatch
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
+
+GLOBAL_BATCH = 12
+STEPS = 24
+
+
+def _spec(run_dir: Path, samples: Path, *extra: str):
+    argv = [
+        *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--fault-tolerance", "replica"),
+        *("--quorum-timeout", "20", "--steps", str(STEPS), "--global-batch-size", str(GLOBAL_BATCH)),
+        *("--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0"),
+        *("--device", "cpu", "--run-dir", str(run_dir), "--venv", "none", "--python", sys.executable),
+        *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}", "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.4"),
+        *extra,
+    ]
+    params = render.make_context("render", argv).params
+    return job_spec_from_options(params, environ={}, cwd=run_dir.parent, default_venv=None)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _group_pids(job_id: str, replica_id: int) -> list[int]:
+    """This user's processes of emulated job ``job_id`` in replica group ``replica_id`` (its srun and tasks)."""
+    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"HPC_HSDP_REPLICA_ID={replica_id}".encode()}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != os.geteuid():
+                continue
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _wait_for_step(run_dir: Path, step: int, job, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = _metrics(run_dir)
+        if records and records[-1]["step"] >= step and records[-1].get("replicas") == 2:
+            return
+        assert not job.done(), f"the job ended early: {job.info()}"
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} with 2 replica groups after {timeout_s} s: {_metrics(run_dir)[-3:]}")
+
+
+def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path: Path) -> None:
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    spec = _spec(run_dir, samples, "--spare-nodes", "1")
+    (run_dir / "logs").mkdir(parents=True)
+    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
+    job = launch_local(
+        render_sbatch(spec),
+        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
+        logs_dir=run_dir / "logs",
+    )
+    try:
+        _wait_for_step(run_dir, 4, job, timeout_s=240)
+        victims = _group_pids(job.job_id, 1)
+        assert victims, "no process of replica group 1 found"
+        killed_after = _metrics(run_dir)[-1]["step"]
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        state = job.wait(timeout_s=300)
+    finally:
+        job.cancel()
+    assert state == "COMPLETED", (run_dir / "logs" / f"{job.job_id}_0_log.err").read_text()[-3000:]
+
+    # every step once, in order; the count of replica groups drops after the kill and comes back
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    replicas = [r["replicas"] for r in records]
+    assert all(r["replica_groups"] == 2 for r in records)
+    after = replicas[killed_after:]
+    assert 1 in after, f"the loss of a group is not seen: {replicas}"
+    assert after[-1] == 2, f"the group on the spare never joined: {replicas}"
+
+    # every sample of every step trained exactly once: the step's global batch, split over the live groups
+    per_step: dict[int, list[int]] = {}
+    for path in samples.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    train = SyntheticSamples(seed=0, seq_len=8, vocab_size=256)
+    order = SampleOrder(num_samples=train.num_samples, seed=0)
+    layout = BatchLayout(global_batch=GLOBAL_BATCH, world_size=2 * 2, grad_accum=1)
+    assert sorted(per_step) == list(range(1, STEPS + 1))
+    for step, ids in per_step.items():
+        expected = order.sample_ids(layout.step_positions(step))
+        assert sorted(ids) == sorted(np.asarray(expected).tolist()), f"step {step}: rows trained {sorted(ids)}"
+
+    # the membership changes, with time and cause, from the supervisor and the groups
+    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    lost = [e for e in events if e.get("event") == "replica group lost"]
+    assert lost and lost[0]["replica_id"] == 1 and "exit code" in lost[0]["cause"]
+    restarted = [e for e in events if e.get("event") == "replica group started" and e["attempt"] == 1]
+    assert restarted and restarted[0]["nodes"] == ["n3"]
+    assert any("healed from a live peer" in e.get("cause", "") and e["replica_id"] == 1 for e in events)
+    assert all(isinstance(e["time"], float) for e in events)
+
+
+def _launch(spec):
+    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
+    return launch_local(
+        render_sbatch(spec),
+        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
+        logs_dir=Path(spec.log_dir),
+    )
+
+
+def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_job_resumes_exactly(tmp_path: Path):
+    from hpc_hsdp.rundir.state import complete_checkpoints
+
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    spec = _spec(run_dir, samples, "--min-replicas", "2", "--quorum-timeout", "8")
+    (run_dir / "logs").mkdir(parents=True)
+    job = _launch(spec)
+    try:
+        _wait_for_step(run_dir, 4, job, timeout_s=240)
+        for pid in _group_pids(job.job_id, 1):
+            os.kill(pid, signal.SIGKILL)
+        job.wait(timeout_s=240)
+    finally:
+        job.cancel()
+    assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
+    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "fall back to requeue" and "--min-replicas" in e["cause"] for e in events)
+    saved = [step for step, _ in complete_checkpoints(run_dir)]
+    last = _metrics(run_dir)[-1]["step"]
+    assert saved and saved[-1] == last, (saved, last)  # the last committed step itself: nothing to redo
+
+    again = _launch(spec)  # what the requeue does: the same script on the same run directory
+    try:
+        assert again.wait(timeout_s=300) == "COMPLETED"
+    finally:
+        again.cancel()
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    per_step: dict[int, list[int]] = {}
+    for path in samples.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    for step in range(1, STEPS + 1):
+        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
