@@ -344,7 +344,7 @@ def test_two_racing_submits_on_the_dev_cluster_give_one_run_and_one_refusal(slur
         str(run),
         "--steps",
         "100000",
-        *TINY,
+        *TINY[:-2],  # the job's python: this one's environment (the emulator's tasks inherit it anyway)
     ]
     job_id, _ = one_run_one_refusal(race(tmp_path, *job), run)
     claim = json.loads((run / "claim.json").read_text())
@@ -368,3 +368,52 @@ def test_two_racing_submits_on_the_dev_cluster_give_one_run_and_one_refusal(slur
     assert steps == list(range(1, len(steps) + 1))  # one writer: each step once, in order
     claim = json.loads((run / "claim.json").read_text())  # released when status saw the end
     assert (claim["state"], claim["job_id"], claim["ended"]) == ("released", job_id, "CANCELLED")
+
+
+# ----------------------------------------------------------------------------- hpc-hsdp run (a rendered script under plain sbatch, torchrun)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_hpc_hsdp_run_refuses_a_directory_another_job_writes_and_a_requeued_attempt_is_its_claimant(tmp_path):
+    from dist_helpers import job_envs
+
+    from hpc_hsdp.rundir.claim import write_claim
+
+    run = tmp_path / "run"
+    _local_job(run, "556", pid=os.getpid())  # an emulated job still running (its supervisor: this process)
+    write_claim(run, "claimed", job_id="556", cluster="local", logs_dir="logs")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env = {**env, **job_envs(tasks_per_node=[1], job_id="777")[0], "OMP_NUM_THREADS": "1"}
+    task = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(run), "--device", "cpu"]
+    task += ["--steps", "2", *TINY[:-2]]
+    refused = subprocess.run(task, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"hpc-hsdp: error: job 556 is still RUNNING in run directory {run}: nothing started; wait for it, cancel it "
+        f"(hpc-hsdp cancel {run}) or choose a new --run-dir"
+    ]
+    assert not (run / "metrics.jsonl").exists()
+
+    # job 777 itself (a requeued attempt, its claim released when it was seen to end): the same claimant
+    write_claim(run, "released", job_id="777", cluster="slurm", logs_dir="logs", ended="PREEMPTED")
+    ran = subprocess.run(task, env=env, capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "claim" not in ran.stderr
+    claim = json.loads((run / "claim.json").read_text())
+    assert (claim["state"], claim["job_id"]) == ("claimed", "777")
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    # torchrun outside any job claims the directory for its process and releases it as it ends; the claim
+    # was job 777's (whose state nobody can tell here: taken over, said so)
+    bare = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    bare.update(TORCHELASTIC_RUN_ID="t", GROUP_RANK="0", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    bare.update(WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=env["MASTER_PORT"])
+    longer = subprocess.run([*task, "--steps", "3"], env=bare, capture_output=True, text=True, timeout=240)
+    assert longer.returncode == 0, longer.stdout + longer.stderr
+    said = longer.stderr.splitlines()[0]  # "UNKNOWN (no SLURM here to ask)", or SLURM's UNKNOWN where it answers
+    assert said.startswith(f"hpc-hsdp: run directory {run} was claimed by job 777, which is UNKNOWN"), said
+    assert said.endswith(": this run takes the claim over"), said
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    claim = json.loads((run / "claim.json").read_text())
+    assert (claim["state"], claim["job_id"]) == ("released", None)

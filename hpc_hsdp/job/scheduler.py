@@ -656,40 +656,118 @@ def _writers(run_dir: Path) -> list[tuple[JobHandle, dict | None]]:
     return found
 
 
-def check_writer(run_dir: Path) -> str | None:
-    """Refuse (SpecError, one line naming it) when a job pending or running writes ``run_dir``;
-    else the line to say when a claim was left by a job that ended without releasing it, or
-    by a job that writes another directory (this one is a copy of it, or was moved) (None:
-    nothing to say)."""
-    said = None
+def check_writer(
+    run_dir: Path, *, own_job: str | None = None, refused: str = "nothing submitted", taker: str = "this submission"
+) -> str | None:
+    """Refuse (SpecError, one line naming it) when a job pending or running writes ``run_dir``
+    (other than ``own_job``, the job asking: a requeued attempt of the claimant is the claimant),
+    or an ``hpc-hsdp run`` outside any job still does; else the line to say when a claim was
+    left by a job (or run) that ended without releasing it, or by a job that writes another
+    directory (this one is a copy of it, or was moved) (None: nothing to say). ``refused``:
+    what the refusal says was not done; ``taker``: who takes the claim over."""
+    said = _check_bare_run(run_dir, refused, taker)
     for handle, claim in _writers(run_dir):
+        if own_job is not None and handle.job_id == own_job:
+            continue
         try:
-            job_state = handle.status().state.split()[0]
+            status = handle.status()
+            job_state, silent = status.state.split()[0], status.controller_answered is False
         except (HsdpError, OSError, subprocess.SubprocessError):
-            job_state = "UNKNOWN"
+            job_state, silent = "UNKNOWN", False
+        if job_state == "UNKNOWN" and silent and handle.record.cluster == "slurm":
+            if shutil.which("sbatch") is not None and ping_controller().configured:  # it may well still run
+                raise SpecError(
+                    f"SLURM did not answer about job {handle.job_id}, which claims run directory {run_dir}: "
+                    f"{refused}; try again"
+                )
+            job_state = "UNKNOWN (no SLURM here to ask)"  # a run copied off the cluster, say
         if job_state in ACTIVE_STATES:
             elsewhere = handle.runs_elsewhere()
             if elsewhere is None:
                 raise SpecError(
-                    f"job {handle.job_id} is still {job_state} in run directory {run_dir}: nothing submitted; wait "
+                    f"job {handle.job_id} is still {job_state} in run directory {run_dir}: {refused}; wait "
                     f"for it, cancel it (hpc-hsdp cancel {run_dir}) or choose a new --run-dir"
                 )
             said = (
                 f"run directory {run_dir} is a copy of {elsewhere}, where job {handle.job_id} is still {job_state}: "
-                f"this submission claims the copy"
+                f"{taker} claims the copy"
             )
         elif claim is not None and claim.get("state") == claims.CLAIMED:
             said = (
-                f"run directory {run_dir} was claimed by job {handle.job_id}, which is {job_state}: this submission "
-                f"takes the claim over"
+                f"run directory {run_dir} was claimed by job {handle.job_id}, which is {job_state}: {taker} takes "
+                f"the claim over"
             )
     claim = claims.read_claim(run_dir)
     if said is None and claim is not None and claim.get("state") == claims.SUBMITTING:  # no job id: none to ask about
         said = (
             f"run directory {run_dir} was claimed by a submission (pid {claim.get('pid')} on {claim.get('host')}) "
-            f"that did not finish: this submission takes the claim over"
+            f"that did not finish: {taker} takes the claim over"
         )
     return said
+
+
+def _check_bare_run(run_dir: Path, refused: str, taker: str) -> str | None:
+    """A claim of ``hpc-hsdp run`` started outside any job (its pid and host, no job id):
+    refused while that process lives, taken over (and said) once it is gone."""
+    claim = claims.read_claim(run_dir)
+    if claim is None or claim.get("state") != claims.CLAIMED or claim.get("job_id") is not None:
+        return None
+    pid, host = claim.get("pid"), claim.get("host")
+    if host != claims.who()["host"]:
+        raise SpecError(
+            f"hpc-hsdp run (pid {pid} on {host}) claims run directory {run_dir}, and its end cannot be seen from "
+            f"this host: {refused}; if it has ended, remove {claims.claim_path(run_dir)}"
+        )
+    from hpc_hsdp.job.local import process_start_time  # noqa: PLC0415  (the emulator's process check, only for such a claim)
+
+    started = process_start_time(pid) if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+    if started is not None and claim.get("pid_started") in (None, started):
+        raise SpecError(
+            f"hpc-hsdp run (pid {pid} on {host}) still writes run directory {run_dir}: {refused}; wait for "
+            f"it, stop it, or choose a new --run-dir"
+        )
+    return f"run directory {run_dir} was claimed by hpc-hsdp run (pid {pid} on {host}), which has ended: {taker} takes the claim over"
+
+
+def claim_for_task(run_dir: str | Path, env: Mapping[str, str]) -> tuple[str | None, bool]:
+    """``hpc-hsdp run`` on rank 0, before anything is written: take ``run_dir``'s claim for the
+    job it belongs to (``SLURM_JOB_ID``: the emulator's or SLURM's; none: this process). A
+    claim of this very job (the submission's, or an earlier attempt of a requeued job) is
+    kept as it is; one of another job pending or running, or of a live run, refuses
+    (SpecError, one line). Returns what to say of a claim taken over, and whether the claim
+    is this process's own (to release with :func:`release_task_claim` when it ends)."""
+    from hpc_hsdp.job.local import process_start_time  # noqa: PLC0415  (a process's identity, for a claim without a job)
+
+    run_dir = Path(run_dir)
+    _make_dirs(run_dir)
+    job_id = env.get("SLURM_JOB_ID") or None
+    with claims.claim_lock(run_dir, wait_s=CLAIM_WAIT_S + slurm_timeout_s()):
+        claim = claims.read_claim(run_dir)
+        if job_id is not None and claim is not None and claim.get("job_id") == job_id:
+            if claim.get("state") != claims.CLAIMED:  # released when it was seen to end, and requeued since
+                fields = {k: v for k, v in claim.items() if k in ("cluster", "logs_dir")}
+                claims.write_claim(run_dir, claims.CLAIMED, job_id=job_id, **fields)
+            return None, False
+        said = check_writer(run_dir, own_job=job_id, refused="nothing started", taker="this run")
+        if job_id is None:
+            claims.write_claim(run_dir, claims.CLAIMED, job_id=None, pid_started=process_start_time(os.getpid()))
+        else:
+            cluster = "local" if env.get("HPC_HSDP_EMULATOR") == "1" else "slurm"
+            claims.write_claim(run_dir, claims.CLAIMED, job_id=check_job_id(job_id), cluster=cluster, logs_dir="logs")
+        return said, job_id is None
+
+
+def release_task_claim(run_dir: str | Path) -> None:
+    """The end of an ``hpc-hsdp run`` outside any job: its claim (this pid's) released."""
+    run_dir = Path(run_dir)
+    try:
+        with claims.claim_lock(run_dir, wait_s=5.0):
+            claim = claims.read_claim(run_dir)
+            mine = claim is not None and claim.get("pid") == os.getpid() and claim.get("host") == claims.who()["host"]
+            if mine and claim.get("state") == claims.CLAIMED and claim.get("job_id") is None:
+                claims.write_claim(run_dir, claims.RELEASED, job_id=None)
+    except (OSError, HsdpError):
+        pass
 
 
 CLAIM_WAIT_S = 120.0
