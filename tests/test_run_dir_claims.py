@@ -185,6 +185,15 @@ def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
     assert check_run_dir(spec) == (
         f"run directory {run} was claimed by job 555, which is FAILED: this submission takes the claim over"
     )
+    # the same under the submission's own lock: taken over at once (its release does not wait for the lock)
+    write_claim(run, "claimed", job_id="555", cluster="local", logs_dir="logs")
+    start = time.monotonic()
+    with claimed(run, cluster="local") as (said, _):
+        assert (
+            said == f"run directory {run} was claimed by job 555, which is FAILED: this submission takes the claim over"
+        )
+        assert read_claim(run)["state"] == "submitting"
+    assert time.monotonic() - start < 2
     # a submission that died before it had a job id
     write_claim(run, "submitting", cluster="local")
     assert check_run_dir(spec) == (

@@ -70,10 +70,14 @@ def write_claim(run_dir: str | Path, state: str, **fields) -> dict:
 def release_claim(run_dir: str | Path, job_id: str, *, ended: str) -> bool:
     """Mark job ``job_id``'s claim of ``run_dir`` released (it ended ``ended``); nothing when the
     claim names another job, or the directory is not writable. Under the lock, so that a
-    submission that just claimed the directory keeps its claim. True when released here."""
+    submission that just claimed the directory keeps its claim; not waited for: a submission
+    holding it (this very process, checking the claim's job) decides itself. True when released here."""
     path = Path(run_dir)
+    first = read_claim(path)
+    if first is None or first.get("job_id") != str(job_id) or first.get("state") != CLAIMED:
+        return False  # the common case, a claim released already: no lock, nothing written
     try:
-        with _locked(path, wait_s=5.0):
+        with _locked(path, wait_s=0.0):
             claim = read_claim(path)
             if claim is None or claim.get("job_id") != str(job_id) or claim.get("state") != CLAIMED:
                 return False
