@@ -133,7 +133,8 @@ def test_two_racing_submits_on_the_emulator_give_one_run_and_one_refusal(tmp_pat
         shutil.copy2(run / name, copy / name)
     shutil.copytree(run / "logs", copy / "logs", ignore=shutil.ignore_patterns(".emulator-bin"))
     refused = hpc("cancel", str(copy))
-    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    why = f"{refused.stdout}{refused.stderr}; the job: {hpc('status', str(run)).stdout}"
+    assert refused.returncode == 2 and refused.stdout == "", why
     assert refused.stderr.splitlines() == [
         f"hpc-hsdp: error: {copy} is not where job {job_id} runs: the scheduler says it writes {run} ({copy} is "
         f"a copy, or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {run})"
