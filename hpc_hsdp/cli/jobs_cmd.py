@@ -304,6 +304,12 @@ def cancel(job) -> None:
         return
     if st.controller_answered is False:
         raise SchedulerError(f"{st.note}: job {handle.job_id} not cancelled; try again")
+    elsewhere = handle.runs_elsewhere()  # the scheduler's own record of where the job writes
+    if elsewhere is not None:
+        raise SpecError(
+            f"{job} is not where job {handle.job_id} runs: the scheduler says it writes {elsewhere} ({job} is a copy, "
+            f"or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {elsewhere})"
+        )
     handle.cancel()
     click.echo(f"cancelled job {handle.job_id}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from hpc_hsdp.cli.options import command_options, run_spec_from_options
@@ -18,10 +20,29 @@ def run(**options) -> None:
     `kill -QUIT <pid>` prints a rank's stacks to its log.
     """
     spec = run_spec_from_options(options)
+    own_claim = False
+    if spec.run_dir and _rank(os.environ) == 0:  # one writer per run directory: rank 0 claims it
+        from hpc_hsdp.job.scheduler import claim_for_task, release_task_claim  # noqa: PLC0415  (the claim asks the scheduler only when another job holds it)
+
+        said, own_claim = claim_for_task(spec.run_dir, os.environ)
+        if said:
+            click.echo(f"hpc-hsdp: {said}", err=True)
     from hpc_hsdp.runtime.entry import end_task, exit_code, task_main  # noqa: PLC0415  (torch loads here, not on `hpc-hsdp --help`)
 
+    code = 0
     try:
         task_main(spec)
     except SystemExit as stop:  # 0/75 after a signal stop (see hpc_hsdp.runtime.preemption), 2 on an HsdpError
-        end_task(exit_code(stop))
-    end_task(0)
+        code = exit_code(stop)
+    finally:
+        if own_claim:  # a run outside any job: nobody else sees it end
+            release_task_claim(spec.run_dir)
+    end_task(code)
+
+
+def _rank(env) -> int:
+    """This task's global rank before the process group: torchrun's RANK, else SLURM's task id."""
+    for name in ("RANK", "SLURM_PROCID"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return 0

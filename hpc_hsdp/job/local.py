@@ -40,6 +40,7 @@ from hpc_hsdp.plan.topology import (
     parse_tasks_per_node,
     rendezvous_port,
 )
+from hpc_hsdp.rundir.claim import release_claim
 
 KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
@@ -202,9 +203,16 @@ def expand_pattern(pattern: str, *, job_id: str, procid: int = 0, node_id: int =
 
 
 def launch_local(
-    script: str, *, alloc: LocalAllocation, logs_dir: Path, job_id: str | None = None, submit_dir: str | None = None
+    script: str,
+    *,
+    alloc: LocalAllocation,
+    logs_dir: Path,
+    job_id: str | None = None,
+    submit_dir: str | None = None,
+    run_dir: str | Path | None = None,
 ) -> LocalJob:
-    """Start the supervisor of one emulated job and return its handle at once."""
+    """Start the supervisor of one emulated job and return its handle at once. ``run_dir``: the
+    run directory the job writes, whose claim the supervisor releases when the job ends."""
     logs_dir = Path(logs_dir).resolve()
     logs_dir.mkdir(parents=True, exist_ok=True)
     job_id = job_id or new_job_id()
@@ -226,6 +234,8 @@ def launch_local(
         "ended_at": None,
         "supervisor_pid": None,
         "script": str(script_path),
+        "logs_dir": str(logs_dir),  # where the job writes: the emulator's own record (a copied run directory differs)
+        "run_dir": None if run_dir is None else str(Path(run_dir).absolute()),
         "tasks_per_node": list(alloc.tasks_per_node),
         "node_names": list(alloc.node_names),
         "gpus_per_node": alloc.gpus_per_node,
@@ -408,6 +418,8 @@ def _supervise(state_file: str) -> int:
         ended_at=time.time(),
     )
     _write_json_atomic(path, state)
+    if state.get("run_dir"):  # as SLURM ends a job: the run directory is free again
+        release_claim(state["run_dir"], job_id, ended=state["state"])
     return 0
 
 

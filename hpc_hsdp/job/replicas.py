@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
@@ -296,7 +297,8 @@ class Supervisor:
         self.stop([])
         job = os.environ.get("SLURM_JOB_ID")
         if job and shutil.which("scontrol") and os.environ.get("HPC_HSDP_EMULATOR") != "1":
-            subprocess.run(["scontrol", "requeue", job], check=False)
+            requeued, said = requeue_job(job)
+            log(self.run_dir, "requeue asked" if requeued else "requeue failed", cause=said)
         return FALLBACK_EXIT
 
 

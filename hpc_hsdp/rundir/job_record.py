@@ -2,6 +2,13 @@
 
 ``submit`` writes it (and a line in this machine's index of jobs, so that a job id alone
 finds its run directory); ``status``, ``logs``, ``cancel``, ``runs`` and a resubmission read it.
+
+The directory is the run: a record read from a directory describes that directory, wherever
+it was written. ``logs_dir`` is written relative to the run directory (an older record's
+absolute one inside its run directory is read as relative too), and ``run_dir`` is where the
+job was submitted, a hint only: :meth:`JobRecord.load` gives the directory it was read from
+(as given) and keeps the written one as :attr:`JobRecord.recorded_run_dir`. A copied or moved
+run reads the same as the original.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
@@ -50,15 +57,40 @@ class JobRecord:
     ntasks: int
     launcher: str
     submitted_at: float
+    recorded_run_dir: str = field(default="", compare=False)
+    """The run directory as ``job.json`` names it (where the job was submitted; '' before it
+    was written or read); ``run_dir`` is the directory it was read from."""
+
+    @property
+    def moved(self) -> bool:
+        """The directory read is not the one the job was submitted into (a copy, or moved)."""
+        return bool(self.recorded_run_dir) and not same_dir(self.recorded_run_dir, self.run_dir)
 
     def save(self) -> None:
-        write_atomically(job_record_path(self.run_dir), json.dumps(asdict(self), indent=1))
+        """Write ``<run_dir>/job.json`` (``logs_dir`` relative to it when inside it; ``run_dir``
+        absolute, as a hint) and this machine's index entry."""
+        run_dir = Path(self.run_dir).absolute()
+        data = {name: getattr(self, name) for name in _FIELD_TYPES}
+        data["run_dir"] = str(run_dir)
+        data["logs_dir"] = _relative_to(Path(self.logs_dir).absolute(), run_dir) or self.logs_dir
+        write_atomically(job_record_path(self.run_dir), json.dumps(data, indent=1))
         index = jobs_index()
         try:
             private_dir(index)  # its entries name run directories: nobody else may add one
-            (index / f"{self.cluster}-{self.job_id}").write_text(self.run_dir)
+            (index / f"{self.cluster}-{self.job_id}").write_text(str(run_dir))
         except OSError:
             pass  # the run directory alone is enough
+
+    def located(self, run_dir: str | Path) -> JobRecord:
+        """This record, read from ``run_dir``: its paths resolved against that directory."""
+        written = Path(self.run_dir)
+        logs = Path(self.logs_dir)
+        if logs.is_absolute():
+            inside = _relative_to(logs, written) if written.is_absolute() else None
+            logs = Path(run_dir) / inside if inside is not None else logs  # a logs folder outside the run: as written
+        else:
+            logs = Path(run_dir) / logs
+        return replace(self, run_dir=str(run_dir), logs_dir=str(logs), recorded_run_dir=self.run_dir)
 
     @classmethod
     def load(cls, ref: str) -> JobRecord:
@@ -74,7 +106,7 @@ class JobRecord:
                     f"machine; pass the run directory (--run-dir of the submission)"
                 )
             path = runs[-1]
-        return cls.from_file(path)
+        return cls.from_file(path).located(path.parent)
 
     @classmethod
     def from_file(cls, path: Path) -> JobRecord:
@@ -111,6 +143,27 @@ class JobRecord:
                 f"{path}: cluster {self.cluster[:40]!r} is neither slurm nor local; pass another run directory"
             )
         check_job_id(self.job_id, where=f"{path}: job_id")
+        logs = Path(self.logs_dir)
+        if not logs.is_absolute() and (".." in logs.parts or not self.logs_dir):
+            raise SpecError(
+                f"{path}: logs_dir {self.logs_dir[:80]!r} leaves the run directory; pass another run directory"
+            )
+
+
+def _relative_to(path: Path, base: Path) -> str | None:
+    """``path`` relative to ``base`` (both absolute, compared as written), None when outside it."""
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return None
+
+
+def same_dir(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one directory (a path that does not exist is no other's)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 _MAX_RECORD_BYTES = 64 * 1024
