@@ -18,7 +18,7 @@ from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.metrics import latest_eval
+from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
 from hpc_hsdp.rundir.progress import progress_of
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.stragglers import persistent
@@ -173,6 +173,7 @@ def status(job, as_json) -> None:
         "progress": progress.to_dict(),
         "stragglers": facts["stragglers"],
         "restart_causes": facts["restarts"],
+        "compile": latest_compile(handle.record.run_dir),
         "failure": failure_of(handle, st),
         **st.to_dict(),
     }
@@ -195,6 +196,8 @@ def status(job, as_json) -> None:
     )
     if step:
         click.echo(f"last {step}")
+    if data["compile"]:
+        click.echo(f"compile: {compile_words(data['compile'])} (apart from the step times)")
     timing = progress.words() if not st.finished else ""
     if timing:
         click.echo(f"time: {timing}")

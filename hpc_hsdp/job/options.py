@@ -595,6 +595,15 @@ OPTIONS: tuple[JobOption, ...] = (
         help="Recompute each sharded block's activations in backward.",
     ),
     _training(
+        "compile",
+        kind="bool",
+        default=False,
+        help=(
+            "torch.compile each shard unit (its forward and backward; FSDP2's hooks stay outside the graphs), "
+            "before sharding; the compile cache lives in the run directory, so a resumed attempt reuses it."
+        ),
+    ),
+    _training(
         "reshard_after_forward",
         kind="str",
         default="auto",

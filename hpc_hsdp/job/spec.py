@@ -115,6 +115,7 @@ class TrainingSpec:
     clip_grad: float = _training_field("clip_grad")
     precision: str = _training_field("precision")
     activation_checkpointing: bool = _training_field("activation_checkpointing")
+    compile: bool = _training_field("compile")
     reshard_after_forward: str = _training_field("reshard_after_forward")
     # ------------------------------------------------------------------ eval and checkpoints
     eval_every: int = _training_field("eval_every")

@@ -15,6 +15,7 @@ import torch
 
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.plan.topology import RankLayout
+from hpc_hsdp.runtime.compile import check_compile
 
 
 def pick_device(
@@ -74,6 +75,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+def check_training_device(training, device: torch.device, env: Mapping[str, str] | None = None) -> None:
+    """Refuse (SpecError: one line, exit 2) what this device cannot train, before a rank writes
+    anything: ``--compile`` on CPU without a C++ compiler, ``--precision fp8`` without a GPU of
+    compute capability 8.9 or newer."""
+    check_compile(bool(getattr(training, "compile", False)), device, env)
 
 
 def configure_device(device: torch.device) -> None:

@@ -42,7 +42,14 @@ import torch.distributed as dist
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.runtime import checkpoint, faults
-from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
+from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
+from hpc_hsdp.runtime.device import (
+    check_training_device,
+    configure_device,
+    peak_memory,
+    reset_peak_memory,
+    resolve_precision,
+)
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
 from hpc_hsdp.runtime.log import say
@@ -108,6 +115,8 @@ class Engine:
         self.ctx = ctx
         self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
         self.verbose = verbose
+        check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
+        self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.world_size)
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)
@@ -139,6 +148,9 @@ class Engine:
         record_model(ctx, self.adapter, training)
         self.precision = resolve_precision(training.precision, ctx.device)
         configure_device(ctx.device)
+        if training.compile:
+            use_run_cache(ctx.run_dir, ctx.rank)  # before the first compile: a resumed attempt loads its graphs
+            self.compile_clock = CompileClock()
         self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
         self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training)
 
@@ -200,7 +212,8 @@ class Engine:
     def step_record(self, step: Step | int, *, loss: float, lr: float | None = None, **fields) -> dict:
         """The step's metrics record: ``step``, ``loss``, ``lr``, then ``fields`` given first
         (``grad_norm``), the throughput, clocks, peak memory, the mesh and precision, ``comm``
-        (``--comm-stats``), ``more`` (a loop's own numbers, a dict) and the stragglers entry
+        (``--comm-stats``), ``compile_s`` and ``compile_cache`` (``--compile``, on the steps the
+        compiler ran: the first, and any recompile), ``more`` (a loop's own numbers, a dict) and the stragglers entry
         (collective on its probed steps)."""
         number = int(step)
         current = step if isinstance(step, Step) else None
@@ -228,6 +241,8 @@ class Engine:
         }
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
+        if self.compile_clock is not None:  # the compiler's seconds inside this step, apart from its time
+            record.update(self.compile_clock.take())
         if more:
             record.update(more)
         if step_time is not None:
@@ -342,6 +357,8 @@ class Engine:
         if self.periodic is not None:
             self.periodic.close()
         self.observer.finish(stop_reason, self.last_step)
+        if self.compile_clock is not None:
+            self.compile_clock.close()
         sys.stdout.flush()
 
     def summary(self) -> dict:

@@ -12,6 +12,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
+from hpc_hsdp.runtime.compile import compile_units
 from hpc_hsdp.runtime.device import resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
@@ -41,7 +42,7 @@ def build_model(
     ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
 ) -> nn.Module:
     """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
-    ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
+    ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
     :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
     ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
     same on every mesh shape)."""
@@ -50,6 +51,10 @@ def build_model(
     units = tuple(adapter.shard_units(model))
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
+    if training.compile:  # before fully_shard: its hooks stay outside the graphs
+        compiled = compile_units(model, units)
+        if verbose and ctx.is_rank0:
+            say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")
     choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
     if verbose and ctx.is_rank0:
         say(choice.reason)
