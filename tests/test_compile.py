@@ -138,3 +138,11 @@ def test_compile_on_cpu_without_a_cxx_compiler_is_one_line_and_writes_nothing(tm
     errors = [x for x in out.stderr.splitlines() if "error" in x]
     assert len(errors) == 1 and "--compile on CPU needs a C++ compiler" in errors[0], out.stderr
     assert not run.exists() or not any(run.iterdir()), list(run.rglob("*"))
+
+
+def test_the_cache_stays_where_the_job_put_it_but_not_where_torch_defaulted_it():
+    from hpc_hsdp.runtime.compile import _chosen_by_the_job
+
+    assert not _chosen_by_the_job(None, "/tmp/torchinductor_me")
+    assert not _chosen_by_the_job("/tmp/torchinductor_me", "/tmp/torchinductor_me")  # torch's, set by an import
+    assert _chosen_by_the_job("/scratch/cache", "/tmp/torchinductor_me")

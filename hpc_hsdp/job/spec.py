@@ -220,6 +220,11 @@ class RunSpec:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int) or self.timeout_s < 1:
             raise SpecError(f"--timeout {self.timeout_s!r} must be a positive number of seconds")
         check_entry(self.entry)
+        if self.device == "cpu" and self.training.precision == "fp8":
+            raise SpecError(
+                "--precision fp8 with --device cpu: Float8 training needs GPUs of compute capability >= 8.9; "
+                "use --precision bf16 or fp32 on CPU"
+            )
 
     def to_args(self) -> list[str]:
         """Arguments of ``hpc-hsdp run`` that reproduce this spec."""

@@ -79,16 +79,26 @@ def use_run_cache(run_dir: str | os.PathLike | None, rank: int, env: Mapping[str
     before the first compile; the directory, or None where the job set
     ``TORCHINDUCTOR_CACHE_DIR`` itself or there is no run directory. Per rank: the ranks of
     one node would otherwise race on the same entries of a shared file system."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # noqa: PLC0415 - only for --compile
+
     env = os.environ if env is None else env
-    chosen = env.get(CACHE_VARIABLE)
-    if run_dir is None or (chosen and chosen != _ours.get(CACHE_VARIABLE)):
+    if run_dir is None or _chosen_by_the_job(env.get(CACHE_VARIABLE), default_cache_dir()):
         return None
     directory = Path(run_dir) / CACHE_DIR / f"rank{rank}"
     directory.mkdir(parents=True, exist_ok=True)
-    for name, value in ((CACHE_VARIABLE, directory), ("TRITON_CACHE_DIR", directory / "triton")):
-        if not os.environ.get(name) or os.environ[name] == _ours.get(name):
-            os.environ[name] = _ours[name] = str(value)
+    os.environ[CACHE_VARIABLE] = _ours[CACHE_VARIABLE] = str(directory)
+    if not os.environ.get("TRITON_CACHE_DIR") or os.environ["TRITON_CACHE_DIR"] == _ours.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = _ours["TRITON_CACHE_DIR"] = str(directory / "triton")
     return directory
+
+
+def _chosen_by_the_job(value: str | None, torch_default: str) -> bool:
+    """A cache directory the job set itself: not unset, not one this process set, not torch's
+    default (``cache_dir()`` writes that into the environment when anything asks for it first,
+    an ``import torchao`` for one)."""
+    if not value:
+        return False
+    return value != _ours.get(CACHE_VARIABLE) and os.path.abspath(value) != os.path.abspath(torch_default)
 
 
 _ours: dict[str, str] = {}

@@ -153,6 +153,10 @@ class Engine:
             self.compile_clock = CompileClock()
         self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
         self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training)
+        if self.precision == "fp8":
+            from hpc_hsdp.runtime.float8 import precompute_scales_after_each_step  # noqa: PLC0415 - torchao
+
+            precompute_scales_after_each_step(self.model, self.optimizer)
 
     # ------------------------------------------------------------------ the steps
 

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
 from hpc_hsdp.runtime.compile import compile_units
-from hpc_hsdp.runtime.device import resolve_precision
+from hpc_hsdp.runtime.device import compute_precision, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.log import say
@@ -49,6 +49,14 @@ def build_model(
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
+    if precision == "fp8":  # on meta, before compile and fully_shard (its float8 all-gather)
+        from hpc_hsdp.runtime.float8 import convert_linears  # noqa: PLC0415 - torchao, only for fp8
+
+        choices = convert_linears(model)
+        if verbose and ctx.is_rank0:
+            converted = sum(c.convert for c in choices)
+            say(f"--precision fp8: {converted} of {len(choices)} Linear layers in Float8 (the rest in bf16)")
+        precision = compute_precision(precision)
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
     if training.compile:  # before fully_shard: its hooks stay outside the graphs
