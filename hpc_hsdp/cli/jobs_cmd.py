@@ -16,6 +16,7 @@ from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
@@ -95,6 +96,7 @@ def run_facts(handle, status=None) -> dict:
         "stragglers": slow,
         "straggler_step": probes[-1]["step"] if probes else None,
         "restarts": restarts,
+        "hang": hang_words(run_dir),
     }
 
 
@@ -139,6 +141,8 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     failure = failure_of(handle, status)
     if failure:
         click.echo(failure, err=True)
+    if facts["hang"]:
+        click.echo(f"hang: {facts['hang']}", err=True)
     return 1
 
 
@@ -173,6 +177,7 @@ def status(job, as_json) -> None:
         "progress": progress.to_dict(),
         "stragglers": facts["stragglers"],
         "restart_causes": facts["restarts"],
+        "hang": facts["hang"],
         "compile": latest_compile(handle.record.run_dir),
         "failure": failure_of(handle, st),
         **st.to_dict(),
@@ -207,6 +212,8 @@ def status(job, as_json) -> None:
         click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:
         click.echo(f"restarts: {'; '.join(facts['restarts'])}")
+    if facts["hang"]:
+        click.echo(f"last hang: {facts['hang']}")
     if data["failure"]:
         click.echo(f"failure: {data['failure']}")
     click.echo(f"run directory: {handle.record.run_dir}")
