@@ -146,3 +146,27 @@ def test_the_cache_stays_where_the_job_put_it_but_not_where_torch_defaulted_it()
     assert not _chosen_by_the_job(None, "/tmp/torchinductor_me")
     assert not _chosen_by_the_job("/tmp/torchinductor_me", "/tmp/torchinductor_me")  # torch's, set by an import
     assert _chosen_by_the_job("/scratch/cache", "/tmp/torchinductor_me")
+
+
+def test_the_hang_watchdog_waits_while_the_compiler_runs():
+    import time
+    from types import SimpleNamespace
+
+    from hpc_hsdp.runtime.watchdog import Watchdog
+
+    compiling = [True]
+    watchdog = Watchdog(SimpleNamespace(rank=0, world_size=1, run_dir=None), timeout_s=0.3, exit_fn=lambda code: None)
+    hung = []
+    watchdog._hung = lambda: hung.append(time.monotonic())
+    watchdog.busy = lambda: compiling[0]
+    watchdog.start(step=1)
+    watchdog.step_times = [0.01]  # past step 1: the configured timeout, not the start-up floor (a recompile)
+    try:
+        time.sleep(1.2)  # four timeouts of compiling: no hang
+        assert not hung
+        compiling[0] = False
+        ended = time.monotonic()
+        time.sleep(1.5)
+        assert hung and hung[0] - ended >= 0.25, hung  # a full timeout after the compile, not before
+    finally:
+        watchdog.stop()

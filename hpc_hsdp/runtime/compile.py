@@ -142,6 +142,10 @@ class CompileClock:
                 self._seconds += time.perf_counter() - self._started
                 self._started = None
 
+    def compiling(self) -> bool:
+        """Whether the compiler is running now (the hang watchdog waits meanwhile)."""
+        return self._started is not None
+
     def take(self) -> dict:
         """``{"compile_s": seconds, "compile_cache": {...hits and misses...}}`` since the last
         take; empty when the compiler did not run."""

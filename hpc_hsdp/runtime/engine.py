@@ -167,6 +167,8 @@ class Engine:
         steps = self.training.steps
         self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
         self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
+        if self.compile_clock is not None:  # a compile (minutes on a large model) is no hang
+            self.watchdog.busy = self.compile_clock.compiling
         return range(self.start_step + 1, steps + 1)
 
     def close_steps(self) -> None:

@@ -34,7 +34,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -243,6 +243,9 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._store = None
         self._prefix = ""
+        self.busy: Callable[[], bool] | None = None
+        """While this answers True the rank is legitimately busy (``--compile``'s compiler
+        running): no hang, and the time does not count toward the timeout."""
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -290,6 +293,10 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 10))):
+            busy = self.busy
+            if busy is not None and busy():
+                self.last_progress = max(self.last_progress, time.monotonic())
+                continue
             if time.monotonic() - self.last_progress > self.timeout_s:
                 self._hung()
                 return
