@@ -17,9 +17,10 @@ from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.metrics import latest_eval
+from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
 from hpc_hsdp.rundir.progress import progress_of
 from hpc_hsdp.rundir.replicas import membership_changes, read_membership
 from hpc_hsdp.rundir.runs import find_run_dirs
@@ -101,6 +102,7 @@ def run_facts(handle, status=None) -> dict:
         "stragglers": slow,
         "straggler_step": probes[-1]["step"] if probes else None,
         "restarts": restarts,
+        "hang": hang_words(run_dir),
     }
 
 
@@ -145,6 +147,8 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     failure = failure_of(handle, status)
     if failure:
         click.echo(failure, err=True)
+    if facts["hang"]:
+        click.echo(f"hang: {facts['hang']}", err=True)
     return 1
 
 
@@ -180,6 +184,8 @@ def status(job, as_json) -> None:
         "stragglers": facts["stragglers"],
         "restart_causes": facts["restarts"],
         "membership": facts["membership"],
+        "hang": facts["hang"],
+        "compile": latest_compile(handle.record.run_dir),
         "failure": failure_of(handle, st),
         **st.to_dict(),
     }
@@ -202,6 +208,8 @@ def status(job, as_json) -> None:
     )
     if step:
         click.echo(f"last {step}")
+    if data["compile"]:
+        click.echo(f"compile: {compile_words(data['compile'])} (apart from the step times)")
     timing = progress.words() if not st.finished else ""
     if timing:
         click.echo(f"time: {timing}")
@@ -218,6 +226,8 @@ def status(job, as_json) -> None:
         )
         for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
             click.echo(f"  {line}")
+    if facts["hang"]:
+        click.echo(f"last hang: {facts['hang']}")
     if data["failure"]:
         click.echo(f"failure: {data['failure']}")
     click.echo(f"run directory: {handle.record.run_dir}")

@@ -30,7 +30,7 @@ DEFAULT_SLURM_TIMEOUT_S = 10.0
 DEVICES = ("auto", "cpu", "cuda")
 """``--device``: ``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
 LAUNCHERS = ("srun", "torchrun")
-PRECISIONS = ("auto", "bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32", "fp8")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 RESHARD_CHOICES = ("auto", "always", "never")
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -608,13 +608,26 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="str",
         default="auto",
         choices=PRECISIONS,
-        help=("bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; auto: bf16 on GPU, fp32 on CPU."),
+        help=(
+            "bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; fp8: bf16 with the large Linear "
+            "layers in Float8 (torchao, hpc-hsdp[fp8]; GPUs of compute capability >= 8.9); auto: bf16 on GPU, "
+            "fp32 on CPU."
+        ),
     ),
     _training(
         "activation_checkpointing",
         kind="bool",
         default=False,
         help="Recompute each sharded block's activations in backward.",
+    ),
+    _training(
+        "compile",
+        kind="bool",
+        default=False,
+        help=(
+            "torch.compile each shard unit (its forward and backward; FSDP2's hooks stay outside the graphs), "
+            "before sharding; the compile cache lives in the run directory, so a resumed attempt reuses it."
+        ),
     ),
     _training(
         "reshard_after_forward",

@@ -138,6 +138,7 @@ class TrainingSpec:
     clip_grad: float = _training_field("clip_grad")
     precision: str = _training_field("precision")
     activation_checkpointing: bool = _training_field("activation_checkpointing")
+    compile: bool = _training_field("compile")
     reshard_after_forward: str = _training_field("reshard_after_forward")
     # ------------------------------------------------------------------ eval and checkpoints
     eval_every: int = _training_field("eval_every")
@@ -280,6 +281,11 @@ class RunSpec:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int) or self.timeout_s < 1:
             raise SpecError(f"--timeout {self.timeout_s!r} must be a positive number of seconds")
         check_entry(self.entry)
+        if self.device == "cpu" and self.training.precision == "fp8":
+            raise SpecError(
+                "--precision fp8 with --device cpu: Float8 training needs GPUs of compute capability >= 8.9; "
+                "use --precision bf16 or fp32 on CPU"
+            )
 
     def to_args(self) -> list[str]:
         """Arguments of ``hpc-hsdp run`` that reproduce this spec."""

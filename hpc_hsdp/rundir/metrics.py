@@ -196,6 +196,35 @@ def latest_eval(run_dir: str | Path, *, tail_bytes: int = 1 << 16) -> tuple[int,
     return None
 
 
+def latest_compile(run_dir: str | Path, *, tail_bytes: int = 1 << 20) -> dict | None:
+    """``{"step", "compile_s", "compile_cache"}`` of the newest record in which ``--compile``'s
+    compiler ran (an attempt's first step, or a recompile), looking at the file's last MiB."""
+    for line in reversed(tail_lines(metrics_path(run_dir), tail_bytes) or []):
+        if '"compile_s"' not in line:
+            continue
+        record = _step_record(line)
+        if record is not None and isinstance(record.get("compile_s"), (int, float)):
+            cache = record.get("compile_cache")
+            return {
+                "step": record["step"],
+                "compile_s": record["compile_s"],
+                "compile_cache": cache if isinstance(cache, dict) else {},
+            }
+    return None
+
+
+def compile_words(found: dict | None) -> str:
+    """``32.8 s at step 1 (cache: 2 of 2 graphs loaded)``: what :func:`latest_compile` found, in words."""
+    if not found:
+        return ""
+    cache = found.get("compile_cache") or {}
+    hits, misses = cache.get("fx_graph_hits", 0), cache.get("fx_graph_misses", 0)
+    text = f"{found['compile_s']:.1f} s at step {found['step']}"
+    if hits + misses:
+        text += f" (cache: {hits} of {hits + misses} graphs loaded)"
+    return text
+
+
 def last_step_written(run_dir: str | Path) -> int | None:
     """The step of the file's last record that has one (None: no file, or no step yet): from
     its tail, and where the tail holds no record, the whole file, streamed."""

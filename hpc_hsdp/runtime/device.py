@@ -13,8 +13,10 @@ from collections.abc import Mapping
 
 import torch
 
-from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.plan.float8 import fp8_refusal
 from hpc_hsdp.plan.topology import RankLayout
+from hpc_hsdp.runtime.compile import check_compile
 
 
 def pick_device(
@@ -74,6 +76,30 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+def compute_precision(precision: str) -> str:
+    """The dtype FSDP2 gathers and computes in: ``fp8`` is bf16 around its Float8 Linears."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def check_training_device(training, device: torch.device, env: Mapping[str, str] | None = None) -> None:
+    """Refuse (SpecError: one line, exit 2) what this device cannot train, before a rank writes
+    anything: ``--compile`` on CPU without a C++ compiler, ``--precision fp8`` without a GPU of
+    compute capability 8.9 or newer."""
+    check_compile(bool(getattr(training, "compile", False)), device, env)
+    if getattr(training, "precision", None) == "fp8":
+        cuda = device.type == "cuda"
+        refusal = fp8_refusal(
+            device.type,
+            torch.cuda.get_device_capability(device) if cuda else None,
+            torch.cuda.get_device_name(device) if cuda else None,
+        )
+        if refusal is not None:
+            raise SpecError(refusal)
+        from hpc_hsdp.runtime.float8 import require_torchao  # noqa: PLC0415 - torchao only for an able GPU
+
+        require_torchao()
 
 
 def configure_device(device: torch.device) -> None:

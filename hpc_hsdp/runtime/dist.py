@@ -29,6 +29,7 @@ from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
+from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
 from hpc_hsdp.runtime.comm_stats import for_context
@@ -50,12 +51,26 @@ FLIGHT_RECORDER_ENTRIES = 2000
 hang watchdog dumps them, so that a hang shows which collective each rank was in."""
 
 
-def flight_recorder_env(env: Mapping[str, str]) -> dict[str, str]:
+FLIGHT_RECORDER_DUMP_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+"""Where torch writes a rank's trace when its own NCCL watchdog times a collective out (the
+rank is appended; the second is the older name)."""
+DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+
+
+def flight_recorder_env(env: Mapping[str, str], run_dir: str | os.PathLike | None = None) -> dict[str, str]:
     """What to export before an NCCL process group exists so that torch records its last
-    collectives; nothing when the job chose a size itself (0 included)."""
+    collectives; nothing when the job chose a size itself (0 included). With ``run_dir``,
+    torch's own dump on a process-group timeout too, to ``<run_dir>/hang/nccl-trace-rank<N>``
+    beside the hang watchdog's (unless the job chose where)."""
     if any(name in env for name in FLIGHT_RECORDER_VARIABLES):
         return {}
-    return dict.fromkeys(FLIGHT_RECORDER_VARIABLES, str(FLIGHT_RECORDER_ENTRIES))
+    chosen = dict.fromkeys(FLIGHT_RECORDER_VARIABLES, str(FLIGHT_RECORDER_ENTRIES))
+    if run_dir is not None:
+        chosen.setdefault(DUMP_ON_TIMEOUT, env.get(DUMP_ON_TIMEOUT) or "1")
+        if not any(name in env for name in FLIGHT_RECORDER_DUMP_VARIABLES):
+            prefix = str(Path(run_dir).absolute() / HANG_DIR / TRACE_PREFIX)
+            chosen.update(dict.fromkeys(FLIGHT_RECORDER_DUMP_VARIABLES, prefix))
+    return chosen
 
 
 FAULT_RANK_FROM_PROCID = "HPC_HSDP_FAULT_RANK_FROM_PROCID"
@@ -183,7 +198,7 @@ def init(
     env = dict(os.environ if env is None else env)
     layout = _task_layout(env, shard_size=shard_size, device=device)
     torch_device, device_note = pick_device(device, layout, env)
-    torch_env = _torch_env(env, layout, torch_device)
+    torch_env = _torch_env(env, layout, torch_device, run_dir)
     torch_rank = int(torch_env["RANK"])
 
     faulthandler.enable()
@@ -261,11 +276,15 @@ def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str) -> Ran
     return layout
 
 
-def _torch_env(env: Mapping[str, str], layout: RankLayout, torch_device: torch.device) -> dict[str, str]:
-    """RANK, WORLD_SIZE, ... for torch (and the NCCL flight recorder's size on CUDA)."""
+def _torch_env(
+    env: Mapping[str, str], layout: RankLayout, torch_device: torch.device, run_dir: str | os.PathLike | None = None
+) -> dict[str, str]:
+    """RANK, WORLD_SIZE, ... for torch (and the NCCL flight recorder's size and dump file on CUDA)."""
     torch_env = layout.torch_env()
     if torch_device.type == "cuda":
-        torch_env.update(flight_recorder_env(env))
+        torch_env.update(flight_recorder_env(env, run_dir))
+        if run_dir is not None:  # torch writes its timeout dump there, it does not make the directory
+            (Path(run_dir) / HANG_DIR).mkdir(parents=True, exist_ok=True)
     if env.get(FAULT_RANK_FROM_PROCID) == "1" and layout.slurm_procid is not None:
         torch_env["RANK"] = str(layout.slurm_procid)
     return torch_env

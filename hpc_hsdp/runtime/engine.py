@@ -43,7 +43,14 @@ from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
 from hpc_hsdp.runtime import checkpoint, faults
-from hpc_hsdp.runtime.device import configure_device, peak_memory, reset_peak_memory, resolve_precision
+from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
+from hpc_hsdp.runtime.device import (
+    check_training_device,
+    configure_device,
+    peak_memory,
+    reset_peak_memory,
+    resolve_precision,
+)
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
 from hpc_hsdp.runtime.log import say
@@ -118,6 +125,8 @@ class Engine:
         self.ctx = ctx
         self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
         self.verbose = verbose
+        check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
+        self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.world_size)
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)
@@ -168,8 +177,15 @@ class Engine:
         record_model(ctx, self.adapter, training)
         self.precision = resolve_precision(training.precision, ctx.device)
         configure_device(ctx.device)
+        if training.compile:
+            use_run_cache(ctx.run_dir, ctx.rank)  # before the first compile: a resumed attempt loads its graphs
+            self.compile_clock = CompileClock()
         self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
         self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training)
+        if self.precision == "fp8":
+            from hpc_hsdp.runtime.float8 import precompute_scales_after_each_step  # noqa: PLC0415 - torchao
+
+            precompute_scales_after_each_step(self.model, self.optimizer)
 
     # ------------------------------------------------------------------ the steps
 
@@ -181,6 +197,8 @@ class Engine:
         self.model.train()
         steps = self.training.steps
         self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
+        if self.compile_clock is not None:  # a compile (minutes on a large model) is no hang
+            self.watchdog.busy = self.compile_clock.compiling
         if self.ft is not None:
             return self._replica_steps()
         self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
@@ -291,7 +309,8 @@ class Engine:
     def step_record(self, step: Step | int, *, loss: float, lr: float | None = None, **fields) -> dict:
         """The step's metrics record: ``step``, ``loss``, ``lr``, then ``fields`` given first
         (``grad_norm``), the throughput, clocks, peak memory, the mesh and precision, ``comm``
-        (``--comm-stats``), ``more`` (a loop's own numbers, a dict) and the stragglers entry
+        (``--comm-stats``), ``compile_s`` and ``compile_cache`` (``--compile``, on the steps the
+        compiler ran: the first, and any recompile), ``more`` (a loop's own numbers, a dict) and the stragglers entry
         (collective on its probed steps)."""
         number = int(step)
         current = step if isinstance(step, Step) else None
@@ -326,6 +345,8 @@ class Engine:
             record["comm"] = ctx.comm_stats.take()
         if self.sources:
             record.update({k: v for k, v in self.source_fields(number).items() if k not in record})
+        if self.compile_clock is not None:  # the compiler's seconds inside this step, apart from its time
+            record.update(self.compile_clock.take())
         if more:
             record.update(more)
         if step_time is not None:
@@ -470,6 +491,8 @@ class Engine:
         self.observer.finish(stop_reason, self.last_step)
         if self.ft is not None:
             self.ft.close()
+        if self.compile_clock is not None:
+            self.compile_clock.close()
         sys.stdout.flush()
 
     def summary(self) -> dict:

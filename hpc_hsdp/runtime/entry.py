@@ -68,8 +68,13 @@ def run_task(
     try:
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again
-        RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device)
+        layout = RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device)
+        from hpc_hsdp.runtime.device import check_training_device, pick_device  # noqa: PLC0415 - as init
         from hpc_hsdp.runtime.dist import init  # noqa: PLC0415 - torch loads after the signal handlers
+
+        # what this device cannot train (--compile without a C++ compiler, --precision fp8 without
+        # a GPU that has it) is refused before the task joins the job or writes anything
+        check_training_device(spec.training, pick_device(spec.device, layout, env)[0], env)
 
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)

@@ -12,7 +12,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
-from hpc_hsdp.runtime.device import resolve_precision
+from hpc_hsdp.runtime.compile import compile_units
+from hpc_hsdp.runtime.device import compute_precision, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.log import say
@@ -41,15 +42,27 @@ def build_model(
     ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
 ) -> nn.Module:
     """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
-    ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
+    ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
     :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
     ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
     same on every mesh shape)."""
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
+    if precision == "fp8":  # on meta, before compile and fully_shard (its float8 all-gather)
+        from hpc_hsdp.runtime.float8 import convert_linears  # noqa: PLC0415 - torchao, only for fp8
+
+        choices = convert_linears(model)
+        if verbose and ctx.is_rank0:
+            converted = sum(c.convert for c in choices)
+            say(f"--precision fp8: {converted} of {len(choices)} Linear layers in Float8 (the rest in bf16)")
+        precision = compute_precision(precision)
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
+    if training.compile:  # before fully_shard: its hooks stay outside the graphs
+        compiled = compile_units(model, units)
+        if verbose and ctx.is_rank0:
+            say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")
     choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
     if verbose and ctx.is_rank0:
         say(choice.reason)

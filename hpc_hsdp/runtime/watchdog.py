@@ -15,7 +15,9 @@ watchdog thread:
    hangs): last step completed, collectives entered by the main thread (counted by light
    wrappers of the torch.distributed functions FSDP2 and the loop call);
 3. rank 0 collects them and prints ONE line: the step, the ranks waiting in collective #N and
-   the ranks that never reached it; it records the hang in ``<run_dir>/restarts.jsonl``
+   the ranks that never reached it, and on NCCL what the flight recorder's dumps say
+   (:func:`hpc_hsdp.rundir.flight_recorder.hang_words`: the op, the mesh axis, the sequence
+   number, the ranks waiting in it and the ranks that never entered it); it records the hang in ``<run_dir>/restarts.jsonl``
    (cause of the restart) and, inside SLURM and within ``--max-restarts``, requeues the job
    (``scontrol requeue``), which resumes from the newest complete checkpoint;
 4. every rank exits with :data:`EXIT_HUNG` (its main thread is stuck; nothing else can end it).
@@ -32,7 +34,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -42,6 +44,7 @@ from torch.distributed.distributed_c10d import _get_default_store
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.rundir.attempts import read_restarts
+from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
 from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.node_failure import handle_lost_peers
@@ -240,6 +243,9 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._store = None
         self._prefix = ""
+        self.busy: Callable[[], bool] | None = None
+        """While this answers True the rank is legitimately busy (``--compile``'s compiler
+        running): no hang, and the time does not count toward the timeout."""
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -287,6 +293,10 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 10))):
+            busy = self.busy
+            if busy is not None and busy():
+                self.last_progress = max(self.last_progress, time.monotonic())
+                continue
             if time.monotonic() - self.last_progress > self.timeout_s:
                 self._hung()
                 return
@@ -324,8 +334,11 @@ class Watchdog:
                 store = None
         verdict = None
         if rank == 0:
-            reports.update(self._collect(store, world, rank))
+            reports.update(self._collect(store, world, rank))  # a rank reports after it wrote its NCCL trace
             verdict = describe_hang(reports, world, timeout_s=timeout)
+            recorded = self._flight_recorder_finding()
+            if recorded:
+                verdict = f"{verdict}; {recorded}"
             lost = self._lost_peers(verdict) if len(reports) < world else None
             if lost is not None:  # a node died with the silent ranks: requeued without it
                 verdict = lost
@@ -388,6 +401,15 @@ class Watchdog:
             note(f"watchdog: could not check the job's nodes ({exc})")
             return None
 
+    def _flight_recorder_finding(self) -> str | None:
+        """The NCCL flight recorder's dumps of this hang, in one line (None on gloo: no dumps)."""
+        if self.ctx.run_dir is None:
+            return None
+        try:
+            return hang_words(self.ctx.run_dir)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must still end the job
+            return f"NCCL flight recorder dumps unreadable ({exc})"
+
     def _dump_nccl_trace(self, rank: int) -> None:
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
         run_dir = self.ctx.run_dir
@@ -398,7 +420,7 @@ class Watchdog:
         except Exception as exc:  # noqa: BLE001 - not recording (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or failed
             note(f"watchdog: rank {rank}: no NCCL flight recorder trace ({exc})")
             return
-        path = Path(run_dir) / "hang" / f"nccl-trace-rank{rank}.pkl"
+        path = Path(run_dir) / HANG_DIR / f"{TRACE_PREFIX}{rank}.pkl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         note(f"watchdog: rank {rank}: NCCL flight recorder trace in {path}")
