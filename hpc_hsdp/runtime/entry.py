@@ -48,6 +48,7 @@ def run_task(
     fn: Callable | None = None,
     env: Mapping[str, str] | None = None,
     preemption: Preemption | None = None,
+    before_join: Callable[[], None] | None = None,
 ):
     """Run one task of the job; returns ``fn``'s / the entry's result or the payload's summary
     (``{"rank", "world_size", "shard_size", "start_step", "steps", "final_loss", "stopped",
@@ -75,6 +76,8 @@ def run_task(
         # what this device cannot train (--compile without a C++ compiler, --precision fp8 without
         # a GPU that has it) is refused before the task joins the job or writes anything
         check_training_device(spec.training, pick_device(spec.device, layout, env)[0], env)
+        if before_join is not None:  # `hpc-hsdp run`: rank 0's claim of the run directory, the first thing written
+            before_join()
 
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)
@@ -154,7 +157,7 @@ def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: Bas
         note(f"could not check the job's nodes after the failure ({probe})")
 
 
-def task_main(spec: RunSpec, *, fn: Callable | None = None):
+def task_main(spec: RunSpec, *, fn: Callable | None = None, before_join: Callable[[], None] | None = None):
     """What every task of a job runs (``hpc-hsdp run``; submitit's wrapper under ``submit``):
     :func:`run_task`, then, when the ranks stopped on a signal, exit without a result
     (SystemExit: submitit writes no result file, the job is not done) with status 0
@@ -162,7 +165,7 @@ def task_main(spec: RunSpec, *, fn: Callable | None = None):
     Without ``fn``, an :class:`~hpc_hsdp.errors.HsdpError` is one line on stderr and status 2."""
     preemption = Preemption(os.environ)
     try:
-        result = run_task(spec, fn=fn, preemption=preemption)
+        result = run_task(spec, fn=fn, preemption=preemption, before_join=before_join)
     except HsdpError as exc:
         if fn is not None:
             raise  # the caller's function: its exception is its result (submitit pickles it)
