@@ -138,6 +138,7 @@ def test_the_options_reach_the_spec_the_run_arguments_and_the_plan(tmp_path: Pat
         (["--fault-tolerance", "replica", "--entry", "pkg.mod:fn"], "--entry"),
         (["--fault-tolerance", "replica", "--nodes", "2-3"], "flexible"),
         (["--fault-tolerance", "replica", "--min-replicas", "5"], "at most 3"),
+        (["--fault-tolerance", "replica", "--data", "web=/data/web:0.7,code=/data/code:0.3"], "--data mixture"),
     ],
 )
 def test_combinations_that_do_not_work_are_refused(tmp_path: Path, extra, words) -> None:

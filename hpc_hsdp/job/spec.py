@@ -171,6 +171,11 @@ class TrainingSpec:
                 "(eval_loss/NAME); leave --val-data out"
             )
         if self.fault_tolerance == "replica":
+            if is_mixture(self.data):
+                raise SpecError(
+                    "--fault-tolerance replica with a --data mixture: the replica groups' share of a step "
+                    "follows one dataset's order only; give one dataset, or leave --fault-tolerance out"
+                )
             require_torchft()
 
     @property
