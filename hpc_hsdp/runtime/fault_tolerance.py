@@ -38,6 +38,7 @@ from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_E
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note
+from hpc_hsdp.runtime.step import local_grads
 
 
 class QuorumLost(RuntimeError):
@@ -317,11 +318,7 @@ def train_step(
         loss = adapter.loss(model, batch.inputs, batch.targets)
         (loss * (rows * scale)).backward()
         loss_sum += loss.detach().float() * rows
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
-    if grads:
-        squared = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
-    else:
-        squared = torch.zeros((), device=device)
+    grads, squared = local_grads(model, device)
     code = stop_code() if stop_code is not None else NONE
     rows_here = float(sum(len(b.sample_ids) for b in batches))
     fused = torch.stack(

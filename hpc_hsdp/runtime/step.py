@@ -19,6 +19,14 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def local_grads(model: nn.Module, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the ranks)."""
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return grads, torch.zeros((), device=device)
+    return grads, torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -68,11 +76,7 @@ def train_step(
             loss = adapter.loss(model, batch.inputs, batch.targets)
         (loss / accum).backward()
         loss_sum += loss.detach().float()
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
-    if grads:
-        squared = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
-    else:
-        squared = torch.zeros((), device=device)
+    grads, squared = local_grads(model, device)
     code = stop_code() if stop_code is not None else NONE
     warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
     terminated = torch.full((), float(code == TERMINATE), device=device)
