@@ -245,7 +245,7 @@ def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on
 
 
 def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_exactly(tmp_path: Path) -> None:
-    from hpc_hsdp.job.replicas import LIGHTHOUSE_RESTARTS
+    from hpc_hsdp.job.replicas import LIGHTHOUSE_RESTARTS, LIGHTHOUSE_WINDOW_S
     from hpc_hsdp.rundir.state import complete_checkpoints
 
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
@@ -268,7 +268,9 @@ def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_e
     assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
     events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
     started = [e for e in events if e.get("event") == "lighthouse started"]
-    assert len(started) == LIGHTHOUSE_RESTARTS and len(killed) == LIGHTHOUSE_RESTARTS, (started, killed)
+    # the supervisor gave up after LIGHTHOUSE_RESTARTS starts within LIGHTHOUSE_WINDOW_S (an earlier one may have aged out)
+    assert len(started) >= LIGHTHOUSE_RESTARTS and len(killed) == len(started), (started, killed)
+    assert started[-1]["time"] - started[-LIGHTHOUSE_RESTARTS]["time"] < LIGHTHOUSE_WINDOW_S, started
     fell = [e for e in events if e.get("event") == "fall back to requeue"]
     assert len(fell) == 1 and fell[0]["cause"] == "the lighthouse could not be kept", fell
     saved = [step for step, _ in complete_checkpoints(run_dir)]
