@@ -177,3 +177,112 @@ def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_jo
             per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
     for step in range(1, STEPS + 1):
         assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+
+
+def _lighthouse_pids(job_id: str) -> list[int]:
+    """This user's torchft lighthouse of emulated job ``job_id`` (the supervisor's child: its environment;
+    its script runs as ``python torchft_lighthouse ...``)."""
+    wanted = f"SLURM_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.geteuid():
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if any(arg.endswith(b"torchft_lighthouse") for arg in argv[:2]) and wanted in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _samples_per_step(samples: Path) -> dict[int, list[int]]:
+    per_step: dict[int, list[int]] = {}
+    for path in samples.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    return per_step
+
+
+def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on(tmp_path: Path) -> None:
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    # --min-replicas 2: both groups train every step (none trains alone while the other is still starting)
+    spec = _spec(run_dir, samples, "--min-replicas", "2", "--quorum-timeout", "60")
+    (run_dir / "logs").mkdir(parents=True)
+    job = _launch(spec)
+    try:
+        _wait_for_step(run_dir, 4, job, timeout_s=240)
+        lighthouses = _lighthouse_pids(job.job_id)
+        assert len(lighthouses) == 1, f"not one lighthouse of job {job.job_id}: {lighthouses}"
+        killed_after = _metrics(run_dir)[-1]["step"]
+        os.kill(lighthouses[0], signal.SIGKILL)
+        state = job.wait(timeout_s=300)
+    finally:
+        job.cancel()
+    assert state == "COMPLETED", (run_dir / "logs" / f"{job.job_id}_0_log.err").read_text()[-3000:]
+
+    # every step once, in order, by both groups: no group was lost to the lighthouse's end
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert all(r["replicas"] == 2 for r in records) and killed_after < STEPS
+    per_step = _samples_per_step(samples)
+    assert sorted(per_step) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+
+    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    started = [e for e in events if e.get("event") == "lighthouse started"]
+    assert len(started) == 2 and started[0]["address"] == started[1]["address"], started
+    assert started[0]["pid"] == lighthouses[0] != started[1]["pid"]
+    ended = [e for e in events if e.get("event") == "lighthouse ended"]
+    assert len(ended) == 1 and ended[0]["code"] == -signal.SIGKILL, ended
+    assert not any(e.get("event") in ("replica group lost", "fall back to requeue") for e in events), events
+
+
+def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_exactly(tmp_path: Path) -> None:
+    from hpc_hsdp.job.replicas import LIGHTHOUSE_RESTARTS, LIGHTHOUSE_WINDOW_S
+    from hpc_hsdp.rundir.state import complete_checkpoints
+
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    spec = _spec(run_dir, samples, "--min-replicas", "2", "--quorum-timeout", "20")
+    (run_dir / "logs").mkdir(parents=True)
+    job = _launch(spec)
+    killed: list[int] = []
+    try:
+        _wait_for_step(run_dir, 4, job, timeout_s=240)
+        deadline = time.monotonic() + 60
+        while not job.done() and time.monotonic() < deadline:  # every lighthouse it starts, killed at once
+            for pid in set(_lighthouse_pids(job.job_id)) - set(killed):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+        job.wait(timeout_s=240)
+    finally:
+        job.cancel()
+    assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
+    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    started = [e for e in events if e.get("event") == "lighthouse started"]
+    # the supervisor gave up after LIGHTHOUSE_RESTARTS starts within LIGHTHOUSE_WINDOW_S (an earlier one may have aged out)
+    assert len(started) >= LIGHTHOUSE_RESTARTS and len(killed) == len(started), (started, killed)
+    assert started[-1]["time"] - started[-LIGHTHOUSE_RESTARTS]["time"] < LIGHTHOUSE_WINDOW_S, started
+    fell = [e for e in events if e.get("event") == "fall back to requeue"]
+    assert len(fell) == 1 and fell[0]["cause"] == "the lighthouse could not be kept", fell
+    saved = [step for step, _ in complete_checkpoints(run_dir)]
+    last = _metrics(run_dir)[-1]["step"]
+    assert saved and saved[-1] == last, (saved, last)  # the last committed step itself: nothing to redo
+
+    again = _launch(spec)  # what the requeue does: the same script on the same run directory
+    try:
+        assert again.wait(timeout_s=300) == "COMPLETED"
+    finally:
+        again.cancel()
+    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, STEPS + 1))
+    per_step = _samples_per_step(samples)
+    for step in range(1, STEPS + 1):
+        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step

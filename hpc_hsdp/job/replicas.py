@@ -137,7 +137,7 @@ class Supervisor:
                 REPLICA_GROUPS_ENV: str(len(self.groups)),
                 ATTEMPT_ENV: str(group.attempt),
                 LIGHTHOUSE_ENV: f"http://{self.address}:{self.lighthouse_port}",
-                "MASTER_ADDR": node_address(first, self.address if group.nodes[0] == 0 else None),
+                "MASTER_ADDR": node_address(first, self.address if group.nodes[0] == 0 or emulated() else None),
                 "MASTER_PORT": str(self.base_port + 1 + group.replica_id),
             }
         )
@@ -300,6 +300,11 @@ class Supervisor:
             requeued, said = requeue_job(job)
             log(self.run_dir, "requeue asked" if requeued else "requeue failed", cause=said)
         return FALLBACK_EXIT
+
+
+def emulated() -> bool:
+    """On the local emulator every node is this machine (its node names need not resolve)."""
+    return os.environ.get("HPC_HSDP_EMULATOR") == "1"
 
 
 def node_address(name: str, own: str | None) -> str:

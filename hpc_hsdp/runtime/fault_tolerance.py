@@ -46,6 +46,11 @@ class QuorumLost(RuntimeError):
     requeue (the engine saves the last committed step first, one group for all)."""
 
 
+QUORUM_TRY_S = 10.0
+"""One quorum request's timeout; a failed one is asked again until ``--quorum-timeout``. torchft's
+manager does not answer a request whose lighthouse call failed (the lighthouse was restarted in
+the meantime): its ranks would wait out the whole timeout for a quorum the new lighthouse gives."""
+
 FALLBACK_LOCK = ".fallback-save.lock"
 """Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
 
@@ -136,14 +141,23 @@ class ReplicaGroup:
         behind, the gradients zeroed; the number of the step to train now."""
         before = self.manager.current_step()
         began = time.time()
-        try:
-            self.optimizer.zero_grad(set_to_none=True)  # start_quorum (synchronous) + zero_grad
-        except Exception as exc:  # torchft raises what its quorum RPC raised (a timeout)
-            raise QuorumLost(
-                f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.min_replicas} "
-                f"groups within --quorum-timeout {self.training.quorum_timeout:g} s after step {before} "
-                f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
-            ) from exc
+        deadline = began + self.training.quorum_timeout
+        while True:
+            left = deadline - time.time()
+            try:
+                # what OptimizerWrapper.zero_grad does, with one try's timeout: start_quorum (synchronous)
+                self.manager.start_quorum(timeout=timedelta(seconds=max(1.0, min(QUORUM_TRY_S, left))))
+                break
+            except Exception as exc:  # torchft raises what its quorum RPC raised (a timeout)
+                if time.time() + 1.0 < deadline:
+                    self.manager._quorum_future = None  # noqa: SLF001 - else start_quorum raises this failure again
+                    continue
+                raise QuorumLost(
+                    f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.min_replicas} "
+                    f"groups within --quorum-timeout {self.training.quorum_timeout:g} s after step {before} "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                ) from exc
+        self.raw_optimizer.zero_grad(set_to_none=True)
         number = self.manager.current_step() + 1
         self.replicas = self.manager.num_participants()
         self.index = self.manager.participating_rank()
