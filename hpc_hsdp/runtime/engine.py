@@ -237,7 +237,7 @@ class Engine:
                 self._fall_back_save()
                 raise
             began = time.perf_counter()
-            batches, waited = read_group_batches(self, number, self.ft), 0.0
+            batches = read_group_batches(self, number, self.ft)
             waited = time.perf_counter() - began
         else:
             batches, waited = self.loader.next_step(number)
@@ -306,9 +306,12 @@ class Engine:
         """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
         return self.adapter.loss(self.model, inputs, targets)
 
-    def step_record(self, step: Step | int, *, loss: float, lr: float | None = None, **fields) -> dict:
+    def step_record(
+        self, step: Step | int, *, loss: float, lr: float | None = None, source_losses=None, **fields
+    ) -> dict:
         """The step's metrics record: ``step``, ``loss``, ``lr``, then ``fields`` given first
-        (``grad_norm``), the throughput, clocks, peak memory, the mesh and precision, ``comm``
+        (``grad_norm``), the throughput, a mixture's per-source fields (``source_losses``: what
+        :meth:`train_step` returns after its first three values), clocks, peak memory, the mesh and precision, ``comm``
         (``--comm-stats``), ``compile_s`` and ``compile_cache`` (``--compile``, on the steps the
         compiler ran: the first, and any recompile), ``more`` (a loop's own numbers, a dict) and the stragglers entry
         (collective on its probed steps)."""
@@ -344,7 +347,7 @@ class Engine:
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
         if self.sources:
-            record.update({k: v for k, v in self.source_fields(number).items() if k not in record})
+            record.update(self.source_fields(number, source_losses))
         if self.compile_clock is not None:  # the compiler's seconds inside this step, apart from its time
             record.update(self.compile_clock.take())
         if more:

@@ -122,7 +122,7 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
         engine.retries += 1
         return False
     stopping = engine.agreed_stop(agreed, number)  # the ranks' signals: all stop after this step, or none
-    record = engine.step_record(step, loss=loss, grad_norm=grad_norm, **engine.source_fields(number, values[3:]))
+    record = engine.step_record(step, loss=loss, grad_norm=grad_norm, source_losses=values[3:])
     if not stopping and engine.evaluate_if_due(record) is not None:
         result.eval_losses[number] = record["eval_loss"]
     result.losses[number] = loss
