@@ -17,6 +17,7 @@ from hpc_hsdp.runtime.device import compute_precision, resolve_precision
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.log import say
+from hpc_hsdp.runtime.optimizer import LocalShardAdamW
 from hpc_hsdp.runtime.reshard import choose_reshard
 
 
@@ -38,13 +39,19 @@ def checkpoint_activations(model: nn.Module, units: tuple[type, ...]) -> int:
     return count
 
 
+def units_to_wrap(units: tuple[type, ...], world_size: int) -> tuple[type, ...] | None:
+    """The shard units ``fully_shard`` wraps before the root: none in a job of one rank."""
+    return units if world_size > 1 else None
+
+
 def build_model(
     ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
 ) -> nn.Module:
     """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
-    ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the root (``--reshard-after-forward``, resolved by
-    :func:`~hpc_hsdp.runtime.reshard.choose_reshard`; rank 0 says what it chose when
-    ``verbose``), ``to_empty``, pretrained weights or a seed-determined initialisation (the
+    ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the
+    root (``--reshard-after-forward``, resolved by :func:`~hpc_hsdp.runtime.reshard.choose_reshard`;
+    rank 0 says what it chose when ``verbose``; a job of one rank has nothing to gather or reduce,
+    so its root is its only unit and FSDP2's hooks run once a step, not once per block), ``to_empty``, pretrained weights or a seed-determined initialisation (the
     same on every mesh shape)."""
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
@@ -64,10 +71,15 @@ def build_model(
         if verbose and ctx.is_rank0:
             say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")
     choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
+    fsdp_units = units_to_wrap(units, ctx.world_size)
     if verbose and ctx.is_rank0:
-        say(choice.reason)
+        say(choice.reason if fsdp_units else "one rank: the whole model is one FSDP unit (nothing to gather or reduce)")
     wrap_hsdp(
-        model, ctx.mesh, block=units, mp_policy=mixed_precision_policy(precision), reshard_after_forward=choice.reshard
+        model,
+        ctx.mesh,
+        block=fsdp_units,
+        mp_policy=mixed_precision_policy(precision),
+        reshard_after_forward=choice.reshard,
     )
     model.to_empty(device=ctx.device)
     if adapter.has_pretrained_weights:
@@ -78,21 +90,20 @@ def build_model(
 
 
 def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
-    """AdamW; the learning rate is set every step from the schedule. Weight decay applies
-    to matrices and embeddings only (not to biases and norms).
+    """AdamW over the local shards (:class:`~hpc_hsdp.runtime.optimizer.LocalShardAdamW`);
+    the learning rate is set every step from the schedule. Weight decay applies to matrices
+    and embeddings only (not to biases and norms).
 
-    On CPU the fused kernel (one op per parameter group): torch's default there runs ~10 ops
-    per parameter, each paying DTensor's dispatch on FSDP2's parameters, and that was the
-    whole of FSDP1's step advantage (benchmarks/probe_engines.py: the optimizer step of the
-    0.9M model was 6x FSDP1's, 8-9 % of the whole step). On CUDA the multi-tensor kernel,
-    torch's default there: the fused one made the H200 loop step 1.31x slower (RESULTS.md)."""
+    On CPU the fused kernel (one op per parameter group); on CUDA the multi-tensor one, the
+    kernel measured on the H200 (the fused one, then over DTensors, made the loop step 1.31x
+    slower: RESULTS.md, GPU); ``benchmarks/gpu_profile_loop.py`` measures both on local shards."""
     params = list(model.parameters())
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     device = params[0].device if params else torch.device("cpu")
     kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
+    return LocalShardAdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
 
 
 def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
