@@ -1,7 +1,8 @@
 """Wrap a model for HSDP on the 2-D ``("replicate", "shard")`` mesh.
 
 ``wrap_hsdp`` uses FSDP2 (``fully_shard``): each block, then the root; parameters become
-DTensors placed ``(Replicate(), Shard(0))``. ``wrap_hsdp_fsdp1`` is the FSDP1 equivalent
+DTensors placed ``(Replicate(), Shard(0))`` (with one replica, ``(Shard(0),)`` on the shard
+axis alone: plain FSDP, without an all-reduce of one rank per unit and step). ``wrap_hsdp_fsdp1`` is the FSDP1 equivalent
 (``HYBRID_SHARD`` or ``_HYBRID_SHARD_ZERO2``) for code that still needs it.
 """
 
@@ -34,6 +35,14 @@ def _check_mesh(mesh: DeviceMesh) -> None:
         raise ValueError(f"HSDP needs a 2-D (replicate, shard) mesh; got {mesh.ndim}-D mesh {mesh}")
 
 
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh ``fully_shard`` gets: the 2-D one, or with one replica its shard axis (FSDP2
+    all-reduces across the replicate axis even when it holds one rank)."""
+    if mesh.size(0) == 1 and mesh.mesh_dim_names is not None:
+        return mesh[mesh.mesh_dim_names[1]]
+    return mesh
+
+
 def wrap_hsdp(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -55,6 +64,7 @@ def wrap_hsdp(
     2.8+ reads None for the root as False, which is what the root gets here.
     """
     _check_mesh(mesh)
+    mesh = fsdp_mesh(mesh)
     matches = _matcher(block)
     policy = mp_policy or MixedPrecisionPolicy()
     # model.modules() lists parents before children: reversed, nested blocks come first.
