@@ -1,7 +1,8 @@
 """Where the loop's step time goes on one GPU, mesh (1, 1): the built-in model through
 ``hpc_hsdp.runtime.loop.train`` with the torch profiler over a few steps (the top operators
-by self CPU time and by device time), and the step time with AdamW's default (foreach)
-implementation against its fused one, side by side in the same run.
+by self CPU time and by device time), and the step time of the default optimizer (AdamW over the local
+shards, multi-tensor kernel on CUDA) against the same with the fused kernel and against
+torch's AdamW over FSDP2's DTensors (the optimizer before issue 24), in the same run.
 
     python benchmarks/gpu_profile_loop.py                 # needs CUDA
     python benchmarks/gpu_profile_loop.py --device cpu    # tiny, checks the code path
@@ -49,9 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init(1, args.device, env=env, timeout_s=120)
     default_optimizer = engine.make_optimizer  # the engine builds every loop's optimizer through it
 
-    def fused_optimizer(model, training):
-        optimizer = default_optimizer(model, training)
-        return torch.optim.AdamW(optimizer.param_groups, lr=training.lr, fused=True)
+    from hpc_hsdp.runtime.optimizer import LocalShardAdamW
+
+    def groups_of(model, training):
+        return [
+            {"params": g["params"], "weight_decay": g["weight_decay"]}
+            for g in default_optimizer(model, training).param_groups
+        ]
+
+    def fused_local(model, training):
+        return LocalShardAdamW(groups_of(model, training), lr=training.lr, fused=True)
+
+    def dtensor_foreach(model, training):
+        return torch.optim.AdamW(groups_of(model, training), lr=training.lr, foreach=True)
 
     try:
         configure_device(ctx.device)
@@ -66,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         times: dict[str, list[float]] = {}
-        for name, make in (("AdamW foreach (default)", default_optimizer), ("AdamW fused", fused_optimizer)):
+        variants = (
+            ("local shards (default)", default_optimizer),
+            ("local shards, fused", fused_local),
+            ("DTensors, foreach (before)", dtensor_foreach),
+        )
+        for name, make in variants:
             engine.make_optimizer = make
             state: dict = {}
             records: list[dict] = []
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(averages.table(sort_by="self_device_time_total", row_limit=15))
             if gpu:
                 torch.cuda.empty_cache()
-        base = statistics.median(times["AdamW foreach (default)"])
+        base = statistics.median(times["local shards (default)"])
         for name, values in times.items():
             print(
                 f"{name:<26} median step {1000 * statistics.median(values):8.1f} ms  ratio {statistics.median(values) / base:.3f}"

@@ -9,7 +9,8 @@
 # the CUDA tests (pytest -m gpu), then gpu_hsdp_step.py (bf16 vs fp32 tokens/s, data wait
 # with the pinned prefetch, the loop vs the unwrapped model) with and without accumulation,
 # then gpu_llama_1b.py (a 1.1B Llama-style transformers model under hpc-hsdp run vs unwrapped:
-# tokens/s, MFU, peak memory; about 2 minutes).
+# tokens/s, MFU, peak memory; about 2 minutes), then gpu_profile_loop.py (where the 169M step's
+# host time goes; the optimizer over local shards, multi-tensor vs fused, against torch's over DTensors).
 # Run from the repository root; OUT (default ./gpu-out) collects the logs. The machine's own
 # python3 with CUDA torch is used; hpc-hsdp comes from the checkout (PYTHONPATH), so only its
 # pure-Python dependencies must be importable (click, jinja2, numpy, python-hostlist). A machine
@@ -29,3 +30,4 @@ timeout 240 "$python" -m pytest -m gpu tests/test_runtime.py -q -p no:cacheprovi
 timeout 240 "$python" benchmarks/gpu_hsdp_step.py --steps 20 --warmup 3 2>&1 | tee "$out/gpu_hsdp_step.txt"
 timeout 240 "$python" benchmarks/gpu_hsdp_step.py --steps 10 --warmup 3 --grad-accum 4 2>&1 | tee "$out/gpu_hsdp_step-accum4.txt"
 timeout 300 "$python" benchmarks/gpu_llama_1b.py --out "$out/gpu_llama_1b.json" 2>&1 | tee "$out/gpu_llama_1b.txt"
+timeout 240 "$python" benchmarks/gpu_profile_loop.py 2>&1 | tee "$out/gpu_profile_loop.txt"
