@@ -152,7 +152,7 @@ ZERO_GPU = (((None, 0),), ())
         ([A100], "has only a100 (8.0): use --precision bf16"),
         ([A100, A100], "has only a100 (8.0): use"),
         ([UNTYPED_A100], "has only a100 (8.0)"),  # the type from the node's features
-        ([A100, NO_GPU], "has only a100 (8.0) and nodes without GPUs"),
+        ([A100, NO_GPU], "has only a100 (8.0): use"),  # the nodes without GPUs take no GPU job
         ([((("v100", 4), ("a100", 4)), ())], "has only a100 (8.0), v100 (7.0)"),
         ([NO_GPU], "have no GPUs (no gpu GRES), so the job's tasks would train on CPU"),
         ([NO_GPU, ZERO_GPU], "have no GPUs"),
@@ -166,6 +166,24 @@ def test_which_partitions_refuse_fp8(nodes, refused):
         assert said is not None and refused in said and "\n" not in said, said
         assert said.startswith("--precision fp8 needs GPUs of compute capability >= 8.9") and "partition 'p'" in said
         assert said.endswith("; nothing submitted")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus_per_node", "refused"),
+    [
+        ([((("a100", 8),), ()), ((("h100", 4),), ())], 8, "has only a100 (8.0):"),  # no H100 node has 8 GPUs
+        ([((("a100", 8),), ()), ((("h100", 4),), ())], 4, None),
+        ([((("a100", 4), ("h100", 4)), ())], 8, None),  # one node, both kinds: 8 in all
+        ([((("a100", 4),), ()), ((("h100", 4),), ())], 8, None),  # none has 8: sbatch decides, not fp8
+        ([((("a100", 8),), ()), NO_GPU], 8, "has only a100 (8.0):"),
+        ([((("a100", 4),), ()), NO_GPU], 8, "has only a100 (8.0) and nodes without GPUs:"),
+    ],
+)
+def test_only_nodes_with_the_gpus_a_node_asks_for_count(nodes, gpus_per_node, refused):
+    said = fp8_slurm_refusal(
+        [NodeGpus(f"n{i}", *node) for i, node in enumerate(nodes)], where="partition 'p'", gpus_per_node=gpus_per_node
+    )
+    assert said is None if refused is None else refused in said, said
 
 
 @pytest.mark.parametrize(

@@ -919,7 +919,9 @@ def check_fp8_gpus(spec, target: str) -> None:
         refusal = fp8_local_refusal(local_gpus())
     else:
         found = slurm_gpu_nodes(spec)
-        refusal = None if found is None else fp8_slurm_refusal(found[0], where=found[1])
+        refusal = (
+            None if found is None else fp8_slurm_refusal(found[0], where=found[1], gpus_per_node=spec.gpus_per_node)
+        )
     if refusal is not None:
         raise SpecError(refusal)
 
@@ -931,7 +933,7 @@ def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
     a ``--template`` of the site's (its own #SBATCH lines may ask for other GPUs), ``--sbatch
     clusters=`` (another cluster), or sinfo did not answer."""
     extra = dict(spec.scheduler.extra)
-    if spec.template is not None or "clusters" in extra:
+    if spec.template is not None or {"clusters", "cluster"} & extra.keys():
         return None
     partition = spec.scheduler.partition
     argv = ["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]

@@ -186,12 +186,16 @@ class NodeGpus:
         return tuple(found)
 
 
-def fp8_slurm_refusal(nodes: Sequence[NodeGpus], *, where: str) -> str | None:
+def fp8_slurm_refusal(nodes: Sequence[NodeGpus], *, where: str, gpus_per_node: int = 1) -> str | None:
     """Why ``--precision fp8`` cannot train on any node the job may get (``where``: those nodes
     in words, e.g. ``partition 'gpu'``); None when one may (a known-new or an unknown GPU type),
-    or when no node is known (the scheduler says what is wrong, or the tasks decide)."""
+    or when no node is known (the scheduler says what is wrong, or the tasks decide). Of nodes
+    with fewer than ``gpus_per_node`` GPUs (``--gpus-per-node``) SLURM gives none, when others have
+    enough."""
     if not nodes:
         return None
+    enough = [node for node in nodes if sum(count for _, count in node.gpus) >= gpus_per_node]
+    nodes = enough or nodes
     found = [capability for node in nodes for capability in node.capabilities]
     if not found:
         return (
