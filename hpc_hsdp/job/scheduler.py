@@ -938,7 +938,7 @@ def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
     partition = spec.scheduler.partition
     argv = ["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]
     try:
-        shown = run_slurm([*argv, "-p", partition] if partition else argv)
+        shown = run_slurm([*argv, f"--partition={partition}"] if partition else argv)
     except SchedulerError:
         return None
     if shown.returncode != 0:
