@@ -35,7 +35,9 @@ def submit(cluster, wait, dry_run, **options) -> None:
     Before anything is submitted, the files and modules the tasks will open are checked
     here (--data holds one global batch, --val-data exists, --model and --entry can be
     found, the run directory's checkpoint continues with this --seed, global batch and
-    data): a job that would fail on them waits in no queue.
+    data): a job that would fail on them waits in no queue. --precision fp8 is refused here
+    when the job's GPUs are known to lack Float8 (this machine's for the emulator; the
+    partition's GRES types or node features on SLURM).
 
     \b
     hpc-hsdp submit --nodes 2 --shard 4 --wait

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,45 @@ def allocation_for(*, tasks_per_node: Sequence[int], gpus_per_node: int, job_nam
         )
     names = default_node_names(len(counts))
     return LocalAllocation(tasks_per_node=counts, node_names=names, job_name=job_name, gpus_per_node=gpus_per_node)
+
+
+NVIDIA_SMI_TIMEOUT_S = 10.0
+DRIVER_MARKERS = ("/proc/driver/nvidia/gpus", "/dev/nvidia0", "/dev/kfd")
+"""What a GPU driver leaves on a machine without ``nvidia-smi`` (NVIDIA's; ``/dev/kfd``: ROCm's)."""
+
+
+def local_gpus(*, which=shutil.which) -> list[tuple[str, tuple[int, int] | None]] | None:
+    """This machine's GPUs, where the emulator's tasks run, read without torch: ``nvidia-smi``'s
+    (name, compute capability; None where the driver is too old to say it); ``[]``: no GPU here
+    (no ``nvidia-smi`` and no driver); None: it cannot be told (a driver without ``nvidia-smi``,
+    an ``nvidia-smi`` that fails): the tasks decide."""
+    smi = which("nvidia-smi")
+    if smi is None:
+        return None if any(Path(marker).exists() for marker in DRIVER_MARKERS) else []
+    for fields in ("name,compute_cap", "name"):  # compute_cap: drivers from 510 on
+        try:
+            out = subprocess.run(
+                [smi, f"--query-gpu={fields}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=NVIDIA_SMI_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode == 0:
+            break
+    else:
+        return None
+    gpus = []
+    for line in out.stdout.splitlines():
+        if not line.strip():
+            continue
+        name, _, cap = line.rpartition(",") if fields == "name,compute_cap" else (line, "", "")
+        major, dot, minor = cap.strip().partition(".")
+        capability = (int(major), int(minor)) if dot and major.isdigit() and minor.isdigit() else None
+        gpus.append((name.strip(), capability))
+    return gpus
 
 
 def job_environment(

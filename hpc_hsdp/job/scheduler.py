@@ -42,7 +42,9 @@ from hpc_hsdp.job.slurm_command import (  # noqa: F401  (SchedulerError re-expor
     slurm_timeout_s,
 )
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
-from hpc_hsdp.plan.slurm_facts import check_job_id
+from hpc_hsdp.plan.float8 import NodeGpus, fp8_local_refusal, fp8_slurm_refusal
+from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
+from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import claim as claims
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path, same_dir
@@ -871,6 +873,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster)
+    check_fp8_gpus(spec, target)  # --precision fp8 where the job's GPUs are known to lack it: nothing written
     # one writer per run directory: the claim is taken (or refused) before anything of the job is written
     with claimed(spec.run.run_dir, cluster=target) as (takeover, claim_job):
         state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
@@ -900,6 +903,63 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         claim_job(record)
         record.save()
     return JobHandle(record), job, "\n".join(line for line in (takeover, resumes, mixture_note, reason) if line)
+
+
+def check_fp8_gpus(spec, target: str) -> None:
+    """``--precision fp8`` refused (:class:`SpecError`, one line) when the GPUs the job's tasks
+    will get are known to lack Float8: the local emulator's are this machine's
+    (:func:`~hpc_hsdp.job.local.local_gpus`); a SLURM job's are those of its partition's nodes
+    (:func:`slurm_gpu_nodes`). Known-new or unknown GPU types go on: each task checks its own
+    GPU at its start (:func:`~hpc_hsdp.runtime.device.check_training_device`)."""
+    if spec.run.training.precision != "fp8" or spec.run.device == "cpu":  # with --device cpu the spec refused it
+        return
+    if target == "local":
+        from hpc_hsdp.job.local import local_gpus  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
+
+        refusal = fp8_local_refusal(local_gpus())
+    else:
+        found = slurm_gpu_nodes(spec)
+        refusal = (
+            None if found is None else fp8_slurm_refusal(found[0], where=found[1], gpus_per_node=spec.gpus_per_node)
+        )
+    if refusal is not None:
+        raise SpecError(refusal)
+
+
+def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
+    """The nodes SLURM may give ``spec`` (its ``--partition``, else the default partition; only
+    those that can satisfy its ``--constraint``, ``--sbatch nodelist=`` and ``exclude=``) with
+    their GPUs, and those nodes in words; one ``sinfo``. None where they cannot be told here:
+    a ``--template`` of the site's (its own #SBATCH lines may ask for other GPUs), ``--sbatch
+    clusters=`` (another cluster), or sinfo did not answer."""
+    extra = dict(spec.scheduler.extra)
+    if spec.template is not None or {"clusters", "cluster"} & extra.keys():
+        return None
+    partition = spec.scheduler.partition
+    argv = ["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]
+    try:
+        shown = run_slurm([*argv, f"--partition={partition}"] if partition else argv)
+    except SchedulerError:
+        return None
+    if shown.returncode != 0:
+        return None  # an unknown partition: _check_partition says so
+    rows = parse_sinfo_nodes(shown.stdout)
+    wanted = set(partition.split(",")) if partition else {row.partition for row in rows if row.default}
+    rows = [row for row in rows if row.partition in wanted]
+    where = f"partition {partition!r}" if partition else f"the default partition {', '.join(sorted(wanted))!r}"
+    constraint = spec.scheduler.constraint
+    if constraint:
+        rows = [row for row in rows if satisfies_constraint(constraint, row.features) is not False]
+        where += f" with --constraint {constraint!r}"
+    for key, keep in (("nodelist", True), ("exclude", False)):
+        if extra.get(key):
+            try:
+                named = set(expand_nodelist(extra[key]))
+            except HsdpError:
+                return None  # sbatch says what is wrong with it
+            rows = [row for row in rows if (row.node in named) == keep]
+            where += f" ({key} {extra[key]})"
+    return [NodeGpus(row.node, row.gpus, row.features) for row in rows], where
 
 
 def _check_partition(spec) -> None:

@@ -1,10 +1,12 @@
 """Facts about SLURM that the job spec, the plan and the emulator share: srun's task
 distributions, sbatch's ``--signal`` and ``--time`` forms, and what a value must be to sit
-on one line of an sbatch script. Pure; no job spec, no scheduler."""
+on one line of an sbatch script, and what sinfo says about a node's GPUs. Pure; no job spec,
+no scheduler."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
 
@@ -137,3 +139,65 @@ def check_job_id(value: object, *, where: str = "the job id") -> str:
             f"{where} {shown} is not a SLURM job id (123, 123_4 or 123+1); give the run directory or a job id"
         )
     return text
+
+
+# ----------------------------------------------------------------------------- what a node offers (sinfo)
+
+SINFO_NODE_FORMAT = "%P|%N|%G|%f"
+"""``sinfo -h -N -o`` format of :func:`parse_sinfo_nodes`: partition (``*`` marks the default),
+node, GRES, available features; one line per node and partition."""
+
+
+@dataclass(frozen=True)
+class SinfoNode:
+    partition: str
+    default: bool
+    """The cluster's default partition (what a job without ``--partition`` goes to)."""
+    node: str
+    gpus: tuple[tuple[str | None, int], ...]
+    """GPU GRES as (type, or None when untyped, count)."""
+    features: tuple[str, ...]
+
+
+def parse_gpu_gres(text: str) -> tuple[tuple[str | None, int], ...]:
+    """The GPUs of a node's GRES as sinfo shows it (``gpu:h100:8(S:0-1),nic:1`` -> ``(('h100', 8),)``;
+    ``gpu:8`` -> ``((None, 8),)``; ``(null)`` -> ``()``). Other GRES are left out."""
+    gpus = []
+    for item in re.sub(r"\([^)]*\)", "", text.strip()).split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        typed = parts[1:-1] if len(parts) > 1 and parts[-1].isdigit() else parts[1:]
+        gpus.append((":".join(typed) or None, count))
+    return tuple(gpus)
+
+
+def parse_sinfo_nodes(text: str) -> list[SinfoNode]:
+    """The lines of ``sinfo -h -N -o`` :data:`SINFO_NODE_FORMAT`; a line of another shape is skipped."""
+    nodes = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or not fields[0] or not fields[1]:
+            continue
+        partition, node, gres, features = fields
+        nodes.append(
+            SinfoNode(
+                partition=partition.rstrip("*"),
+                default=partition.endswith("*"),
+                node=node,
+                gpus=parse_gpu_gres(gres),
+                features=tuple(f for f in features.split(",") if f and f != "(null)"),
+            )
+        )
+    return nodes
+
+
+def satisfies_constraint(constraint: str, features: tuple[str, ...]) -> bool | None:
+    """Whether a node with ``features`` can satisfy ``--constraint`` written with ``&`` (or ``,``)
+    and ``|`` alone (``h100&ib``, ``a100|h100``); None for the forms that need more than one
+    node's features to decide (counts ``*N``, brackets, parentheses)."""
+    if any(c in constraint for c in "[]()*"):
+        return None
+    have = set(features)
+    return any(set(filter(None, re.split(r"[&,]", one))) <= have for one in constraint.split("|"))
