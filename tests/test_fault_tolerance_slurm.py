@@ -31,6 +31,16 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _wait_for_the_end(run: Path, timeout_s: float) -> dict:
+    """``status --json`` of the run once its job completed, failed or was cancelled."""
+
+    def ended() -> dict | None:
+        shown = json.loads(hpc("status", str(run), "--json").stdout)
+        return shown if shown["state"] in ("COMPLETED", "FAILED", "CANCELLED") else None
+
+    return wait_until("the end of the job", ended, timeout_s)
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goes_on(slurm_cluster, tmp_path):
@@ -62,13 +72,7 @@ def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goe
         killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True)
         assert killed.returncode == 0, killed.stderr
         killed_after = max(r["step"] for r in _jsonl(run / "metrics.jsonl"))
-        final = wait_until(
-            "the end of the job",
-            lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED") else None)(
-                json.loads(hpc("status", str(run), "--json").stdout)
-            ),
-            420,
-        )
+        final = _wait_for_the_end(run, 420)
         shown = hpc("status", str(run)).stdout
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
@@ -115,13 +119,7 @@ def test_replica_groups_meet_on_site_nodes_whose_names_resolve_nowhere(slurm_clu
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     try:
-        final = wait_until(
-            "the end of the job",
-            lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED") else None)(
-                json.loads(hpc("status", str(run), "--json").stdout)
-            ),
-            240,
-        )
+        final = _wait_for_the_end(run, 240)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     events = read_membership(run)
