@@ -39,7 +39,9 @@ from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.plan.address import reachable_address
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
+from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.metrics import last_step_written
+from hpc_hsdp.rundir.replicas import membership_path
 
 LIGHTHOUSE_RESTARTS = 5
 """Lighthouse ends within ``LIGHTHOUSE_WINDOW_S`` of its start before the supervisor gives up on it."""
@@ -61,8 +63,7 @@ def log(run_dir: str | None, event: str, **fields) -> None:
     print(f"hpc-hsdp: replicas {stamp}: {event} {json.dumps(fields, sort_keys=True)}", file=sys.stderr, flush=True)
     if run_dir:
         try:
-            with open(Path(run_dir) / MEMBERSHIP_LOG, "a", encoding="utf-8") as out:
-                out.write(json.dumps(record) + "\n")
+            append_jsonl(membership_path(run_dir), record)
         except OSError:
             pass
 
@@ -217,14 +218,9 @@ class Supervisor:
         )
 
     def last_step(self) -> int:
-        """The newest step in ``metrics.jsonl`` (0 without one)."""
-        if not self.run_dir:
-            return 0
-        try:
-            lines = (Path(self.run_dir) / "metrics.jsonl").read_bytes()[-4096:].splitlines()
-            return int(json.loads(lines[-1])["step"]) if lines else 0
-        except (OSError, ValueError, KeyError, IndexError):
-            return 0
+        """The newest step in ``metrics.jsonl`` (0 without one), as ``status`` reads it: past a
+        torn last line, and from a record longer than 4 KiB (many ranks' straggler times)."""
+        return (last_step_written(self.run_dir) or 0) if self.run_dir else 0
 
     def dead_nodes(self, group: Group) -> list[str]:
         """The group's nodes whose slurmd does not answer (SLURM only; none elsewhere)."""
