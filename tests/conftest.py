@@ -35,6 +35,28 @@ def _no_leaks():
         pytest.fail("test left a torch.distributed process group alive")
 
 
+def _local_submit_argv(
+    run: str | os.PathLike,
+    *args: str,
+    nodes: int = 1,
+    gpus_per_node: int = 2,
+    shard: int = 2,
+    device: str | None = "cpu",
+) -> list[str]:
+    """``hpc-hsdp submit`` arguments of a job on the local emulator in ``run``: ``nodes`` x
+    ``gpus_per_node`` tasks in shard groups of ``shard``, ``--device`` (None: left out, auto), then ``args``."""
+    argv = ["submit", "--cluster", "local", "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)]
+    argv += ["--shard", str(shard), *(("--device", device) if device is not None else ()), "--run-dir", str(run)]
+    return [*argv, *args]
+
+
+@pytest.fixture
+def local_submit():
+    """Builds the arguments of ``hpc-hsdp submit --cluster local ...`` (see :func:`_local_submit_argv`);
+    each test file runs them with its own ``hpc`` (its environment, its timeout)."""
+    return _local_submit_argv
+
+
 SLURM_GROUP = "slurm"
 """Under pytest-xdist (``scripts/test`` runs ``-n 2 --dist loadgroup``) every test that uses
 the dev cluster runs on one worker, one after another, first: they share one cluster whose

@@ -303,24 +303,9 @@ TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2",
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
-def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_path):
+def test_submitting_again_a_completed_run_says_so_and_a_longer_one_resumes(tmp_path, local_submit):
     run = tmp_path / "run"
-    job = [
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--device",
-        "cpu",
-        "--run-dir",
-        str(run),
-        *TINY,
-    ]
+    job = local_submit(run, *TINY)
     first = hpc(*job, "--steps", "3", "--wait")
     assert first.returncode == 0, first.stdout + first.stderr
     job_json = (run / "job.json").read_text()

@@ -20,6 +20,8 @@ from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
 from hpc_hsdp.job.local import allocation_for, launch_local
 from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.rundir.replicas import membership_path, read_membership
+from hpc_hsdp.rundir.state import complete_checkpoints
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
@@ -76,17 +78,54 @@ def _wait_for_step(run_dir: Path, step: int, job, timeout_s: float) -> None:
     raise AssertionError(f"no step {step} with 2 replica groups after {timeout_s} s: {_metrics(run_dir)[-3:]}")
 
 
+def _launch(spec):
+    """The rendered script on the emulator, on the job's nodes and its spares."""
+    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
+    return launch_local(
+        render_sbatch(spec),
+        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
+        logs_dir=Path(spec.log_dir),
+    )
+
+
+def _samples_per_step(samples: Path) -> dict[int, list[int]]:
+    """The sample ids each step trained, from every rank's ``HPC_HSDP_FAULT_SAMPLE_LOG`` file."""
+    per_step: dict[int, list[int]] = {}
+    for path in samples.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    return per_step
+
+
+def _assert_every_step_once(run_dir: Path, samples: Path) -> None:
+    """Steps 1..STEPS in order, each with its whole global batch, no sample twice in a step."""
+    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, STEPS + 1))
+    per_step = _samples_per_step(samples)
+    for step in range(1, STEPS + 1):
+        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+
+
+def _assert_last_step_saved_and_relaunch_resumes_exactly(spec, run_dir: Path, samples: Path) -> None:
+    """After a fall back: the last committed step itself was saved (nothing to redo), and the
+    same script on the same run directory (what the requeue does) completes every step once."""
+    saved = [step for step, _ in complete_checkpoints(run_dir)]
+    last = _metrics(run_dir)[-1]["step"]
+    assert saved and saved[-1] == last, (saved, last)
+    again = _launch(spec)
+    try:
+        assert again.wait(timeout_s=300) == "COMPLETED"
+    finally:
+        again.cancel()
+    _assert_every_step_once(run_dir, samples)
+
+
 def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path: Path) -> None:
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     spec = _spec(run_dir, samples, "--spare-nodes", "1")
     (run_dir / "logs").mkdir(parents=True)
-    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
-    job = launch_local(
-        render_sbatch(spec),
-        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
-        logs_dir=run_dir / "logs",
-    )
+    job = _launch(spec)
     try:
         _wait_for_step(run_dir, 4, job, timeout_s=240)
         victims = _group_pids(job.job_id, 1)
@@ -109,11 +148,7 @@ def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path
     assert after[-1] == 2, f"the group on the spare never joined: {replicas}"
 
     # every sample of every step trained exactly once: the step's global batch, split over the live groups
-    per_step: dict[int, list[int]] = {}
-    for path in samples.glob("samples-rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    per_step = _samples_per_step(samples)
     train = SyntheticSamples(seed=0, seq_len=8, vocab_size=256)
     order = SampleOrder(num_samples=train.num_samples, seed=0)
     layout = BatchLayout(global_batch=GLOBAL_BATCH, world_size=2 * 2, grad_accum=1)
@@ -123,27 +158,17 @@ def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path
         assert sorted(ids) == sorted(np.asarray(expected).tolist()), f"step {step}: rows trained {sorted(ids)}"
 
     # the membership changes, with time and cause, from the supervisor and the groups
-    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    events = read_membership(run_dir)
     lost = [e for e in events if e.get("event") == "replica group lost"]
     assert lost and lost[0]["replica_id"] == 1 and "exit code" in lost[0]["cause"]
     restarted = [e for e in events if e.get("event") == "replica group started" and e["attempt"] == 1]
     assert restarted and restarted[0]["nodes"] == ["n3"]
     assert any("healed from a live peer" in e.get("cause", "") and e["replica_id"] == 1 for e in events)
+    assert len(events) == len(membership_path(run_dir).read_text().splitlines())  # none dropped for want of a time
     assert all(isinstance(e["time"], float) for e in events)
 
 
-def _launch(spec):
-    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
-    return launch_local(
-        render_sbatch(spec),
-        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
-        logs_dir=Path(spec.log_dir),
-    )
-
-
 def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_job_resumes_exactly(tmp_path: Path):
-    from hpc_hsdp.rundir.state import complete_checkpoints
-
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     spec = _spec(run_dir, samples, "--min-replicas", "2", "--quorum-timeout", "8")
@@ -157,26 +182,9 @@ def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_jo
     finally:
         job.cancel()
     assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
-    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    events = read_membership(run_dir)
     assert any(e.get("event") == "fall back to requeue" and "--min-replicas" in e["cause"] for e in events)
-    saved = [step for step, _ in complete_checkpoints(run_dir)]
-    last = _metrics(run_dir)[-1]["step"]
-    assert saved and saved[-1] == last, (saved, last)  # the last committed step itself: nothing to redo
-
-    again = _launch(spec)  # what the requeue does: the same script on the same run directory
-    try:
-        assert again.wait(timeout_s=300) == "COMPLETED"
-    finally:
-        again.cancel()
-    records = _metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    per_step: dict[int, list[int]] = {}
-    for path in samples.glob("samples-rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
-    for step in range(1, STEPS + 1):
-        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+    _assert_last_step_saved_and_relaunch_resumes_exactly(spec, run_dir, samples)
 
 
 def _lighthouse_pids(job_id: str) -> list[int]:
@@ -199,15 +207,6 @@ def _lighthouse_pids(job_id: str) -> list[int]:
     return pids
 
 
-def _samples_per_step(samples: Path) -> dict[int, list[int]]:
-    per_step: dict[int, list[int]] = {}
-    for path in samples.glob("samples-rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            per_step.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
-    return per_step
-
-
 def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on(tmp_path: Path) -> None:
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
@@ -227,15 +226,11 @@ def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on
     assert state == "COMPLETED", (run_dir / "logs" / f"{job.job_id}_0_log.err").read_text()[-3000:]
 
     # every step once, in order, by both groups: no group was lost to the lighthouse's end
-    records = _metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    assert all(r["replicas"] == 2 for r in records) and killed_after < STEPS
-    per_step = _samples_per_step(samples)
-    assert sorted(per_step) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):
-        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+    _assert_every_step_once(run_dir, samples)
+    assert all(r["replicas"] == 2 for r in _metrics(run_dir)) and killed_after < STEPS
+    assert sorted(_samples_per_step(samples)) == list(range(1, STEPS + 1))
 
-    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    events = read_membership(run_dir)
     started = [e for e in events if e.get("event") == "lighthouse started"]
     assert len(started) == 2 and started[0]["address"] == started[1]["address"], started
     assert started[0]["pid"] == lighthouses[0] != started[1]["pid"]
@@ -246,7 +241,6 @@ def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on
 
 def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_exactly(tmp_path: Path) -> None:
     from hpc_hsdp.job.replicas import LIGHTHOUSE_RESTARTS, LIGHTHOUSE_WINDOW_S
-    from hpc_hsdp.rundir.state import complete_checkpoints
 
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
@@ -266,23 +260,11 @@ def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_e
     finally:
         job.cancel()
     assert job.info()["exit_code"] == 75, job.info()  # fell back: the job asks to be requeued
-    events = [json.loads(line) for line in (run_dir / "replicas.jsonl").read_text().splitlines()]
+    events = read_membership(run_dir)
     started = [e for e in events if e.get("event") == "lighthouse started"]
     # the supervisor gave up after LIGHTHOUSE_RESTARTS starts within LIGHTHOUSE_WINDOW_S (an earlier one may have aged out)
     assert len(started) >= LIGHTHOUSE_RESTARTS and len(killed) == len(started), (started, killed)
     assert started[-1]["time"] - started[-LIGHTHOUSE_RESTARTS]["time"] < LIGHTHOUSE_WINDOW_S, started
     fell = [e for e in events if e.get("event") == "fall back to requeue"]
     assert len(fell) == 1 and fell[0]["cause"] == "the lighthouse could not be kept", fell
-    saved = [step for step, _ in complete_checkpoints(run_dir)]
-    last = _metrics(run_dir)[-1]["step"]
-    assert saved and saved[-1] == last, (saved, last)  # the last committed step itself: nothing to redo
-
-    again = _launch(spec)  # what the requeue does: the same script on the same run directory
-    try:
-        assert again.wait(timeout_s=300) == "COMPLETED"
-    finally:
-        again.cancel()
-    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, STEPS + 1))
-    per_step = _samples_per_step(samples)
-    for step in range(1, STEPS + 1):
-        assert len(per_step[step]) == GLOBAL_BATCH and len(set(per_step[step])) == GLOBAL_BATCH, step
+    _assert_last_step_saved_and_relaunch_resumes_exactly(spec, run_dir, samples)

@@ -214,3 +214,23 @@ def test_membership_changes_are_shown_with_time_and_cause_once_per_step(tmp_path
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     row = summary_rows(load_run(tmp_path))["replica groups"]
     assert row.startswith("2 -> 1 -> 2 (5 changes; last: ") and "healed from a live peer" in row
+
+
+def test_the_supervisor_reads_the_last_step_past_a_torn_line_and_a_long_record(tmp_path):
+    """A group step that ended with 0 finished the training only if the run's last step was
+    written; a torn last line (a writer killed mid-record) or a record longer than 4 KiB (many
+    ranks' straggler times) was read as no step at all, and the group as not finished."""
+    from hpc_hsdp.job.replicas import Group, Supervisor
+
+    supervisor = Supervisor(
+        command=[], groups=[Group(0, [0])], spares=[], tasks_per_node=1, min_replicas=1, address="127.0.0.1",
+        lighthouse_port=1, base_port=1, node_names=["n1"], run_dir=str(tmp_path),
+    )  # fmt: skip
+    assert supervisor.last_step() == 0  # no metrics.jsonl yet
+    metrics = tmp_path / "metrics.jsonl"
+    long = {"step": 7, "straggler": {f"rank{r}": 0.123456789 for r in range(400)}}
+    metrics.write_text(json.dumps({"step": 6}) + "\n" + json.dumps(long) + "\n")
+    assert len(metrics.read_bytes()) > 4096 and supervisor.last_step() == 7
+    with metrics.open("a") as out:
+        out.write('{"step": 8, "lo')
+    assert supervisor.last_step() == 7

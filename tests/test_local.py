@@ -31,26 +31,12 @@ def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess
     )
 
 
-def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
+def test_submit_local_runs_the_job_with_node_local_groups(tmp_path, local_submit):
     run = tmp_path / "run"
     out = hpc(
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "4",
-        "--shard",
-        "2",
-        "--distribution",
-        "cyclic",
-        "--steps",
-        "3",
-        "--wait",
-        "--run-dir",
-        str(run),
-        *TINY,
+        *local_submit(
+            run, "--distribution", "cyclic", "--steps", "3", "--wait", *TINY, nodes=2, gpus_per_node=4, device=None
+        )
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "running on the local emulator" in out.stderr and "COMPLETED" in out.stderr
@@ -86,7 +72,7 @@ def test_submit_local_runs_the_job_with_node_local_groups(tmp_path):
     assert (run / "logs" / f"{job_id}_submission.sh").read_text() == dry.stdout
 
 
-def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
+def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path, local_submit):
     module = tmp_path / "boom_entry.py"
     module.write_text(
         "def main(ctx):\n    if ctx.rank == 3:\n        raise RuntimeError('boom on rank 3')\n"
@@ -95,20 +81,7 @@ def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
     run = tmp_path / "run"
     start = time.monotonic()
     out = hpc(
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--wait",
-        "--entry",
-        "boom_entry:main",
-        "--run-dir",
-        str(run),
+        *local_submit(run, "--wait", "--entry", "boom_entry:main", nodes=2, device=None),
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 1, out.stdout + out.stderr
@@ -120,7 +93,7 @@ def test_failing_rank_is_reported_and_the_job_fails_fast(tmp_path):
     assert "boom on rank 3" in json.loads(hpc("status", str(run), "--json").stdout)["failure"]
 
 
-def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path):
+def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path, local_submit):
     """What only the tasks can find wrong (here raised by an --entry function) ends each task
     as `hpc-hsdp run` does on srun: the message on one line, exit 2, no traceback."""
     (tmp_path / "refusing_entry.py").write_text(
@@ -129,20 +102,7 @@ def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path):
     )
     run = tmp_path / "run"
     out = hpc(
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--wait",
-        "--entry",
-        "refusing_entry:main",
-        "--run-dir",
-        str(run),
+        *local_submit(run, "--wait", "--entry", "refusing_entry:main", device=None),
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 1, out.stdout + out.stderr
@@ -170,50 +130,22 @@ def main(ctx):
 """
 
 
-def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path):
+def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path, local_submit):
     """Submitted tasks end through hpc_hsdp.runtime.entry.end_task: exit handlers run, the
     interpreter's teardown (where gloo's worker threads can abort the process) does not."""
     (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
     run = tmp_path / "run"
     out = hpc(
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--wait",
-        "--entry",
-        "teardown_probe:main",
-        "--run-dir",
-        str(run),
+        *local_submit(run, "--wait", "--entry", "teardown_probe:main", device=None),
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert sorted(p.name for p in run.glob("rank*")) == ["rank0.atexit", "rank1.atexit"]
 
 
-def test_status_logs_cancel_from_a_new_process(tmp_path):
+def test_status_logs_cancel_from_a_new_process(tmp_path, local_submit):
     run = tmp_path / "run"
-    sub = hpc(
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--steps",
-        "100000",
-        "--run-dir",
-        str(run),
-        *TINY,
-    )
+    sub = hpc(*local_submit(run, "--steps", "100000", *TINY, device=None))
     assert sub.returncode == 0, sub.stderr
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists():
@@ -325,25 +257,10 @@ def test_expand_pattern(pattern, expected):
     assert expand_pattern(pattern, job_id="42", procid=3, node_id=1, node="n2") == expected
 
 
-def test_submit_and_status_never_import_torch(tmp_path):
+def test_submit_and_status_never_import_torch(tmp_path, local_submit):
     run = tmp_path / "run"
     args = [
-        [
-            "submit",
-            "--cluster",
-            "local",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "1",
-            "--shard",
-            "1",
-            "--steps",
-            "1",
-            "--run-dir",
-            str(run),
-            "--wait",
-        ],
+        local_submit(run, "--steps", "1", "--wait", gpus_per_node=1, shard=1, device=None),
         ["status", str(run)],
         ["logs", str(run)],
         ["submit", "--dry-run", "--nodes", "2", "--shard", "4", "--run-dir", str(run)],

@@ -185,29 +185,10 @@ def test_a_checkpoint_the_job_continues_passes(tmp_path, data, synthetic):
     check_job_inputs(spec_from_argv([*RESUME, "--run-dir", str(tmp_path / "own")]))
 
 
-def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path):
+def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path, local_submit):
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpc_hsdp",
-            "submit",
-            "--cluster",
-            "local",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "2",
-            "--shard",
-            "2",
-            "--device",
-            "cpu",
-            "--data",
-            str(tmp_path / "nowhere"),
-            "--run-dir",
-            str(run_dir),
-        ],
+        [sys.executable, "-m", "hpc_hsdp", *local_submit(run_dir, "--data", str(tmp_path / "nowhere"))],
         capture_output=True,
         text=True,
         timeout=120,

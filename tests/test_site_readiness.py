@@ -10,7 +10,7 @@ import pytest
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.plan.address import hostfile_lines, node_address
+from hpc_hsdp.plan.address import hostfile_lines, node_address, reachable_address
 
 # ----------------------------------------------------------------------------- torch floor
 
@@ -134,6 +134,28 @@ def test_node_address(env, kwargs, expected):
 def test_node_address_refusals_name_the_fix(env, kwargs, message):
     with pytest.raises(SlurmEnvError, match=message):
         _address(env, **kwargs)
+
+
+def test_reachable_address_is_the_rule_on_any_node_of_the_job():
+    """A replica group's first node (not the job's first) asks the same rule for its own address;
+    node_address refuses there, as the batch shell's address is rank 0's node's."""
+    on_site2 = {**TWO_NODES, "SLURMD_NODENAME": "site2", "NCCL_SOCKET_IFNAME": "=ib0"}
+    asked = []
+    address = reachable_address(
+        on_site2,
+        by_interface=lambda name: asked.append(name) or "10.9.9.2",
+        by_host_name=lambda: [],
+        by_route=lambda: "10.1.1.2",
+    )
+    assert (address, asked) == ("10.9.9.2", ["=ib0"])
+    assert (
+        reachable_address({"SLURMD_NODENAME": "site2"}, by_host_name=lambda: ["127.0.1.1"], by_route=lambda: "10.1.1.2")
+        == "10.1.1.2"
+    )
+    with pytest.raises(SlurmEnvError, match="no IPv4 address on node site2"):
+        reachable_address(on_site2, by_interface=lambda name: None)
+    with pytest.raises(SlurmEnvError, match="this runs on site2"):
+        node_address(on_site2, by_interface=lambda name: "10.9.9.2")
 
 
 @pytest.mark.parametrize(

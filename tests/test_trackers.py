@@ -91,31 +91,11 @@ sys.meta_path[:] = [_Hidden if f is importlib.machinery.PathFinder else f for f 
 TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
 
 
-def _submit(run: Path, *args: str) -> list[str]:
-    return [
-        "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--device",
-        "cpu",
-        "--run-dir",
-        str(run),
-        *TINY,
-        *args,
-    ]
-
-
 @pytest.mark.parametrize("hidden", [("wandb",), ("mlflow",), ("tensorboard", "wandb")])
-def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(tmp_path, hidden):
+def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(tmp_path, local_submit, hidden):
     run = tmp_path / "run"
     prelude = HIDE.replace("{HIDDEN}", repr(set(hidden)))
-    out = hpc(*_submit(run, "--tracker", "tensorboard,wandb,mlflow", "--steps", "2"), prelude=prelude)
+    out = hpc(*local_submit(run, *TINY, "--tracker", "tensorboard,wandb,mlflow", "--steps", "2"), prelude=prelude)
     first = hidden[0]
     extra = {"tensorboard": "tb"}.get(first, first)
     assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
@@ -319,12 +299,12 @@ def test_crashed_stopped_and_resumed_runs_leave_one_tracker_run_with_every_step(
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
-def test_a_tracker_that_cannot_write_is_a_warning_and_the_job_completes(tmp_path):
+def test_a_tracker_that_cannot_write_is_a_warning_and_the_job_completes(tmp_path, local_submit):
     run = tmp_path / "run"
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     env = {"MLFLOW_TRACKING_URI": (blocker / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true"}
-    out = hpc(*_submit(run, "--tracker", "mlflow", "--steps", "3", "--wait"), env=env)
+    out = hpc(*local_submit(run, *TINY, "--tracker", "mlflow", "--steps", "3", "--wait"), env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     logs = "".join(p.read_text(errors="replace") for p in (run / "logs").glob("*_log.*"))
     warnings = [line for line in logs.splitlines() if "warning: tracker mlflow is off for this attempt" in line]
@@ -338,14 +318,14 @@ def test_a_tracker_that_cannot_write_is_a_warning_and_the_job_completes(tmp_path
 
 @pytest.mark.dist
 @pytest.mark.timeout(400)
-def test_a_cancelled_job_submitted_again_continues_one_mlflow_and_one_wandb_run(tmp_path, monkeypatch):
+def test_a_cancelled_job_submitted_again_continues_one_mlflow_and_one_wandb_run(tmp_path, local_submit, monkeypatch):
     import time
 
     from mlflow.tracking import MlflowClient
 
     env = {"WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": None, "WANDB_MODE": None, "WANDB_DIR": None}
     run = tmp_path / "run"
-    job = _submit(run, "--tracker", "wandb,mlflow", "--steps", "30", "--checkpoint-every", "2")
+    job = local_submit(run, *TINY, "--tracker", "wandb,mlflow", "--steps", "30", "--checkpoint-every", "2")
     first = hpc(*job, env={**env, "HPC_HSDP_FAULT_STEP_DELAY_S": "0.5"})
     assert first.returncode == 0, first.stdout + first.stderr
     deadline = time.monotonic() + 150

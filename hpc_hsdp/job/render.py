@@ -44,6 +44,7 @@ import jinja2.sandbox
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
+from hpc_hsdp.plan.replicas import REPLICA_TAG
 from hpc_hsdp.plan.topology import format_tasks_per_node
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -233,10 +234,6 @@ def srun_options(spec: JobSpec) -> list[str]:
     tag = f"{REPLICA_TAG}_" if spec.replicas is not None else ""
     opts += [f"--output={spec.log_dir}/%j_{tag}%t_log.out", f"--error={spec.log_dir}/%j_{tag}%t_log.err"]
     return opts + container_options(spec)
-
-
-REPLICA_TAG = "{replica}"
-"""In a fault-tolerant job's srun options: the replica supervisor writes ``r<group>a<attempt>`` there."""
 
 
 def replica_command(spec: JobSpec) -> str | None:

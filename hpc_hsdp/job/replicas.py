@@ -4,7 +4,11 @@ The rendered script runs it in the batch shell (the job's first node) instead of
 It starts torchft's lighthouse bound to the job's address and keeps it (restarted on the same
 address when it ends; given up after ``LIGHTHOUSE_RESTARTS`` quick ends: fall back), then one
 ``srun`` job step per replica group on the group's own nodes (``--relative``), each with its
-``HPC_HSDP_REPLICA_ID``, rendezvous port and the lighthouse's address. A group step that ends
+``HPC_HSDP_REPLICA_ID``, rendezvous address and port and the lighthouse's address. The group's
+rendezvous address is its first node's, by the rule of an ordinary job's batch shell
+(:mod:`hpc_hsdp.plan.address`): this shell's own for the job's first node, else asked on that
+node in a one-task step before the group's (the interface it names, ``NCCL_SOCKET_IFNAME``, is
+that node's; its SLURM name need not resolve). A group step that ends
 before the training did is started again on spare nodes when there are any (it joins at the
 next quorum from a live peer); the others train on without it meanwhile. The job ends when a
 group finished the training (the others finish the same step); when fewer than
@@ -29,13 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.requeue import requeue_job
-from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
+from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm, slurmd_address
+from hpc_hsdp.plan.address import reachable_address
+from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
+from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.metrics import last_step_written
+from hpc_hsdp.rundir.replicas import membership_path
 
-REPLICA_TAG = "{replica}"
-"""In the srun options: replaced by ``r<group>a<attempt>`` (each group step's own log files)."""
 LIGHTHOUSE_RESTARTS = 5
 """Lighthouse ends within ``LIGHTHOUSE_WINDOW_S`` of its start before the supervisor gives up on it."""
 LIGHTHOUSE_WINDOW_S = 30.0
@@ -43,6 +50,11 @@ FINISH_GRACE_S = 120.0
 """After one group finished the training, how long the others may take to finish theirs."""
 FALLBACK_EXIT = 75
 """The supervisor's status when it fell back to a requeue (as a task stopped and not requeued)."""
+ADDRESS_FLAG = "--address-here"
+"""``python -m hpc_hsdp.job.replicas --address-here``: print this node's rendezvous address (the
+one-task step on a group's first node)."""
+ADDRESS_TIMEOUT_S = 30.0
+"""How long that step may take (a node that does not answer: the group is lost)."""
 
 
 def log(run_dir: str | None, event: str, **fields) -> None:
@@ -51,8 +63,7 @@ def log(run_dir: str | None, event: str, **fields) -> None:
     print(f"hpc-hsdp: replicas {stamp}: {event} {json.dumps(fields, sort_keys=True)}", file=sys.stderr, flush=True)
     if run_dir:
         try:
-            with open(Path(run_dir) / MEMBERSHIP_LOG, "a", encoding="utf-8") as out:
-                out.write(json.dumps(record) + "\n")
+            append_jsonl(membership_path(run_dir), record)
         except OSError:
             pass
 
@@ -86,7 +97,8 @@ class Supervisor:
     steps: int | None = None
     """The run's last step: a group step that ends with 0 before it did not finish the training."""
     probe_nodes: bool = False
-    """Ask each group's slurmd whether its nodes live (SLURM; srun itself may take a minute)."""
+    """SLURM (not the emulator): each group's nodes are their own machines; ask their slurmd
+    whether they live (srun itself may take a minute) and their first node its address."""
     slurmd_addresses: dict = field(default_factory=dict)
     lighthouse: subprocess.Popen | None = None
     lighthouse_starts: list[float] = field(default_factory=list)
@@ -128,8 +140,41 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the groups
 
-    def group_env(self, group: Group) -> dict[str, str]:
-        first = self.node_names[group.nodes[0]]
+    def rendezvous_address(self, group: Group) -> str:
+        """The address the group's first node serves its rendezvous on, by the batch shell's rule
+        (:func:`~hpc_hsdp.plan.address.node_address`): this shell's own for the job's first node
+        and on the emulator (every node is this machine), else asked on that node. Raises
+        SlurmEnvError (why) where that node cannot say one."""
+        if group.nodes[0] == 0 or not self.probe_nodes:
+            return self.address
+        name = self.node_names[group.nodes[0]]
+        argv = [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            f"--relative={group.nodes[0]}",
+            "--kill-on-bad-exit=1",
+            "--quiet",
+            sys.executable,
+            "-m",
+            "hpc_hsdp.job.replicas",
+            ADDRESS_FLAG,
+        ]
+        try:
+            done = run_slurm(argv, timeout_s=ADDRESS_TIMEOUT_S)
+        except SchedulerError as exc:
+            raise SlurmEnvError(f"node {name} did not say its address: {exc}") from None
+        said = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not said:
+            why = [
+                line for line in done.stderr.splitlines() if line.startswith("hpc-hsdp:")
+            ] or done.stderr.splitlines()
+            raise SlurmEnvError(f"node {name} did not say its address: {(why or ['no output'])[-1].strip()}")
+        return said[-1].strip()
+
+    def group_env(self, group: Group, address: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             {
@@ -137,13 +182,19 @@ class Supervisor:
                 REPLICA_GROUPS_ENV: str(len(self.groups)),
                 ATTEMPT_ENV: str(group.attempt),
                 LIGHTHOUSE_ENV: f"http://{self.address}:{self.lighthouse_port}",
-                "MASTER_ADDR": node_address(first, self.address if group.nodes[0] == 0 or emulated() else None),
+                "MASTER_ADDR": address,
                 "MASTER_PORT": str(self.base_port + 1 + group.replica_id),
             }
         )
         return env
 
     def start_group(self, group: Group, cause: str) -> None:
+        """The group's step on its nodes; a first node that cannot say its address loses the group."""
+        try:
+            address = self.rendezvous_address(group)
+        except SlurmEnvError as exc:
+            self.replace(group, str(exc), nodes_alive=False)  # not tried again: it would say the same
+            return
         nodes = len(group.nodes)
         argv = [
             "srun",
@@ -154,7 +205,7 @@ class Supervisor:
             "--kill-on-bad-exit=1",
             *(a.replace(REPLICA_TAG, f"r{group.replica_id}a{group.attempt}") for a in self.command),
         ]
-        group.proc = subprocess.Popen(argv, env=self.group_env(group), stdin=subprocess.DEVNULL)
+        group.proc = subprocess.Popen(argv, env=self.group_env(group, address), stdin=subprocess.DEVNULL)
         group.started = time.time()
         log(
             self.run_dir,
@@ -162,25 +213,19 @@ class Supervisor:
             replica_id=group.replica_id,
             attempt=group.attempt,
             nodes=[self.node_names[n] for n in group.nodes],
+            address=address,
             cause=cause,
         )
 
     def last_step(self) -> int:
-        """The newest step in ``metrics.jsonl`` (0 without one)."""
-        if not self.run_dir:
-            return 0
-        try:
-            lines = (Path(self.run_dir) / "metrics.jsonl").read_bytes()[-4096:].splitlines()
-            return int(json.loads(lines[-1])["step"]) if lines else 0
-        except (OSError, ValueError, KeyError, IndexError):
-            return 0
+        """The newest step in ``metrics.jsonl`` (0 without one), as ``status`` reads it: past a
+        torn last line, and from a record longer than 4 KiB (many ranks' straggler times)."""
+        return (last_step_written(self.run_dir) or 0) if self.run_dir else 0
 
     def dead_nodes(self, group: Group) -> list[str]:
         """The group's nodes whose slurmd does not answer (SLURM only; none elsewhere)."""
         if not self.probe_nodes:
             return []
-        from hpc_hsdp.job.slurm_command import slurmd_address  # noqa: PLC0415 - SLURM jobs only
-
         dead = []
         for index in group.nodes:
             name = self.node_names[index]
@@ -302,23 +347,20 @@ class Supervisor:
         return FALLBACK_EXIT
 
 
-def emulated() -> bool:
-    """On the local emulator every node is this machine (its node names need not resolve)."""
-    return os.environ.get("HPC_HSDP_EMULATOR") == "1"
-
-
-def node_address(name: str, own: str | None) -> str:
-    """The address the group's first node serves its rendezvous on: this shell's own address
-    for the first node, else the name's address where it resolves (the name itself otherwise)."""
-    if own is not None:
-        return own
+def address_here() -> int:
+    """``--address-here``: this node's rendezvous address on stdout, or why not on stderr (exit 2)."""
     try:
-        return socket.gethostbyname(name)
-    except OSError:
-        return name
+        print(reachable_address(os.environ), flush=True)
+    except SlurmEnvError as exc:
+        print(f"hpc-hsdp: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == [ADDRESS_FLAG]:
+        return address_here()
     parser = argparse.ArgumentParser(prog="python -m hpc_hsdp.job.replicas")
     parser.add_argument("--groups", type=int, required=True)
     parser.add_argument("--nodes-per-group", type=int, required=True)

@@ -13,6 +13,9 @@ reach. So the script says an address of its own, in this order:
 4. the source address of the route to the outside (the default route's interface).
 
 Nothing found: an error that names the fix (``--env MASTER_ADDR=...`` or the interface).
+
+Rules 2-4 are :func:`reachable_address`: a replica group of a fault-tolerant job
+(:mod:`hpc_hsdp.job.replicas`) whose first node is not the batch shell's asks them on that node.
 """
 
 from __future__ import annotations
@@ -112,6 +115,19 @@ def node_address(
         )
     if env.get("HPC_HSDP_EMULATOR") == "1" or len(nodes) == 1:
         return "127.0.0.1"
+    return reachable_address(env, by_interface=by_interface, by_host_name=by_host_name, by_route=by_route)
+
+
+def reachable_address(
+    env: Mapping[str, str],
+    *,
+    by_interface: Callable[[str], str | None] = interface_address,
+    by_host_name: Callable[[], list[str]] = host_name_addresses,
+    by_route: Callable[[], str | None] = route_source_address,
+) -> str:
+    """An address of the node this runs on that other nodes reach: rules 2-4 of the module
+    docstring (the interface NCCL/gloo are told to use, the host name's, the default route's)."""
+    here = env.get("SLURMD_NODENAME", "").strip()
     named = named_interface(env)
     if named is not None:
         variable, name = named

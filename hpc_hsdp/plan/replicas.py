@@ -27,6 +27,9 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's variable: ``http://HOST:PORT`` of the lighthouse."""
 ATTEMPT_ENV = "HPC_HSDP_REPLICA_ATTEMPT"
 """How often this replica group's step was started (0 the first time): a fresh store prefix each."""
+REPLICA_TAG = "{replica}"
+"""In a fault-tolerant job's srun options (the rendered log file names): the replica supervisor
+replaces it by ``r<group>a<attempt>``, each group step's own log files."""
 
 
 @dataclass(frozen=True, kw_only=True)
