@@ -350,7 +350,6 @@ def test_the_dev_clusters_untyped_gpus_are_unknown_and_go_on(slurm_cluster, tmp_
 @pytest.mark.parametrize("device", ["auto", "cuda"])
 def test_submit_to_a_partition_of_older_gpus_refuses_fp8_with_no_job(site_gpu_features, tmp_path, device):
     site_gpu_features("site[1-2]", "a100,ib")
-    before, accounted = _squeue(), _sacct_jobs()
     run_dir = tmp_path / "run"
     argv = ["submit", "--cluster", "slurm", "--partition", "site", "--shard", "1", "--precision", "fp8"]
     out = subprocess.run(
