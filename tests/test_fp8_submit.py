@@ -307,16 +307,17 @@ def test_the_refusal_imports_no_torch(tmp_path):
 # ----------------------------------------------------------------------------- the real dev cluster
 
 
-def _squeue() -> str:
-    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout
-
-
-def _sacct_jobs() -> set[str]:
+def _jobs_named(name: str) -> set[str]:
+    """Every job of the last hour named ``name``, queued or ended (squeue and sacct)."""
+    queued = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
     shown = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "-o", "JobID"], capture_output=True, text=True, timeout=30
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "--name", name, "-o", "JobID"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
-    assert shown.returncode == 0, shown.stderr
-    return set(shown.stdout.split())
+    assert queued.returncode == 0 and shown.returncode == 0, queued.stderr + shown.stderr
+    return set(queued.stdout.split()) | set(shown.stdout.split())
 
 
 def _set_features(nodes: str, features: str) -> None:
@@ -351,7 +352,9 @@ def test_the_dev_clusters_untyped_gpus_are_unknown_and_go_on(slurm_cluster, tmp_
 def test_submit_to_a_partition_of_older_gpus_refuses_fp8_with_no_job(site_gpu_features, tmp_path, device):
     site_gpu_features("site[1-2]", "a100,ib")
     run_dir = tmp_path / "run"
+    name = f"fp8-refused-{device}-{os.getpid()}"  # other tests submit meanwhile: look for this job only
     argv = ["submit", "--cluster", "slurm", "--partition", "site", "--shard", "1", "--precision", "fp8"]
+    argv += ["--job-name", name]
     out = subprocess.run(
         [sys.executable, "-m", "hpc_hsdp", *argv, "--device", device, "--run-dir", str(run_dir)],
         capture_output=True,
@@ -362,7 +365,7 @@ def test_submit_to_a_partition_of_older_gpus_refuses_fp8_with_no_job(site_gpu_fe
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "partition 'site' has only a100 (8.0): use --precision bf16" in out.stderr, out.stderr
     assert not run_dir.exists()
-    assert not run_dir.exists()  # other workers submit meanwhile: the queue is not compared
+    assert _jobs_named(name) == set()
 
 
 @pytest.mark.slurm
