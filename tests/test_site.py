@@ -131,7 +131,7 @@ def _job_state(job_id: str) -> str:
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_scancel_quit_prints_stacks_and_the_job_goes_on(slurm_cluster, tmp_path, launcher):
-    """README: `scancel --signal=QUIT JOB` makes every rank print its stacks and the job keeps
+    """docs/fault-tolerance.md: `scancel --signal=QUIT JOB` makes every rank print its stacks and the job keeps
     running. torchrun's agent used to take QUIT as "shut down the workers"."""
     run = tmp_path / launcher
     script = tmp_path / "train.sbatch"
