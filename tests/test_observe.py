@@ -521,20 +521,26 @@ def test_only_ranks_slow_in_half_of_the_probes_are_named():
     assert persistent([summarize(t, NODES) for t in (fast, noisy, fast)], NODES) is None
 
 
-def test_the_blocked_clock_counts_only_the_thread_that_started_it():
+def test_the_blocked_clock_counts_only_the_thread_that_started_it(monkeypatch):
     """A background checkpoint save's collectives (another thread) overlap the step; counting
     them would take the wait of that thread off this rank's own time."""
     import threading
     import time as clock_time
 
+    import torch.distributed as dist
+
     from hpc_hsdp.runtime.stragglers import BlockedClock
 
-    clock = BlockedClock()
-    collective = clock._wrap(lambda: clock_time.sleep(0.05))
-    clock.start()
-    worker = threading.Thread(target=collective)
-    worker.start()
-    worker.join()
-    assert clock.blocked_s == 0.0
-    collective()
-    assert clock.stop() >= 0.05
+    monkeypatch.setattr(dist, "barrier", lambda: clock_time.sleep(0.05))
+    clock = BlockedClock().install()
+    try:
+        collective = dist.barrier
+        clock.start()
+        worker = threading.Thread(target=collective)
+        worker.start()
+        worker.join()
+        assert clock.blocked_s == 0.0
+        collective()
+        assert clock.stop() >= 0.05
+    finally:
+        clock.close()

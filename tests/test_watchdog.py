@@ -70,19 +70,20 @@ def test_the_timeout_is_given_or_a_multiple_of_the_step_time_with_a_floor(config
     assert hang_timeout(configured, step_times) == expected
 
 
-def test_only_the_main_threads_collectives_are_counted_and_uninstall_restores():
+def test_only_the_main_threads_collectives_are_counted_and_uninstall_restores(monkeypatch):
     import threading
 
     import torch.distributed as dist
 
     from hpc_hsdp.runtime.watchdog import CollectiveCounter
 
+    calls = []
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: calls.append(1))
     original = dist.all_reduce
     counter = CollectiveCounter().install()
     try:
         assert dist.all_reduce is not original
-        calls = []
-        wrapped = counter._wrap("all_reduce", lambda *a, **k: calls.append(1))
+        wrapped = dist.all_reduce
         wrapped()
         thread = threading.Thread(target=wrapped)
         thread.start()

@@ -1,12 +1,12 @@
 """Count the collectives a rank issues, per mesh axis, intra- or inter-node.
 
-:class:`CommStats` is a context manager that replaces the ``torch.distributed``
-functions FSDP2 looks up at call time (``dist.all_gather_single``,
+:class:`CommStats` is a context manager that listens, while active, to the
+``torch.distributed`` functions FSDP2 looks up at call time (``dist.all_gather_single``,
 ``dist.reduce_scatter_single``, ``dist.all_reduce`` in
 ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``; also the older names
-``all_gather_into_tensor``/``reduce_scatter_tensor``, which torch forwards to the former:
-only the outermost call counts) with wrappers that record the group, the tensor bytes
-and the bytes on the wire, then call the original. On exit the originals are restored.
+``all_gather_into_tensor``/``reduce_scatter_tensor``) through their one wrapper
+(:mod:`hpc_hsdp.runtime.collectives`: only the outermost call of a thread is seen) and
+records the group, the tensor bytes and the bytes on the wire of each call.
 
 Per call, for a group of ``n`` ranks (ring algorithms):
 
@@ -31,8 +31,10 @@ from fractions import Fraction
 
 import torch.distributed as dist
 
-# wrapped name -> (kind, which argument holds the tensor whose size is the tensor bytes)
-_WRAPPED = {
+from hpc_hsdp.runtime.collectives import Listening, listen
+
+# counted name -> (kind, which argument holds the tensor whose size is the tensor bytes)
+_COUNTED = {
     "all_gather_single": ("all_gather", "output"),
     "all_gather_into_tensor": ("all_gather", "output"),
     "reduce_scatter_single": ("reduce_scatter", "input"),
@@ -96,53 +98,32 @@ class CommStats:
                 self._axis_of_ranks.setdefault(tuple(dist.get_process_group_ranks(group)), axis)
         self._group_info: dict[int, tuple[str, int, bool]] = {}
         self._totals: dict[tuple[str, str, int, bool], _Entry] = {}
-        self._originals: dict[str, object] = {}
-        self._local = threading.local()
+        self._listening: Listening | None = None
         self._lock = threading.Lock()
 
-    # -------------------------------------------------------------------- install / restore
+    # -------------------------------------------------------------------- listen / stop
     def __enter__(self) -> CommStats:
-        if self._originals:
+        if self._listening is not None:
             raise RuntimeError("CommStats is already active")
-        for name in _WRAPPED:
-            original = getattr(dist, name, None)
-            if original is not None:
-                self._originals[name] = original
-                setattr(dist, name, self._wrapper(name, original))
+        self._listening = listen(self._entered, names=_COUNTED)
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
-        """Put the original functions back (idempotent)."""
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals.clear()
+        """Stop listening to the collectives (idempotent)."""
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
 
     @property
     def active(self) -> bool:
-        return bool(self._originals)
+        return self._listening is not None
 
-    def _wrapper(self, name: str, original):
-        kind, role = _WRAPPED[name]
-        local = self._local
-
-        def wrapper(*args, **kwargs):
-            depth = getattr(local, "depth", 0)
-            if depth == 0:
-                tensor = _argument(name, role, args, kwargs)
-                group = _argument(name, "group", args, kwargs)
-                self._record(kind, tensor, group)
-            local.depth = depth + 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                local.depth = depth
-
-        wrapper.__wrapped__ = original
-        wrapper.__name__ = name
-        return wrapper
+    def _entered(self, name: str, args: tuple, kwargs: dict) -> None:
+        kind, role = _COUNTED[name]
+        self._record(kind, _argument(name, role, args, kwargs), _argument(name, "group", args, kwargs))
 
     # -------------------------------------------------------------------- recording
     def _info(self, group) -> tuple[str, int, bool]:

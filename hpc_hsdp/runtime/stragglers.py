@@ -1,14 +1,14 @@
 """Each rank's own time of a step, shared every K steps (one small all-gather).
 
-:class:`BlockedClock` replaces the ``torch.distributed`` collectives (the functions FSDP2
-looks up at call time, the loop's own, and ``Work.wait``) with wrappers that add the
-wall time this rank spends inside them to a counter, while a step is being probed. A
+:class:`BlockedClock` listens to every ``torch.distributed`` collective, point-to-point call
+and ``Work.wait`` (:mod:`hpc_hsdp.runtime.collectives`) and adds the wall time this rank
+spends inside them to a counter, while a step is being probed. A
 rank's own time = step time - that blocked time: the waiting for slower peers and the
 transfer are left out, so the slow rank is the one with the largest own time although
 every rank's step time is the same.
 
 On CPU (gloo) the collectives block the calling thread, so the wall time inside them is
-the wait. On CUDA they only enqueue work; on a probed step the wrapper synchronizes the
+the wait. On CUDA they only enqueue work; on a probed step the clock synchronizes the
 device before a collective (the compute before it is this rank's own) and after it (the
 collective's wait and transfer are not), which costs the overlap of communication and
 compute of that one step in K.
@@ -30,21 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_hsdp.rundir.stragglers import summarize
-
-COLLECTIVES = (
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "all_to_all_single",
-    "barrier",
-    "all_gather_object",
-    "broadcast_object_list",
-)
+from hpc_hsdp.runtime.collectives import WRAPPABLE, Listening, listen
 
 
 class BlockedClock:
@@ -55,31 +41,20 @@ class BlockedClock:
         self.device = device
         self.running = False
         self.blocked_s = 0.0
-        self._local = threading.local()
-        self._originals: dict[str, object] = {}
-        self._original_wait = None
+        self._began: float | None = None
+        self._listening: Listening | None = None
         self._thread: int | None = None
 
     def install(self) -> BlockedClock:
-        for name in COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is not None and name not in self._originals:
-                self._originals[name] = original
-                setattr(dist, name, self._wrap(original))
-        work = dist.distributed_c10d.Work
-        if self._original_wait is None:
-            self._original_wait = work.wait
-            work.wait = self._wrap(self._original_wait)
+        if self._listening is None:
+            self._listening = listen(self._entered, self._left, names=WRAPPABLE)
         return self
 
     def close(self) -> None:
-        """Put back exactly the functions it replaced (idempotent)."""
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals.clear()
-        if self._original_wait is not None:
-            dist.distributed_c10d.Work.wait = self._original_wait
-            self._original_wait = None
+        """Stop listening to the collectives (idempotent)."""
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
 
     def start(self) -> None:
         """Count from now, in this thread only: a background checkpoint save's collectives in
@@ -96,31 +71,21 @@ class BlockedClock:
         if self.sync_cuda:
             torch.cuda.synchronize(self.device)
 
-    def _wrap(self, original):
-        local = self._local
-
-        def wrapper(*args, **kwargs):
-            depth = getattr(local, "depth", 0)
-            if depth or not self.running or threading.get_ident() != self._thread:
-                local.depth = depth + 1
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    local.depth = depth
+    def _entered(self, name: str, args: tuple, kwargs: dict) -> None:
+        if self.running and threading.get_ident() == self._thread:
             self._sync()
-            local.depth = 1
-            began = time.perf_counter()
-            try:
-                result = original(*args, **kwargs)
-                self._sync()
-                return result
-            finally:
-                self.blocked_s += time.perf_counter() - began
-                local.depth = 0
+            self._began = time.perf_counter()
 
-        wrapper.__wrapped__ = original
-        wrapper.__name__ = getattr(original, "__name__", "collective")
-        return wrapper
+    def _left(self, name: str, completed: bool) -> None:
+        began = self._began
+        if began is None or threading.get_ident() != self._thread:
+            return
+        self._began = None
+        try:
+            if completed:
+                self._sync()
+        finally:
+            self.blocked_s += time.perf_counter() - began
 
 
 class StragglerProbe:

@@ -12,8 +12,8 @@ watchdog thread:
    NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl``: ``init``
    turns the recorder on for NCCL groups unless the job sets ``TORCH_FR_BUFFER_SIZE``);
 2. publishes where it is through the job's TCP store (which works while every collective
-   hangs): last step completed, collectives entered by the main thread (counted by light
-   wrappers of the torch.distributed functions FSDP2 and the loop call);
+   hangs): last step completed, collectives entered by the main thread (counted by a listener
+   on :mod:`hpc_hsdp.runtime.collectives`, the one wrapper of each torch.distributed collective);
 3. rank 0 collects them and prints ONE line: the step, the ranks waiting in collective #N and
    the ranks that never reached it, and on NCCL what the flight recorder's dumps say
    (:func:`hpc_hsdp.rundir.flight_recorder.hang_words`: the op, the mesh axis, the sequence
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import functools
 import json
 import os
 import statistics
@@ -46,6 +45,7 @@ from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.rundir.attempts import read_restarts
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
 from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
+from hpc_hsdp.runtime.collectives import COLLECTIVES, Listening, listen
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.node_failure import handle_lost_peers
 from hpc_hsdp.runtime.preemption import in_slurm, restart_count
@@ -61,21 +61,6 @@ ENDING = threading.Event()
 """Set when this process's watchdog decided to end the job: an error the main thread gets
 meanwhile (a peer that already exited) must not end the task before the watchdog does."""
 
-_COUNTED = (
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "barrier",
-    "all_to_all_single",
-    "reduce",
-    "gather",
-    "scatter",
-)
-
 
 class CollectiveCounter:
     """Counts the collectives the main thread enters (another thread's, e.g. a background
@@ -85,34 +70,22 @@ class CollectiveCounter:
         self.entered = 0
         self.last_kind: str | None = None
         self._main = threading.main_thread().ident
-        self._originals: dict[str, object] = {}
+        self._listening: Listening | None = None
 
     def install(self) -> CollectiveCounter:
-        for name in _COUNTED:
-            original = getattr(dist, name, None)
-            if original is None or name in self._originals:
-                continue
-            self._originals[name] = original
-            setattr(dist, name, self._wrap(name, original))
+        if self._listening is None:
+            self._listening = listen(self._entered, names=COLLECTIVES)
         return self
 
-    def _wrap(self, name: str, original):
-        @functools.wraps(original)
-        def counted(*args, **kwargs):
-            if threading.get_ident() == self._main:
-                self.entered += 1
-                self.last_kind = name
-            return original(*args, **kwargs)
-
-        counted.__hpc_hsdp_counter__ = self
-        return counted
+    def _entered(self, name: str, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() == self._main:
+            self.entered += 1
+            self.last_kind = name
 
     def uninstall(self) -> None:
-        for name, original in self._originals.items():
-            current = getattr(dist, name, None)
-            if getattr(current, "__hpc_hsdp_counter__", None) is self:
-                setattr(dist, name, original)
-        self._originals.clear()
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
 
 
 def describe_hang(reports: Mapping[int, dict], world_size: int, *, timeout_s: float) -> str:
