@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.plan.records import record
 
 if TYPE_CHECKING:
     from fractions import Fraction
@@ -33,7 +33,7 @@ _MIXTURE = re.compile(r"^[A-Za-z0-9_-]+=")
 EXAMPLE = "--data web=data/web:0.7,code=data/code:0.3"
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Source:
     """One source of a mixture: its name (in metrics: ``loss/NAME``), its token dataset and its
     weight as given (:attr:`Mixture.shares` are the normalised ones)."""
@@ -45,8 +45,10 @@ class Source:
     """The weight as written (kept, so that the value reaches the tasks unchanged)."""
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Mixture:
+    """``--data NAME=PATH:WEIGHT,...``: the sources, in the order given."""
+
     sources: tuple[Source, ...]
 
     @property

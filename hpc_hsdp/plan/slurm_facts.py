@@ -6,9 +6,9 @@ no scheduler."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.plan.records import record
 
 DISTRIBUTIONS = ("block", "cyclic")
 """srun ``--distribution`` values hpc-hsdp writes and emulates."""
@@ -148,8 +148,10 @@ SINFO_NODE_FORMAT = "%P|%N|%G|%f"
 node, GRES, available features; one line per node and partition."""
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class SinfoNode:
+    """One line of :data:`SINFO_NODE_FORMAT`: a node of a partition, its GPUs and features."""
+
     partition: str
     default: bool
     """The cluster's default partition (what a job without ``--partition`` goes to)."""

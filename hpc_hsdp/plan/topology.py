@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 
 import hostlist
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
+from hpc_hsdp.plan.records import record
 
 # Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
 RENDEZVOUS_PORT_BASE = 20000
@@ -157,7 +158,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class TopologyPlan:
     """The HSDP layout of a job: one entry per rank, groups derived from node-major ranks."""
 
@@ -428,7 +429,7 @@ def select_device(env: Mapping[str, str], *, local_rank: int, local_world_size: 
     return f"cuda:{local_rank}"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class RankLayout:
     """What one task derives from its environment: its place in the node-major plan."""
 
