@@ -237,14 +237,14 @@ def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-_SANITIZE = re.compile(r"[^A-Za-z0-9._-]+")
+_SANITIZE = r"[^A-Za-z0-9._-]+"
 
 
 def default_run_dir(job_name: str, cwd: str | Path, *, new: bool = False) -> str:
     """``<cwd>/hpc-hsdp-runs/<job name>``, the job name reduced to ``[A-Za-z0-9._-]``; with
     ``new`` (every ``submit``), ``<job name>-<YYYYmmdd-HHMMSS>`` that does not exist yet, so that a
     second submission starts a run of its own instead of resuming (or ending) the first."""
-    safe = _SANITIZE.sub("_", job_name).strip("._") or "job"
+    safe = re.sub(_SANITIZE, "_", job_name).strip("._") or "job"
     base = Path(cwd) / "hpc-hsdp-runs" / safe
     if not new:
         return str(base)

@@ -51,7 +51,7 @@ from hpc_hsdp.plan.topology import format_tasks_per_node
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
 
-_SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_SBATCH_PLAIN = r"^[A-Za-z0-9_@%+=:,./-]+$"
 
 
 def shell_quote(value: object) -> str:
@@ -68,7 +68,7 @@ def sbatch_quote(value: object) -> str:
     text = str(value)
     if "\n" in text or "\r" in text or "\0" in text:
         raise SpecError(f"#SBATCH value {text!r} contains a line break or NUL; sbatch would misread it")
-    if _SBATCH_PLAIN.match(text):
+    if re.match(_SBATCH_PLAIN, text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

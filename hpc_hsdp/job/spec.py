@@ -43,11 +43,11 @@ from hpc_hsdp.plan.slurm_facts import (
 )
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
 
-_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_ENTRY = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def check_entry(entry: str | None) -> None:
-    if entry is not None and not _ENTRY.match(entry):
+    if entry is not None and not re.match(_ENTRY, entry):
         raise SpecError(f"--entry {entry!r} is not module:function; write e.g. 'mypkg.train:main'")
 
 
@@ -65,7 +65,7 @@ def check_model(model: str) -> str:
         if not model[3:].strip():
             raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
         return model
-    if _ENTRY.match(model):
+    if re.match(_ENTRY, model):
         return model
     raise SpecError(f"--model {model!r} is not one of {MODEL_FORMS}; e.g. --model hf:/models/llama-1b")
 
@@ -300,9 +300,9 @@ class RunSpec:
 
 # ----------------------------------------------------------------------------- the job (render, submit)
 
-_MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+_MEM = r"^[0-9]+[KMGT]?$"
+_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_SBATCH_KEY = r"^[a-z][a-z0-9-]*$"
 
 
 def _positive_int(option: str, value: object) -> None:
@@ -318,7 +318,7 @@ def check_sbatch_key(key: str) -> str:
     """A ``--sbatch`` passthrough key: a long sbatch option this spec does not write itself
     (:func:`~hpc_hsdp.job.options.owned_sbatch_keys`)."""
     check_text("--sbatch", key)
-    if not _SBATCH_KEY.match(key):
+    if not re.match(_SBATCH_KEY, key):
         raise SpecError(
             f"--sbatch key {key!r} is not a long sbatch option name; write KEY=VALUE with KEY like 'mail-type' "
             f"(lowercase letters, digits, '-', no leading dashes)"
@@ -331,7 +331,7 @@ def check_sbatch_key(key: str) -> str:
 
 def check_env_name(option: str, name: str) -> str:
     check_text(option, name)
-    if not _IDENTIFIER.match(name):
+    if not re.match(_IDENTIFIER, name):
         raise SpecError(
             f"{option} name {name!r} is not a shell variable name; use letters, digits and '_' (e.g. MY_VAR)"
         )
@@ -364,7 +364,7 @@ class SchedulerSpec:
     def __post_init__(self) -> None:
         if self.time is not None:
             check_time(self.time)
-        if self.mem is not None and not _MEM.match(self.mem):
+        if self.mem is not None and not re.match(_MEM, self.mem, re.IGNORECASE):
             raise SpecError(
                 f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
                 f"(e.g. 512G, or 0 for all)"

@@ -28,8 +28,8 @@ from hpc_hsdp.plan.records import record
 if TYPE_CHECKING:
     from fractions import Fraction
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_MIXTURE = re.compile(r"^[A-Za-z0-9_-]+=")
+_NAME = r"^[A-Za-z0-9_-]+$"
+_MIXTURE = r"^[A-Za-z0-9_-]+="
 EXAMPLE = "--data web=data/web:0.7,code=data/code:0.3"
 
 
@@ -75,7 +75,7 @@ class Mixture:
 
 
 def is_mixture(value: object) -> bool:
-    return isinstance(value, str) and bool(_MIXTURE.match(value))
+    return isinstance(value, str) and bool(re.match(_MIXTURE, value))
 
 
 def parse_mixture(value: str, *, flag: str = "--data") -> Mixture:
@@ -92,7 +92,7 @@ def parse_mixture(value: str, *, flag: str = "--data") -> Mixture:
         path, colon, weight_text = rest.rpartition(":")
         if not equals or not colon or not path:
             raise SpecError(f"{flag} item {item!r} is not NAME=PATH:WEIGHT; e.g. {EXAMPLE}")
-        if not _NAME.match(name):
+        if not re.match(_NAME, name):
             raise SpecError(f"{flag} source name {name!r}: use letters, digits, _ and - (it names metrics: loss/NAME)")
         try:
             weight = Fraction(weight_text.strip())
