@@ -288,6 +288,12 @@ def test_a_required_option_field_refuses_none_and_an_off_word_makes_none_valid()
         SchedulerSpec(job_name=None)
 
 
+@pytest.mark.parametrize("entry", ["", "no_function", "mod:fn()", 5])
+def test_an_entry_that_is_not_module_function_is_refused_in_the_declarations_words(entry) -> None:
+    with pytest.raises(SpecError, match=r"^--entry .* is not module:function; write e.g. 'mypkg.train:main'$"):
+        RunSpec(shard_size=1, run_dir="/runs/entry", entry=entry)
+
+
 # ----------------------------------------------------------------------------- the #SBATCH header comes from the registry
 
 _SBATCH_SAMPLES = {

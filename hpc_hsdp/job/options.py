@@ -88,6 +88,9 @@ _PART_OF_REACH = {
 }
 """The part an option's field belongs to unless its declaration says (``part``)."""
 
+MODULE_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+"""``--entry`` and ``--model MODULE:FUNCTION``: a dotted module path, a colon, a function name."""
+
 RENDER_SUBMIT = ("render", "submit")
 ON_EVERY_TASK = ("render", "submit", "run")
 
@@ -174,9 +177,11 @@ class JobOption:
     minimum: float | None = None
     positive: bool = False
     """Above zero: an integer of at least 1, a number above 0."""
-    must: str | None = None
-    """What a valid value is, in the words of the error a wrong one gets ("a positive integer such as
-    4"); None: from the kind and bounds."""
+    pattern: str | None = None
+    """A regular expression a text value must match from its start (``--entry``: module:function)."""
+    refusal: str | None = None
+    """What the error of a value that is not positive or does not match ``pattern`` says after the
+    flag and the value ("must be a positive integer such as 4"); None: from the kind."""
     commands: tuple[str, ...] = RENDER_SUBMIT
     reaches: str = SBATCH_LINE
     training: bool = False
@@ -317,7 +322,7 @@ OPTIONS: tuple[JobOption, ...] = (
         key="shard",
         kind="int",
         positive=True,
-        must="a positive integer such as 4",
+        refusal="must be a positive integer such as 4",
         param="shard_size",
         spec_field="shard_size",
         spec_required=True,
@@ -504,6 +509,8 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         key="entry",
         kind="str",
+        pattern=MODULE_FUNCTION,
+        refusal="is not module:function; write e.g. 'mypkg.train:main'",
         metavar="MODULE:FUNCTION",
         default_text="the built-in payload",
         commands=ON_EVERY_TASK,
@@ -533,7 +540,7 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="int",
         default=300,
         positive=True,
-        must="a positive number of seconds",
+        refusal="must be a positive number of seconds",
         metavar="SECONDS",
         spec_field="timeout_s",
         commands=ON_EVERY_TASK,

@@ -21,6 +21,7 @@ from math import gcd as _gcd
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.options import (
     DEVICES,  # noqa: F401  (hpc_hsdp.runtime.dist imports it from here)
+    MODULE_FUNCTION,
     NO_TRACKER,
     RUN_ARGUMENTS,
     TRACKERS,
@@ -43,14 +44,6 @@ from hpc_hsdp.plan.slurm_facts import (
 )
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
 
-_ENTRY = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-
-
-def check_entry(entry: str | None) -> None:
-    if entry is not None and not re.match(_ENTRY, entry):
-        raise SpecError(f"--entry {entry!r} is not module:function; write e.g. 'mypkg.train:main'")
-
-
 MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
 
 
@@ -65,7 +58,7 @@ def check_model(model: str) -> str:
         if not model[3:].strip():
             raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
         return model
-    if re.match(_ENTRY, model):
+    if re.match(MODULE_FUNCTION, model):
         return model
     raise SpecError(f"--model {model!r} is not one of {MODEL_FORMS}; e.g. --model hf:/models/llama-1b")
 
@@ -245,7 +238,7 @@ def run_arguments(declared: JobOption, value: object) -> list[str]:
 
 
 def check_option_value(declared: JobOption, value: object) -> None:
-    """Check one value against its option's kind, bound and choices: the one check of every
+    """Check one value against its option's kind, bound, choices and pattern: the one check of every
     option field of every spec (:func:`option_spec`)."""
     flag, kind = declared.flag, declared.kind
     if value is None and (declared.default is None or declared.off_word is not None) and not declared.spec_required:
@@ -255,11 +248,13 @@ def check_option_value(declared: JobOption, value: object) -> None:
         return
     if kind in ("int", "nodes"):
         if declared.positive and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise SpecError(f"{flag} {value!r} must be {declared.must or 'a positive integer'}")
+            raise SpecError(f"{flag} {value!r} {declared.refusal or 'must be a positive integer'}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{flag} {value!r} must be an integer")
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
         raise SpecError(f"{flag} {value!r} must be a number, e.g. {declared.default!r}")
+    if declared.pattern is not None and not (isinstance(value, str) and re.match(declared.pattern, value)):
+        raise SpecError(f"{flag} {value!r} {declared.refusal}")
     if kind in ("str", "path", "data"):
         check_text(flag, value)
     if kind == "list":
@@ -272,7 +267,9 @@ def check_option_value(declared: JobOption, value: object) -> None:
     if declared.minimum is not None and value < declared.minimum:
         raise SpecError(f"{flag} {value} must be at least {declared.minimum}")
     if declared.positive and not value > 0:
-        raise SpecError(f"{flag} {value!r} must be {declared.must or f'a positive number, e.g. {declared.default!r}'}")
+        raise SpecError(
+            f"{flag} {value!r} {declared.refusal or f'must be a positive number, e.g. {declared.default!r}'}"
+        )
 
 
 @option_spec("run")
@@ -285,7 +282,6 @@ class RunSpec:
     """Options of the built-in payload."""
 
     def __post_init__(self) -> None:
-        check_entry(self.entry)
         if self.device == "cpu" and self.training.precision == "fp8":
             raise SpecError(
                 "--precision fp8 with --device cpu: Float8 training needs GPUs of compute capability >= 8.9; "
