@@ -5,8 +5,10 @@ defaults, the Python API keywords and the `hpc-hsdp run` arguments of the render
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -20,12 +22,18 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.config import OPTION_KINDS, build_job_spec
 from hpc_hsdp.job.options import (
     OPTIONS,
+    PARTS,
     RUN_ARGUMENT,
     RUN_ARGUMENTS,
+    SBATCH_LINE,
     TRAINING_OPTIONS,
     option,
+    options_in,
     options_of,
+    owned_sbatch_keys,
+    sbatch_lines,
 )
+from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.job.scheduler import api_options
 from hpc_hsdp.job.spec import EnvironmentSpec, JobSpec, LaunchSpec, RunSpec, SchedulerSpec, TrainingSpec
 
@@ -206,3 +214,203 @@ def test_the_job_layer_imports_no_cli_and_the_plan_layer_no_job() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------- the spec classes come from the registry
+
+SPEC_CLASSES = {
+    "job": JobSpec,
+    "run": RunSpec,
+    "training": TrainingSpec,
+    "scheduler": SchedulerSpec,
+    "environment": EnvironmentSpec,
+    "launch": LaunchSpec,
+}
+OWN_FIELDS = {  # what a spec class has besides its options' fields
+    "job": ["min_nodes", "run", "scheduler", "environment", "launch"],
+    "run": ["training"],
+}
+
+
+def test_every_option_in_a_config_is_the_field_of_one_spec_class_and_nothing_else_is() -> None:
+    assert set(PARTS) == set(SPEC_CLASSES)
+    in_some_part = []
+    for part, spec_class in SPEC_CLASSES.items():
+        fields = dataclasses.fields(spec_class)
+        declared = options_in(part)
+        assert [f.metadata.get("option") for f in fields[: len(declared)]] == list(declared), part
+        assert [f.name for f in fields[: len(declared)]] == [each.attribute for each in declared], part
+        assert [f.name for f in fields[len(declared) :]] == OWN_FIELDS.get(part, []), part
+        in_some_part += declared
+    assert sorted(each.key for each in in_some_part) == sorted(
+        declared.key for declared in OPTIONS if declared.in_config
+    )
+
+
+_BAD_VALUES = {
+    "int": "7",
+    "nodes": "7",
+    "float": "0.5",
+    "bool": "yes",
+    "str": 5,
+    "path": 5,
+    "data": 5,
+    "list": (5,),
+    "table": {"BAD KEY": "x"},
+}
+
+
+def _spec_with(part: str, attribute: str, value: object):
+    run = {"shard_size": 1, "run_dir": "/runs/checked"}
+    if part == "job":
+        return JobSpec(run=RunSpec(**run), **{attribute: value})
+    if part == "run":
+        return RunSpec(**{**run, attribute: value})
+    return SPEC_CLASSES[part](**{attribute: value})
+
+
+@pytest.mark.parametrize("declared", [d for d in OPTIONS if d.in_config], ids=lambda declared: declared.key)
+def test_every_option_field_is_checked_against_its_declaration(declared) -> None:
+    with pytest.raises(SpecError) as info:
+        _spec_with(declared.part, declared.attribute, _BAD_VALUES[declared.kind])
+    said = str(info.value)
+    assert declared.flag in said and "\n" not in said
+
+
+def test_a_required_option_field_refuses_none_and_an_off_word_makes_none_valid() -> None:
+    for key in ("shard", "run_dir"):
+        declared = option(key)
+        assert declared.spec_required
+        with pytest.raises(SpecError, match=declared.flag):
+            _spec_with(declared.part, declared.attribute, None)
+    assert option("signal").off_word == "none" and SchedulerSpec(signal=None).signal is None
+    with pytest.raises(SpecError, match="--job-name None must be a string"):
+        SchedulerSpec(job_name=None)
+
+
+@pytest.mark.parametrize("entry", ["", "no_function", "mod:fn()", 5])
+def test_an_entry_that_is_not_module_function_is_refused_in_the_declarations_words(entry) -> None:
+    with pytest.raises(SpecError, match=r"^--entry .* is not module:function; write e.g. 'mypkg.train:main'$"):
+        RunSpec(shard_size=1, run_dir="/runs/entry", entry=entry)
+
+
+# ----------------------------------------------------------------------------- the #SBATCH header comes from the registry
+
+_SBATCH_SAMPLES = {
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "job_name": "sampled",
+    "partition": "gpu",
+    "account": "acct",
+    "qos": "high",
+    "time": "01:00:00",
+    "constraint": "h100",
+    "exclusive": False,
+    "mem": "64G",
+    "cpus_per_task": 4,
+    "signal": "none",
+    "requeue": False,
+    "sbatch": {"mail-type": "END"},
+    "spare_nodes": 2,
+}
+
+
+def _header(tmp_path, **options) -> list[str]:
+    spec = build_job_spec({"shard": 1, "run_dir": "/runs/header", **options}, cwd=tmp_path)
+    return [line for line in render_sbatch(spec).splitlines() if line.startswith("#SBATCH")]
+
+
+def test_every_option_that_reaches_an_sbatch_line_changes_the_header(tmp_path) -> None:
+    reaching = [declared for declared in OPTIONS if declared.reaches == SBATCH_LINE]
+    assert {declared.key for declared in reaching} == set(_SBATCH_SAMPLES)
+    base = _header(tmp_path)
+    for declared in reaching:
+        context = {"fault_tolerance": "replica", "nodes": 2} if declared.key == "spare_nodes" else {}
+        changed = _header(tmp_path, **context, **{declared.key: _SBATCH_SAMPLES[declared.key]})
+        assert changed != (_header(tmp_path, **context) if context else base), declared.key
+
+
+def test_every_declared_line_is_written_in_the_declared_order(tmp_path) -> None:
+    written: set[str] = set()
+    for options in (
+        {},
+        {key: _SBATCH_SAMPLES[key] for key in ("partition", "account", "qos", "time", "constraint", "mem")},
+        {"cpus_per_task": 4, "requeue": False, "sbatch": {"mail-type": "END"}},
+        {"fault_tolerance": "replica", "nodes": 2, "spare_nodes": 2},
+    ):
+        names = [line.split("=")[0].removeprefix("#SBATCH --") for line in _header(tmp_path, **options)]
+        order = [line.name for line in sbatch_lines()]
+        own = [name for name in names if name in order]
+        assert own == sorted(own, key=order.index), options
+        assert names[len(own) :] == sorted(options.get("sbatch", {})), "the passthrough comes last"
+        written.update(own)
+    assert written == {line.name for line in sbatch_lines()}
+
+
+def test_the_passthrough_may_not_write_what_an_option_owns() -> None:
+    owned = owned_sbatch_keys()
+    lines = {line.name for line in sbatch_lines()}
+    assert lines - set(owned) == {"no-kill"}  # written only for --fault-tolerance replica; a job may ask for it
+    for key, instead in owned.items():
+        with pytest.raises(SpecError, match=f"--sbatch {key}=... is written by hpc-hsdp itself; use .* instead"):
+            SchedulerSpec(extra={key: "1"})
+        assert instead.startswith("--") or instead.startswith("nothing")
+    assert SchedulerSpec(extra={"no-kill": None}).extra == (("no-kill", None),)
+
+
+_NEW_SBATCH_OPTION = 'JobOption(key="reservation", kind="str", help="#SBATCH --reservation."),'
+
+
+def test_a_new_sbatch_option_is_one_declaration(tmp_path) -> None:
+    """Add one JobOption to a copy of options.py, as the module docstring says: the spec field,
+    the config key, the command-line flag, the #SBATCH line and the passthrough's refusal follow."""
+    options_path = Path(option.__code__.co_filename)
+    source = options_path.read_text()
+    end_of_options = "\n)\n\nOPTION_BY_KEY"
+    assert source.count(end_of_options) == 1
+    code = f"""
+import json, sys, types
+source = {source!r}.replace({end_of_options!r}, "\\n    " + {_NEW_SBATCH_OPTION!r} + {end_of_options!r})
+module = types.ModuleType("hpc_hsdp.job.options")
+module.__file__ = {str(options_path)!r}
+sys.modules[module.__name__] = module
+exec(compile(source, module.__file__, "exec"), module.__dict__)
+
+from click.testing import CliRunner
+from hpc_hsdp.cli.render_cmd import render
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.config import build_job_spec, parse_config
+from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.job.scheduler import api_options
+
+spec = build_job_spec({{"shard": 1, "reservation": "r1", "partition": "gpu"}}, cwd={str(tmp_path)!r})
+header = [line for line in render_sbatch(spec).splitlines() if line.startswith("#SBATCH")]
+plain = render_sbatch(build_job_spec({{"shard": 1}}, cwd={str(tmp_path)!r}))
+cli = CliRunner().invoke(render, ["--shard", "1", "--reservation", "r3"])
+try:
+    build_job_spec({{"shard": 1, "sbatch": {{"reservation": "x"}}}}, cwd={str(tmp_path)!r})
+    refused = None
+except SpecError as exc:
+    refused = str(exc)
+print(json.dumps({{
+    "field": spec.scheduler.reservation,
+    "header": header,
+    "plain": "--reservation" in plain,
+    "config": parse_config({{"reservation": "r2"}}, path={str(tmp_path / "job.toml")!r})["reservation"],
+    "api": api_options({{"reservation": "r4"}}),
+    "cli": [line for line in cli.output.splitlines() if "reservation" in line],
+    "help": "--reservation" in CliRunner().invoke(render, ["--help"]).output,
+    "refused": refused,
+}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["field"] == "r1" and said["config"] == "r2" and said["api"] == {"reservation": "r4"}
+    header = said["header"]
+    assert "#SBATCH --reservation=r1" in header
+    assert header.index("#SBATCH --partition=gpu") < header.index("#SBATCH --reservation=r1")
+    assert header.index("#SBATCH --reservation=r1") < header.index("#SBATCH --exclusive")
+    assert not said["plain"], "an unset option writes no line"
+    assert said["cli"] == ["#SBATCH --reservation=r3"] and said["help"]
+    assert said["refused"] == "--sbatch reservation=... is written by hpc-hsdp itself; use --reservation instead"

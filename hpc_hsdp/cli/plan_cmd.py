@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import click
@@ -27,6 +27,7 @@ from hpc_hsdp.plan.estimates import (
     save_time,
     smallest_fitting_shard,
 )
+from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.replicas import replica_shape
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
@@ -249,7 +250,7 @@ def _echo_recommendation(rec, the_plan: TopologyPlan, chosen: TopologyPlan | Non
     click.echo(recommend_text(rec, the_plan), nl=False)
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class _ModelCost:
     """The model's parameters per shard size and how they are stored and trained."""
 
@@ -276,7 +277,7 @@ class _ModelCost:
         )
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class _Sizing:
     estimate: object | None
     fit: object | None

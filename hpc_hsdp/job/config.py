@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.options import CONFIG_ENV, CONFIG_KINDS, OPTIONS, PROFILE_ENV, TRAINING_OPTIONS
+from hpc_hsdp.job.options import CONFIG_ENV, CONFIG_KINDS, OPTIONS, PROFILE_ENV, options_in
 from hpc_hsdp.job.spec import (
     EnvironmentSpec,
     JobSpec,
@@ -237,14 +237,14 @@ def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-_SANITIZE = re.compile(r"[^A-Za-z0-9._-]+")
+_SANITIZE = r"[^A-Za-z0-9._-]+"
 
 
 def default_run_dir(job_name: str, cwd: str | Path, *, new: bool = False) -> str:
     """``<cwd>/hpc-hsdp-runs/<job name>``, the job name reduced to ``[A-Za-z0-9._-]``; with
     ``new`` (every ``submit``), ``<job name>-<YYYYmmdd-HHMMSS>`` that does not exist yet, so that a
     second submission starts a run of its own instead of resuming (or ending) the first."""
-    safe = _SANITIZE.sub("_", job_name).strip("._") or "job"
+    safe = re.sub(_SANITIZE, "_", job_name).strip("._") or "job"
     base = Path(cwd) / "hpc-hsdp-runs" / safe
     if not new:
         return str(base)
@@ -278,30 +278,49 @@ def build_job_spec(
     o = {**{declared.key: declared.default for declared in OPTIONS if declared.in_config}, **given}
     absolute = _absolute_against(cwd)
     if o["run_dir"] is not None:
-        run_dir = absolute(o["run_dir"], "--run-dir")
+        o["run_dir"] = absolute(o["run_dir"], "--run-dir")
     else:
-        run_dir = default_run_dir(str(o["job_name"]), cwd, new=new_run_dir)
+        o["run_dir"] = default_run_dir(str(o["job_name"]), cwd, new=new_run_dir)
     if o["venv"] == _NO_VENV:
-        venv = None
+        o["venv"] = None
     elif o["venv"] is not None:
-        venv = absolute(o["venv"], "--venv")
+        o["venv"] = absolute(o["venv"], "--venv")
     else:
-        venv = default_venv if o["conda_env"] is None else None
+        o["venv"] = default_venv if o["conda_env"] is None else None
+    o["model"] = model_with_absolute_path(o["model"], cwd)
+
+    def fields(part: str) -> dict[str, Any]:
+        """The spec fields of ``part``'s options (:data:`~hpc_hsdp.job.options.PARTS`): the other
+        paths made absolute against ``cwd`` (a config file's already are), tables and lists as tuples."""
+        values = {}
+        for declared in options_in(part):
+            value = o[declared.key]
+            if isinstance(value, str) and declared.off_word is not None and value.lower() == declared.off_word:
+                value = None
+            if value is not None and declared.key not in ("run_dir", "venv"):  # resolved above
+                if declared.kind == "path":
+                    value = absolute(value, declared.flag)
+                elif declared.kind == "data":
+                    value = map_data_paths(value, lambda path, flag=declared.flag: absolute(path, flag))
+                elif declared.kind == "table":
+                    value = tuple(dict(value).items())
+                elif declared.kind == "list":
+                    value = tuple(value)
+            values[declared.attribute] = value
+        return values
+
     # built in this order so that, of several bad options, the same one is reported as before
-    run, scheduler = _run_spec(o, given, run_dir=run_dir, cwd=cwd), _scheduler_spec(o)
-    environment, launch = _environment_spec(o, venv=venv), _launch_spec(o)
-    min_nodes, nodes = parse_nodes(o["nodes"])
+    run = RunSpec(**fields("run"), training=TrainingSpec(**fields("training")))
+    scheduler = SchedulerSpec(**fields("scheduler"))
+    environment, launch = EnvironmentSpec(**fields("environment")), LaunchSpec(**fields("launch"))
+    min_nodes, o["nodes"] = parse_nodes(o["nodes"])
     return JobSpec(
-        nodes=nodes,
-        min_nodes=min_nodes if min_nodes != nodes else None,
-        gpus_per_node=o["gpus_per_node"],
-        ntasks=o["ntasks"],
+        **fields("job"),
+        min_nodes=min_nodes if min_nodes != o["nodes"] else None,
         run=run,
         scheduler=scheduler,
         environment=environment,
         launch=launch,
-        template=absolute(o["template"], "--template"),
-        spare_nodes=o["spare_nodes"],
     )
 
 
@@ -314,71 +333,6 @@ def _absolute_against(cwd: str | Path):
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
 
     return absolute
-
-
-def _run_spec(o: Mapping[str, Any], given: Mapping[str, Any], *, run_dir: str, cwd: str | Path) -> RunSpec:
-    """What each task runs; training options left unset keep TrainingSpec's defaults."""
-    absolute = _absolute_against(cwd)
-    training_values = {declared.key: o[declared.key] for declared in TRAINING_OPTIONS if declared.key in given}
-    for declared in TRAINING_OPTIONS:
-        if declared.kind == "path" and declared.key in training_values:
-            training_values[declared.key] = absolute(training_values[declared.key], declared.flag)
-        if declared.kind == "data" and declared.key in training_values:
-            training_values[declared.key] = map_data_paths(
-                training_values[declared.key], lambda path, flag=declared.flag: absolute(path, flag)
-            )
-    if isinstance(training_values.get("model"), str):
-        training_values["model"] = model_with_absolute_path(training_values["model"], cwd)
-    return RunSpec(
-        shard_size=o["shard"],
-        run_dir=run_dir,
-        device=o["device"],
-        entry=o["entry"],
-        training=TrainingSpec(**training_values),
-        timeout_s=o["timeout"],
-        comm_stats=o["comm_stats"],
-    )
-
-
-def _scheduler_spec(o: Mapping[str, Any]) -> SchedulerSpec:
-    signal = o["signal"]
-    if isinstance(signal, str) and signal.lower() == "none":
-        signal = None
-    return SchedulerSpec(
-        job_name=o["job_name"],
-        partition=o["partition"],
-        account=o["account"],
-        qos=o["qos"],
-        time=o["time"],
-        constraint=o["constraint"],
-        exclusive=o["exclusive"],
-        mem=o["mem"],
-        cpus_per_task=o["cpus_per_task"],
-        signal=signal,
-        requeue=o["requeue"],
-        extra=tuple(dict(o["sbatch"]).items()),
-    )
-
-
-def _environment_spec(o: Mapping[str, Any], *, venv: str | None) -> EnvironmentSpec:
-    return EnvironmentSpec(
-        setup=tuple(o["setup"]),
-        venv=venv,
-        conda_env=o["conda_env"],
-        env=tuple(dict(o["env"]).items()),
-        pass_env=tuple(o["pass_env"]),
-        debug=o["debug"],
-        python=o["python"],
-    )
-
-
-def _launch_spec(o: Mapping[str, Any]) -> LaunchSpec:
-    return LaunchSpec(
-        launcher=o["launcher"],
-        distribution=o["distribution"],
-        container_image=o["container_image"],
-        container_mounts=o["container_mounts"],
-    )
 
 
 def key_value_items(option: str, items: tuple[str, ...], *, flag_ok: bool) -> dict[str, str | None]:

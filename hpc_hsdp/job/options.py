@@ -2,19 +2,37 @@
 
 A declaration names the option (its config-file key and Python API keyword, ``--flag``
 spelled from it), its kind of value, default, one line of help, metavar, choices or bound,
-the commands that take it and how it reaches a task. From this table come the click
-options of ``render``, ``submit``, ``run`` and ``plan`` (:mod:`hpc_hsdp.cli.options`), the
-spec fields' defaults, the ``hpc-hsdp run`` arguments of the rendered script
-(``RunSpec.to_args``), the config keys and kinds (:mod:`hpc_hsdp.job.config`), the keywords of
-``hpc_hsdp.submit`` and ``--help``. Pure data: no click, no torch.
+the commands that take it, how it reaches a task, the spec field it sets and the ``#SBATCH``
+lines it writes. From this table come the click options of ``render``, ``submit``, ``run``
+and ``plan`` (:mod:`hpc_hsdp.cli.options`), the spec classes' fields, their defaults and
+their checks (:mod:`hpc_hsdp.job.spec`), the config keys and kinds and the copy of a
+config's values into a spec (:mod:`hpc_hsdp.job.config`), the ``#SBATCH`` header of the
+rendered script (:func:`sbatch_lines`, :mod:`hpc_hsdp.job.render`), the ``hpc-hsdp run``
+arguments of that script (``RunSpec.to_args``), the keywords of ``hpc_hsdp.submit`` and
+``--help``. Pure data: no click, no torch.
+
+Adding an ``#SBATCH`` option is one declaration in :data:`OPTIONS`, e.g.::
+
+    JobOption(key="reservation", kind="str", help="#SBATCH --reservation.")
+
+``reaches`` defaults to :data:`SBATCH_LINE`, so it becomes a ``SchedulerSpec`` field
+(``spec.scheduler.reservation``, None by default), a ``reservation`` key of config files and
+keyword of ``hpc_hsdp.submit``, ``--reservation`` of ``render`` and ``submit``, and, when set,
+the line ``#SBATCH --reservation=VALUE`` (beside ``--partition``, ``--account``, ``--qos``;
+see :class:`SbatchKey` for another place, another name or a value of its own), which
+``--sbatch reservation=...`` may no longer override. A bool writes ``--KEY`` alone when true.
+``tests/test_options.py`` adds one to a copy of this module and renders it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import field, replace
+from operator import attrgetter
 from types import MappingProxyType
+from typing import Any
 
+from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, DISTRIBUTIONS
 
 CONFIG_ENV = "HPC_HSDP_CONFIG"
@@ -49,6 +67,30 @@ SCRIPT_LINE = "the script's setup, activation or launch lines"
 ENVIRONMENT = "a variable exported to every task"
 SUBMIT_SIDE = "read where the job is rendered or submitted"
 
+PARTS: Mapping[str, str] = MappingProxyType(
+    {
+        "job": "",
+        "run": "run",
+        "training": "run.training",
+        "scheduler": "scheduler",
+        "environment": "environment",
+        "launch": "launch",
+    }
+)
+"""The spec classes whose fields the options are (``JobOption.part``): JobSpec, RunSpec, TrainingSpec,
+SchedulerSpec, EnvironmentSpec, LaunchSpec -> where each sits in a JobSpec."""
+_PART_OF_REACH = {
+    RUN_ARGUMENT: "run",
+    SBATCH_LINE: "scheduler",
+    SCRIPT_LINE: "environment",
+    ENVIRONMENT: "environment",
+    SUBMIT_SIDE: "job",
+}
+"""The part an option's field belongs to unless its declaration says (``part``)."""
+
+MODULE_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+"""``--entry`` and ``--model MODULE:FUNCTION``: a dotted module path, a colon, a function name."""
+
 RENDER_SUBMIT = ("render", "submit")
 ON_EVERY_TASK = ("render", "submit", "run")
 
@@ -74,7 +116,7 @@ DECLARED = _Marker("DECLARED")
 """``Shown.default``: the command line carries the option's declared default itself."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Shown:
     """How one command shows an option where it differs from the declaration."""
 
@@ -91,7 +133,34 @@ class Shown:
     """The value names a directory (click checks that an existing path is not a file)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+OWN_VALUE = _Marker("OWN_VALUE")
+"""``SbatchKey.value``: the option's own value (its field of the JobSpec)."""
+PLACE_WITH_PARTITION = 80
+"""Where an option's ``#SBATCH`` line goes unless it says: with ``--partition``, ``--account``, ``--qos``
+and ``--constraint`` (after ``--time``, before ``--exclusive``)."""
+
+
+@record(kw_only=False)
+class SbatchKey:
+    """An sbatch option that a job option owns: the ``#SBATCH`` line it writes, or (without a
+    ``value``) one whose ``--sbatch`` passthrough would contradict it. ``--sbatch NAME=...`` is
+    refused for every one, saying to use ``instead``."""
+
+    name: str
+    """sbatch's long option: ``job-name``."""
+    value: Callable[[Any], object] | _Marker | None = OWN_VALUE
+    """The line's value, read from the JobSpec: None or False writes no line, True ``--NAME`` alone,
+    anything else ``--NAME=VALUE``. None here: the job option writes no such line."""
+    place: int = PLACE_WITH_PARTITION
+    """Where the line goes in the header: the lines are written by place, then in declaration order;
+    the ``--sbatch`` passthrough follows them all."""
+    instead: str | None = None
+    """What the refusal of ``--sbatch NAME=...`` says to use; None: the option's flag."""
+    owned: bool = True
+    """False: ``--sbatch NAME`` stays allowed (the job writes the line only in some cases)."""
+
+
+@record
 class JobOption:
     """One job option, declared once (see the module docstring)."""
 
@@ -107,14 +176,30 @@ class JobOption:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     positive: bool = False
+    """Above zero: an integer of at least 1, a number above 0."""
+    pattern: str | None = None
+    """A regular expression a text value must match from its start (``--entry``: module:function)."""
+    refusal: str | None = None
+    """What the error of a value that is not positive or does not match ``pattern`` says after the
+    flag and the value ("must be a positive integer such as 4"); None: from the kind."""
     commands: tuple[str, ...] = RENDER_SUBMIT
     reaches: str = SBATCH_LINE
     training: bool = False
     """A TrainingSpec field (``spec_field``), given to the tasks as an ``hpc-hsdp run`` argument."""
     param: str | None = None
     """The click parameter name, where it is not the key (``training_<key>`` for a training option)."""
+    part: str | None = None
+    """The spec whose field it sets, a key of :data:`PARTS`; None: ``training`` for a training option,
+    else the one of how it ``reaches`` the tasks (an #SBATCH line: the scheduler's)."""
     spec_field: str | None = None
-    """The RunSpec/TrainingSpec attribute it sets, where it is not the key."""
+    """The spec attribute it sets, where it is not the key."""
+    spec_required: bool = False
+    """The spec field has no default: every spec is given a value (``--shard``, ``--run-dir``)."""
+    off_word: str | None = None
+    """The word that turns the option off (``--signal none``): the spec field then holds None."""
+    sbatch: tuple[SbatchKey, ...] | None = None
+    """The sbatch options it owns (see :class:`SbatchKey`); None: ``#SBATCH --KEY=VALUE`` for an
+    option that ``reaches`` an #SBATCH line, none for the others."""
     in_config: bool = True
     """False: it selects the config file itself (``--config``, ``--profile``) and is no key in one."""
     shown: Mapping[str, Shown] = field(default_factory=dict)
@@ -127,6 +212,22 @@ class JobOption:
         unknown = set(self.shown) - set(self.commands)
         if unknown:
             raise ValueError(f"option {self.key} is shown on {sorted(unknown)}, which do not take it")
+        if not self.in_config:
+            part = None
+        elif self.part is not None:
+            part = self.part
+        else:
+            part = "training" if self.training else _PART_OF_REACH[self.reaches]
+        if part is not None and part not in PARTS:
+            raise ValueError(f"option {self.key}: part {part!r} is not one of {tuple(PARTS)}")
+        object.__setattr__(self, "part", part)
+        keys = self.sbatch
+        if keys is None:
+            keys = (SbatchKey(name=self.key.replace("_", "-")),) if self.reaches == SBATCH_LINE else ()
+        if any(key.value is OWN_VALUE for key in keys):
+            own = attrgetter(self.path)
+            keys = tuple(replace(key, value=own) if key.value is OWN_VALUE else key for key in keys)
+        object.__setattr__(self, "sbatch", keys)
 
     @property
     def flag(self) -> str:
@@ -140,6 +241,11 @@ class JobOption:
     def attribute(self) -> str:
         return self.spec_field or self.key
 
+    @property
+    def path(self) -> str:
+        """Where its value sits in a JobSpec: ``scheduler.partition``, ``run.training.steps``."""
+        return ".".join(filter(None, (PARTS[self.part], self.attribute)))
+
     def shown_on(self, command: str) -> Shown:
         return self.shown.get(command, Shown())
 
@@ -148,6 +254,8 @@ def _training(key: str, **declaration) -> JobOption:
     declaration.setdefault("commands", ON_EVERY_TASK)
     return JobOption(key=key, reaches=RUN_ARGUMENT, training=True, **declaration)
 
+
+_LOGS_IN_RUN_DIR = "--run-dir (logs go to <run-dir>/logs)"
 
 OPTIONS: tuple[JobOption, ...] = (
     JobOption(
@@ -172,8 +280,11 @@ OPTIONS: tuple[JobOption, ...] = (
         key="nodes",
         kind="nodes",
         default=1,
+        positive=True,
         metavar="N|MIN-MAX",
         commands=(*RENDER_SUBMIT, "plan"),
+        part="job",
+        sbatch=(SbatchKey("nodes", attrgetter("requested_nodes"), place=20),),
         help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
         "SLURM grants and the global batch stays the same.",
         shown={
@@ -187,15 +298,34 @@ OPTIONS: tuple[JobOption, ...] = (
         key="gpus_per_node",
         kind="int",
         default=8,
+        positive=True,
         commands=(*RENDER_SUBMIT, "plan"),
+        part="job",
+        sbatch=(
+            SbatchKey(
+                "ntasks-per-node",
+                attrgetter("task_slots_per_node"),
+                place=30,
+                instead="--gpus-per-node (one task per GPU) or --ntasks",
+            ),
+            SbatchKey("gpus-per-node", place=40),
+            SbatchKey("gpus", None),
+            SbatchKey("gres", None),
+            SbatchKey(
+                "gpus-per-task", None, instead="--gpus-per-node (every task sees its node's GPUs; the layout picks one)"
+            ),
+        ),
         help="GPUs per node; one task (srun) or torchrun worker each.",
         shown={"plan": Shown(help="GPUs (one task each) per node.", default=DECLARED)},
     ),
     JobOption(
         key="shard",
         kind="int",
+        positive=True,
+        refusal="must be a positive integer such as 4",
         param="shard_size",
         spec_field="shard_size",
+        spec_required=True,
         commands=(*ON_EVERY_TASK, "plan"),
         reaches=RUN_ARGUMENT,
         help="Shard-group size S (required here or in the config): divides a node or is a multiple of it.",
@@ -210,9 +340,19 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         key="ntasks",
         kind="int",
+        positive=True,
+        part="job",
+        reaches=SCRIPT_LINE,
+        sbatch=(SbatchKey("ntasks", None),),
         help="Total tasks for an uneven allocation (e.g. 12 on 2 nodes: 8,4); replaces --ntasks-per-node.",
     ),
-    JobOption(key="job_name", kind="str", default="hpc-hsdp", help="#SBATCH --job-name."),
+    JobOption(
+        key="job_name",
+        kind="str",
+        default="hpc-hsdp",
+        sbatch=(SbatchKey("job-name", place=10),),
+        help="#SBATCH --job-name.",
+    ),
     JobOption(key="partition", kind="str", help="#SBATCH --partition."),
     JobOption(key="account", kind="str", help="#SBATCH --account."),
     JobOption(key="qos", kind="str", help="#SBATCH --qos."),
@@ -221,6 +361,7 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="str",
         param="time_limit",
         metavar="TIME",
+        sbatch=(SbatchKey("time", place=70),),
         help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.",
     ),
     JobOption(key="constraint", kind="str", help="#SBATCH --constraint (node features, e.g. 'h100&ib')."),
@@ -228,17 +369,21 @@ OPTIONS: tuple[JobOption, ...] = (
         key="exclusive",
         kind="bool",
         default=True,
+        sbatch=(SbatchKey("exclusive", place=90),),
         help="Whole nodes (#SBATCH --exclusive): every rank gets an equal share of its node's CPUs and memory.",
     ),
     JobOption(
         key="mem",
         kind="str",
         default_text="0 with --exclusive",
+        sbatch=(SbatchKey("mem", attrgetter("scheduler.mem_per_node"), place=60),),
         help="Memory per node, e.g. 512G (0: all of it).",
     ),
     JobOption(
         key="cpus_per_task",
         kind="int",
+        positive=True,
+        sbatch=(SbatchKey("cpus-per-task", place=50),),
         default_text="the node's CPUs / its tasks, at run time",
         help="CPUs per task (also passed to srun).",
     ),
@@ -246,8 +391,10 @@ OPTIONS: tuple[JobOption, ...] = (
         key="signal",
         kind="str",
         default=DEFAULT_SIGNAL,
+        off_word="none",
         metavar="SIG@SECONDS",
         commands=(*RENDER_SUBMIT, "plan"),
+        sbatch=(SbatchKey("signal", place=120),),
         help="Signal sent before the time limit; 'none' for no signal.",
         shown={
             "plan": Shown(
@@ -256,13 +403,35 @@ OPTIONS: tuple[JobOption, ...] = (
             )
         },
     ),
-    JobOption(key="requeue", kind="bool", default=True, default_text="requeue", help="Let SLURM requeue the job."),
+    JobOption(
+        key="requeue",
+        kind="bool",
+        default=True,
+        default_text="requeue",
+        sbatch=(
+            SbatchKey("requeue", place=130, instead="--requeue/--no-requeue"),
+            SbatchKey("no-requeue", lambda job: not job.scheduler.requeue, place=130, instead="--requeue/--no-requeue"),
+        ),
+        help="Let SLURM requeue the job.",
+    ),
     JobOption(
         key="run_dir",
         kind="path",
         metavar="DIR",
         commands=ON_EVERY_TASK,
         reaches=RUN_ARGUMENT,
+        spec_required=True,
+        sbatch=(  # %t is 0 for the batch step, as submitit writes it
+            SbatchKey("output", lambda job: f"{job.log_dir}/%j_0_log.out", place=110, instead=_LOGS_IN_RUN_DIR),
+            SbatchKey("error", lambda job: f"{job.log_dir}/%j_0_log.err", place=110, instead=_LOGS_IN_RUN_DIR),
+            SbatchKey(
+                "open-mode",
+                lambda job: "append",
+                place=110,
+                instead="nothing: the script appends so requeued runs keep their logs",
+            ),
+            SbatchKey("chdir", None, instead="--run-dir (every path in the script is absolute)"),
+        ),
         default_text="render: ./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>",
         help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.",
         shown={
@@ -290,6 +459,14 @@ OPTIONS: tuple[JobOption, ...] = (
         default=(),
         metavar="KEY=VALUE",
         reaches=ENVIRONMENT,
+        sbatch=(
+            SbatchKey(
+                "export",
+                lambda job: "ALL",
+                place=140,
+                instead="--env KEY=VALUE or --pass-env NAME (the script keeps --export=ALL)",
+            ),
+        ),
         help="Export a variable (value quoted); repeatable.",
     ),
     JobOption(
@@ -306,6 +483,8 @@ OPTIONS: tuple[JobOption, ...] = (
         param="sbatch_options",
         default=(),
         metavar="KEY=VALUE",
+        spec_field="extra",
+        sbatch=(),  # its lines follow all the others (hpc_hsdp.job.render.sbatch_options)
         help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable.",
     ),
     JobOption(
@@ -314,6 +493,7 @@ OPTIONS: tuple[JobOption, ...] = (
         default="srun",
         choices=LAUNCHERS,
         reaches=SCRIPT_LINE,
+        part="launch",
         help="srun: one task per GPU; torchrun: one task per node, static rendezvous.",
     ),
     JobOption(
@@ -322,11 +502,15 @@ OPTIONS: tuple[JobOption, ...] = (
         default="block",
         choices=DISTRIBUTIONS,
         reaches=SCRIPT_LINE,
+        part="launch",
+        sbatch=(SbatchKey("distribution", None),),
         help="srun --distribution; the layout is node-major either way.",
     ),
     JobOption(
         key="entry",
         kind="str",
+        pattern=MODULE_FUNCTION,
+        refusal="is not module:function; write e.g. 'mypkg.train:main'",
         metavar="MODULE:FUNCTION",
         default_text="the built-in payload",
         commands=ON_EVERY_TASK,
@@ -355,6 +539,8 @@ OPTIONS: tuple[JobOption, ...] = (
         key="timeout",
         kind="int",
         default=300,
+        positive=True,
+        refusal="must be a positive number of seconds",
         metavar="SECONDS",
         spec_field="timeout_s",
         commands=ON_EVERY_TASK,
@@ -377,11 +563,14 @@ OPTIONS: tuple[JobOption, ...] = (
             )
         },
     ),
-    JobOption(key="container_image", kind="str", reaches=SCRIPT_LINE, help="Pyxis container image for srun."),
+    JobOption(
+        key="container_image", kind="str", reaches=SCRIPT_LINE, part="launch", help="Pyxis container image for srun."
+    ),
     JobOption(
         key="container_mounts",
         kind="str",
         reaches=SCRIPT_LINE,
+        part="launch",
         help="Pyxis container mounts for srun (/src:/dst,...).",
     ),
     JobOption(
@@ -422,6 +611,8 @@ OPTIONS: tuple[JobOption, ...] = (
         default=0,
         minimum=0,
         commands=(*RENDER_SUBMIT, "plan"),
+        part="job",
+        sbatch=(),  # counted in the nodes line
         help=(
             "With --fault-tolerance replica: nodes allocated beyond --nodes that wait; a lost replica group "
             "is started again on them and joins from a live peer."
@@ -706,6 +897,8 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="str",
         default="none",
         choices=FAULT_TOLERANCE,
+        # a node that dies ends its replica group's step, not the job
+        sbatch=(SbatchKey("no-kill", lambda job: job.replicas is not None, place=100, owned=False),),
         commands=(*ON_EVERY_TASK, "plan"),
         shown={"plan": Shown(default=DECLARED)},
         help=(
@@ -754,6 +947,22 @@ TRAINING_OPTIONS: tuple[JobOption, ...] = tuple(o for o in OPTIONS if o.training
 RUN_ARGUMENTS: tuple[str, ...] = ("shard", "run_dir", "device", "entry", "timeout", "comm_stats")
 """RunSpec's own options in the order ``hpc-hsdp run`` lists them and the rendered script passes
 them (not the order of ``render --help``); the training options follow."""
+
+
+def options_in(part: str) -> tuple[JobOption, ...]:
+    """The options whose fields ``part`` (a key of :data:`PARTS`) has, in declaration order."""
+    return tuple(declared for declared in OPTIONS if declared.part == part)
+
+
+def sbatch_lines() -> list[SbatchKey]:
+    """The ``#SBATCH`` lines the options write, in the header's order (``SbatchKey.place``, then declaration)."""
+    lines = [key for declared in OPTIONS for key in declared.sbatch if key.value is not None]
+    return sorted(lines, key=attrgetter("place"))
+
+
+def owned_sbatch_keys() -> dict[str, str]:
+    """sbatch options that the job writes itself or that would contradict it -> what to use instead."""
+    return {key.name: key.instead or declared.flag for declared in OPTIONS for key in declared.sbatch if key.owned}
 
 
 def option(key: str) -> JobOption:

@@ -43,6 +43,7 @@ import jinja2
 import jinja2.sandbox
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.options import sbatch_lines
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
 from hpc_hsdp.plan.replicas import REPLICA_TAG
 from hpc_hsdp.plan.topology import format_tasks_per_node
@@ -50,7 +51,7 @@ from hpc_hsdp.plan.topology import format_tasks_per_node
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
 
-_SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_SBATCH_PLAIN = r"^[A-Za-z0-9_@%+=:,./-]+$"
 
 
 def shell_quote(value: object) -> str:
@@ -67,7 +68,7 @@ def sbatch_quote(value: object) -> str:
     text = str(value)
     if "\n" in text or "\r" in text or "\0" in text:
         raise SpecError(f"#SBATCH value {text!r} contains a line break or NUL; sbatch would misread it")
-    if _SBATCH_PLAIN.match(text):
+    if re.match(_SBATCH_PLAIN, text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -125,40 +126,15 @@ def template_environment(template_dir: str | Path | None = None) -> jinja2.Envir
 
 
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
-    """The #SBATCH options in their fixed order; ``--sbatch`` passthrough last, by key."""
-    s = spec.scheduler
-    nodes = str(spec.nodes + spec.spare_nodes) if spec.spare_nodes else spec.nodes_text  # spares wait in the job
-    opts: list[tuple[str, str | None]] = [("job-name", s.job_name), ("nodes", nodes)]
-    # --ntasks (uneven): the allocation holds one task slot per GPU on every node, and the
-    # step places exactly the planned counts (--ntasks alone lets SLURM put 11,1 or 6,6)
-    opts.append(("ntasks-per-node", "1" if spec.launch.launcher == "torchrun" else str(spec.gpus_per_node)))
-    opts.append(("gpus-per-node", str(spec.gpus_per_node)))
-    if s.cpus_per_task is not None:
-        opts.append(("cpus-per-task", str(s.cpus_per_task)))
-    for key, value in (
-        ("mem", s.mem_per_node),
-        ("time", s.time),
-        ("partition", s.partition),
-        ("account", s.account),
-        ("qos", s.qos),
-        ("constraint", s.constraint),
-    ):
-        if value is not None:
-            opts.append((key, value))
-    if s.exclusive:
-        opts.append(("exclusive", None))
-    if spec.replicas is not None:
-        opts.append(("no-kill", None))  # a node that dies ends its replica group's step, not the job
-    opts += [
-        ("output", f"{spec.log_dir}/%j_0_log.out"),  # %t is 0 for the batch step, as submitit writes it
-        ("error", f"{spec.log_dir}/%j_0_log.err"),
-        ("open-mode", "append"),
-    ]
-    if s.signal is not None:
-        opts.append(("signal", s.signal))
-    opts.append(("requeue", None) if s.requeue else ("no-requeue", None))
-    opts.append(("export", "ALL"))
-    return opts + list(s.extra)
+    """The #SBATCH options: the lines the job options declare (:func:`~hpc_hsdp.job.options.sbatch_lines`),
+    in their order, then the ``--sbatch`` passthrough, by key."""
+    options: list[tuple[str, str | None]] = []
+    for line in sbatch_lines():
+        value = line.value(spec)
+        if value is None or value is False:
+            continue
+        options.append((line.name, None if value is True else str(value)))
+    return options + list(spec.scheduler.extra)
 
 
 def workers_per_task(spec: JobSpec) -> int:

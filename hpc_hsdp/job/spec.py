@@ -2,6 +2,11 @@
 
 The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 ``hpc-hsdp run``; nothing downstream re-validates or re-defaults a value.
+
+Each spec class has a field for every option declared for it in :mod:`hpc_hsdp.job.options`
+(``JobOption.part``; its ``attribute``, default and ``metadata["option"]``), checked against
+its declaration (:func:`check_option_value`), then the fields and checks of its own that tie
+options together (:func:`option_spec`).
 """
 
 from __future__ import annotations
@@ -10,26 +15,27 @@ import dataclasses
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import field
 from math import gcd as _gcd
 
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.options import (
-    DEVICES,
-    LAUNCHERS,
+    DEVICES,  # noqa: F401  (hpc_hsdp.runtime.dist imports it from here)
+    MODULE_FUNCTION,
     NO_TRACKER,
     RUN_ARGUMENTS,
     TRACKERS,
     TRAINING_OPTIONS,
     JobOption,
-    default,
     option,
+    options_in,
+    owned_sbatch_keys,
 )
 from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
+from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.replicas import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
-    DISTRIBUTIONS,
     check_signal,
     check_text,
     check_time,
@@ -37,14 +43,6 @@ from hpc_hsdp.plan.slurm_facts import (
     time_limit_seconds,
 )
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
-
-_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def check_entry(entry: str | None) -> None:
-    if entry is not None and not _ENTRY.match(entry):
-        raise SpecError(f"--entry {entry!r} is not module:function; write e.g. 'mypkg.train:main'")
-
 
 MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
 
@@ -60,7 +58,7 @@ def check_model(model: str) -> str:
         if not model[3:].strip():
             raise SpecError("--model hf: needs a path: hf:/path/to/model-dir or hf:/path/to/config.json")
         return model
-    if _ENTRY.match(model):
+    if re.match(MODULE_FUNCTION, model):
         return model
     raise SpecError(f"--model {model!r} is not one of {MODEL_FORMS}; e.g. --model hf:/models/llama-1b")
 
@@ -97,66 +95,72 @@ def require_torchft() -> None:
         )
 
 
-def _training_field(key: str):
-    """A TrainingSpec field: its default from the option's declaration in :mod:`hpc_hsdp.job.options`,
-    which the field's metadata carries (``metadata["option"]``) for the checks."""
-    declared = option(key)
-    return field(default=declared.default, metadata={"option": declared})
+_ANNOTATIONS = {
+    "int": "int",
+    "nodes": "int",
+    "float": "float",
+    "bool": "bool",
+    "str": "str",
+    "path": "str",
+    "data": "str",
+    "list": "tuple[str, ...]",
+    "table": "tuple[tuple[str, str | None], ...]",
+}
+"""A field's annotation by the kind of its option's value (``X | None`` where the default is None)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+def option_spec(part: str):
+    """Class decorator: ``cls`` as a :func:`~hpc_hsdp.plan.records.record` (a frozen, keyword-only
+    dataclass) whose fields are, first, one per option declared for ``part`` in
+    :mod:`hpc_hsdp.job.options` (named by its ``attribute``, its default the declared one, the
+    declaration in ``metadata["option"]``), then the class's own. Every option field's value is
+    checked against its declaration (:func:`check_option_value`) before the class's own
+    ``__post_init__`` runs. The class's docstring gets a line naming the option fields."""
+
+    def decorate(cls: type) -> type:
+        declared = options_in(part)
+        own = cls.__dict__.get("__annotations__", {})
+        annotations = {}
+        for each in declared:
+            annotation = _ANNOTATIONS[each.kind]
+            no_default = each.spec_required
+            annotations[each.attribute] = (
+                annotation if no_default or each.default is not None else f"{annotation} | None"
+            )
+            metadata = {"option": each}
+            setattr(
+                cls,
+                each.attribute,
+                field(metadata=metadata) if no_default else field(default=each.default, metadata=metadata),
+            )
+        cls.__annotations__ = {**annotations, **own}
+        names = ", ".join(f"``{each.attribute}`` ({each.flag})" for each in declared)
+        cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    Option fields: {names}.\n"
+        own_post_init = cls.__dict__.get("__post_init__")
+
+        def __post_init__(self) -> None:
+            for each in declared:
+                check_option_value(each, getattr(self, each.attribute))
+            if own_post_init is not None:
+                own_post_init(self)
+
+        __post_init__.__qualname__ = f"{cls.__qualname__}.__post_init__"
+        cls.__post_init__ = __post_init__
+        return record(cls)
+
+    return decorate
+
+
+@option_spec("training")
 class TrainingSpec:
     """The training loop's options (``hpc-hsdp run``, ``render``, ``submit``, config files).
 
-    Each field is one option, declared once in :mod:`hpc_hsdp.job.options`: ``--seq-len`` on
-    the command line, ``seq_len`` (or ``seq-len``) in a config file, the same keyword in the
-    Python API.
+    Each field is one option, declared once in :mod:`hpc_hsdp.job.options` (``_training``):
+    ``--seq-len`` on the command line, ``seq_len`` (or ``seq-len``) in a config file, the same
+    keyword in the Python API.
     """
 
-    # ------------------------------------------------------------------ the model
-    model: str = _training_field("model")
-    shard_unit: str | None = _training_field("shard_unit")
-    layers: int = _training_field("layers")
-    width: int = _training_field("width")
-    heads: int = _training_field("heads")
-    vocab_size: int = _training_field("vocab_size")
-    # ------------------------------------------------------------------ the data
-    data: str | None = _training_field("data")
-    val_data: str | None = _training_field("val_data")
-    seq_len: int = _training_field("seq_len")
-    batch_size: int = _training_field("batch_size")
-    global_batch_size: int | None = _training_field("global_batch_size")
-    grad_accum: int = _training_field("grad_accum")
-    # ------------------------------------------------------------------ the optimisation
-    steps: int = _training_field("steps")
-    seed: int = _training_field("seed")
-    lr: float = _training_field("lr")
-    weight_decay: float = _training_field("weight_decay")
-    lr_schedule: str = _training_field("lr_schedule")
-    warmup_steps: int = _training_field("warmup_steps")
-    min_lr: float = _training_field("min_lr")
-    clip_grad: float = _training_field("clip_grad")
-    precision: str = _training_field("precision")
-    activation_checkpointing: bool = _training_field("activation_checkpointing")
-    compile: bool = _training_field("compile")
-    reshard_after_forward: str = _training_field("reshard_after_forward")
-    # ------------------------------------------------------------------ eval and checkpoints
-    eval_every: int = _training_field("eval_every")
-    eval_batches: int = _training_field("eval_batches")
-    checkpoint_every: int = _training_field("checkpoint_every")
-    keep_checkpoints: int = _training_field("keep_checkpoints")
-    straggler_every: int = _training_field("straggler_every")
-    tracker: str = _training_field("tracker")
-    # ------------------------------------------------------------------ failures
-    hang_timeout: float = _training_field("hang_timeout")
-    fault_tolerance: str = _training_field("fault_tolerance")
-    min_replicas: int = _training_field("min_replicas")
-    quorum_timeout: float = _training_field("quorum_timeout")
-    max_restarts: int = _training_field("max_restarts")
-
     def __post_init__(self) -> None:
-        for f in fields(self):
-            check_option_value(f.metadata["option"], getattr(self, f.name))
         check_model(self.model)
         if self.width % self.heads:
             raise SpecError(
@@ -234,19 +238,28 @@ def run_arguments(declared: JobOption, value: object) -> list[str]:
 
 
 def check_option_value(declared: JobOption, value: object) -> None:
-    """Check one value against its option's kind, bound and choices."""
+    """Check one value against its option's kind, bound, choices and pattern: the one check of every
+    option field of every spec (:func:`option_spec`)."""
     flag, kind = declared.flag, declared.kind
-    if value is None and declared.default is None:
+    if value is None and (declared.default is None or declared.off_word is not None) and not declared.spec_required:
         return
     if kind == "bool":
         _flag(flag, value)
         return
-    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SpecError(f"{flag} {value!r} must be an integer")
+    if kind in ("int", "nodes"):
+        if declared.positive and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecError(f"{flag} {value!r} {declared.refusal or 'must be a positive integer'}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{flag} {value!r} must be an integer")
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
         raise SpecError(f"{flag} {value!r} must be a number, e.g. {declared.default!r}")
+    if declared.pattern is not None and not (isinstance(value, str) and re.match(declared.pattern, value)):
+        raise SpecError(f"{flag} {value!r} {declared.refusal}")
     if kind in ("str", "path", "data"):
         check_text(flag, value)
+    if kind == "list":
+        for item in value:
+            check_text(flag, item)
     if kind == "data" and is_mixture(value):
         parse_mixture(value, flag=flag)
     if declared.choices and value not in declared.choices:
@@ -254,38 +267,21 @@ def check_option_value(declared: JobOption, value: object) -> None:
     if declared.minimum is not None and value < declared.minimum:
         raise SpecError(f"{flag} {value} must be at least {declared.minimum}")
     if declared.positive and not value > 0:
-        raise SpecError(f"{flag} {value!r} must be a positive number, e.g. {declared.default!r}")
+        raise SpecError(
+            f"{flag} {value!r} {declared.refusal or f'must be a positive number, e.g. {declared.default!r}'}"
+        )
 
 
-@dataclass(frozen=True, kw_only=True)
+@option_spec("run")
 class RunSpec:
-    """What ``hpc-hsdp run`` needs on each task besides its SLURM environment."""
+    """What ``hpc-hsdp run`` needs on each task besides its SLURM environment: the options that
+    reach the tasks as its arguments (``shard_size`` is S, the inner "shard" mesh axis; ``run_dir``
+    holds layout.json, metrics.jsonl, checkpoints/ and the logs) and the training options."""
 
-    shard_size: int
-    """S: the inner ("shard") mesh axis."""
-    run_dir: str
-    """Directory of the run: layout.json, metrics.jsonl, checkpoints/, logs."""
-    device: str = default("device")
-    """``auto`` (the layout's GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
-    entry: str | None = default("entry")
-    """``module:function`` called with the run context on every rank; None: the built-in payload."""
     training: TrainingSpec = TrainingSpec()
     """Options of the built-in payload."""
-    timeout_s: int = default("timeout")
-    """Process-group timeout for collectives, in seconds."""
-    comm_stats: bool = default("comm_stats")
-    """Record every rank's collectives per step (kind, mesh axis, tensor and wire bytes,
-    intra-/inter-node); rank 0 adds the totals to metrics.jsonl as ``comm``."""
 
     def __post_init__(self) -> None:
-        check_option_value(option("comm_stats"), self.comm_stats)
-        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
-            raise SpecError(f"--shard {self.shard_size!r} must be a positive integer such as 4")
-        if self.device not in DEVICES:
-            raise SpecError(f"--device {self.device!r} is unknown; choose auto, cpu or cuda")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int) or self.timeout_s < 1:
-            raise SpecError(f"--timeout {self.timeout_s!r} must be a positive number of seconds")
-        check_entry(self.entry)
         if self.device == "cpu" and self.training.precision == "fp8":
             raise SpecError(
                 "--precision fp8 with --device cpu: Float8 training needs GPUs of compute capability >= 8.9; "
@@ -300,48 +296,12 @@ class RunSpec:
 
 # ----------------------------------------------------------------------------- the job (render, submit)
 
-_MEM = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
-
-# #SBATCH options the job spec writes itself -> the hpc-hsdp option that sets them.
-OWNED_SBATCH_KEYS: dict[str, str] = {
-    "job-name": "--job-name",
-    "nodes": "--nodes",
-    "ntasks": "--ntasks",
-    "ntasks-per-node": "--gpus-per-node (one task per GPU) or --ntasks",
-    "gpus-per-node": "--gpus-per-node",
-    "gpus": "--gpus-per-node",
-    "gres": "--gpus-per-node",
-    "gpus-per-task": "--gpus-per-node (every task sees its node's GPUs; the layout picks one)",
-    "cpus-per-task": "--cpus-per-task",
-    "mem": "--mem",
-    "time": "--time",
-    "partition": "--partition",
-    "account": "--account",
-    "qos": "--qos",
-    "constraint": "--constraint",
-    "exclusive": "--exclusive",
-    "output": "--run-dir (logs go to <run-dir>/logs)",
-    "error": "--run-dir (logs go to <run-dir>/logs)",
-    "open-mode": "nothing: the script appends so requeued runs keep their logs",
-    "signal": "--signal",
-    "requeue": "--requeue/--no-requeue",
-    "no-requeue": "--requeue/--no-requeue",
-    "export": "--env KEY=VALUE or --pass-env NAME (the script keeps --export=ALL)",
-    "distribution": "--distribution",
-    "chdir": "--run-dir (every path in the script is absolute)",
-}
+_MEM = r"^[0-9]+[KMGT]?$"
+_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_SBATCH_KEY = r"^[a-z][a-z0-9-]*$"
 
 
-def _optional_text(option: str, value: str | None) -> None:
-    if value is not None:
-        check_text(option, value)
-
-
-def _positive_int(option: str, value: object, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
+def _positive_int(option: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{option} {value!r} must be a positive integer")
 
@@ -351,21 +311,23 @@ def _signal_with_lead(value: str, lead: int) -> str:
 
 
 def check_sbatch_key(key: str) -> str:
-    """A ``--sbatch`` passthrough key: a long sbatch option this spec does not write itself."""
+    """A ``--sbatch`` passthrough key: a long sbatch option this spec does not write itself
+    (:func:`~hpc_hsdp.job.options.owned_sbatch_keys`)."""
     check_text("--sbatch", key)
-    if not _SBATCH_KEY.match(key):
+    if not re.match(_SBATCH_KEY, key):
         raise SpecError(
             f"--sbatch key {key!r} is not a long sbatch option name; write KEY=VALUE with KEY like 'mail-type' "
             f"(lowercase letters, digits, '-', no leading dashes)"
         )
-    if key in OWNED_SBATCH_KEYS:
-        raise SpecError(f"--sbatch {key}=... is written by hpc-hsdp itself; use {OWNED_SBATCH_KEYS[key]} instead")
+    owned = owned_sbatch_keys()
+    if key in owned:
+        raise SpecError(f"--sbatch {key}=... is written by hpc-hsdp itself; use {owned[key]} instead")
     return key
 
 
 def check_env_name(option: str, name: str) -> str:
     check_text(option, name)
-    if not _IDENTIFIER.match(name):
+    if not re.match(_IDENTIFIER, name):
         raise SpecError(
             f"{option} name {name!r} is not a shell variable name; use letters, digits and '_' (e.g. MY_VAR)"
         )
@@ -378,33 +340,15 @@ def _pairs(value: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(merged.items()))
 
 
-@dataclass(frozen=True, kw_only=True)
+@option_spec("scheduler")
 class SchedulerSpec:
-    """The #SBATCH header besides the topology: what SLURM allocates and how it treats the job."""
+    """The #SBATCH header besides the topology: what SLURM allocates and how it treats the job.
 
-    job_name: str = default("job_name")
-    """``#SBATCH --job-name``."""
-    partition: str | None = None
-    """``#SBATCH --partition``; None: the cluster's default partition."""
-    account: str | None = None
-    """``#SBATCH --account``; None: the user's default account."""
-    qos: str | None = None
-    """``#SBATCH --qos``."""
-    time: str | None = None
-    """Time limit in a SLURM form (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: the partition's."""
-    constraint: str | None = None
-    """``#SBATCH --constraint``: node features, e.g. ``h100&ib``."""
-    exclusive: bool = default("exclusive")
-    """``#SBATCH --exclusive``: no other job shares the nodes. The default, as a site's
-    multi-GPU jobs are run: the job gets every CPU and (with ``mem`` None) all memory of
-    its nodes, shared equally by the ranks."""
-    mem: str | None = None
-    """Memory per node (``512G``; ``0`` is all of it); None: ``0`` with ``exclusive``, else
-    the partition's default."""
-    cpus_per_task: int | None = None
-    """CPUs per task; also passed to srun (Slurm 22.05 srun no longer inherits it). None: an
-    equal share of the node's CPUs, computed by the script from ``SLURM_CPUS_ON_NODE``
-    (all the node's CPUs with ``exclusive``; without it SLURM allocates one per task)."""
+    Its fields are the options that write #SBATCH lines (``JobOption.reaches``); None leaves a
+    line out (the partition's default time limit, the user's default account, ...), ``signal``
+    None sends no warning signal. ``extra`` is the ``--sbatch KEY=VALUE`` passthrough, sorted by
+    key; a None value writes ``--KEY`` alone.
+    """
 
     @property
     def mem_per_node(self) -> str | None:
@@ -413,34 +357,14 @@ class SchedulerSpec:
             return self.mem
         return "0" if self.exclusive else None
 
-    signal: str | None = default("signal")
-    """``--signal`` value ``[R:|B:]SIG@SECONDS`` sent before the time limit; None: no signal."""
-    requeue: bool = default("requeue")
-    """``#SBATCH --requeue``: SLURM may requeue the job after preemption or node failure."""
-    extra: tuple[tuple[str, str | None], ...] = ()
-    """``--sbatch KEY=VALUE`` passthrough, sorted by key; a None value writes ``--KEY`` alone."""
-
     def __post_init__(self) -> None:
-        check_text("--job-name", self.job_name)
-        for flag, value in (
-            ("--partition", self.partition),
-            ("--account", self.account),
-            ("--qos", self.qos),
-            ("--constraint", self.constraint),
-        ):
-            _optional_text(flag, value)
         if self.time is not None:
             check_time(self.time)
-        if self.mem is not None:
-            check_text("--mem", self.mem)
-            if not _MEM.match(self.mem):
-                raise SpecError(
-                    f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
-                    f"(e.g. 512G, or 0 for all)"
-                )
-        _positive_int("--cpus-per-task", self.cpus_per_task, optional=True)
-        _flag("--exclusive", self.exclusive)
-        _flag("--requeue", self.requeue)
+        if self.mem is not None and not re.match(_MEM, self.mem, re.IGNORECASE):
+            raise SpecError(
+                f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
+                f"(e.g. 512G, or 0 for all)"
+            )
         if self.signal is not None:
             check_signal(self.signal)
             if self.time is not None:
@@ -460,37 +384,19 @@ class SchedulerSpec:
         object.__setattr__(self, "extra", extra)
 
 
-@dataclass(frozen=True, kw_only=True)
+@option_spec("environment")
 class EnvironmentSpec:
-    """The setup section of the script: what runs before the rendezvous and launch."""
-
-    setup: tuple[str, ...] = ()
-    """Raw shell lines (``module load cuda/12.4``), run first, in order; the one unquoted input."""
-    venv: str | None = None
-    """Absolute path of a virtualenv to activate (``source VENV/bin/activate``); None: none."""
-    conda_env: str | None = None
-    """Conda environment (name or prefix) to activate; excludes ``venv``."""
-    env: tuple[tuple[str, str], ...] = ()
-    """Variables exported with these values (quoted), sorted by name; after the NCCL/torch defaults, so they win."""
-    pass_env: tuple[str, ...] = ()
-    """Variables taken by name from the environment that runs sbatch; their values are never written."""
-    debug: bool = default("debug")
-    """Export NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and friends."""
-    python: str = default("python")
-    """Interpreter name (or path) the script calls for ``-m hpc_hsdp``."""
+    """The setup section of the script: what runs before the rendezvous and launch. ``setup``
+    lines run first, in order (the one unquoted input); ``env`` is sorted by name and exported
+    after the NCCL/torch defaults, so it wins; ``pass_env`` is sorted, its values are never
+    written; ``venv`` is an absolute path (None: no activation)."""
 
     def __post_init__(self) -> None:
-        setup = tuple(self.setup)
-        for line in setup:
-            check_text("--setup", line)
-        object.__setattr__(self, "setup", setup)
-        if self.venv is not None:
-            check_text("--venv", self.venv)
-            if not self.venv.startswith("/"):
-                raise SpecError(
-                    f"--venv {self.venv!r} is not an absolute path; the job may start elsewhere, give /path/to/venv"
-                )
-        _optional_text("--conda-env", self.conda_env)
+        object.__setattr__(self, "setup", tuple(self.setup))
+        if self.venv is not None and not self.venv.startswith("/"):
+            raise SpecError(
+                f"--venv {self.venv!r} is not an absolute path; the job may start elsewhere, give /path/to/venv"
+            )
         if self.venv is not None and self.conda_env is not None:
             raise SpecError(
                 f"--venv {self.venv!r} and --conda-env {self.conda_env!r} both given; activate one "
@@ -509,8 +415,6 @@ class EnvironmentSpec:
             if name in dict(env):
                 raise SpecError(f"{name} is given both by --env (a value) and --pass-env (by name); keep one")
         object.__setattr__(self, "pass_env", pass_env)
-        check_text("--python", self.python)
-        _flag("--debug", self.debug)
 
 
 TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
@@ -520,26 +424,12 @@ torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` wo
 job instead of printing stacks; older agents ignore the variable and still do."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@option_spec("launch")
 class LaunchSpec:
-    """How the job step starts the ranks."""
-
-    launcher: str = default("launcher")
-    """``srun``: one task per GPU; ``torchrun``: one task per node running torchrun with a static rendezvous."""
-    distribution: str = default("distribution")
-    """srun ``--distribution``; ``cyclic`` scrambles SLURM_PROCID, which the node-major layout ignores."""
-    container_image: str | None = None
-    """Pyxis ``--container-image`` for srun; None: no container."""
-    container_mounts: str | None = None
-    """Pyxis ``--container-mounts`` for srun (``/src:/dst,...``)."""
+    """How the job step starts the ranks: srun or torchrun, srun's distribution (``cyclic``
+    scrambles SLURM_PROCID, which the node-major layout ignores), pyxis's container (None: none)."""
 
     def __post_init__(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise SpecError(f"--launcher {self.launcher!r} is unknown; choose srun or torchrun")
-        if self.distribution not in DISTRIBUTIONS:
-            raise SpecError(f"--distribution {self.distribution!r} is unknown; choose block or cyclic")
-        _optional_text("--container-image", self.container_image)
-        _optional_text("--container-mounts", self.container_mounts)
         if self.container_mounts is not None and self.container_image is None:
             raise SpecError(
                 "--container-mounts without --container-image; add the image (pyxis mounts into a container)"
@@ -595,24 +485,20 @@ def parse_nodes(value: object, *, option: str = "--nodes") -> tuple[int, int]:
     return low, high
 
 
-@dataclass(frozen=True, kw_only=True)
+@option_spec("job")
 class JobSpec:
     """A whole job: topology, what runs on each task, the #SBATCH header, setup and launcher.
 
-    ``render_sbatch(spec)`` is a pure function of it; ``submit`` sends that very text.
+    ``render_sbatch(spec)`` is a pure function of it; ``submit`` sends that very text. Of its
+    option fields, ``nodes`` is the most SLURM may grant (see ``min_nodes``), ``ntasks`` None
+    means nodes x GPUs, ``template`` is an absolute path (None: the packaged ``job.sbatch.j2``).
     """
 
-    nodes: int = default("nodes")
-    """Nodes in the job; with ``min_nodes``, the most SLURM may grant."""
     min_nodes: int | None = None
     """The fewest nodes of a flexible allocation (``--nodes MIN-MAX``, sbatch ``--nodes=MIN-MAX``);
     None: exactly ``nodes``. The mesh follows the nodes granted; the global batch stays the
     same at every count (``--global-batch-size``, derived from ``--batch-size`` at ``nodes``
     when not given), so the sample stream does not depend on what SLURM grants."""
-    gpus_per_node: int = default("gpus_per_node")
-    """GPUs per node (``#SBATCH --gpus-per-node``); one task (srun) or one torchrun worker each."""
-    ntasks: int | None = None
-    """Total tasks for an uneven allocation (``#SBATCH --ntasks``, e.g. 12 on 2 nodes: 8,4); None: nodes x GPUs."""
     run: RunSpec
     """What ``hpc-hsdp run`` does on each task; its ``run_dir`` must be absolute, logs go to ``run_dir/logs``."""
     scheduler: SchedulerSpec = SchedulerSpec()
@@ -621,16 +507,8 @@ class JobSpec:
     """Setup lines, activation, exported and passed variables."""
     launch: LaunchSpec = LaunchSpec()
     """srun or torchrun, distribution, container."""
-    template: str | None = None
-    """Absolute path of a user's Jinja2 template; None: the packaged ``job.sbatch.j2``."""
-    spare_nodes: int = default("spare_nodes")
-    """With ``--fault-tolerance replica``: nodes allocated beyond ``nodes`` that wait for a lost
-    replica group to be started again on them."""
 
     def __post_init__(self) -> None:
-        _positive_int("--nodes", self.nodes)
-        _positive_int("--gpus-per-node", self.gpus_per_node)
-        _positive_int("--ntasks", self.ntasks, optional=True)
         check_sizes(
             nodes=self.nodes,
             tasks_per_node=self.gpus_per_node,
@@ -652,10 +530,8 @@ class JobSpec:
             )
         if self.launch.container_image is not None:
             check_container_mounts(self.launch.container_mounts, run_dir)
-        if self.template is not None:
-            check_text("--template", self.template)
-            if not self.template.startswith("/"):
-                raise SpecError(f"--template {self.template!r} is not an absolute path")
+        if self.template is not None and not self.template.startswith("/"):
+            raise SpecError(f"--template {self.template!r} is not an absolute path")
         if self.ntasks is not None:
             if self.launch.launcher == "torchrun":
                 raise SpecError(
@@ -680,7 +556,6 @@ class JobSpec:
         self._check_fault_tolerance()
 
     def _check_fault_tolerance(self) -> None:
-        check_option_value(option("spare_nodes"), self.spare_nodes)
         training = self.run.training
         if training.fault_tolerance != "replica":
             if self.spare_nodes:
@@ -763,8 +638,20 @@ class JobSpec:
 
     @property
     def nodes_text(self) -> str:
-        """What ``#SBATCH --nodes`` says: ``2``, or ``1-2`` for a flexible allocation."""
+        """The nodes of the job: ``2``, or ``1-2`` for a flexible allocation."""
         return f"{self.min_nodes}-{self.nodes}" if self.flexible else str(self.nodes)
+
+    @property
+    def requested_nodes(self) -> str:
+        """What ``#SBATCH --nodes`` asks for: :attr:`nodes_text`, and the spare nodes, which wait in the job."""
+        return str(self.nodes + self.spare_nodes) if self.spare_nodes else self.nodes_text
+
+    @property
+    def task_slots_per_node(self) -> int:
+        """``#SBATCH --ntasks-per-node``: one task per GPU (an uneven ``--ntasks`` step places exactly
+        its planned counts in them; ``--ntasks`` alone would let SLURM put 11,1 or 6,6), one per
+        node under torchrun."""
+        return 1 if self.launch.launcher == "torchrun" else self.gpus_per_node
 
     def plan_at(self, nodes: int):
         """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import signal_lead_seconds
 from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes
 from hpc_hsdp.plan.units import format_bytes
@@ -77,7 +77,7 @@ def parse_bytes(text: str, *, option: str = "--gpu-memory") -> int:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Traffic:
     """Bytes one rank moves per step in one collective."""
 
@@ -90,7 +90,7 @@ class Traffic:
     inter_node: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Estimate:
     model_params: int
     root_params: int
@@ -217,7 +217,7 @@ def estimate(
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Fit:
     shard_size: int
     needed_bytes: int
@@ -255,7 +255,7 @@ ParamsForShard = Callable[[int], tuple[int, int]]
 """shard size -> (parameters, root parameters) as FSDP2 holds them (padded for that size)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Candidate:
     """One shard size considered by :func:`recommend`."""
 
@@ -278,7 +278,7 @@ class Candidate:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Recommendation:
     candidates: tuple[Candidate, ...]
     chosen: Candidate | None
@@ -418,7 +418,7 @@ DEFAULT_SAVE_RATE = 10**9
 a parallel file system's client; local NVMe is faster, NFS slower): ``plan --write-bandwidth``."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SaveTime:
     """How long a full checkpoint takes, against ``KillWait``."""
 
@@ -470,7 +470,7 @@ DEFAULT_WRITE_BANDWIDTH = "1GB"
 (``benchmarks/bench_checkpoint.py`` measures the disk and what a save reaches of it)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SaveEstimate:
     """How long writing one checkpoint of the model takes, against the warning signal's lead."""
 

@@ -20,20 +20,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.plan.records import record
 
 if TYPE_CHECKING:
     from fractions import Fraction
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_MIXTURE = re.compile(r"^[A-Za-z0-9_-]+=")
+_NAME = r"^[A-Za-z0-9_-]+$"
+_MIXTURE = r"^[A-Za-z0-9_-]+="
 EXAMPLE = "--data web=data/web:0.7,code=data/code:0.3"
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Source:
     """One source of a mixture: its name (in metrics: ``loss/NAME``), its token dataset and its
     weight as given (:attr:`Mixture.shares` are the normalised ones)."""
@@ -45,8 +45,10 @@ class Source:
     """The weight as written (kept, so that the value reaches the tasks unchanged)."""
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Mixture:
+    """``--data NAME=PATH:WEIGHT,...``: the sources, in the order given."""
+
     sources: tuple[Source, ...]
 
     @property
@@ -73,7 +75,7 @@ class Mixture:
 
 
 def is_mixture(value: object) -> bool:
-    return isinstance(value, str) and bool(_MIXTURE.match(value))
+    return isinstance(value, str) and bool(re.match(_MIXTURE, value))
 
 
 def parse_mixture(value: str, *, flag: str = "--data") -> Mixture:
@@ -90,7 +92,7 @@ def parse_mixture(value: str, *, flag: str = "--data") -> Mixture:
         path, colon, weight_text = rest.rpartition(":")
         if not equals or not colon or not path:
             raise SpecError(f"{flag} item {item!r} is not NAME=PATH:WEIGHT; e.g. {EXAMPLE}")
-        if not _NAME.match(name):
+        if not re.match(_NAME, name):
             raise SpecError(f"{flag} source name {name!r}: use letters, digits, _ and - (it names metrics: loss/NAME)")
         try:
             weight = Fraction(weight_text.strip())

@@ -14,9 +14,8 @@ exactly once whichever groups are alive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hpc_hsdp.errors import SpecError, TopologyError
+from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.topology import TopologyPlan
 
 REPLICA_ID_ENV = "HPC_HSDP_REPLICA_ID"
@@ -32,7 +31,7 @@ REPLICA_TAG = "{replica}"
 replaces it by ``r<group>a<attempt>``, each group step's own log files."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class ReplicaShape:
     """The replica groups, spares and lighthouse of a job with ``--fault-tolerance replica``."""
 

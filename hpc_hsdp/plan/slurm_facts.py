@@ -6,9 +6,9 @@ no scheduler."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.plan.records import record
 
 DISTRIBUTIONS = ("block", "cyclic")
 """srun ``--distribution`` values hpc-hsdp writes and emulates."""
@@ -22,8 +22,8 @@ SLURM_DEFAULT_SIGNAL_LEAD_S = 60
 """sbatch's lead time for ``--signal SIG`` without ``@SECONDS``."""
 
 _TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
-_SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$")
+_TIME = r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$"
+_SIGNAL = r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@([0-9]+))?$"
 _SIGNAL_NAMES = frozenset(
     [
         "HUP",
@@ -70,7 +70,7 @@ def check_text(option: str, value: str, *, allow_empty: bool = False) -> str:
 def check_time(value: str) -> str:
     """A SLURM time limit in one of the forms sbatch accepts; returns it unchanged."""
     check_text("--time", value)
-    match = _TIME.match(value)
+    match = re.match(_TIME, value)
     if not match:
         raise SpecError(f"--time {value!r} is not a SLURM time; write {_TIME_FORMS} (e.g. 02:00:00 or 1-12)")
     days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
@@ -92,7 +92,7 @@ def check_time(value: str) -> str:
 
 def time_limit_seconds(value: str) -> int:
     """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
-    days, d_hours, d_minutes, d_seconds, first, second, third = _TIME.match(check_time(value)).groups()
+    days, d_hours, d_minutes, d_seconds, first, second, third = re.match(_TIME, check_time(value)).groups()
     if days is not None:
         return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
     if third is not None:
@@ -102,14 +102,14 @@ def time_limit_seconds(value: str) -> int:
 
 def signal_lead_seconds(value: str) -> int:
     """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
-    match = _SIGNAL.match(check_signal(value))
+    match = re.match(_SIGNAL, check_signal(value))
     return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
 
 
 def check_signal(value: str) -> str:
     """``[R:|B:]SIG[@SECONDS]`` as sbatch's --signal takes it; returns it unchanged."""
     check_text("--signal", value)
-    match = _SIGNAL.match(value)
+    match = re.match(_SIGNAL, value)
     name = match.group(2).upper() if match else ""
     name = name[3:] if name.startswith("SIG") else name
     ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
@@ -125,7 +125,7 @@ def check_signal(value: str) -> str:
     return value
 
 
-_JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,10}|\+[0-9]{1,6})?$")
+_JOB_ID = r"^[0-9]{1,12}(?:_[0-9]{1,10}|\+[0-9]{1,6})?$"
 
 
 def check_job_id(value: object, *, where: str = "the job id") -> str:
@@ -133,7 +133,7 @@ def check_job_id(value: object, *, where: str = "the job id") -> str:
     ``123+1`` (a heterogeneous component), as text; anything else (an option such as
     ``--user=root``, a path, a name) is refused before it reaches squeue, scancel or a file name."""
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not _JOB_ID.match(text):
+    if not isinstance(text, str) or not re.match(_JOB_ID, text):
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         raise SpecError(
             f"{where} {shown} is not a SLURM job id (123, 123_4 or 123+1); give the run directory or a job id"
@@ -148,8 +148,10 @@ SINFO_NODE_FORMAT = "%P|%N|%G|%f"
 node, GRES, available features; one line per node and partition."""
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class SinfoNode:
+    """One line of :data:`SINFO_NODE_FORMAT`: a node of a partition, its GPUs and features."""
+
     partition: str
     default: bool
     """The cluster's default partition (what a job without ``--partition`` goes to)."""

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 
-import hostlist
-
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
+from hpc_hsdp.plan.records import record
 
 # Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
 RENDEZVOUS_PORT_BASE = 20000
 RENDEZVOUS_PORT_SPAN = 10000
 
-_TASKS_ITEM = re.compile(r"^([1-9][0-9]*)(?:\(x([1-9][0-9]*)\))?$")
+_TASKS_ITEM = r"^([1-9][0-9]*)(?:\(x([1-9][0-9]*)\))?$"
 
 # Bounds on sizes: a typo (--nodes 99999999) must be one clear line, not a plan that takes all
 # the memory. The largest SLURM clusters have about 10,000 nodes and about 100,000 GPUs; the
@@ -91,6 +90,8 @@ def expand_nodelist(nodelist: str) -> tuple[str, ...]:
             f"node list {nodelist[:80]!r} names {size:,} nodes, more than the {MAX_NODES:,} hpc-hsdp "
             f"plans for; {_TYPO_HINT}"
         )
+    import hostlist  # noqa: PLC0415  (only a node list needs it: render and plan without one start without it)
+
     try:
         names = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
@@ -106,7 +107,7 @@ def parse_tasks_per_node(text: str) -> tuple[int, ...]:
     """Parse ``SLURM_TASKS_PER_NODE`` (``8(x2),4``) into one count per node."""
     counts: list[int] = []
     for item in text.strip().split(","):
-        match = _TASKS_ITEM.match(item.strip())
+        match = re.match(_TASKS_ITEM, item.strip())
         if not match:
             raise TopologyError(
                 f"malformed tasks-per-node string {text!r}; expected SLURM's form such as '8(x2),4' or '4,8'"
@@ -157,7 +158,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class TopologyPlan:
     """The HSDP layout of a job: one entry per rank, groups derived from node-major ranks."""
 
@@ -355,20 +356,20 @@ def _int_var(env: Mapping[str, str], name: str, hint: str) -> int:
 
 
 _OUTSIDE_SLURM = "run this inside a SLURM task (srun hpc-hsdp ...) or under torchrun"
-_DECIMAL = re.compile(r"^[0-9]+$")
+_DECIMAL = r"^[0-9]+$"
 
 
 def _slurm_procid(env: Mapping[str, str]) -> int | None:
     """What SLURM says this task's rank is (recorded, never trusted); None when unset."""
     text = env.get("SLURM_PROCID", "").strip()
-    return int(text) if _DECIMAL.match(text) else None
+    return int(text) if re.match(_DECIMAL, text) else None
 
 
 def rendezvous_port(env: Mapping[str, str]) -> int:
     """``MASTER_PORT`` when set, else a port derived from the job id, equal on every task."""
     if env.get("MASTER_PORT", "").strip():
         text = env["MASTER_PORT"].strip()
-        if not _DECIMAL.match(text) or not 0 < int(text) < 65536:
+        if not re.match(_DECIMAL, text) or not 0 < int(text) < 65536:
             raise SlurmEnvError(f"MASTER_PORT={text!r} is not a port number; unset it or give 1-65535")
         return int(text)
     job_id = _require(env, "SLURM_JOB_ID", _OUTSIDE_SLURM)
@@ -428,7 +429,7 @@ def select_device(env: Mapping[str, str], *, local_rank: int, local_world_size: 
     return f"cuda:{local_rank}"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class RankLayout:
     """What one task derives from its environment: its place in the node-major plan."""
 
