@@ -140,7 +140,7 @@ class Engine:
         self.retries = 0
         """Attempts of the coming step that the live replica groups did not commit (a group was lost in it)."""
         if self.training.fault_tolerance == "replica":
-            from hpc_hsdp.runtime.fault_tolerance import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
+            from hpc_hsdp.runtime.replica_group import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
 
             self.ft = ReplicaGroup(
                 ctx,
@@ -229,7 +229,7 @@ class Engine:
         if self.ctx.comm_stats is not None:
             self.ctx.comm_stats.reset()
         if self.ft is not None:
-            from hpc_hsdp.runtime.fault_tolerance import read_group_batches  # noqa: PLC0415 - as in __init__
+            from hpc_hsdp.runtime.replica_group import read_group_batches  # noqa: PLC0415 - as in __init__
 
             try:
                 number = self.ft.begin()  # the quorum: which groups train which step (a healed group jumps ahead)
@@ -253,10 +253,10 @@ class Engine:
     def train_step(self, step: Step) -> torch.Tensor:
         """The built-in step (:func:`hpc_hsdp.runtime.step.train_step`) with this run's settings
         and the stop agreement fused into its all_reduce: ``[loss, grad_norm, agreed stop code]``.
-        A replica group's step (:func:`hpc_hsdp.runtime.fault_tolerance.train_step`) sets
+        A replica group's step (:func:`hpc_hsdp.runtime.replica_group.train_step`) sets
         ``step.committed``."""
         if self.ft is not None:
-            from hpc_hsdp.runtime.fault_tolerance import train_step as replica_step  # noqa: PLC0415 - as in __init__
+            from hpc_hsdp.runtime.replica_group import train_step as replica_step  # noqa: PLC0415 - as in __init__
 
             out, step.committed = replica_step(
                 self.model,
