@@ -3,7 +3,7 @@
 Two writers append to it: the job's replica supervisor (:mod:`hpc_hsdp.job.replicas`: the
 lighthouse, each group step started, lost, finished, a fall back to requeue, ``"event"`` and
 ``"cause"``), and each replica group's rank 0 when the quorum of a step differs from its last
-one (:mod:`hpc_hsdp.runtime.fault_tolerance`: ``"step"``, ``"replicas"`` of ``"of"``, ``"cause"``).
+one (:mod:`hpc_hsdp.runtime.replica_group`: ``"step"``, ``"replicas"`` of ``"of"``, ``"cause"``).
 Every record has its ``"time"`` (seconds since the epoch). ``status`` and ``report`` show them.
 """
 

@@ -7,12 +7,14 @@ optimizer and the learning-rate schedule, the per-step seeding, the stop agreeme
 task's signals, the hang watchdog, the checkpoints (periodic ones written in the background
 by the :class:`~hpc_hsdp.runtime.checkpoint.AsyncSaver`, synchronous ones at a stop and at the
 end), the metrics (``metrics.jsonl``, the observer: stragglers, TensorBoard, attempts), the
-communication statistics and the test hooks of :mod:`hpc_hsdp.runtime.faults`.
+communication statistics and the test hooks of :mod:`hpc_hsdp.runtime.faults`. What differs
+between an ordinary job and a replica group (which step, which rows, the gradient reduction
+and the commit, who writes) is its step coordinator's (:mod:`hpc_hsdp.runtime.coordinator`).
 
 A loop drives it step by step, every rank the same::
 
     engine = Engine(ctx, training)             # collective: build, shard, resume
-    for number in engine.open_steps():         # collective: watchdog (restart budget), loader
+    for number in engine.open_steps():         # collective: watchdog (restart budget), the steps
         step = engine.begin_step(number)       # hooks, seed, clocks, this rank's batches, lr
         ...                                    # forward, backward, optimizer step
         record = engine.step_record(step, loss=..., grad_norm=...)  # + comm stats, stragglers
@@ -44,6 +46,7 @@ from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
 from hpc_hsdp.runtime import checkpoint, faults
 from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
+from hpc_hsdp.runtime.coordinator import StepCoordinator, coordinator_for
 from hpc_hsdp.runtime.device import (
     check_training_device,
     configure_device,
@@ -52,7 +55,7 @@ from hpc_hsdp.runtime.device import (
     resolve_precision,
 )
 from hpc_hsdp.runtime.dist import RunContext
-from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
+from hpc_hsdp.runtime.loader import MicroBatch
 from hpc_hsdp.runtime.log import say
 from hpc_hsdp.runtime.metrics import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
@@ -61,12 +64,11 @@ from hpc_hsdp.runtime.run_data import (
     TrainData,
     check_data,
     eval_samples,
-    make_loader,
     open_data,
     source_eval_samples,
 )
 from hpc_hsdp.runtime.schedule import lr_of
-from hpc_hsdp.runtime.step import evaluate, seed_step, train_step
+from hpc_hsdp.runtime.step import evaluate, seed_step
 from hpc_hsdp.runtime.watchdog import Watchdog
 
 
@@ -83,7 +85,7 @@ class Step:
     cpu_started: float = field(default=0.0, repr=False)
     """``time.process_time()`` when the step began."""
     committed: bool = True
-    """False: a replica group's step that the live groups did not commit (trained again)."""
+    """False: the coordinator did not commit the step (:meth:`Engine.train_step`): it comes again."""
 
     def __int__(self) -> int:
         return self.number
@@ -120,10 +122,13 @@ class Engine:
         *,
         adapter=None,
         optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+        coordinator: StepCoordinator | None = None,
         verbose: bool = True,
     ) -> None:
         self.ctx = ctx
         self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
+        self.coordinator = coordinator or coordinator_for(ctx, self.training)
+        """What an ordinary job and a replica group do differently (default: the options' choice)."""
         self.verbose = verbose
         check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
@@ -135,22 +140,15 @@ class Engine:
         )
         self.state: dict = dict(saved.get("extra") or {})
         """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
-        self.ft = None
-        """The torchft side of a replica group (``--fault-tolerance replica``), else None."""
-        self.retries = 0
-        """Attempts of the coming step that the live replica groups did not commit (a group was lost in it)."""
-        if self.training.fault_tolerance == "replica":
-            from hpc_hsdp.runtime.fault_tolerance import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
-
-            self.ft = ReplicaGroup(
-                ctx,
-                self.training,
-                self.model,
-                self.optimizer,
-                start_step=self.start_step,
-                engine_state=lambda: self.state,
-                load_engine_state=self._load_state,
-            )
+        self.coordinator.open(
+            self.data,
+            self.adapter,
+            self.model,
+            self.optimizer,
+            start_step=self.start_step,
+            state=self.state,
+            save_now=self._save_now,
+        )
         self.last_step = self.start_step
         """The last step completed."""
         self.saved_step: int | None = self.start_step or None
@@ -165,7 +163,6 @@ class Engine:
         self.tokens_per_step = self.data.layout.global_batch * self.training.seq_len
         self.began = time.time()
         self.periodic = checkpoint.AsyncSaver.for_run(ctx, self.training)  # None without --checkpoint-every
-        self.loader: BatchLoader | None = None
         self.watchdog: Watchdog | None = None
         self._stop_group = None
         self._agreement_ready = False
@@ -190,34 +187,20 @@ class Engine:
     # ------------------------------------------------------------------ the steps
 
     def open_steps(self):
-        """Collective, once: training mode, the loader from the step after the resumed one, the
-        watchdog (which first refuses a job past ``--max-restarts``); the steps left. A replica
-        group's steps follow its last committed one: a step the groups did not commit comes again,
-        and a group that healed from a peer goes on from the peer's step."""
+        """Collective, once: training mode, the watchdog (which first refuses a job past
+        ``--max-restarts``); the steps left, as the coordinator gives them (after the last
+        completed one; the ordinary job's rows read ahead from there)."""
         self.model.train()
-        steps = self.training.steps
         self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
         if self.compile_clock is not None:  # a compile (minutes on a large model) is no hang
             self.watchdog.busy = self.compile_clock.compiling
-        if self.ft is not None:
-            return self._replica_steps()
-        self.loader = make_loader(self.ctx, self.data, first_step=self.start_step + 1, last_step=steps)
-        return range(self.start_step + 1, steps + 1)
-
-    def _replica_steps(self):
-        while self.last_step < self.training.steps:
-            yield self.last_step + 1
-
-    def _load_state(self, state: dict) -> None:
-        self.state.clear()
-        self.state.update(state)
+        return self.coordinator.steps(lambda: self.last_step)
 
     def close_steps(self) -> None:
-        """Stop the watchdog (nothing after the last step may count as a hang) and the loader."""
+        """Stop the watchdog (nothing after the last step may count as a hang) and the reading ahead."""
         if self.watchdog is not None:
             self.watchdog.stop()
-        if self.loader is not None:
-            self.loader.close()
+        self.coordinator.close_steps()
 
     def begin_step(self, number: int) -> Step:
         """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
@@ -228,19 +211,7 @@ class Engine:
         reset_peak_memory(self.ctx.device)
         if self.ctx.comm_stats is not None:
             self.ctx.comm_stats.reset()
-        if self.ft is not None:
-            from hpc_hsdp.runtime.fault_tolerance import read_group_batches  # noqa: PLC0415 - as in __init__
-
-            try:
-                number = self.ft.begin()  # the quorum: which groups train which step (a healed group jumps ahead)
-            except Exception:
-                self._fall_back_save()
-                raise
-            began = time.perf_counter()
-            batches = read_group_batches(self, number, self.ft)
-            waited = time.perf_counter() - began
-        else:
-            batches, waited = self.loader.next_step(number)
+        number, batches, waited = self.coordinator.begin(number)  # a replica group may go on from a peer's step
         return Step(
             number=number,
             lr=lr_of(self.training, number),
@@ -251,36 +222,11 @@ class Engine:
         )
 
     def train_step(self, step: Step) -> torch.Tensor:
-        """The built-in step (:func:`hpc_hsdp.runtime.step.train_step`) with this run's settings
-        and the stop agreement fused into its all_reduce: ``[loss, grad_norm, agreed stop code]``.
-        A replica group's step (:func:`hpc_hsdp.runtime.fault_tolerance.train_step`) sets
-        ``step.committed``."""
-        if self.ft is not None:
-            from hpc_hsdp.runtime.fault_tolerance import train_step as replica_step  # noqa: PLC0415 - as in __init__
-
-            out, step.committed = replica_step(
-                self.model,
-                self.ft,
-                self.adapter,
-                step.batches,
-                lr=step.lr,
-                clip_grad=self.training.clip_grad,
-                num_replicas=self.ctx.plan.num_replicas,
-                global_batch=self.data.layout.global_batch,
-                stop_code=self.stop_code,
-            )
-            return out
-        return train_step(
-            self.model,
-            self.optimizer,
-            self.adapter,
-            step.batches,
-            lr=step.lr,
-            clip_grad=self.training.clip_grad,
-            num_replicas=self.ctx.plan.num_replicas,
-            stop_code=self.stop_code,
-            num_sources=len(self.sources),
-        )
+        """The built-in step (:func:`hpc_hsdp.runtime.step.train_step` in an ordinary job) with
+        this run's settings and the stop agreement fused into its all_reduce: ``[loss,
+        grad_norm, agreed stop code, ...]``; sets ``step.committed``."""
+        out, step.committed = self.coordinator.train_step(step.batches, lr=step.lr, stop_code=self.stop_code)
+        return out
 
     def source_fields(self, number: int, losses: list[float] | None = None) -> dict:
         """A mixture's per-source fields of step ``number``'s record: ``tokens/NAME`` (the
@@ -338,12 +284,8 @@ class Engine:
             "grad_accum": layout.grad_accum,
             "global_batch": layout.global_batch,
             "precision": self.precision,
+            **self.coordinator.take_record_fields(),
         }
-        if self.ft is not None:
-            record["replicas"] = self.ft.replicas
-            record["replica_groups"] = self.ft.num_groups
-            record["replica_id"] = self.ft.replica_id
-            record["retries"], self.retries = self.retries, 0
         if ctx.comm_stats is not None:
             record["comm"] = ctx.comm_stats.take()
         if self.sources:
@@ -393,16 +335,15 @@ class Engine:
         record["elapsed_s"] = record["wall_time"] - self.began
         self.last_step = max(self.last_step, record["step"])
         self.observer.write(record)
-        if self.ft is None or self.ft.leads:  # one record per step: the step's leading replica group writes it
+        if self.coordinator.leads:  # one record per step
             self.metrics.write(record)
-        if line is not None and self.verbose and (self.ctx.is_rank0 or (self.ft is not None and self.ctx.rank == 0)):
+        if line is not None and self.verbose and self.coordinator.prints_step_lines:
             say(line, tag=False)
         return record
 
     def step_done(self, step: Step) -> None:
         """After the step and its record: the sample-id hook, the watchdog's progress."""
-        rank = self.ctx.rank if self.ft is None else f"{self.ft.replica_id}-{self.ctx.rank}"
-        faults.after_step(rank, self.ctx.world_size, step.number, step.batches)
+        faults.after_step(self.coordinator.rank_label, self.ctx.world_size, step.number, step.batches)
         if self.watchdog is not None:
             self.watchdog.step_done(step.number)
 
@@ -441,7 +382,7 @@ class Engine:
         step = self.last_step if step is None else step
         if self.ctx.run_dir is None or step == 0 or self.saved_step == step:
             return
-        if self.ft is not None and not self.ft.leads:  # the step's leading replica group saves for all
+        if not self.coordinator.leads:  # the step's leader saves for all
             return
         background = self.periodic if in_background else None
         path = checkpoint.save_checkpoint(
@@ -459,20 +400,13 @@ class Engine:
         if self.ctx.is_rank0 and self.verbose:
             say(f"checkpoint {path}" + (" (writing in the background)" if background is not None else ""))
 
-    def _fall_back_save(self) -> None:
-        """Collective in a replica group whose quorum failed (below ``--min-replicas``): one
-        surviving group saves the last committed step, so that the requeued job resumes exactly."""
-        claim = torch.zeros(1, device=self.ctx.device)
-        if self.ctx.rank == 0:
-            claim[0] = float(self.ft.claim_fallback_save())
-        dist.broadcast(claim, src=0)
-        if claim.item():
-            self.ft.index = 0  # this group saves for all
-            self.save(self.last_step)
-            if self.periodic is not None:
-                self.periodic.close()
-            if self.ctx.rank == 0:
-                say(f"replica group {self.ft.replica_id}: below --min-replicas; saved step {self.last_step} to requeue")
+    def _save_now(self) -> int:
+        """Collective: the last completed step's checkpoint, synchronously, the periodic saver
+        closed (the coordinator's, before its job ends: a requeue resumes from it); the step."""
+        self.save(self.last_step)
+        if self.periodic is not None:
+            self.periodic.close()
+        return self.last_step
 
     def save_if_due(self, number: int) -> None:
         """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not
@@ -492,8 +426,7 @@ class Engine:
         if self.periodic is not None:
             self.periodic.close()
         self.observer.finish(stop_reason, self.last_step)
-        if self.ft is not None:
-            self.ft.close()
+        self.coordinator.close()
         if self.compile_clock is not None:
             self.compile_clock.close()
         sys.stdout.flush()

@@ -119,7 +119,6 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
     values = engine.train_step(step).tolist()  # the step's one host sync
     loss, grad_norm, agreed = values[:3]
     if not step.committed:  # a replica group was lost in the step: the live ones train it again
-        engine.retries += 1
         return False
     stopping = engine.agreed_stop(agreed, number)  # the ranks' signals: all stop after this step, or none
     record = engine.step_record(step, loss=loss, grad_norm=grad_norm, source_losses=values[3:])

@@ -2,7 +2,8 @@
 
 The job's replica groups (:mod:`hpc_hsdp.plan.replicas`) each run as a job of their own: a
 process group and a mesh of the group's ranks, ``fully_shard`` on it as always. Across the
-groups, :class:`ReplicaGroup` puts torchft in three places of the engine's step:
+groups, :class:`ReplicaGroup`, the step coordinator the engine is given
+(:mod:`hpc_hsdp.runtime.coordinator`), puts torchft in three places of the engine's step:
 
 - the quorum (``OptimizerWrapper.zero_grad`` -> ``Manager.start_quorum``, synchronous:
   ``use_async_quorum=False``; FSDP2's hooks do not survive the asynchronous one) decides
@@ -18,14 +19,15 @@ groups, :class:`ReplicaGroup` puts torchft in three places of the engine's step:
 The step's rows (:func:`hpc_hsdp.plan.replicas.group_rows`) follow from the step number and
 the live groups alone: whatever the membership, every sample of every step is trained once.
 Membership changes are appended to ``<run-dir>/replicas.jsonl`` (time, step, replicas, cause).
+Below ``--min-replicas`` (:class:`QuorumLost`) one surviving group saves the last committed
+step for all (:meth:`ReplicaGroup.claim_fallback_save`) before the job falls back to a requeue.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,16 +36,15 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
-from hpc_hsdp.runtime.log import note
+from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.step import local_grads
 
 
 class QuorumLost(RuntimeError):
     """No quorum of ``--min-replicas`` groups within ``--quorum-timeout``: the job falls back to a
-    requeue (the engine saves the last committed step first, one group for all)."""
+    requeue (:meth:`ReplicaGroup.fall_back_save` saves the last committed step first, one group for all)."""
 
 
 QUORUM_TRY_S = 10.0
@@ -53,11 +54,6 @@ the meantime): its ranks would wait out the whole timeout for a quorum the new l
 
 FALLBACK_LOCK = ".fallback-save.lock"
 """Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
-
-
-def replica_env(env: Mapping[str, str]) -> tuple[int, int, int]:
-    """(replica id, replica groups of the job, attempt) of this task (set by the job's supervisor)."""
-    return int(env.get(REPLICA_ID_ENV, "0")), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
 
 
 def _local(tensor):
@@ -77,66 +73,94 @@ def _to_local_tree(value):
     return value
 
 
+def torchft_manager(group: ReplicaGroup):
+    """torchft's ``Manager`` of ``group`` (collective: the group's ranks): a torchft process group
+    (NCCL on GPU, gloo on CPU) to the same rank of every live group, the group's own store, the
+    lighthouse of ``TORCHFT_LIGHTHOUSE``; the heal's state comes and goes through the group's
+    :meth:`~ReplicaGroup.state_dict` and :meth:`~ReplicaGroup.load_state_dict`."""
+    from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL  # noqa: PLC0415 - the optional extra
+
+    ctx, training = group.ctx, group.training
+    timeout = timedelta(seconds=training.quorum_timeout)
+    pg = ProcessGroupNCCL(timeout=timeout) if ctx.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+    layout = ctx.layout
+    return Manager(
+        pg=pg,
+        min_replica_size=training.min_replicas,
+        load_state_dict=group.load_state_dict,
+        state_dict=group.state_dict,
+        replica_id=f"hpc_hsdp_replica_{group.replica_id}",
+        use_async_quorum=False,
+        init_sync=False,  # every group initialises from the same seed (or resumes the same checkpoint)
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        store_addr=layout.master_addr,
+        store_port=layout.master_port,
+        hostname=layout.master_addr,
+    )
+
+
 class ReplicaGroup:
-    """torchft on one replica group: see the module docstring. Collective constructor (the group's ranks)."""
+    """torchft on one replica group, the engine's step coordinator
+    (:class:`~hpc_hsdp.runtime.coordinator.StepCoordinator`): see the module docstring.
+    ``make_manager(group)``: torchft's manager of the group (:func:`torchft_manager`)."""
 
-    def __init__(
-        self,
-        ctx,
-        training,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        start_step: int,
-        engine_state: Callable[[], dict],
-        load_engine_state: Callable[[dict], None],
-        env: Mapping[str, str] | None = None,
-    ) -> None:
-        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL  # noqa: PLC0415 - the optional extra
-        from torchft.optim import OptimizerWrapper  # noqa: PLC0415 - the optional extra
-
-        env = os.environ if env is None else env
-        self.ctx, self.training, self.model, self.raw_optimizer = ctx, training, model, optimizer
-        self.replica_id, self.num_groups, self.attempt = replica_env(env)
-        self._engine_state, self._load_engine_state = engine_state, load_engine_state
-        timeout = timedelta(seconds=training.quorum_timeout)
-        pg = ProcessGroupNCCL(timeout=timeout) if ctx.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
-        layout = ctx.layout
-        self.manager = Manager(
-            pg=pg,
-            min_replica_size=training.min_replicas,
-            load_state_dict=self.load_state_dict,
-            state_dict=self.state_dict,
-            replica_id=f"hpc_hsdp_replica_{self.replica_id}",
-            use_async_quorum=False,
-            init_sync=False,  # every group initialises from the same seed (or resumes the same checkpoint)
-            timeout=timeout,
-            quorum_timeout=timeout,
-            connect_timeout=timeout,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            store_addr=layout.master_addr,
-            store_port=layout.master_port,
-            hostname=layout.master_addr,
-        )
-        self.manager.load_state_dict({"step": start_step, "batches_committed": 0})
-        self.optimizer = OptimizerWrapper(self.manager, optimizer)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_all_reduce_hook(self._average_across_groups)
+    def __init__(self, ctx, training, *, make_manager: Callable[[ReplicaGroup], object] | None = None) -> None:
+        self.ctx, self.training = ctx, training
+        self.replica_id, self.num_groups, self.attempt = ctx.replica or (0, 1, 0)
+        self._make_manager = make_manager or torchft_manager
         self.replicas: int | None = None
         """Replica groups in the current step's quorum."""
         self.index: int | None = None
         """This group's place among them (0: the step's leader, which writes metrics and checkpoints)."""
         self.healed_at: int | None = None
+        """The step this group last fetched from a live peer (None: it never healed)."""
+        self.retries = 0
+        """Attempts of the coming step that the live groups did not commit (a group was lost in it)."""
         self._last_members: tuple[int, int] | None = None
+
+    def open(self, data, adapter, model, optimizer, *, start_step, state, save_now) -> None:
+        """Collective (the group's ranks): torchft's manager at ``start_step``, the optimizer
+        wrapped so that it steps only on a commit, the gradient average hooked into every FSDP unit."""
+        from torchft.optim import OptimizerWrapper  # noqa: PLC0415 - the optional extra
+
+        self.data, self.adapter, self.model, self.raw_optimizer = data, adapter, model, optimizer
+        self._engine_state, self._save_now = state, save_now
+        self.manager = self._make_manager(self)
+        self.manager.load_state_dict({"step": start_step, "batches_committed": 0})
+        self.optimizer = OptimizerWrapper(self.manager, optimizer)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(self._average_across_groups)
 
     # ------------------------------------------------------------------ the step
 
     def _average_across_groups(self, reduced: torch.Tensor) -> None:
         self.manager.allreduce(reduced).wait()
 
-    def begin(self) -> int:
+    def steps(self, done: Callable[[], int]) -> Iterable[int]:
+        """The step after the last committed one (``done()``) until ``--steps``: a step the live
+        groups did not commit comes again; one that healed goes on from the peer's step."""
+        while done() < self.training.steps:
+            yield done() + 1
+
+    def begin(self, number: int) -> tuple[int, list, float]:
+        """Collective: the quorum (:meth:`quorum`), then this rank's micro-batches of the step it
+        gives, read now (:meth:`read_batches`). Without a quorum, the fall back's save first
+        (:meth:`fall_back_save`)."""
+        try:
+            number = self.quorum()
+        except Exception:
+            self.fall_back_save()
+            raise
+        began = time.perf_counter()
+        batches = self.read_batches(number)
+        return number, batches, time.perf_counter() - began
+
+    def quorum(self) -> int:
         """Collective (the group, then every live group): the quorum, the heal if this group is
         behind, the gradients zeroed; the number of the step to train now."""
         before = self.manager.current_step()
@@ -177,11 +201,88 @@ class ReplicaGroup:
             self._last_members = members
         return number
 
+    def read_batches(self, number: int) -> list:
+        """This rank's micro-batches of step ``number`` when ``self.replicas`` groups train it
+        (:func:`~hpc_hsdp.plan.replicas.group_rows`), read now: which rows are this rank's is
+        known only after the step's quorum. An empty micro-batch carries one row of weight 0."""
+        from hpc_hsdp.plan.replicas import group_rows  # noqa: PLC0415 - beside the loader's imports
+        from hpc_hsdp.runtime.loader import MicroBatch, read_rows  # noqa: PLC0415 - no cycle at import
+
+        data, ctx = self.data, self.ctx
+        layout = data.layout
+        positions = layout.step_positions(number)
+        spans = group_rows(
+            layout.global_batch,
+            participants=self.replicas,
+            group_index=self.index,
+            group_world=ctx.world_size,
+            rank=ctx.rank,
+            max_rows=layout.rank_batch,
+        )
+        batches = []
+        for micro, (start, stop) in enumerate(spans):
+            ids = data.order.sample_ids(positions[start:stop])
+            inputs, targets = read_rows(data.train, ids if len(ids) else data.order.sample_ids(positions[:1]))
+            batches.append(MicroBatch(number, micro, inputs, targets, ids).to(ctx.device))
+        return batches
+
+    def train_step(self, batches, *, lr: float, stop_code) -> tuple[torch.Tensor, bool]:
+        """One step of the group: ``([global mean loss, global grad norm, agreed stop code], committed)``.
+
+        Each micro-batch's loss is weighted by its rows so that, after FSDP's average over the
+        group's ranks and torchft's over the live groups, the gradient is the global batch's
+        mean, whatever each group's share of it. The loss, the row count and the stop codes are
+        summed over the group, then over the live groups (torchft); the squared gradient norm
+        (the gradients are the same in every group by then) over the group only."""
+        from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING  # noqa: PLC0415 - beside step.py's
+
+        model, adapter = self.model, self.adapter
+        device = batches[0].inputs.device
+        world = dist.get_world_size()
+        scale = world * self.replicas / self.data.layout.global_batch
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        accum = len(batches)
+        for index, batch in enumerate(batches):
+            if accum > 1:
+                model.set_requires_all_reduce(index == accum - 1)
+            rows = len(batch.sample_ids)
+            loss = adapter.loss(model, batch.inputs, batch.targets)
+            (loss * (rows * scale)).backward()
+            loss_sum += loss.detach().float() * rows
+        grads, squared = local_grads(model, device)
+        code = stop_code() if stop_code is not None else NONE
+        rows_here = float(sum(len(b.sample_ids) for b in batches))
+        fused = torch.stack(
+            [
+                loss_sum,
+                torch.full((), rows_here, device=device),
+                torch.full((), float(code == WARNING), device=device),
+                torch.full((), float(code == TERMINATE), device=device),
+                squared,
+            ]
+        )
+        dist.all_reduce(fused, op=dist.ReduceOp.SUM)
+        across = self.allreduce_sum(fused[:4].clone())
+        mean_loss = across[0] / torch.clamp(across[1], min=1.0)
+        grad_norm = (fused[4] / self.ctx.plan.num_replicas).sqrt()
+        agreed = torch.where(across[3] > 0, float(TERMINATE), torch.where(across[2] > 0, float(WARNING), float(NONE)))
+        clip_grad = self.training.clip_grad
+        if clip_grad > 0 and grads:
+            torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        committed = self.commit()
+        return torch.stack([mean_loss, grad_norm, agreed]), committed
+
     def commit(self) -> bool:
-        """Collective: step the optimizer when every live group agrees; whether it did."""
+        """Collective: step the optimizer when every live group agrees; whether it did (an
+        attempt that did not commit counts in the next record's ``retries``)."""
         before = self.manager.current_step()
         self.optimizer.step()  # should_commit, then the inner optimizer's step
-        return self.manager.current_step() == before + 1
+        committed = self.manager.current_step() == before + 1
+        if not committed:
+            self.retries += 1
+        return committed
 
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the step's live groups (same-rank peers), in place."""
@@ -194,6 +295,28 @@ class ReplicaGroup:
     def leads(self) -> bool:
         """This group writes the step's record and checkpoint (the first of the live groups)."""
         return self.index == 0
+
+    @property
+    def prints_step_lines(self) -> bool:
+        """Every group's rank 0 prints its steps' lines."""
+        return self.ctx.rank == 0
+
+    @property
+    def rank_label(self) -> str:
+        """``<replica id>-<rank in the group>``."""
+        return f"{self.replica_id}-{self.ctx.rank}"
+
+    def take_record_fields(self) -> dict:
+        """The step's quorum (``replicas`` of ``replica_groups``), this group's ``replica_id`` and
+        the attempts of the step that did not commit (``retries``, then counted afresh)."""
+        fields = {
+            "replicas": self.replicas,
+            "replica_groups": self.num_groups,
+            "replica_id": self.replica_id,
+            "retries": self.retries,
+        }
+        self.retries = 0
+        return fields
 
     def _record_membership(self, number: int, cause: str, *, waited_s: float) -> None:
         record = {
@@ -223,7 +346,7 @@ class ReplicaGroup:
             "model": {name: _local(p).detach().clone() for name, p in self.model.named_parameters()},
             "optimizer": _to_local_tree(self.raw_optimizer.state_dict()),
             "step": self.manager.current_step(),
-            "engine": json.loads(json.dumps(self._engine_state())),
+            "engine": json.loads(json.dumps(self._engine_state)),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -253,7 +376,8 @@ class ReplicaGroup:
                 for key, value in entry.items()
             }
         self.raw_optimizer.load_state_dict({"state": rebuilt, "param_groups": optim["param_groups"]})
-        self._load_engine_state(state.get("engine") or {})
+        self._engine_state.clear()
+        self._engine_state.update(state.get("engine") or {})
 
     def claim_fallback_save(self) -> bool:
         """Rank 0: whether this group writes the fall back's checkpoint (the first to lock the
@@ -274,84 +398,24 @@ class ReplicaGroup:
         step = self.manager.current_step()
         return step > 0 and all(saved != step for saved, _ in complete_checkpoints(self.ctx.run_dir))
 
+    def fall_back_save(self) -> None:
+        """Collective in a group whose quorum failed (below ``--min-replicas``): one surviving
+        group saves the last committed step, so that the requeued job resumes exactly."""
+        claim = torch.zeros(1, device=self.ctx.device)
+        if self.ctx.rank == 0:
+            claim[0] = float(self.claim_fallback_save())
+        dist.broadcast(claim, src=0)
+        if claim.item():
+            self.index = 0  # this group saves for all
+            saved = self._save_now()
+            if self.ctx.rank == 0:
+                say(f"replica group {self.replica_id}: below --min-replicas; saved step {saved} to requeue")
+
+    def close_steps(self) -> None:
+        pass  # nothing reads ahead: a step's rows are read after its quorum
+
     def close(self) -> None:
         try:
             self.manager.shutdown(wait=False)
         except Exception as exc:  # noqa: BLE001 - at the end: nothing left to save
             note(f"torchft manager shutdown: {exc}")
-
-
-def read_group_batches(engine, number: int, group: ReplicaGroup):
-    """This rank's micro-batches of step ``number`` when ``group.replicas`` groups train it
-    (:func:`~hpc_hsdp.plan.replicas.group_rows`), read now: which rows are this rank's is
-    known only after the step's quorum. An empty micro-batch carries one row of weight 0."""
-    from hpc_hsdp.plan.replicas import group_rows  # noqa: PLC0415 - beside the loader's imports
-    from hpc_hsdp.runtime.loader import MicroBatch, read_rows  # noqa: PLC0415 - no cycle at import
-
-    data, ctx = engine.data, engine.ctx
-    layout = data.layout
-    positions = layout.step_positions(number)
-    spans = group_rows(
-        layout.global_batch,
-        participants=group.replicas,
-        group_index=group.index,
-        group_world=ctx.world_size,
-        rank=ctx.rank,
-        max_rows=layout.rank_batch,
-    )
-    batches = []
-    for micro, (start, stop) in enumerate(spans):
-        ids = data.order.sample_ids(positions[start:stop])
-        inputs, targets = read_rows(data.train, ids if len(ids) else data.order.sample_ids(positions[:1]))
-        batches.append(MicroBatch(number, micro, inputs, targets, ids).to(ctx.device))
-    return batches
-
-
-def train_step(
-    model, optimizer_group: ReplicaGroup, adapter, batches, *, lr, clip_grad, num_replicas, global_batch, stop_code
-):
-    """One step of a replica group: ``([global mean loss, global grad norm, agreed stop code], committed)``.
-
-    Each micro-batch's loss is weighted by its rows so that, after FSDP's average over the
-    group's ranks and torchft's over the live groups, the gradient is the global batch's
-    mean, whatever each group's share of it. The loss, the row count and the stop codes are
-    summed over the group, then over the live groups (torchft); the squared gradient norm
-    (the gradients are the same in every group by then) over the group only."""
-    from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING  # noqa: PLC0415 - beside step.py's
-
-    group = optimizer_group
-    device = batches[0].inputs.device
-    world = dist.get_world_size()
-    scale = world * group.replicas / global_batch
-    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    accum = len(batches)
-    for index, batch in enumerate(batches):
-        if accum > 1:
-            model.set_requires_all_reduce(index == accum - 1)
-        rows = len(batch.sample_ids)
-        loss = adapter.loss(model, batch.inputs, batch.targets)
-        (loss * (rows * scale)).backward()
-        loss_sum += loss.detach().float() * rows
-    grads, squared = local_grads(model, device)
-    code = stop_code() if stop_code is not None else NONE
-    rows_here = float(sum(len(b.sample_ids) for b in batches))
-    fused = torch.stack(
-        [
-            loss_sum,
-            torch.full((), rows_here, device=device),
-            torch.full((), float(code == WARNING), device=device),
-            torch.full((), float(code == TERMINATE), device=device),
-            squared,
-        ]
-    )
-    dist.all_reduce(fused, op=dist.ReduceOp.SUM)
-    across = group.allreduce_sum(fused[:4].clone())
-    mean_loss = across[0] / torch.clamp(across[1], min=1.0)
-    grad_norm = (fused[4] / num_replicas).sqrt()
-    agreed = torch.where(across[3] > 0, float(TERMINATE), torch.where(across[2] > 0, float(WARNING), float(NONE)))
-    if clip_grad > 0 and grads:
-        torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
-    for param_group in group.optimizer.param_groups:
-        param_group["lr"] = lr
-    committed = group.commit()
-    return torch.stack([mean_loss, grad_norm, agreed]), committed
