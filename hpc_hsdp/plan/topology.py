@@ -8,6 +8,12 @@ Ranks are node-major: the tasks of the first node in the job's node list get ran
 ``0 .. G0-1``, the next node's ``G0 .. G0+G1-1``, and so on, whatever ``SLURM_PROCID``
 says. Shard groups are ``shard_size`` consecutive ranks; replicate groups take every
 ``shard_size``-th rank, exactly as ``init_device_mesh(..., (R, S))`` groups a row-major mesh.
+
+With tensor parallelism (``tp_size`` T > 1) the mesh is (replicate, shard, tp), R x S x T,
+row-major again: rank = (r * S + s) * T + t. A TP group is T consecutive ranks, on one node
+(T divides every node's task count); the S x T consecutive ranks of one r hold one copy of the
+model; FSDP2 shards over (replicate, shard): a shard group is the S ranks of equal r and t,
+a replicate group the R ranks of equal s and t.
 """
 
 from __future__ import annotations
@@ -137,15 +143,22 @@ def format_tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def valid_shard_sizes(tasks_per_node: Sequence[int]) -> list[int]:
-    """Every shard size :class:`TopologyPlan` accepts for these nodes, ascending: the
-    divisors of every node's count, then (equal nodes of G) the multiples of G dividing the world."""
+def valid_shard_sizes(tasks_per_node: Sequence[int], tp_size: int = 1) -> list[int]:
+    """Every shard size :class:`TopologyPlan` accepts for these nodes (and TP size), ascending:
+    S with S x T dividing every node's count, then (equal nodes of G) S x T a multiple of G
+    dividing the world."""
     counts = tuple(tasks_per_node)
     smallest, world = min(counts), sum(counts)
     sizes = [d for d in divisors(smallest) if all(c % d == 0 for c in counts)]
     if len(set(counts)) == 1:
         sizes += [m for m in range(2 * smallest, world + 1, smallest) if world % m == 0]
-    return sizes
+    return [m // tp_size for m in sizes if m % tp_size == 0]
+
+
+def valid_tp_sizes(tasks_per_node: Sequence[int]) -> list[int]:
+    """Every TP size :class:`TopologyPlan` accepts for these nodes: the divisors of every node's count."""
+    counts = tuple(tasks_per_node)
+    return [d for d in divisors(min(counts)) if all(c % d == 0 for c in counts)]
 
 
 def default_node_names(nodes: int) -> tuple[str, ...]:
@@ -167,6 +180,8 @@ class TopologyPlan:
     """S: ranks that shard one copy of the model (the inner mesh axis, "shard")."""
     node_names: tuple[str, ...] = field(default=())
     """Node names in node-list order; ``n1, n2, ...`` (the dev cluster's and the emulator's names) when not given."""
+    tp_size: int = 1
+    """T: ranks that split every layer (the innermost mesh axis, "tp"), T consecutive ranks on one node."""
 
     def __post_init__(self) -> None:
         counts = tuple(self.tasks_per_node)
@@ -186,10 +201,28 @@ class TopologyPlan:
                 f"{len(names)} node names {list(names)} for {len(counts)} task counts {list(counts)}; give one count per node"
             )
         object.__setattr__(self, "node_names", names)
+        self._check_tp_size()
         self._check_shard_size()
 
+    def _check_tp_size(self) -> None:
+        t, counts = self.tp_size, self.tasks_per_node
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise TopologyError(f"tp size {t!r} is invalid; give a positive integer such as --tp 2")
+        bad = [(name, c) for name, c in zip(self.node_names, counts) if c % t]
+        if bad:
+            name, c = bad[0]
+            raise TopologyError(
+                f"tp size {t} does not divide the {c} tasks (GPUs) on node {name}; a tensor-parallel group stays "
+                f"inside one node: use a --tp that divides every node's task count "
+                f"({', '.join(map(str, valid_tp_sizes(counts)))})"
+            )
+
     def _check_shard_size(self) -> None:
-        s, counts = self.shard_size, self.tasks_per_node
+        # With tp T the shard axis counts TP groups: T consecutive ranks are one unit, and a node
+        # of c tasks holds c / T of them; the rules are those of T = 1 over these units.
+        s, t = self.shard_size, self.tp_size
+        counts = tuple(c // t for c in self.tasks_per_node)
+        units, unit_count = ("tasks", "task count") if t == 1 else (f"TP groups of {t}", "TP-group count")
         world = sum(counts)
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
             raise TopologyError(f"shard size {s!r} is invalid; give a positive integer such as --shard 4")
@@ -200,27 +233,27 @@ class TopologyPlan:
                 name, c = bad[0]
                 fits = [d for d in valid_shard_sizes(counts) if d <= smallest]
                 raise TopologyError(
-                    f"shard size {s} does not divide the {c} tasks on node {name}; "
-                    f"choose a shard size that divides every node's task count ({', '.join(map(str, fits))})"
+                    f"shard size {s} does not divide the {c} {units} on node {name}; "
+                    f"choose a shard size that divides every node's {unit_count} ({', '.join(map(str, fits))})"
                     + (f" or a multiple of {largest} that divides {world}" if smallest == largest else "")
                 )
             return
         if smallest != largest:
             raise TopologyError(
-                f"shard size {s} is larger than the smallest node ({smallest} tasks) of the uneven allocation "
-                f"{format_tasks_per_node(counts)}; a shard group must then span whole, equal nodes: "
+                f"shard size {s} is larger than the smallest node ({smallest} {units}) of the uneven allocation "
+                f"{format_tasks_per_node(self.tasks_per_node)}; a shard group must then span whole, equal nodes: "
                 f"use a shard size dividing {smallest}, or ask for nodes with equal task counts"
             )
         per_node = largest
         if s % per_node:
             raise TopologyError(
-                f"shard size {s} is larger than a node ({per_node} tasks) but not a multiple of it; "
+                f"shard size {s} is larger than a node ({per_node} {units}) but not a multiple of it; "
                 f"a shard group must span whole nodes: use a multiple of {per_node} (e.g. {per_node * max(1, s // per_node)}) "
                 f"or a divisor of {per_node}"
             )
         if world % s:
             raise TopologyError(
-                f"shard size {s} spans {s // per_node} nodes but the job has {len(counts)} nodes ({world} tasks); "
+                f"shard size {s} spans {s // per_node} nodes but the job has {len(counts)} nodes ({world} {units}); "
                 f"use a node count that is a multiple of {s // per_node} or a shard size dividing {world}"
             )
 
@@ -233,13 +266,30 @@ class TopologyPlan:
         return sum(self.tasks_per_node)
 
     @property
-    def num_replicas(self) -> int:
-        """R: copies of the model (the outer mesh axis, "replicate")."""
-        return self.world_size // self.shard_size
+    def ranks_per_copy(self) -> int:
+        """S x T: the consecutive ranks that hold one copy of the model."""
+        return self.shard_size * self.tp_size
 
     @property
-    def mesh_shape(self) -> tuple[int, int]:
-        return (self.num_replicas, self.shard_size)
+    def num_replicas(self) -> int:
+        """R: copies of the model (the outer mesh axis, "replicate")."""
+        return self.world_size // self.ranks_per_copy
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """(R, S), or (R, S, T) with tensor parallelism."""
+        if self.tp_size == 1:
+            return (self.num_replicas, self.shard_size)
+        return (self.num_replicas, self.shard_size, self.tp_size)
+
+    @property
+    def mesh_axis_names(self) -> tuple[str, ...]:
+        return ("replicate", "shard") if self.tp_size == 1 else ("replicate", "shard", "tp")
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(r, s, t) of a rank: rank = (r * S + s) * T + t."""
+        t = self.tp_size
+        return (rank // self.ranks_per_copy, rank % self.ranks_per_copy // t, rank % t)
 
     @cached_property
     def first_rank_of_node(self) -> tuple[int, ...]:
@@ -258,23 +308,38 @@ class TopologyPlan:
         return tuple(local for count in self.tasks_per_node for local in range(count))
 
     @cached_property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """T consecutive ranks each (one rank each without tensor parallelism)."""
+        t = self.tp_size
+        return tuple(tuple(range(start, start + t)) for start in range(0, self.world_size, t))
+
+    @cached_property
     def shard_groups(self) -> tuple[tuple[int, ...], ...]:
-        s = self.shard_size
-        return tuple(tuple(range(start, start + s)) for start in range(0, self.world_size, s))
+        """The S ranks of equal r and t, each: consecutive ranks when T = 1."""
+        t, copy = self.tp_size, self.ranks_per_copy
+        return tuple(
+            tuple(range(start + offset, start + copy, t))
+            for start in range(0, self.world_size, copy)
+            for offset in range(t)
+        )
 
     @cached_property
     def replicate_groups(self) -> tuple[tuple[int, ...], ...]:
-        s = self.shard_size
-        return tuple(tuple(range(offset, self.world_size, s)) for offset in range(s))
+        """The R ranks of equal s and t, each: every (S x T)-th rank."""
+        copy = self.ranks_per_copy
+        return tuple(tuple(range(offset, self.world_size, copy)) for offset in range(copy))
 
     def rank_of(self, node_rank: int, local_rank: int) -> int:
         return self.first_rank_of_node[node_rank] + local_rank
 
     def shard_group_of(self, rank: int) -> tuple[int, ...]:
-        return self.shard_groups[rank // self.shard_size]
+        return self.shard_groups[rank // self.ranks_per_copy * self.tp_size + rank % self.tp_size]
 
     def replicate_group_of(self, rank: int) -> tuple[int, ...]:
-        return self.replicate_groups[rank % self.shard_size]
+        return self.replicate_groups[rank % self.ranks_per_copy]
+
+    def tp_group_of(self, rank: int) -> tuple[int, ...]:
+        return self.tp_groups[rank // self.tp_size]
 
     def nodes_of_group(self, group: Sequence[int]) -> tuple[int, ...]:
         return tuple(sorted({self.node_of_rank[r] for r in group}))
@@ -285,17 +350,29 @@ class TopologyPlan:
 
     @cached_property
     def shard_groups_cross_nodes(self) -> bool:
-        s, node = self.shard_size, self.node_of_rank
-        return any(node[start] != node[start + s - 1] for start in range(0, self.world_size, s))
+        # a shard group spans the nodes of its copy's first and last rank (T divides every node)
+        copy, node = self.ranks_per_copy, self.node_of_rank
+        return any(node[start] != node[start + copy - 1] for start in range(0, self.world_size, copy))
 
     @cached_property
     def replicate_groups_cross_nodes(self) -> bool:
-        s, node, last = self.shard_size, self.node_of_rank, self.world_size - self.shard_size
-        return any(node[offset] != node[last + offset] for offset in range(s))
+        copy, node, last = self.ranks_per_copy, self.node_of_rank, self.world_size - self.ranks_per_copy
+        return any(node[offset] != node[last + offset] for offset in range(copy))
+
+    @cached_property
+    def tp_groups_cross_nodes(self) -> bool:
+        t, node = self.tp_size, self.node_of_rank
+        return any(node[start] != node[start + t - 1] for start in range(0, self.world_size, t))
 
     @property
     def kind(self) -> str:
-        """A name for the layout: replication only, full sharding, or hybrid."""
+        """A name for the layout: replication only, full sharding, or hybrid (and tensor parallel)."""
+        if self.tp_size > 1:
+            if self.shard_size == 1:
+                data = "replicate (DDP-like)" if self.num_replicas > 1 else ""
+            else:
+                data = "full shard (FSDP)" if self.num_replicas == 1 else "hybrid shard (HSDP)"
+            return f"{data} + tensor parallel (TP)" if data else "tensor parallel (TP)"
         if self.shard_size == 1:
             return "replicate (DDP-like)" if self.world_size > 1 else "single process"
         if self.shard_size == self.world_size:
@@ -303,34 +380,54 @@ class TopologyPlan:
         return "hybrid shard (HSDP)"
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "nodes": self.nodes,
             "gpus_per_node": self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None,
             "tasks_per_node": list(self.tasks_per_node),
             "node_names": list(self.node_names),
             "world_size": self.world_size,
             "shard_size": self.shard_size,
-            "num_replicas": self.num_replicas,
-            "mesh_shape": list(self.mesh_shape),
-            "mesh_axis_names": ["replicate", "shard"],
-            "kind": self.kind,
-            "shard_groups": [list(g) for g in self.shard_groups],
-            "replicate_groups": [list(g) for g in self.replicate_groups],
-            "node_of_rank": list(self.node_of_rank),
-            "local_rank_of_rank": list(self.local_rank_of_rank),
-            "shard_groups_cross_nodes": self.shard_groups_cross_nodes,
-            "replicate_groups_cross_nodes": self.replicate_groups_cross_nodes,
         }
+        if self.tp_size > 1:
+            data["tp_size"] = self.tp_size
+        data.update(
+            {
+                "num_replicas": self.num_replicas,
+                "mesh_shape": list(self.mesh_shape),
+                "mesh_axis_names": list(self.mesh_axis_names),
+                "kind": self.kind,
+            }
+        )
+        if self.tp_size > 1:
+            data["tp_groups"] = [list(g) for g in self.tp_groups]
+        data.update(
+            {
+                "shard_groups": [list(g) for g in self.shard_groups],
+                "replicate_groups": [list(g) for g in self.replicate_groups],
+                "node_of_rank": list(self.node_of_rank),
+                "local_rank_of_rank": list(self.local_rank_of_rank),
+            }
+        )
+        if self.tp_size > 1:
+            data["coordinates"] = [list(self.coordinates(rank)) for rank in range(self.world_size)]
+            data["tp_groups_cross_nodes"] = self.tp_groups_cross_nodes
+        data["shard_groups_cross_nodes"] = self.shard_groups_cross_nodes
+        data["replicate_groups_cross_nodes"] = self.replicate_groups_cross_nodes
+        return data
 
 
-def plan_for(*, nodes: int, gpus_per_node: int, shard_size: int, node_names: Sequence[str] = ()) -> TopologyPlan:
+def plan_for(
+    *, nodes: int, gpus_per_node: int, shard_size: int, node_names: Sequence[str] = (), tp_size: int = 1
+) -> TopologyPlan:
     """The plan of an even allocation: ``nodes`` x ``gpus_per_node`` tasks."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise TopologyError(f"--nodes {nodes!r} is invalid; a job needs at least 1 node")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise TopologyError(f"--gpus-per-node {gpus_per_node!r} is invalid; give at least 1 (one task per GPU)")
     check_sizes(nodes=nodes, tasks_per_node=gpus_per_node)
-    return TopologyPlan(tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names))
+    return TopologyPlan(
+        tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names), tp_size=tp_size
+    )
 
 
 # ----------------------------------------------------------------------------- on a task
@@ -477,6 +574,19 @@ class RankLayout:
         return self.plan.replicate_group_of(self.rank)
 
     @property
+    def tp_size(self) -> int:
+        return self.plan.tp_size
+
+    @property
+    def tp_group(self) -> tuple[int, ...]:
+        return self.plan.tp_group_of(self.rank)
+
+    @property
+    def coordinates(self) -> tuple[int, int, int]:
+        """(r, s, t): this rank's place in the (replicate, shard, tp) mesh."""
+        return self.plan.coordinates(self.rank)
+
+    @property
     def procid_differs(self) -> bool:
         return self.slurm_procid is not None and self.slurm_procid != self.rank
 
@@ -492,7 +602,7 @@ class RankLayout:
         }
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "rank": self.rank,
             "local_rank": self.local_rank,
             "node_rank": self.node_rank,
@@ -514,9 +624,19 @@ class RankLayout:
             "launch_mode": self.launch_mode,
             "job_id": self.job_id,
         }
+        if self.tp_size > 1:
+            data.update(tp_size=self.tp_size, coordinates=list(self.coordinates), tp_group=list(self.tp_group))
+        return data
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None = None) -> RankLayout:
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        shard_size: int,
+        nproc_per_node: int | None = None,
+        tp_size: int = 1,
+    ) -> RankLayout:
         """Derive this task's layout from SLURM's (or torchrun's) environment.
 
         ``nproc_per_node``: given only by the torchrun launcher (a task that will start
@@ -524,21 +644,29 @@ class RankLayout:
         task is one rank (``task-per-gpu``), also in a job of one task per node: the
         launcher is said, never guessed from the allocation's shape.
         """
+        placement = {"shard_size": shard_size, "tp_size": tp_size}
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
-            return cls._from_torchrun_env(env, shard_size=shard_size)
-        return cls._from_slurm_env(env, shard_size=shard_size, nproc_per_node=nproc_per_node)
+            return cls._from_torchrun_env(env, **placement)
+        return cls._from_slurm_env(env, nproc_per_node=nproc_per_node, **placement)
 
     @classmethod
-    def for_task(cls, env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+    def for_task(cls, env: Mapping[str, str], *, shard_size: int, device: str, tp_size: int = 1) -> RankLayout:
         """:meth:`from_env` for a task that will train on ``device`` (``cpu``, ``cuda``, ``auto``):
         with ``cpu`` the GPUs the task can see are left out, so that the layout neither picks
         nor refuses GPUs that will not be used."""
         if device == "cpu":
             env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
-        return cls.from_env(env, shard_size=shard_size)
+        return cls.from_env(env, shard_size=shard_size, tp_size=tp_size)
 
     @classmethod
-    def _from_slurm_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None) -> RankLayout:
+    def _from_slurm_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        shard_size: int,
+        nproc_per_node: int | None,
+        tp_size: int,
+    ) -> RankLayout:
         if "SLURM_JOB_ID" not in env and "SLURM_PROCID" not in env:
             raise SlurmEnvError(f"no SLURM environment found (SLURM_JOB_ID is not set); {_OUTSIDE_SLURM}")
         nodelist = env.get("SLURM_STEP_NODELIST") or _require(env, "SLURM_JOB_NODELIST", _OUTSIDE_SLURM)
@@ -591,7 +719,10 @@ class RankLayout:
                 raise SlurmEnvError(f"--nproc-per-node {nproc_per_node!r} must be a positive number of workers")
             workers = nproc_per_node
             plan = TopologyPlan(
-                tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names
+                tasks_per_node=(workers,) * len(node_names),
+                shard_size=shard_size,
+                node_names=node_names,
+                tp_size=tp_size,
             )
             return cls(
                 plan=plan,
@@ -606,7 +737,12 @@ class RankLayout:
                 job_id=job_id,
             )
 
-        plan = TopologyPlan(tasks_per_node=tasks_per_node, shard_size=shard_size, node_names=node_names)
+        plan = TopologyPlan(
+            tasks_per_node=tasks_per_node,
+            shard_size=shard_size,
+            node_names=node_names,
+            tp_size=tp_size,
+        )
         return cls(
             plan=plan,
             rank=plan.rank_of(node_rank, local_rank),
@@ -621,7 +757,7 @@ class RankLayout:
         )
 
     @classmethod
-    def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int) -> RankLayout:
+    def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int, tp_size: int) -> RankLayout:
         hint = "start workers with torchrun --node-rank <index of this node> (static rendezvous)"
         local_rank = _int_var(env, "LOCAL_RANK", hint)
         local_world = _int_var(env, "LOCAL_WORLD_SIZE", hint)
@@ -644,7 +780,12 @@ class RankLayout:
         node_names = expand_nodelist(nodelist) if nodelist else ()
         if len(node_names) != nnodes:
             node_names = default_node_names(nnodes)
-        plan = TopologyPlan(tasks_per_node=(local_world,) * nnodes, shard_size=shard_size, node_names=node_names)
+        plan = TopologyPlan(
+            tasks_per_node=(local_world,) * nnodes,
+            shard_size=shard_size,
+            node_names=node_names,
+            tp_size=tp_size,
+        )
         rank = plan.rank_of(node_rank, local_rank)
         if rank != torch_rank:
             raise SlurmEnvError(
