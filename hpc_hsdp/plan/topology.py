@@ -13,12 +13,14 @@ With tensor parallelism (``tp_size`` T > 1) the mesh is (replicate, shard, tp), 
 row-major again: rank = (r * S + s) * T + t. A TP group is T consecutive ranks, on one node
 (T divides every node's task count); the S x T consecutive ranks of one r hold one copy of the
 model; FSDP2 shards over (replicate, shard): a shard group is the S ranks of equal r and t,
-a replicate group the R ranks of equal s and t.
+a replicate group the R ranks of equal s and t. Where SLURM gives the nodes' switches, the
+node order comes from :func:`hpc_hsdp.plan.switches.switch_order` (see ``RankLayout.from_env``).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,6 +28,14 @@ from functools import cached_property
 import hostlist
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
+from hpc_hsdp.plan.switches import (
+    NODE_SWITCHES_ENV,
+    TOPOLOGY_MODES,
+    NodeSwitches,
+    nodes_per_shard_group,
+    parse_node_switches,
+    switch_order,
+)
 
 # Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
 RENDEZVOUS_PORT_BASE = 20000
@@ -170,6 +180,10 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _rank_span(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
 @dataclass(frozen=True, kw_only=True)
 class TopologyPlan:
     """The HSDP layout of a job: one entry per rank, groups derived from node-major ranks."""
@@ -182,6 +196,9 @@ class TopologyPlan:
     """Node names in node-list order; ``n1, n2, ...`` (the dev cluster's and the emulator's names) when not given."""
     tp_size: int = 1
     """T: ranks that split every layer (the innermost mesh axis, "tp"), T consecutive ranks on one node."""
+    node_switches: tuple[str, ...] = field(default=())
+    """Each node's leaf switch (or block), in node order, where SLURM's topology says it ("" where
+    not); empty when it says none."""
 
     def __post_init__(self) -> None:
         counts = tuple(self.tasks_per_node)
@@ -201,6 +218,12 @@ class TopologyPlan:
                 f"{len(names)} node names {list(names)} for {len(counts)} task counts {list(counts)}; give one count per node"
             )
         object.__setattr__(self, "node_names", names)
+        switches = tuple(self.node_switches)
+        if switches and len(switches) != len(counts):
+            raise TopologyError(
+                f"{len(switches)} node switches {list(switches)[:16]} for {len(counts)} nodes; give one switch per node"
+            )
+        object.__setattr__(self, "node_switches", switches)
         self._check_tp_size()
         self._check_shard_size()
 
@@ -364,6 +387,30 @@ class TopologyPlan:
         t, node = self.tp_size, self.node_of_rank
         return any(node[start] != node[start + t - 1] for start in range(0, self.world_size, t))
 
+    def nodes_of_copy(self, r: int) -> range:
+        """The node indices holding copy ``r`` (its S x T consecutive ranks)."""
+        start = r * self.ranks_per_copy
+        return range(self.node_of_rank[start], self.node_of_rank[start + self.ranks_per_copy - 1] + 1)
+
+    @cached_property
+    def copies_across_switches(self) -> tuple[int, ...]:
+        """The copies r whose shard groups sit under more than one leaf switch (by
+        :attr:`node_switches`; none unless every node's switch is known)."""
+        if not self.switches_known:
+            return ()
+        return tuple(
+            r for r in range(self.num_replicas) if len({self.node_switches[n] for n in self.nodes_of_copy(r)}) > 1
+        )
+
+    @property
+    def switches_known(self) -> bool:
+        return bool(self.node_switches) and all(self.node_switches)
+
+    @property
+    def shard_groups_cross_switches(self) -> bool | None:
+        """Whether a shard group sits under more than one leaf switch; None where that cannot be told."""
+        return bool(self.copies_across_switches) if self.switches_known else None
+
     @property
     def kind(self) -> str:
         """A name for the layout: replication only, full sharding, or hybrid (and tensor parallel)."""
@@ -378,6 +425,54 @@ class TopologyPlan:
         if self.shard_size == self.world_size:
             return "full shard (FSDP)"
         return "hybrid shard (HSDP)"
+
+    def check_under_one_switch(self) -> None:
+        """``--topology strict``: raise TopologyError when a shard group spanning nodes crosses leaf
+        switches, or when that cannot be told; the message names the groups, the switches and the fix."""
+        if not self.shard_groups_cross_nodes:
+            return
+        span = len(self.nodes_of_copy(0))
+        if not self.switches_known:
+            unknown = [
+                name for n, name in enumerate(self.node_names) if not self.node_switches or not self.node_switches[n]
+            ]
+            raise TopologyError(
+                f"--topology strict: the shard groups span {span} nodes but SLURM gave no leaf switch for "
+                f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''} (no topology plugin, or the batch script "
+                f"did not export the switches), so whether they sit under one switch cannot be told; "
+                f"use --topology auto, or a shard size within one node (--shard {self._largest_shard_under_switches()})"
+            )
+        crossing = self.copies_across_switches
+        if not crossing:
+            return
+        described = []
+        for r in crossing[:3]:
+            nodes = self.nodes_of_copy(r)
+            ranks = range(r * self.ranks_per_copy, (r + 1) * self.ranks_per_copy)
+            leaves = dict.fromkeys(self.node_switches[n] for n in nodes)
+            described.append(
+                f"{r} (ranks {_rank_span(ranks)} on {','.join(self.node_names[n] for n in nodes)} under {','.join(leaves)})"
+            )
+        more = f" and {len(crossing) - 3} more" if len(crossing) > 3 else ""
+        per_leaf = [f"{n} under {leaf}" for leaf, n in Counter(self.node_switches).items()]
+        raise TopologyError(
+            f"--topology strict: shard group{'s' if len(crossing) > 1 else ''} {'; '.join(described)}{more} "
+            f"must cross leaf switches: the job's nodes are {', '.join(per_leaf[:8])}{' ...' if len(per_leaf) > 8 else ''}, "
+            f"not whole multiples of the {span} nodes a shard group spans; ask for nodes under one switch "
+            f"(--switches 1), or use --shard {self._largest_shard_under_switches()}, or --topology auto"
+        )
+
+    def _largest_shard_under_switches(self) -> int:
+        """The largest shard size whose groups fit under these nodes' switches (within one node
+        where those are not known)."""
+        per_node, t = min(self.tasks_per_node), self.tp_size
+        per_leaf = Counter(self.node_switches).values() if self.switches_known else ()
+        fits = [
+            s
+            for s in valid_shard_sizes(self.tasks_per_node, t)
+            if s * t <= per_node or (per_leaf and all(n % (s * t // per_node) == 0 for n in per_leaf))
+        ]
+        return max(fits)
 
     def to_dict(self) -> dict:
         data = {
@@ -413,6 +508,9 @@ class TopologyPlan:
             data["tp_groups_cross_nodes"] = self.tp_groups_cross_nodes
         data["shard_groups_cross_nodes"] = self.shard_groups_cross_nodes
         data["replicate_groups_cross_nodes"] = self.replicate_groups_cross_nodes
+        if self.node_switches:
+            data["node_switches"] = list(self.node_switches)
+            data["shard_groups_cross_switches"] = self.shard_groups_cross_switches
         return data
 
 
@@ -428,6 +526,40 @@ def plan_for(
     return TopologyPlan(
         tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names), tp_size=tp_size
     )
+
+
+def plan_on_switches(
+    *,
+    tasks_per_node: Sequence[int],
+    shard_size: int,
+    node_names: Sequence[str],
+    places: NodeSwitches,
+    tp_size: int = 1,
+    topology: str = "auto",
+) -> TopologyPlan:
+    """The plan of a job whose nodes sit under the switches ``places`` gives (node -> switches top
+    down; see :mod:`hpc_hsdp.plan.switches`): with ``auto`` or ``strict`` its nodes are ordered by
+    :func:`switch_order`, and ``strict`` refuses shard groups that must cross leaf switches.
+    No places, or ``off``: the node-list order, as :class:`TopologyPlan` alone gives it."""
+    if topology not in TOPOLOGY_MODES:
+        raise TopologyError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_MODES)}")
+    names, counts = tuple(node_names), tuple(tasks_per_node)
+    if topology == "off" or not places:
+        plan = TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names, tp_size=tp_size)
+    else:
+        ranks_per_copy = shard_size * tp_size if isinstance(shard_size, int) and isinstance(tp_size, int) else 1
+        order = switch_order(names, places, nodes_per_shard_group(counts, ranks_per_copy))
+        count_of = dict(zip(names, counts))
+        plan = TopologyPlan(
+            tasks_per_node=tuple(count_of[name] for name in order),
+            shard_size=shard_size,
+            node_names=order,
+            tp_size=tp_size,
+            node_switches=tuple(places[name][-1] if places.get(name) else "" for name in order),
+        )
+    if topology == "strict":
+        plan.check_under_one_switch()
+    return plan
 
 
 # ----------------------------------------------------------------------------- on a task
@@ -587,6 +719,11 @@ class RankLayout:
         return self.plan.coordinates(self.rank)
 
     @property
+    def node_switch(self) -> str:
+        """This node's leaf switch (or block); "" where SLURM's topology does not say."""
+        return self.plan.node_switches[self.node_rank] if self.plan.node_switches else ""
+
+    @property
     def procid_differs(self) -> bool:
         return self.slurm_procid is not None and self.slurm_procid != self.rank
 
@@ -626,6 +763,12 @@ class RankLayout:
         }
         if self.tp_size > 1:
             data.update(tp_size=self.tp_size, coordinates=list(self.coordinates), tp_group=list(self.tp_group))
+        if self.plan.node_switches:
+            data.update(
+                node_switch=self.node_switch,
+                node_switches=list(self.plan.node_switches),
+                shard_groups_cross_switches=self.plan.shard_groups_cross_switches,
+            )
         return data
 
     @classmethod
@@ -636,6 +779,7 @@ class RankLayout:
         shard_size: int,
         nproc_per_node: int | None = None,
         tp_size: int = 1,
+        topology: str = "auto",
     ) -> RankLayout:
         """Derive this task's layout from SLURM's (or torchrun's) environment.
 
@@ -643,20 +787,27 @@ class RankLayout:
         that many workers on its node); the task is then ``task-per-node``. Without it a
         task is one rank (``task-per-gpu``), also in a job of one task per node: the
         launcher is said, never guessed from the allocation's shape.
+
+        ``topology`` (``auto``, ``off``, ``strict``): where the batch shell exported the nodes'
+        switches (``HPC_HSDP_NODE_SWITCHES``), ``auto`` and ``strict`` order the nodes by them
+        (:func:`plan_on_switches`); without the variable, or with ``off``, the node-list order.
         """
-        placement = {"shard_size": shard_size, "tp_size": tp_size}
+        places = parse_node_switches(env.get(NODE_SWITCHES_ENV, "")) if topology != "off" else {}
+        placement = {"shard_size": shard_size, "tp_size": tp_size, "places": places, "topology": topology}
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
             return cls._from_torchrun_env(env, **placement)
         return cls._from_slurm_env(env, nproc_per_node=nproc_per_node, **placement)
 
     @classmethod
-    def for_task(cls, env: Mapping[str, str], *, shard_size: int, device: str, tp_size: int = 1) -> RankLayout:
+    def for_task(
+        cls, env: Mapping[str, str], *, shard_size: int, device: str, tp_size: int = 1, topology: str = "auto"
+    ) -> RankLayout:
         """:meth:`from_env` for a task that will train on ``device`` (``cpu``, ``cuda``, ``auto``):
         with ``cpu`` the GPUs the task can see are left out, so that the layout neither picks
         nor refuses GPUs that will not be used."""
         if device == "cpu":
             env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
-        return cls.from_env(env, shard_size=shard_size, tp_size=tp_size)
+        return cls.from_env(env, shard_size=shard_size, tp_size=tp_size, topology=topology)
 
     @classmethod
     def _from_slurm_env(
@@ -666,6 +817,8 @@ class RankLayout:
         shard_size: int,
         nproc_per_node: int | None,
         tp_size: int,
+        places: NodeSwitches,
+        topology: str,
     ) -> RankLayout:
         if "SLURM_JOB_ID" not in env and "SLURM_PROCID" not in env:
             raise SlurmEnvError(f"no SLURM environment found (SLURM_JOB_ID is not set); {_OUTSIDE_SLURM}")
@@ -718,17 +871,20 @@ class RankLayout:
             if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
                 raise SlurmEnvError(f"--nproc-per-node {nproc_per_node!r} must be a positive number of workers")
             workers = nproc_per_node
-            plan = TopologyPlan(
+            plan = plan_on_switches(
                 tasks_per_node=(workers,) * len(node_names),
                 shard_size=shard_size,
                 node_names=node_names,
+                places=places,
                 tp_size=tp_size,
+                topology=topology,
             )
+            placed = plan.node_names.index(node_names[node_rank])
             return cls(
                 plan=plan,
-                rank=plan.rank_of(node_rank, 0),
+                rank=plan.rank_of(placed, 0),
                 local_rank=0,
-                node_rank=node_rank,
+                node_rank=placed,
                 master_addr=master_addr,
                 master_port=master_port,
                 device=select_device(env, local_rank=0, local_world_size=workers),
@@ -737,17 +893,20 @@ class RankLayout:
                 job_id=job_id,
             )
 
-        plan = TopologyPlan(
+        plan = plan_on_switches(
             tasks_per_node=tasks_per_node,
             shard_size=shard_size,
             node_names=node_names,
+            places=places,
             tp_size=tp_size,
+            topology=topology,
         )
+        placed = plan.node_names.index(node_names[node_rank])
         return cls(
             plan=plan,
-            rank=plan.rank_of(node_rank, local_rank),
+            rank=plan.rank_of(placed, local_rank),
             local_rank=local_rank,
-            node_rank=node_rank,
+            node_rank=placed,
             master_addr=master_addr,
             master_port=master_port,
             device=select_device(env, local_rank=local_rank, local_world_size=on_node),
@@ -757,7 +916,9 @@ class RankLayout:
         )
 
     @classmethod
-    def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int, tp_size: int) -> RankLayout:
+    def _from_torchrun_env(
+        cls, env: Mapping[str, str], *, shard_size: int, tp_size: int, places: NodeSwitches, topology: str
+    ) -> RankLayout:
         hint = "start workers with torchrun --node-rank <index of this node> (static rendezvous)"
         local_rank = _int_var(env, "LOCAL_RANK", hint)
         local_world = _int_var(env, "LOCAL_WORLD_SIZE", hint)
@@ -780,11 +941,14 @@ class RankLayout:
         node_names = expand_nodelist(nodelist) if nodelist else ()
         if len(node_names) != nnodes:
             node_names = default_node_names(nnodes)
-        plan = TopologyPlan(
+        # GROUP_RANK is the node's place in the launcher's order, which followed the same switches
+        plan = plan_on_switches(
             tasks_per_node=(local_world,) * nnodes,
             shard_size=shard_size,
             node_names=node_names,
+            places=places,
             tp_size=tp_size,
+            topology=topology,
         )
         rank = plan.rank_of(node_rank, local_rank)
         if rank != torch_rank:
