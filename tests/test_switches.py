@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.errors import SlurmEnvError, TopologyError
+from hpc_hsdp.errors import SlurmEnvError, SpecError, TopologyError
 from hpc_hsdp.plan.slurm_env import task_environments
+from hpc_hsdp.plan.slurm_facts import check_segment, check_switches
 from hpc_hsdp.plan.switches import (
     NODE_SWITCHES_ENV,
     Switch,
@@ -458,3 +459,26 @@ def test_strict_names_every_crossing_group_up_to_three():
         "the job's nodes are 2 under a, 2 under b, 2 under c, 2 under d, 2 under e, not whole multiples of the 5 "
         "nodes a shard group spans; ask for nodes under one switch (--switches 1), or use --shard 16"
     )
+
+
+# ------------------------------------------------------------------------------ sbatch's options
+
+
+@pytest.mark.parametrize("value", ["1", "2@10:00", "1@1-12", "4@30", "1@0"])
+def test_switches_option_accepted(value):
+    assert check_switches(value) == value
+
+
+@pytest.mark.parametrize("value", ["", "0", "-1", "x", "1@", "1@soon", "@10", "1@10:00\n#SBATCH -A x", "\u0663"])
+def test_switches_option_refused(value):
+    with pytest.raises(SpecError, match="--switches"):
+        check_switches(value)
+
+
+@pytest.mark.parametrize(("value", "ok"), [(2, True), (1, True), (0, False), (True, False), ("2", False)])
+def test_segment_option(value, ok):
+    if ok:
+        assert check_segment(value) == value
+    else:
+        with pytest.raises(SpecError, match="--segment"):
+            check_segment(value)
