@@ -125,15 +125,15 @@ def check_signal(value: str) -> str:
     return value
 
 
-_SWITCHES = re.compile(r"^([1-9][0-9]{0,5})(?:@(.+))?$")
+_SWITCHES = r"^([1-9][0-9]{0,5})(?:@(.+))?$"
 
 
 def check_switches(value: str) -> str:
     """``COUNT[@MAX_WAIT]`` as sbatch's ``--switches`` takes it (at most COUNT leaf switches,
     waiting at most MAX_WAIT, a SLURM time, for them); returns it unchanged."""
     check_text("--switches", value)
-    match = _SWITCHES.match(value)
-    if not match or (match.group(2) is not None and not _TIME.match(match.group(2))):
+    match = re.match(_SWITCHES, value)
+    if not match or (match.group(2) is not None and not re.match(_TIME, match.group(2))):
         raise SpecError(
             f"--switches {value!r} is not COUNT[@MAX_WAIT]; write e.g. 1 (one leaf switch) or 1@10:00 "
             f"(one leaf switch, waiting up to 10 minutes for it; {_TIME_FORMS})"

@@ -22,8 +22,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import hostlist
-
 from hpc_hsdp.errors import SlurmEnvError
 
 NODE_SWITCHES_ENV = "HPC_HSDP_NODE_SWITCHES"
@@ -36,8 +34,8 @@ node-list order (``off``), or also refuse shard groups that must cross leaf swit
 NodeSwitches = Mapping[str, tuple[str, ...]]
 """A node's switches from the top down; the last one is its leaf switch (or block)."""
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
-_NAME = re.compile(r"^[^\s.:;=,\[\]]+$")
+_FIELD = r"(\w+)=(\S*)"
+_NAME = r"^[^\s.:;=,\[\]]+$"
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,7 @@ def parse_scontrol_topology(text: str) -> tuple[Switch, ...]:
     no topology plugin (it then says ``No topology information available``)."""
     found = []
     for line in text.splitlines():
-        fields = dict(_FIELD.findall(line))
+        fields = dict(re.findall(_FIELD, line))
         name = fields.get("SwitchName") or fields.get("BlockName")
         if not name:
             continue
@@ -97,6 +95,8 @@ def parse_scontrol_topology(text: str) -> tuple[Switch, ...]:
 def _expand(nodelist: str, switch: str) -> tuple[str, ...]:
     if not nodelist or nodelist == "(null)":
         return ()
+    import hostlist  # noqa: PLC0415  (as expand_nodelist: only a node list needs it)
+
     try:
         return tuple(hostlist.expand_hostlist(nodelist))
     except hostlist.BadHostlist:
@@ -136,11 +136,13 @@ def switches_from_addrs(addrs: Iterable[str]) -> dict[str, tuple[str, ...]]:
 def format_node_switches(places: NodeSwitches, nodes: Sequence[str]) -> str:
     """The value of :data:`NODE_SWITCHES_ENV` for ``nodes``: one item per leaf, in node order;
     empty when no node has a switch."""
+    import hostlist  # noqa: PLC0415
+
     by_path: dict[tuple[str, ...], list[str]] = {}
     for node in nodes:
         path = places.get(node)
         if path:
-            bad = [name for name in path if not _NAME.match(name)]
+            bad = [name for name in path if not re.match(_NAME, name)]
             if bad:
                 raise SlurmEnvError(
                     f"switch name {bad[0]!r} has a space or one of '.:;=,[]'; rename it in topology.conf"
@@ -151,11 +153,13 @@ def format_node_switches(places: NodeSwitches, nodes: Sequence[str]) -> str:
 
 def parse_node_switches(text: str) -> dict[str, tuple[str, ...]]:
     """The inverse of :func:`format_node_switches`."""
+    import hostlist  # noqa: PLC0415
+
     places: dict[str, tuple[str, ...]] = {}
     for item in filter(None, (part.strip() for part in text.split(";"))):
         path, sep, nodelist = item.partition(":")
         switches = tuple(path.split("."))
-        if not sep or not nodelist or not all(_NAME.match(name) for name in switches):
+        if not sep or not nodelist or not all(re.match(_NAME, name) for name in switches):
             raise SlurmEnvError(
                 f"{NODE_SWITCHES_ENV} item {item!r} is not 'SWITCH.SWITCH:NODELIST' (e.g. 'spine.leaf1:n[1-2]'); "
                 f"unset it to keep the node-list order"

@@ -24,18 +24,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import hostlist
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
-from hpc_hsdp.plan.switches import (
-    NODE_SWITCHES_ENV,
-    TOPOLOGY_MODES,
-    NodeSwitches,
-    nodes_per_shard_group,
-    parse_node_switches,
-    switch_order,
-)
+
+if TYPE_CHECKING:
+    from hpc_hsdp.plan.switches import NodeSwitches
 
 # Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
 RENDEZVOUS_PORT_BASE = 20000
@@ -541,6 +537,8 @@ def plan_on_switches(
     down; see :mod:`hpc_hsdp.plan.switches`): with ``auto`` or ``strict`` its nodes are ordered by
     :func:`switch_order`, and ``strict`` refuses shard groups that must cross leaf switches.
     No places, or ``off``: the node-list order, as :class:`TopologyPlan` alone gives it."""
+    from hpc_hsdp.plan.switches import TOPOLOGY_MODES, nodes_per_shard_group, switch_order  # noqa: PLC0415  (tasks only)
+
     if topology not in TOPOLOGY_MODES:
         raise TopologyError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_MODES)}")
     names, counts = tuple(node_names), tuple(tasks_per_node)
@@ -792,6 +790,8 @@ class RankLayout:
         switches (``HPC_HSDP_NODE_SWITCHES``), ``auto`` and ``strict`` order the nodes by them
         (:func:`plan_on_switches`); without the variable, or with ``off``, the node-list order.
         """
+        from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches  # noqa: PLC0415  (tasks only)
+
         places = parse_node_switches(env.get(NODE_SWITCHES_ENV, "")) if topology != "off" else {}
         placement = {"shard_size": shard_size, "tp_size": tp_size, "places": places, "topology": topology}
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
