@@ -149,6 +149,10 @@ def format_tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def _rank_span(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
 def valid_shard_sizes(tasks_per_node: Sequence[int], tp_size: int = 1) -> list[int]:
     """Every shard size :class:`TopologyPlan` accepts for these nodes (and TP size), ascending:
     S with S x T dividing every node's count, then (equal nodes of G) S x T a multiple of G
@@ -174,10 +178,6 @@ def default_node_names(nodes: int) -> tuple[str, ...]:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _rank_span(ranks: Sequence[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
 @dataclass(frozen=True, kw_only=True)
