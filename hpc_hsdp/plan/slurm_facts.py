@@ -203,3 +203,26 @@ def satisfies_constraint(constraint: str, features: tuple[str, ...]) -> bool | N
         return None
     have = set(features)
     return any(set(filter(None, re.split(r"[&,]", one))) <= have for one in constraint.split("|"))
+
+
+_SWITCHES = r"^([1-9][0-9]{0,5})(?:@(.+))?$"
+
+
+def check_switches(value: str) -> str:
+    """``COUNT[@MAX_WAIT]`` as sbatch's ``--switches`` takes it (at most COUNT leaf switches,
+    waiting at most MAX_WAIT, a SLURM time, for them); returns it unchanged."""
+    check_text("--switches", value)
+    match = re.match(_SWITCHES, value)
+    if not match or (match.group(2) is not None and not re.match(_TIME, match.group(2))):
+        raise SpecError(
+            f"--switches {value!r} is not COUNT[@MAX_WAIT]; write e.g. 1 (one leaf switch) or 1@10:00 "
+            f"(one leaf switch, waiting up to 10 minutes for it; {_TIME_FORMS})"
+        )
+    return value
+
+
+def check_segment(value: object) -> int:
+    """sbatch's ``--segment`` (topology/block): nodes per segment, each segment in one block."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_536:
+        raise SpecError(f"--segment {value!r} is not a node count; give the nodes per block segment, e.g. --segment 2")
+    return value

@@ -8,17 +8,29 @@ Ranks are node-major: the tasks of the first node in the job's node list get ran
 ``0 .. G0-1``, the next node's ``G0 .. G0+G1-1``, and so on, whatever ``SLURM_PROCID``
 says. Shard groups are ``shard_size`` consecutive ranks; replicate groups take every
 ``shard_size``-th rank, exactly as ``init_device_mesh(..., (R, S))`` groups a row-major mesh.
+
+With tensor parallelism (``tp_size`` T > 1) the mesh is (replicate, shard, tp), R x S x T,
+row-major again: rank = (r * S + s) * T + t. A TP group is T consecutive ranks, on one node
+(T divides every node's task count); the S x T consecutive ranks of one r hold one copy of the
+model; FSDP2 shards over (replicate, shard): a shard group is the S ranks of equal r and t,
+a replicate group the R ranks of equal s and t. Where SLURM gives the nodes' switches, the
+node order comes from :func:`hpc_hsdp.plan.switches.switch_order` (see ``RankLayout.from_env``).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SlurmEnvError, TopologyError
 from hpc_hsdp.plan.records import record
+
+if TYPE_CHECKING:
+    from hpc_hsdp.plan.switches import NodeSwitches
 
 # Outside Linux's default ephemeral range (32768-60999) and clear of SLURM's own ports.
 RENDEZVOUS_PORT_BASE = 20000
@@ -138,15 +150,26 @@ def format_tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def valid_shard_sizes(tasks_per_node: Sequence[int]) -> list[int]:
-    """Every shard size :class:`TopologyPlan` accepts for these nodes, ascending: the
-    divisors of every node's count, then (equal nodes of G) the multiples of G dividing the world."""
+def _rank_span(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def valid_shard_sizes(tasks_per_node: Sequence[int], tp_size: int = 1) -> list[int]:
+    """Every shard size :class:`TopologyPlan` accepts for these nodes (and TP size), ascending:
+    S with S x T dividing every node's count, then (equal nodes of G) S x T a multiple of G
+    dividing the world."""
     counts = tuple(tasks_per_node)
     smallest, world = min(counts), sum(counts)
     sizes = [d for d in divisors(smallest) if all(c % d == 0 for c in counts)]
     if len(set(counts)) == 1:
         sizes += [m for m in range(2 * smallest, world + 1, smallest) if world % m == 0]
-    return sizes
+    return [m // tp_size for m in sizes if m % tp_size == 0]
+
+
+def valid_tp_sizes(tasks_per_node: Sequence[int]) -> list[int]:
+    """Every TP size :class:`TopologyPlan` accepts for these nodes: the divisors of every node's count."""
+    counts = tuple(tasks_per_node)
+    return [d for d in divisors(min(counts)) if all(c % d == 0 for c in counts)]
 
 
 def default_node_names(nodes: int) -> tuple[str, ...]:
@@ -168,6 +191,11 @@ class TopologyPlan:
     """S: ranks that shard one copy of the model (the inner mesh axis, "shard")."""
     node_names: tuple[str, ...] = field(default=())
     """Node names in node-list order; ``n1, n2, ...`` (the dev cluster's and the emulator's names) when not given."""
+    tp_size: int = 1
+    """T: ranks that split every layer (the innermost mesh axis, "tp"), T consecutive ranks on one node."""
+    node_switches: tuple[str, ...] = field(default=())
+    """Each node's leaf switch (or block), in node order, where SLURM's topology says it ("" where
+    not); empty when it says none."""
 
     def __post_init__(self) -> None:
         counts = tuple(self.tasks_per_node)
@@ -187,10 +215,34 @@ class TopologyPlan:
                 f"{len(names)} node names {list(names)} for {len(counts)} task counts {list(counts)}; give one count per node"
             )
         object.__setattr__(self, "node_names", names)
+        switches = tuple(self.node_switches)
+        if switches and len(switches) != len(counts):
+            raise TopologyError(
+                f"{len(switches)} node switches {list(switches)[:16]} for {len(counts)} nodes; give one switch per node"
+            )
+        object.__setattr__(self, "node_switches", switches)
+        self._check_tp_size()
         self._check_shard_size()
 
+    def _check_tp_size(self) -> None:
+        t, counts = self.tp_size, self.tasks_per_node
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise TopologyError(f"tp size {t!r} is invalid; give a positive integer such as --tp 2")
+        bad = [(name, c) for name, c in zip(self.node_names, counts) if c % t]
+        if bad:
+            name, c = bad[0]
+            raise TopologyError(
+                f"tp size {t} does not divide the {c} tasks (GPUs) on node {name}; a tensor-parallel group stays "
+                f"inside one node: use a --tp that divides every node's task count "
+                f"({', '.join(map(str, valid_tp_sizes(counts)))})"
+            )
+
     def _check_shard_size(self) -> None:
-        s, counts = self.shard_size, self.tasks_per_node
+        # With tp T the shard axis counts TP groups: T consecutive ranks are one unit, and a node
+        # of c tasks holds c / T of them; the rules are those of T = 1 over these units.
+        s, t = self.shard_size, self.tp_size
+        counts = tuple(c // t for c in self.tasks_per_node)
+        units, unit_count = ("tasks", "task count") if t == 1 else (f"TP groups of {t}", "TP-group count")
         world = sum(counts)
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
             raise TopologyError(f"shard size {s!r} is invalid; give a positive integer such as --shard 4")
@@ -201,27 +253,27 @@ class TopologyPlan:
                 name, c = bad[0]
                 fits = [d for d in valid_shard_sizes(counts) if d <= smallest]
                 raise TopologyError(
-                    f"shard size {s} does not divide the {c} tasks on node {name}; "
-                    f"choose a shard size that divides every node's task count ({', '.join(map(str, fits))})"
+                    f"shard size {s} does not divide the {c} {units} on node {name}; "
+                    f"choose a shard size that divides every node's {unit_count} ({', '.join(map(str, fits))})"
                     + (f" or a multiple of {largest} that divides {world}" if smallest == largest else "")
                 )
             return
         if smallest != largest:
             raise TopologyError(
-                f"shard size {s} is larger than the smallest node ({smallest} tasks) of the uneven allocation "
-                f"{format_tasks_per_node(counts)}; a shard group must then span whole, equal nodes: "
+                f"shard size {s} is larger than the smallest node ({smallest} {units}) of the uneven allocation "
+                f"{format_tasks_per_node(self.tasks_per_node)}; a shard group must then span whole, equal nodes: "
                 f"use a shard size dividing {smallest}, or ask for nodes with equal task counts"
             )
         per_node = largest
         if s % per_node:
             raise TopologyError(
-                f"shard size {s} is larger than a node ({per_node} tasks) but not a multiple of it; "
+                f"shard size {s} is larger than a node ({per_node} {units}) but not a multiple of it; "
                 f"a shard group must span whole nodes: use a multiple of {per_node} (e.g. {per_node * max(1, s // per_node)}) "
                 f"or a divisor of {per_node}"
             )
         if world % s:
             raise TopologyError(
-                f"shard size {s} spans {s // per_node} nodes but the job has {len(counts)} nodes ({world} tasks); "
+                f"shard size {s} spans {s // per_node} nodes but the job has {len(counts)} nodes ({world} {units}); "
                 f"use a node count that is a multiple of {s // per_node} or a shard size dividing {world}"
             )
 
@@ -234,13 +286,30 @@ class TopologyPlan:
         return sum(self.tasks_per_node)
 
     @property
-    def num_replicas(self) -> int:
-        """R: copies of the model (the outer mesh axis, "replicate")."""
-        return self.world_size // self.shard_size
+    def ranks_per_copy(self) -> int:
+        """S x T: the consecutive ranks that hold one copy of the model."""
+        return self.shard_size * self.tp_size
 
     @property
-    def mesh_shape(self) -> tuple[int, int]:
-        return (self.num_replicas, self.shard_size)
+    def num_replicas(self) -> int:
+        """R: copies of the model (the outer mesh axis, "replicate")."""
+        return self.world_size // self.ranks_per_copy
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """(R, S), or (R, S, T) with tensor parallelism."""
+        if self.tp_size == 1:
+            return (self.num_replicas, self.shard_size)
+        return (self.num_replicas, self.shard_size, self.tp_size)
+
+    @property
+    def mesh_axis_names(self) -> tuple[str, ...]:
+        return ("replicate", "shard") if self.tp_size == 1 else ("replicate", "shard", "tp")
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(r, s, t) of a rank: rank = (r * S + s) * T + t."""
+        t = self.tp_size
+        return (rank // self.ranks_per_copy, rank % self.ranks_per_copy // t, rank % t)
 
     @cached_property
     def first_rank_of_node(self) -> tuple[int, ...]:
@@ -259,23 +328,38 @@ class TopologyPlan:
         return tuple(local for count in self.tasks_per_node for local in range(count))
 
     @cached_property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """T consecutive ranks each (one rank each without tensor parallelism)."""
+        t = self.tp_size
+        return tuple(tuple(range(start, start + t)) for start in range(0, self.world_size, t))
+
+    @cached_property
     def shard_groups(self) -> tuple[tuple[int, ...], ...]:
-        s = self.shard_size
-        return tuple(tuple(range(start, start + s)) for start in range(0, self.world_size, s))
+        """The S ranks of equal r and t, each: consecutive ranks when T = 1."""
+        t, copy = self.tp_size, self.ranks_per_copy
+        return tuple(
+            tuple(range(start + offset, start + copy, t))
+            for start in range(0, self.world_size, copy)
+            for offset in range(t)
+        )
 
     @cached_property
     def replicate_groups(self) -> tuple[tuple[int, ...], ...]:
-        s = self.shard_size
-        return tuple(tuple(range(offset, self.world_size, s)) for offset in range(s))
+        """The R ranks of equal s and t, each: every (S x T)-th rank."""
+        copy = self.ranks_per_copy
+        return tuple(tuple(range(offset, self.world_size, copy)) for offset in range(copy))
 
     def rank_of(self, node_rank: int, local_rank: int) -> int:
         return self.first_rank_of_node[node_rank] + local_rank
 
     def shard_group_of(self, rank: int) -> tuple[int, ...]:
-        return self.shard_groups[rank // self.shard_size]
+        return self.shard_groups[rank // self.ranks_per_copy * self.tp_size + rank % self.tp_size]
 
     def replicate_group_of(self, rank: int) -> tuple[int, ...]:
-        return self.replicate_groups[rank % self.shard_size]
+        return self.replicate_groups[rank % self.ranks_per_copy]
+
+    def tp_group_of(self, rank: int) -> tuple[int, ...]:
+        return self.tp_groups[rank // self.tp_size]
 
     def nodes_of_group(self, group: Sequence[int]) -> tuple[int, ...]:
         return tuple(sorted({self.node_of_rank[r] for r in group}))
@@ -286,52 +370,195 @@ class TopologyPlan:
 
     @cached_property
     def shard_groups_cross_nodes(self) -> bool:
-        s, node = self.shard_size, self.node_of_rank
-        return any(node[start] != node[start + s - 1] for start in range(0, self.world_size, s))
+        # a shard group spans the nodes of its copy's first and last rank (T divides every node)
+        copy, node = self.ranks_per_copy, self.node_of_rank
+        return any(node[start] != node[start + copy - 1] for start in range(0, self.world_size, copy))
 
     @cached_property
     def replicate_groups_cross_nodes(self) -> bool:
-        s, node, last = self.shard_size, self.node_of_rank, self.world_size - self.shard_size
-        return any(node[offset] != node[last + offset] for offset in range(s))
+        copy, node, last = self.ranks_per_copy, self.node_of_rank, self.world_size - self.ranks_per_copy
+        return any(node[offset] != node[last + offset] for offset in range(copy))
+
+    @cached_property
+    def tp_groups_cross_nodes(self) -> bool:
+        t, node = self.tp_size, self.node_of_rank
+        return any(node[start] != node[start + t - 1] for start in range(0, self.world_size, t))
+
+    def nodes_of_copy(self, r: int) -> range:
+        """The node indices holding copy ``r`` (its S x T consecutive ranks)."""
+        start = r * self.ranks_per_copy
+        return range(self.node_of_rank[start], self.node_of_rank[start + self.ranks_per_copy - 1] + 1)
+
+    @cached_property
+    def copies_across_switches(self) -> tuple[int, ...]:
+        """The copies r whose shard groups sit under more than one leaf switch (by
+        :attr:`node_switches`; none unless every node's switch is known)."""
+        if not self.switches_known:
+            return ()
+        return tuple(
+            r for r in range(self.num_replicas) if len({self.node_switches[n] for n in self.nodes_of_copy(r)}) > 1
+        )
+
+    @property
+    def switches_known(self) -> bool:
+        return bool(self.node_switches) and all(self.node_switches)
+
+    @property
+    def shard_groups_cross_switches(self) -> bool | None:
+        """Whether a shard group sits under more than one leaf switch; None where that cannot be told."""
+        return bool(self.copies_across_switches) if self.switches_known else None
 
     @property
     def kind(self) -> str:
-        """A name for the layout: replication only, full sharding, or hybrid."""
+        """A name for the layout: replication only, full sharding, or hybrid (and tensor parallel)."""
+        if self.tp_size > 1:
+            if self.shard_size == 1:
+                data = "replicate (DDP-like)" if self.num_replicas > 1 else ""
+            else:
+                data = "full shard (FSDP)" if self.num_replicas == 1 else "hybrid shard (HSDP)"
+            return f"{data} + tensor parallel (TP)" if data else "tensor parallel (TP)"
         if self.shard_size == 1:
             return "replicate (DDP-like)" if self.world_size > 1 else "single process"
         if self.shard_size == self.world_size:
             return "full shard (FSDP)"
         return "hybrid shard (HSDP)"
 
+    def check_under_one_switch(self) -> None:
+        """``--topology strict``: raise TopologyError when a shard group spanning nodes crosses leaf
+        switches, or when that cannot be told; the message names the groups, the switches and the fix."""
+        if not self.shard_groups_cross_nodes:
+            return
+        span = len(self.nodes_of_copy(0))
+        if not self.switches_known:
+            unknown = [
+                name for n, name in enumerate(self.node_names) if not self.node_switches or not self.node_switches[n]
+            ]
+            raise TopologyError(
+                f"--topology strict: the shard groups span {span} nodes but SLURM gave no leaf switch for "
+                f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''} (no topology plugin, or the batch script "
+                f"did not export the switches), so whether they sit under one switch cannot be told; "
+                f"use --topology auto, or a shard size within one node (--shard {self._largest_shard_under_switches()})"
+            )
+        crossing = self.copies_across_switches
+        if not crossing:
+            return
+        described = []
+        for r in crossing[:3]:
+            nodes = self.nodes_of_copy(r)
+            ranks = range(r * self.ranks_per_copy, (r + 1) * self.ranks_per_copy)
+            leaves = dict.fromkeys(self.node_switches[n] for n in nodes)
+            described.append(
+                f"{r} (ranks {_rank_span(ranks)} on {','.join(self.node_names[n] for n in nodes)} under {','.join(leaves)})"
+            )
+        more = f" and {len(crossing) - 3} more" if len(crossing) > 3 else ""
+        per_leaf = [f"{n} under {leaf}" for leaf, n in Counter(self.node_switches).items()]
+        raise TopologyError(
+            f"--topology strict: shard group{'s' if len(crossing) > 1 else ''} {'; '.join(described)}{more} "
+            f"must cross leaf switches: the job's nodes are {', '.join(per_leaf[:8])}{' ...' if len(per_leaf) > 8 else ''}, "
+            f"not whole multiples of the {span} nodes a shard group spans; ask for nodes under one switch "
+            f"(--switches 1), or use --shard {self._largest_shard_under_switches()}, or --topology auto"
+        )
+
+    def _largest_shard_under_switches(self) -> int:
+        """The largest shard size whose groups fit under these nodes' switches (within one node
+        where those are not known)."""
+        per_node, t = min(self.tasks_per_node), self.tp_size
+        per_leaf = Counter(self.node_switches).values() if self.switches_known else ()
+        fits = [
+            s
+            for s in valid_shard_sizes(self.tasks_per_node, t)
+            if s * t <= per_node or (per_leaf and all(n % (s * t // per_node) == 0 for n in per_leaf))
+        ]
+        return max(fits)
+
     def to_dict(self) -> dict:
-        return {
+        data = {
             "nodes": self.nodes,
             "gpus_per_node": self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None,
             "tasks_per_node": list(self.tasks_per_node),
             "node_names": list(self.node_names),
             "world_size": self.world_size,
             "shard_size": self.shard_size,
-            "num_replicas": self.num_replicas,
-            "mesh_shape": list(self.mesh_shape),
-            "mesh_axis_names": ["replicate", "shard"],
-            "kind": self.kind,
-            "shard_groups": [list(g) for g in self.shard_groups],
-            "replicate_groups": [list(g) for g in self.replicate_groups],
-            "node_of_rank": list(self.node_of_rank),
-            "local_rank_of_rank": list(self.local_rank_of_rank),
-            "shard_groups_cross_nodes": self.shard_groups_cross_nodes,
-            "replicate_groups_cross_nodes": self.replicate_groups_cross_nodes,
         }
+        if self.tp_size > 1:
+            data["tp_size"] = self.tp_size
+        data.update(
+            {
+                "num_replicas": self.num_replicas,
+                "mesh_shape": list(self.mesh_shape),
+                "mesh_axis_names": list(self.mesh_axis_names),
+                "kind": self.kind,
+            }
+        )
+        if self.tp_size > 1:
+            data["tp_groups"] = [list(g) for g in self.tp_groups]
+        data.update(
+            {
+                "shard_groups": [list(g) for g in self.shard_groups],
+                "replicate_groups": [list(g) for g in self.replicate_groups],
+                "node_of_rank": list(self.node_of_rank),
+                "local_rank_of_rank": list(self.local_rank_of_rank),
+            }
+        )
+        if self.tp_size > 1:
+            data["coordinates"] = [list(self.coordinates(rank)) for rank in range(self.world_size)]
+            data["tp_groups_cross_nodes"] = self.tp_groups_cross_nodes
+        data["shard_groups_cross_nodes"] = self.shard_groups_cross_nodes
+        data["replicate_groups_cross_nodes"] = self.replicate_groups_cross_nodes
+        if self.node_switches:
+            data["node_switches"] = list(self.node_switches)
+            data["shard_groups_cross_switches"] = self.shard_groups_cross_switches
+        return data
 
 
-def plan_for(*, nodes: int, gpus_per_node: int, shard_size: int, node_names: Sequence[str] = ()) -> TopologyPlan:
+def plan_for(
+    *, nodes: int, gpus_per_node: int, shard_size: int, node_names: Sequence[str] = (), tp_size: int = 1
+) -> TopologyPlan:
     """The plan of an even allocation: ``nodes`` x ``gpus_per_node`` tasks."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise TopologyError(f"--nodes {nodes!r} is invalid; a job needs at least 1 node")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise TopologyError(f"--gpus-per-node {gpus_per_node!r} is invalid; give at least 1 (one task per GPU)")
     check_sizes(nodes=nodes, tasks_per_node=gpus_per_node)
-    return TopologyPlan(tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names))
+    return TopologyPlan(
+        tasks_per_node=(gpus_per_node,) * nodes, shard_size=shard_size, node_names=tuple(node_names), tp_size=tp_size
+    )
+
+
+def plan_on_switches(
+    *,
+    tasks_per_node: Sequence[int],
+    shard_size: int,
+    node_names: Sequence[str],
+    places: NodeSwitches,
+    tp_size: int = 1,
+    topology: str = "auto",
+) -> TopologyPlan:
+    """The plan of a job whose nodes sit under the switches ``places`` gives (node -> switches top
+    down; see :mod:`hpc_hsdp.plan.switches`): with ``auto`` or ``strict`` its nodes are ordered by
+    :func:`switch_order`, and ``strict`` refuses shard groups that must cross leaf switches.
+    No places, or ``off``: the node-list order, as :class:`TopologyPlan` alone gives it."""
+    from hpc_hsdp.plan.switches import TOPOLOGY_MODES, nodes_per_shard_group, switch_order  # noqa: PLC0415  (tasks only)
+
+    if topology not in TOPOLOGY_MODES:
+        raise TopologyError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_MODES)}")
+    names, counts = tuple(node_names), tuple(tasks_per_node)
+    if topology == "off" or not places:
+        plan = TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names, tp_size=tp_size)
+    else:
+        ranks_per_copy = shard_size * tp_size if isinstance(shard_size, int) and isinstance(tp_size, int) else 1
+        order = switch_order(names, places, nodes_per_shard_group(counts, ranks_per_copy))
+        count_of = dict(zip(names, counts))
+        plan = TopologyPlan(
+            tasks_per_node=tuple(count_of[name] for name in order),
+            shard_size=shard_size,
+            node_names=order,
+            tp_size=tp_size,
+            node_switches=tuple(places[name][-1] if places.get(name) else "" for name in order),
+        )
+    if topology == "strict":
+        plan.check_under_one_switch()
+    return plan
 
 
 # ----------------------------------------------------------------------------- on a task
@@ -478,6 +705,24 @@ class RankLayout:
         return self.plan.replicate_group_of(self.rank)
 
     @property
+    def tp_size(self) -> int:
+        return self.plan.tp_size
+
+    @property
+    def tp_group(self) -> tuple[int, ...]:
+        return self.plan.tp_group_of(self.rank)
+
+    @property
+    def coordinates(self) -> tuple[int, int, int]:
+        """(r, s, t): this rank's place in the (replicate, shard, tp) mesh."""
+        return self.plan.coordinates(self.rank)
+
+    @property
+    def node_switch(self) -> str:
+        """This node's leaf switch (or block); "" where SLURM's topology does not say."""
+        return self.plan.node_switches[self.node_rank] if self.plan.node_switches else ""
+
+    @property
     def procid_differs(self) -> bool:
         return self.slurm_procid is not None and self.slurm_procid != self.rank
 
@@ -493,7 +738,7 @@ class RankLayout:
         }
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "rank": self.rank,
             "local_rank": self.local_rank,
             "node_rank": self.node_rank,
@@ -515,31 +760,67 @@ class RankLayout:
             "launch_mode": self.launch_mode,
             "job_id": self.job_id,
         }
+        if self.tp_size > 1:
+            data.update(tp_size=self.tp_size, coordinates=list(self.coordinates), tp_group=list(self.tp_group))
+        if self.plan.node_switches:
+            data.update(
+                node_switch=self.node_switch,
+                node_switches=list(self.plan.node_switches),
+                shard_groups_cross_switches=self.plan.shard_groups_cross_switches,
+            )
+        return data
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None = None) -> RankLayout:
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        shard_size: int,
+        nproc_per_node: int | None = None,
+        tp_size: int = 1,
+        topology: str = "auto",
+    ) -> RankLayout:
         """Derive this task's layout from SLURM's (or torchrun's) environment.
 
         ``nproc_per_node``: given only by the torchrun launcher (a task that will start
         that many workers on its node); the task is then ``task-per-node``. Without it a
         task is one rank (``task-per-gpu``), also in a job of one task per node: the
         launcher is said, never guessed from the allocation's shape.
+
+        ``topology`` (``auto``, ``off``, ``strict``): where the batch shell exported the nodes'
+        switches (``HPC_HSDP_NODE_SWITCHES``), ``auto`` and ``strict`` order the nodes by them
+        (:func:`plan_on_switches`); without the variable, or with ``off``, the node-list order.
         """
+        from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches  # noqa: PLC0415  (tasks only)
+
+        places = parse_node_switches(env.get(NODE_SWITCHES_ENV, "")) if topology != "off" else {}
+        placement = {"shard_size": shard_size, "tp_size": tp_size, "places": places, "topology": topology}
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
-            return cls._from_torchrun_env(env, shard_size=shard_size)
-        return cls._from_slurm_env(env, shard_size=shard_size, nproc_per_node=nproc_per_node)
+            return cls._from_torchrun_env(env, **placement)
+        return cls._from_slurm_env(env, nproc_per_node=nproc_per_node, **placement)
 
     @classmethod
-    def for_task(cls, env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+    def for_task(
+        cls, env: Mapping[str, str], *, shard_size: int, device: str, tp_size: int = 1, topology: str = "auto"
+    ) -> RankLayout:
         """:meth:`from_env` for a task that will train on ``device`` (``cpu``, ``cuda``, ``auto``):
         with ``cpu`` the GPUs the task can see are left out, so that the layout neither picks
         nor refuses GPUs that will not be used."""
         if device == "cpu":
             env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
-        return cls.from_env(env, shard_size=shard_size)
+        return cls.from_env(env, shard_size=shard_size, tp_size=tp_size, topology=topology)
 
     @classmethod
-    def _from_slurm_env(cls, env: Mapping[str, str], *, shard_size: int, nproc_per_node: int | None) -> RankLayout:
+    def _from_slurm_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        shard_size: int,
+        nproc_per_node: int | None,
+        tp_size: int,
+        places: NodeSwitches,
+        topology: str,
+    ) -> RankLayout:
         if "SLURM_JOB_ID" not in env and "SLURM_PROCID" not in env:
             raise SlurmEnvError(f"no SLURM environment found (SLURM_JOB_ID is not set); {_OUTSIDE_SLURM}")
         nodelist = env.get("SLURM_STEP_NODELIST") or _require(env, "SLURM_JOB_NODELIST", _OUTSIDE_SLURM)
@@ -591,14 +872,20 @@ class RankLayout:
             if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
                 raise SlurmEnvError(f"--nproc-per-node {nproc_per_node!r} must be a positive number of workers")
             workers = nproc_per_node
-            plan = TopologyPlan(
-                tasks_per_node=(workers,) * len(node_names), shard_size=shard_size, node_names=node_names
+            plan = plan_on_switches(
+                tasks_per_node=(workers,) * len(node_names),
+                shard_size=shard_size,
+                node_names=node_names,
+                places=places,
+                tp_size=tp_size,
+                topology=topology,
             )
+            placed = plan.node_names.index(node_names[node_rank])
             return cls(
                 plan=plan,
-                rank=plan.rank_of(node_rank, 0),
+                rank=plan.rank_of(placed, 0),
                 local_rank=0,
-                node_rank=node_rank,
+                node_rank=placed,
                 master_addr=master_addr,
                 master_port=master_port,
                 device=select_device(env, local_rank=0, local_world_size=workers),
@@ -607,12 +894,20 @@ class RankLayout:
                 job_id=job_id,
             )
 
-        plan = TopologyPlan(tasks_per_node=tasks_per_node, shard_size=shard_size, node_names=node_names)
+        plan = plan_on_switches(
+            tasks_per_node=tasks_per_node,
+            shard_size=shard_size,
+            node_names=node_names,
+            places=places,
+            tp_size=tp_size,
+            topology=topology,
+        )
+        placed = plan.node_names.index(node_names[node_rank])
         return cls(
             plan=plan,
-            rank=plan.rank_of(node_rank, local_rank),
+            rank=plan.rank_of(placed, local_rank),
             local_rank=local_rank,
-            node_rank=node_rank,
+            node_rank=placed,
             master_addr=master_addr,
             master_port=master_port,
             device=select_device(env, local_rank=local_rank, local_world_size=on_node),
@@ -622,7 +917,9 @@ class RankLayout:
         )
 
     @classmethod
-    def _from_torchrun_env(cls, env: Mapping[str, str], *, shard_size: int) -> RankLayout:
+    def _from_torchrun_env(
+        cls, env: Mapping[str, str], *, shard_size: int, tp_size: int, places: NodeSwitches, topology: str
+    ) -> RankLayout:
         hint = "start workers with torchrun --node-rank <index of this node> (static rendezvous)"
         local_rank = _int_var(env, "LOCAL_RANK", hint)
         local_world = _int_var(env, "LOCAL_WORLD_SIZE", hint)
@@ -645,7 +942,15 @@ class RankLayout:
         node_names = expand_nodelist(nodelist) if nodelist else ()
         if len(node_names) != nnodes:
             node_names = default_node_names(nnodes)
-        plan = TopologyPlan(tasks_per_node=(local_world,) * nnodes, shard_size=shard_size, node_names=node_names)
+        # GROUP_RANK is the node's place in the launcher's order, which followed the same switches
+        plan = plan_on_switches(
+            tasks_per_node=(local_world,) * nnodes,
+            shard_size=shard_size,
+            node_names=node_names,
+            places=places,
+            tp_size=tp_size,
+            topology=topology,
+        )
         rank = plan.rank_of(node_rank, local_rank)
         if rank != torch_rank:
             raise SlurmEnvError(
