@@ -20,7 +20,7 @@ from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
 from hpc_hsdp.job.local import allocation_for, launch_local
 from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.rundir.replicas import membership_path, read_membership
+from hpc_hsdp.rundir.membership import membership_path, read_membership
 from hpc_hsdp.rundir.state import complete_checkpoints
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]

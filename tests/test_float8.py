@@ -12,7 +12,7 @@ import pytest
 from dist_helpers import job_envs
 
 from hpc_hsdp.cli import main
-from hpc_hsdp.plan.float8 import choose_float8_linears, fp8_refusal
+from hpc_hsdp.plan.float8_support import choose_float8_linears, fp8_refusal
 
 
 @pytest.mark.parametrize(

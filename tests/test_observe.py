@@ -22,7 +22,7 @@ from cli_helpers import assert_cli_imports_no_torch
 from hpc_hsdp.job.scheduler import parse_slurm_duration
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.progress import progress_of, requeues_needed
+from hpc_hsdp.rundir.pace import progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 
@@ -529,7 +529,7 @@ def test_the_blocked_clock_counts_only_the_thread_that_started_it(monkeypatch):
 
     import torch.distributed as dist
 
-    from hpc_hsdp.runtime.stragglers import BlockedClock
+    from hpc_hsdp.runtime.straggler_probe import BlockedClock
 
     monkeypatch.setattr(dist, "barrier", lambda: clock_time.sleep(0.05))
     clock = BlockedClock().install()

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from hpc_hsdp.cli.options import run_spec_from_options
+from hpc_hsdp.cli.click_options import run_spec_from_options
 from hpc_hsdp.cli.plan_cmd import plan
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.cli.run_cmd import run

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.plan.replicas import group_rows
-from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
+from hpc_hsdp.plan.replica_groups import group_rows
+from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.rundir.state import COMPLETE, checkpoint_root, step_dir_name
 from hpc_hsdp.runtime.coordinator import OneGroup, StepCoordinator, coordinator_for
 from hpc_hsdp.runtime.replica_group import QuorumLost, ReplicaGroup

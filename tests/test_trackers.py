@@ -26,7 +26,7 @@ import pytest
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.trackers import read_tracker_runs
+from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """From the click kwargs of ``render`` and ``submit`` to a JobSpec.
 
 The commands get their options from the registry (``@command_options("render")``, see
-:mod:`hpc_hsdp.cli.options`), all defaulting to None so that a config file and its profile
+:mod:`hpc_hsdp.cli.click_options`), all defaulting to None so that a config file and its profile
 can fill what the command line leaves out; :func:`job_spec_from_options` takes the
 command's kwargs and hands them, by config key, to the config loading, profile selection,
 precedence (command line > config top level > profile > default) and validation of

@@ -20,9 +20,9 @@ from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
+from hpc_hsdp.rundir.membership import membership_changes, read_membership
 from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
-from hpc_hsdp.rundir.progress import progress_of
-from hpc_hsdp.rundir.replicas import membership_changes, read_membership
+from hpc_hsdp.rundir.pace import progress_of
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.stragglers import persistent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.cli import write_atomically
-from hpc_hsdp.cli.options import job_option
+from hpc_hsdp.cli.click_options import job_option
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.spec import TrainingSpec, check_model, parse_nodes
 from hpc_hsdp.plan.estimates import (
@@ -28,7 +28,7 @@ from hpc_hsdp.plan.estimates import (
     smallest_fitting_shard,
 )
 from hpc_hsdp.plan.records import record
-from hpc_hsdp.plan.replicas import replica_shape
+from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text

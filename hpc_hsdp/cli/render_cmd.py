@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from hpc_hsdp.cli import write_atomically
+from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.cli.options import command_options
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import render_sbatch
 

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from hpc_hsdp.cli.options import command_options, run_spec_from_options
+from hpc_hsdp.cli.click_options import command_options, run_spec_from_options
 
 
 @click.command()

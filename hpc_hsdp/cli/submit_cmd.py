@@ -7,8 +7,8 @@ import sys
 
 import click
 
+from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.cli.options import command_options
 from hpc_hsdp.job.scheduler import CLUSTERS, submission_script, submit_spec
 
 

@@ -4,7 +4,7 @@ A declaration names the option (its config-file key and Python API keyword, ``--
 spelled from it), its kind of value, default, one line of help, metavar, choices or bound,
 the commands that take it, how it reaches a task, the spec field it sets and the ``#SBATCH``
 lines it writes. From this table come the click options of ``render``, ``submit``, ``run``
-and ``plan`` (:mod:`hpc_hsdp.cli.options`), the spec classes' fields, their defaults and
+and ``plan`` (:mod:`hpc_hsdp.cli.click_options`), the spec classes' fields, their defaults and
 their checks (:mod:`hpc_hsdp.job.spec`), the config keys and kinds and the copy of a
 config's values into a spec (:mod:`hpc_hsdp.job.config`), the ``#SBATCH`` header of the
 rendered script (:func:`sbatch_lines`, :mod:`hpc_hsdp.job.render`), the ``hpc-hsdp run``

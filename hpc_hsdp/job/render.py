@@ -45,7 +45,7 @@ import jinja2.sandbox
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import sbatch_lines
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
-from hpc_hsdp.plan.replicas import REPLICA_TAG
+from hpc_hsdp.plan.replica_groups import REPLICA_TAG
 from hpc_hsdp.plan.topology import format_tasks_per_node
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"

@@ -37,11 +37,11 @@ from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.plan.address import reachable_address
-from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
+from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.membership import membership_path
 from hpc_hsdp.rundir.metrics import last_step_written
-from hpc_hsdp.rundir.replicas import membership_path
 
 LIGHTHOUSE_RESTARTS = 5
 """Lighthouse ends within ``LIGHTHOUSE_WINDOW_S`` of its start before the supervisor gives up on it."""

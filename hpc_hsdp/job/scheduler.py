@@ -42,7 +42,7 @@ from hpc_hsdp.job.slurm_command import (  # noqa: F401  (SchedulerError re-expor
     slurm_timeout_s,
 )
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
-from hpc_hsdp.plan.float8 import NodeGpus, fp8_local_refusal, fp8_slurm_refusal
+from hpc_hsdp.plan.float8_support import NodeGpus, fp8_local_refusal, fp8_slurm_refusal
 from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.plan.units import duration

@@ -33,7 +33,7 @@ from hpc_hsdp.job.options import (
 )
 from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
 from hpc_hsdp.plan.records import record
-from hpc_hsdp.plan.replicas import replica_shape
+from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
     check_signal,

@@ -19,8 +19,8 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.layout import nodes_by_rank
+from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
-from hpc_hsdp.rundir.replicas import read_membership
 from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.replicas import membership_changes
+from hpc_hsdp.rundir.membership import membership_changes
 
 
 def summary_rows(run: RunData) -> dict[str, str]:

@@ -58,7 +58,7 @@ from hpc_hsdp.rundir.state import (
     saved_train_state,
     step_dir_name,
 )
-from hpc_hsdp.runtime import faults
+from hpc_hsdp.runtime import injected_faults
 from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.run_data import data_state, source_table
@@ -321,7 +321,7 @@ def _paths(run_dir, step: int) -> tuple[Path, Path, Path]:
 
 def _check_space(state, root, tmp, *, step, run_dir) -> int:
     needed, free = _space_needed(state, run_dir, root)
-    if needed > free and not faults.skip_space_check():
+    if needed > free and not injected_faults.skip_space_check():
         raise _space_error(step, tmp, needed, free, run_dir)
     return needed
 
@@ -347,7 +347,7 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
         if no_space:
             raise _space_error(step, tmp, needed, None, run_dir) from None
         raise
-    faults.in_save(dist.get_rank(), step)  # test hook: a rank dies with the checkpoint half written
+    injected_faults.in_save(dist.get_rank(), step)  # test hook: a rank dies with the checkpoint half written
     _commit(run_dir, tmp, final, step=step, train_state=train_state, keep=keep)
     return final
 
@@ -409,7 +409,7 @@ class AsyncSaver:
                 raise CheckpointError(
                     f"the checkpoint of step {step} could not be written to {tmp}: {' '.join(str(exc).split())[:300]}"
                 ) from None
-            faults.in_save(rank, step)
+            injected_faults.in_save(rank, step)
             _commit(self.run_dir, tmp, final, step=step, train_state=train_state, keep=self.keep, group=self.group)
             return final
 

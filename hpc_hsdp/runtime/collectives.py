@@ -2,7 +2,7 @@
 
 Three components watch the collectives a rank issues: the hang watchdog counts those its
 main thread enters (:mod:`~hpc_hsdp.runtime.watchdog`), the straggler probe times the wait
-inside them (:mod:`~hpc_hsdp.runtime.stragglers`), ``--comm-stats`` counts their bytes per
+inside them (:mod:`~hpc_hsdp.runtime.straggler_probe`), ``--comm-stats`` counts their bytes per
 mesh axis (:mod:`~hpc_hsdp.runtime.comm_stats`). Each registers its callbacks here with
 :func:`listen`; the function of each name they listen to is replaced by ONE wrapper, which
 calls the callbacks and torch's function.

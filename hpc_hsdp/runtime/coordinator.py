@@ -76,7 +76,7 @@ class StepCoordinator(Protocol):
 
     @property
     def rank_label(self) -> int | str:
-        """This rank's name in the test hooks' files (:func:`hpc_hsdp.runtime.faults.after_step`)."""
+        """This rank's name in the test hooks' files (:func:`hpc_hsdp.runtime.injected_faults.after_step`)."""
 
     def close_steps(self) -> None:
         """After the last step (or a stop): nothing reads ahead any more."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.plan.float8 import fp8_refusal
+from hpc_hsdp.plan.float8_support import fp8_refusal
 from hpc_hsdp.plan.topology import RankLayout
 from hpc_hsdp.runtime.compile import check_compile
 

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
-from hpc_hsdp.plan.replicas import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
+from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS

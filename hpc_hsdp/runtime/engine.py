@@ -7,7 +7,7 @@ optimizer and the learning-rate schedule, the per-step seeding, the stop agreeme
 task's signals, the hang watchdog, the checkpoints (periodic ones written in the background
 by the :class:`~hpc_hsdp.runtime.checkpoint.AsyncSaver`, synchronous ones at a stop and at the
 end), the metrics (``metrics.jsonl``, the observer: stragglers, TensorBoard, attempts), the
-communication statistics and the test hooks of :mod:`hpc_hsdp.runtime.faults`. What differs
+communication statistics and the test hooks of :mod:`hpc_hsdp.runtime.injected_faults`. What differs
 between an ordinary job and a replica group (which step, which rows, the gradient reduction
 and the commit, who writes) is its step coordinator's (:mod:`hpc_hsdp.runtime.coordinator`).
 
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
-from hpc_hsdp.runtime import checkpoint, faults
+from hpc_hsdp.runtime import checkpoint, injected_faults
 from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
 from hpc_hsdp.runtime.coordinator import StepCoordinator, coordinator_for
 from hpc_hsdp.runtime.device import (
@@ -57,7 +57,7 @@ from hpc_hsdp.runtime.device import (
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch
 from hpc_hsdp.runtime.log import say
-from hpc_hsdp.runtime.metrics import metrics_log
+from hpc_hsdp.runtime.metrics_writer import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
 from hpc_hsdp.runtime.observer import RunObserver
 from hpc_hsdp.runtime.run_data import (
@@ -204,7 +204,7 @@ class Engine:
 
     def begin_step(self, number: int) -> Step:
         """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
-        faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
+        injected_faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
         seed_step(self.training.seed, number, self.ctx.rank)
         started, cpu_started = time.perf_counter(), time.process_time()
         self.observer.step_begins(number)
@@ -343,7 +343,7 @@ class Engine:
 
     def step_done(self, step: Step) -> None:
         """After the step and its record: the sample-id hook, the watchdog's progress."""
-        faults.after_step(self.coordinator.rank_label, self.ctx.world_size, step.number, step.batches)
+        injected_faults.after_step(self.coordinator.rank_label, self.ctx.world_size, step.number, step.batches)
         if self.watchdog is not None:
             self.watchdog.step_done(step.number)
 

@@ -21,7 +21,7 @@ from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.job.spec import RunSpec
 from hpc_hsdp.models.base import split_import_name
 from hpc_hsdp.plan.topology import RankLayout
-from hpc_hsdp.runtime import faults, log
+from hpc_hsdp.runtime import injected_faults, log
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.node_failure import handle_lost_peers
 from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
@@ -55,7 +55,7 @@ def run_task(
     "stop_reason"}``).
 
     First of all it installs the task's signal handlers (:mod:`hpc_hsdp.runtime.preemption`,
-    replacing submitit's) and the test hooks (:mod:`hpc_hsdp.runtime.faults`) from ``env``.
+    replacing submitit's) and the test hooks (:mod:`hpc_hsdp.runtime.injected_faults`) from ``env``.
     When the ranks stopped on a signal, ``preemption.finish`` runs (rank 0 requeues on the
     warning signal) before the process group is torn down; ``preemption.exit_code()`` then
     says how the task should exit (see :func:`task_main`).
@@ -65,7 +65,7 @@ def run_task(
     preemption = preemption if preemption is not None else Preemption(env)
     preemption.install()  # before torch loads: a signal during start-up is recorded, not fatal
     range_keeper = NodeRangeKeeper(env).install()  # a flexible job requeued by SLURM: its node range put back
-    faults.install(env)
+    injected_faults.install(env)
     try:
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again
@@ -108,7 +108,7 @@ def run_task(
                 sys.modules["hpc_hsdp.runtime.checkpoint"].finish_open_saves()
             ctx.shutdown()
     finally:
-        faults.clear()
+        injected_faults.clear()
         range_keeper.uninstall()
         preemption.uninstall()
 

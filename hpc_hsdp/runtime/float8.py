@@ -1,4 +1,4 @@
-"""``--precision fp8``: the Linear layers :func:`~hpc_hsdp.plan.float8.choose_float8_linears`
+"""``--precision fp8``: the Linear layers :func:`~hpc_hsdp.plan.float8_support.choose_float8_linears`
 picks become torchao's ``Float8Linear`` (tensorwise dynamic scaling) on the meta model,
 before ``fully_shard``, with FSDP2's float8 all-gather (the sharded weights are cast to
 float8 before they are gathered: half the all-gather bytes of bf16); after every optimizer
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.plan.float8 import LinearChoice, choose_float8_linears
+from hpc_hsdp.plan.float8_support import LinearChoice, choose_float8_linears
 
 
 def _torchao_float8():

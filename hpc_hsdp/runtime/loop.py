@@ -40,7 +40,7 @@ from torch import nn
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.engine import Engine
-from hpc_hsdp.runtime.metrics import step_line
+from hpc_hsdp.runtime.metrics_writer import step_line
 
 __all__ = ["OnStep", "TrainResult", "payload", "train"]
 

@@ -3,7 +3,7 @@
 - ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`): each restart with its cause;
 - every finished record to the run's trackers, ``--tracker`` (:mod:`hpc_hsdp.runtime.trackers`:
   TensorBoard by default, W&B, MLflow), fed from rank 0 in a background thread;
-- the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.runtime.stragglers`).
+- the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.runtime.straggler_probe`).
 
 The loop's hooks, every rank::
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.metrics import last_step_written
-from hpc_hsdp.runtime import faults
+from hpc_hsdp.runtime import injected_faults
 from hpc_hsdp.runtime.preemption import restart_count
-from hpc_hsdp.runtime.stragglers import StragglerProbe
+from hpc_hsdp.runtime.straggler_probe import StragglerProbe
 from hpc_hsdp.runtime.trackers import Trackers, TrackerStart, run_config
 
 
@@ -72,7 +72,7 @@ class RunObserver:
     def step_begins(self, step: int) -> None:
         if self.probe is not None:
             self.probe.begin(step)
-        faults.in_step(self.ctx.rank)  # test hook HPC_HSDP_FAULT_SLOW_RANK; no-op otherwise
+        injected_faults.in_step(self.ctx.rank)  # test hook HPC_HSDP_FAULT_SLOW_RANK; no-op otherwise
 
     def step_ends(self, step: int, record: dict) -> dict:
         if self.probe is not None:

@@ -1,6 +1,6 @@
 """Replica-level fault tolerance (``--fault-tolerance replica``) on one replica group, with torchft.
 
-The job's replica groups (:mod:`hpc_hsdp.plan.replicas`) each run as a job of their own: a
+The job's replica groups (:mod:`hpc_hsdp.plan.replica_groups`) each run as a job of their own: a
 process group and a mesh of the group's ranks, ``fully_shard`` on it as always. Across the
 groups, :class:`ReplicaGroup`, the step coordinator the engine is given
 (:mod:`hpc_hsdp.runtime.coordinator`), puts torchft in three places of the engine's step:
@@ -16,7 +16,7 @@ groups, :class:`ReplicaGroup`, the step coordinator the engine is given
   agrees (``should_commit``); a step that failed (a group died in it) is trained again, with
   the groups that are left, under the same number.
 
-The step's rows (:func:`hpc_hsdp.plan.replicas.group_rows`) follow from the step number and
+The step's rows (:func:`hpc_hsdp.plan.replica_groups.group_rows`) follow from the step number and
 the live groups alone: whatever the membership, every sample of every step is trained once.
 Membership changes are appended to ``<run-dir>/replicas.jsonl`` (time, step, replicas, cause).
 Below ``--min-replicas`` (:class:`QuorumLost`) one surviving group saves the last committed
@@ -37,7 +37,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.rundir.files import append_jsonl
-from hpc_hsdp.rundir.replicas import MEMBERSHIP_LOG
+from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.step import local_grads
 
@@ -203,9 +203,9 @@ class ReplicaGroup:
 
     def read_batches(self, number: int) -> list:
         """This rank's micro-batches of step ``number`` when ``self.replicas`` groups train it
-        (:func:`~hpc_hsdp.plan.replicas.group_rows`), read now: which rows are this rank's is
+        (:func:`~hpc_hsdp.plan.replica_groups.group_rows`), read now: which rows are this rank's is
         known only after the step's quorum. An empty micro-batch carries one row of weight 0."""
-        from hpc_hsdp.plan.replicas import group_rows  # noqa: PLC0415 - beside the loader's imports
+        from hpc_hsdp.plan.replica_groups import group_rows  # noqa: PLC0415 - beside the loader's imports
         from hpc_hsdp.runtime.loader import MicroBatch, read_rows  # noqa: PLC0415 - no cycle at import
 
         data, ctx = self.data, self.ctx

@@ -16,7 +16,7 @@ log call) is one warning line through the runtime's logger, and is off for the r
 the attempt; training never fails for it.
 
 One tracker run per run directory: each tracker keeps its run's id in
-``<run-dir>/trackers.json`` (:mod:`hpc_hsdp.rundir.trackers`) and continues that run when the
+``<run-dir>/trackers.json`` (:mod:`hpc_hsdp.rundir.tracker_runs`) and continues that run when the
 job resumes, after the step its run is known to hold (``logged_through``, recorded every few
 seconds: an attempt cancelled or killed before a tracker took its rows leaves it behind the
 checkpoint) or the checkpoint's step, whichever is earlier: the rows in between come from
@@ -41,11 +41,11 @@ from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.rundir.metrics import metrics_path
 from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.trackers import record_progress
+from hpc_hsdp.rundir.tracker_runs import record_progress
 from hpc_hsdp.runtime.log import note
 
 MODULES = {
-    "tensorboard": "hpc_hsdp.runtime.tensorboard",
+    "tensorboard": "hpc_hsdp.runtime.tensorboard_tracker",
     "wandb": "hpc_hsdp.runtime.wandb_tracker",
     "mlflow": "hpc_hsdp.runtime.mlflow_tracker",
 }

@@ -13,7 +13,7 @@ so the curves go on with no repeated or out-of-order steps. One of the trackers 
 
 from __future__ import annotations
 
-from hpc_hsdp.rundir.trackers import TB_DIR, tracker_run, write_tracker_run
+from hpc_hsdp.rundir.tracker_runs import TB_DIR, tracker_run, write_tracker_run
 
 
 class TensorBoardTracker:
