@@ -16,8 +16,10 @@ import pytest
 import hpc_hsdp
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.local import DRIVER_MARKERS, local_gpus
-from hpc_hsdp.job.scheduler import api_job_spec, check_fp8_gpus, slurm_gpu_nodes
+from hpc_hsdp.job.api import api_job_spec
+from hpc_hsdp.job.backends.local import DRIVER_MARKERS, local_gpus
+from hpc_hsdp.job.backends.slurm import slurm_gpu_nodes
+from hpc_hsdp.job.preflight import check_fp8_gpus
 from hpc_hsdp.plan.float8 import NodeGpus, can_train_fp8, fp8_local_refusal, fp8_slurm_refusal, gpu_capability
 from hpc_hsdp.plan.slurm_facts import parse_gpu_gres, parse_sinfo_nodes, satisfies_constraint
 

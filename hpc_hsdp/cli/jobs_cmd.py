@@ -13,7 +13,8 @@ import click
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
-from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
+from hpc_hsdp.job.backends.slurm_command import SchedulerError
+from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.errors import SlurmEnvError
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.job.requeue import requeue_job
-from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.plan.address import reachable_address
 from hpc_hsdp.plan.replicas import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
 from hpc_hsdp.plan.topology import expand_nodelist

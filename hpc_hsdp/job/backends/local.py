@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import json
 import os
 import re
@@ -261,7 +262,7 @@ def launch_local(
     shim_dir = _private(logs_dir / ".emulator-bin")
     _private(emulator_state_dir())  # refused here, before anything of the job is written
     shim = shim_dir / "srun"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.local srun "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.backends.local srun "$@"\n')
     shim.chmod(0o755)
     script_path = logs_dir / f"{job_id}_submission.sh"
     script_path.write_text(script)
@@ -285,7 +286,7 @@ def launch_local(
     port = reserve_port(job_id, path)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpc_hsdp.job.local", "supervise", str(path)],
+        [sys.executable, "-m", "hpc_hsdp.job.backends.local", "supervise", str(path)],
         env=env,
         cwd=submit_dir or os.getcwd(),
         start_new_session=True,
@@ -300,6 +301,21 @@ def launch_local(
         current["supervisor_pid"], current["supervisor_started"] = proc.pid, process_start_time(proc.pid)
         _write_json_atomic(path, current)
     return LocalJob(logs_dir=logs_dir, job_id=job_id)
+
+
+def submit_local(spec, script, func, args, kwargs):
+    """Start ``script`` (the rendered job of ``spec``) on the emulator, its tasks running ``func(*args, **kwargs)``."""
+
+    job_id = new_job_id()
+    submitit_utils.DelayedSubmission(functools.partial(func, **kwargs), *args).dump(
+        Path(spec.log_dir) / f"{job_id}_submitted.pkl"
+    )
+    tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
+    tasks_per_node += (spec.gpus_per_node,) * spec.spare_nodes  # --fault-tolerance replica: spares wait
+    alloc = allocation_for(
+        tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
+    )
+    return launch_local(script, alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id, run_dir=spec.run.run_dir)
 
 
 class LocalJob:
@@ -618,7 +634,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _srun(argv[1:])
     if argv[:1] == ["supervise"] and len(argv) == 2:
         return _supervise(argv[1])
-    print("usage: python -m hpc_hsdp.job.local srun [srun options] command... | supervise STATE_FILE", file=sys.stderr)
+    print(
+        "usage: python -m hpc_hsdp.job.backends.local srun [srun options] command... | supervise STATE_FILE",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -7,7 +7,7 @@ command that runs past ``HPC_HSDP_SLURM_TIMEOUT`` seconds (10 by default) is kil
 reported as :class:`SchedulerTimeout`, which names the daemon that did not answer.
 
 A module of its own, standard library only, so that the scheduler module
-(:mod:`hpc_hsdp.job.scheduler`), the requeue (:mod:`hpc_hsdp.job.requeue`, run on the task) and
+(:mod:`hpc_hsdp.job.backends.slurm`), the requeue (:mod:`hpc_hsdp.job.requeue`, run on the task) and
 the flexible job class all use the one runner without importing one another.
 """
 

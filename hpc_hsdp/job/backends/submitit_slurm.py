@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import submitit
 
-from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm
 
 
 def last_run_nodes(job_id: str, *, timeout_s: float = 30.0) -> int | None:
@@ -27,7 +27,7 @@ class FlexibleSlurmJob(submitit.SlurmJob):
     nodes as SLURM granted (``tasks_per_node`` of them each), not of every task at the most nodes."""
 
     tasks_per_node = 0
-    """Set on the job by :mod:`hpc_hsdp.job.scheduler` when it submits; 0: every task, as submitit does."""
+    """Set on the job by :mod:`hpc_hsdp.job.backends.slurm` when it submits; 0: every task, as submitit does."""
     min_nodes = 0
     """The fewest nodes of the range (set with ``tasks_per_node``)."""
 
