@@ -17,6 +17,7 @@ import hpc_hsdp
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.api import api_job_spec
+from hpc_hsdp.job.backends import backend
 from hpc_hsdp.job.backends.local import DRIVER_MARKERS, local_gpus
 from hpc_hsdp.job.backends.slurm import slurm_gpu_nodes
 from hpc_hsdp.job.preflight import check_fp8_gpus
@@ -284,12 +285,12 @@ def test_submit_on_the_emulator_with_an_old_gpu_names_it(tmp_path, capsys, monke
 def test_a_new_gpu_or_another_precision_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 9.0"'))
     fp8 = api_job_spec({"shard": 1, "precision": "fp8"}, environ={}, cwd=tmp_path, default_venv=None)
-    check_fp8_gpus(fp8, "local")  # the task checks its own GPU at its start
+    check_fp8_gpus(fp8, backend("local"))  # the task checks its own GPU at its start
     monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path / "old", 'echo "NVIDIA A100-SXM4-80GB, 8.0"'))
     with pytest.raises(SpecError, match="A100"):
-        check_fp8_gpus(fp8, "local")
+        check_fp8_gpus(fp8, backend("local"))
     bf16 = api_job_spec({"shard": 1, "precision": "bf16"}, environ={}, cwd=tmp_path, default_venv=None)
-    check_fp8_gpus(bf16, "local")  # nothing asked
+    check_fp8_gpus(bf16, backend("local"))  # nothing asked
     assert not list(tmp_path.glob("**/job.json"))
 
 

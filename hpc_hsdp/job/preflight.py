@@ -13,11 +13,9 @@ import sys
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.backends.slurm import slurm_gpu_nodes
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
-from hpc_hsdp.plan.float8 import fp8_local_refusal, fp8_slurm_refusal
 from hpc_hsdp.plan.mixture import check_batch, used_once_text
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
@@ -188,22 +186,14 @@ def _check_resume(spec, num_samples: int | None, state, sources: dict | None = N
     )
 
 
-def check_fp8_gpus(spec, target: str) -> None:
+def check_fp8_gpus(spec, scheduler) -> None:
     """``--precision fp8`` refused (:class:`SpecError`, one line) when the GPUs the job's tasks
-    will get are known to lack Float8: the local emulator's are this machine's
-    (:func:`~hpc_hsdp.job.backends.local.local_gpus`); a SLURM job's are those of its partition's nodes
-    (:func:`~hpc_hsdp.job.backends.slurm.slurm_gpu_nodes`). Known-new or unknown GPU types go on: each task checks its own
-    GPU at its start (:func:`~hpc_hsdp.runtime.device.check_training_device`)."""
+    will get from ``scheduler`` (its :class:`~hpc_hsdp.job.backends.base.Backend`) are known to
+    lack Float8: the local emulator's are this machine's; a SLURM job's are those of its
+    partition's nodes. Known-new or unknown GPU types go on: each task checks its own GPU at its
+    start (:func:`~hpc_hsdp.runtime.device.check_training_device`)."""
     if spec.run.training.precision != "fp8" or spec.run.device == "cpu":  # with --device cpu the spec refused it
         return
-    if target == "local":
-        from hpc_hsdp.job.backends.local import local_gpus  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
-
-        refusal = fp8_local_refusal(local_gpus())
-    else:
-        found = slurm_gpu_nodes(spec)
-        refusal = (
-            None if found is None else fp8_slurm_refusal(found[0], where=found[1], gpus_per_node=spec.gpus_per_node)
-        )
+    refusal = scheduler.fp8_refusal(spec)
     if refusal is not None:
         raise SpecError(refusal)

@@ -135,8 +135,7 @@ def status_from(record: JobRecord, answers: SchedulerAnswers, *, restarts: int |
             now=now,
             previous=known,
         )
-        if current.finished:
-            claims.release_claim(record.run_dir, job_id, ended=current.state)
+        release_if_ended(record, current)
         if answers.controller is None:
             return current
         return replace(current, note=f"{answers.controller}; the accounting has the job's end")
@@ -167,3 +166,11 @@ def status_from(record: JobRecord, answers: SchedulerAnswers, *, restarts: int |
 
 def _age_words(seconds: float) -> str:
     return duration(max(0.0, seconds))
+
+
+def release_if_ended(record: JobRecord, status: JobStatus) -> JobStatus:
+    """``status``, after the job's claim of its run directory was released when it has ended
+    (as SLURM ends a job: the run directory is free again)."""
+    if status.finished:
+        claims.release_claim(record.run_dir, record.job_id, ended=status.state)
+    return status

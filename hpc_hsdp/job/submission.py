@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.backends import resolve_cluster
-from hpc_hsdp.job.backends.slurm import check_partition, submit_slurm
+from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.preflight import check_fp8_gpus, check_job_inputs, check_trackers
@@ -71,7 +70,8 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster)
-    check_fp8_gpus(spec, target)  # --precision fp8 where the job's GPUs are known to lack it: nothing written
+    scheduler = backend(target)
+    check_fp8_gpus(spec, scheduler)  # --precision fp8 where the job's GPUs are known to lack it: nothing written
     # one writer per run directory: the claim is taken (or refused) before anything of the job is written
     with claimed(spec.run.run_dir, cluster=target) as (takeover, claim_job):
         state = run_dir_state(spec.run.run_dir)  # read once: the resume note and the data position both come from it
@@ -81,18 +81,10 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         kwargs = {"fn": fn} if fn is not None else {}
         logs_dir = Path(spec.log_dir)
         logs_dir.mkdir(parents=True, exist_ok=True)
-        if target == "slurm":
-            check_partition(spec)
-            job = submit_slurm(spec, submission_script(spec), func, args, kwargs)
-            job_id = str(job.job_id)
-        else:
-            from hpc_hsdp.job.backends.local import submit_local  # noqa: PLC0415  (the emulator (~25 ms), only for a job it runs)
-
-            job = submit_local(spec, submission_script(spec), func, args, kwargs)
-            job_id = job.job_id
+        job_id, job = scheduler.submit(spec, submission_script(spec), func, args, kwargs)
         record = JobRecord(
             job_id=job_id,
-            cluster=target,
+            cluster=scheduler.name,
             run_dir=str(spec.run.run_dir),
             logs_dir=str(logs_dir),
             job_name=spec.scheduler.job_name,

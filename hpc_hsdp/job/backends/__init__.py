@@ -1,14 +1,39 @@
-"""The schedulers a job runs on: SLURM (:mod:`.slurm`, through submitit) and the local emulator
-(:mod:`.local`); and the choice between them (``--cluster``)."""
+"""One backend per scheduler, behind one interface (:class:`~hpc_hsdp.job.backends.base.Backend`):
+SLURM (:mod:`.slurm`, through submitit: :mod:`.submitit_hooks`) and the local emulator
+(:mod:`.local`). Code above the backends picks one by name (:func:`backend`, with the
+``cluster`` a job record holds) and never asks which one it has; which one a new job goes
+to is :func:`resolve_cluster`'s choice (``--cluster``).
+
+Importing this package is cheap: a backend's module loads when it is first asked for.
+"""
 
 from __future__ import annotations
 
 import shutil
+from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller
 
-CLUSTERS = ("auto", "slurm", "local")
+if TYPE_CHECKING:
+    from hpc_hsdp.job.backends.base import Backend
+
+BACKEND_NAMES = ("slurm", "local")
+"""What a job record's ``cluster`` may say."""
+CLUSTERS = ("auto", *BACKEND_NAMES)
+
+
+def backend(name: str) -> Backend:
+    """The backend of scheduler ``name`` (``slurm`` or ``local``, a job record's ``cluster``)."""
+    if name == "slurm":
+        from hpc_hsdp.job.backends.slurm import SlurmBackend  # noqa: PLC0415  (loaded when first asked for)
+
+        return SlurmBackend()
+    if name == "local":
+        from hpc_hsdp.job.backends.local import LocalBackend  # noqa: PLC0415  (loaded when first asked for)
+
+        return LocalBackend()
+    raise SpecError(f"scheduler {name[:40]!r} is neither slurm nor local")
 
 
 def resolve_cluster(choice: str, *, ping=ping_controller, which=shutil.which) -> tuple[str, str]:

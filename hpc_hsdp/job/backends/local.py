@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import functools
 import json
 import os
 import re
@@ -25,15 +24,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from submitit.core import utils as submitit_utils
-
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
+from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.status import JobStatus, release_if_ended
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
+from hpc_hsdp.plan.float8 import fp8_local_refusal
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.plan.topology import (
     default_node_names,
@@ -43,6 +43,7 @@ from hpc_hsdp.plan.topology import (
     rendezvous_port,
 )
 from hpc_hsdp.rundir.claim import release_claim
+from hpc_hsdp.rundir.job_record import JobRecord
 
 KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
@@ -306,10 +307,10 @@ def launch_local(
 def submit_local(spec, script, func, args, kwargs):
     """Start ``script`` (the rendered job of ``spec``) on the emulator, its tasks running ``func(*args, **kwargs)``."""
 
+    from hpc_hsdp.job.backends.submitit_hooks import dump_call  # noqa: PLC0415  (submitit, only when a job is submitted)
+
     job_id = new_job_id()
-    submitit_utils.DelayedSubmission(functools.partial(func, **kwargs), *args).dump(
-        Path(spec.log_dir) / f"{job_id}_submitted.pkl"
-    )
+    dump_call(spec.log_dir, job_id, func, args, kwargs)
     tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
     tasks_per_node += (spec.gpus_per_node,) * spec.spare_nodes  # --fault-tolerance replica: spares wait
     alloc = allocation_for(
@@ -321,9 +322,11 @@ def submit_local(spec, script, func, args, kwargs):
 class LocalJob:
     """Handle of an emulated job, rebuilt from its logs folder and id in any shell."""
 
-    def __init__(self, *, logs_dir: Path, job_id: str) -> None:
+    def __init__(self, *, logs_dir: Path, job_id: str, alive: Callable[[int], bool] | None = None) -> None:
         self.logs_dir = Path(logs_dir)
         self.job_id = str(job_id)
+        self.alive = _alive if alive is None else alive
+        """Whether a process lives (this machine's process table; a fake one in tests)."""
 
     def info(self) -> dict:
         path = state_path(self.logs_dir, self.job_id)
@@ -338,7 +341,7 @@ class LocalJob:
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
-        if data["state"] in ("PENDING", "RUNNING") and pid and not _alive(pid):
+        if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             data = json.loads(path.read_text())
             if data["state"] in ("PENDING", "RUNNING"):
@@ -363,26 +366,78 @@ class LocalJob:
     def cancel(self) -> None:
         info = self.info()
         pid = info.get("supervisor_pid")
-        if _is_supervisor(pid, info.get("supervisor_started")) and _alive(pid):
+        if _is_supervisor(pid, info.get("supervisor_started")) and self.alive(pid):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:
         """Each task's return value (submitit's result pickles), raising the first task error."""
+        from hpc_hsdp.job.backends.submitit_hooks import load_result, result_path  # noqa: PLC0415  (submitit, only for results)
+
         self.wait()
         ntasks = sum(self.info()["tasks_per_node"])
         outcomes = []
         for procid in range(ntasks):
-            path = self.logs_dir / f"{self.job_id}_{procid}_result.pkl"
+            path = result_path(self.logs_dir, self.job_id, procid)
             if not path.exists():
                 raise RuntimeError(
                     f"local job {self.job_id} ({self.state}): task {procid} left no result; "
                     f"see {self.logs_dir}/{self.job_id}_{procid}_log.err"
                 )
-            outcome, value = submitit_utils.pickle_load(path)
+            outcome, value = load_result(path)
             if outcome != "success":
                 raise RuntimeError(f"local job {self.job_id}: task {procid} failed:\n{value}")
             outcomes.append(value)
         return outcomes
+
+
+class LocalBackend(Backend):
+    """The local emulator: every task a process on this machine; a job's state is its state file."""
+
+    name = "local"
+    title = "local emulator"
+    has_time_limits = False
+    separate_machines = False
+
+    def __init__(self, *, alive: Callable[[int], bool] | None = None) -> None:
+        self.alive = alive
+
+    def job(self, record: JobRecord) -> LocalJob:
+        return LocalJob(logs_dir=Path(record.logs_dir), job_id=record.job_id, alive=self.alive)
+
+    def submit(self, spec, script, func, args, kwargs):
+        job = submit_local(spec, script, func, args, kwargs)
+        return job.job_id, job
+
+    def status(self, record: JobRecord) -> JobStatus:
+        info = self.job(record).info()
+        code = info.get("exit_code")
+        return release_if_ended(record, JobStatus(state=info["state"], exit_code=None if code is None else str(code)))
+
+    def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
+        statuses = {}
+        for record in records:
+            try:
+                statuses[record.run_dir] = self.status(record)
+            except (OSError, ValueError) as exc:  # a broken state file is shown, not fatal
+                statuses[record.run_dir] = JobStatus(state="UNKNOWN", reason=f"{type(exc).__name__}: {exc}"[:200])
+        return statuses
+
+    def cancel(self, record: JobRecord) -> None:
+        self.job(record).cancel()
+
+    def works_in(self, record: JobRecord) -> Path | None:
+        """The run directory the emulator launched the job for, from its state file."""
+        info = self.job(record).info()
+        logs = info.get("logs_dir")
+        if not isinstance(logs, str) or not logs:  # a state file of before: its script lies in the logs
+            logs = str(Path(info["script"]).parent) if isinstance(info.get("script"), str) else None
+        return Path(logs) if logs else None
+
+    def requeue(self, job_id: str) -> None:
+        return None  # the emulator requeues nothing: a stopped job is submitted again
+
+    def fp8_refusal(self, spec) -> str | None:
+        return fp8_local_refusal(local_gpus())
 
 
 def process_start_time(pid: int) -> int | None:

@@ -1,27 +1,26 @@
 """SLURM: its answers about jobs (one ``squeue`` and one ``sacct`` for many), its time limits
-and restarts, the nodes a job may get, and submission through submitit.
+and restarts, the nodes a job may get, cancel, requeue, and submission through submitit
+(:mod:`~hpc_hsdp.job.backends.submitit_hooks`).
 
-Every command goes through the bounded runner (:func:`~hpc_hsdp.job.backends.slurm_command.run_slurm`).
+Every command goes through one runner, the bounded
+:func:`~hpc_hsdp.job.backends.slurm_command.run_slurm` unless a test hands :class:`SlurmBackend`
+another (canned answers).
 """
 
 from __future__ import annotations
 
-import functools
+import shutil
+import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.job.backends.slurm_command import (
-    TIMED_OUT,
-    SchedulerError,
-    SchedulerTimeout,
-    bounded_command,
-    daemon_of,
-    run_slurm,
-    slurm_timeout_s,
-)
+from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller, run_slurm
+from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
-from hpc_hsdp.plan.float8 import NodeGpus
+from hpc_hsdp.plan.float8 import NodeGpus, fp8_slurm_refusal
 from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.job_record import JobRecord
@@ -52,14 +51,18 @@ def parse_sacct_rows(text: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def ask_slurm(job_ids: list[str]) -> SchedulerAnswers:
+Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
+"""Runs one SLURM command: :func:`~hpc_hsdp.job.backends.slurm_command.run_slurm`'s signature."""
+
+
+def ask_slurm(job_ids: list[str], *, runner: Runner = run_slurm) -> SchedulerAnswers:
     """One ``squeue`` for every job id, then one ``sacct`` for those not in the queue (all of
     them when the controller did not answer); each bounded by :func:`run_slurm`."""
     job_ids = [check_job_id(job_id) for job_id in job_ids]  # they reach squeue and sacct as arguments
     queued: dict[str, tuple[str, str | None]] = {}
     controller = None
     try:
-        shown = run_slurm(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+        shown = runner(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
     except SchedulerError as exc:
         controller = str(exc)
     else:
@@ -73,7 +76,7 @@ def ask_slurm(job_ids: list[str]) -> SchedulerAnswers:
     accounting = None
     if rest:
         try:
-            acct = run_slurm(["sacct", "-X", "-n", "-P", "-j", ",".join(rest), "-o", "JobID,State,ExitCode"])
+            acct = runner(["sacct", "-X", "-n", "-P", "-j", ",".join(rest), "-o", "JobID,State,ExitCode"])
         except SchedulerError as exc:
             accounting = str(exc)
         else:
@@ -84,20 +87,6 @@ def ask_slurm(job_ids: list[str]) -> SchedulerAnswers:
     return SchedulerAnswers(
         queued=queued, controller=controller, accounted=accounted, accounting=accounting, accounting_asked=bool(rest)
     )
-
-
-def slurm_status(record: JobRecord) -> JobStatus:
-    """The state of one SLURM job: ``squeue`` while the controller knows it (restarts from
-    ``scontrol show job``), else ``sacct``; each call bounded. When the controller does not
-    answer, no further call is made to it."""
-    answers = ask_slurm([record.job_id])
-    restarts = None
-    if answers.controller is None:
-        try:
-            restarts = _restart_count(record.job_id)
-        except SchedulerError:
-            restarts = None
-    return status_from(record, answers, restarts=restarts, now=time.time())
 
 
 def parse_slurm_duration(text: str) -> float | None:
@@ -126,11 +115,11 @@ def parse_slurm_duration(text: str) -> float | None:
     return float(days * 86400 + seconds)
 
 
-def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
+def time_limits(job_id: str, *, runner: Runner = run_slurm) -> tuple[float | None, float | None] | None:
     """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
     job_id = check_job_id(job_id)
     try:
-        shown = run_slurm(["squeue", "-h", "-j", job_id, "-o", "%L|%l"])
+        shown = runner(["squeue", "-h", "-j", job_id, "-o", "%L|%l"])
     except SchedulerError:
         return None
     rows = [r for r in shown.stdout.splitlines() if "|" in r]
@@ -140,18 +129,18 @@ def time_limits(job_id: str) -> tuple[float | None, float | None] | None:
     return parse_slurm_duration(left), parse_slurm_duration(limit)
 
 
-def _restart_count(job_id: str) -> int:
+def restart_count(job_id: str, *, runner: Runner = run_slurm) -> int:
     """How often SLURM restarted the job: ``Restarts=`` of ``scontrol show job`` while the
     controller knows it, else the REQUEUED rows of ``sacct -D`` (22.05's sacct has no Restarts)."""
-    shown = run_slurm(["scontrol", "-o", "show", "job", job_id])
+    shown = runner(["scontrol", "-o", "show", "job", job_id])
     for field in shown.stdout.split():
         if field.startswith("Restarts="):
             return int(field.split("=", 1)[1])
-    acct = run_slurm(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
+    acct = runner(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
     return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
 
 
-def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
+def slurm_gpu_nodes(spec, *, runner: Runner = run_slurm) -> tuple[list[NodeGpus], str] | None:
     """The nodes SLURM may give ``spec`` (its ``--partition``, else the default partition; only
     those that can satisfy its ``--constraint``, ``--sbatch nodelist=`` and ``exclude=``) with
     their GPUs, and those nodes in words; one ``sinfo``. None where they cannot be told here:
@@ -163,7 +152,7 @@ def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
     partition = spec.scheduler.partition
     argv = ["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]
     try:
-        shown = run_slurm([*argv, f"--partition={partition}"] if partition else argv)
+        shown = runner([*argv, f"--partition={partition}"] if partition else argv)
     except SchedulerError:
         return None
     if shown.returncode != 0:
@@ -187,51 +176,89 @@ def slurm_gpu_nodes(spec) -> tuple[list[NodeGpus], str] | None:
     return [NodeGpus(row.node, row.gpus, row.features) for row in rows], where
 
 
-def check_partition(spec) -> None:
+def check_partition(spec, *, runner: Runner = run_slurm) -> None:
+    """A ``--partition`` this cluster does not have: :class:`SchedulerError` naming the ones it has."""
     if not spec.scheduler.partition:
         return
-    shown = run_slurm(["scontrol", "show", "partition", spec.scheduler.partition])
+    shown = runner(["scontrol", "show", "partition", spec.scheduler.partition])
     if shown.returncode != 0:
-        known = run_slurm(["sinfo", "-h", "-o", "%R"]).stdout.split()
+        known = runner(["sinfo", "-h", "-o", "%R"]).stdout.split()
         raise SchedulerError(
             f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
             f"{', '.join(sorted(set(known))) or '(none found)'}"
         )
 
 
-def submit_slurm(spec, script, func, args, kwargs):
-    import submitit  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
+class SlurmBackend(Backend):
+    """SLURM, asked through ``runner`` (the bounded runner; canned answers in tests)."""
 
-    class RenderedScriptExecutor(submitit.SlurmExecutor):
-        """submitit, sending the script ``render`` made for this spec."""
+    name = "slurm"
+    title = "SLURM"
+    has_time_limits = True
+    separate_machines = True
 
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return script
+    def __init__(self, *, runner: Runner = run_slurm) -> None:
+        self.runner = runner
 
-        def _num_tasks(self) -> int:
-            return spec.world_size if spec.launch.launcher == "srun" else spec.nodes
+    def submit(self, spec, script, func, args, kwargs):
+        check_partition(spec, runner=self.runner)
+        from hpc_hsdp.job.backends.submitit_hooks import submit_rendered  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
 
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return bounded_command(super()._make_submission_command(submission_file_path), timeout_s=limit)
+        job = submit_rendered(spec, script, func, args, kwargs)
+        return str(job.job_id), job
 
-    if spec.flexible:  # SLURM may grant fewer nodes: results() are those of the tasks that ran
-        from hpc_hsdp.job.backends.submitit_slurm import FlexibleSlurmJob  # noqa: PLC0415  (imports submitit)
+    def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
+        """One ``squeue`` and one ``sacct`` for every job together (restarts: the last known ones)."""
+        if not records:
+            return {}
+        answers = ask_slurm(sorted({record.job_id for record in records}), runner=self.runner)
+        now = time.time()
+        return {record.run_dir: status_from(record, answers, now=now) for record in records}
 
-        RenderedScriptExecutor.job_class = FlexibleSlurmJob
-    limit = slurm_timeout_s()
-    executor = RenderedScriptExecutor(folder=spec.log_dir)
-    try:
-        job = executor.submit(functools.partial(func, **kwargs), *args)
-        if spec.flexible:
-            job.tasks_per_node, job.min_nodes = executor._num_tasks() // spec.nodes, spec.min_nodes
-        return job
-    except submitit.core.utils.FailedJobError as exc:  # sbatch's own stderr is inside
-        if getattr(exc.__cause__, "returncode", None) == TIMED_OUT:
-            raise SchedulerTimeout(
-                f"{daemon_of('sbatch')} did not answer sbatch within {limit:g} s; the job may be queued all the "
-                f"same: look with squeue --me before submitting again",
-                command="sbatch",
-                timeout_s=limit,
+    def status(self, record: JobRecord) -> JobStatus:
+        """``squeue`` while the controller knows the job (restarts from ``scontrol show job``), else
+        ``sacct``; each call bounded. When the controller does not answer, no further call is made to it."""
+        answers = ask_slurm([record.job_id], runner=self.runner)
+        restarts = None
+        if answers.controller is None:
+            try:
+                restarts = restart_count(record.job_id, runner=self.runner)
+            except SchedulerError:
+                restarts = None
+        return status_from(record, answers, restarts=restarts, now=time.time())
+
+    def cancel(self, record: JobRecord) -> None:
+        try:
+            done = self.runner(["scancel", check_job_id(record.job_id)])
+        except SchedulerTimeout as exc:
+            raise SchedulerError(
+                f"{exc}: job {record.job_id} may not be cancelled; see hpc-hsdp status {record.run_dir}, and try again"
             ) from None
-        message = " ".join(str(exc).split())
-        raise SchedulerError(f"sbatch refused the job: {message[-400:]}") from None
+        if done.returncode != 0:
+            raise SchedulerError(f"scancel {record.job_id} failed: {' '.join(done.stderr.split())}")
+
+    def works_in(self, record: JobRecord) -> Path | None:
+        """The directory of the job's batch log: ``StdOut`` of ``scontrol show job`` (in ``<run-dir>/logs``)."""
+        try:
+            shown = self.runner(["scontrol", "-o", "show", "job", check_job_id(record.job_id)])
+        except SchedulerError:
+            return None
+        for item in shown.stdout.split():
+            if item.startswith("StdOut=") and item[len("StdOut=") :].startswith("/"):
+                return Path(item[len("StdOut=") :]).parent
+        return None
+
+    def time_limits(self, record: JobRecord) -> tuple[float | None, float | None] | None:
+        return time_limits(record.job_id, runner=self.runner)
+
+    def requeue(self, job_id: str) -> tuple[bool, str]:
+        return requeue_job(job_id)
+
+    def fp8_refusal(self, spec) -> str | None:
+        """Of the nodes of the job's partition (:func:`slurm_gpu_nodes`)."""
+        found = slurm_gpu_nodes(spec, runner=self.runner)
+        return None if found is None else fp8_slurm_refusal(found[0], where=found[1], gpus_per_node=spec.gpus_per_node)
+
+    def reachable_here(self) -> bool:
+        """SLURM's client is installed and configured here."""
+        return shutil.which("sbatch") is not None and ping_controller(runner=self.runner).configured
