@@ -20,9 +20,9 @@ import pytest
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job import handle as handle_module
-from hpc_hsdp.job.backends import BACKEND_NAMES, CLUSTERS, backend
+from hpc_hsdp.job.backends import BACKEND_NAMES, CLUSTERS, backend, task_backend
 from hpc_hsdp.job.backends.base import Backend
-from hpc_hsdp.job.backends.local import LocalBackend, state_path
+from hpc_hsdp.job.backends.local import EMULATOR_VARIABLE, LocalBackend, state_path
 from hpc_hsdp.job.backends.slurm import SlurmBackend
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout
 from hpc_hsdp.job.handle import JobHandle, job_statuses
@@ -84,6 +84,8 @@ def test_a_backend_is_chosen_by_the_name_a_record_holds():
     assert isinstance(backend("local"), LocalBackend) and backend("local").name == "local"
     with pytest.raises(SpecError, match="neither slurm nor local"):
         backend("pbs")
+    assert task_backend({EMULATOR_VARIABLE: "1", "SLURM_JOB_ID": "7"}).name == "local"
+    assert task_backend({"SLURM_JOB_ID": "7"}).name == "slurm"
     # what the code above the backends reads instead of asking which one it has
     assert (SlurmBackend.has_time_limits, SlurmBackend.separate_machines) == (True, True)
     assert (LocalBackend.has_time_limits, LocalBackend.separate_machines) == (False, False)
@@ -253,6 +255,22 @@ def test_the_code_above_routes_each_job_to_the_backend_its_record_names(tmp_path
     job.cancel()
     assert calls == [("statuses", ["2"]), ("cancel", "2")]
     assert job.backend is by_name["local"]
+
+
+def test_no_code_above_the_backends_asks_which_scheduler_it_is_on():
+    """The branches on the scheduler's name live in hpc_hsdp/job/backends only; above them, a
+    record's cluster only picks its backend (job_statuses groups the records by it)."""
+    package = ROOT / "hpc_hsdp"
+    asks = ('== "local"', '== "slurm"', '!= "local"', '!= "slurm"', "HPC_HSDP_EMULATOR")
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for room in ("job", "cli", "rundir", "report")
+        for path in sorted((package / room).rglob("*.py"))
+        if "backends" not in path.relative_to(package).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(ask in line for ask in asks) or ("cluster" in line and ("==" in line or "!=" in line))
+    ]
+    assert [f for f in found if "record.cluster == name]" not in f] == [], found
 
 
 # ----------------------------------------------------------------------------- submitit's private hooks

@@ -214,8 +214,8 @@ def status(job, as_json) -> None:
     timing = progress.words() if not st.finished else ""
     if timing:
         click.echo(f"time: {timing}")
-    elif not st.finished and handle.record.cluster == "local":
-        click.echo("time: no time limit (local emulator)")
+    elif not st.finished and not handle.backend.has_time_limits:
+        click.echo(f"time: no time limit ({handle.backend.title})")
     if facts["stragglers"]:
         click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:

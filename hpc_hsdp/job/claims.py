@@ -5,14 +5,14 @@ live run) writes the directory. The claim file itself is :mod:`hpc_hsdp.rundir.c
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.job.backends.slurm_command import ping_controller, slurm_timeout_s
+from hpc_hsdp.job.backends import BACKEND_NAMES, task_backend
+from hpc_hsdp.job.backends.slurm_command import slurm_timeout_s
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.status import ACTIVE_STATES
 from hpc_hsdp.plan.slurm_facts import check_job_id
@@ -41,7 +41,7 @@ def _writers(run_dir: Path) -> list[tuple[JobHandle, dict | None]]:
     ``job.json`` names (a directory written before claims); with the claim, when it names the job."""
     found: list[tuple[JobHandle, dict | None]] = []
     claim = claims.read_claim(run_dir)
-    if claim is not None and claim.get("job_id") and claim.get("cluster") in ("slurm", "local"):
+    if claim is not None and claim.get("job_id") and claim.get("cluster") in BACKEND_NAMES:
         logs = claim.get("logs_dir") if isinstance(claim.get("logs_dir"), str) else "logs"
         try:
             record = JobRecord(
@@ -85,13 +85,13 @@ def check_writer(
             job_state, silent = status.state.split()[0], status.controller_answered is False
         except (HsdpError, OSError, subprocess.SubprocessError):
             job_state, silent = "UNKNOWN", False
-        if job_state == "UNKNOWN" and silent and handle.record.cluster == "slurm":
-            if shutil.which("sbatch") is not None and ping_controller().configured:  # it may well still run
+        if job_state == "UNKNOWN" and silent:
+            if handle.backend.reachable_here():  # it may well still run
                 raise SpecError(
-                    f"SLURM did not answer about job {handle.job_id}, which claims run directory {run_dir}: "
+                    f"{handle.backend.title} did not answer about job {handle.job_id}, which claims run directory {run_dir}: "
                     f"{refused}; try again"
                 )
-            job_state = "UNKNOWN (no SLURM here to ask)"  # a run copied off the cluster, say
+            job_state = f"UNKNOWN (no {handle.backend.title} here to ask)"  # a run copied off the cluster, say
         if job_state in ACTIVE_STATES:
             elsewhere = handle.runs_elsewhere()
             if elsewhere is None:
@@ -163,7 +163,7 @@ def claim_for_task(run_dir: str | Path, env: Mapping[str, str]) -> tuple[str | N
         if job_id is None:
             claims.write_claim(run_dir, claims.CLAIMED, job_id=None, pid_started=process_start_time(os.getpid()))
         else:
-            cluster = "local" if env.get("HPC_HSDP_EMULATOR") == "1" else "slurm"
+            cluster = task_backend(env).name
             claims.write_claim(run_dir, claims.CLAIMED, job_id=check_job_id(job_id), cluster=cluster, logs_dir="logs")
         return said, job_id is None
 

@@ -10,6 +10,7 @@ Importing this package is cheap: a backend's module loads when it is first asked
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SpecError
@@ -34,6 +35,14 @@ def backend(name: str) -> Backend:
 
         return LocalBackend()
     raise SpecError(f"scheduler {name[:40]!r} is neither slurm nor local")
+
+
+def task_backend(env: Mapping[str, str]) -> Backend:
+    """The backend whose job this task (with environment ``env``) runs in: the emulator's where it
+    marked the job's environment as its own, else SLURM's."""
+    from hpc_hsdp.job.backends.local import EMULATOR_VARIABLE  # noqa: PLC0415  (the emulator names its own mark)
+
+    return backend("local" if env.get(EMULATOR_VARIABLE) == "1" else "slurm")
 
 
 def resolve_cluster(choice: str, *, ping=ping_controller, which=shutil.which) -> tuple[str, str]:

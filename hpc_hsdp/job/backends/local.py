@@ -49,6 +49,8 @@ KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
 """The emulator runs every task as a process on this machine; more would only exhaust it."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+EMULATOR_VARIABLE = "HPC_HSDP_EMULATOR"
+"""Set to ``1`` in every emulated job's environment: a task can tell that its job is the emulator's."""
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -209,7 +211,7 @@ def job_environment(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),  # a script that keeps it uses it; the rendered one picks from the next
             FIRST_PORT_VARIABLE: str(port),
-            "HPC_HSDP_EMULATOR": "1",
+            EMULATOR_VARIABLE: "1",
             "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
             "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
             "PYTHONUNBUFFERED": "1",
