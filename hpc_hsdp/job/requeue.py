@@ -1,9 +1,9 @@
 """``scontrol requeue`` from inside a job: the one scheduler call a running task makes.
 
-A module of its own so that dependencies point one way: the scheduler module
+A module of its own so that dependencies point one way: the submission
 (:mod:`hpc_hsdp.job.submission`) hands the runtime's task function to submitit, and the runtime
 (:mod:`hpc_hsdp.runtime.preemption`, the watchdog) asks for a requeue through this module,
-never through the scheduler module. Its scontrol calls go through the one bounded runner,
+never through the submitting side (the SLURM backend's ``requeue`` is this one). Its scontrol calls go through the one bounded runner,
 :func:`hpc_hsdp.job.backends.slurm_command.run_slurm` (standard library only, as this module).
 """
 

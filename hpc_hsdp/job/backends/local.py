@@ -9,7 +9,8 @@ each task's output to the ``--output``/``--error`` patterns, and, like
 ``srun --kill-on-bad-exit``, ends the step when one task fails. Every task runs on CPU.
 
 The supervisor records the job's state in ``<logs>/<job id>_local.json``; ``LocalJob``
-reads it, so status, logs and cancel work from the run directory alone.
+reads it, so status, logs and cancel work from the run directory alone. :class:`LocalBackend`
+is the emulator behind the interface every scheduler has (:mod:`hpc_hsdp.job.backends.base`).
 """
 
 from __future__ import annotations
