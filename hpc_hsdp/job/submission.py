@@ -61,7 +61,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "
             f"({sys.executable}) with submitit inside the image, which it does not have; render the script and "
-            f"sbatch it (hpc-hsdp render ... -o job.sbatch; README: 'On a real GPU cluster', Containers)"
+            f"sbatch it (hpc-hsdp render ... -o job.sbatch; docs/gpu-cluster.md, Containers)"
         )
     if fn is not None and spec.launch.launcher != "srun":
         raise SpecError(
