@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpc_hsdp.cli.job_options import job_spec_from_options  # noqa: E402
 from hpc_hsdp.cli.render_cmd import render  # noqa: E402
-from hpc_hsdp.job.local import allocation_for, launch_local  # noqa: E402
+from hpc_hsdp.job.backends.local import allocation_for, launch_local  # noqa: E402
 from hpc_hsdp.job.render import render_sbatch  # noqa: E402
 
 

@@ -29,7 +29,7 @@ _LAZY = {
     "init": "hpc_hsdp.runtime.dist",
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
     "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
-    "submit": "hpc_hsdp.job.scheduler",
+    "submit": "hpc_hsdp.job.api",
     "TrainingRun": "hpc_hsdp.runtime.own_loop",
 }
 

@@ -138,7 +138,7 @@ def test_groups_cross_nodes_agrees_with_the_groups_themselves(tasks_per_node, sh
 
 
 def test_plan_the_emulator_and_the_readme_name_nodes_alike():
-    from hpc_hsdp.job.local import allocation_for
+    from hpc_hsdp.job.backends.local import allocation_for
 
     assert plan_for(nodes=3, gpus_per_node=2, shard_size=2).node_names == ("n1", "n2", "n3")
     assert allocation_for(tasks_per_node=(2, 2, 2), gpus_per_node=2, job_name="x").node_names == ("n1", "n2", "n3")
@@ -161,7 +161,7 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
 
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
-    from hpc_hsdp.job.scheduler import SchedulerError, resolve_cluster
+    from hpc_hsdp.job.backends import SchedulerError, resolve_cluster
 
     said = (
         "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
@@ -217,16 +217,27 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_runtime_does_not_import_the_submitting_side():
-    """The scheduler module hands the runtime's task function to submitit; the runtime asks for
+    """The submitting side hands the runtime's task function to submitit; the runtime asks for
     a requeue through hpc_hsdp.job.requeue. Anywhere in a file, function-level imports included."""
     package = ROOT / "hpc_hsdp"
-    submitting_side = ("hpc_hsdp.job.scheduler", "hpc_hsdp.cli", "hpc_hsdp.job.local", "hpc_hsdp.job.render")
+    submitting_side = (
+        "hpc_hsdp.job.submission",
+        "hpc_hsdp.job.api",
+        "hpc_hsdp.job.claims",
+        "hpc_hsdp.job.handle",
+        "hpc_hsdp.job.backends.slurm",
+        "hpc_hsdp.job.backends.submitit_slurm",
+        "hpc_hsdp.cli",
+        "hpc_hsdp.job.backends.local",
+        "hpc_hsdp.job.render",
+    )
+    packages = tuple(f"{name}." for name in submitting_side)
     for path in sorted((package / "runtime").glob("*.py")):
-        wrong = sorted(name for name in _imports(path) if name.startswith(submitting_side))
+        wrong = sorted(name for name in _imports(path) if name in submitting_side or name.startswith(packages))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
     # the requeue runs on the task: the one bounded runner, nothing of the submitting side
-    assert _imports(package / "job" / "requeue.py") == {"hpc_hsdp.job.slurm_command"}
-    assert _imports(package / "job" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
+    assert _imports(package / "job" / "requeue.py") == {"hpc_hsdp.job.backends.slurm_command"}
+    assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
     assert _imports(package / "rundir" / "state.py") == {"hpc_hsdp.errors", "hpc_hsdp.rundir.attempts"}
 
 
@@ -256,7 +267,7 @@ def test_the_default_run_directory_is_new_for_each_submit(tmp_path):
 
 def test_a_completed_run_directory_refuses_and_a_running_job_too(tmp_path):
     from hpc_hsdp.cli.job_options import job_spec_from_options
-    from hpc_hsdp.job.scheduler import check_run_dir
+    from hpc_hsdp.job.claims import check_run_dir
 
     run = tmp_path / "run"
     _fake_checkpoint(run, 3)

@@ -16,8 +16,11 @@ import pytest
 import hpc_hsdp
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.local import DRIVER_MARKERS, local_gpus
-from hpc_hsdp.job.scheduler import api_job_spec, check_fp8_gpus, slurm_gpu_nodes
+from hpc_hsdp.job.api import api_job_spec
+from hpc_hsdp.job.backends import backend
+from hpc_hsdp.job.backends.local import DRIVER_MARKERS, local_gpus
+from hpc_hsdp.job.backends.slurm import slurm_gpu_nodes
+from hpc_hsdp.job.preflight import check_fp8_gpus
 from hpc_hsdp.plan.float8_support import NodeGpus, can_train_fp8, fp8_local_refusal, fp8_slurm_refusal, gpu_capability
 from hpc_hsdp.plan.slurm_facts import parse_gpu_gres, parse_sinfo_nodes, satisfies_constraint
 
@@ -282,12 +285,12 @@ def test_submit_on_the_emulator_with_an_old_gpu_names_it(tmp_path, capsys, monke
 def test_a_new_gpu_or_another_precision_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 9.0"'))
     fp8 = api_job_spec({"shard": 1, "precision": "fp8"}, environ={}, cwd=tmp_path, default_venv=None)
-    check_fp8_gpus(fp8, "local")  # the task checks its own GPU at its start
+    check_fp8_gpus(fp8, backend("local"))  # the task checks its own GPU at its start
     monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path / "old", 'echo "NVIDIA A100-SXM4-80GB, 8.0"'))
     with pytest.raises(SpecError, match="A100"):
-        check_fp8_gpus(fp8, "local")
+        check_fp8_gpus(fp8, backend("local"))
     bf16 = api_job_spec({"shard": 1, "precision": "bf16"}, environ={}, cwd=tmp_path, default_venv=None)
-    check_fp8_gpus(bf16, "local")  # nothing asked
+    check_fp8_gpus(bf16, backend("local"))  # nothing asked
     assert not list(tmp_path.glob("**/job.json"))
 
 

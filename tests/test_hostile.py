@@ -462,7 +462,7 @@ def test_report_and_status_on_garbage_metrics_never_trace_back(tmp_path, capsys,
 
 
 def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
-    from hpc_hsdp.job.local import LocalJob, process_start_time, state_path
+    from hpc_hsdp.job.backends.local import LocalJob, process_start_time, state_path
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -532,7 +532,7 @@ def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
 
 
 def test_the_emulators_port_reservations_are_private(tmp_path, monkeypatch):
-    from hpc_hsdp.job.local import emulator_state_dir, reserve_port
+    from hpc_hsdp.job.backends.local import emulator_state_dir, reserve_port
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     reserve_port("4242", tmp_path / "state.json", is_free=lambda port: True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_cli_imports_no_torch
 
-from hpc_hsdp.job.local import expand_pattern
+from hpc_hsdp.job.backends.local import expand_pattern
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -197,7 +197,7 @@ def test_auto_never_trains_here_when_a_configured_controller_does_not_answer(tmp
 def test_auto_runs_on_the_emulator_where_slurm_is_not_configured(tmp_path):
     """sbatch may be installed (this machine's Debian packages), but with no configuration at all
     (no SLURM_CONF, no slurm.conf) scontrol finds no controller: the emulator runs the job."""
-    from hpc_hsdp.job.slurm_command import slurm_config
+    from hpc_hsdp.job.backends.slurm_command import slurm_config
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     if slurm_config(env) is not None:
@@ -225,7 +225,7 @@ def test_auto_runs_on_the_emulator_where_slurm_is_not_configured(tmp_path):
 API_TWICE = """
 import hpc_hsdp
 from hpc_hsdp.errors import HsdpError
-import hpc_hsdp.job.scheduler  # what the CLI imports; hpc_hsdp.submit must stay the API function
+import hpc_hsdp.job.submission  # what the CLI imports; hpc_hsdp.submit must stay the API function
 for _ in range(2):
     try:
         hpc_hsdp.submit(nodes=2, shard=3)

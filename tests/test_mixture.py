@@ -218,7 +218,7 @@ def test_per_source_fields_reach_tensorboard_tags():
 
 
 def test_the_python_api_takes_a_mixture_and_makes_its_paths_absolute(tmp_path):
-    from hpc_hsdp.job.scheduler import api_job_spec
+    from hpc_hsdp.job.api import api_job_spec
 
     spec = api_job_spec(
         {"shard": 1, "data": "web=data/web:0.7,code=/abs/code:0.3"}, environ={}, cwd=tmp_path, default_venv=None

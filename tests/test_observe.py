@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_cli_imports_no_torch
 
-from hpc_hsdp.job.scheduler import parse_slurm_duration
+from hpc_hsdp.job.backends.slurm import parse_slurm_duration
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.pace import progress_of, requeues_needed

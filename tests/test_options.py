@@ -19,6 +19,7 @@ from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.cli.run_cmd import run
 from hpc_hsdp.cli.submit_cmd import submit
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.api import api_options
 from hpc_hsdp.job.config import OPTION_KINDS, build_job_spec
 from hpc_hsdp.job.options import (
     OPTIONS,
@@ -34,7 +35,6 @@ from hpc_hsdp.job.options import (
     sbatch_lines,
 )
 from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.job.scheduler import api_options
 from hpc_hsdp.job.spec import EnvironmentSpec, JobSpec, LaunchSpec, RunSpec, SchedulerSpec, TrainingSpec
 
 COMMANDS = {"render": render, "submit": submit, "run": run, "plan": plan}
@@ -205,7 +205,7 @@ def test_run_parses_to_args_back_with_every_option_set_at_once() -> None:
 
 def test_the_job_layer_imports_no_cli_and_the_plan_layer_no_job() -> None:
     code = (
-        "import sys, hpc_hsdp.job.scheduler, hpc_hsdp.job.options;"
+        "import sys, hpc_hsdp.job.api, hpc_hsdp.job.handle, hpc_hsdp.job.options;"
         "assert not [m for m in sys.modules if m.startswith('hpc_hsdp.cli')], 'job imports cli';"
         "assert 'click' not in sys.modules and 'torch' not in sys.modules;"
         "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith('hpc_hsdp')];"
@@ -381,7 +381,7 @@ from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.config import build_job_spec, parse_config
 from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.job.scheduler import api_options
+from hpc_hsdp.job.api import api_options
 
 spec = build_job_spec({{"shard": 1, "reservation": "r1", "partition": "gpu"}}, cwd={str(tmp_path)!r})
 header = [line for line in render_sbatch(spec).splitlines() if line.startswith("#SBATCH")]

@@ -139,7 +139,8 @@ def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
 
 
 def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
-    from hpc_hsdp.job.scheduler import JobHandle, JobRecord
+    from hpc_hsdp.job.handle import JobHandle
+    from hpc_hsdp.rundir.job_record import JobRecord
 
     logs = tmp_path / "logs"
     logs.mkdir(parents=True)

@@ -175,7 +175,7 @@ def _dead_pid() -> int:
 
 
 def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
-    from hpc_hsdp.job.scheduler import check_run_dir, claimed
+    from hpc_hsdp.job.claims import check_run_dir, claimed
     from hpc_hsdp.rundir.claim import read_claim, write_claim
 
     run = tmp_path / "run"
@@ -228,7 +228,7 @@ def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
 def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp_path):
     """The job a claim names holds the directory whatever attempt of it runs: a resubmission
     is refused while it is pending again (its claim and job.json agree); garbage is no claim."""
-    from hpc_hsdp.job.scheduler import check_run_dir
+    from hpc_hsdp.job.claims import check_run_dir
     from hpc_hsdp.rundir.claim import read_claim
 
     run = tmp_path / "run"

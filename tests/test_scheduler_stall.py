@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.job.slurm_command import config_value, controller_host, slurm_config
+from hpc_hsdp.job.backends.slurm_command import config_value, controller_host, slurm_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

@@ -264,7 +264,7 @@ def test_container_without_the_run_dir_mounted_is_refused(argv, message):
 
 
 def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
-    from hpc_hsdp.job.scheduler import requeue_job
+    from hpc_hsdp.job.requeue import requeue_job
 
     request = tmp_path / "requeue.77"
     ok, said = requeue_job("77", env={"PATH": str(tmp_path), "HPC_HSDP_REQUEUE_FILE": str(request)})
@@ -273,7 +273,7 @@ def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
 
 def test_submit_with_a_container_is_refused_before_submitting(tmp_path):
     from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.job.scheduler import submit_spec
+    from hpc_hsdp.job.submission import submit_spec
 
     spec = spec_from_argv(
         [

@@ -13,7 +13,8 @@ import click
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
-from hpc_hsdp.job.scheduler import JobHandle, SchedulerError, job_statuses
+from hpc_hsdp.job.backends.slurm_command import SchedulerError
+from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
@@ -213,8 +214,8 @@ def status(job, as_json) -> None:
     timing = progress.words() if not st.finished else ""
     if timing:
         click.echo(f"time: {timing}")
-    elif not st.finished and handle.record.cluster == "local":
-        click.echo("time: no time limit (local emulator)")
+    elif not st.finished and not handle.backend.has_time_limits:
+        click.echo(f"time: no time limit ({handle.backend.title})")
     if facts["stragglers"]:
         click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:

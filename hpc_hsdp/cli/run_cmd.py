@@ -23,7 +23,7 @@ def run(**options) -> None:
     claimed = []
 
     def claim_run_dir() -> None:  # one writer per run directory: rank 0 claims it, after what the device refuses
-        from hpc_hsdp.job.scheduler import claim_for_task  # noqa: PLC0415  (the claim asks the scheduler only when another job holds it)
+        from hpc_hsdp.job.claims import claim_for_task  # noqa: PLC0415  (the claim asks the scheduler only when another job holds it)
 
         said, own_claim = claim_for_task(spec.run_dir, os.environ)
         if said:
@@ -40,7 +40,7 @@ def run(**options) -> None:
         code = exit_code(stop)
     finally:
         if claimed:  # a run outside any job: nobody else sees it end
-            from hpc_hsdp.job.scheduler import release_task_claim  # noqa: PLC0415  (as the claim)
+            from hpc_hsdp.job.claims import release_task_claim  # noqa: PLC0415  (as the claim)
 
             release_task_claim(spec.run_dir)
     end_task(code)

@@ -9,7 +9,8 @@ import click
 
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.job.scheduler import CLUSTERS, submission_script, submit_spec
+from hpc_hsdp.job.backends import CLUSTERS
+from hpc_hsdp.job.submission import submission_script, submit_spec
 
 
 @click.command()

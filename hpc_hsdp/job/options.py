@@ -42,7 +42,7 @@ PROFILE_ENV = "HPC_HSDP_PROFILE"
 SLURM_TIMEOUT_ENV = "HPC_HSDP_SLURM_TIMEOUT"
 """Environment variable: seconds any one SLURM command (``sbatch``, ``squeue``, ``scontrol``,
 ``sacct``, ``scancel``, ``sinfo``) may take before hpc-hsdp stops waiting for it
-(:func:`hpc_hsdp.job.slurm_command.run_slurm`); default ``DEFAULT_SLURM_TIMEOUT_S``."""
+(:func:`hpc_hsdp.job.backends.slurm_command.run_slurm`); default ``DEFAULT_SLURM_TIMEOUT_S``."""
 DEFAULT_SLURM_TIMEOUT_S = 10.0
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -184,3 +184,16 @@ def _check_resume(spec, num_samples: int | None, state, sources: dict | None = N
         where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})",
         sources=sources,
     )
+
+
+def check_fp8_gpus(spec, scheduler) -> None:
+    """``--precision fp8`` refused (:class:`SpecError`, one line) when the GPUs the job's tasks
+    will get from ``scheduler`` (its :class:`~hpc_hsdp.job.backends.base.Backend`) are known to
+    lack Float8: the local emulator's are this machine's; a SLURM job's are those of its
+    partition's nodes. Known-new or unknown GPU types go on: each task checks its own GPU at its
+    start (:func:`~hpc_hsdp.runtime.device.check_training_device`)."""
+    if spec.run.training.precision != "fp8" or spec.run.device == "cpu":  # with --device cpu the spec refused it
+        return
+    refusal = scheduler.fp8_refusal(spec)
+    if refusal is not None:
+        raise SpecError(refusal)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.job.requeue import requeue_job
-from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm, slurmd_address
+from hpc_hsdp.job.backends import task_backend
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.plan.address import reachable_address
 from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
 from hpc_hsdp.plan.topology import expand_nodelist
@@ -341,8 +341,9 @@ class Supervisor:
                 group.proc.kill()
         self.stop([])
         job = os.environ.get("SLURM_JOB_ID")
-        if job and shutil.which("scontrol") and os.environ.get("HPC_HSDP_EMULATOR") != "1":
-            requeued, said = requeue_job(job)
+        asked = task_backend(os.environ).requeue(job) if job and shutil.which("scontrol") else None
+        if asked is not None:  # None: the scheduler has no requeue (the emulator)
+            requeued, said = asked
             log(self.run_dir, "requeue asked" if requeued else "requeue failed", cause=said)
         return FALLBACK_EXIT
 
@@ -397,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat_timeout_ms=int(min(args.quorum_timeout * 1000 / 4, 2000)),
         steps=args.steps,
         quorum_timeout=args.quorum_timeout,
-        probe_nodes=bool(env.get("SLURM_JOB_ID")) and env.get("HPC_HSDP_EMULATOR") != "1",
+        probe_nodes=bool(env.get("SLURM_JOB_ID")) and task_backend(env).separate_machines,
     )
 
     def on_signal(signum, frame):

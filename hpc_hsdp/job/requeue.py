@@ -1,10 +1,10 @@
 """``scontrol requeue`` from inside a job: the one scheduler call a running task makes.
 
-A module of its own so that dependencies point one way: the scheduler module
-(:mod:`hpc_hsdp.job.scheduler`) hands the runtime's task function to submitit, and the runtime
+A module of its own so that dependencies point one way: the submission
+(:mod:`hpc_hsdp.job.submission`) hands the runtime's task function to submitit, and the runtime
 (:mod:`hpc_hsdp.runtime.preemption`, the watchdog) asks for a requeue through this module,
-never through the scheduler module. Its scontrol calls go through the one bounded runner,
-:func:`hpc_hsdp.job.slurm_command.run_slurm` (standard library only, as this module).
+never through the submitting side (the SLURM backend's ``requeue`` is this one). Its scontrol calls go through the one bounded runner,
+:func:`hpc_hsdp.job.backends.slurm_command.run_slurm` (standard library only, as this module).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hpc_hsdp.job.slurm_command import SchedulerError, run_slurm
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm
 
 REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
 """Set by the rendered script of a container job: where no ``scontrol`` exists (inside the

@@ -19,14 +19,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from hpc_hsdp.job.requeue import requeue_job
-from hpc_hsdp.job.slurm_command import (  # noqa: F401 - re-exported: the node probe lives beside run_slurm
+from hpc_hsdp.job.backends.slurm_command import (  # noqa: F401 - re-exported: the node probe lives beside run_slurm
     PROBE_TIMEOUT_S,
     SchedulerError,
     run_slurm,
     slurmd_address,
     unreachable_nodes,
 )
+from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.rundir.state import failure_restarts, record_restart
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.preemption import in_slurm, restart_count

@@ -6,9 +6,10 @@ SLURM's own clients wait for their ``MessageTimeout`` and retries, 30-40 s and m
 command that runs past ``HPC_HSDP_SLURM_TIMEOUT`` seconds (10 by default) is killed and
 reported as :class:`SchedulerTimeout`, which names the daemon that did not answer.
 
-A module of its own, standard library only, so that the scheduler module
-(:mod:`hpc_hsdp.job.scheduler`), the requeue (:mod:`hpc_hsdp.job.requeue`, run on the task) and
-the flexible job class all use the one runner without importing one another.
+A module of its own, standard library only, so that the SLURM backend
+(:mod:`hpc_hsdp.job.backends.slurm`), submitit's side of it (:mod:`hpc_hsdp.job.backends.submitit_hooks`),
+the requeue (:mod:`hpc_hsdp.job.requeue`, run on the task) and the replica supervisor all use
+the one runner without importing one another.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ each task's output to the ``--output``/``--error`` patterns, and, like
 ``srun --kill-on-bad-exit``, ends the step when one task fails. Every task runs on CPU.
 
 The supervisor records the job's state in ``<logs>/<job id>_local.json``; ``LocalJob``
-reads it, so status, logs and cancel work from the run directory alone.
+reads it, so status, logs and cancel work from the run directory alone. :class:`LocalBackend`
+is the emulator behind the interface every scheduler has (:mod:`hpc_hsdp.job.backends.base`).
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from submitit.core import utils as submitit_utils
-
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
+from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.status import JobStatus, release_if_ended
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
+from hpc_hsdp.plan.float8_support import fp8_local_refusal
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, compress_nodelist, task_environments
 from hpc_hsdp.plan.topology import (
     default_node_names,
@@ -42,11 +44,14 @@ from hpc_hsdp.plan.topology import (
     rendezvous_port,
 )
 from hpc_hsdp.rundir.claim import release_claim
+from hpc_hsdp.rundir.job_record import JobRecord
 
 KILL_WAIT_S = 5
 MAX_LOCAL_TASKS = 64
 """The emulator runs every task as a process on this machine; more would only exhaust it."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+EMULATOR_VARIABLE = "HPC_HSDP_EMULATOR"
+"""Set to ``1`` in every emulated job's environment: a task can tell that its job is the emulator's."""
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -207,7 +212,7 @@ def job_environment(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),  # a script that keeps it uses it; the rendered one picks from the next
             FIRST_PORT_VARIABLE: str(port),
-            "HPC_HSDP_EMULATOR": "1",
+            EMULATOR_VARIABLE: "1",
             "HPC_HSDP_EMULATED_GPUS_PER_NODE": str(alloc.gpus_per_node),
             "PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
             "PYTHONUNBUFFERED": "1",
@@ -261,7 +266,7 @@ def launch_local(
     shim_dir = _private(logs_dir / ".emulator-bin")
     _private(emulator_state_dir())  # refused here, before anything of the job is written
     shim = shim_dir / "srun"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.local srun "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m hpc_hsdp.job.backends.local srun "$@"\n')
     shim.chmod(0o755)
     script_path = logs_dir / f"{job_id}_submission.sh"
     script_path.write_text(script)
@@ -285,7 +290,7 @@ def launch_local(
     port = reserve_port(job_id, path)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpc_hsdp.job.local", "supervise", str(path)],
+        [sys.executable, "-m", "hpc_hsdp.job.backends.local", "supervise", str(path)],
         env=env,
         cwd=submit_dir or os.getcwd(),
         start_new_session=True,
@@ -302,12 +307,29 @@ def launch_local(
     return LocalJob(logs_dir=logs_dir, job_id=job_id)
 
 
+def submit_local(spec, script, func, args, kwargs):
+    """Start ``script`` (the rendered job of ``spec``) on the emulator, its tasks running ``func(*args, **kwargs)``."""
+
+    from hpc_hsdp.job.backends.submitit_hooks import dump_call  # noqa: PLC0415  (submitit, only when a job is submitted)
+
+    job_id = new_job_id()
+    dump_call(spec.log_dir, job_id, func, args, kwargs)
+    tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
+    tasks_per_node += (spec.gpus_per_node,) * spec.spare_nodes  # --fault-tolerance replica: spares wait
+    alloc = allocation_for(
+        tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
+    )
+    return launch_local(script, alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id, run_dir=spec.run.run_dir)
+
+
 class LocalJob:
     """Handle of an emulated job, rebuilt from its logs folder and id in any shell."""
 
-    def __init__(self, *, logs_dir: Path, job_id: str) -> None:
+    def __init__(self, *, logs_dir: Path, job_id: str, alive: Callable[[int], bool] | None = None) -> None:
         self.logs_dir = Path(logs_dir)
         self.job_id = str(job_id)
+        self.alive = _alive if alive is None else alive
+        """Whether a process lives (this machine's process table; a fake one in tests)."""
 
     def info(self) -> dict:
         path = state_path(self.logs_dir, self.job_id)
@@ -322,7 +344,7 @@ class LocalJob:
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
-        if data["state"] in ("PENDING", "RUNNING") and pid and not _alive(pid):
+        if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             data = json.loads(path.read_text())
             if data["state"] in ("PENDING", "RUNNING"):
@@ -347,26 +369,78 @@ class LocalJob:
     def cancel(self) -> None:
         info = self.info()
         pid = info.get("supervisor_pid")
-        if _is_supervisor(pid, info.get("supervisor_started")) and _alive(pid):
+        if _is_supervisor(pid, info.get("supervisor_started")) and self.alive(pid):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:
         """Each task's return value (submitit's result pickles), raising the first task error."""
+        from hpc_hsdp.job.backends.submitit_hooks import load_result, result_path  # noqa: PLC0415  (submitit, only for results)
+
         self.wait()
         ntasks = sum(self.info()["tasks_per_node"])
         outcomes = []
         for procid in range(ntasks):
-            path = self.logs_dir / f"{self.job_id}_{procid}_result.pkl"
+            path = result_path(self.logs_dir, self.job_id, procid)
             if not path.exists():
                 raise RuntimeError(
                     f"local job {self.job_id} ({self.state}): task {procid} left no result; "
                     f"see {self.logs_dir}/{self.job_id}_{procid}_log.err"
                 )
-            outcome, value = submitit_utils.pickle_load(path)
+            outcome, value = load_result(path)
             if outcome != "success":
                 raise RuntimeError(f"local job {self.job_id}: task {procid} failed:\n{value}")
             outcomes.append(value)
         return outcomes
+
+
+class LocalBackend(Backend):
+    """The local emulator: every task a process on this machine; a job's state is its state file."""
+
+    name = "local"
+    title = "local emulator"
+    has_time_limits = False
+    separate_machines = False
+
+    def __init__(self, *, alive: Callable[[int], bool] | None = None) -> None:
+        self.alive = alive
+
+    def job(self, record: JobRecord) -> LocalJob:
+        return LocalJob(logs_dir=Path(record.logs_dir), job_id=record.job_id, alive=self.alive)
+
+    def submit(self, spec, script, func, args, kwargs):
+        job = submit_local(spec, script, func, args, kwargs)
+        return job.job_id, job
+
+    def status(self, record: JobRecord) -> JobStatus:
+        info = self.job(record).info()
+        code = info.get("exit_code")
+        return release_if_ended(record, JobStatus(state=info["state"], exit_code=None if code is None else str(code)))
+
+    def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
+        statuses = {}
+        for record in records:
+            try:
+                statuses[record.run_dir] = self.status(record)
+            except (OSError, ValueError) as exc:  # a broken state file is shown, not fatal
+                statuses[record.run_dir] = JobStatus(state="UNKNOWN", reason=f"{type(exc).__name__}: {exc}"[:200])
+        return statuses
+
+    def cancel(self, record: JobRecord) -> None:
+        self.job(record).cancel()
+
+    def works_in(self, record: JobRecord) -> Path | None:
+        """The run directory the emulator launched the job for, from its state file."""
+        info = self.job(record).info()
+        logs = info.get("logs_dir")
+        if not isinstance(logs, str) or not logs:  # a state file of before: its script lies in the logs
+            logs = str(Path(info["script"]).parent) if isinstance(info.get("script"), str) else None
+        return Path(logs) if logs else None
+
+    def requeue(self, job_id: str) -> None:
+        return None  # the emulator requeues nothing: a stopped job is submitted again
+
+    def fp8_refusal(self, spec) -> str | None:
+        return fp8_local_refusal(local_gpus())
 
 
 def process_start_time(pid: int) -> int | None:
@@ -618,7 +692,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _srun(argv[1:])
     if argv[:1] == ["supervise"] and len(argv) == 2:
         return _supervise(argv[1])
-    print("usage: python -m hpc_hsdp.job.local srun [srun options] command... | supervise STATE_FILE", file=sys.stderr)
+    print(
+        "usage: python -m hpc_hsdp.job.backends.local srun [srun options] command... | supervise STATE_FILE",
+        file=sys.stderr,
+    )
     return 2
 
 

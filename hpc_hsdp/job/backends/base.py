@@ -1,0 +1,84 @@
+"""What every scheduler backend does, as the code above the backends sees it.
+
+A backend is picked by name (:func:`hpc_hsdp.job.backends.backend`, from the ``cluster`` a
+:class:`~hpc_hsdp.rundir.job_record.JobRecord` records), never asked which one it is: what
+differs between schedulers is a method here, or a fact stated by a class attribute.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpc_hsdp.job.failure import task_index
+from hpc_hsdp.job.status import JobStatus
+from hpc_hsdp.rundir.job_record import JobRecord
+
+
+class Backend(ABC):
+    """One scheduler: submit a job, the statuses of many jobs at once, cancel, where a job
+    writes and its logs, requeue."""
+
+    name: ClassVar[str]
+    """What a job record's ``cluster`` says (``slurm``, ``local``)."""
+    title: ClassVar[str]
+    """The scheduler in words, for messages (``SLURM``, ``local emulator``)."""
+    has_time_limits: ClassVar[bool]
+    """Its jobs run within a time limit (:meth:`time_limits` may say one)."""
+    separate_machines: ClassVar[bool]
+    """Each node of a job is a machine of its own (not this one): its daemons can be asked about it."""
+
+    @abstractmethod
+    def submit(self, spec, script: str, func: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
+        """Submit ``script`` (the rendered job of ``spec``), each task running ``func(*args, **kwargs)``;
+        (job id, the submitit-style job object: ``job_id``, ``state``, ``done()``, ``results()`` ...)."""
+
+    @abstractmethod
+    def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
+        """The status of every job of ``records`` (all of this backend), keyed by run directory,
+        in as few questions to the scheduler as it allows."""
+
+    def status(self, record: JobRecord) -> JobStatus:
+        """The status of one job (a backend may say more of one job than of many: its restarts)."""
+        return self.statuses([record])[record.run_dir]
+
+    @abstractmethod
+    def cancel(self, record: JobRecord) -> None:
+        """Cancel the job (:class:`~hpc_hsdp.job.backends.slurm_command.SchedulerError` when the scheduler refused)."""
+
+    @abstractmethod
+    def works_in(self, record: JobRecord) -> Path | None:
+        """The logs directory the job writes, as the scheduler itself records it; None when it
+        does not say (the job left the queue, an older record)."""
+
+    def time_limits(self, record: JobRecord) -> tuple[float | None, float | None] | None:
+        """(seconds left, time limit per run) of the running job; None when the scheduler does not say."""
+        return None
+
+    def log_paths(self, record: JobRecord, procid: int | None = None) -> list[Path]:
+        """The logs of the job's tasks (every task's stdout, then every task's stderr), or of task
+        ``procid``: the ``--output``/``--error`` patterns of the rendered script, which both
+        SLURM and the emulator expand."""
+        logs = Path(record.logs_dir)
+        if procid is None:
+            return sorted(logs.glob(f"{record.job_id}_*_log.out"), key=task_index) + sorted(
+                logs.glob(f"{record.job_id}_*_log.err"), key=task_index
+            )
+        return [logs / f"{record.job_id}_{procid}_log.out", logs / f"{record.job_id}_{procid}_log.err"]
+
+    @abstractmethod
+    def requeue(self, job_id: str) -> tuple[bool, str] | None:
+        """Requeue the job, from inside it: (requeued, what the scheduler said); None where this
+        scheduler has no requeue (the job is not asked)."""
+
+    @abstractmethod
+    def fp8_refusal(self, spec) -> str | None:
+        """Why ``--precision fp8`` cannot train on the GPUs this scheduler would give ``spec``'s
+        tasks (None: it may, or they cannot be told here)."""
+
+    def reachable_here(self) -> bool:
+        """Whether this machine can ask the scheduler about its jobs (a job it did not answer
+        about may well still run)."""
+        return True

@@ -1,0 +1,264 @@
+"""SLURM: its answers about jobs (one ``squeue`` and one ``sacct`` for many), its time limits
+and restarts, the nodes a job may get, cancel, requeue, and submission through submitit
+(:mod:`~hpc_hsdp.job.backends.submitit_hooks`).
+
+Every command goes through one runner, the bounded
+:func:`~hpc_hsdp.job.backends.slurm_command.run_slurm` unless a test hands :class:`SlurmBackend`
+another (canned answers).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller, run_slurm
+from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
+from hpc_hsdp.plan.float8_support import NodeGpus, fp8_slurm_refusal
+from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
+from hpc_hsdp.plan.topology import expand_nodelist
+from hpc_hsdp.rundir.job_record import JobRecord
+
+
+def parse_squeue_rows(text: str) -> dict[str, tuple[str, str | None]]:
+    """``squeue -h -o %i|%T|%r`` -> {job id: (state, reason or None)}."""
+    rows: dict[str, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            continue
+        job_id, state, reason = parts
+        rows.setdefault(job_id, (state, None if reason in ("None", "") else reason))
+    return rows
+
+
+def parse_sacct_rows(text: str) -> dict[str, tuple[str, str]]:
+    """``sacct -X -n -P -o JobID,State,ExitCode`` -> {job id: (state, exit code)}, each job's last
+    row (its newest record); ``CANCELLED by 0`` -> ``CANCELLED``."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0] or not parts[1].strip():
+            continue
+        job_id, state, code = parts
+        rows[job_id] = (state.split()[0], code)
+    return rows
+
+
+Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
+"""Runs one SLURM command: :func:`~hpc_hsdp.job.backends.slurm_command.run_slurm`'s signature."""
+
+
+def ask_slurm(job_ids: list[str], *, runner: Runner = run_slurm) -> SchedulerAnswers:
+    """One ``squeue`` for every job id, then one ``sacct`` for those not in the queue (all of
+    them when the controller did not answer); each bounded by :func:`run_slurm`."""
+    job_ids = [check_job_id(job_id) for job_id in job_ids]  # they reach squeue and sacct as arguments
+    queued: dict[str, tuple[str, str | None]] = {}
+    controller = None
+    try:
+        shown = runner(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    except SchedulerError as exc:
+        controller = str(exc)
+    else:
+        said = " ".join(shown.stderr.split())
+        if shown.returncode == 0:
+            queued = parse_squeue_rows(shown.stdout)
+        elif "Invalid job id" not in said:  # SLURM's answer for one id it no longer knows
+            controller = f"squeue failed: {said or f'exit code {shown.returncode}'}"
+    rest = [job_id for job_id in job_ids if job_id not in queued]
+    accounted: dict[str, tuple[str, str]] = {}
+    accounting = None
+    if rest:
+        try:
+            acct = runner(["sacct", "-X", "-n", "-P", "-j", ",".join(rest), "-o", "JobID,State,ExitCode"])
+        except SchedulerError as exc:
+            accounting = str(exc)
+        else:
+            if acct.returncode == 0:
+                accounted = parse_sacct_rows(acct.stdout)
+            else:
+                accounting = f"sacct failed: {' '.join(acct.stderr.split())[:200] or f'exit code {acct.returncode}'}"
+    return SchedulerAnswers(
+        queued=queued, controller=controller, accounted=accounted, accounting=accounting, accounting_asked=bool(rest)
+    )
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """SLURM's ``[days-]hours:minutes:seconds`` / ``minutes:seconds`` / ``minutes`` -> seconds;
+    None for ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and anything else."""
+    text = text.strip()
+    days, has_days = 0, "-" in text
+    if has_days:
+        head, _, text = text.partition("-")
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts]
+    if has_days:  # days-hours[:minutes[:seconds]]
+        numbers += [0] * (3 - len(numbers))
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    elif len(parts) == 1:  # minutes
+        seconds = numbers[0] * 60
+    elif len(parts) == 2:  # minutes:seconds
+        seconds = numbers[0] * 60 + numbers[1]
+    else:
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    return float(days * 86400 + seconds)
+
+
+def time_limits(job_id: str, *, runner: Runner = run_slurm) -> tuple[float | None, float | None] | None:
+    """(time left, time limit) of a queued or running job: ``squeue -h -j ID -o %L|%l``."""
+    job_id = check_job_id(job_id)
+    try:
+        shown = runner(["squeue", "-h", "-j", job_id, "-o", "%L|%l"])
+    except SchedulerError:
+        return None
+    rows = [r for r in shown.stdout.splitlines() if "|" in r]
+    if shown.returncode != 0 or not rows:
+        return None
+    left, _, limit = rows[0].partition("|")
+    return parse_slurm_duration(left), parse_slurm_duration(limit)
+
+
+def restart_count(job_id: str, *, runner: Runner = run_slurm) -> int:
+    """How often SLURM restarted the job: ``Restarts=`` of ``scontrol show job`` while the
+    controller knows it, else the REQUEUED rows of ``sacct -D`` (22.05's sacct has no Restarts)."""
+    shown = runner(["scontrol", "-o", "show", "job", job_id])
+    for field in shown.stdout.split():
+        if field.startswith("Restarts="):
+            return int(field.split("=", 1)[1])
+    acct = runner(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
+    return sum(1 for row in acct.stdout.splitlines() if row.strip().startswith("REQUEUED"))
+
+
+def slurm_gpu_nodes(spec, *, runner: Runner = run_slurm) -> tuple[list[NodeGpus], str] | None:
+    """The nodes SLURM may give ``spec`` (its ``--partition``, else the default partition; only
+    those that can satisfy its ``--constraint``, ``--sbatch nodelist=`` and ``exclude=``) with
+    their GPUs, and those nodes in words; one ``sinfo``. None where they cannot be told here:
+    a ``--template`` of the site's (its own #SBATCH lines may ask for other GPUs), ``--sbatch
+    clusters=`` (another cluster), or sinfo did not answer."""
+    extra = dict(spec.scheduler.extra)
+    if spec.template is not None or {"clusters", "cluster"} & extra.keys():
+        return None
+    partition = spec.scheduler.partition
+    argv = ["sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT]
+    try:
+        shown = runner([*argv, f"--partition={partition}"] if partition else argv)
+    except SchedulerError:
+        return None
+    if shown.returncode != 0:
+        return None  # an unknown partition: check_partition says so
+    rows = parse_sinfo_nodes(shown.stdout)
+    wanted = set(partition.split(",")) if partition else {row.partition for row in rows if row.default}
+    rows = [row for row in rows if row.partition in wanted]
+    where = f"partition {partition!r}" if partition else f"the default partition {', '.join(sorted(wanted))!r}"
+    constraint = spec.scheduler.constraint
+    if constraint:
+        rows = [row for row in rows if satisfies_constraint(constraint, row.features) is not False]
+        where += f" with --constraint {constraint!r}"
+    for key, keep in (("nodelist", True), ("exclude", False)):
+        if extra.get(key):
+            try:
+                named = set(expand_nodelist(extra[key]))
+            except HsdpError:
+                return None  # sbatch says what is wrong with it
+            rows = [row for row in rows if (row.node in named) == keep]
+            where += f" ({key} {extra[key]})"
+    return [NodeGpus(row.node, row.gpus, row.features) for row in rows], where
+
+
+def check_partition(spec, *, runner: Runner = run_slurm) -> None:
+    """A ``--partition`` this cluster does not have: :class:`SchedulerError` naming the ones it has."""
+    if not spec.scheduler.partition:
+        return
+    shown = runner(["scontrol", "show", "partition", spec.scheduler.partition])
+    if shown.returncode != 0:
+        known = runner(["sinfo", "-h", "-o", "%R"]).stdout.split()
+        raise SchedulerError(
+            f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
+            f"{', '.join(sorted(set(known))) or '(none found)'}"
+        )
+
+
+class SlurmBackend(Backend):
+    """SLURM, asked through ``runner`` (the bounded runner; canned answers in tests)."""
+
+    name = "slurm"
+    title = "SLURM"
+    has_time_limits = True
+    separate_machines = True
+
+    def __init__(self, *, runner: Runner = run_slurm) -> None:
+        self.runner = runner
+
+    def submit(self, spec, script, func, args, kwargs):
+        check_partition(spec, runner=self.runner)
+        from hpc_hsdp.job.backends.submitit_hooks import submit_rendered  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
+
+        job = submit_rendered(spec, script, func, args, kwargs)
+        return str(job.job_id), job
+
+    def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
+        """One ``squeue`` and one ``sacct`` for every job together (restarts: the last known ones)."""
+        if not records:
+            return {}
+        answers = ask_slurm(sorted({record.job_id for record in records}), runner=self.runner)
+        now = time.time()
+        return {record.run_dir: status_from(record, answers, now=now) for record in records}
+
+    def status(self, record: JobRecord) -> JobStatus:
+        """``squeue`` while the controller knows the job (restarts from ``scontrol show job``), else
+        ``sacct``; each call bounded. When the controller does not answer, no further call is made to it."""
+        answers = ask_slurm([record.job_id], runner=self.runner)
+        restarts = None
+        if answers.controller is None:
+            try:
+                restarts = restart_count(record.job_id, runner=self.runner)
+            except SchedulerError:
+                restarts = None
+        return status_from(record, answers, restarts=restarts, now=time.time())
+
+    def cancel(self, record: JobRecord) -> None:
+        try:
+            done = self.runner(["scancel", check_job_id(record.job_id)])
+        except SchedulerTimeout as exc:
+            raise SchedulerError(
+                f"{exc}: job {record.job_id} may not be cancelled; see hpc-hsdp status {record.run_dir}, and try again"
+            ) from None
+        if done.returncode != 0:
+            raise SchedulerError(f"scancel {record.job_id} failed: {' '.join(done.stderr.split())}")
+
+    def works_in(self, record: JobRecord) -> Path | None:
+        """The directory of the job's batch log: ``StdOut`` of ``scontrol show job`` (in ``<run-dir>/logs``)."""
+        try:
+            shown = self.runner(["scontrol", "-o", "show", "job", check_job_id(record.job_id)])
+        except SchedulerError:
+            return None
+        for item in shown.stdout.split():
+            if item.startswith("StdOut=") and item[len("StdOut=") :].startswith("/"):
+                return Path(item[len("StdOut=") :]).parent
+        return None
+
+    def time_limits(self, record: JobRecord) -> tuple[float | None, float | None] | None:
+        return time_limits(record.job_id, runner=self.runner)
+
+    def requeue(self, job_id: str) -> tuple[bool, str]:
+        return requeue_job(job_id)
+
+    def fp8_refusal(self, spec) -> str | None:
+        """Of the nodes of the job's partition (:func:`slurm_gpu_nodes`)."""
+        found = slurm_gpu_nodes(spec, runner=self.runner)
+        return None if found is None else fp8_slurm_refusal(found[0], where=found[1], gpus_per_node=spec.gpus_per_node)
+
+    def reachable_here(self) -> bool:
+        """SLURM's client is installed and configured here."""
+        return shutil.which("sbatch") is not None and ping_controller(runner=self.runner).configured

@@ -1,0 +1,104 @@
+"""A submitted job, found again from its record (``<run-dir>/job.json``) in any shell: its
+state, where it writes, its logs, its time left and its cancel, each asked of the backend of
+the scheduler the record names; and the states of many jobs at once."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.backends import backend
+from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.failure import failure_summary
+from hpc_hsdp.job.status import JobStatus
+from hpc_hsdp.rundir.job_record import JobRecord, same_dir
+from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
+from hpc_hsdp.rundir.metrics import last_metrics, recent_metrics
+
+
+class JobHandle:
+    """State, logs and cancel of one submitted job, whichever scheduler runs it."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.record = record
+
+    @classmethod
+    def find(cls, ref: str) -> JobHandle:
+        return cls(JobRecord.load(ref))
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @cached_property
+    def backend(self) -> Backend:
+        """The backend of the scheduler that runs the job (the record's ``cluster``)."""
+        return backend(self.record.cluster)
+
+    def status(self) -> JobStatus:
+        return self.backend.status(self.record)
+
+    def works_in(self) -> Path | None:
+        """The logs directory the job writes, as the scheduler itself records it (SLURM: the batch
+        log's directory; the emulator: its state file's). None when it does not say (the job left
+        the queue, an older state file)."""
+        return self.backend.works_in(self.record)
+
+    def runs_elsewhere(self) -> Path | None:
+        """Where the job writes, when the scheduler says that is not this run directory (this
+        one is a copy, or was moved); None when it is this one, or the scheduler does not say."""
+        logs = self.works_in()
+        if logs is None or same_dir(logs, self.record.logs_dir):
+            return None
+        return logs.parent if logs.name == "logs" else logs
+
+    def cancel(self) -> None:
+        """Cancel the job (check :meth:`runs_elsewhere` first: the record may be a copy's)."""
+        self.backend.cancel(self.record)
+
+    def last_metrics(self) -> dict | None:
+        """The latest record of ``<run-dir>/metrics.jsonl`` (step, loss, tokens_per_s, ...)."""
+        return last_metrics(self.record.run_dir)
+
+    def recent_metrics(self, max_bytes: int = 262_144) -> list[dict]:
+        """The records in the last ``max_bytes`` of ``<run-dir>/metrics.jsonl`` (a torn line is skipped)."""
+        return recent_metrics(self.record.run_dir, max_bytes)
+
+    def time_limits(self) -> tuple[float | None, float | None] | None:
+        """(seconds left, time limit per run) of the running job; None where the scheduler has
+        no time limits, and when it does not say (pending, ended, UNLIMITED)."""
+        return self.backend.time_limits(self.record)
+
+    def procid_of_rank(self, rank: int) -> int:
+        """SLURM's task id of a node-major rank, from layout.json (the rank itself before there is one)."""
+        procid = procid_of_rank(self.record.run_dir, rank)
+        return rank if procid is None else procid
+
+    def log_paths(self, rank: int | None = None) -> list[Path]:
+        """Every task's logs, or those of node-major rank ``rank`` (stdout, then stderr)."""
+        if rank is None:
+            return self.backend.log_paths(self.record)
+        if not 0 <= rank < self.record.ntasks:
+            raise SpecError(f"--rank {rank} is outside this job's ranks 0-{self.record.ntasks - 1}")
+        return self.backend.log_paths(self.record, self.procid_of_rank(rank))
+
+    def rank_of_task(self, task: int) -> int | None:
+        """The node-major rank of SLURM task ``task`` (srun launcher), from layout.json."""
+        if self.record.launcher != "srun":
+            return None
+        rank = rank_of_task(self.record.run_dir, task)
+        return task if rank is None else rank
+
+    def failure_summary(self, lines: int = 12) -> str:
+        """Which rank failed first and how, with the last lines of its log (:func:`~hpc_hsdp.job.failure.failure_summary`)."""
+        return failure_summary(Path(self.record.logs_dir), self.job_id, rank_of_task=self.rank_of_task, lines=lines)
+
+
+def job_statuses(records: list[JobRecord]) -> dict[str, JobStatus]:
+    """The status of every job of ``records``, keyed by run directory: each scheduler asked once
+    for all of its jobs (SLURM: one ``squeue`` and one ``sacct``)."""
+    statuses: dict[str, JobStatus] = {}
+    for name in dict.fromkeys(record.cluster for record in records):
+        statuses.update(backend(name).statuses([record for record in records if record.cluster == name]))
+    return statuses
