@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 DEV_CLUSTER = ROOT / "scripts" / "dev-cluster"
+
+# The helpers beside this file (cli_helpers, dist_helpers, hf_helpers) are imported by their plain
+# names from every tier, and by the tasks that tests start with PYTHONPATH=tests.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture(autouse=True)
