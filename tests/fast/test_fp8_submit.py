@@ -1,7 +1,7 @@
 """``--precision fp8`` refused on the submit host where the job's GPUs are known: the rule of
 GPU names (pure, table-driven), what sinfo says about a node (pure), this machine's GPUs for
 the local emulator (``nvidia-smi``, read without torch), ``submit`` and the API refusing in one
-line with nothing written, and the real dev cluster's partitions."""
+line with nothing written. The real dev cluster's partitions: tests/cluster/test_fp8_submit.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import hpc_hsdp
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.local import DRIVER_MARKERS, local_gpus
-from hpc_hsdp.job.scheduler import api_job_spec, check_fp8_gpus, slurm_gpu_nodes
+from hpc_hsdp.job.scheduler import api_job_spec, check_fp8_gpus
 from hpc_hsdp.plan.float8 import NodeGpus, can_train_fp8, fp8_local_refusal, fp8_slurm_refusal, gpu_capability
 from hpc_hsdp.plan.slurm_facts import parse_gpu_gres, parse_sinfo_nodes, satisfies_constraint
 
@@ -302,89 +302,3 @@ def test_the_refusal_imports_no_torch(tmp_path):
     env = {**os.environ, "PATH": _fake_nvidia_smi(tmp_path, 'echo "NVIDIA A100-SXM4-80GB, 8.0"')}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "no torch" in out.stdout, out.stdout + out.stderr
-
-
-# ----------------------------------------------------------------------------- the real dev cluster
-
-
-def _jobs_named(name: str) -> set[str]:
-    """Every job of the last hour named ``name``, queued or ended (squeue and sacct)."""
-    queued = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
-    shown = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "--name", name, "-o", "JobID"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert queued.returncode == 0 and shown.returncode == 0, queued.stderr + shown.stderr
-    return set(queued.stdout.split()) | set(shown.stdout.split())
-
-
-def _set_features(nodes: str, features: str) -> None:
-    for args in (["AvailableFeatures=" + features, "ActiveFeatures=" + features],):
-        done = subprocess.run(["scontrol", "update", f"NodeName={nodes}", *args], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-
-
-@pytest.fixture
-def site_gpu_features(slurm_cluster):
-    """The 'site' partition's nodes named by their GPUs as many sites do (untyped ``gpu:8``
-    GRES and the type a node feature): site1 an A100 node, site2 another; put back after."""
-    before = subprocess.run(["sinfo", "-h", "-N", "-p", "site", "-o", "%N|%f"], capture_output=True, text=True).stdout
-    assert before and all(line.endswith("|(null)") for line in before.split()), before  # the shape this test restores
-    try:
-        yield _set_features
-    finally:
-        _set_features("site[1-2]", "")
-
-
-@pytest.mark.slurm
-def test_the_dev_clusters_untyped_gpus_are_unknown_and_go_on(slurm_cluster, tmp_path):
-    found = slurm_gpu_nodes(api_job_spec({"shard": 1, "precision": "fp8"}, environ={}, cwd=tmp_path, default_venv=None))
-    nodes, where = found
-    assert where == "the default partition 'debug'" and {n.node for n in nodes} == {"n1", "n2", "n3"}
-    assert all(n.gpus == ((None, 8),) for n in nodes)
-    assert fp8_slurm_refusal(nodes, where=where) is None  # unknown type: each task decides at its start
-
-
-@pytest.mark.slurm
-@pytest.mark.parametrize("device", ["auto", "cuda"])
-def test_submit_to_a_partition_of_older_gpus_refuses_fp8_with_no_job(site_gpu_features, tmp_path, device):
-    site_gpu_features("site[1-2]", "a100,ib")
-    run_dir = tmp_path / "run"
-    name = f"fp8-refused-{device}-{os.getpid()}"  # other tests submit meanwhile: look for this job only
-    argv = ["submit", "--cluster", "slurm", "--partition", "site", "--shard", "1", "--precision", "fp8"]
-    argv += ["--job-name", name]
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *argv, "--device", device, "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "partition 'site' has only a100 (8.0): use --precision bf16" in out.stderr, out.stderr
-    assert not run_dir.exists()
-    assert _jobs_named(name) == set()
-
-
-@pytest.mark.slurm
-def test_a_constraint_picks_the_nodes_whose_gpus_count(site_gpu_features, tmp_path):
-    site_gpu_features("site1", "a100")
-    site_gpu_features("site2", "h100")
-
-    def verdict(**options):
-        spec = api_job_spec(
-            {"shard": 1, "precision": "fp8", "partition": "site", **options},
-            environ={},
-            cwd=tmp_path,
-            default_venv=None,
-        )
-        nodes, where = slurm_gpu_nodes(spec)
-        return fp8_slurm_refusal(nodes, where=where)
-
-    assert verdict() is None  # site2's H100 may run it
-    assert "partition 'site' with --constraint 'a100' has only a100 (8.0)" in verdict(constraint="a100")
-    assert verdict(constraint="h100") is None
-    assert "(exclude site2) has only a100" in verdict(sbatch={"exclude": "site2"})
-    assert verdict(sbatch={"nodelist": "site2"}) is None

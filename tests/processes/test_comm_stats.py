@@ -17,25 +17,15 @@ import dataclasses
 from fractions import Fraction
 
 import pytest
-from dist_helpers import in_child, launch
+from dist_helpers import launch
 
-from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec
 from hpc_hsdp.plan.estimates import estimate
-from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
+from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.rundir.files import read_jsonl
+from tests.fast.test_comm_stats import MODEL
 
-MODEL = TrainingSpec(
-    layers=2,
-    width=32,
-    heads=4,
-    seq_len=12,
-    batch_size=2,
-    vocab_size=64,
-    steps=2,
-    seed=1,
-    reshard_after_forward="always",
-)  # the plan's default estimate
 TASKS_PER_NODE = (8, 8)
 SHARD_SIZES = (1, 2, 4, 8)
 EXTRA_SHARD_SIZES = (1, 2, 8)  # 4 is the job's own --shard
@@ -153,31 +143,6 @@ def measured(tmp_path_factory):
     return {"values": [o.value for o in outcomes], "run_dir": run_dir}
 
 
-def _built_model_shapes():
-    import torch
-
-    from hpc_hsdp.models.builtin import ModelConfig, Transformer
-    from hpc_hsdp.models.builtin import parameter_counts as model_counts
-
-    with torch.device("meta"):
-        model = Transformer(ModelConfig.from_training(MODEL))
-    counts = model_counts(ModelConfig.from_training(MODEL))
-    return {
-        "shapes": [(name, tuple(p.shape)) for name, p in model.named_parameters()],
-        "numel": sum(p.numel() for p in model.parameters()),
-        "root": sum(p.numel() for name, p in model.named_parameters() if not name.startswith("blocks.")),
-        "counts": (counts.params, counts.root_params, counts.unpadded_params),
-    }
-
-
-def test_parameter_counts_match_the_built_model():
-    built = in_child(_built_model_shapes)  # torch work stays out of the forking parent
-    assert built["shapes"] == [(n, s) for n, s, _ in builtin_shapes(vocab_size=64, seq_len=12, width=32, layers=2)]
-    assert built["counts"] == (built["numel"], built["root"], built["numel"])
-    # padding: seq_len 12 over 8 ranks -> pos_emb holds 16 rows
-    assert parameter_counts(**dataclasses.asdict(MODEL), shard_size=8).params == built["numel"] + 4 * 32
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("shard_size", SHARD_SIZES)
 def test_measured_bytes_equal_the_prediction(measured, shard_size):
@@ -270,24 +235,3 @@ def test_memory_estimate_matches_fsdp_mem_tracker(measured, shard_size):
         tracked = mem["Sharded Param"] + mem["Sharded Grad"] + mem["OptState"]
         assert tracked == pytest.approx(est.total_bytes, rel=0.03), mem
         assert mem["Sharded Param"] == pytest.approx(est.param_bytes, rel=0.03)
-
-
-def test_comm_stats_wraps_only_while_active():
-    """The recorder replaces the torch.distributed functions while active and puts the
-    originals back on exit (a run without --comm-stats never wraps them: test_runtime's
-    test_collectives_are_not_wrapped_without_comm_stats)."""
-    import torch.distributed as dist
-
-    from hpc_hsdp.runtime.comm_stats import CommStats
-
-    originals = {n: getattr(dist, n) for n in ("all_gather_single", "reduce_scatter_single", "all_reduce")}
-    recorder = CommStats(node_of_rank=[])
-    with recorder:
-        assert recorder.active and all(getattr(dist, n) is not f for n, f in originals.items())
-    assert not recorder.active and all(getattr(dist, n) is f for n, f in originals.items())
-
-
-def test_comm_stats_option_reaches_the_run_args():
-    spec = RunSpec(shard_size=4, run_dir="/r", comm_stats=True)
-    assert spec.to_args()[-1] == "--comm-stats"
-    assert "--comm-stats" not in RunSpec(shard_size=4, run_dir="/r").to_args()

@@ -1,11 +1,11 @@
-"""One writer per run directory, and the directory is the run (issue 27).
+"""One writer per run directory, and the directory is the run (issue 27), on the local emulator.
 
 Two submissions raced into one run directory (two processes released together by a barrier
-file), on the emulator and on the dev cluster: one job, one refusal naming it; a claim left
-by a job or a submission that ended is taken over and said so; a copied and a moved run
-directory of a real small run read the same as the original (status, logs, report, runs);
-resuming a copy leaves the original byte for byte as it was; cancel of a copy whose job runs
-elsewhere refuses."""
+file): one job, one refusal naming it; a copied and a moved run directory of a real small run
+read the same as the original (status, logs, report, runs); resuming a copy leaves the original
+byte for byte as it was; cancel of a copy whose job runs elsewhere refuses. The claims alone:
+tests/fast/test_run_dir_claims.py; the race on the dev cluster: tests/cluster/test_run_dir_claims.py.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.errors import SpecError
+from tests.fast.test_run_dir_claims import _local_job, _tree
 
 TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
 LOCAL_JOB = ["--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--device", "cpu", *TINY]
@@ -150,96 +150,6 @@ def test_two_racing_submits_on_the_emulator_give_one_run_and_one_refusal(tmp_pat
     assert (claim["state"], claim["job_id"], claim["ended"]) == ("released", job_id, "CANCELLED")
 
 
-def _spec(run: Path, tmp_path: Path):
-    from hpc_hsdp.cli.job_options import job_spec_from_options
-
-    return job_spec_from_options(
-        {"shard_size": 1, "nodes": 1, "gpus_per_node": 1, "run_dir": str(run), "training_steps": 6},
-        cwd=tmp_path,
-        default_venv=None,
-    )
-
-
-def _local_job(run: Path, job_id: str, *, pid: int, state: str = "RUNNING") -> None:
-    logs = run / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"{job_id}_local.json").write_text(
-        json.dumps({"state": state, "supervisor_pid": pid, "logs_dir": str(logs.absolute())})
-    )
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
-def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
-    from hpc_hsdp.job.scheduler import check_run_dir, claimed
-    from hpc_hsdp.rundir.claim import read_claim, write_claim
-
-    run = tmp_path / "run"
-    spec = _spec(run, tmp_path)
-    # a claim of an emulated job whose supervisor died without a word (FAILED to the emulator)
-    _local_job(run, "555", pid=_dead_pid())
-    write_claim(run, "claimed", job_id="555", cluster="local", logs_dir="logs")
-    assert check_run_dir(spec) == (
-        f"run directory {run} was claimed by job 555, which is FAILED: this submission takes the claim over"
-    )
-    # the same under the submission's own lock: taken over at once (its release does not wait for the lock)
-    write_claim(run, "claimed", job_id="555", cluster="local", logs_dir="logs")
-    start = time.monotonic()
-    with claimed(run, cluster="local") as (said, _):
-        assert (
-            said == f"run directory {run} was claimed by job 555, which is FAILED: this submission takes the claim over"
-        )
-        assert read_claim(run)["state"] == "submitting"
-    assert time.monotonic() - start < 2
-    # a submission that died before it had a job id
-    write_claim(run, "submitting", cluster="local")
-    assert check_run_dir(spec) == (
-        f"run directory {run} was claimed by a submission (pid {os.getpid()} on {read_claim(run)['host']}) that "
-        f"did not finish: this submission takes the claim over"
-    )
-    # a live one (an emulated job whose supervisor is this very process) refuses, naming the job
-    _local_job(run, "556", pid=os.getpid())
-    write_claim(run, "claimed", job_id="556", cluster="local", logs_dir="logs")
-    (run / "claim.lock").touch()  # as a submission leaves it (never removed: another may wait on it)
-    before = _tree(run)
-    refused = f"^job 556 is still RUNNING in run directory {run}: nothing submitted"
-    with pytest.raises(SpecError, match=refused), claimed(run, cluster="local"):
-        pytest.fail("claimed a directory a running job holds")
-    assert _tree(run) == before  # nothing written
-
-    # a submission that fails after it claimed puts the claim back as it was; a directory made for it goes
-    _local_job(run, "556", pid=os.getpid(), state="COMPLETED")
-    write_claim(run, "released", job_id="556", cluster="local", logs_dir="logs", ended="COMPLETED")
-    before = (run / "claim.json").read_bytes()
-    with pytest.raises(RuntimeError, match="sbatch said no"), claimed(run, cluster="local") as (said, _):
-        assert said is None and read_claim(run)["state"] == "submitting"
-        raise RuntimeError("sbatch said no")
-    assert (run / "claim.json").read_bytes() == before
-    fresh = tmp_path / "a" / "b" / "fresh"
-    with pytest.raises(RuntimeError), claimed(fresh, cluster="local"):
-        raise RuntimeError("refused")
-    assert not (tmp_path / "a").exists()
-
-
-def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp_path):
-    """The job a claim names holds the directory whatever attempt of it runs: a resubmission
-    is refused while it is pending again (its claim and job.json agree); garbage is no claim."""
-    from hpc_hsdp.job.scheduler import check_run_dir
-    from hpc_hsdp.rundir.claim import read_claim
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "claim.json").write_text('{"state": "claimed", "job_id": 7}')
-    assert read_claim(run) is None
-    (run / "claim.json").write_text("x" * 100_000)
-    assert read_claim(run) is None
-    assert check_run_dir(_spec(run, tmp_path)) is None
-
-
 # ----------------------------------------------------------------------------- the directory is the run
 
 
@@ -252,10 +162,6 @@ def finished_run(tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return run
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _status(run: Path) -> dict:
@@ -329,55 +235,6 @@ def test_a_copied_and_a_moved_run_read_as_the_original_and_a_resumed_copy_leaves
     assert _tree(original) == pristine  # byte for byte
     assert json.loads((copy / "job.json").read_text())["run_dir"] == str(copy)
     assert json.loads((copy / "job.json").read_text())["logs_dir"] == "logs"
-
-
-# ----------------------------------------------------------------------------- the dev cluster
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(400)
-def test_two_racing_submits_on_the_dev_cluster_give_one_run_and_one_refusal(slurm_cluster, tmp_path):
-    run = tmp_path / "run"
-    job = [
-        "submit",
-        "--cluster",
-        "slurm",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "1",
-        "--shard",
-        "1",
-        "--device",
-        "cpu",
-        "--run-dir",
-        str(run),
-        "--steps",
-        "100000",
-        *TINY[:-2],  # the job's python: this one's environment (the emulator's tasks inherit it anyway)
-    ]
-    job_id, _ = one_run_one_refusal(race(tmp_path, *job), run)
-    claim = json.loads((run / "claim.json").read_text())
-    assert (claim["state"], claim["job_id"], claim["cluster"]) == ("claimed", job_id, "slurm")
-    # a copy of it while it is queued or runs: cancel of the copy refuses; the scheduler says where it writes
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    shutil.copy2(run / "job.json", copy / "job.json")
-    wait_steps(run, 2, timeout_s=240)
-    refused = hpc("cancel", str(copy))
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert refused.stderr.splitlines() == [
-        f"hpc-hsdp: error: {copy} is not where job {job_id} runs: the scheduler says it writes {run} ({copy} is "
-        f"a copy, or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {run})"
-    ]
-    assert _status(run)["state"] == "RUNNING"
-    cancelled = hpc("cancel", str(run))
-    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert wait_state(run, ("CANCELLED", "FAILED", "COMPLETED"), timeout_s=120)["state"] == "CANCELLED"
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, len(steps) + 1))  # one writer: each step once, in order
-    claim = json.loads((run / "claim.json").read_text())  # released when status saw the end
-    assert (claim["state"], claim["job_id"], claim["ended"]) == ("released", job_id, "CANCELLED")
 
 
 # ----------------------------------------------------------------------------- hpc-hsdp run (a rendered script under plain sbatch, torchrun)
