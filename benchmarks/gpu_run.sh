@@ -26,7 +26,7 @@ python="${PYTHON:-python3}"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; "$python" -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/machine.txt"
 timeout 470 "$python" benchmarks/gpu_compile_fp8.py --budget-s 400 --out "$out/compile_fp8" 2>&1 | tee "$out/compile_fp8.txt"
 [ "${FULL:-0}" = 1 ] || exit 0
-timeout 240 "$python" -m pytest -m gpu tests/test_runtime.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.txt"
+timeout 240 "$python" -m pytest -m gpu tests/processes/test_runtime.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.txt"
 timeout 240 "$python" benchmarks/gpu_hsdp_step.py --steps 20 --warmup 3 2>&1 | tee "$out/gpu_hsdp_step.txt"
 timeout 240 "$python" benchmarks/gpu_hsdp_step.py --steps 10 --warmup 3 --grad-accum 4 2>&1 | tee "$out/gpu_hsdp_step-accum4.txt"
 timeout 300 "$python" benchmarks/gpu_llama_1b.py --out "$out/gpu_llama_1b.json" 2>&1 | tee "$out/gpu_llama_1b.txt"

@@ -1,4 +1,4 @@
-"""Shared fixtures: hygiene checks for every test, and access to the real dev SLURM cluster."""
+"""Shared fixtures: hygiene checks for every test, each test in its tier, and access to the real dev SLURM cluster."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 DEV_CLUSTER = ROOT / "scripts" / "dev-cluster"
+
+# The helpers beside this file (cli_helpers, dist_helpers, hf_helpers) are imported by their plain
+# names from every tier, and by the tasks that tests start with PYTHONPATH=tests.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture(autouse=True)
@@ -66,6 +72,32 @@ other worker spends on the rest of the suite, a file at a time (module fixtures 
 
 def _uses_the_cluster(item) -> bool:
     return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+
+TIERS = ("fast", "processes", "cluster")
+
+
+def _misplaced(item) -> str | None:
+    """Why ``item`` is in the wrong tier (None: it is where it belongs). Cheap: the folder, the
+    markers and the fixtures; that a fast test starts no job is checked by dist_helpers.launch."""
+    path = item.path.resolve()
+    if not path.is_relative_to(TESTS):
+        return None
+    parts = path.relative_to(TESTS).parts
+    tier = parts[0] if len(parts) > 1 else None
+    if tier not in TIERS:
+        return f"{item.nodeid}: a test lives in one of tests/{{{','.join(TIERS)}}}"
+    if _uses_the_cluster(item) != (tier == "cluster"):
+        return f"{item.nodeid}: tests/cluster holds exactly the tests that use the dev cluster (marker slurm, fixture slurm_cluster)"
+    if "dist" in item.keywords and tier != "processes":
+        return f"{item.nodeid}: a test marked dist launches processes: it belongs in tests/processes"
+    return None
+
+
+def pytest_runtest_setup(item):
+    misplaced = _misplaced(item)
+    if misplaced:
+        pytest.fail(misplaced, pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks

@@ -125,6 +125,8 @@ def launch(
     """
     if spec.device != "cpu":
         raise ValueError(f"launch forks CPU-only tasks; got device {spec.device!r} (start a GPU job in a subprocess)")
+    if os.environ.get("PYTEST_CURRENT_TEST", "").startswith("tests/fast/"):
+        raise RuntimeError("tests/fast starts no process group: a test that launches a job belongs in tests/processes")
     envs = job_envs(tasks_per_node=tasks_per_node, distribution=distribution, extra_env=extra_env)
     log_dir = Path(log_dir or Path(spec.run_dir) / "logs")
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,131 @@
+"""The package's layers, read off its source: imports point down the data flow, never up, no circles.
+
+Every import counts, those inside functions too. A layer may import the layers below it
+(and itself); two packages on one level know nothing of each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hpc_hsdp"
+
+# top first; "" is the package face (hpc_hsdp/__init__.py, __main__.py)
+LEVELS = (
+    ("",),
+    ("cli",),
+    ("runtime",),
+    ("job",),
+    ("models", "report"),
+    ("data",),
+    ("rundir",),
+    ("plan",),
+    ("errors", "files", "_version"),
+)
+LEVEL_OF = {name: depth for depth, names in enumerate(LEVELS) for name in names}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "hpc_hsdp":
+                found.update(f"hpc_hsdp.{alias.name}" for alias in node.names)
+            elif node.module.startswith("hpc_hsdp."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("hpc_hsdp"))
+    return found
+
+
+def _room(module: str) -> str:
+    """``hpc_hsdp.job.spec`` -> ``job``; the face (``hpc_hsdp``, ``hpc_hsdp.__main__``) -> ``""``."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return ""
+    return parts[1] if parts[1] in LEVEL_OF else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            # "from hpc_hsdp.rundir import attempts" names a module; "from hpc_hsdp.job.spec import X" a name in one
+            while imported not in modules and "." in imported:
+                imported = imported.rsplit(".", 1)[0]
+            if imported in modules and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_every_room_of_the_package_has_a_level():
+    rooms = {_room(_module_name(p)) for p in PACKAGE.rglob("*.py")}
+    top = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    unknown = {r for r in top - {"__init__", "__main__", "__pycache__", "templates"} if r not in LEVEL_OF}
+    assert not unknown, f"add {sorted(unknown)} to LEVELS"
+    assert rooms <= set(LEVEL_OF)
+
+
+def test_the_package_root_is_its_public_face_only():
+    root_modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root_modules) <= 5, root_modules
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for module, targets in _graph().items():
+        source = _room(module)
+        for target in targets:
+            room = _room(target)
+            if room != source and LEVEL_OF[room] <= LEVEL_OF[source]:
+                upward.append(f"{module} -> {target}")
+    assert not upward, "imports that run up or sideways:\n  " + "\n  ".join(sorted(upward))
+
+
+def test_nothing_inside_the_package_imports_its_face():
+    graph = _graph()
+    importers = sorted(m for m, targets in graph.items() if "hpc_hsdp" in targets and _room(m) != "")
+    assert not importers
+
+
+def test_no_import_circles():
+    graph = _graph()
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[module] = 2
+        path.pop()
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            pytest.fail("import circle: " + " -> ".join(cycle))
+
+
+@pytest.mark.parametrize("call", [RUN_TASK, RUN_TORCHRUN], ids=lambda c: c.target)
+def test_what_a_task_runs_is_named_by_a_path_that_exists(call):
+    module, _, name = call.target.partition(":")
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, call.target

@@ -1,0 +1,554 @@
+"""Nothing from a file runs as code (issue 26): hostile checkpoints, templates, exports, job
+files and token data, and run-directory files truncated, garbage or huge. Each attack is the
+real one (a pickle whose reduce would create a marker file, a sandbox-escaping template, a
+symlink out of a directory, umask 077, a job id of ``--user=root``, token ids beyond the
+vocabulary); the answer is one line and exit 2, or a safe fallback; never a traceback,
+nothing run, nothing leaked, nothing half-written."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_hsdp.cli import main
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.files import private_dir
+from hpc_hsdp.plan.slurm_facts import check_job_id
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def one_error_line(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpc-hsdp: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, err)
+
+
+class MarkerPickle:
+    """Unpickled, it would run ``touch MARKER``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+# ----------------------------------------------------------------------------- checkpoints (no process group)
+
+
+def _tiny_checkpoint(path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), no_dist=True)
+
+
+def _state_to_load():
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+_state_to_load()  # at import: torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR, not a test's doing
+
+
+def _poison_bytes_entry(checkpoint: Path, marker: Path) -> None:
+    """Point one non-tensor entry (the optimizer's lr) at a torch.save of a pickle whose reduce
+    runs a command; the metadata itself stays plain DCP classes."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from hpc_hsdp.runtime.safe_dcp import read_metadata_file
+
+    metadata = read_metadata_file(checkpoint / ".metadata")
+    buffer = io.BytesIO()
+    torch.save(MarkerPickle(marker), buffer)
+    (checkpoint / "__9_0.distcp").write_bytes(buffer.getvalue())
+    for index in list(metadata.storage_data):
+        if index.fqn == "optim.param_groups.0.lr":
+            metadata.storage_data[index] = _StorageInfo("__9_0.distcp", 0, len(buffer.getvalue()))
+    with open(checkpoint / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+def test_a_metadata_pickle_that_runs_a_command_is_refused_unrun(tmp_path):
+    from hpc_hsdp.runtime.safe_dcp import UnsafeCheckpoint, load_state, unsafe_content
+
+    checkpoint, marker = tmp_path / "ck", tmp_path / "MARKER"
+    _tiny_checkpoint(checkpoint)
+    assert unsafe_content(checkpoint) is None
+    load_state(_state_to_load(), checkpoint, no_dist=True)  # a clean one loads
+
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(MarkerPickle(marker)))
+    problem = unsafe_content(checkpoint)
+    assert problem is not None and "posix.system" in problem and "\n" not in problem
+    with pytest.raises(BaseException) as caught:  # DCP wraps it in its CheckpointException
+        load_state(_state_to_load(), checkpoint, no_dist=True)
+    assert "posix.system" in repr(caught.value) or isinstance(caught.value, UnsafeCheckpoint)
+    assert not marker.exists()
+
+
+def test_a_non_tensor_entry_that_runs_a_command_is_refused_unrun(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
+
+    checkpoint, marker = tmp_path / "ck", tmp_path / "MARKER"
+    _tiny_checkpoint(checkpoint)
+    _poison_bytes_entry(checkpoint, marker)
+    problem = unsafe_content(checkpoint)
+    assert problem is not None and "optim.param_groups.0.lr" in problem
+    with pytest.raises(BaseException):  # noqa: B017,PT011 - DCP's CheckpointException is a BaseException
+        load_state(_state_to_load(), checkpoint, no_dist=True)
+    assert not marker.exists()
+    # what the defence is for: DCP's own load runs the command
+    copy = tmp_path / "copy"
+    shutil.copytree(checkpoint, copy)
+    dcp.load(_state_to_load(), checkpoint_id=str(copy), no_dist=True)
+    assert marker.exists()
+
+
+def test_metadata_pointing_outside_the_checkpoint_is_refused(tmp_path):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from hpc_hsdp.runtime.safe_dcp import read_metadata_file, unsafe_content
+
+    checkpoint = tmp_path / "ck"
+    _tiny_checkpoint(checkpoint)
+    metadata = read_metadata_file(checkpoint / ".metadata")
+    index = next(iter(metadata.storage_data))
+    metadata.storage_data[index] = _StorageInfo("../../secret", 0, 10)
+    with open(checkpoint / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    assert "outside the checkpoint" in unsafe_content(checkpoint)
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+ESCAPES = [
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
+    "{% set x = [].append(1) %}{{ x }}",
+]
+
+
+@pytest.mark.parametrize("body", ESCAPES)
+def test_a_sandbox_escaping_template_is_one_line_and_nothing_runs_or_is_written(tmp_path, capsys, monkeypatch, body):
+    monkeypatch.chdir(tmp_path)
+    template = tmp_path / "evil.sbatch.j2"
+    template.write_text("#!/bin/bash\n" + body.replace("MARKER", str(tmp_path / "MARKER")) + "\n")
+    out = tmp_path / "job.sbatch"
+    code, _, err = run_main(
+        ["render", "--shard", "8", "--venv", "none", "--run-dir", str(tmp_path / "r"), "--template", str(template)]
+        + ["-o", str(out)],
+        capsys,
+    )
+    one_error_line(code, err, "evil.sbatch.j2")
+    assert not (tmp_path / "MARKER").exists() and not out.exists()
+
+
+def test_the_shipped_template_renders_in_the_sandbox():
+    import jinja2.sandbox
+
+    from hpc_hsdp.job.render import template_environment
+
+    assert isinstance(template_environment(), jinja2.sandbox.ImmutableSandboxedEnvironment)
+
+
+# ----------------------------------------------------------------------------- umask
+
+
+@pytest.mark.parametrize(("umask", "script_mode"), [(0o077, 0o700), (0o022, 0o755), (0o027, 0o750)])
+def test_render_output_honours_the_umask(tmp_path, capsys, umask, script_mode):
+    target = tmp_path / "job.sbatch"
+    old = os.umask(umask)
+    try:
+        code, _, err = run_main(
+            ["render", "--shard", "8", "--venv", "none", "--run-dir", str(tmp_path / "r"), "-o", str(target)], capsys
+        )
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert stat.S_IMODE(target.stat().st_mode) == script_mode
+
+
+# ----------------------------------------------------------------------------- export: symlinks
+
+
+def test_export_copies_regular_tokenizer_files_only(tmp_path):
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private key")
+    data = tmp_path / "data"
+    (data / "tokenizer").mkdir(parents=True)
+    (data / "tokenizer" / "tokenizer.json").write_text("{}")
+    (data / "tokenizer" / "vocab.json").symlink_to(secret)
+    (data / "tokenizer" / "fifo").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    skipped = _copy_tokenizer({"training": {"data": str(data)}}, out)
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]
+    assert str(data / "tokenizer" / "vocab.json") in skipped
+    assert not any("private key" in p.read_text() for p in out.iterdir())
+
+
+# ----------------------------------------------------------------------------- job ids and pids
+
+
+@pytest.mark.parametrize("good", ["123", "123_4", "123+1", 4242])
+def test_slurm_job_id_forms_are_admitted(good):
+    assert check_job_id(good) == str(good)
+
+
+@pytest.mark.parametrize("bad", ["--user=root", "-1", "123;rm", "../../x", "", "1 2", None, True, "123_", "a123"])
+def test_other_job_ids_are_refused(bad):
+    with pytest.raises(SpecError, match="not a SLURM job id"):
+        check_job_id(bad)
+
+
+def _job_record(run: Path, **fields) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    record = {
+        "job_id": "123",
+        "cluster": "slurm",
+        "run_dir": str(run),
+        "logs_dir": str(run / "logs"),
+        "job_name": "x",
+        "ntasks": 2,
+        "launcher": "srun",
+        "submitted_at": 1.0,
+    }
+    record.update(fields)
+    (run / "job.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def slurm_stubs(tmp_path, monkeypatch) -> Path:
+    """squeue, scancel, sacct, scontrol on PATH that record their arguments (a marker)."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    marker = tmp_path / "CALLED"
+    for name in ("squeue", "scancel", "sacct", "scontrol"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {marker}\n')
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    return marker
+
+
+@pytest.mark.parametrize("command", ["cancel", "status", "logs"])
+def test_a_job_id_of_an_option_never_reaches_the_scheduler(tmp_path, capsys, slurm_stubs, command):
+    run = tmp_path / "run"
+    _job_record(run, job_id="--user=root")
+    code, _, err = run_main([command, str(run)], capsys)
+    one_error_line(code, err, "--user=root", "not a SLURM job id")
+    assert not slurm_stubs.exists()
+
+
+JOB_FILES = {
+    "truncated": b'{"job_id": "123", "clus',
+    "garbage": b"\xff\xfe\x00garbage",
+    "a list": b"[1, 2, 3]",
+    "wrong types": json.dumps({"job_id": 123, "cluster": ["slurm"]}).encode(),
+    "huge": b'{"job_id": "' + b"1" * (1 << 20) + b'"}',
+    "a null ntasks": None,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(JOB_FILES))
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_a_broken_job_file_is_one_line_and_exit_2(tmp_path, capsys, slurm_stubs, kind, command):
+    run = tmp_path / "run"
+    if JOB_FILES[kind] is None:
+        _job_record(run, ntasks=None)
+    else:
+        run.mkdir()
+        (run / "job.json").write_bytes(JOB_FILES[kind])
+    code, _, err = run_main([command, str(run)], capsys)
+    one_error_line(code, err, "job.json")
+    assert not slurm_stubs.exists()
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbage", "huge"])
+def test_runs_lists_a_run_with_a_broken_job_file_without_a_traceback(tmp_path, capsys, slurm_stubs, kind):
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "job.json").write_bytes(JOB_FILES[kind])
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe{"step": 2, "lo')
+    code, out, err = run_main(["runs", str(tmp_path / "runs")], capsys)
+    assert "Traceback" not in err
+    assert code in (0, 2), err
+    assert not slurm_stubs.exists()
+
+
+@pytest.mark.parametrize(
+    "metrics", [b"", b'{"step": 1, "lo', b"\xff\xfe\x00\x01" * 1000, b"[1]\n{}\n" + b"x" * (3 << 20), b"null\n"]
+)
+def test_report_and_status_on_garbage_metrics_never_trace_back(tmp_path, capsys, slurm_stubs, metrics):
+    run = tmp_path / "run"
+    _job_record(run, cluster="local")
+    (run / "logs").mkdir()
+    (run / "metrics.jsonl").write_bytes(metrics)
+    for command in (["status", str(run)], ["report", str(run)], ["status", "--json", str(run)]):
+        code, out, err = run_main(command, capsys)
+        assert "Traceback" not in err, (command, err)
+        assert code in (0, 1, 2), (command, code, err)
+        if code == 2:
+            one_error_line(code, err)
+
+
+def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
+    from hpc_hsdp.job.backends.local import LocalJob, process_start_time, state_path
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        state = {"job_id": "12345", "state": "RUNNING", "supervisor_pid": bystander.pid, "tasks_per_node": [1]}
+        for started in (None, 1, (process_start_time(bystander.pid) or 0) + 7):  # missing, or a pid reused
+            state_path(logs, "12345").write_text(json.dumps(dict(state, supervisor_started=started)))
+            job = LocalJob(logs_dir=logs, job_id="12345")
+            job.cancel()
+            assert bystander.poll() is None  # not signalled
+        for pid in ("1; rm -rf /", [1], True, os.getpid()):
+            state_path(logs, "12345").write_text(json.dumps(dict(state, supervisor_pid=pid)))
+            LocalJob(logs_dir=logs, job_id="12345").cancel()
+            assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] in ("RUNNING", "FAILED")
+        state_path(logs, "12345").write_bytes(b"\xff garbage")
+        assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] == "UNKNOWN"
+        # the real start time: signalled
+        state_path(logs, "12345").write_text(
+            json.dumps(dict(state, supervisor_started=process_start_time(bystander.pid)))
+        )
+        LocalJob(logs_dir=logs, job_id="12345").cancel()
+        assert bystander.wait(timeout=10) != 0
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+# ----------------------------------------------------------------------------- state directories
+
+
+def test_state_directories_are_private_and_refused_when_a_symlink(tmp_path):
+    made = private_dir(tmp_path / "state" / "jobs")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    wide = tmp_path / "wide"
+    wide.mkdir(mode=0o777)
+    wide.chmod(0o777)
+    assert stat.S_IMODE(private_dir(wide).stat().st_mode) == 0o700
+    target = tmp_path / "theirs"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(PermissionError, match="symlink"):
+        private_dir(tmp_path / "link")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory of another user needs root")
+def test_another_users_state_directory_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(PermissionError, match="belongs to user id 12345"):
+        private_dir(theirs)
+
+
+def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
+    from hpc_hsdp.rundir.job_record import JobRecord, jobs_index
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    run = tmp_path / "run"
+    run.mkdir()
+    JobRecord(
+        job_id="77", cluster="local", run_dir=str(run), logs_dir=str(run), job_name="x", ntasks=1, launcher="srun",
+        submitted_at=1.0,
+    ).save()  # fmt: skip
+    assert stat.S_IMODE(jobs_index().stat().st_mode) == 0o700
+    assert JobRecord.load("77").run_dir == str(run)
+
+
+def test_the_emulators_port_reservations_are_private(tmp_path, monkeypatch):
+    from hpc_hsdp.job.backends.local import emulator_state_dir, reserve_port
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    reserve_port("4242", tmp_path / "state.json", is_free=lambda port: True)
+    assert stat.S_IMODE(emulator_state_dir().stat().st_mode) == 0o700
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(emulator_state_dir())
+    emulator_state_dir().symlink_to(elsewhere)
+    with pytest.raises(SpecError, match="the local emulator cannot use .* is a symlink"):
+        reserve_port("4243", tmp_path / "state.json", is_free=lambda port: True)
+    assert not list(elsewhere.iterdir())  # nothing written through the link
+
+
+# ----------------------------------------------------------------------------- token data
+
+
+def test_ids_beyond_what_the_sidecar_says_stop_with_the_file_and_the_id(tmp_path):
+    from hpc_hsdp.data.tokens import DataError, check_token_data, open_dataset, write_token_file
+
+    path = tmp_path / "train.bin"
+    write_token_file(path, np.arange(64) % 50, vocab_size=64)
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    tokens = np.fromfile(path, dtype=sidecar["dtype"])
+    tokens[40] = 60000  # beyond the vocabulary; the sidecar still says max_token_id 49
+    tokens.tofile(path)
+    ds = open_dataset(path)
+    check_token_data(ds, model_vocab_size=64, seq_len=8, global_batch=2)  # the sidecar's word: fine
+    with pytest.raises(DataError) as caught:
+        ds.read(32, 16)
+    message = str(caught.value)
+    assert str(path) in message and "60000" in message and "\n" not in message
+    assert ds.read(0, 32).max() < 64
+
+
+def test_the_model_vocabulary_check_names_the_id(tmp_path):
+    from hpc_hsdp.data.tokens import DataError, check_token_data, open_dataset, write_token_file
+
+    path = tmp_path / "train.bin"
+    write_token_file(path, np.arange(256) % 200, vocab_size=256)
+    with pytest.raises(DataError, match="holds token id 199"):
+        check_token_data(open_dataset(path), model_vocab_size=128, seq_len=8, global_batch=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_token_id", "12"),
+        ("max_token_id", -1),
+        ("max_token_id", 99999),
+        ("vocab_size", True),
+        ("num_tokens", 1.5),
+        ("dtype", "float64"),
+        ("document_index", "../../etc/passwd"),
+        ("document_index", 7),
+    ],
+)
+def test_sidecar_fields_are_type_and_range_checked(tmp_path, field, value):
+    from hpc_hsdp.data.tokens import DataError, open_dataset, write_token_file
+
+    path = tmp_path / "train.bin"
+    write_token_file(path, np.arange(64) % 50, vocab_size=64, eos_id=49)
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    sidecar[field] = value
+    path.with_suffix(".json").write_text(json.dumps(sidecar))
+    with pytest.raises(DataError) as caught:
+        open_dataset(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bin_whose_size_does_not_fit_its_dtype_is_refused(tmp_path):
+    from hpc_hsdp.data.tokens import DataError, open_dataset, write_token_file
+
+    path = tmp_path / "train.bin"
+    write_token_file(path, np.arange(64) % 50, vocab_size=64)
+    with open(path, "ab") as f:
+        f.write(b"\x01")
+    with pytest.raises(DataError, match="not a whole number of uint16 tokens"):
+        open_dataset(path)
+
+
+def test_prepare_data_refuses_an_enormous_line_naming_the_option(tmp_path, capsys):
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b'{"text": "' + b"a" * (3 << 20) + b'"}')  # one line, no newline
+    code, _, err = run_main(
+        ["prepare-data", str(big), "--field", "text", "-o", str(tmp_path / "out"), "--max-line-bytes", "1000000", "-q"],
+        capsys,
+    )
+    one_error_line(code, err, "--max-line-bytes", "big.jsonl")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_enormous_line_after_the_first_is_refused_while_reading(tmp_path):
+    from hpc_hsdp.data.inputs import DataError, discover_inputs, iter_blocks
+
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b'{"text": "small"}\n{"text": "' + b"a" * (3 << 20) + b'"}')
+    files, _ = discover_inputs((str(big),), field="text", max_line_bytes=1 << 20)
+    with pytest.raises(DataError, match="line 2 is longer than"):
+        list(iter_blocks(files, val_fraction=0.0, block_bytes=1 << 16, max_line_bytes=1 << 20))
+
+
+# ----------------------------------------------------------------------------- --entry and --model
+
+
+@pytest.mark.parametrize(
+    "value", ["__import__('os').system('touch MARKER')", "os.system('x'):y", "a:b:c", "/tmp/x.py:main", "mod:"]
+)
+def test_entry_and_model_names_are_identifiers_only(value):
+    from hpc_hsdp.models.base import split_import_name
+
+    with pytest.raises(SpecError, match="is not module:function"):
+        split_import_name("--entry", value)
+    assert split_import_name("--model", "pkg.mod:build") == ("pkg.mod", "build")
+
+
+def test_the_task_refuses_an_entry_that_is_not_a_name_before_importing():
+    from hpc_hsdp.models.factory import resolve_factory
+    from hpc_hsdp.runtime.entry import resolve_entry
+
+    for resolve in (resolve_entry, resolve_factory):
+        with pytest.raises(SpecError, match="is not module:function"):
+            resolve("os.system('touch x'):y")
+
+
+def test_the_dev_clusters_state_directory_is_refused_when_a_symlink_or_anothers(tmp_path):
+    """``scripts/dev-cluster``'s own check, run alone (the script itself needs root and the cluster)."""
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "dev-cluster").read_text()
+    start = script.index("check_state_dir() {")
+    function = script[start : script.index("\n}\n", start) + 3]
+    prelude = 'PROG=dev-cluster\ndie() { echo "$PROG: $*" >&2; exit 1; }\n' + function
+
+    def run(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", prelude + 'check_state_dir "$1"', "bash", str(path)], capture_output=True, text=True
+        )
+
+    assert run(tmp_path / "new").returncode == 0
+    (tmp_path / "mine").mkdir()
+    assert run(tmp_path / "mine").returncode == 0
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    refused = run(tmp_path / "link")
+    assert refused.returncode == 1 and "is a symlink or belongs to another user" in refused.stderr
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 12345, 12345)
+        assert run(theirs).returncode == 1

@@ -1,0 +1,179 @@
+"""Nothing from a file runs as code (issue 26), on a real small run (gloo): hostile checkpoints and
+exports, a broken train state on resume and in status, and the rendezvous store's address."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.fast.test_hostile import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
+
+# ----------------------------------------------------------------------------- checkpoints in a run (gloo)
+
+TINY = dict(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished run: checkpoints at steps 2 and 4 (2 tasks, one shard group of 2)."""
+    from dist_helpers import launch
+
+    from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+
+    run = tmp_path_factory.mktemp("hostile") / "run"
+    training = TrainingSpec(**TINY, checkpoint_every=2, keep_checkpoints=3)
+    launch(RunSpec(shard_size=2, run_dir=str(run), device="cpu", training=training, timeout_s=60), tasks_per_node=[2])
+    return run
+
+
+def _forge_manifest(checkpoint: Path) -> None:
+    """Whoever can write a pickle can write the manifest: make its sizes and CRCs match."""
+    from hpc_hsdp.rundir.state import MANIFEST, file_record
+
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    manifest["files"][".metadata"] = file_record(checkpoint / ".metadata", checksum=True)
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("manifest", ["forged", "deleted"])
+def test_a_hostile_checkpoint_is_damaged_export_refuses_and_resume_falls_back(trained, tmp_path, capsys, manifest):
+    from dist_helpers import launch
+
+    from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+    from hpc_hsdp.rundir.state import MANIFEST
+
+    run, marker = tmp_path / "run", tmp_path / "MARKER"
+    shutil.copytree(trained, run)
+    newest = run / "checkpoints" / "step-000004"
+    (newest / ".metadata").write_bytes(pickle.dumps(MarkerPickle(marker)))
+    if manifest == "forged":
+        _forge_manifest(newest)
+    else:
+        (newest / MANIFEST).unlink()
+
+    code, out, err = run_main(["export", str(run), "-o", str(tmp_path / "out")], capsys)
+    one_error_line(code, err, "step-000004", "damaged", "posix.system")
+    assert not (tmp_path / "out").exists() and not marker.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
+
+    training = TrainingSpec(**dict(TINY, steps=6), checkpoint_every=2, keep_checkpoints=3)
+    again = launch(
+        RunSpec(shard_size=2, run_dir=str(run), device="cpu", training=training, timeout_s=60), tasks_per_node=[2]
+    )
+    log = next(o.log for o in again if o.procid == 0)
+    assert f"warning: checkpoint {newest} is damaged" in log and "resumed from step 2" in log, log
+    assert not marker.exists()
+
+    # the previous one exports
+    code, out, err = run_main(["export", str(run), "--step", "2", "-o", str(tmp_path / "out2")], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_a_hostile_non_tensor_entry_is_refused_by_export(trained, tmp_path, capsys):
+    run, marker = tmp_path / "run", tmp_path / "MARKER"
+    shutil.copytree(trained, run)
+    newest = run / "checkpoints" / "step-000004"
+    _poison_bytes_entry(newest, marker)
+    (newest / MANIFEST_NAME).unlink()
+    code, _, err = run_main(["export", str(run), "-o", str(tmp_path / "out")], capsys)
+    one_error_line(code, err, "optim.param_groups.0.lr")
+    assert not marker.exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_export_replaces_only_a_previous_export_of_the_same_run(trained, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = run_main(["export", str(trained), "--step", "2", "-o", str(out)], capsys)
+    assert code == 0, err
+    first = json.loads((out / "hpc-hsdp-export.json").read_text())
+    assert first["run_dir"] == str(trained.resolve()) and first["step"] == 2
+    code, _, err = run_main(["export", str(trained), "-o", str(out)], capsys)  # the same run: replaced
+    assert code == 0, err
+    assert json.loads((out / "hpc-hsdp-export.json").read_text())["step"] == 4
+    assert not [p for p in tmp_path.iterdir() if p.name != "out"]  # no temporary or replaced copy left
+
+    other = tmp_path / "other-run"
+    shutil.copytree(trained, other)
+    code, _, err = run_main(["export", str(other), "-o", str(out)], capsys)  # another run's export: refused
+    one_error_line(code, err, "is not an export of this run")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, _, err = run_main(["export", str(trained), "-o", str(mine)], capsys)  # someone's directory: refused
+    one_error_line(code, err, "is not an export of this run")
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+MANIFEST_NAME = "manifest.json"
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("content", [b"", b'{"step": 4, "seed"', b"\xff\xfe garbage", b"[1, 2]", b" " * (5 << 20)])
+def test_a_broken_train_state_falls_back_on_resume_and_in_status(trained, tmp_path, content):
+    from hpc_hsdp.rundir.state import TRAIN_STATE, run_dir_state
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    (run / "checkpoints" / "step-000004" / TRAIN_STATE).write_bytes(content)
+    state = run_dir_state(run)
+    assert state.resume_step == 2 and "train_state.json" in state.skipped[0]
+
+
+# ----------------------------------------------------------------------------- export: symlinks
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_export_refuses_a_symlinked_or_non_empty_output(trained, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    code, _, err = run_main(["export", str(trained), "-o", str(tmp_path / "link")], capsys)
+    one_error_line(code, err, "link")
+    assert list(elsewhere.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- rendezvous
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses of the TCP sockets listening on ``port`` (/proc/net/tcp and tcp6, hex)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def report_store_address(ctx):
+    return {"rank": ctx.rank, "listening": _listening_addresses(ctx.layout.master_port)}
+
+
+@pytest.mark.dist
+def test_the_store_listens_on_the_job_address_only(tmp_path):
+    """torch's env:// store binds every interface; the job's is served on MASTER_ADDR alone."""
+    from dist_helpers import launch
+
+    from hpc_hsdp.job.spec import RunSpec
+
+    spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", timeout_s=60)
+    outcomes = launch(spec, tasks_per_node=[2], fn=report_store_address, timeout_s=120)
+    seen = {o.value["rank"]: o.value["listening"] for o in outcomes}
+    assert seen[0] == ["0100007F"], seen  # 127.0.0.1, little-endian hex; not 00000000 (every interface)
