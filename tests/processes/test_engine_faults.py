@@ -116,7 +116,7 @@ def test_a_frozen_rank_ends_the_job_with_every_ranks_stacks(loop, tmp_path):
     line = next(line for line in logs[0].splitlines() if "hang at step" in line)
     assert re.fullmatch(
         r"\[hpc-hsdp\] hang at step 3: no step completed within 6 s; ranks 0 wait in a collective "
-        r"\(furthest: #\d+ \w+\); ranks 1 never reached it \(rank 1 at faults.py:\d+ in at_step\); "
+        r"\(furthest: #\d+ \w+\); ranks 1 never reached it \(rank 1 at injected_faults.py:\d+ in at_step\); "
         r"not in a SLURM job: not requeued; resubmit with the same --run-dir to resume",
         line,
     ), line

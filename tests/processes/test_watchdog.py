@@ -45,14 +45,14 @@ def test_one_frozen_rank_of_four_ends_the_job_with_stacks_and_one_line(tmp_path)
     line = next(line for line in logs[0].splitlines() if "hang at step" in line)
     assert re.fullmatch(
         r"\[hpc-hsdp\] hang at step 3: no step completed within 6 s; ranks 0-1,3 wait in a collective "
-        r"\(furthest: #\d+ \w+\); ranks 2 never reached it \(rank 2 at faults.py:\d+ in at_step\); "
+        r"\(furthest: #\d+ \w+\); ranks 2 never reached it \(rank 2 at injected_faults.py:\d+ in at_step\); "
         r"not in a SLURM job: not requeued; resubmit with the same --run-dir to resume",
         line,
     ), line
     for procid, log in logs.items():
         assert f"watchdog: rank {procid}: no step completed for" in log
         assert "Thread 0x" in log or "Current thread 0x" in log  # faulthandler's stacks of every thread
-    assert "in at_step" in logs[2] and "faults.py" in logs[2]  # the frozen rank's stack shows where it is
+    assert "in at_step" in logs[2] and "injected_faults.py" in logs[2]  # the frozen rank's stack shows where it is
     assert "distributed" in logs[0]  # the others wait inside torch.distributed
     for procid in (1, 2, 3):
         assert "hang at step 3" in next(line for line in logs[procid].splitlines() if "stacks above" in line)
