@@ -216,18 +216,25 @@ def claimed(run_dir: str | Path, *, cluster: str) -> Iterator[tuple[str | None, 
                 _put_back(run_dir, before)
                 raise
     except BaseException:
-        if created:  # the directory was made for this submission: leave nothing of it
-            for name in (claims.CLAIM, claims.CLAIM_LOCK):
-                try:
-                    (run_dir / name).unlink()
-                except OSError:
-                    pass
-            for folder in reversed(created):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+        if created:
+            _remove_if_only_the_lock(run_dir, created)
         raise
+
+
+def _remove_if_only_the_lock(run_dir: Path, created: list[Path]) -> None:
+    """The directories a failed submission made, removed, unless another submission raced
+    into them meanwhile (its claim or job is there: they stay as they are)."""
+    try:
+        if {entry.name for entry in run_dir.iterdir()} - {claims.CLAIM_LOCK}:
+            return
+        (run_dir / claims.CLAIM_LOCK).unlink(missing_ok=True)
+    except OSError:
+        return
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _put_back(run_dir: Path, before: bytes | None) -> None:

@@ -92,6 +92,27 @@ def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_refused_submission_that_made_the_directory_leaves_the_winners_claim(tmp_path, monkeypatch):
+    """Two racers: the loser made the directory, the winner claimed it first. The loser's
+    refusal removes nothing (its clean-up once took the winner's claim.json with it)."""
+    from hpc_hsdp.job import claims as job_claims
+    from hpc_hsdp.job.claims import claimed
+    from hpc_hsdp.rundir.claim import write_claim
+
+    run = tmp_path / "run"
+
+    def made_here_then_won_by_another(path):
+        path.mkdir()
+        _local_job(path, "557", pid=os.getpid())
+        write_claim(path, "claimed", job_id="557", cluster="local", logs_dir="logs")
+        return [path]
+
+    monkeypatch.setattr(job_claims, "_make_dirs", made_here_then_won_by_another)
+    with pytest.raises(SpecError, match="^job 557 is still RUNNING"), claimed(run, cluster="local"):
+        pytest.fail("claimed a directory a running job holds")
+    assert {"claim.json", "claim.lock", "logs"} <= set(os.listdir(run))
+
+
 def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp_path):
     """The job a claim names holds the directory whatever attempt of it runs: a resubmission
     is refused while it is pending again (its claim and job.json agree); garbage is no claim."""
