@@ -36,10 +36,12 @@ def _batch_log(run: Path) -> str:
     return "".join(p.read_text() for p in sorted((run / "logs").glob("*_0_log.*")))
 
 
-def test_tasks_order_the_nodes_by_the_given_switches(tmp_path, local_submit):
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_tasks_order_the_nodes_by_the_given_switches(tmp_path, local_submit, launcher):
     run = tmp_path / "run"
     argv = local_submit(run, "--steps", "2", "--wait", *TINY, nodes=4, gpus_per_node=1, shard=2)
-    out = hpc(*argv, "--env", f"HPC_HSDP_NODE_SWITCHES={INTERLEAVED}", "--straggler-every", "0", "--tracker", "none")
+    argv += ["--launcher", launcher, "--straggler-every", "0", "--tracker", "none"]
+    out = hpc(*argv, "--env", f"HPC_HSDP_NODE_SWITCHES={INTERLEAVED}")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert f"hpc-hsdp: node switches: {INTERLEAVED}" in _batch_log(run)
     layout = json.loads((run / "layout.json").read_text())
@@ -58,6 +60,31 @@ def test_tasks_order_the_nodes_by_the_given_switches(tmp_path, local_submit):
     assert ranks[1]["shard_group"] == [0, 1] and ranks[1]["replicate_group"] == [1, 3]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_replica_groups_take_the_nodes_under_one_switch(tmp_path, local_submit):
+    """--fault-tolerance replica: groups of two nodes, n1+n3 and n2+n4 (each under one leaf), each
+    its own step on srun --nodelist; the job trains to the end with both."""
+    run = tmp_path / "run"
+    argv = local_submit(run, "--steps", "3", "--wait", *TINY, nodes=4, gpus_per_node=1, shard=2)
+    argv += [
+        "--fault-tolerance",
+        "replica",
+        "--min-replicas",
+        "2",
+        "--quorum-timeout",
+        "30",
+        "--global-batch-size",
+        "4",
+    ]
+    out = hpc(*argv, "--straggler-every", "0", "--tracker", "none", "--env", f"HPC_HSDP_NODE_SWITCHES={INTERLEAVED}")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + _batch_log(run)[-3000:]
+    started = [
+        json.loads(line) for line in (run / "replicas.jsonl").read_text().splitlines() if "group started" in line
+    ]
+    assert sorted((e["replica_id"], e["nodes"]) for e in started) == [(0, ["n1", "n3"]), (1, ["n2", "n4"])]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m.get("replicas")) for m in steps] == [(1, 2), (2, 2), (3, 2)]
 
 
 def test_strict_refuses_crossing_shard_groups_before_any_task(tmp_path, local_submit):
