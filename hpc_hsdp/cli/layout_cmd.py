@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 
 import click
 
+from hpc_hsdp.errors import SlurmEnvError
+from hpc_hsdp.job.backends import task_backend
+from hpc_hsdp.job.backends.slurm_command import SchedulerError, show_topology
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, node_address, pick_port
 from hpc_hsdp.plan.slurm_facts import DISTRIBUTIONS
-from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_from_env
+from hpc_hsdp.plan.switches import (
+    NODE_SWITCHES_ENV,
+    TOPOLOGY_MODES,
+    format_node_switches,
+    parse_node_switches,
+    parse_scontrol_topology,
+    switches_of_nodes,
+)
+from hpc_hsdp.plan.topology import (
+    RankLayout,
+    expand_nodelist,
+    parse_tasks_per_node,
+    plan_on_switches,
+    rendezvous_from_env,
+)
 
 
 @click.command()
@@ -21,11 +39,28 @@ from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_
     help="Workers per node: this task is the torchrun launcher of its node.  [default: this task is one rank]",
 )
 @click.option(
+    "--topology",
+    type=click.Choice(TOPOLOGY_MODES),
+    default="auto",
+    show_default=True,
+    help="As the job's --topology: auto and strict order the nodes by the switches in $HPC_HSDP_NODE_SWITCHES; "
+    "strict refuses shard groups that must cross leaf switches.",
+)
+@click.option(
     "--field",
     default=None,
     help="Print only this field, raw (for scripts), e.g. node_rank; in the batch script: rendezvous "
     "(\"ADDRESS PORT\": this node's reachable address and the job's port: the one derived from the job id, "
-    "else a free one of 10000-19999, which no job derives).",
+    "else a free one of 10000-19999, which no job derives) and node_switches (every node's switches, as "
+    "$HPC_HSDP_NODE_SWITCHES holds them: given there, else from scontrol show topology).",
+)
+@click.option(
+    "--tasks-per-node",
+    "tasks_per_node_text",
+    default=None,
+    metavar="COUNTS",
+    help="With --field node_switches --topology strict: the job's tasks per node ('8': every node; '8,4'), "
+    "whose shard groups are checked against the switches.",
 )
 @click.option(
     "--hostfile",
@@ -41,7 +76,7 @@ from hpc_hsdp.plan.topology import RankLayout, parse_tasks_per_node, rendezvous_
     show_default=True,
     help="Order of the --hostfile lines.",
 )
-def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> None:
+def layout(shard_size, nproc_per_node, topology, field, tasks_per_node_text, hostfile_counts, distribution) -> None:
     """Inside a SLURM task, print the layout this task derives, as one JSON object.
 
     The rank is node-major (tasks on earlier nodes + SLURM_LOCALID), whatever
@@ -62,11 +97,16 @@ def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> 
         port = pick_port(first, where=f"node {env.get('SLURMD_NODENAME') or '?'}")  # a port in use is no failed job
         click.echo(f"{address} {port}")
         return
+    if field == "node_switches":
+        click.echo(job_node_switches(os.environ, topology, shard_size, tasks_per_node_text))
+        return
     if field in ("master_addr", "master_port"):
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)
         click.echo(addr if field == "master_addr" else port)
         return
-    derived = RankLayout.from_env(os.environ, shard_size=shard_size, nproc_per_node=nproc_per_node).to_dict()
+    derived = RankLayout.from_env(
+        os.environ, shard_size=shard_size, nproc_per_node=nproc_per_node, topology=topology
+    ).to_dict()
     if field is None:
         click.echo(json.dumps(derived, sort_keys=False))
         return
@@ -76,3 +116,36 @@ def layout(shard_size, nproc_per_node, field, hostfile_counts, distribution) -> 
         )
     value = derived[field]
     click.echo(json.dumps(value) if isinstance(value, (list, dict)) else ("" if value is None else value))
+
+
+def job_node_switches(env: Mapping[str, str], topology: str, shard_size: int, tasks_per_node_text: str | None) -> str:
+    """The batch shell's ``--field node_switches``: every node of the job under its switches (the
+    value of ``HPC_HSDP_NODE_SWITCHES``): the one the job was given (``--env``), else SLURM's
+    topology; none on the emulator, whose nodes are all this machine. With ``--topology strict``,
+    TopologyError where the shard groups must cross leaf switches (or that cannot be told)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    if not nodelist:
+        raise SlurmEnvError("SLURM_JOB_NODELIST is not set; --field node_switches is for the job's batch script")
+    nodes = expand_nodelist(nodelist)
+    given = env.get(NODE_SWITCHES_ENV, "").strip()
+    if given:
+        places = parse_node_switches(given)
+    elif task_backend(env).separate_machines:
+        try:
+            places = switches_of_nodes(parse_scontrol_topology(show_topology(env=env)), nodes)
+        except SchedulerError as exc:
+            if topology == "strict":
+                raise
+            click.echo(f"hpc-hsdp: the nodes' switches are unknown ({exc}); the node-list order stands", err=True)
+            places = {}
+    else:
+        places = {}
+    if topology == "strict":
+        if not tasks_per_node_text:
+            raise click.UsageError("--field node_switches --topology strict needs --tasks-per-node")
+        counts = parse_tasks_per_node(tasks_per_node_text)
+        counts = counts * len(nodes) if len(counts) == 1 else counts
+        plan_on_switches(
+            tasks_per_node=counts, shard_size=shard_size, node_names=nodes, places=places, topology="strict"
+        )
+    return format_node_switches(places, nodes)

@@ -29,8 +29,10 @@ from hpc_hsdp.plan.estimates import (
 )
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.replica_groups import replica_shape
+from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.slurm_facts import check_signal
-from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for
+from hpc_hsdp.plan.switches import parse_node_switches
+from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for, plan_on_switches
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 
 
@@ -45,6 +47,16 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     default=None,
     metavar="SLURM_TASKS_PER_NODE",
     help="An uneven allocation in SLURM's form, e.g. '8(x2),4'; overrides --nodes/--gpus-per-node.",
+)
+@job_option("topology", "plan")
+@click.option(
+    "--node-switches",
+    "node_switches",
+    default=None,
+    metavar="SWITCHES",
+    help="The nodes' switches as a job's log prints them (HPC_HSDP_NODE_SWITCHES), e.g. "
+    "'spine.leaf1:n[1-2];spine.leaf2:n[3-4]': the plan in their order, each node's switch and where the "
+    "groups sit.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
 @click.option(
@@ -108,6 +120,8 @@ def plan(
     shard_size,
     nodelist,
     tasks_per_node_text,
+    topology,
+    node_switches,
     as_json,
     svg_path,
     training_model,
@@ -138,12 +152,17 @@ def plan(
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
+    hpc-hsdp plan --nodes 4 --shard 16 --node-switches 'spine.leaf1:n[1,3];spine.leaf2:n[2,4]'
     """
     model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)
     if not recommend and shard_size is None:
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
     fewest_nodes, nodes = _node_range(nodes, one_allocation=bool(nodelist or tasks_per_node_text or recommend))
     the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
+    if node_switches is not None or topology == "strict":
+        if recommend:
+            raise SpecError("--node-switches and --topology strict show one shard size; drop --recommend")
+        the_plan = _on_switches(the_plan, node_switches or "", topology)
     fewest = None
     if fewest_nodes is not None:
         try:
@@ -189,6 +208,25 @@ def plan(
             click.echo("\n".join(replicas.describe(the_plan.node_names)))
         if fewest is not None:
             _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
+
+
+def _on_switches(the_plan: TopologyPlan, text: str, topology: str) -> TopologyPlan:
+    """``the_plan`` over the switches ``text`` names (``HPC_HSDP_NODE_SWITCHES``'s form), ordered and
+    checked as a job with ``--topology`` would be."""
+    places = parse_node_switches(text)
+    if text.strip() and not set(places) & set(the_plan.node_names):
+        raise SpecError(
+            f"--node-switches names none of the job's nodes ({compress_nodelist(the_plan.node_names)}); name the "
+            f"nodes with --nodelist as SLURM does"
+        )
+    return plan_on_switches(
+        tasks_per_node=the_plan.tasks_per_node,
+        shard_size=the_plan.shard_size,
+        node_names=the_plan.node_names,
+        places=places,
+        tp_size=the_plan.tp_size,
+        topology=topology,
+    )
 
 
 def _replicas(the_plan: TopologyPlan, fault_tolerance: str, min_replicas: int, spare_nodes: int, fewest_nodes):

@@ -34,6 +34,7 @@ from typing import Any
 
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, DISTRIBUTIONS
+from hpc_hsdp.plan.switches import TOPOLOGY_MODES
 
 CONFIG_ENV = "HPC_HSDP_CONFIG"
 """Environment variable naming the config file when ``--config`` is not given."""
@@ -365,6 +366,41 @@ OPTIONS: tuple[JobOption, ...] = (
         help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.",
     ),
     JobOption(key="constraint", kind="str", help="#SBATCH --constraint (node features, e.g. 'h100&ib')."),
+    # ------------------------------------------------------------------ the network's switches
+    JobOption(
+        key="switches",
+        kind="str",
+        metavar="N[@TIME]",
+        help="#SBATCH --switches (topology/tree): the job's nodes under at most N leaf switches, SLURM waiting "
+        "up to TIME for them (e.g. 1, or 1@30:00).",
+    ),
+    JobOption(
+        key="segment",
+        kind="int",
+        positive=True,
+        refusal="is not a node count; give the nodes per block segment, e.g. --segment 2",
+        metavar="N",
+        help="#SBATCH --segment (topology/block): the job's nodes in segments of N, each segment within one block.",
+    ),
+    JobOption(
+        key="topology",
+        kind="str",
+        default="auto",
+        choices=TOPOLOGY_MODES,
+        commands=(*ON_EVERY_TASK, "plan"),
+        reaches=RUN_ARGUMENT,
+        help="auto: where SLURM gives the nodes' switches, order the nodes by them (a shard group spanning "
+        "nodes under one leaf switch, replicate groups across switches); off: the node-list order; strict: "
+        "as auto, and refuse a job whose shard groups must cross leaf switches.",
+        shown={
+            "run": Shown(default=DECLARED),
+            "plan": Shown(
+                help="As the job would run (auto, off, strict): with --node-switches, the node order and "
+                "strict's refusal.",
+                default=DECLARED,
+            ),
+        },
+    ),
     JobOption(
         key="exclusive",
         kind="bool",
@@ -944,7 +980,7 @@ OPTIONS: tuple[JobOption, ...] = (
 OPTION_BY_KEY: Mapping[str, JobOption] = MappingProxyType({o.key: o for o in OPTIONS})
 TRAINING_OPTIONS: tuple[JobOption, ...] = tuple(o for o in OPTIONS if o.training)
 """The TrainingSpec fields' options, in the fields' order."""
-RUN_ARGUMENTS: tuple[str, ...] = ("shard", "run_dir", "device", "entry", "timeout", "comm_stats")
+RUN_ARGUMENTS: tuple[str, ...] = ("shard", "run_dir", "device", "entry", "timeout", "comm_stats", "topology")
 """RunSpec's own options in the order ``hpc-hsdp run`` lists them and the rendered script passes
 them (not the order of ``render --help``); the training options follow."""
 

@@ -27,6 +27,9 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 ``srun_options``     ``["--kill-on-bad-exit=1", ...]``: srun's options, unquoted (use ``q``)
 ``warning_signal``   name of the ``--signal`` warning (``USR2``): exported to the tasks as
                      ``HPC_HSDP_WARNING_SIGNAL`` and trapped by the batch shell
+``switches_command`` the batch shell's ``python -m hpc_hsdp layout --field node_switches ...``
+                     (every node's switches; with ``--topology strict`` the check), or None
+                     where the job orders no nodes by switch (one node, ``--topology off``)
 ``launch_command``   the shell text srun runs, ready (already quoted): the default
                      ``python -m hpc_hsdp run ...`` / ``bash -c 'exec torchrun ...'``, or
                      the override given to :func:`render_sbatch`
@@ -46,6 +49,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import sbatch_lines
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
 from hpc_hsdp.plan.replica_groups import REPLICA_TAG
+from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV
 from hpc_hsdp.plan.topology import format_tasks_per_node
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -269,6 +273,20 @@ def layout_command(spec: JobSpec, *layout_args: str) -> str:
     return " ".join(q(a) for a in argv)
 
 
+def switches_command(spec: JobSpec) -> str | None:
+    """``python -m hpc_hsdp layout --field node_switches``, which the batch shell exports to every
+    task as ``HPC_HSDP_NODE_SWITCHES``; with ``--topology strict`` it also refuses (exit 2, one
+    line) shard groups that must cross leaf switches. None for one node or ``--topology off``."""
+    topology = spec.run.topology
+    if topology == "off" or spec.nodes + spec.spare_nodes < 2:
+        return None
+    args = ["--field", "node_switches"]
+    if topology == "strict":
+        counts = ",".join(map(str, spec.tasks_per_node)) if spec.ntasks is not None else str(spec.gpus_per_node)
+        args += ["--topology", topology, "--shard", str(spec.run.shard_size), "--tasks-per-node", counts]
+    return layout_command(spec, *args)
+
+
 def default_launch_command(spec: JobSpec) -> str:
     """What srun runs on each task, as ready shell text.
 
@@ -291,6 +309,7 @@ def default_launch_command(spec: JobSpec) -> str:
         str(spec.run.shard_size),
         "--nproc-per-node",
         str(spec.gpus_per_node),
+        *(["--topology", spec.run.topology] if spec.run.topology != "auto" else []),
         "--field",
         "node_rank",
     ]
@@ -323,6 +342,7 @@ def plan_command(spec: JobSpec) -> str:
 
 
 RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+UNSET_ON_ENTRY = (*RENDEZVOUS_VARIABLES, NODE_SWITCHES_ENV)
 """Unset when the script starts (a submitting shell's stale values travel with
 ``--export=ALL``); ``--env``, ``--pass-env`` and ``--setup`` lines may set them on purpose."""
 
@@ -344,7 +364,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "log_dir": spec.log_dir,
         "srun_options": srun_options(spec),
         "cpu_share": cpu_share(spec),
-        "unset_on_entry": [name for name in RENDEZVOUS_VARIABLES if name not in spec.environment.pass_env],
+        "unset_on_entry": [name for name in UNSET_ON_ENTRY if name not in spec.environment.pass_env],
         "rendezvous_command": layout_command(spec, "--field", "rendezvous"),
         "hostfile_command": (
             layout_command(
@@ -354,6 +374,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
             else None
         ),
         "warning_signal": warning_signal_name(spec),
+        "switches_command": switches_command(spec),
         "replicas": spec.replicas,
         "replica_command": replica_command(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),

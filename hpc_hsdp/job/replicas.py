@@ -3,7 +3,8 @@
 The rendered script runs it in the batch shell (the job's first node) instead of one ``srun``.
 It starts torchft's lighthouse bound to the job's address and keeps it (restarted on the same
 address when it ends; given up after ``LIGHTHOUSE_RESTARTS`` quick ends: fall back), then one
-``srun`` job step per replica group on the group's own nodes (``--relative``), each with its
+``srun`` job step per replica group on the group's own nodes (``--relative``, or ``--nodelist``
+where the nodes' switches put a group's nodes apart: each group under one leaf switch), each with its
 ``HPC_HSDP_REPLICA_ID``, rendezvous address and port and the lighthouse's address. The group's
 rendezvous address is its first node's, by the rule of an ordinary job's batch shell
 (:mod:`hpc_hsdp.plan.address`): this shell's own for the job's first node, else asked on that
@@ -37,7 +38,16 @@ from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.backends import task_backend
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm, slurmd_address
 from hpc_hsdp.plan.address import reachable_address
-from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, LIGHTHOUSE_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV, REPLICA_TAG
+from hpc_hsdp.plan.replica_groups import (
+    ATTEMPT_ENV,
+    LIGHTHOUSE_ENV,
+    REPLICA_GROUPS_ENV,
+    REPLICA_ID_ENV,
+    REPLICA_TAG,
+    groups_on_switches,
+)
+from hpc_hsdp.plan.slurm_env import compress_nodelist
+from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.membership import membership_path
@@ -174,6 +184,14 @@ class Supervisor:
             raise SlurmEnvError(f"node {name} did not say its address: {(why or ['no output'])[-1].strip()}")
         return said[-1].strip()
 
+    def where(self, group: Group) -> str:
+        """srun's option placing the group's step: ``--relative`` for consecutive nodes of the
+        allocation, else (the nodes' switches ordered them otherwise) ``--nodelist``."""
+        first = group.nodes[0]
+        if group.nodes == list(range(first, first + len(group.nodes))):
+            return f"--relative={first}"
+        return f"--nodelist={compress_nodelist([self.node_names[n] for n in group.nodes])}"
+
     def group_env(self, group: Group, address: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -201,7 +219,7 @@ class Supervisor:
             f"--nodes={nodes}",
             f"--ntasks={nodes * self.tasks_per_node}",
             f"--ntasks-per-node={self.tasks_per_node}",
-            f"--relative={group.nodes[0]}",
+            self.where(group),
             "--kill-on-bad-exit=1",
             *(a.replace(REPLICA_TAG, f"r{group.replica_id}a{group.attempt}") for a in self.command),
         ]
@@ -377,10 +395,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command[1:] if command[:1] == ["srun"] else command  # "-- srun OPTIONS PROGRAM": one srun per group
     env = os.environ
     names = list(expand_nodelist(env["SLURM_JOB_NODELIST"]))
-    per = args.nodes_per_group
-    groups = [Group(replica_id=g, nodes=list(range(g * per, (g + 1) * per))) for g in range(args.groups)]
-    first_spare = args.groups * per
-    spares = [list(range(first_spare + s, first_spare + s + per)) for s in range(0, args.spare_nodes, per)]
+    # the batch script exported every node's switches (none with --topology off): each group under one leaf
+    places = parse_node_switches(env.get(NODE_SWITCHES_ENV, ""))
+    placed, spare_groups = groups_on_switches(
+        names, places, groups=args.groups, nodes_per_group=args.nodes_per_group, spare_nodes=args.spare_nodes
+    )
+    groups = [Group(replica_id=g, nodes=list(nodes)) for g, nodes in enumerate(placed)]
+    spares = [list(nodes) for nodes in spare_groups]
     address, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     join_ms = int(min(args.quorum_timeout * 1000 / 4, 5000))
     supervisor = Supervisor(

@@ -36,7 +36,9 @@ from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
+    check_segment,
     check_signal,
+    check_switches,
     check_text,
     check_time,
     signal_lead_seconds,
@@ -376,6 +378,10 @@ class SchedulerSpec:
                         f"(e.g. --signal {_signal_with_lead(self.signal, limit // 4)}) "
                         f"or a longer --time"
                     )
+        if self.switches is not None:
+            check_switches(self.switches)
+        if self.segment is not None:
+            check_segment(self.segment)
         extra = _pairs(self.extra)
         for key, value in extra:
             check_sbatch_key(key)

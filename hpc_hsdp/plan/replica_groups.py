@@ -14,9 +14,15 @@ exactly once whichever groups are alive.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.topology import TopologyPlan
+
+if TYPE_CHECKING:
+    from hpc_hsdp.plan.switches import NodeSwitches
 
 REPLICA_ID_ENV = "HPC_HSDP_REPLICA_ID"
 """Which replica group a task belongs to (0-based), set by the job's replica supervisor."""
@@ -121,6 +127,28 @@ def replica_shape(plan: TopologyPlan, *, min_replicas: int = 1, spare_nodes: int
         spares=tuple(range(nodes, nodes + spare_nodes)),
         min_replicas=min_replicas,
     )
+
+
+def groups_on_switches(
+    node_names: Sequence[str], places: NodeSwitches, *, groups: int, nodes_per_group: int, spare_nodes: int = 0
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """The replica groups and the spare groups of the job's nodes ``node_names`` (in its node
+    list's order), as indices into that list: ``nodes_per_group`` nodes each, in the switch order
+    (:func:`~hpc_hsdp.plan.switches.switch_order`), the groups under one leaf switch first, so
+    that a group that must cross switches is a spare where one can be. Without every node's
+    switches (``places``): the node-list order, as :func:`replica_shape` numbers them."""
+    from hpc_hsdp.plan.switches import switch_order  # noqa: PLC0415  (the supervisor only)
+
+    names = tuple(node_names)
+    order = switch_order(names, places, nodes_per_group)
+    index = {name: i for i, name in enumerate(names)}
+    chunks = [
+        tuple(index[name] for name in order[start : start + nodes_per_group])
+        for start in range(0, groups * nodes_per_group + spare_nodes, nodes_per_group)
+    ]
+    if all(places.get(name) for name in names):
+        chunks.sort(key=lambda chunk: len({places[names[i]] for i in chunk}) > 1)  # stable: crossing ones last
+    return tuple(chunks[:groups]), tuple(chunks[groups:])
 
 
 def split_evenly(total: int, parts: int, index: int) -> tuple[int, int]:

@@ -213,12 +213,24 @@ def check_switches(value: str) -> str:
     waiting at most MAX_WAIT, a SLURM time, for them); returns it unchanged."""
     check_text("--switches", value)
     match = re.match(_SWITCHES, value)
-    if not match or (match.group(2) is not None and not re.match(_TIME, match.group(2))):
+    if not match or (match.group(2) is not None and not _is_time(match.group(2))):
         raise SpecError(
             f"--switches {value!r} is not COUNT[@MAX_WAIT]; write e.g. 1 (one leaf switch) or 1@10:00 "
             f"(one leaf switch, waiting up to 10 minutes for it; {_TIME_FORMS})"
         )
     return value
+
+
+def _is_time(value: str) -> bool:
+    """A SLURM time with its parts in range; zero too (``--switches 1@0``: no waiting)."""
+    match = re.match(_TIME, value)
+    if match and all(int(x) == 0 for x in match.groups() if x is not None):
+        return True
+    try:
+        check_time(value)
+    except SpecError:
+        return False
+    return True
 
 
 def check_segment(value: object) -> int:

@@ -48,6 +48,44 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
     return lines
 
 
+LISTED_COPIES = 4
+"""Copies of the model whose nodes and switches :func:`switch_lines` names (then "..." and a count)."""
+
+
+def switch_lines(plan: TopologyPlan) -> list[str]:
+    """Where the nodes' leaf switches (or blocks) put the groups; none where they are not known."""
+    if not plan.node_switches:
+        return []
+    if not plan.switches_known:
+        unknown = [name for name, leaf in zip(plan.node_names, plan.node_switches) if not leaf]
+        return [f"switches: no leaf switch known for {', '.join(unknown[:8])}: the node-list order stands"]
+    leaves = dict.fromkeys(plan.node_switches)
+    lines = [f"switches: {len(plan.node_names)} nodes under {len(leaves)} leaf switch(es), in the switch order"]
+    if plan.shard_groups_cross_nodes:
+        crossing = set(plan.copies_across_switches)
+        described = []
+        for r in range(min(plan.num_replicas, LISTED_COPIES)):
+            nodes = plan.nodes_of_copy(r)
+            under = ",".join(dict.fromkeys(plan.node_switches[n] for n in nodes))
+            names = ",".join(plan.node_names[n] for n in nodes)
+            described.append(f"copy {r} on {names} ({'across ' if r in crossing else 'under '}{under})")
+        more = f"; ... {plan.num_replicas - LISTED_COPIES} more" if plan.num_replicas > LISTED_COPIES else ""
+        verdict = (
+            f"{len(crossing)} of {plan.num_replicas} cross leaf switches" if crossing else "each under one leaf switch"
+        )
+        lines.append(f"shard groups spanning nodes: {verdict}: {'; '.join(described)}{more}")
+    else:
+        lines.append("shard groups inside one node: under one leaf switch by themselves")
+    if plan.num_replicas > 1:
+        spans = len(leaves) > 1
+        lines.append(
+            "replicate groups cross leaf switches (their once-a-step all-reduce goes over the spine)"
+            if spans
+            else "replicate groups under one leaf switch"
+        )
+    return lines
+
+
 def request_lines(plan: TopologyPlan) -> list[str]:
     """What the job asks SLURM for by default, per node: the CPUs and memory each rank gets."""
     tasks = max(plan.tasks_per_node)
@@ -79,7 +117,8 @@ def plan_text(
 ) -> str:
     s = plan.shard_size
     nodes, gap_at = _shown_nodes(plan)
-    header = ("node", "gpu", "rank", "shard group", "replicate group")
+    switches = bool(plan.node_switches)
+    header = ("node", *(("switch",) if switches else ()), "gpu", "rank", "shard group", "replicate group")
     blocks: list[list[tuple[str, ...]]] = []
     for node in nodes:
         first = plan.first_rank_of_node[node]
@@ -87,6 +126,7 @@ def plan_text(
             [
                 (
                     plan.node_names[node],
+                    *((plan.node_switches[node] or "?",) if switches else ()),
                     str(local),
                     str(first + local),
                     f"{(first + local) // s}: {_compact(plan.shard_group_of(first + local))}",
@@ -116,6 +156,7 @@ def plan_text(
         out.extend(line(row) for row in block)
     out.append("")
     out.extend(traffic_verdict(plan))
+    out.extend(switch_lines(plan))
     out.extend(request_lines(plan))
     if estimate is not None:
         out.append("")

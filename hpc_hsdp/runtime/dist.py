@@ -185,6 +185,7 @@ def init(
     env: Mapping[str, str] | None = None,
     verify: bool = True,
     comm_stats: bool = False,
+    topology: str = "auto",
 ) -> RunContext:
     """Join the job: process group, ``("replicate", "shard")`` DeviceMesh, verified groups.
 
@@ -194,9 +195,11 @@ def init(
     from the plan. Call ``ctx.shutdown()`` (or use ``with``) to tear the group down.
     ``comm_stats=True`` records every collective until shutdown (``ctx.comm_stats.take()``:
     the totals since the last take; the built-in payload logs them per step).
+    ``topology`` (``auto``, ``off``, ``strict``): the job's ``--topology``: how the nodes' switches
+    (``HPC_HSDP_NODE_SWITCHES``, exported by the batch script) order them.
     """
     env = dict(os.environ if env is None else env)
-    layout = _task_layout(env, shard_size=shard_size, device=device)
+    layout = _task_layout(env, shard_size=shard_size, device=device, topology=topology)
     torch_device, device_note = pick_device(device, layout, env)
     torch_env = _torch_env(env, layout, torch_device, run_dir)
     torch_rank = int(torch_env["RANK"])
@@ -213,6 +216,7 @@ def init(
         "local_rank": layout.local_rank,
         "device": str(torch_device),
         "launch_mode": layout.launch_mode,
+        "node_switch": layout.node_switch,
     }
     note(
         f"rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "
@@ -259,14 +263,14 @@ def _replica_of(env: Mapping[str, str]) -> tuple[int, int, int] | None:
     return int(env[REPLICA_ID_ENV]), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
 
 
-def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str) -> RankLayout:
+def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str, topology: str = "auto") -> RankLayout:
     """This task's place in the job, refused (HsdpError) where it cannot train."""
     if dist.is_initialized():
         raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
     if device not in DEVICES:
         raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
     _require_numpy()
-    layout = RankLayout.for_task(env, shard_size=shard_size, device=device)
+    layout = RankLayout.for_task(env, shard_size=shard_size, device=device, topology=topology)
     if layout.launch_mode == "task-per-node":
         raise SlurmEnvError(
             f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
@@ -369,6 +373,6 @@ def write_layout(ctx: RunContext) -> Path:
         "master_addr": ctx.layout.master_addr,
         "master_port": ctx.layout.master_port,
         "backend": dist.get_backend(),
-        "ranks": [{k: d[k] for k in RANK_FIELDS} for d in ctx.realized],
+        "ranks": [{k: d[k] for k in RANK_FIELDS if k in d and (k != "node_switch" or d[k])} for d in ctx.realized],
     }
     return layout_file(ctx.run_dir, record)

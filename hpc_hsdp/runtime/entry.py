@@ -69,7 +69,7 @@ def run_task(
     try:
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again
-        layout = RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device)
+        layout = RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device, topology=spec.topology)
         from hpc_hsdp.runtime.device import check_training_device, pick_device  # noqa: PLC0415 - as init
         from hpc_hsdp.runtime.dist import init  # noqa: PLC0415 - torch loads after the signal handlers
 
@@ -81,7 +81,15 @@ def run_task(
 
         if fn is None and spec.entry is not None:
             fn = resolve_entry(spec.entry)
-        ctx = init(spec.shard_size, spec.device, spec.run_dir, spec.timeout_s, env=env, comm_stats=spec.comm_stats)
+        ctx = init(
+            spec.shard_size,
+            spec.device,
+            spec.run_dir,
+            spec.timeout_s,
+            env=env,
+            comm_stats=spec.comm_stats,
+            topology=spec.topology,
+        )
         try:
             ctx.spec = spec
             ctx.preemption = preemption

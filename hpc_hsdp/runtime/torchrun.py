@@ -19,7 +19,10 @@ from hpc_hsdp.runtime.preemption import warning_signal_from
 
 def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[str]:
     layout = RankLayout.from_env(
-        os.environ if env is None else env, shard_size=spec.shard_size, nproc_per_node=nproc_per_node
+        os.environ if env is None else env,
+        shard_size=spec.shard_size,
+        nproc_per_node=nproc_per_node,
+        topology=spec.topology,
     )
     return [
         sys.executable,

@@ -159,6 +159,9 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         qos = "q"
         time = "1-00"
         constraint = "c"
+        switches = "1@5:00"
+        segment = 2
+        topology = "strict"
         exclusive = true
         mem = "10G"
         cpus_per_task = 4
@@ -210,6 +213,12 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
             "1-00",
             "--constraint",
             "c",
+            "--switches",
+            "1@5:00",
+            "--segment",
+            "2",
+            "--topology",
+            "strict",
             "--exclusive",
             "--mem",
             "10G",

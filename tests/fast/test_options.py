@@ -305,6 +305,8 @@ _SBATCH_SAMPLES = {
     "qos": "high",
     "time": "01:00:00",
     "constraint": "h100",
+    "switches": "1@10:00",
+    "segment": 2,
     "exclusive": False,
     "mem": "64G",
     "cpus_per_task": 4,
@@ -334,7 +336,10 @@ def test_every_declared_line_is_written_in_the_declared_order(tmp_path) -> None:
     written: set[str] = set()
     for options in (
         {},
-        {key: _SBATCH_SAMPLES[key] for key in ("partition", "account", "qos", "time", "constraint", "mem")},
+        {
+            key: _SBATCH_SAMPLES[key]
+            for key in ("partition", "account", "qos", "time", "constraint", "switches", "segment", "mem")
+        },
         {"cpus_per_task": 4, "requeue": False, "sbatch": {"mail-type": "END"}},
         {"fault_tolerance": "replica", "nodes": 2, "spare_nodes": 2},
     ):

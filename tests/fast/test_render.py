@@ -155,6 +155,7 @@ if [ "$1" = -m ] && [ "$2" = hpc_hsdp ] && [ "$3" = layout ]; then
         *" master_addr "*) echo n1 ;;
         *" master_port "*) echo 29999 ;;
         *" node_rank "*) echo 0 ;;
+        *" node_switches "*) echo "spine.leaf1:n[1-2]" ;;
         *) echo "stub python: unexpected layout call: $*" >&2; exit 3 ;;
     esac
     exit 0
@@ -249,10 +250,12 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
         "HOME": str(tmp_path),
         "MASTER_ADDR": "localhost",
         "MASTER_PORT": "1",
+        "HPC_HSDP_NODE_SWITCHES": "stale.leaf9:n[1-2]",
     }  # a dotfile's stale values: they must not win
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not pwned.exists(), "an injected command ran"
+    assert "hpc-hsdp: node switches: spine.leaf1:n[1-2]" in result.stdout
     assert (log / "setup").read_text() == "setup ran\n"
     assert "rendezvous at n1:29999" in result.stdout
 
@@ -269,9 +272,12 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
         "--steps",
         "7",
     ]
-    layout_step, srun = sorted(_calls(log, "srun"), key=lambda call: any(a.startswith("--output=") for a in call))
-    assert layout_step[-4:] == ["hpc_hsdp", "layout", "--field", "rendezvous"]  # in the image, not on the host
-    assert f"--container-image=img; touch {pwned}" in layout_step
+    *layout_steps, srun = sorted(_calls(log, "srun"), key=lambda call: any(a.startswith("--output=") for a in call))
+    assert sorted(step[-4:] for step in layout_steps) == [  # in the image, not on the host
+        ["hpc_hsdp", "layout", "--field", "node_switches"],
+        ["hpc_hsdp", "layout", "--field", "rendezvous"],
+    ]
+    assert all(f"--container-image=img; touch {pwned}" in step for step in layout_steps)
     options = [a for a in srun if a.startswith("--")][:9]
     assert f"--output={run_dir}/logs/%j_%t_log.out" in options
     assert f"--container-image=img; touch {pwned}" in options
@@ -298,6 +304,7 @@ def test_hostile_values_arrive_intact_and_nothing_injected_runs(launcher: str, t
     assert seen["B"] == f"`touch {pwned}`; echo *"
     assert seen["C"] == 'it\'s "quoted" \\ ;|&<>'
     assert seen["EMPTY"] == ""
+    assert seen["HPC_HSDP_NODE_SWITCHES"] == "spine.leaf1:n[1-2]"  # the job's own, not the submitting shell's
     assert seen["PASSED_SECRET"] == "s3cr3t value"
     assert seen["FAKE_VENV_ACTIVE"] == "yes"
     assert seen["MASTER_ADDR"] == "n1" and seen["MASTER_PORT"] == "29999"

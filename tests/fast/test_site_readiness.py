@@ -87,8 +87,8 @@ def test_uneven_ntasks_caps_tasks_per_node_and_places_them_exactly():
 
 
 def test_stale_rendezvous_variables_are_unset_unless_passed_on_purpose():
-    assert "\nunset MASTER_ADDR MASTER_PORT\n" in _render("--shard", "8")
-    assert "\nunset MASTER_PORT\n" in _render("--shard", "8", "--pass-env", "MASTER_ADDR")
+    assert "\nunset MASTER_ADDR MASTER_PORT HPC_HSDP_NODE_SWITCHES\n" in _render("--shard", "8")
+    assert "\nunset MASTER_PORT HPC_HSDP_NODE_SWITCHES\n" in _render("--shard", "8", "--pass-env", "MASTER_ADDR")
     text = _render("--shard", "8", "--env", "MASTER_ADDR=10.0.0.1")
     assert text.index("unset MASTER_ADDR") < text.index("export MASTER_ADDR=10.0.0.1")
 

@@ -558,6 +558,7 @@ def _srun_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ntasks", "-n", type=int, default=None)
     parser.add_argument("--nodes", "-N", type=int, default=None)
     parser.add_argument("--relative", "-r", type=int, default=None)  # a step on nodes N.. of the allocation
+    parser.add_argument("--nodelist", "-w", default=None)  # a step on these nodes of the allocation
     parser.add_argument("--label", "-l", action="store_true")
     parser.add_argument("--export", default=None)
     parser.add_argument("--cpu-bind", default=None)
@@ -598,7 +599,18 @@ def _srun(argv: Sequence[str]) -> int:
     job_id = env["SLURM_JOB_ID"]
     node_names = expand_nodelist(env["SLURM_JOB_NODELIST"])
     counts = parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
-    if args.relative is not None or args.nodes is not None:  # a step on some of the job's nodes (a replica group)
+    if args.nodelist is not None:  # a step on these nodes of the job (a replica group under one switch)
+        wanted = set(expand_nodelist(args.nodelist))
+        if not wanted <= set(node_names) or (args.nodes is not None and args.nodes != len(wanted)):
+            print(
+                f"srun (emulator): --nodelist={args.nodelist} --nodes={args.nodes}: the job's nodes are "
+                f"{env['SLURM_JOB_NODELIST']}",
+                file=sys.stderr,
+            )
+            return 2
+        kept = [i for i, name in enumerate(node_names) if name in wanted]  # SLURM's order, as a real step's
+        node_names, counts = tuple(node_names[i] for i in kept), tuple(counts[i] for i in kept)
+    elif args.relative is not None or args.nodes is not None:  # a step on some of the job's nodes (a replica group)
         first = args.relative or 0
         last = first + (args.nodes or len(node_names) - first)
         if last > len(node_names):

@@ -255,3 +255,15 @@ def unreachable_nodes(nodes: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_
         except OSError:
             dead.append(node)
     return dead
+
+
+# ----------------------------------------------------------------------------- the network's switches
+
+
+def show_topology(*, timeout_s: float | None = None, env: Mapping[str, str] | None = None) -> str:
+    """``scontrol show topology``: every switch (topology/tree) or block (topology/block) and its
+    nodes, as text for :func:`hpc_hsdp.plan.switches.parse_scontrol_topology`; "" where SLURM has
+    no topology plugin (it says so and exits non-zero). :class:`SchedulerError` where scontrol
+    cannot be run, :class:`SchedulerTimeout` where the controller does not answer."""
+    shown = run_slurm(["scontrol", "show", "topology"], timeout_s=timeout_s, env=env)
+    return shown.stdout if shown.returncode == 0 else ""
