@@ -40,6 +40,7 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
 @job_option("nodes", "plan")
 @job_option("gpus_per_node", "plan")
 @job_option("shard", "plan")
+@job_option("tp", "plan")
 @click.option("--nodelist", default=None, help="Name the nodes as SLURM does, e.g. 'gpu-a[01-02]'.")
 @click.option(
     "--tasks-per-node",
@@ -118,6 +119,7 @@ def plan(
     nodes,
     gpus_per_node,
     shard_size,
+    tp_size,
     nodelist,
     tasks_per_node_text,
     topology,
@@ -158,7 +160,9 @@ def plan(
     if not recommend and shard_size is None:
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
     fewest_nodes, nodes = _node_range(nodes, one_allocation=bool(nodelist or tasks_per_node_text or recommend))
-    the_plan = _build_plan(nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text)
+    the_plan = _build_plan(
+        nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text, tp_size
+    )
     if node_switches is not None or topology == "strict":
         if recommend:
             raise SpecError("--node-switches and --topology strict show one shard size; drop --recommend")
@@ -166,7 +170,7 @@ def plan(
     fewest = None
     if fewest_nodes is not None:
         try:
-            fewest = _build_plan(fewest_nodes, gpus_per_node, shard_size, None, None)
+            fewest = _build_plan(fewest_nodes, gpus_per_node, shard_size, None, None, tp_size)
         except TopologyError as exc:
             raise TopologyError(f"--nodes {fewest_nodes}-{nodes}: at {fewest_nodes} node(s): {exc}") from None
     if model_info is not None:
@@ -481,7 +485,7 @@ def _builtin_counts(options: str):
     return counts
 
 
-def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text) -> TopologyPlan:
+def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, tp_size: int = 1) -> TopologyPlan:
     names = expand_nodelist(nodelist) if nodelist else ()
     if tasks_per_node_text:
         counts = parse_tasks_per_node(tasks_per_node_text)
@@ -493,9 +497,9 @@ def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text)
             raise SpecError(
                 f"--nodelist names {len(names)} nodes but --tasks-per-node describes {len(counts)}; make them agree"
             )
-        return TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names)
+        return TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names, tp_size=tp_size)
     if nodes is None:
         nodes = len(names) or 1
     elif names and len(names) != nodes:
         raise SpecError(f"--nodes {nodes} but --nodelist {nodelist!r} names {len(names)} nodes; make them agree")
-    return plan_for(nodes=nodes, gpus_per_node=gpus_per_node, shard_size=shard_size, node_names=names)
+    return plan_for(nodes=nodes, gpus_per_node=gpus_per_node, shard_size=shard_size, node_names=names, tp_size=tp_size)

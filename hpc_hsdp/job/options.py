@@ -339,6 +339,25 @@ OPTIONS: tuple[JobOption, ...] = (
         },
     ),
     JobOption(
+        key="tp",
+        kind="int",
+        default=1,
+        positive=True,
+        refusal="must be a positive integer such as 2",
+        param="tp_size",
+        spec_field="tp_size",
+        commands=(*ON_EVERY_TASK, "plan"),
+        reaches=RUN_ARGUMENT,
+        metavar="T",
+        help="Tensor-parallel size T: each layer split over T consecutive ranks of one node (the innermost "
+        'mesh axis, "tp"); divides the GPUs per node and the model\'s heads, key/value heads, feed-forward '
+        "width and vocabulary. A shard group is then S x T ranks.",
+        shown={
+            "run": Shown(default=1),
+            "plan": Shown(default=DECLARED),
+        },
+    ),
+    JobOption(
         key="ntasks",
         kind="int",
         positive=True,
@@ -980,7 +999,7 @@ OPTIONS: tuple[JobOption, ...] = (
 OPTION_BY_KEY: Mapping[str, JobOption] = MappingProxyType({o.key: o for o in OPTIONS})
 TRAINING_OPTIONS: tuple[JobOption, ...] = tuple(o for o in OPTIONS if o.training)
 """The TrainingSpec fields' options, in the fields' order."""
-RUN_ARGUMENTS: tuple[str, ...] = ("shard", "run_dir", "device", "entry", "timeout", "comm_stats", "topology")
+RUN_ARGUMENTS: tuple[str, ...] = ("shard", "tp", "run_dir", "device", "entry", "timeout", "comm_stats", "topology")
 """RunSpec's own options in the order ``hpc-hsdp run`` lists them and the rendered script passes
 them (not the order of ``render --help``); the training options follow."""
 

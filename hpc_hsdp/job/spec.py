@@ -587,7 +587,12 @@ class JobSpec:
         if self.run.training.fault_tolerance != "replica":
             return None
         return replica_shape(
-            plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size),
+            plan_for(
+                nodes=self.nodes,
+                gpus_per_node=self.gpus_per_node,
+                shard_size=self.run.shard_size,
+                tp_size=self.run.tp_size,
+            ),
             min_replicas=self.run.training.min_replicas,
             spare_nodes=self.spare_nodes,
         )
@@ -661,7 +666,9 @@ class JobSpec:
 
     def plan_at(self, nodes: int):
         """The plan when SLURM grants ``nodes`` nodes (a flexible allocation's ends)."""
-        return plan_for(nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
+        return plan_for(
+            nodes=nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size, tp_size=self.run.tp_size
+        )
 
     @property
     def tasks_per_node(self) -> tuple[int, ...]:
@@ -674,8 +681,15 @@ class JobSpec:
     def plan(self):
         """The TopologyPlan of the job: the same function ``hpc-hsdp plan`` and the on-node layout use."""
         if self.ntasks is None:
-            return plan_for(nodes=self.nodes, gpus_per_node=self.gpus_per_node, shard_size=self.run.shard_size)
-        return TopologyPlan(tasks_per_node=self.tasks_per_node, shard_size=self.run.shard_size)
+            return plan_for(
+                nodes=self.nodes,
+                gpus_per_node=self.gpus_per_node,
+                shard_size=self.run.shard_size,
+                tp_size=self.run.tp_size,
+            )
+        return TopologyPlan(
+            tasks_per_node=self.tasks_per_node, shard_size=self.run.shard_size, tp_size=self.run.tp_size
+        )
 
     @property
     def world_size(self) -> int:

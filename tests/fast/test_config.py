@@ -153,6 +153,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         nodes = 2
         gpus_per_node = 4
         shard = 2
+        tp = 2
         job_name = "all"
         partition = "p"
         account = "a"
@@ -200,6 +201,8 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
             "--gpus-per-node",
             "4",
             "--shard",
+            "2",
+            "--tp",
             "2",
             "--job-name",
             "all",
