@@ -54,18 +54,23 @@ def parameter_counts(cfg: ModelConfig, *, shard_size: int = 1) -> ParameterCount
 
 
 class SelfAttention(nn.Module):
+    """Causal self-attention. ``qkv``'s output rows are head-major: head 0's query, key and value,
+    then head 1's, ...; so a tensor-parallel split of its rows into T equal parts gives each rank
+    whole heads (query, key and value of each), and the forward reads the heads it holds."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.heads = cfg.heads
+        self.head_dim = cfg.width // cfg.heads
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        qkv = self.qkv(x)
+        heads = qkv.shape[-1] // (3 * self.head_dim)  # all of them, or this rank's under tensor parallelism
+        q, k, v = (z.transpose(1, 2) for z in qkv.view(b, t, heads, 3, self.head_dim).unbind(3))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -150,6 +155,62 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str = "meta") -> Tra
         return Transformer(cfg)
 
 
+def tp_refusal(cfg: ModelConfig, tp_size: int) -> str | None:
+    """Why the model cannot be split over ``tp_size`` ranks (None: it can)."""
+    sizes = (
+        ("attention heads (--heads)", cfg.heads),
+        ("feed-forward width (4 x --width)", 4 * cfg.width),
+        ("vocabulary", cfg.vocab_size),
+        ("sequence length (--seq-len; sequence parallelism splits it)", cfg.seq_len),
+    )
+    for what, size in sizes:
+        if size % tp_size:
+            return f"--tp {tp_size} does not divide the built-in model's {size} {what}"
+    return None
+
+
+def tp_plan(cfg: ModelConfig, tp_size: int, *, layers: int) -> dict:
+    """The built-in model's tensor-parallel plan (module name -> parallel style), in the style of
+    Megatron's and torchtitan's: between blocks the activations are split over the sequence
+    (sequence parallelism: the norms run on 1/T of the tokens); inside a block they are gathered,
+    ``qkv`` and ``mlp.fc`` split by output rows (whole heads: see :class:`SelfAttention`), ``proj``
+    by input columns, reduce-scattered back over the sequence; the embeddings split by rows, the
+    LM head by vocabulary, its output left sharded for the loss. Raises SpecError (one line) where
+    ``tp_size`` does not divide the model."""
+    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415 - only under --tp
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415 - only under --tp
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    from hpc_hsdp.errors import SpecError  # noqa: PLC0415 - with the styles
+
+    refusal = tp_refusal(cfg, tp_size)
+    if refusal:
+        raise SpecError(refusal)
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
+        "norm": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    for i in range(layers):
+        plan |= {
+            f"blocks.{i}.attn_norm": SequenceParallel(),
+            f"blocks.{i}.attn": gather,
+            f"blocks.{i}.attn.qkv": ColwiseParallel(),
+            f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            f"blocks.{i}.mlp_norm": SequenceParallel(),
+            f"blocks.{i}.mlp": gather,
+            f"blocks.{i}.mlp.fc": ColwiseParallel(),
+            f"blocks.{i}.mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    return plan
+
+
 class BuiltinAdapter:
     """``--model builtin`` for the loop (see :mod:`hpc_hsdp.models.base`)."""
 
@@ -181,6 +242,14 @@ class BuiltinAdapter:
 
     def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)
+
+    def tp_plan(self, model: nn.Module, tp_size: int) -> dict:
+        """The tensor-parallel plan over ``tp_size`` ranks (see :func:`tp_plan`)."""
+        return tp_plan(self.cfg, tp_size, layers=len(model.blocks))
+
+    loss_parallel = True
+    """Under tensor parallelism the LM head's output stays sharded over the vocabulary and the loss
+    is computed on the shards (``torch.distributed.tensor.parallel.loss_parallel``)."""
 
     def describe(self) -> dict:
         """What run.json's model record holds (export rebuilds the model from it)."""

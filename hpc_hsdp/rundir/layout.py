@@ -13,8 +13,19 @@ from pathlib import Path
 from hpc_hsdp.rundir.files import atomic_write_text
 
 LAYOUT = "layout.json"
-RANK_FIELDS = ("rank", "node", "slurm_procid", "local_rank", "device", "shard_group", "replicate_group", "node_switch")
-"""What each rank's entry holds (``node_switch``, its node's leaf switch, only where SLURM's topology says it)."""
+RANK_FIELDS = (
+    "rank",
+    "node",
+    "slurm_procid",
+    "local_rank",
+    "device",
+    "shard_group",
+    "replicate_group",
+    "tp_group",
+    "node_switch",
+)
+"""What each rank's entry holds (``tp_group`` only with tensor parallelism; ``node_switch``, its node's
+leaf switch, only where SLURM's topology says it)."""
 
 
 def layout_path(run_dir: str | Path) -> Path:

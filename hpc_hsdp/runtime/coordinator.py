@@ -18,15 +18,18 @@ engine's steps. :class:`~hpc_hsdp.runtime.engine.Engine` is given one and never 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
 from hpc_hsdp.runtime.run_data import TrainData, make_loader
 from hpc_hsdp.runtime.step import train_step
+from hpc_hsdp.runtime.tensor_parallel import loss_context
 
 
 @runtime_checkable
@@ -117,6 +120,8 @@ class OneGroup:
             num_replicas=self.ctx.plan.num_replicas,
             stop_code=stop_code,
             num_sources=len(self.data.source_names),
+            tp_size=self.ctx.tp_size,
+            loss_scope=partial(loss_context, self.ctx, self.adapter),
         )
         return out, True
 
@@ -142,6 +147,8 @@ class OneGroup:
 def coordinator_for(ctx: RunContext, training: TrainingSpec) -> StepCoordinator:
     """The coordinator ``training``'s options ask for: a replica group's with ``--fault-tolerance replica``."""
     if training.fault_tolerance == "replica":
+        if ctx.tp_size > 1:
+            raise SpecError(f"--fault-tolerance replica does not work with --tp {ctx.tp_size} yet; leave one out")
         from hpc_hsdp.runtime.replica_group import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
 
         return ReplicaGroup(ctx, training)

@@ -127,6 +127,32 @@ class RunContext:
     def world_size(self) -> int:
         return self.layout.world_size
 
+    @property
+    def tp_size(self) -> int:
+        """T: ranks that split every layer (1: no tensor parallelism)."""
+        return self.layout.tp_size
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's place among the ranks that read different rows: the ranks of one tp group
+        (T consecutive ranks) read the same rows."""
+        return self.rank // self.tp_size
+
+    @property
+    def data_world_size(self) -> int:
+        """Ranks that read different rows: R x S."""
+        return self.world_size // self.tp_size
+
+    @property
+    def data_mesh(self) -> DeviceMesh:
+        """The ``("replicate", "shard")`` mesh FSDP2 shards over (the whole mesh without tensor parallelism)."""
+        return self.mesh if self.tp_size == 1 else self.mesh["replicate", "shard"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh | None:
+        """The ``"tp"`` axis (None without tensor parallelism)."""
+        return self.mesh["tp"] if self.tp_size > 1 else None
+
     replica: tuple[int, int, int] | None = None
     """With ``--fault-tolerance replica``: (replica id, replica groups, attempt) of this task's
     replica group, which is the whole world of its process group; None otherwise."""
@@ -186,8 +212,10 @@ def init(
     verify: bool = True,
     comm_stats: bool = False,
     topology: str = "auto",
+    tp_size: int = 1,
 ) -> RunContext:
-    """Join the job: process group, ``("replicate", "shard")`` DeviceMesh, verified groups.
+    """Join the job: process group, ``("replicate", "shard")`` DeviceMesh (``("replicate", "shard",
+    "tp")`` with ``tp_size`` T > 1: T consecutive ranks of one node split every layer), verified groups.
 
     ``env`` is the task's environment (default ``os.environ``): SLURM's variables of an
     ``srun`` task, or torchrun's. Rank 0 writes ``<run_dir>/layout.json`` when ``run_dir``
@@ -199,7 +227,7 @@ def init(
     (``HPC_HSDP_NODE_SWITCHES``, exported by the batch script) order them.
     """
     env = dict(os.environ if env is None else env)
-    layout = _task_layout(env, shard_size=shard_size, device=device, topology=topology)
+    layout = _task_layout(env, shard_size=shard_size, device=device, topology=topology, tp_size=tp_size)
     torch_device, device_note = pick_device(device, layout, env)
     torch_env = _torch_env(env, layout, torch_device, run_dir)
     torch_rank = int(torch_env["RANK"])
@@ -221,7 +249,7 @@ def init(
     note(
         f"rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "
         f"local {layout.local_rank} device {torch_device} shard {list(layout.shard_group)} "
-        f"replicate {list(layout.replicate_group)} pid {os.getpid()} (kill -QUIT {os.getpid()}: stacks)"
+        f"replicate {list(layout.replicate_group)}{_tp_note(layout)} pid {os.getpid()} (kill -QUIT {os.getpid()}: stacks)"
     )
     if device_note:
         note(device_note, tag=False)
@@ -231,6 +259,8 @@ def init(
         mesh = _join(layout, torch_device, rank=torch_rank, timeout_s=timeout_s)
         me["shard_group"] = _group_ranks(mesh, "shard")
         me["replicate_group"] = _group_ranks(mesh, "replicate")
+        if layout.tp_size > 1:
+            me["tp_group"] = _group_ranks(mesh, "tp")
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
         dist.all_gather_object(realized, me)
         ctx = RunContext(
@@ -263,14 +293,20 @@ def _replica_of(env: Mapping[str, str]) -> tuple[int, int, int] | None:
     return int(env[REPLICA_ID_ENV]), int(env.get(REPLICA_GROUPS_ENV, "1")), int(env.get(ATTEMPT_ENV, "0"))
 
 
-def _task_layout(env: Mapping[str, str], *, shard_size: int, device: str, topology: str = "auto") -> RankLayout:
+def _tp_note(layout: RankLayout) -> str:
+    return f" tp {list(layout.tp_group)}" if layout.tp_size > 1 else ""
+
+
+def _task_layout(
+    env: Mapping[str, str], *, shard_size: int, device: str, topology: str = "auto", tp_size: int = 1
+) -> RankLayout:
     """This task's place in the job, refused (HsdpError) where it cannot train."""
     if dist.is_initialized():
         raise HsdpError("a torch.distributed process group already exists; call hpc_hsdp.init once per process")
     if device not in DEVICES:
         raise HsdpError(f"device {device!r} is unknown; choose {', '.join(DEVICES)}")
     _require_numpy()
-    layout = RankLayout.for_task(env, shard_size=shard_size, device=device, topology=topology)
+    layout = RankLayout.for_task(env, shard_size=shard_size, device=device, topology=topology, tp_size=tp_size)
     if layout.launch_mode == "task-per-node":
         raise SlurmEnvError(
             f"this SLURM step runs one task per node ({layout.node}) but {layout.local_world_size} GPUs per node: "
@@ -311,7 +347,7 @@ def _join(layout: RankLayout, torch_device: torch.device, *, rank: int, timeout_
         device_id=torch_device if torch_device.type == "cuda" else None,
         **rendezvous,
     )
-    return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=MESH_AXES)
+    return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=layout.plan.mesh_axis_names)
 
 
 def rendezvous_store(layout: RankLayout, *, rank: int, timeout: timedelta) -> dist.TCPStore:
@@ -358,6 +394,7 @@ def _verify_groups(layout: RankLayout, realized: list[dict]) -> None:
         [d["node"] for d in realized],
         [d["shard_group"] for d in realized],
         [d["replicate_group"] for d in realized],
+        [d["tp_group"] for d in realized] if layout.tp_size > 1 else None,
     )
     if problems:
         raise GroupMismatchError(mismatch_message(problems, layout.plan))

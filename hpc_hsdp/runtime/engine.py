@@ -132,7 +132,7 @@ class Engine:
         self.verbose = verbose
         check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
-        self.data: TrainData = open_data(self.training, ctx.world_size)
+        self.data: TrainData = open_data(self.training, ctx.data_world_size)
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)
         self.start_step, saved = checkpoint.resume(
@@ -205,7 +205,7 @@ class Engine:
     def begin_step(self, number: int) -> Step:
         """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
         injected_faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
-        seed_step(self.training.seed, number, self.ctx.rank)
+        seed_step(self.training.seed, number, self.ctx.data_rank)  # a tp group draws alike
         started, cpu_started = time.perf_counter(), time.process_time()
         self.observer.step_begins(number)
         reset_peak_memory(self.ctx.device)

@@ -69,7 +69,9 @@ def run_task(
     try:
         # a job whose mesh cannot be formed (a shard size larger than a node) fails on every task
         # now, before each loads torch; init derives the same layout again
-        layout = RankLayout.for_task(env, shard_size=spec.shard_size, device=spec.device, topology=spec.topology)
+        layout = RankLayout.for_task(
+            env, shard_size=spec.shard_size, device=spec.device, topology=spec.topology, tp_size=spec.tp_size
+        )
         from hpc_hsdp.runtime.device import check_training_device, pick_device  # noqa: PLC0415 - as init
         from hpc_hsdp.runtime.dist import init  # noqa: PLC0415 - torch loads after the signal handlers
 
@@ -89,6 +91,7 @@ def run_task(
             env=env,
             comm_stats=spec.comm_stats,
             topology=spec.topology,
+            tp_size=spec.tp_size,
         )
         try:
             ctx.spec = spec

@@ -19,6 +19,7 @@ from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.log import say
 from hpc_hsdp.runtime.optimizer import LocalShardAdamW
 from hpc_hsdp.runtime.reshard import choose_reshard
+from hpc_hsdp.runtime.tensor_parallel import apply_tensor_parallel
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -47,7 +48,8 @@ def units_to_wrap(units: tuple[type, ...], world_size: int) -> tuple[type, ...] 
 def build_model(
     ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
 ) -> nn.Module:
-    """The adapter's model on ``ctx.mesh``: meta build, activation checkpointing (if asked),
+    """The adapter's model on ``ctx.mesh``: meta build, tensor parallelism (``--tp``: the adapter's
+    plan on the tp axis), activation checkpointing (if asked),
     ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the
     root (``--reshard-after-forward``, resolved by :func:`~hpc_hsdp.runtime.reshard.choose_reshard`;
     rank 0 says what it chose when ``verbose``; a job of one rank has nothing to gather or reduce,
@@ -56,6 +58,9 @@ def build_model(
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
+    split = apply_tensor_parallel(model, adapter, ctx)  # on meta, before Float8, compile and fully_shard
+    if split and verbose and ctx.is_rank0:
+        say(f"--tp {ctx.tp_size}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
     if precision == "fp8":  # on meta, before compile and fully_shard (its float8 all-gather)
         from hpc_hsdp.runtime.float8 import convert_linears  # noqa: PLC0415 - torchao, only for fp8
 
@@ -71,12 +76,12 @@ def build_model(
         if verbose and ctx.is_rank0:
             say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")
     choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
-    fsdp_units = units_to_wrap(units, ctx.world_size)
+    fsdp_units = units_to_wrap(units, ctx.data_world_size)
     if verbose and ctx.is_rank0:
         say(choice.reason if fsdp_units else "one rank: the whole model is one FSDP unit (nothing to gather or reduce)")
     wrap_hsdp(
         model,
-        ctx.mesh,
+        ctx.data_mesh,
         block=fsdp_units,
         mp_policy=mixed_precision_policy(precision),
         reshard_after_forward=choice.reshard,

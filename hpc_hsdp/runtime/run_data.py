@@ -172,7 +172,7 @@ def make_loader(ctx: RunContext, data: TrainData, *, first_step: int, last_step:
         data.train,
         order=data.order,
         layout=data.layout,
-        rank=ctx.rank,
+        rank=ctx.data_rank,
         first_step=first_step,
         last_step=last_step,
         device=ctx.device,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -13,18 +14,24 @@ from torch.distributed.tensor import DTensor
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch, read_rows
 from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING
+from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context, norm_weights
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def local_grads(model: nn.Module, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the ranks)."""
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+def local_grads(model: nn.Module, device: torch.device, *, tp_size: int = 1) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the
+    ranks; a gradient every rank of a tp group holds whole counts 1/T on each)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [_local(p.grad) for p in params]
     if not grads:
         return grads, torch.zeros((), device=device)
-    return grads, torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2).sum()
+    squares = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2)
+    if tp_size > 1:
+        squares = squares * torch.tensor(norm_weights(params, tp_size), device=squares.device)
+    return grads, squares.sum()
 
 
 def train_step(
@@ -38,6 +45,8 @@ def train_step(
     num_replicas: int,
     stop_code: Callable[[], int] | None = None,
     num_sources: int = 0,
+    tp_size: int = 1,
+    loss_scope: Callable[[], AbstractContextManager] = nullcontext,
 ) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns a device tensor
     ``[global mean loss, global gradient norm before clipping, agreed stop code]`` (no host
@@ -54,7 +63,11 @@ def train_step(
     With a mixture of ``num_sources`` sources (each batch's ``sources``), the same all_reduce
     carries each source's sum of row losses and its rows, and the result goes on with each
     source's mean loss (nan for a source without rows in the step, or where the adapter's loss
-    is not the cross-entropy of its logits: :func:`row_losses`)."""
+    is not the cross-entropy of its logits: :func:`row_losses`).
+
+    With tensor parallelism (``tp_size`` T > 1) the T ranks of a tp group train on the same rows:
+    their losses are equal, so the mean over all ranks is still the mean over the rows; each
+    forward and backward runs under ``loss_scope()`` (the loss on vocabulary shards)."""
     accum = len(batches)
     device = batches[0].inputs.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
@@ -62,21 +75,22 @@ def train_step(
     for index, batch in enumerate(batches):
         if accum > 1:
             model.set_requires_all_reduce(index == accum - 1)
-        rows = (
-            row_losses(adapter, model, batch.inputs, batch.targets)
-            if num_sources and batch.sources is not None
-            else None
-        )
-        if rows is not None:
-            loss = rows.mean()
-            where = torch.as_tensor(batch.sources, device=device, dtype=torch.long)
-            by_source.index_add_(0, where, rows.detach().float())
-            by_source.index_add_(0, where + num_sources, torch.ones_like(rows, dtype=torch.float32))
-        else:
-            loss = adapter.loss(model, batch.inputs, batch.targets)
-        (loss / accum).backward()
-        loss_sum += loss.detach().float()
-    grads, squared = local_grads(model, device)
+        with loss_scope():
+            rows = (
+                row_losses(adapter, model, batch.inputs, batch.targets)
+                if num_sources and batch.sources is not None
+                else None
+            )
+            if rows is not None:
+                loss = rows.mean()
+                where = torch.as_tensor(batch.sources, device=device, dtype=torch.long)
+                by_source.index_add_(0, where, local_value(rows.detach()).float())
+                by_source.index_add_(0, where + num_sources, torch.ones(where.shape, device=device))
+            else:
+                loss = adapter.loss(model, batch.inputs, batch.targets)
+            (loss / accum).backward()
+        loss_sum += local_value(loss.detach()).float()
+    grads, squared = local_grads(model, device, tp_size=tp_size)
     code = stop_code() if stop_code is not None else NONE
     warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
     terminated = torch.full((), float(code == TERMINATE), device=device)
@@ -122,7 +136,7 @@ def evaluate(
     samples on every mesh shape."""
     was_training = model.training
     model.eval()
-    world, rank = ctx.world_size, ctx.rank
+    world, rank = ctx.data_world_size, ctx.data_rank  # a tp group reads the same rows
     per_chunk = world * rows_per_rank
     totals = torch.zeros(2, device=ctx.device, dtype=torch.float64)
     for start in range(0, len(sample_ids), per_chunk):
@@ -130,10 +144,12 @@ def evaluate(
         weight = len(mine)
         inputs, targets = read_rows(source, mine if weight else sample_ids[:1])
         inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
-        loss = adapter.loss(model, inputs, targets).double()
+        with loss_context(ctx, adapter):
+            loss = local_value(adapter.loss(model, inputs, targets)).double()
         tokens = weight * targets.shape[1]
         totals += torch.stack([loss * tokens, torch.tensor(float(tokens), device=ctx.device, dtype=torch.float64)])
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    totals /= ctx.tp_size  # each tp group's T ranks counted the same rows
     model.train(was_training)
     total, tokens = totals.tolist()
     return total / tokens

@@ -23,6 +23,7 @@ def torchrun_command(spec: RunSpec, *, nproc_per_node: int, env=None) -> list[st
         shard_size=spec.shard_size,
         nproc_per_node=nproc_per_node,
         topology=spec.topology,
+        tp_size=spec.tp_size,
     )
     return [
         sys.executable,

@@ -23,7 +23,7 @@ class GroupProblem:
     """One realized group (or rank placement) that contradicts the plan."""
 
     axis: str
-    """``shard``, ``replicate`` or ``node`` (a rank on another node than planned)."""
+    """``shard``, ``replicate``, ``tp`` or ``node`` (a rank on another node than planned)."""
     planned: tuple[int, ...]
     """The ranks the plan expects (for ``node``: the ranks the plan puts on that node)."""
     realized: tuple[int, ...]
@@ -42,6 +42,7 @@ def compare_groups(
     node_of_rank: Sequence[str],
     shard_group_of_rank: Sequence[Sequence[int]],
     replicate_group_of_rank: Sequence[Sequence[int]],
+    tp_group_of_rank: Sequence[Sequence[int]] | None = None,
 ) -> list[GroupProblem]:
     """Problems of a realized layout; empty when it is the plan.
 
@@ -50,6 +51,7 @@ def compare_groups(
     names are matched by partition, not by spelling: the ranks the plan puts on one node
     must share one reported name, and different planned nodes different names (torchrun
     outside SLURM names nodes ``n1, n2, ...`` while the host says otherwise).
+    ``tp_group_of_rank`` (with tensor parallelism): the ranks of each rank's tp group.
     """
     world = plan.world_size
     for what, seq in (
@@ -62,6 +64,8 @@ def compare_groups(
     problems = _node_problems(plan, node_of_rank)
     problems += _group_problems(plan, node_of_rank, "shard", shard_group_of_rank, plan.shard_group_of)
     problems += _group_problems(plan, node_of_rank, "replicate", replicate_group_of_rank, plan.replicate_group_of)
+    if tp_group_of_rank is not None:
+        problems += _group_problems(plan, node_of_rank, "tp", tp_group_of_rank, plan.tp_group_of)
     return problems
 
 
@@ -162,7 +166,9 @@ def format_problems(problems: Sequence[GroupProblem]) -> str:
 def mismatch_message(problems: Sequence[GroupProblem], plan: TopologyPlan) -> str:
     return (
         f"the realized device mesh does not match the plan ({plan.nodes} nodes, tasks per node "
-        f"{list(plan.tasks_per_node)}, shard size {plan.shard_size}); {len(problems)} problem(s):\n"
+        f"{list(plan.tasks_per_node)}, shard size {plan.shard_size}"
+        + (f", tp size {plan.tp_size}" if plan.tp_size > 1 else "")
+        + f"); {len(problems)} problem(s):\n"
         + format_problems(problems)
         + "\nHINT: ranks must be node-major; launch with `srun hpc-hsdp run` (one task per GPU) or "
         "torchrun with a static rendezvous (--node-rank), and do not set RANK yourself"

@@ -46,6 +46,9 @@ def _ctx(tmp_path: Path, *, replica=None, rank: int = 0) -> SimpleNamespace:
     return SimpleNamespace(
         rank=rank,
         world_size=1,
+        data_rank=rank,
+        data_world_size=1,
+        tp_size=1,
         is_rank0=rank == 0,
         device=torch.device("cpu"),
         run_dir=tmp_path,

@@ -1,0 +1,61 @@
+"""Tensor parallelism inside a node: the model's plan applied on the ``"tp"`` mesh axis, before
+FSDP2 shards the result over ``("replicate", "shard")``.
+
+A model gives its plan through its adapter (``adapter.tp_plan(model, tp_size)``: module name ->
+``ParallelStyle``); one without a plan is refused with ``--tp`` > 1. The loss is computed on
+vocabulary shards (``loss_parallel``) where the adapter says its plan leaves the logits sharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.runtime.dist import RunContext
+
+
+def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext) -> int:
+    """Split ``model`` (on the meta device) over ``ctx``'s tp axis by ``adapter``'s plan; returns
+    how many modules the plan names (0 without tensor parallelism)."""
+    if ctx.tp_size == 1:
+        return 0
+    plan_of = getattr(adapter, "tp_plan", None)
+    plan = plan_of(model, ctx.tp_size) if callable(plan_of) else None
+    if not plan:
+        raise SpecError(
+            f"--tp {ctx.tp_size}: --model {adapter.name!r} has no tensor-parallel plan; give it one "
+            f"(docs/own-model.md#tensor-parallel) or train with --tp 1"
+        )
+    parallelize_module(model, ctx.tp_mesh, plan)
+    return len(plan)
+
+
+def loss_context(ctx: RunContext, adapter) -> contextlib.AbstractContextManager:
+    """Where the loss and its backward run: on vocabulary shards under tensor parallelism when the
+    adapter's plan leaves the logits sharded, else nothing."""
+    if ctx.tp_size > 1 and getattr(adapter, "loss_parallel", False):
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor's value (a loss under ``loss_parallel``) as a plain tensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def norm_weights(params: list[torch.Tensor], tp_size: int) -> list[float]:
+    """Per parameter, the share of its local squared gradient norm that counts once: a parameter
+    that every rank of a tp group holds whole (a norm's weight) counts 1/T on each, so that the
+    sum over the ranks counts it once."""
+    if tp_size == 1:
+        return [1.0] * len(params)
+    weights = []
+    for param in params:
+        replicated = isinstance(param, DTensor) and isinstance(param.placements[-1], Replicate)
+        weights.append(1.0 / tp_size if replicated else 1.0)
+    return weights

@@ -1,0 +1,104 @@
+"""Tensor parallelism (``--tp``) with real gloo processes: the built-in model split over tp groups
+under FSDP2 trains the same losses as without tensor parallelism, on the (replicate, shard, tp)
+mesh; its checkpoints resume across tp sizes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+
+import pytest
+from dist_helpers import launch
+
+from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+
+# a global batch of 8 on any mesh; heads, 4 x width, vocabulary and sequence all divide by 2
+TRAIN = TrainingSpec(
+    layers=2,
+    width=32,
+    heads=4,
+    seq_len=16,
+    batch_size=4,
+    global_batch_size=8,
+    vocab_size=64,
+    steps=10,
+    seed=5,
+    lr=3e-3,
+    clip_grad=0.5,
+    precision="fp32",
+    eval_every=5,
+    eval_batches=2,
+)
+
+
+def _losses(outcomes) -> list[float]:
+    return outcomes[0].value["losses"]
+
+
+def train_recording(ctx, *, stop_after=None):
+    """train() recording each step's loss and gradient norm; with ``stop_after`` K, a SIGUSR2 on the
+    last rank during step K - 1, so that every rank stops after step K and saves."""
+    from hpc_hsdp.runtime.loop import train
+
+    norms = {}
+
+    def on_step(number, record):
+        norms[number] = record["grad_norm"]
+        if stop_after is not None and number == stop_after - 1 and ctx.rank == ctx.world_size - 1:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    result = train(ctx, ctx.spec.training, verbose=False, on_step=on_step)
+    ordered = sorted(result.losses)
+    return {
+        "losses": [result.losses[n] for n in ordered],
+        "grad_norms": [norms[n] for n in ordered],
+        "eval": [result.eval_losses[n] for n in sorted(result.eval_losses)],
+    }
+
+
+def _run(run_dir, *, shard, tp, tasks_per_node, training=TRAIN, stop_after=None, extra_env=None):
+    spec = RunSpec(shard_size=shard, tp_size=tp, device="cpu", run_dir=str(run_dir), training=training, timeout_s=120)
+    fn = functools.partial(train_recording, stop_after=stop_after)
+    return launch(spec, tasks_per_node=tasks_per_node, fn=fn, timeout_s=240, extra_env=extra_env)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Shard 2 on one node of 2 ranks, no tensor parallelism: 10 steps."""
+    return _run(tmp_path_factory.mktemp("tp") / "s2", shard=2, tp=1, tasks_per_node=[2])
+
+
+def test_shard_2_tp_2_trains_the_losses_of_shard_2_alone(reference, tmp_path):
+    split = _run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4])
+    want, got = _losses(reference), _losses(split)
+    assert len(got) == len(want) == 10
+    assert got == pytest.approx(want, rel=1e-5)
+    assert split[0].value["grad_norms"] == pytest.approx(reference[0].value["grad_norms"], rel=1e-4)
+    assert split[0].value["eval"] == pytest.approx(reference[0].value["eval"], rel=1e-5)
+    assert all(o.value["losses"] == got for o in split)  # every rank agrees
+    layout = json.loads((tmp_path / "s2t2" / "layout.json").read_text())
+    assert [r["tp_group"] for r in layout["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["shard_group"] for r in layout["ranks"]] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert layout["plan"]["tp_size"] == 2
+
+
+def test_replicate_2_shard_2_tp_2_on_8_processes_trains_the_same_losses(reference, tmp_path):
+    split = _run(tmp_path / "r2s2t2", shard=2, tp=2, tasks_per_node=[4, 4])
+    assert _losses(split) == pytest.approx(_losses(reference), rel=1e-5)
+    assert split[0].value["grad_norms"] == pytest.approx(reference[0].value["grad_norms"], rel=1e-4)
+    layout = json.loads((tmp_path / "r2s2t2" / "layout.json").read_text())
+    assert layout["plan"]["mesh_shape"] == [2, 2, 2]
+    assert [r["replicate_group"] for r in layout["ranks"][:4]] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert {r["node"] for r in layout["ranks"][:4]} == {"n1"}  # a copy (S x T ranks) on one node
+
+
+def test_a_checkpoint_resumes_across_tp_2_to_1_to_2_where_the_run_left_off(reference, tmp_path):
+    run = tmp_path / "run"
+    first = _run(run, shard=2, tp=2, tasks_per_node=[4], stop_after=3)
+    middle = _run(run, shard=2, tp=1, tasks_per_node=[2], stop_after=6, extra_env={"SLURM_RESTART_COUNT": "1"})
+    last = _run(run, shard=2, tp=2, tasks_per_node=[4], extra_env={"SLURM_RESTART_COUNT": "2"})
+    assert len(_losses(first)) == 3 and len(_losses(middle)) == 3 and len(_losses(last)) == 4
+    resumed = _losses(first) + _losses(middle) + _losses(last)
+    assert resumed == pytest.approx(_losses(reference), rel=1e-5)
