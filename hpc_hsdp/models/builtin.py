@@ -216,6 +216,9 @@ class BuiltinAdapter:
 
     name = "builtin"
     has_pretrained_weights = False
+    layout = "qkv head-major"
+    """How the model lays out its tensors, saved with each checkpoint: a checkpoint of another layout
+    (the fused q|k|v rows of hpc-hsdp before tensor parallelism) is refused at resume, not misread."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         self.cfg = cfg
@@ -253,4 +256,4 @@ class BuiltinAdapter:
 
     def describe(self) -> dict:
         """What run.json's model record holds (export rebuilds the model from it)."""
-        return {"kind": "builtin", "config": asdict(self.cfg)}
+        return {"kind": "builtin", "config": asdict(self.cfg), "layout": self.layout}

@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.rundir.state import (
     COMPLETE,
@@ -465,6 +465,7 @@ def save_checkpoint(
     training: TrainingSpec,
     data: TrainData,
     model_name: str = "builtin",
+    model_layout: str | None = None,
     extra: dict | None = None,
     background: AsyncSaver | None = None,
 ) -> Path:
@@ -478,6 +479,7 @@ def save_checkpoint(
         "grad_accum": data.layout.grad_accum,
         "mesh_shape": list(ctx.plan.mesh_shape),
         "model": model_name,
+        **({"model_layout": model_layout} if model_layout else {}),
         "data": data_state(data, step, training.seed),
         "extra": extra or {},
     }
@@ -495,10 +497,12 @@ def resume(
     data: TrainData,
     training: TrainingSpec,
     verbose: bool = True,
+    model_layout: str | None = None,
 ) -> tuple[int, dict]:
     """Load the newest complete checkpoint of ``ctx.run_dir`` (collective); returns
     ``(step, train_state)``, ``(0, {})`` on a fresh start. Refuses a data position this
-    run cannot continue (another global batch, seed or dataset)."""
+    run cannot continue (another global batch, seed or dataset), and a checkpoint whose model
+    lays its tensors out otherwise than ``model_layout`` (the adapter's ``layout``)."""
     if ctx.run_dir is None:
         return 0, {}
     found = latest_checkpoint(ctx.run_dir)
@@ -506,6 +510,16 @@ def resume(
         return 0, {}
     step, path = found
     saved = saved_train_state(path)
+    if (
+        model_layout is not None
+        and saved.get("model", "builtin") == "builtin"
+        and saved.get("model_layout") != model_layout
+    ):
+        raise SpecError(
+            f"checkpoint {path.name} (step {step}) holds the built-in model in an earlier layout (its attention's "
+            f"qkv rows q|k|v, now {model_layout}): finish this run with the hpc-hsdp that started it, or start a "
+            f"new --run-dir"
+        )
     check_data_position(
         saved.get("data"),
         global_batch=data.layout.global_batch,

@@ -136,7 +136,13 @@ class Engine:
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)
         self.start_step, saved = checkpoint.resume(
-            ctx, self.model, self.optimizer, data=self.data, training=self.training, verbose=verbose
+            ctx,
+            self.model,
+            self.optimizer,
+            data=self.data,
+            training=self.training,
+            verbose=verbose,
+            model_layout=getattr(self.adapter, "layout", None),
         )
         self.state: dict = dict(saved.get("extra") or {})
         """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
@@ -393,6 +399,7 @@ class Engine:
             training=self.training,
             data=self.data,
             model_name=self.adapter.name,
+            model_layout=getattr(self.adapter, "layout", None),
             extra=json.loads(json.dumps(self.state)) if self.state else None,  # as it is now: written later
             background=background,
         )

@@ -4,9 +4,11 @@ mesh; its checkpoints resume across tp sizes."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -66,8 +68,11 @@ def _run(run_dir, *, shard, tp, tasks_per_node, training=TRAIN, stop_after=None,
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Shard 2 on one node of 2 ranks, no tensor parallelism: 10 steps."""
-    return _run(tmp_path_factory.mktemp("tp") / "s2", shard=2, tp=1, tasks_per_node=[2])
+    """Shard 2 on one node of 2 ranks, no tensor parallelism: 10 steps (its run directory: ``.run_dir``)."""
+    run_dir = tmp_path_factory.mktemp("tp") / "s2"
+    outcomes = _run(run_dir, shard=2, tp=1, tasks_per_node=[2])
+    outcomes[0].value["run_dir"] = run_dir
+    return outcomes
 
 
 def test_shard_2_tp_2_trains_the_losses_of_shard_2_alone(reference, tmp_path):
@@ -102,3 +107,17 @@ def test_a_checkpoint_resumes_across_tp_2_to_1_to_2_where_the_run_left_off(refer
     assert len(_losses(first)) == 3 and len(_losses(middle)) == 3 and len(_losses(last)) == 4
     resumed = _losses(first) + _losses(middle) + _losses(last)
     assert resumed == pytest.approx(_losses(reference), rel=1e-5)
+
+
+def test_a_checkpoint_of_the_earlier_qkv_layout_is_refused_at_resume_not_misread(reference, tmp_path):
+    run = tmp_path / "old"
+    shutil.copytree(reference[0].value["run_dir"] / "checkpoints", run / "checkpoints")
+    state_file = run / "checkpoints" / "step-000010" / "train_state.json"
+    state = json.loads(state_file.read_text())
+    assert state.pop("model_layout") == "qkv head-major"
+    state_file.write_text(json.dumps(state))
+    spec = RunSpec(shard_size=2, device="cpu", run_dir=str(run), training=dataclasses.replace(TRAIN, steps=12))
+    failed = launch(spec, tasks_per_node=[2], fn=train_recording, timeout_s=120, expect_failure=True)
+    assert all(not o.ok for o in failed)
+    assert "holds the built-in model in an earlier layout" in failed[0].value
+    assert "start a new --run-dir" in failed[0].value
