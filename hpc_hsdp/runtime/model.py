@@ -19,7 +19,7 @@ from hpc_hsdp.runtime.hsdp import wrap_hsdp
 from hpc_hsdp.runtime.log import say
 from hpc_hsdp.runtime.optimizer import LocalShardAdamW
 from hpc_hsdp.runtime.reshard import choose_reshard
-from hpc_hsdp.runtime.tensor_parallel import apply_tensor_parallel
+from hpc_hsdp.runtime.tensor_parallel import apply_tensor_parallel, wait_before_units
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -72,6 +72,8 @@ def build_model(
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
     if training.compile:  # before fully_shard: its hooks stay outside the graphs
+        if split:
+            wait_before_units(model, units)
         compiled = compile_units(model, units)
         if verbose and ctx.is_rank0:
             say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")

@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
@@ -33,6 +34,26 @@ def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext) -> int:
         )
     parallelize_module(model, ctx.tp_mesh, plan)
     return len(plan)
+
+
+def wait_before_units(model: nn.Module, units: tuple[type, ...]) -> int:
+    """For ``--compile`` with tensor parallelism: a forward hook on each module outside the shard
+    units that waits for its output's collective (the embeddings' reduce-scatter). A compiled unit
+    handed such a pending output (torch's ``AsyncCollectiveTensor``) fails in backward with
+    "'Tensor' object has no attribute '_local_tensor'"; returns how many modules got the hook."""
+    inside = {id(m) for unit in model.modules() if units and isinstance(unit, units) for m in unit.modules()}
+    hooked = 0
+    for module in model.modules():
+        if id(module) not in inside and module is not model and not list(module.children()):
+            module.register_forward_hook(_wait_for_output)
+            hooked += 1
+    return hooked
+
+
+def _wait_for_output(module, args, output):
+    # clone(), not wait(): wait() hands back the inner tensor, cut off from autograd (the module's
+    # parameters would get no gradient); an op on the wrapper waits and stays in the graph
+    return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
 def loss_context(ctx: RunContext, adapter) -> contextlib.AbstractContextManager:
