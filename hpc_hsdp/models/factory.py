@@ -37,6 +37,15 @@ The contract, in full::
    A parameter neither of them sets is an error that names it.
 6. Tied parameters must lie in one FSDP unit (e.g. a head tied to the embedding, both
    in the root), else they are refused.
+7. **Tensor parallelism** (``--tp T``): ``module.tp_plan(tp_size)`` (or a ``tp_plan`` dict)
+   returns module name -> ``torch.distributed.tensor.parallel`` style (``ColwiseParallel``,
+   ``RowwiseParallel``, ``SequenceParallel``, ``PrepareModuleInput``), applied on the tp axis
+   before FSDP2; raise ``hpc_hsdp.errors.SpecError`` where ``tp_size`` does not divide the model.
+   The forward must work on the local shards (e.g. heads from the split's width, not the
+   config's). Set ``loss_parallel = True`` on the module where the plan leaves the logits a
+   DTensor sharded over the vocabulary (``ColwiseParallel(output_layouts=Shard(-1),
+   use_local_output=False)``): the loss then runs on the shards. Without a plan, ``--tp`` > 1 is
+   refused naming the model.
 
 Export writes one ``model.safetensors`` file of the full state (tied names once).
 
@@ -179,6 +188,23 @@ class FactoryAdapter:
     def logits(self, model, inputs):
         out = model(inputs)
         return getattr(out, "logits", out)
+
+    def tp_plan(self, model, tp_size: int) -> dict | None:
+        """The module's own tensor-parallel plan (contract item 7): ``model.tp_plan(tp_size)`` or a
+        ``tp_plan`` dict; None without one (``--tp`` > 1 is then refused naming the model)."""
+        plan = getattr(model, "tp_plan", None)
+        if callable(plan):
+            plan = plan(tp_size)
+        if plan is not None and not isinstance(plan, dict):
+            raise SpecError(
+                f"--model {self.name!r}: tp_plan gave {type(plan).__name__}, not a dict of module name -> "
+                f"torch.distributed.tensor.parallel style"
+            )
+        self.loss_parallel = bool(getattr(model, "loss_parallel", False))
+        return plan
+
+    loss_parallel = False
+    """True where the model's plan leaves the logits sharded over the vocabulary (its ``loss_parallel``)."""
 
     def describe(self) -> dict:
         return {"kind": "factory", "model": self.name}

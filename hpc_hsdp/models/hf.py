@@ -225,6 +225,42 @@ class HFAdapter:
             model, files, what=f"--model {self.name!r}", strip_prefixes=(f"{prefix}.",) if prefix else ()
         )
 
+    # ------------------------------------------------------------------ tensor parallelism
+
+    def tp_plan(self, model, tp_size: int) -> dict | None:
+        """The model's own tensor-parallel plan (transformers' ``model._tp_plan``, from its config's
+        ``base_model_tp_plan``: the Llama family, Qwen2, Mistral, ...) as torch parallel styles, its
+        ``*`` expanded to the blocks: attention and feed-forward split by heads and width, the input
+        embedding and the LM head by vocabulary (both left whole where they are tied). None where the
+        config carries no plan. SpecError where ``tp_size`` does not divide the heads, key/value
+        heads, feed-forward width or vocabulary, or the plan names a style hpc-hsdp does not map."""
+        wanted = dict(getattr(model, "_tp_plan", None) or {})
+        if not wanted:
+            base = getattr(self.config, "base_model_tp_plan", None) or {}
+            prefix = getattr(model, "base_model_prefix", "")
+            wanted = {f"{prefix}.{name}" if prefix else name: style for name, style in base.items()}
+        if not wanted:
+            return None
+        refusal = hf_tp_refusal(self.config, tp_size)
+        if refusal:
+            raise SpecError(f"--model {self.name!r}: {refusal}")
+        modules = dict(model.named_modules())
+        if getattr(self.config, "tie_word_embeddings", False):  # one parameter: it cannot be split twice
+            tied = {model.get_input_embeddings(), model.get_output_embeddings()}
+            wanted = {name: style for name, style in wanted.items() if modules.get(name) not in tied}
+        plan = {}
+        for pattern, style in wanted.items():
+            if style not in _TP_STYLES:
+                raise SpecError(
+                    f"--model {self.name!r}: its tensor-parallel plan splits {pattern} as {style!r}, which "
+                    f"hpc-hsdp does not map (it maps {', '.join(_TP_STYLES)}); train it with --tp 1"
+                )
+            regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
+            for name in modules:
+                if regex.match(name):
+                    plan[name] = _parallel_style(style)
+        return plan
+
     # ------------------------------------------------------------------ the step
 
     def loss(self, model, inputs, targets):
@@ -331,3 +367,35 @@ def _tied(model) -> list:
     from hpc_hsdp.models.weights import tied_groups  # noqa: PLC0415 - weights imports torch
 
     return tied_groups(model)
+
+
+_TP_STYLES = ("colwise", "rowwise", "colwise_gather_output", "embedding_rowwise")
+"""transformers' plan styles that hpc-hsdp maps to torch's (:func:`_parallel_style`)."""
+
+
+def _parallel_style(style: str):
+    from torch.distributed.tensor import Replicate  # noqa: PLC0415 - only under --tp
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # noqa: PLC0415 - only under --tp
+
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "rowwise":
+        return RowwiseParallel()
+    if style == "embedding_rowwise":  # the vocabulary's rows split, each token's vector summed back
+        return RowwiseParallel(input_layouts=Replicate())
+    return ColwiseParallel(output_layouts=Replicate())  # colwise_gather_output: the LM head
+
+
+def hf_tp_refusal(config, tp_size: int) -> str | None:
+    """Why a transformers config's model cannot be split over ``tp_size`` ranks (None: it can)."""
+    heads = getattr(config, "num_attention_heads", None)
+    sizes = (
+        ("attention heads", heads),
+        ("key/value heads", getattr(config, "num_key_value_heads", None) or heads),
+        ("feed-forward width (intermediate_size)", getattr(config, "intermediate_size", None)),
+        ("vocabulary", getattr(config, "vocab_size", None)),
+    )
+    for what, size in sizes:
+        if isinstance(size, int) and size % tp_size:
+            return f"--tp {tp_size} does not divide its {size} {what}"
+    return None

@@ -71,12 +71,16 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
 
 def norm_weights(params: list[torch.Tensor], tp_size: int) -> list[float]:
     """Per parameter, the share of its local squared gradient norm that counts once: a parameter
-    that every rank of a tp group holds whole (a norm's weight) counts 1/T on each, so that the
-    sum over the ranks counts it once."""
+    that every rank of a tp group holds whole (a norm's weight, or one the plan leaves out, which
+    FSDP2 shards over the data axes only) counts 1/T on each, so that the sum over the ranks counts
+    it once; one split over the tp axis counts whole."""
     if tp_size == 1:
         return [1.0] * len(params)
-    weights = []
-    for param in params:
-        replicated = isinstance(param, DTensor) and isinstance(param.placements[-1], Replicate)
-        weights.append(1.0 / tp_size if replicated else 1.0)
-    return weights
+    return [1.0 if split_over_tp(param) else 1.0 / tp_size for param in params]
+
+
+def split_over_tp(param: torch.Tensor) -> bool:
+    if not isinstance(param, DTensor):
+        return False
+    names = param.device_mesh.mesh_dim_names or ()
+    return "tp" in names and not isinstance(param.placements[names.index("tp")], Replicate)

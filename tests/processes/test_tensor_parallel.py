@@ -129,3 +129,58 @@ def test_compiled_blocks_under_tensor_parallelism_train_the_eager_losses(referen
     got = _losses(_run(tmp_path / "compiled", shard=2, tp=2, tasks_per_node=[4], training=compiled))
     assert got == pytest.approx(eager, rel=2e-2)
     assert got == pytest.approx(eager, abs=1e-4)  # the embeddings get their gradients (a wait() would cut them off)
+
+
+@pytest.mark.parametrize(
+    ("options", "rel"),
+    [
+        ({"activation_checkpointing": True, "grad_accum": 2, "batch_size": 2}, 1e-5),
+        ({"precision": "bf16", "grad_accum": 2, "batch_size": 2}, 2e-2),
+    ],
+    ids=["fp32 checkpointed activations, 2 micro-batches", "bf16, 2 micro-batches"],
+)
+def test_tensor_parallel_composes_with_the_step_options(tmp_path, options, rel):
+    training = dataclasses.replace(TRAIN, steps=4, eval_every=0, **options)
+    alone = _losses(_run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training))
+    split = _losses(_run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training))
+    assert split == pytest.approx(alone, rel=rel)
+
+
+def test_a_model_tp_cannot_split_is_refused_on_every_rank_before_training(tmp_path):
+    spec = RunSpec(
+        shard_size=1, tp_size=4, device="cpu", run_dir=str(tmp_path / "r"), training=dataclasses.replace(TRAIN, heads=2)
+    )
+    failed = launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=120, expect_failure=True)
+    assert all(not o.ok for o in failed)
+    assert "--tp 4 does not divide the built-in model's 2 attention heads (--heads)" in failed[0].value
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["own head", "head tied to the embedding (left whole)"])
+def test_a_transformers_llama_splits_by_its_own_plan_and_trains_the_losses_of_shard_2(tmp_path, tied):
+    from hf_helpers import TINY_LLAMA, write_config
+
+    model = write_config(tmp_path / "llama", dict(TINY_LLAMA, tie_word_embeddings=tied))
+    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, steps=4, eval_every=0)
+    alone = _losses(_run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training))
+    split = _losses(_run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training))
+    assert split == pytest.approx(alone, rel=1e-5)
+
+
+def test_a_model_without_a_plan_is_refused_naming_it(tmp_path):
+    from hf_helpers import TINY_GPT2, write_config
+
+    model = write_config(tmp_path / "gpt2", TINY_GPT2)
+    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, steps=2, eval_every=0)
+    spec = RunSpec(shard_size=1, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), training=training)
+    failed = launch(spec, tasks_per_node=[2], fn=train_recording, timeout_s=120, expect_failure=True)
+    assert all(not o.ok for o in failed)
+    assert f"--tp 2: --model 'hf:{model}' has no tensor-parallel plan" in failed[0].value
+
+
+def test_a_factory_model_gives_its_own_plan_and_trains_the_losses_of_shard_2(tmp_path):
+    training = dataclasses.replace(TRAIN, model="tp_factory:build", steps=4, eval_every=5)
+    alone = _run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training)
+    split = _run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training)
+    assert _losses(split) == pytest.approx(_losses(alone), rel=1e-5)
+    assert split[0].value["eval"] == pytest.approx(alone[0].value["eval"], rel=1e-5)
