@@ -30,11 +30,11 @@ def main(ctx):
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten())
             (loss / len(step.batches)).backward()
             total += loss.detach() / len(step.batches)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).full_tensor()  # a DTensor
+        norm = run.clip_grad_norm(1.0)  # over the whole mesh (replicate, shard and --tp)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        record = run.log(step, loss=total, grad_norm=float(norm))  # global mean, one line in metrics.jsonl
+        record = run.log(step, loss=total, grad_norm=norm)  # global mean, one line in metrics.jsonl
         best = min(best, record["loss"])
         run.state["best_loss"] = best  # saved with model, optimizer and data position
 

@@ -68,7 +68,8 @@ from hpc_hsdp.runtime.run_data import (
     source_eval_samples,
 )
 from hpc_hsdp.runtime.schedule import lr_of
-from hpc_hsdp.runtime.step import evaluate, seed_step
+from hpc_hsdp.runtime.step import clip_grad_norm, evaluate, seed_step
+from hpc_hsdp.runtime.tensor_parallel import local_value
 from hpc_hsdp.runtime.watchdog import Watchdog
 
 
@@ -255,8 +256,16 @@ class Engine:
         return out
 
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
-        return self.adapter.loss(self.model, inputs, targets)
+        """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32), a plain
+        tensor to call ``backward()`` on. Under tensor parallelism the logits are gathered for it
+        (the built-in loop computes it on the vocabulary shards instead)."""
+        return local_value(self.adapter.loss(self.model, inputs, targets))
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Collective: the gradient norm over the whole mesh, the gradients scaled to at most
+        ``max_norm`` (:func:`~hpc_hsdp.runtime.step.clip_grad_norm`)."""
+        norm = clip_grad_norm(self.model, max_norm, num_replicas=self.ctx.plan.num_replicas, tp_size=self.ctx.tp_size)
+        return float(norm)
 
     def step_record(
         self, step: Step | int, *, loss: float, lr: float | None = None, source_losses=None, **fields

@@ -10,6 +10,7 @@ An ``--entry`` function gets the run context; :class:`TrainingRun` gives it the 
             for batch in step.batches:          # this rank's micro-batches (--grad-accum of them)
                 loss = run.loss(batch.inputs, batch.targets)
                 (loss / len(step.batches)).backward()
+            run.clip_grad_norm(1.0)             # over the whole mesh (replicate, shard, tp)
             run.optimizer.step()
             run.optimizer.zero_grad()
             run.state["seen"] = run.state.get("seen", 0) + 1   # your own JSON state, checkpointed
@@ -123,6 +124,12 @@ class TrainingRun:
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's loss on a micro-batch (the adapter's: mean cross-entropy in fp32)."""
         return self.engine.loss(inputs, targets)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Collective, after the backward: the gradient norm over the whole mesh (replicate, shard
+        and tp), the gradients scaled to at most ``max_norm``; works where torch's
+        ``clip_grad_norm_`` cannot (gradients on different meshes under ``--tp``)."""
+        return self.engine.clip_grad_norm(max_norm)
 
     def log(self, step: Step | int, *, loss: torch.Tensor | float, **more) -> dict:
         """Collective, after the step's optimizer step: the global mean of ``loss`` over all

@@ -34,6 +34,20 @@ def local_grads(model: nn.Module, device: torch.device, *, tp_size: int = 1) -> 
     return grads, squares.sum()
 
 
+def clip_grad_norm(model: nn.Module, max_norm: float, *, num_replicas: int, tp_size: int = 1) -> torch.Tensor:
+    """Collective: the gradient norm over the whole mesh (the replicate, shard and tp axes) and
+    the gradients scaled to at most ``max_norm`` (0: only the norm), as the built-in step clips.
+    Unlike ``torch.nn.utils.clip_grad_norm_`` it takes gradients on different meshes (a tensor-
+    parallel plan that leaves some parameters out)."""
+    device = next(model.parameters()).device
+    grads, squared = local_grads(model, device, tp_size=tp_size)
+    dist.all_reduce(squared, op=dist.ReduceOp.SUM)
+    norm = (squared / num_replicas).sqrt()
+    if max_norm > 0 and grads:
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -184,3 +184,31 @@ def test_a_factory_model_gives_its_own_plan_and_trains_the_losses_of_shard_2(tmp
     split = _run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training)
     assert _losses(split) == pytest.approx(_losses(alone), rel=1e-5)
     assert split[0].value["eval"] == pytest.approx(alone[0].value["eval"], rel=1e-5)
+
+
+def own_loop_main(ctx):
+    """examples/own_loop.py's loop (its own loss on the model's logits, TrainingRun.clip_grad_norm)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import own_loop
+
+    own_loop.main(ctx)
+    return {"losses": [], "grad_norms": [], "eval": []}
+
+
+def test_an_own_loop_trains_a_transformers_llama_under_tensor_parallelism_as_without(tmp_path):
+    from hf_helpers import TINY_LLAMA, write_config
+
+    model = write_config(tmp_path / "llama", TINY_LLAMA)
+    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, steps=4, eval_every=0)
+    metrics = {}
+    for tp, tasks in ((1, [2]), (2, [4])):
+        run_dir = tmp_path / f"tp{tp}"
+        spec = RunSpec(shard_size=2, tp_size=tp, device="cpu", run_dir=str(run_dir), training=training)
+        launch(spec, tasks_per_node=tasks, fn=own_loop_main, timeout_s=240)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        metrics[tp] = [r[key] for r in rows for key in ("loss", "grad_norm")]
+    assert len(metrics[2]) == 8
+    assert metrics[2] == pytest.approx(metrics[1], rel=1e-5)
