@@ -10,10 +10,11 @@ calls the callbacks and torch's function.
 - What can be wrapped (:data:`WRAPPABLE`): the functions FSDP2, DTensor, DCP and the loop look
   up on ``torch.distributed`` at call time, the collectives (:data:`COLLECTIVES`: every rank
   of the group calls them) and the point-to-point ones (:data:`POINT_TO_POINT`); and
-  :data:`WAIT`, ``Work.wait``, where a rank waits for an asynchronous one. Calls torch makes
-  through its own module (``all_gather_into_tensor`` forwarding to ``all_gather_single``) and
-  functional collectives (``torch.ops._c10d_functional``, e.g. DTensor's redistribution) do
-  not pass through these functions and are not seen.
+  :data:`WAIT`, ``Work.wait``, where a rank waits for an asynchronous one; and the functional
+  collectives DTensor's redistributions call (:data:`FUNCTIONAL`, tensor parallelism's traffic).
+  Calls torch makes through its own module (``all_gather_into_tensor`` forwarding to
+  ``all_gather_single``) and ops called on ``torch.ops._c10d_functional`` directly do not pass
+  through these functions and are not seen.
 - A listener sees the outermost wrapped call of a thread only, in the thread that made it:
   ``entered(name, args, kwargs)`` before torch's function runs, ``left(name, completed)``
   after it returned (``completed``) or raised. A wrapped call made inside another
@@ -82,7 +83,18 @@ POINT_TO_POINT: tuple[str, ...] = (
 WAIT = "Work.wait"
 """Where a rank waits for an asynchronous collective (``async_op=True``) to complete."""
 
-WRAPPABLE: tuple[str, ...] = (*COLLECTIVES, *POINT_TO_POINT, WAIT)
+FUNCTIONAL: tuple[str, ...] = (
+    "funcol.all_gather_single",
+    "funcol.reduce_scatter_single",
+    "funcol.all_reduce",
+    "funcol.all_to_all_single",
+)
+"""The functional collectives DTensor's redistributions call (``torch.distributed._functional_collectives``,
+which ``torch/distributed/tensor/placement_types.py`` looks up at call time): tensor parallelism's
+traffic, and ``clip_grad_norm_``'s over DTensors. Their result is a tensor whose collective may still
+be running (torch waits for it where it is first used)."""
+
+WRAPPABLE: tuple[str, ...] = (*COLLECTIVES, *POINT_TO_POINT, WAIT, *FUNCTIONAL)
 
 Entered = Callable[[str, tuple, dict], object]
 Left = Callable[[str, bool], object]
@@ -101,6 +113,10 @@ def _home(name: str) -> tuple[object, str]:
     """Where the function of ``name`` lives: (object, attribute)."""
     if name == WAIT:
         return dist.distributed_c10d.Work, "wait"
+    if name.startswith("funcol."):
+        import torch.distributed._functional_collectives as funcol  # noqa: PLC0415 - loaded with DTensor anyway
+
+        return funcol, name.removeprefix("funcol.")
     return dist, name
 
 

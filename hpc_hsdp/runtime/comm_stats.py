@@ -15,11 +15,12 @@ Per call, for a group of ``n`` ranks (ring algorithms):
 - ``all_reduce``: tensor bytes = the tensor; on the wire ``2(n-1)/n`` of it.
 
 A collective on a one-rank group moves nothing and is not recorded. The axis is
-``shard`` or ``replicate`` when the group is that axis' group of the mesh, ``world`` for
+``shard``, ``replicate`` or ``tp`` when the group is that axis' group of the mesh, ``world`` for
 the default group, else ``other``; it is inter-node when the group's ranks ran on more
 than one node of the REALIZED layout (the node names every rank reported at init).
-Functional collectives (``torch.ops._c10d_functional``, e.g. DTensor redistribution in
-``clip_grad_norm_``) are not counted.
+The functional collectives of DTensor's redistributions (tensor parallelism's all-gathers and
+reduce-scatters of activations, the loss's all-reduces on vocabulary shards) are counted the same
+way, under the ``tp`` axis.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ _COUNTED = {
     "reduce_scatter_single": ("reduce_scatter", "input"),
     "reduce_scatter_tensor": ("reduce_scatter", "input"),
     "all_reduce": ("all_reduce", "tensor"),
+    # DTensor's redistributions (tensor parallelism): the gathered size is the input's times the group's
+    "funcol.all_gather_single": ("all_gather", "gathered"),
+    "funcol.reduce_scatter_single": ("reduce_scatter", "input"),
+    "funcol.all_reduce": ("all_reduce", "tensor"),
 }
 # positional index of (output, input) / tensor; group keyword or its position
 _POSITIONS = {
@@ -48,11 +53,15 @@ _POSITIONS = {
     "reduce_scatter_single": {"output": 0, "input": 1, "group": 3},
     "reduce_scatter_tensor": {"output": 0, "input": 1, "group": 3},
     "all_reduce": {"tensor": 0, "group": 2},
+    "funcol.all_gather_single": {"gathered": 0, "group": 2},
+    "funcol.reduce_scatter_single": {"input": 0, "group": 3},
+    "funcol.all_reduce": {"tensor": 0, "group": 2},
 }
 _KEYWORDS = {
     "output": ("output", "output_tensor"),
-    "input": ("input", "input_tensor"),
-    "tensor": ("tensor",),
+    "input": ("input", "input_tensor", "self"),
+    "gathered": ("self",),
+    "tensor": ("tensor", "self"),
     "group": ("group",),
 }
 
@@ -123,7 +132,10 @@ class CommStats:
 
     def _entered(self, name: str, args: tuple, kwargs: dict) -> None:
         kind, role = _COUNTED[name]
-        self._record(kind, _argument(name, role, args, kwargs), _argument(name, "group", args, kwargs))
+        group = _argument(name, "group", args, kwargs)
+        if name.startswith("funcol."):
+            group = _process_group(group)
+        self._record(kind, _argument(name, role, args, kwargs), group, gathered=role == "gathered")
 
     # -------------------------------------------------------------------- recording
     def _info(self, group) -> tuple[str, int, bool]:
@@ -141,13 +153,13 @@ class CommStats:
             self._group_info[key] = info
         return info
 
-    def _record(self, kind: str, tensor, group) -> None:
+    def _record(self, kind: str, tensor, group, *, gathered: bool = False) -> None:
         if tensor is None:
             return
         axis, size, inter = self._info(group)
         if size <= 1:
             return
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size() * (size if gathered else 1)
         with self._lock:
             entry = self._totals.setdefault((axis, kind, size, inter), _Entry())
             entry.calls += 1
@@ -185,6 +197,16 @@ class CommStats:
         out["intra_node_wire_bytes"] = intra
         out["inter_node_wire_bytes"] = inter_total
         return out
+
+
+def _process_group(group):
+    """A functional collective's group (a ProcessGroup, a group name, a (mesh, axis) pair or a
+    list of ranks) as the ProcessGroup it names."""
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return group
+    import torch.distributed._functional_collectives as funcol  # noqa: PLC0415 - loaded with DTensor anyway
+
+    return dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group))
 
 
 def for_context(ctx) -> CommStats:

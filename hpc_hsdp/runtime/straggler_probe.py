@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_hsdp.rundir.stragglers import summarize
-from hpc_hsdp.runtime.collectives import WRAPPABLE, Listening, listen
+from hpc_hsdp.runtime.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, Listening, listen
 
 
 class BlockedClock:
@@ -47,7 +47,8 @@ class BlockedClock:
 
     def install(self) -> BlockedClock:
         if self._listening is None:
-            self._listening = listen(self._entered, self._left, names=WRAPPABLE)
+            # where the host blocks; a functional collective returns before its transfer is done
+            self._listening = listen(self._entered, self._left, names=(*COLLECTIVES, *POINT_TO_POINT, WAIT))
         return self
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from hpc_hsdp.runtime.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, WRAPPABLE, listen
 
@@ -16,6 +17,8 @@ from hpc_hsdp.runtime.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, WRAP
 def _function(name: str):
     if name == WAIT:
         return dist.distributed_c10d.Work.wait
+    if name.startswith("funcol."):
+        return getattr(funcol, name.removeprefix("funcol."))
     return getattr(dist, name)
 
 

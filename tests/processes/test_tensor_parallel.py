@@ -212,3 +212,23 @@ def test_an_own_loop_trains_a_transformers_llama_under_tensor_parallelism_as_wit
         metrics[tp] = [r[key] for r in rows for key in ("loss", "grad_norm")]
     assert len(metrics[2]) == 8
     assert metrics[2] == pytest.approx(metrics[1], rel=1e-5)
+
+
+def test_comm_stats_count_tensor_parallel_traffic_on_its_own_axis(tmp_path):
+    """Per step and rank, the built-in model at tp 2 gathers and reduce-scatters (4L + 2) activations
+    of (rows, seq_len, width) plus the positions' (seq_len, width) once each, inside the node."""
+    training = dataclasses.replace(TRAIN, steps=2, eval_every=0)
+    spec = RunSpec(
+        shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), comm_stats=True, training=training
+    )
+    launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=240)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    tp = rows[-1]["comm"]["tp"]
+    rows_per_rank = TRAIN.global_batch_size // 2  # the data-parallel ranks: R x S = 2
+    activation = rows_per_rank * TRAIN.seq_len * TRAIN.width * 4
+    positions = TRAIN.seq_len * TRAIN.width * 4
+    expected = (4 * TRAIN.layers + 2) * activation + positions
+    assert (tp["group_size"], tp["inter_node"]) == (2, False)
+    assert tp["all_gather"]["tensor_bytes"] == tp["reduce_scatter"]["tensor_bytes"] == expected
+    assert tp["all_gather"]["calls"] == tp["reduce_scatter"]["calls"] == 4 * TRAIN.layers + 3
+    assert rows[0]["comm"]["tp"]["all_gather"] == tp["all_gather"]  # every step the same
