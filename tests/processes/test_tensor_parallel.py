@@ -232,3 +232,24 @@ def test_comm_stats_count_tensor_parallel_traffic_on_its_own_axis(tmp_path):
     assert tp["all_gather"]["tensor_bytes"] == tp["reduce_scatter"]["tensor_bytes"] == expected
     assert tp["all_gather"]["calls"] == tp["reduce_scatter"]["calls"] == 4 * TRAIN.layers + 3
     assert rows[0]["comm"]["tp"]["all_gather"] == tp["all_gather"]  # every step the same
+
+
+def _exported_tensors(run_dir: str, out_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    from hpc_hsdp.runtime.export import export
+
+    export(run_dir, out_dir)
+    return {name: tensor.flatten().tolist() for name, tensor in load_file(f"{out_dir}/model.safetensors").items()}
+
+
+def test_export_of_a_tensor_parallel_run_holds_the_full_tensors(reference, tmp_path):
+    from dist_helpers import in_child
+
+    split_dir = tmp_path / "s2t2"
+    _run(split_dir, shard=2, tp=2, tasks_per_node=[4])
+    split = in_child(_exported_tensors, str(split_dir), str(tmp_path / "split-export"))
+    alone = in_child(_exported_tensors, str(reference[0].value["run_dir"]), str(tmp_path / "alone-export"))
+    assert split.keys() == alone.keys() and "blocks.0.attn.qkv.weight" in split
+    for name in split:
+        assert split[name] == pytest.approx(alone[name], abs=2e-3), name  # AdamW magnifies 1e-10 noise
