@@ -32,6 +32,7 @@ from hpc_hsdp.plan.topology import (
 
 @click.command()
 @click.option("--shard", "shard_size", type=int, default=1, show_default=True, help="Shard-group size S of the job.")
+@click.option("--tp", "tp_size", type=int, default=1, show_default=True, help="Tensor-parallel size T of the job.")
 @click.option(
     "--nproc-per-node",
     type=int,
@@ -76,7 +77,9 @@ from hpc_hsdp.plan.topology import (
     show_default=True,
     help="Order of the --hostfile lines.",
 )
-def layout(shard_size, nproc_per_node, topology, field, tasks_per_node_text, hostfile_counts, distribution) -> None:
+def layout(
+    shard_size, tp_size, nproc_per_node, topology, field, tasks_per_node_text, hostfile_counts, distribution
+) -> None:
     """Inside a SLURM task, print the layout this task derives, as one JSON object.
 
     The rank is node-major (tasks on earlier nodes + SLURM_LOCALID), whatever
@@ -98,14 +101,14 @@ def layout(shard_size, nproc_per_node, topology, field, tasks_per_node_text, hos
         click.echo(f"{address} {port}")
         return
     if field == "node_switches":
-        click.echo(job_node_switches(os.environ, topology, shard_size, tasks_per_node_text))
+        click.echo(job_node_switches(os.environ, topology, shard_size, tasks_per_node_text, tp_size=tp_size))
         return
     if field in ("master_addr", "master_port"):
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)
         click.echo(addr if field == "master_addr" else port)
         return
     derived = RankLayout.from_env(
-        os.environ, shard_size=shard_size, nproc_per_node=nproc_per_node, topology=topology
+        os.environ, shard_size=shard_size, nproc_per_node=nproc_per_node, topology=topology, tp_size=tp_size
     ).to_dict()
     if field is None:
         click.echo(json.dumps(derived, sort_keys=False))
@@ -118,7 +121,9 @@ def layout(shard_size, nproc_per_node, topology, field, tasks_per_node_text, hos
     click.echo(json.dumps(value) if isinstance(value, (list, dict)) else ("" if value is None else value))
 
 
-def job_node_switches(env: Mapping[str, str], topology: str, shard_size: int, tasks_per_node_text: str | None) -> str:
+def job_node_switches(
+    env: Mapping[str, str], topology: str, shard_size: int, tasks_per_node_text: str | None, *, tp_size: int = 1
+) -> str:
     """The batch shell's ``--field node_switches``: every node of the job under its switches (the
     value of ``HPC_HSDP_NODE_SWITCHES``): the one the job was given (``--env``), else SLURM's
     topology; none on the emulator, whose nodes are all this machine. With ``--topology strict``,
@@ -146,6 +151,11 @@ def job_node_switches(env: Mapping[str, str], topology: str, shard_size: int, ta
         counts = parse_tasks_per_node(tasks_per_node_text)
         counts = counts * len(nodes) if len(counts) == 1 else counts
         plan_on_switches(
-            tasks_per_node=counts, shard_size=shard_size, node_names=nodes, places=places, topology="strict"
+            tasks_per_node=counts,
+            shard_size=shard_size,
+            node_names=nodes,
+            places=places,
+            topology="strict",
+            tp_size=tp_size,
         )
     return format_node_switches(places, nodes)

@@ -284,6 +284,8 @@ def switches_command(spec: JobSpec) -> str | None:
     if topology == "strict":
         counts = ",".join(map(str, spec.tasks_per_node)) if spec.ntasks is not None else str(spec.gpus_per_node)
         args += ["--topology", topology, "--shard", str(spec.run.shard_size), "--tasks-per-node", counts]
+        if spec.run.tp_size > 1:  # a shard group is then S x T ranks
+            args += ["--tp", str(spec.run.tp_size)]
     return layout_command(spec, *args)
 
 
@@ -338,7 +340,10 @@ def plan_command(spec: JobSpec) -> str:
         args = ["--tasks-per-node", format_tasks_per_node(spec.tasks_per_node)]
     else:
         args = ["--nodes", spec.nodes_text, "--gpus-per-node", str(spec.gpus_per_node)]
-    return " ".join(shlex.quote(a) for a in ["hpc-hsdp", "plan", *args, "--shard", str(spec.run.shard_size)])
+    args += ["--shard", str(spec.run.shard_size)]
+    if spec.run.tp_size > 1:
+        args += ["--tp", str(spec.run.tp_size)]
+    return " ".join(shlex.quote(a) for a in ["hpc-hsdp", "plan", *args])
 
 
 RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")

@@ -138,6 +138,10 @@ def test_the_switches_block_is_set_by_the_script_itself():
             ("--nodes", "2-4", "--shard", "8", "--global-batch-size", "64", "--topology", "strict"),
             "python -m hpc_hsdp layout --field node_switches --topology strict --shard 8 --tasks-per-node 8",
         ),
+        (
+            ("--nodes", "4", "--shard", "4", "--tp", "4", "--topology", "strict"),
+            "python -m hpc_hsdp layout --field node_switches --topology strict --shard 4 --tasks-per-node 8 --tp 4",
+        ),
     ],
 )
 def test_switches_command(argv, command):
@@ -225,6 +229,16 @@ def test_strict_refuses_in_one_line_before_training(capsys, monkeypatch, scontro
     _set_env(monkeypatch, _batch_env("n[1,3]"))
     code, out, err = hpc(capsys, *argv)
     assert (code, out.strip()) == (0, "spine.leaf1:n[1,3]")
+
+
+def test_strict_counts_a_shard_group_as_s_x_t_ranks(capsys, monkeypatch, scontrol):
+    # 2 tasks a node, shard 1: each group on one node; with --tp 2 and shard 2 a copy spans n1 and n2
+    _set_env(monkeypatch, _batch_env("n[1-2]"))
+    argv = ("layout", "--field", "node_switches", "--topology", "strict", "--tasks-per-node", "2")
+    code, _, err = hpc(capsys, *argv, "--shard", "2", "--tp", "2")
+    assert code == 2 and "--topology strict: shard group 0 (ranks 0-3 on n1,n2 under leaf1,leaf2)" in err
+    code, out, _ = hpc(capsys, *argv, "--shard", "1", "--tp", "2")
+    assert code == 0 and "leaf1" in out and "leaf2" in out
 
 
 def test_strict_without_any_switch_refuses_groups_spanning_nodes(capsys, monkeypatch):
@@ -354,3 +368,12 @@ def test_a_replica_groups_step_is_placed_by_relative_or_nodelist():
     )
     assert supervisor.where(replicas.Group(replica_id=0, nodes=[2, 3])) == "--relative=2"
     assert supervisor.where(replicas.Group(replica_id=0, nodes=[1, 3])) == "--nodelist=n[2,4]"
+
+
+def test_the_scripts_plan_line_and_run_line_carry_the_tp_size():
+    text = render_sbatch(_spec("--nodes", "2", "--shard", "2", "--tp", "4"))
+    assert (
+        "# see every rank and group before submitting: hpc-hsdp plan --nodes 2 --gpus-per-node 8 --shard 2 --tp 4\n"
+        in text
+    )
+    assert "-m hpc_hsdp run --shard 2 --tp 4 --run-dir /runs/s" in text
