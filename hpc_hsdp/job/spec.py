@@ -576,7 +576,6 @@ class JobSpec:
             (self.launch.launcher != "srun", f"--launcher {self.launch.launcher}"),
             (self.run.entry is not None, f"--entry {self.run.entry} (the built-in loop runs the replica steps)"),
             (self.launch.container_image is not None, "--container-image"),
-            (self.run.tp_size > 1, f"--tp {self.run.tp_size} (tensor parallelism)"),
         ):
             if given:
                 raise SpecError(f"--fault-tolerance replica does not work with {why} yet; leave it out")

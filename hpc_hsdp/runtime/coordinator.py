@@ -23,7 +23,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import BatchLoader, MicroBatch
@@ -147,8 +146,6 @@ class OneGroup:
 def coordinator_for(ctx: RunContext, training: TrainingSpec) -> StepCoordinator:
     """The coordinator ``training``'s options ask for: a replica group's with ``--fault-tolerance replica``."""
     if training.fault_tolerance == "replica":
-        if ctx.tp_size > 1:
-            raise SpecError(f"--fault-tolerance replica does not work with --tp {ctx.tp_size} yet; leave one out")
         from hpc_hsdp.runtime.replica_group import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
 
         return ReplicaGroup(ctx, training)

@@ -40,6 +40,7 @@ from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.step import local_grads
+from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context
 
 
 class QuorumLost(RuntimeError):
@@ -215,8 +216,8 @@ class ReplicaGroup:
             layout.global_batch,
             participants=self.replicas,
             group_index=self.index,
-            group_world=ctx.world_size,
-            rank=ctx.rank,
+            group_world=ctx.data_world_size,  # a tp group's ranks read the same rows
+            rank=ctx.data_rank,
             max_rows=layout.rank_batch,
         )
         batches = []
@@ -236,22 +237,22 @@ class ReplicaGroup:
         (the gradients are the same in every group by then) over the group only."""
         from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING  # noqa: PLC0415 - beside step.py's
 
-        model, adapter = self.model, self.adapter
+        model, adapter, ctx = self.model, self.adapter, self.ctx
         device = batches[0].inputs.device
-        world = dist.get_world_size()
-        scale = world * self.replicas / self.data.layout.global_batch
+        scale = ctx.data_world_size * self.replicas / self.data.layout.global_batch
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         accum = len(batches)
         for index, batch in enumerate(batches):
             if accum > 1:
                 model.set_requires_all_reduce(index == accum - 1)
             rows = len(batch.sample_ids)
-            loss = adapter.loss(model, batch.inputs, batch.targets)
-            (loss * (rows * scale)).backward()
-            loss_sum += loss.detach().float() * rows
-        grads, squared = local_grads(model, device)
+            with loss_context(ctx, adapter):
+                loss = adapter.loss(model, batch.inputs, batch.targets)
+                (loss * (rows * scale)).backward()
+            loss_sum += local_value(loss.detach()).float() * (rows / ctx.tp_size)  # T ranks add each row
+        grads, squared = local_grads(model, device, tp_size=ctx.tp_size)
         code = stop_code() if stop_code is not None else NONE
-        rows_here = float(sum(len(b.sample_ids) for b in batches))
+        rows_here = float(sum(len(b.sample_ids) for b in batches)) / ctx.tp_size
         fused = torch.stack(
             [
                 loss_sum,

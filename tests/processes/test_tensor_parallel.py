@@ -253,3 +253,27 @@ def test_export_of_a_tensor_parallel_run_holds_the_full_tensors(reference, tmp_p
     assert split.keys() == alone.keys() and "blocks.0.attn.qkv.weight" in split
     for name in split:
         assert split[name] == pytest.approx(alone[name], abs=2e-3), name  # AdamW magnifies 1e-10 noise
+
+
+@pytest.mark.timeout(420)
+def test_replica_groups_of_s_x_t_ranks_train_as_the_same_groups_without_tensor_parallelism(tmp_path):
+    """--fault-tolerance replica on the emulator (the supervisor, a lighthouse, one job step per
+    group): two groups of (shard 1, tp 2) train the losses of two groups of (shard 2)."""
+    from tests.processes.test_fault_tolerance import _launch, _metrics, _spec
+
+    losses = {}
+    for name, mesh in (("shard2", ("--shard", "2")), ("tp2", ("--shard", "1", "--tp", "2"))):
+        run_dir, samples = tmp_path / name, tmp_path / f"{name}-samples"
+        samples.mkdir()
+        (run_dir / "logs").mkdir(parents=True)
+        spec = _spec(run_dir, samples, *mesh, "--steps", "6")
+        job = _launch(spec)
+        try:
+            state = job.wait(timeout_s=240)
+        finally:
+            job.cancel()
+        assert state == "COMPLETED", (run_dir / "logs" / f"{job.job_id}_0_log.err").read_text()[-3000:]
+        records = _metrics(run_dir)
+        assert [r["step"] for r in records] == list(range(1, 7)) and all(r["replica_groups"] == 2 for r in records)
+        losses[name] = [r["loss"] for r in records]
+    assert losses["tp2"] == pytest.approx(losses["shard2"], rel=1e-5)
