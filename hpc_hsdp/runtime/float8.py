@@ -50,6 +50,32 @@ def convert_linears(model: nn.Module) -> list[LinearChoice]:
     return choices
 
 
+def float8_tp_plan(model: nn.Module, plan: dict) -> dict:
+    """A tensor-parallel plan for a model whose Linears :func:`convert_linears` converted: the
+    column- and row-wise styles of each ``Float8Linear`` become torchao's float8 ones (the same
+    layouts; the split matmuls in float8), every other entry stays as it is."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # noqa: PLC0415 - only under --tp
+    from torchao.float8.float8_linear import Float8Linear  # noqa: PLC0415 - the optional extra
+    from torchao.float8.float8_tensor_parallel import (  # noqa: PLC0415 - the optional extra
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+    )
+
+    float8_styles = {ColwiseParallel: Float8ColwiseParallel, RowwiseParallel: Float8RowwiseParallel}
+    converted = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
+    out = {}
+    for name, style in plan.items():
+        kind = float8_styles.get(type(style))
+        if name in converted and kind is not None:
+            style = kind(
+                input_layouts=style.input_layouts[0],
+                output_layouts=style.output_layouts[0],
+                use_local_output=style.use_local_output,
+            )
+        out[name] = style
+    return out
+
+
 def precompute_scales_after_each_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """After every ``optimizer.step()``: the float8 weights' scales for the next all-gather
     (one all-reduce of the amaxes), as torchao's FSDP2 recipe asks."""

@@ -48,8 +48,8 @@ def units_to_wrap(units: tuple[type, ...], world_size: int) -> tuple[type, ...] 
 def build_model(
     ctx: RunContext, adapter, training: TrainingSpec, *, precision: str | None = None, verbose: bool = False
 ) -> nn.Module:
-    """The adapter's model on ``ctx.mesh``: meta build, tensor parallelism (``--tp``: the adapter's
-    plan on the tp axis), activation checkpointing (if asked),
+    """The adapter's model on ``ctx.mesh``: meta build, Float8 Linears (``--precision fp8``), tensor
+    parallelism (``--tp``: the adapter's plan on the tp axis), activation checkpointing (if asked),
     ``torch.compile`` of each shard unit (``--compile``), ``fully_shard`` per shard unit then the
     root (``--reshard-after-forward``, resolved by :func:`~hpc_hsdp.runtime.reshard.choose_reshard`;
     rank 0 says what it chose when ``verbose``; a job of one rank has nothing to gather or reduce,
@@ -58,10 +58,8 @@ def build_model(
     precision = precision or resolve_precision(training.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
-    split = apply_tensor_parallel(model, adapter, ctx)  # on meta, before Float8, compile and fully_shard
-    if split and verbose and ctx.is_rank0:
-        say(f"--tp {ctx.tp_size}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
-    if precision == "fp8":  # on meta, before compile and fully_shard (its float8 all-gather)
+    fp8 = precision == "fp8"
+    if fp8:  # on meta, before tensor parallelism (its float8 styles), compile and fully_shard
         from hpc_hsdp.runtime.float8 import convert_linears  # noqa: PLC0415 - torchao, only for fp8
 
         choices = convert_linears(model)
@@ -69,6 +67,9 @@ def build_model(
             converted = sum(c.convert for c in choices)
             say(f"--precision fp8: {converted} of {len(choices)} Linear layers in Float8 (the rest in bf16)")
         precision = compute_precision(precision)
+    split = apply_tensor_parallel(model, adapter, ctx, float8=fp8)  # on meta, before compile and fully_shard
+    if split and verbose and ctx.is_rank0:
+        say(f"--tp {ctx.tp_size}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
     if training.activation_checkpointing:
         checkpoint_activations(model, units)
     if training.compile:  # before fully_shard: its hooks stay outside the graphs

@@ -20,9 +20,10 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.runtime.dist import RunContext
 
 
-def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext) -> int:
-    """Split ``model`` (on the meta device) over ``ctx``'s tp axis by ``adapter``'s plan; returns
-    how many modules the plan names (0 without tensor parallelism)."""
+def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext, *, float8: bool = False) -> int:
+    """Split ``model`` (on the meta device) over ``ctx``'s tp axis by ``adapter``'s plan (its
+    Float8 Linears by torchao's float8 styles with ``float8``); returns how many modules the plan
+    names (0 without tensor parallelism)."""
     if ctx.tp_size == 1:
         return 0
     plan_of = getattr(adapter, "tp_plan", None)
@@ -32,6 +33,10 @@ def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext) -> int:
             f"--tp {ctx.tp_size}: --model {adapter.name!r} has no tensor-parallel plan; give it one "
             f"(docs/own-model.md#tensor-parallel) or train with --tp 1"
         )
+    if float8:
+        from hpc_hsdp.runtime.float8 import float8_tp_plan  # noqa: PLC0415 - torchao, only for fp8
+
+        plan = float8_tp_plan(model, plan)
     parallelize_module(model, ctx.tp_mesh, plan)
     return len(plan)
 

@@ -81,6 +81,33 @@ def test_the_built_in_model_converts_its_blocks_on_meta_and_keeps_the_head(monke
     assert model.get_submodule("blocks.0.attn.qkv").config.enable_fsdp_float8_all_gather
 
 
+def test_under_tensor_parallelism_the_converted_layers_split_by_torchaos_float8_styles(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # torchao's import sets it
+    pytest.importorskip("torchao")
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.models import resolve_model
+    from hpc_hsdp.runtime.float8 import convert_linears, float8_tp_plan
+
+    training = TrainingSpec(layers=2, width=2048, heads=16, vocab_size=32000, seq_len=16)
+    adapter = resolve_model(training, data_vocab_size=None)
+    model = adapter.build_meta()
+    converted = {c.name for c in convert_linears(model) if c.convert}
+    plan = float8_tp_plan(model, adapter.tp_plan(model, 8))
+    float8 = {name for name, style in plan.items() if isinstance(style, (Float8ColwiseParallel, Float8RowwiseParallel))}
+    assert float8 == converted  # the blocks' four Linears each; the head stays in bf16 and splits as before
+    assert type(plan["head"]) is ColwiseParallel and not plan["head"].use_local_output
+    assert type(plan["blocks.0.attn.qkv"]) is Float8ColwiseParallel
+    assert (
+        type(plan["blocks.1.mlp.proj"]) is Float8RowwiseParallel
+        and plan["blocks.1.mlp.proj"].output_layouts[0].dim == 1
+    )
+    assert type(plan["blocks.0.attn_norm"]).__name__ == "SequenceParallel"
+    assert not isinstance(plan["tok_emb"], Float8RowwiseParallel) and isinstance(plan["tok_emb"], RowwiseParallel)
+
+
 def test_render_and_submit_refuse_fp8_on_cpu_before_anything_is_written(tmp_path, capsys):
     script, run_dir = tmp_path / "job.sbatch", tmp_path / "run"
     for argv in (
