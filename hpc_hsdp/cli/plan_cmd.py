@@ -145,6 +145,8 @@ def plan(
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
     S-th rank: the mesh ("replicate", "shard") that `hpc-hsdp run` builds on each task.
+    With --tp T the mesh is ("replicate", "shard", "tp"): T consecutive ranks of one node
+    form a TP group, and the table adds each rank's (r, s, t) and its TP group.
 
     \b
     hpc-hsdp plan --nodes 2 --gpus-per-node 8 --shard 4
@@ -154,6 +156,7 @@ def plan(
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
+    hpc-hsdp plan --nodes 2 --shard 2 --tp 4 --svg layout.svg
     hpc-hsdp plan --nodes 4 --shard 16 --node-switches 'spine.leaf1:n[1,3];spine.leaf2:n[2,4]'
     """
     model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)

@@ -27,9 +27,17 @@ def _compact(ranks: tuple[int, ...]) -> str:
 
 def traffic_verdict(plan: TopologyPlan) -> list[str]:
     """What the layout means for the network, in sentences."""
-    s, r = plan.shard_size, plan.num_replicas
-    lines = [f"{plan.kind}: mesh (replicate={r}, shard={s}) over {plan.nodes} node(s), {plan.world_size} ranks"]
-    if s == 1:
+    s, r, t = plan.shard_size, plan.num_replicas, plan.tp_size
+    mesh = f"replicate={r}, shard={s}" + (f", tp={t}" if t > 1 else "")
+    lines = [f"{plan.kind}: mesh ({mesh}) over {plan.nodes} node(s), {plan.world_size} ranks"]
+    if t > 1:
+        lines.append(tp_line(plan))
+    if s == 1 and t > 1:
+        lines.append(
+            f"no sharding over the shard axis: each TP group holds a whole copy of the model (1/{t} of every "
+            f"split layer per rank)" + ("; gradients are all-reduced across the replicas" if r > 1 else "")
+        )
+    elif s == 1:
         lines.append("no sharding: every rank holds the whole model; gradients are all-reduced across all ranks")
     elif not plan.shard_groups_cross_nodes:
         lines.append(
@@ -44,8 +52,20 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
         )
     if r > 1:
         where = "crosses nodes" if plan.replicate_groups_cross_nodes else "stays inside one node"
-        lines.append(f"replicate groups: the all-reduce of 1/{s} of the gradients {where}")
+        lines.append(f"replicate groups: the all-reduce of 1/{s * t} of the gradients {where}")
     return lines
+
+
+def tp_line(plan: TopologyPlan) -> str:
+    """The TP groups in one sentence: T consecutive ranks, inside one node, what they exchange."""
+    t, groups = plan.tp_size, plan.tp_groups
+    shown = ", ".join(_compact(g) for g in groups[:LISTED_COPIES])
+    more = f", ... {len(groups) - LISTED_COPIES} more" if len(groups) > LISTED_COPIES else ""
+    where = "cross nodes" if plan.tp_groups_cross_nodes else "each inside one node"
+    return (
+        f"TP groups: {len(groups)} of {t} consecutive ranks ({shown}{more}), {where}: every block's all-gathers "
+        f"and reduce-scatters of activations (sequence parallelism) stay on the node's links"
+    )
 
 
 LISTED_COPIES = 4
@@ -115,10 +135,18 @@ def plan_text(
     gpu_memory: int | None = None,
     save: SaveTime | None = None,
 ) -> str:
-    s = plan.shard_size
     nodes, gap_at = _shown_nodes(plan)
     switches = bool(plan.node_switches)
-    header = ("node", *(("switch",) if switches else ()), "gpu", "rank", "shard group", "replicate group")
+    tp = plan.tp_size > 1
+    header = (
+        "node",
+        *(("switch",) if switches else ()),
+        "gpu",
+        "rank",
+        *(("(r,s,t)", "tp group") if tp else ()),
+        "shard group",
+        "replicate group",
+    )
     blocks: list[list[tuple[str, ...]]] = []
     for node in nodes:
         first = plan.first_rank_of_node[node]
@@ -128,11 +156,16 @@ def plan_text(
                     plan.node_names[node],
                     *((plan.node_switches[node] or "?",) if switches else ()),
                     str(local),
-                    str(first + local),
-                    f"{(first + local) // s}: {_compact(plan.shard_group_of(first + local))}",
-                    f"{(first + local) % s}: {_compact(plan.replicate_group_of(first + local))}",
+                    str(rank),
+                    *(
+                        (_coordinates(plan, rank), f"{rank // plan.tp_size}: {_compact(plan.tp_group_of(rank))}")
+                        if tp
+                        else ()
+                    ),
+                    f"{shard_group_index(plan, rank)}: {_compact(plan.shard_group_of(rank))}",
+                    f"{replicate_group_index(plan, rank)}: {_compact(plan.replicate_group_of(rank))}",
                 )
-                for local in range(plan.tasks_per_node[node])
+                for local, rank in ((local, first + local) for local in range(plan.tasks_per_node[node]))
             ]
         )
     widths = [max(len(row[i]) for row in [header, *(r for b in blocks for r in b)]) for i in range(len(header))]
@@ -196,27 +229,52 @@ def plan_text(
     return "\n".join(out) + "\n"
 
 
+def shard_group_index(plan: TopologyPlan, rank: int) -> int:
+    """The index of ``rank``'s shard group in ``plan.shard_groups``: ``rank // S`` when T = 1."""
+    return rank // plan.ranks_per_copy * plan.tp_size + rank % plan.tp_size
+
+
+def replicate_group_index(plan: TopologyPlan, rank: int) -> int:
+    """The index of ``rank``'s replicate group in ``plan.replicate_groups``: ``rank % S`` when T = 1."""
+    return rank % plan.ranks_per_copy
+
+
+def _coordinates(plan: TopologyPlan, rank: int) -> str:
+    return "({},{},{})".format(*plan.coordinates(rank))
+
+
 def _colour(index: int, count: int) -> str:
     hue = (index * 360 / max(count, 1) + 200) % 360
     return f"hsl({hue:.0f},65%,72%)"
 
 
 def plan_svg(plan: TopologyPlan) -> str:
-    """Nodes as boxes, GPUs as cells coloured by shard group, labelled with rank and replicate group."""
-    cell_w, cell_h, gap, pad, label_w = 64, 48, 6, 12, 110
+    """Nodes as boxes, GPUs as cells coloured by shard group, labelled with rank and replicate group;
+    with tensor parallelism also each rank's (r, s, t) and a frame around each TP group."""
+    tp = plan.tp_size > 1
+    cell_w, cell_h, gap, pad, label_w = (80, 64, 6, 12, 110) if tp else (64, 48, 6, 12, 110)
     widest = max(plan.tasks_per_node)
     width = label_w + pad + widest * (cell_w + gap) + pad
     row_h = cell_h + 2 * pad
     height = 60 + plan.nodes * (row_h + gap) + 30
+    if tp:
+        legend = (
+            f"colour and Sn: shard group n; Rn: replicate group n; Tn: TP group n (framed); "
+            f"mesh (replicate, shard, tp) = ({plan.num_replicas}, {plan.shard_size}, {plan.tp_size})"
+        )
+    else:
+        legend = (
+            f"colour and Sn: shard group n; Rn: replicate group n; "
+            f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})"
+        )
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{pad}" y="22" font-size="15" font-weight="bold">{escape(plan.kind)}: '
         f"{plan.nodes} node(s) x {escape(str(plan.tasks_per_node[0]) if len(set(plan.tasks_per_node)) == 1 else 'uneven')} GPUs, "
-        f"shard {plan.shard_size}, {plan.num_replicas} replicas</text>",
-        f'<text x="{pad}" y="42" fill="#444">colour and Sn: shard group n; Rn: replicate group n; '
-        f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})</text>",
+        f"shard {plan.shard_size}, {f'tp {plan.tp_size}, ' if tp else ''}{plan.num_replicas} replicas</text>",
+        f'<text x="{pad}" y="42" fill="#444">{legend}</text>',
     ]
     groups = len(plan.shard_groups)
     for node in range(plan.nodes):
@@ -230,8 +288,14 @@ def plan_svg(plan: TopologyPlan) -> str:
         )
         for local in range(plan.tasks_per_node[node]):
             rank = plan.rank_of(node, local)
-            shard_index = rank // plan.shard_size
+            shard_index = shard_group_index(plan, rank)
             x = label_w + local * (cell_w + gap)
+            if tp and rank % plan.tp_size == 0:
+                frame_w = plan.tp_size * (cell_w + gap) - gap + 4
+                parts.append(
+                    f'<rect x="{x - 2}" y="{y + pad - 2}" width="{frame_w}" height="{cell_h + 4}" rx="5" '
+                    f'fill="none" stroke="#000" stroke-width="2" stroke-dasharray="5,3"/>'
+                )
             parts.append(
                 f'<rect x="{x}" y="{y + pad}" width="{cell_w}" height="{cell_h}" rx="4" '
                 f'fill="{_colour(shard_index, groups)}" stroke="#222"/>'
@@ -242,14 +306,22 @@ def plan_svg(plan: TopologyPlan) -> str:
             )
             parts.append(
                 f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
-                f"S{shard_index} R{rank % plan.shard_size}</text>"
+                f"S{shard_index} R{replicate_group_index(plan, rank)}"
+                f"{f' T{rank // plan.tp_size}' if tp else ''}</text>"
             )
+            if tp:
+                parts.append(
+                    f'<text x="{x + cell_w / 2}" y="{y + pad + 54}" text-anchor="middle">'
+                    f"{_coordinates(plan, rank)}</text>"
+                )
     span = len(plan.nodes_of_group(plan.shard_groups[0]))
     verdict = (
         f"each shard group spans {span} whole nodes"
         if plan.shard_groups_cross_nodes
         else "every shard group inside one node"
     )
+    if tp:
+        verdict += f"; every TP group ({plan.tp_size} consecutive ranks) inside one node"
     parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
