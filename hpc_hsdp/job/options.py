@@ -759,6 +759,14 @@ OPTIONS: tuple[JobOption, ...] = (
         default=32,
         minimum=1,
         help="Tokens per sample.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Tokens per sample: adds the activations per GPU and, with --tp, the TP bytes per step; "
+                "with --recommend, chooses --tp too.  [default: the built-in model's, else none]",
+                default=None,
+            )
+        },
     ),
     _training(
         "batch_size",
@@ -766,6 +774,13 @@ OPTIONS: tuple[JobOption, ...] = (
         default=4,
         minimum=1,
         help="Samples per rank per micro-batch (or give --global-batch-size).",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Samples per micro-batch of a TP group (its ranks read the same rows), for the activations.",
+                default=DECLARED,
+            )
+        },
     ),
     _training(
         "global_batch_size",
@@ -865,6 +880,8 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="bool",
         default=False,
         help="Recompute each sharded block's activations in backward.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
     ),
     _training(
         "compile",

@@ -34,6 +34,8 @@ class ModelShapes:
     layers: int
     shapes: tuple[Shape, ...]
     tied: bool
+    width: int = 0
+    """The hidden size (the activations' last dim); 0 where not known (a meta-device build)."""
 
     def counts(self, shard_size: int = 1) -> tuple[int, int]:
         """(parameters, root parameters), dim 0 padded to a multiple of ``shard_size`` as FSDP2 pads it."""
@@ -102,7 +104,12 @@ def _llama(c: dict, model_type: str) -> ModelShapes:
     if not tied:
         out.append(("lm_head.weight", (v, h), True))
     return ModelShapes(
-        model_type=model_type, block_class=LLAMA_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+        model_type=model_type,
+        block_class=LLAMA_STYLE[model_type],
+        layers=layers,
+        shapes=tuple(out),
+        tied=tied,
+        width=h,
     )
 
 
@@ -133,7 +140,12 @@ def _gpt2(c: dict, model_type: str) -> ModelShapes:
     if not tied:
         out.append(("lm_head.weight", (v, e), True))
     return ModelShapes(
-        model_type=model_type, block_class=GPT2_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+        model_type=model_type,
+        block_class=GPT2_STYLE[model_type],
+        layers=layers,
+        shapes=tuple(out),
+        tied=tied,
+        width=e,
     )
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime
+from hpc_hsdp.plan.estimates import (
+    ACTIVATION_RESERVE,
+    ActivationShape,
+    Estimate,
+    Fit,
+    Recommendation,
+    SaveTime,
+    TpRecommendation,
+)
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.plan.units import format_bytes
 
@@ -134,6 +142,7 @@ def plan_text(
     fit: Fit | None = None,
     gpu_memory: int | None = None,
     save: SaveTime | None = None,
+    activations: ActivationShape | None = None,
 ) -> str:
     nodes, gap_at = _shown_nodes(plan)
     switches = bool(plan.node_switches)
@@ -194,10 +203,23 @@ def plan_text(
     if estimate is not None:
         out.append("")
         out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
+        over = f" (over shard x tp = {plan.ranks_per_copy})" if plan.tp_size > 1 else ""
         out.append(
             f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
             f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}"
+            f"{over}"
         )
+        if estimate.activation_bytes is not None:
+            split = f" over tp {plan.tp_size} (sequence parallel)" if plan.tp_size > 1 else ""
+            out.append(
+                f"  activations {format_bytes(estimate.activation_bytes)}{split}{_shape_note(activations)}; "
+                f"with the states {format_bytes(estimate.needed_bytes)}"
+            )
+        elif plan.tp_size > 1:
+            out.append(
+                "  activations and TP bytes: give --seq-len (and --batch-size) to estimate them "
+                "(the model's blocks and width from --model or --model-params builtin, else a Llama-family shape)"
+            )
         for t in estimate.traffic:
             where = "inter-node" if t.inter_node else "intra-node"
             out.append(
@@ -222,9 +244,14 @@ def plan_text(
         if fit is None:
             out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")
         else:
+            at_tp = f" at tp {plan.tp_size}" if plan.tp_size > 1 else ""
+            what = (
+                "states and activations" if estimate is not None and estimate.activation_bytes is not None else "states"
+            )
+            left = "left" if what != "states" else "left for activations"
             out.append(
-                f"smallest shard size that fits {format_bytes(gpu_memory)}: {fit.shard_size} "
-                f"({format_bytes(fit.needed_bytes)} of states, {format_bytes(fit.headroom_bytes)} left for activations)"
+                f"smallest shard size that fits {format_bytes(gpu_memory)}{at_tp}: {fit.shard_size} "
+                f"({format_bytes(fit.needed_bytes)} of {what}, {format_bytes(fit.headroom_bytes)} {left})"
             )
     return "\n".join(out) + "\n"
 
@@ -370,5 +397,68 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
         f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
         f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
         f"{ACTIVATION_RESERVE:.0%} for activations)"
+    )
+    return "\n".join(out) + "\n"
+
+
+def _shape_note(activations: ActivationShape | None) -> str:
+    if activations is None:
+        return ""
+    ac = ", activation checkpointing" if activations.checkpointing else ""
+    return f" (micro-batch {activations.batch_size} x {activations.seq_len} tokens, {activations.source}{ac})"
+
+
+def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: ActivationShape | None) -> str:
+    """The recommended TP and shard sizes, why, and a table of every (T, S) considered."""
+    nodes = (
+        f"{plan.nodes} node(s) x {plan.tasks_per_node[0]} GPUs"
+        if len(set(plan.tasks_per_node)) == 1
+        else f"{plan.nodes} nodes ({','.join(map(str, plan.tasks_per_node))} GPUs)"
+    )
+    first_rec = rec.by_tp[0][1]
+    first = first_rec.candidates[0].estimate
+    out = [
+        f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+        f"{format_bytes(first_rec.gpu_memory)} per GPU",
+    ]
+    if activations is not None:
+        out.append(f"activations per micro-batch{_shape_note(activations)}")
+    chosen = rec.chosen
+    if chosen is not None:
+        keep = " --reshard-after-forward never" if chosen.reshard_after_forward is False else ""
+        out.append(f"recommended: --tp {rec.chosen_tp} --shard {chosen.chosen.shard_size}{keep}")
+    else:
+        out.append("recommended: none")
+    out.extend(f"  {reason}" for reason in rec.reasons)
+    if chosen is not None:
+        out.extend(f"  {reason}" for reason in chosen.reasons)
+    out.append("")
+    rows = [("tp", "shard", "states/GPU", "activations", "fits?", "tp/step", "intra-node/step", "inter-node/step", "")]
+    for t, at_t in rec.by_tp:
+        for c in at_t.candidates:
+            e = c.estimate
+            rows.append(
+                (
+                    str(t),
+                    str(c.shard_size),
+                    format_bytes(e.total_bytes),
+                    format_bytes(e.activation_bytes) if e.activation_bytes is not None else "?",
+                    "yes" if c.fits else "no",
+                    format_bytes(e.tp_wire_bytes),
+                    format_bytes(e.intra_node_wire_bytes),
+                    format_bytes(e.inter_node_wire_bytes),
+                    "<- recommended" if chosen is not None and c is chosen.chosen else "",
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        out.append("  ".join([*(cell.rjust(w) for cell, w in zip(row[:-1], widths)), row[-1]]).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths[:-1]))
+    out.append(
+        f"(bytes on the wire per GPU per step, ring collectives; tp/step: the TP group's activation all-gathers "
+        f"and reduce-scatters, inside a node and part of intra-node/step; fits: states and activations against "
+        f"{format_bytes(first_rec.budget_bytes)} = GPU memory less {ACTIVATION_RESERVE:.0%} for buffers and the "
+        f"allocator)"
     )
     return "\n".join(out) + "\n"
