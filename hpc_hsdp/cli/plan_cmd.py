@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import click
@@ -35,7 +35,14 @@ from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.switches import parse_node_switches
-from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for, plan_on_switches
+from hpc_hsdp.plan.topology import (
+    TopologyPlan,
+    expand_nodelist,
+    parse_tasks_per_node,
+    plan_for,
+    plan_on_switches,
+    valid_tp_sizes,
+)
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp_text
 
 
@@ -194,6 +201,10 @@ def plan(
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
+    tp_training = _tp_training(training_model, model_params, training_seq_len)
+    refusal = _tp_refusal(tp_training, tp_size)
+    if refusal:
+        raise SpecError(refusal)
     activations = _activation_shape(
         model_info,
         model_params,
@@ -211,6 +222,7 @@ def plan(
             )
         rec = recommend_tp(
             the_plan,
+            tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(tp_training, t)],
             gpu_memory=memory,
             dtype=dtype,
             optimizer=optimizer,
@@ -588,6 +600,24 @@ def _params_for_shard(model_params: str, root_params: str | None):
 
 
 def _builtin_counts(options: str):
+    training = asdict(_builtin_training(options))
+    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+
+    def counts(shard_size: int) -> tuple[int, int]:
+        c = parameter_counts(**training, shard_size=shard_size)
+        return c.params, c.root_params
+
+    counts.dims = (
+        training["layers"],
+        training["width"],
+        training["seq_len"],
+        f"the built-in model's {training['layers']} blocks, width {training['width']}",
+    )
+    return counts
+
+
+def _builtin_training(options: str) -> TrainingSpec:
+    """``--model-params builtin:KEY=VALUE,...`` -> the built-in model's TrainingSpec."""
     known = {
         f.name.replace("_", "-"): f.name
         for f in fields(TrainingSpec)
@@ -606,20 +636,27 @@ def _builtin_counts(options: str):
             values[name] = int(value)
         except ValueError:
             raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
-    training = asdict(TrainingSpec(**values))
-    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+    return TrainingSpec(**values)
 
-    def counts(shard_size: int) -> tuple[int, int]:
-        c = parameter_counts(**training, shard_size=shard_size)
-        return c.params, c.root_params
 
-    counts.dims = (
-        training["layers"],
-        training["width"],
-        training["seq_len"],
-        f"the built-in model's {training['layers']} blocks, width {training['width']}",
-    )
-    return counts
+def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
+    """The model ``--tp`` must split, as a TrainingSpec (``--model``, or ``--model-params builtin:...``;
+    ``--seq-len`` where given); None for a bare parameter count (nothing to check)."""
+    more = {"seq_len": seq_len} if seq_len is not None else {}
+    if model is not None:
+        return TrainingSpec(model=model, **more)
+    text = (model_params or "").strip()
+    if text.lower() == "builtin" or text.lower().startswith("builtin:"):
+        return replace(_builtin_training(text.partition(":")[2]), **more)
+    return None
+
+
+def _tp_refusal(training: TrainingSpec | None, tp_size: int) -> str | None:
+    if training is None or tp_size == 1:
+        return None
+    from hpc_hsdp.job.preflight import tensor_parallel_refusal  # noqa: PLC0415  (only --tp: plan stays light)
+
+    return tensor_parallel_refusal(training, tp_size)
 
 
 def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, tp_size: int = 1) -> TopologyPlan:

@@ -599,14 +599,16 @@ def recommend_tp(
     optimizer: str = "adamw",
     params_for_shard: ParamsForShard,
     activations: ActivationShape | None,
+    tp_sizes: list[int] | None = None,
 ) -> TpRecommendation:
     """The TP size T and shard size S for ``plan``'s nodes: T divides every node (a TP group stays
     inside one node); the smallest T at which parameters, gradients, optimizer state and
     activations (over S x T and T) fit; at that T, the shard size :func:`recommend` chooses (the
     least inter-node traffic). A larger T splits the activations further but adds the TP group's
-    all-gathers and reduce-scatters of activations to every block."""
+    all-gathers and reduce-scatters of activations to every block. ``tp_sizes``: those the model
+    can be split over (:func:`hpc_hsdp.plan.shapes.tp_refusal`), of the nodes' (default: all)."""
     by_tp = []
-    for t in valid_tp_sizes(plan.tasks_per_node):
+    for t in valid_tp_sizes(plan.tasks_per_node) if tp_sizes is None else tp_sizes:
         at_t = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=1, node_names=plan.node_names, tp_size=t)
         rec = recommend(
             at_t,
