@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_imports_no_torch
 from hf_helpers import TINY_LLAMA, write_config
 
 import hpc_hsdp
@@ -187,3 +188,9 @@ def test_submit_checks_the_datas_vocabulary_for_the_builtin_model(tmp_path):
     write_token_file(even, np.arange(4000) % 90, vocab_size=100)
     check_job_inputs(spec_from_argv(["--nodes", "1", "--shard", "1", "--tp", "2", "--seq-len", "16", "--data",
                                      str(even)]))  # fmt: skip
+
+
+def test_the_checks_import_no_torch(tmp_path):
+    model = "hf:" + str(write_config(tmp_path / "llama", LLAMA))
+    render = ["render", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--run-dir", str(tmp_path / "r")]
+    assert_cli_imports_no_torch([*render, "-o", str(tmp_path / "job.sbatch")])
