@@ -369,7 +369,8 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     )
     if rec.chosen is not None:
         keep = " --reshard-after-forward never" if rec.reshard_after_forward is False else ""
-        out.append(f"recommended: --shard {rec.chosen.shard_size}{keep}")
+        at_tp = f"--tp {plan.tp_size} " if plan.tp_size > 1 else ""
+        out.append(f"recommended: {at_tp}--shard {rec.chosen.shard_size}{keep}")
     else:
         out.append("recommended: none")
     out.extend(f"  {reason}" for reason in rec.reasons)

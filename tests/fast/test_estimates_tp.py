@@ -202,3 +202,11 @@ def test_cli_hf_model_gives_its_blocks_and_width(tmp_path):
     data = json.loads(out.output)
     assert (data["activations"]["layers"], data["activations"]["width"]) == (3, 256)
     assert data["estimate"]["activation_bytes"] == 3 * 17 * 4 * 2 * 128 * 256 // 2
+
+
+def test_cli_recommend_at_a_given_tp_names_it():
+    out = _plan("--nodes", "2", "--tp", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB")
+    assert out.exit_code == 0, out.output
+    assert "recommended: --tp 2 --shard 4" in out.output
+    shards = [line.split()[0] for line in out.output.splitlines() if line.split()[3:4] in (["yes"], ["no"])]
+    assert shards == ["1", "2", "4", "8"]  # S x 2 ranks: 2, 4, 8, 16
