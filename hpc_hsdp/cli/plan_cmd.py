@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import click
@@ -17,12 +17,15 @@ from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     DTYPE_BYTES,
     SLURM_KILL_WAIT_S,
+    ActivationShape,
     estimate,
     gathered_fits,
+    llama_like_shape,
     parse_bandwidth,
     parse_bytes,
     parse_count,
     recommend,
+    recommend_tp,
     save_estimate,
     save_time,
     smallest_fitting_shard,
@@ -32,8 +35,15 @@ from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.switches import parse_node_switches
-from hpc_hsdp.plan.topology import TopologyPlan, expand_nodelist, parse_tasks_per_node, plan_for, plan_on_switches
-from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
+from hpc_hsdp.plan.topology import (
+    TopologyPlan,
+    expand_nodelist,
+    parse_tasks_per_node,
+    plan_for,
+    plan_on_switches,
+    valid_tp_sizes,
+)
+from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp_text
 
 
 @click.command()
@@ -88,6 +98,9 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text
     help="Optimizer for the estimates: adamw, adam, sgd, sgd-momentum.",
 )
 @job_option("grad_accum", "plan")
+@job_option("seq_len", "plan")
+@job_option("batch_size", "plan")
+@job_option("activation_checkpointing", "plan")
 @click.option(
     "--write-bandwidth",
     default=DEFAULT_WRITE_BANDWIDTH,
@@ -132,6 +145,9 @@ def plan(
     dtype,
     optimizer,
     training_grad_accum,
+    training_seq_len,
+    training_batch_size,
+    training_activation_checkpointing,
     write_bandwidth,
     signal,
     training_fault_tolerance,
@@ -145,6 +161,8 @@ def plan(
 
     Ranks are node-major; shard groups are S consecutive ranks, replicate groups every
     S-th rank: the mesh ("replicate", "shard") that `hpc-hsdp run` builds on each task.
+    With --tp T the mesh is ("replicate", "shard", "tp"): T consecutive ranks of one node
+    form a TP group, and the table adds each rank's (r, s, t) and its TP group.
 
     \b
     hpc-hsdp plan --nodes 2 --gpus-per-node 8 --shard 4
@@ -154,6 +172,9 @@ def plan(
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
+    hpc-hsdp plan --nodes 2 --shard 2 --tp 4 --svg layout.svg
+    hpc-hsdp plan --nodes 4 --shard 4 --tp 8 --model-params 70B --dtype bf16 --seq-len 8192 --batch-size 1
+    hpc-hsdp plan --nodes 4 --recommend --model-params 70B --gpu-memory 80GiB --dtype bf16 --seq-len 8192
     hpc-hsdp plan --nodes 4 --shard 16 --node-switches 'spine.leaf1:n[1,3];spine.leaf2:n[2,4]'
     """
     model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)
@@ -180,16 +201,55 @@ def plan(
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
-    if recommend:
-        rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer)
+    tp_training = _tp_training(training_model, model_params, training_seq_len)
+    refusal = _tp_refusal(tp_training, tp_size)
+    if refusal:
+        raise SpecError(refusal)
+    activations = _activation_shape(
+        model_info,
+        model_params,
+        params_for_shard,
+        seq_len=training_seq_len,
+        batch_size=training_batch_size,
+        checkpointing=training_activation_checkpointing,
+        wanted=training_seq_len is not None or (tp_size > 1 and not recommend),
+    )
+    if recommend and training_seq_len is not None:
+        if tp_size > 1:
+            raise SpecError(
+                f"--recommend with --seq-len chooses --tp itself; drop --tp {tp_size}, or drop --seq-len to choose "
+                f"the shard size at --tp {tp_size}"
+            )
+        rec = recommend_tp(
+            the_plan,
+            tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(tp_training, t)],
+            gpu_memory=memory,
+            dtype=dtype,
+            optimizer=optimizer,
+            params_for_shard=params_for_shard,
+            activations=activations,
+        )
         chosen = None
         if rec.chosen is not None and as_json:
-            chosen = _build_plan(nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text)
+            chosen = _build_plan(
+                nodes, gpus_per_node, rec.chosen.chosen.shard_size, nodelist, tasks_per_node_text, rec.chosen_tp
+            )
+        _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, as_json=as_json)
+        return
+    if recommend:
+        rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer, activations)
+        chosen = None
+        if rec.chosen is not None and as_json:
+            chosen = _build_plan(
+                nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text, the_plan.tp_size
+            )
         _echo_recommendation(rec, the_plan, chosen, model_info, as_json=as_json)
         return
     if training_grad_accum < 1:
         raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
-    model = _ModelCost(params_for_shard, dtype=dtype, optimizer=optimizer, grad_accum=training_grad_accum)
+    model = _ModelCost(
+        params_for_shard, dtype=dtype, optimizer=optimizer, grad_accum=training_grad_accum, activations=activations
+    )
     sizing = _sizing(
         the_plan, model, memory=memory, write_bandwidth=write_bandwidth, signal=signal, kill_wait=kill_wait
     )
@@ -205,9 +265,12 @@ def plan(
             fewest=fewest,
             node_range=(fewest_nodes, nodes),
             replicas=replicas,
+            activations=activations,
         )
     else:
-        _echo_plan_text(the_plan, sizing, model_info, memory=memory, node_range=(fewest_nodes, nodes))
+        _echo_plan_text(
+            the_plan, sizing, model_info, memory=memory, node_range=(fewest_nodes, nodes), activations=activations
+        )
         if replicas is not None:
             click.echo("\n".join(replicas.describe(the_plan.node_names)))
         if fewest is not None:
@@ -300,6 +363,7 @@ class _ModelCost:
     dtype: str
     optimizer: str
     grad_accum: int
+    activations: ActivationShape | None = None
 
     def params(self, plan: TopologyPlan) -> tuple[int | None, int]:
         return self.params_for_shard(plan.shard_size) if self.params_for_shard else (None, 0)
@@ -315,6 +379,7 @@ class _ModelCost:
             dtype=self.dtype,
             optimizer=self.optimizer,
             grad_accum=self.grad_accum,
+            activations=self.activations,
             **more,
         )
 
@@ -336,12 +401,23 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
         est is not None
         and memory is not None
         and the_plan.shard_size > 1
-        and gathered_fits(state_bytes=est.total_bytes, gathered_bytes=DTYPE_BYTES[dtype] * params, memory_bytes=memory)
+        and gathered_fits(
+            state_bytes=est.needed_bytes,
+            gathered_bytes=DTYPE_BYTES[dtype] * params // the_plan.tp_size,
+            memory_bytes=memory,
+        )
     ):
         # what the run's default --reshard-after-forward auto does on a GPU of this memory
         est = model.estimate(the_plan, reshard_after_forward=False)
     fit = (
-        smallest_fitting_shard(the_plan, model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
+        smallest_fitting_shard(
+            the_plan,
+            model_params=params,
+            gpu_memory=memory,
+            dtype=dtype,
+            optimizer=optimizer,
+            activations=model.activations,
+        )
         if memory is not None
         else None
     )
@@ -363,7 +439,7 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
 
 
 def _echo_plan_json(
-    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range, replicas=None
+    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range, replicas=None, activations=None
 ) -> None:
     data = the_plan.to_dict()
     if replicas is not None:
@@ -372,6 +448,8 @@ def _echo_plan_json(
         data["model"] = model_info["record"]
     if sizing.estimate is not None:
         data["estimate"] = sizing.estimate.to_dict()
+        if activations is not None:
+            data["activations"] = asdict(activations)
         data["save_on_sigterm"] = sizing.on_sigterm.to_dict()
     if sizing.saving is not None:
         data["checkpoint_estimate"] = sizing.saving.to_dict()
@@ -383,7 +461,9 @@ def _echo_plan_json(
     click.echo(json.dumps(data))
 
 
-def _echo_plan_text(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, node_range) -> None:
+def _echo_plan_text(
+    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, node_range, activations=None
+) -> None:
     if model_info is not None:
         click.echo(model_info["line"])
     fewest_nodes, nodes = node_range
@@ -394,7 +474,14 @@ def _echo_plan_text(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memo
             f"at {nodes} nodes (the most):"
         )
     click.echo(
-        plan_text(the_plan, estimate=sizing.estimate, fit=sizing.fit, gpu_memory=memory, save=sizing.on_sigterm),
+        plan_text(
+            the_plan,
+            estimate=sizing.estimate,
+            fit=sizing.fit,
+            gpu_memory=memory,
+            save=sizing.on_sigterm,
+            activations=activations,
+        ),
         nl=False,
     )
     if sizing.saving is not None:
@@ -403,7 +490,7 @@ def _echo_plan_text(the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memo
 
 def _echo_fewest_nodes(fewest: TopologyPlan, model: _ModelCost, *, fewest_nodes: int) -> None:
     click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
-    click.echo(plan_text(fewest, estimate=model.estimate(fewest)), nl=False)
+    click.echo(plan_text(fewest, estimate=model.estimate(fewest), activations=model.activations), nl=False)
 
 
 def _model_summary(model: str) -> dict:
@@ -414,6 +501,7 @@ def _model_summary(model: str) -> dict:
         params, root = counts(1)
         return {
             "counts": counts,
+            "dims": counts.dims,
             "record": {"model": model, "params": params, "root_params": root},
             "line": f"model builtin: {params:,} parameters, {root:,} in the root",
         }
@@ -431,11 +519,66 @@ def _model_summary(model: str) -> dict:
         f"model {model}: {shapes.model_type}, {shapes.params:,} parameters = {shapes.layers} x "
         f"{shapes.block_class} of {shapes.block_params:,} + root {shapes.root_params:,}{tied} ({source})"
     )
-    return {"counts": shapes.counts, "record": record, "line": line}
+    dims = (
+        (shapes.layers, shapes.width, None, f"{shapes.layers} blocks, width {shapes.width}") if shapes.width else None
+    )
+    return {"counts": shapes.counts, "dims": dims, "record": record, "line": line}
 
 
-def recommend_for(the_plan, params_for_shard, memory, dtype, optimizer):
-    return recommend(the_plan, gpu_memory=memory, dtype=dtype, optimizer=optimizer, params_for_shard=params_for_shard)
+def recommend_for(the_plan, params_for_shard, memory, dtype, optimizer, activations=None):
+    return recommend(
+        the_plan,
+        gpu_memory=memory,
+        dtype=dtype,
+        optimizer=optimizer,
+        params_for_shard=params_for_shard,
+        activations=activations,
+    )
+
+
+def _activation_shape(
+    model_info, model_params, params_for_shard, *, seq_len, batch_size, checkpointing, wanted
+) -> ActivationShape | None:
+    """What the activations depend on, where ``wanted`` (``--seq-len`` given, or ``--tp`` > 1) and
+    known: the built-in model's blocks, width and sequence (``--seq-len`` wins), an ``hf:`` model's
+    blocks and width from config.json, or the Llama-family shape nearest a bare ``--model-params``
+    count (with ``--seq-len`` only)."""
+    if not wanted or params_for_shard is None:
+        return None
+    dims = model_info.get("dims") if model_info is not None else getattr(params_for_shard, "dims", None)
+    if dims is not None:
+        layers, width, own_seq_len, source = dims
+        if seq_len is None and own_seq_len is None:
+            return None
+        return ActivationShape(
+            layers=layers,
+            width=width,
+            seq_len=seq_len or own_seq_len,
+            batch_size=batch_size,
+            checkpointing=checkpointing,
+            source=source,
+        )
+    if seq_len is None or model_info is not None:
+        return None
+    params, _ = params_for_shard(1)
+    return llama_like_shape(params, seq_len=seq_len, batch_size=batch_size, checkpointing=checkpointing)
+
+
+def _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, *, as_json: bool) -> None:
+    if as_json:
+        data = {"recommendation": rec.to_dict()}
+        if model_info is not None:
+            data["model"] = model_info["record"]
+        if activations is not None:
+            data["activations"] = asdict(activations)
+        if chosen is not None:
+            data["plan"] = chosen.to_dict()
+            data["estimate"] = rec.chosen.chosen.estimate.to_dict()
+        click.echo(json.dumps(data))
+        return
+    if model_info is not None:
+        click.echo(model_info["line"])
+    click.echo(recommend_tp_text(rec, the_plan, activations), nl=False)
 
 
 def _params_for_shard(model_params: str, root_params: str | None):
@@ -457,6 +600,24 @@ def _params_for_shard(model_params: str, root_params: str | None):
 
 
 def _builtin_counts(options: str):
+    training = asdict(_builtin_training(options))
+    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+
+    def counts(shard_size: int) -> tuple[int, int]:
+        c = parameter_counts(**training, shard_size=shard_size)
+        return c.params, c.root_params
+
+    counts.dims = (
+        training["layers"],
+        training["width"],
+        training["seq_len"],
+        f"the built-in model's {training['layers']} blocks, width {training['width']}",
+    )
+    return counts
+
+
+def _builtin_training(options: str) -> TrainingSpec:
+    """``--model-params builtin:KEY=VALUE,...`` -> the built-in model's TrainingSpec."""
     known = {
         f.name.replace("_", "-"): f.name
         for f in fields(TrainingSpec)
@@ -475,14 +636,27 @@ def _builtin_counts(options: str):
             values[name] = int(value)
         except ValueError:
             raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
-    training = asdict(TrainingSpec(**values))
-    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+    return TrainingSpec(**values)
 
-    def counts(shard_size: int) -> tuple[int, int]:
-        c = parameter_counts(**training, shard_size=shard_size)
-        return c.params, c.root_params
 
-    return counts
+def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
+    """The model ``--tp`` must split, as a TrainingSpec (``--model``, or ``--model-params builtin:...``;
+    ``--seq-len`` where given); None for a bare parameter count (nothing to check)."""
+    more = {"seq_len": seq_len} if seq_len is not None else {}
+    if model is not None:
+        return TrainingSpec(model=model, **more)
+    text = (model_params or "").strip()
+    if text.lower() == "builtin" or text.lower().startswith("builtin:"):
+        return replace(_builtin_training(text.partition(":")[2]), **more)
+    return None
+
+
+def _tp_refusal(training: TrainingSpec | None, tp_size: int) -> str | None:
+    if training is None or tp_size == 1:
+        return None
+    from hpc_hsdp.job.preflight import tensor_parallel_refusal  # noqa: PLC0415  (only --tp: plan stays light)
+
+    return tensor_parallel_refusal(training, tp_size)
 
 
 def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, tp_size: int = 1) -> TopologyPlan:

@@ -44,6 +44,10 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     hpc-hsdp render --config cluster.toml --profile dev --nodes 2 --shard 4
     """
     spec = job_spec_from_options(kwargs)
+    if spec.run.tp_size > 1:
+        from hpc_hsdp.job.preflight import check_tensor_parallel  # noqa: PLC0415  (only --tp: render stays light)
+
+        check_tensor_parallel(spec, config_optional=True)  # an hf: config.json not here is the tasks' to check
     text = render_sbatch(spec)
     if output_path is None:
         click.echo(text, nl=False)

@@ -351,7 +351,8 @@ OPTIONS: tuple[JobOption, ...] = (
         metavar="T",
         help="Tensor-parallel size T: each layer split over T consecutive ranks of one node (the innermost "
         'mesh axis, "tp"); divides the GPUs per node and the model\'s heads, key/value heads, feed-forward '
-        "width and vocabulary. A shard group is then S x T ranks.",
+        "width, vocabulary and sequence length (checked before submitting; a --model MODULE:FUNCTION's own "
+        "plan is checked on the tasks). A shard group is then S x T ranks.",
         shown={
             "run": Shown(default=1),
             "plan": Shown(default=DECLARED),
@@ -759,6 +760,14 @@ OPTIONS: tuple[JobOption, ...] = (
         default=32,
         minimum=1,
         help="Tokens per sample.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Tokens per sample: adds the activations per GPU and, with --tp, the TP bytes per step; "
+                "with --recommend, chooses --tp too.  [default: the built-in model's, else none]",
+                default=None,
+            )
+        },
     ),
     _training(
         "batch_size",
@@ -766,6 +775,13 @@ OPTIONS: tuple[JobOption, ...] = (
         default=4,
         minimum=1,
         help="Samples per rank per micro-batch (or give --global-batch-size).",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Samples per micro-batch of a TP group (its ranks read the same rows), for the activations.",
+                default=DECLARED,
+            )
+        },
     ),
     _training(
         "global_batch_size",
@@ -865,6 +881,8 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="bool",
         default=False,
         help="Recompute each sharded block's activations in backward.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
     ),
     _training(
         "compile",

@@ -4,7 +4,8 @@ the job's own interpreter). The tasks check the same again before step 1; here a
 path costs a second instead of the queue wait. No torch and no transformers are imported.
 
 ``render`` checks none of this: a script may be rendered on a machine that sees none of the
-job's files."""
+job's files; of it, only :func:`check_tensor_parallel` (an ``hf:`` model's config.json where it
+can be read)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
+from hpc_hsdp.models.hf_shapes import tp_dims_from_config
 from hpc_hsdp.plan.mixture import check_batch, used_once_text
+from hpc_hsdp.plan.shapes import builtin_tp_dims, tp_refusal
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
@@ -48,10 +51,51 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | N
             )
         elif training.data is not None:
             num_samples = _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
+        if training.model == "builtin" and training.data is not None and spec.run.tp_size > 1:
+            _check_data_vocabulary_splits(training, spec.run.tp_size)
         _check_resume(spec, num_samples, state, sources)
     except SpecError as exc:
         raise SpecError(f"{exc}{AFTER}") from None
     return note
+
+
+def tensor_parallel_refusal(
+    training, tp_size: int, *, data_vocab_size: int | None = None, config_optional: bool = False
+) -> str | None:
+    """Why ``training``'s model cannot be split over ``tp_size`` ranks (None: it can, or only the
+    tasks can tell): the built-in model from its options (its vocabulary is the data's when
+    ``--data`` is given: ``data_vocab_size``, else not checked), an ``hf:`` model from its
+    config.json (``config_optional``: a config.json that cannot be read here is left to the
+    tasks), a ``MODULE:FUNCTION`` model never (its plan is the factory's; the tasks check it).
+    The sizes are checked by :func:`hpc_hsdp.plan.shapes.tp_refusal`."""
+    if tp_size == 1:
+        return None
+    model = training.model
+    if model == "builtin":
+        vocab = data_vocab_size if training.data is not None else training.vocab_size
+        dims = builtin_tp_dims(heads=training.heads, width=training.width, vocab_size=vocab, seq_len=training.seq_len)
+        return tp_refusal(dims, tp_size)
+    if model.startswith("hf:"):
+        try:
+            values = config_values(model)
+        except SpecError:
+            if config_optional:
+                return None
+            raise
+        dims = tp_dims_from_config(values, model=f"--model {model}", seq_len=training.seq_len)
+        return tp_refusal(dims, tp_size) if dims is not None else None
+    return None
+
+
+def check_tensor_parallel(spec, *, own_function: bool = False, config_optional: bool = False) -> None:
+    """``--tp``'s refusal (:func:`tensor_parallel_refusal`) as a :class:`SpecError`, before anything
+    is written or submitted; none with ``--entry`` or a Python function of the user's (what they
+    train is theirs)."""
+    if spec.run.tp_size == 1 or spec.run.entry is not None or own_function:
+        return
+    refusal = tensor_parallel_refusal(spec.run.training, spec.run.tp_size, config_optional=config_optional)
+    if refusal:
+        raise SpecError(refusal)
 
 
 def check_trackers(training) -> None:
@@ -94,6 +138,17 @@ def _model_vocab_size(model: str) -> int | None:
     if model != "builtin":
         check_importable("--model", model, fix=INSTALL_OR_RENAME)
     return None
+
+
+def _check_data_vocabulary_splits(training, tp_size: int) -> None:
+    """The built-in model takes the data's vocabulary: ``--tp`` must divide it."""
+    from hpc_hsdp.data.tokens import open_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
+
+    path = training.mixture.sources[0].path if training.mixture is not None else training.data
+    vocab = open_dataset(path, split="train").vocab_size or training.vocab_size
+    refusal = tensor_parallel_refusal(training, tp_size, data_vocab_size=vocab)
+    if refusal:
+        raise SpecError(refusal)
 
 
 def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> int:

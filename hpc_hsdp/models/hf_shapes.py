@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from hpc_hsdp.plan.shapes import padded_numel
+from hpc_hsdp.plan.shapes import TpDims, padded_numel
 
 LLAMA_STYLE = {
     "llama": "LlamaDecoderLayer",
@@ -34,6 +34,8 @@ class ModelShapes:
     layers: int
     shapes: tuple[Shape, ...]
     tied: bool
+    width: int = 0
+    """The hidden size (the activations' last dim); 0 where not known (a meta-device build)."""
 
     def counts(self, shard_size: int = 1) -> tuple[int, int]:
         """(parameters, root parameters), dim 0 padded to a multiple of ``shard_size`` as FSDP2 pads it."""
@@ -102,7 +104,12 @@ def _llama(c: dict, model_type: str) -> ModelShapes:
     if not tied:
         out.append(("lm_head.weight", (v, h), True))
     return ModelShapes(
-        model_type=model_type, block_class=LLAMA_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+        model_type=model_type,
+        block_class=LLAMA_STYLE[model_type],
+        layers=layers,
+        shapes=tuple(out),
+        tied=tied,
+        width=h,
     )
 
 
@@ -133,7 +140,12 @@ def _gpt2(c: dict, model_type: str) -> ModelShapes:
     if not tied:
         out.append(("lm_head.weight", (v, e), True))
     return ModelShapes(
-        model_type=model_type, block_class=GPT2_STYLE[model_type], layers=layers, shapes=tuple(out), tied=tied
+        model_type=model_type,
+        block_class=GPT2_STYLE[model_type],
+        layers=layers,
+        shapes=tuple(out),
+        tied=tied,
+        width=e,
     )
 
 
@@ -147,4 +159,43 @@ def shapes_from_config(config: dict) -> ModelShapes | None:
             return _gpt2(config, model_type)
     except KeyError:
         return None
+    return None
+
+
+def tp_dims_from_config(config: dict, *, model: str, seq_len: int) -> TpDims | None:
+    """What tensor parallelism splits of ``config``'s model (a parsed config.json), for
+    :func:`~hpc_hsdp.plan.shapes.tp_refusal`; None for a family without a formula (the tasks
+    check those when they build the model)."""
+    model_type = config.get("model_type")
+
+    def number(key: str, default: int | None = None) -> int | None:
+        value = config.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    if model_type in LLAMA_STYLE:
+        heads, inter, vocab = number("num_attention_heads"), number("intermediate_size"), number("vocab_size")
+        if heads is None or inter is None:
+            return None
+        kv = number("num_key_value_heads")
+        return TpDims(
+            model=model,
+            heads=(heads, "num_attention_heads in config.json"),
+            kv_heads=(kv, "num_key_value_heads in config.json")
+            if kv
+            else (heads, "num_attention_heads in config.json"),
+            ffn_width=(inter, "intermediate_size in config.json"),
+            vocab_size=(vocab, "vocab_size in config.json") if vocab else None,
+            seq_len=(seq_len, "--seq-len"),
+        )
+    if model_type in GPT2_STYLE:
+        heads, width = number("n_head", 12), number("n_embd", 768)
+        inner = number("n_inner") or 4 * width
+        return TpDims(
+            model=model,
+            heads=(heads, "n_head in config.json"),
+            kv_heads=(heads, "n_head in config.json"),
+            ffn_width=(inner, "n_inner (or 4 x n_embd) in config.json"),
+            vocab_size=(number("vocab_size", 50257), "vocab_size in config.json"),
+            seq_len=(seq_len, "--seq-len"),
+        )
     return None

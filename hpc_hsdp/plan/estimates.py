@@ -14,6 +14,26 @@ micro-batches, while the replicas all-reduce once per optimizer step (HSDP's adv
 the inter-node all-reduce does not grow with N).
 
 A collective counts as inter-node when its group spans more than one node.
+
+With tensor parallelism (``tp_size`` T > 1) every rank holds 1/T of each split layer before
+FSDP2 shards it over S: parameters, gradients and optimizer state per GPU are over S x T, the
+shard group gathers and reduce-scatters ``1/T`` of the bytes above, the replicate group
+all-reduces ``bP/(S T)``. Inside the TP group (sequence parallelism, Megatron's and torchtitan's
+plan) the activations between blocks are split over the sequence and gathered inside a block:
+per micro-batch and block, forward all-gathers the ``B x L x H`` activation before attention and
+before the feed-forward and reduce-scatters after each, backward the reverse; the embeddings'
+output and the head's input add one pair each way. Per GPU per optimizer step, with ``N``
+micro-batches of ``B`` rows (one TP group's), sequence ``L``, width ``H``, ``layers`` blocks,
+``b`` bytes per element::
+
+    all-gather     = reduce-scatter = N (4 layers + 2) b B L H          (tensor bytes)
+                     + N 2 layers b B L H  with activation checkpointing (the recomputed forward)
+    on the wire    = (T-1)/T of each (ring)
+
+Activations per GPU (:class:`ActivationShape`): ``17 b B L H`` per block (Korthikanti et al.
+2022, 34 s b h bytes at 16 bits, without the attention scores that flash attention never
+stores), over T (sequence parallelism splits the parts tensor parallelism does not); with
+activation checkpointing each block keeps its input (``b B L H / T``) and one block's set is live.
 """
 
 from __future__ import annotations
@@ -24,7 +44,7 @@ from collections.abc import Callable
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import signal_lead_seconds
-from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes
+from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes, valid_tp_sizes
 from hpc_hsdp.plan.units import format_bytes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -84,7 +104,7 @@ class Traffic:
     kind: str
     """``all_gather``, ``reduce_scatter`` or ``all_reduce``."""
     axis: str
-    """The mesh axis: ``shard`` or ``replicate``."""
+    """The mesh axis: ``shard``, ``replicate`` or ``tp`` (activations, sequence parallelism)."""
     tensor_bytes: int
     wire_bytes: int
     inter_node: bool
@@ -102,10 +122,23 @@ class Estimate:
     traffic: tuple[Traffic, ...]
     reshard_after_forward: bool = True
     """False: the blocks keep their gathered parameters to backward (no re-gather counted)."""
+    tp_size: int = 1
+    activation_bytes: int | None = None
+    """Activations per GPU (:class:`ActivationShape`); None where the model's shape or the sequence is not known."""
 
     @property
     def total_bytes(self) -> int:
+        """Parameters, gradients and optimizer state per GPU."""
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def needed_bytes(self) -> int:
+        """What must fit: :attr:`total_bytes` and the activations where they are known."""
+        return self.total_bytes + (self.activation_bytes or 0)
+
+    @property
+    def tp_wire_bytes(self) -> int:
+        return sum(t.wire_bytes for t in self.traffic if t.axis == "tp")
 
     @property
     def intra_node_wire_bytes(self) -> int:
@@ -140,7 +173,85 @@ class Estimate:
             ],
             "intra_node_wire_bytes": self.intra_node_wire_bytes,
             "inter_node_wire_bytes": self.inter_node_wire_bytes,
-        }
+        } | (
+            {
+                "tp_size": self.tp_size,
+                "activation_bytes": self.activation_bytes,
+                "tp_wire_bytes": self.tp_wire_bytes,
+                "needed_bytes": self.needed_bytes,
+            }
+            if self.tp_size > 1 or self.activation_bytes is not None
+            else {}
+        )
+
+
+ACTIVATION_ELEMENTS = 17
+"""Activation elements kept per block per token and unit of width (Korthikanti et al. 2022: 34 s b h
+bytes at 16 bits, with flash attention's scores left out), for :class:`ActivationShape`."""
+
+
+@record
+class ActivationShape:
+    """What the activations of one micro-batch depend on: blocks, width, tokens, rows."""
+
+    layers: int
+    width: int
+    seq_len: int
+    batch_size: int
+    """Rows per micro-batch of one TP group (its T ranks read the same rows)."""
+    checkpointing: bool = False
+    """Activation checkpointing: each block keeps its input; forward runs again in backward."""
+    source: str = ""
+    """Where the shape came from (the model, or the Llama family's shape nearest a parameter count)."""
+
+    def token_bytes(self, element_bytes: int) -> int:
+        """``b B L H``: one activation tensor of the micro-batch, whole."""
+        return element_bytes * self.batch_size * self.seq_len * self.width
+
+    def bytes_per_gpu(self, *, element_bytes: int, tp_size: int = 1) -> int:
+        """Activations kept per GPU for backward (see the module's docstring)."""
+        one = self.token_bytes(element_bytes)
+        if self.checkpointing:
+            return (self.layers * one + ACTIVATION_ELEMENTS * one) // tp_size
+        return self.layers * ACTIVATION_ELEMENTS * one // tp_size
+
+    def tp_traffic(self, *, element_bytes: int, tp_size: int, grad_accum: int, inter_node: bool) -> tuple[Traffic, ...]:
+        """The TP group's all-gathers and reduce-scatters of activations per optimizer step (none at T = 1)."""
+        if tp_size == 1:
+            return ()
+        per_kind = 4 * self.layers + 2 + (2 * self.layers if self.checkpointing else 0)
+        tensor = grad_accum * per_kind * self.token_bytes(element_bytes)
+        wire = tensor * (tp_size - 1) // tp_size
+        return tuple(
+            Traffic(kind=kind, axis="tp", tensor_bytes=tensor, wire_bytes=wire, inter_node=inter_node)
+            for kind in ("all_gather", "reduce_scatter")
+        )
+
+
+LLAMA_FAMILY = (
+    (1_240_000_000, 16, 2048),
+    (3_210_000_000, 28, 3072),
+    (6_740_000_000, 32, 4096),
+    (13_000_000_000, 40, 5120),
+    (32_500_000_000, 60, 6656),
+    (70_600_000_000, 80, 8192),
+    (405_000_000_000, 126, 16384),
+)
+"""(parameters, blocks, width) of the public Llama models (1B, 3B, 7B, 13B, 30B, 70B, 405B): the shape
+``plan`` assumes for activations when it is given only a parameter count."""
+
+
+def llama_like_shape(params: int, *, seq_len: int, batch_size: int, checkpointing: bool = False) -> ActivationShape:
+    """The activation shape of the Llama model nearest ``params`` (by ratio)."""
+    count, layers, width = min(LLAMA_FAMILY, key=lambda row: max(row[0], params) / min(row[0], params))
+    return ActivationShape(
+        layers=layers,
+        width=width,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        checkpointing=checkpointing,
+        source=f"as a Llama-family model of {count / 1e9:.3g}B ({layers} blocks, width {width})",
+    )
 
 
 def check_model_options(*, dtype: str, optimizer: str) -> None:
@@ -159,22 +270,29 @@ def estimate(
     optimizer: str = "adamw",
     grad_accum: int = 1,
     reshard_after_forward: bool = True,
+    activations: ActivationShape | None = None,
 ) -> Estimate:
     """Memory per GPU and bytes per optimizer step of rank 0 (every rank of an even plan
     moves the same); ``grad_accum`` micro-batches per step. ``reshard_after_forward=False``
     (blocks keep their gathered parameters to backward): the shard group gathers ``bP``
-    per micro-batch, with no backward re-gather."""
+    per micro-batch, with no backward re-gather. With ``plan.tp_size`` T > 1 the model is
+    over S x T (see the module's docstring); ``activations`` adds the activations per GPU and
+    the TP group's bytes."""
     check_model_options(dtype=dtype, optimizer=optimizer)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise SpecError(f"--grad-accum {grad_accum!r} must be a positive integer")
     n = grad_accum
-    b, s, r = DTYPE_BYTES[dtype], plan.shard_size, plan.num_replicas
+    b, s, r, t = DTYPE_BYTES[dtype], plan.shard_size, plan.num_replicas, plan.tp_size
     p, p_root = model_params, min(root_params, model_params)
     shard_inter = len(plan.nodes_of_group(plan.shard_group_of(0))) > 1
     replicate_inter = len(plan.nodes_of_group(plan.replicate_group_of(0))) > 1
     traffic: list[Traffic] = []
+    if activations is not None:
+        traffic.extend(
+            activations.tp_traffic(element_bytes=b, tp_size=t, grad_accum=n, inter_node=plan.tp_groups_cross_nodes)
+        )
     if s > 1:
-        gathered = n * b * ((2 * p - p_root) if reshard_after_forward else p)
+        gathered = n * b * ((2 * p - p_root) if reshard_after_forward else p) // t
         traffic.append(
             Traffic(
                 kind="all_gather",
@@ -184,17 +302,18 @@ def estimate(
                 inter_node=shard_inter,
             )
         )
+        scattered = n * b * p // t
         traffic.append(
             Traffic(
                 kind="reduce_scatter",
                 axis="shard",
-                tensor_bytes=n * b * p,
-                wire_bytes=n * b * p * (s - 1) // s,
+                tensor_bytes=scattered,
+                wire_bytes=scattered * (s - 1) // s,
                 inter_node=shard_inter,
             )
         )
     if r > 1:
-        shard_grad = b * p // s
+        shard_grad = b * p // (s * t)
         traffic.append(
             Traffic(
                 kind="all_reduce",
@@ -209,11 +328,13 @@ def estimate(
         root_params=p_root,
         dtype=dtype,
         optimizer=optimizer,
-        param_bytes=b * p // s,
-        grad_bytes=b * p // s,
-        optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // s,
+        param_bytes=b * p // (s * t),
+        grad_bytes=b * p // (s * t),
+        optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // (s * t),
         traffic=tuple(traffic),
         reshard_after_forward=reshard_after_forward,
+        tp_size=t,
+        activation_bytes=None if activations is None else activations.bytes_per_gpu(element_bytes=b, tp_size=t),
     )
 
 
@@ -230,14 +351,25 @@ class Fit:
 
 
 def smallest_fitting_shard(
-    plan: TopologyPlan, *, model_params: int, gpu_memory: int, dtype: str = "fp32", optimizer: str = "adamw"
+    plan: TopologyPlan,
+    *,
+    model_params: int,
+    gpu_memory: int,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    activations: ActivationShape | None = None,
 ) -> Fit | None:
-    """The smallest shard size whose parameter, gradient and optimizer bytes fit, leaving
-    ``ACTIVATION_RESERVE`` of the GPU free; None when even full sharding does not fit."""
+    """The smallest shard size (at ``plan``'s tp size) whose parameter, gradient and optimizer
+    bytes, and the activations where given, fit, leaving ``ACTIVATION_RESERVE`` of the GPU free;
+    None when even full sharding does not fit."""
     budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
-    for s in valid_shard_sizes(plan.tasks_per_node):
-        candidate = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names)
-        needed = estimate(candidate, model_params=model_params, dtype=dtype, optimizer=optimizer).total_bytes
+    for s in valid_shard_sizes(plan.tasks_per_node, plan.tp_size):
+        candidate = TopologyPlan(
+            tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names, tp_size=plan.tp_size
+        )
+        needed = estimate(
+            candidate, model_params=model_params, dtype=dtype, optimizer=optimizer, activations=activations
+        ).needed_bytes
         if needed <= budget:
             return Fit(shard_size=s, needed_bytes=needed, budget_bytes=budget, gpu_memory=gpu_memory)
     return None
@@ -264,18 +396,30 @@ class Candidate:
     fits: bool
 
     @property
+    def tp_size(self) -> int:
+        return self.estimate.tp_size
+
+    @property
     def needed_bytes(self) -> int:
-        return self.estimate.total_bytes
+        return self.estimate.needed_bytes
 
     def to_dict(self) -> dict:
         e = self.estimate
-        return {
+        data = {
             "shard_size": self.shard_size,
             "memory_per_gpu_bytes": e.total_bytes,
             "fits": self.fits,
             "intra_node_wire_bytes": e.intra_node_wire_bytes,
             "inter_node_wire_bytes": e.inter_node_wire_bytes,
         }
+        if e.tp_size > 1 or e.activation_bytes is not None:
+            data.update(
+                tp_size=e.tp_size,
+                activation_bytes=e.activation_bytes,
+                needed_bytes=e.needed_bytes,
+                tp_wire_bytes=e.tp_wire_bytes,
+            )
+        return data
 
 
 @record
@@ -309,7 +453,7 @@ class Recommendation:
 
 def _ranking(c: Candidate) -> tuple[int, int, int, int]:
     e = c.estimate
-    return (e.inter_node_wire_bytes, e.intra_node_wire_bytes, e.total_bytes, c.shard_size)
+    return (e.inter_node_wire_bytes, e.intra_node_wire_bytes, e.needed_bytes, c.shard_size)
 
 
 def recommend(
@@ -321,12 +465,14 @@ def recommend(
     dtype: str = "fp32",
     optimizer: str = "adamw",
     params_for_shard: ParamsForShard | None = None,
+    activations: ActivationShape | None = None,
 ) -> Recommendation:
-    """The shard size for ``plan``'s nodes that fits ``gpu_memory`` (leaving
+    """The shard size for ``plan``'s nodes (at its tp size) that fits ``gpu_memory`` (leaving
     ``ACTIVATION_RESERVE`` free) and sends the least inter-node traffic per step; ties go
     to less intra-node traffic, then less memory. Every valid shard size is a candidate.
     ``params_for_shard`` (e.g. the built-in model's padded counts) replaces
-    ``model_params``/``root_params`` when the count depends on the shard size."""
+    ``model_params``/``root_params`` when the count depends on the shard size; ``activations``
+    count in what must fit where given."""
     check_model_options(dtype=dtype, optimizer=optimizer)
     if params_for_shard is None:
         if model_params is None:
@@ -334,29 +480,39 @@ def recommend(
         params_for_shard = lambda _s: (model_params, root_params)  # noqa: E731
     budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
     candidates = []
-    for s in valid_shard_sizes(plan.tasks_per_node):
-        candidate_plan = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names)
+    t = plan.tp_size
+    for s in valid_shard_sizes(plan.tasks_per_node, t):
+        candidate_plan = TopologyPlan(
+            tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names, tp_size=t
+        )
         p, p_root = params_for_shard(s)
-        est = estimate(candidate_plan, model_params=p, root_params=p_root, dtype=dtype, optimizer=optimizer)
-        candidates.append(Candidate(shard_size=s, estimate=est, fits=est.total_bytes <= budget))
+        est = estimate(
+            candidate_plan,
+            model_params=p,
+            root_params=p_root,
+            dtype=dtype,
+            optimizer=optimizer,
+            activations=activations,
+        )
+        candidates.append(Candidate(shard_size=s, estimate=est, fits=est.needed_bytes <= budget))
     fitting = [c for c in candidates if c.fits]
     chosen = min(fitting, key=_ranking) if fitting else None
     reasons = _reasons(candidates, chosen, budget, gpu_memory)
     reshard, gathered = None, 0
     if chosen is not None and chosen.shard_size > 1:
         e = chosen.estimate
-        gathered = DTYPE_BYTES[dtype] * e.model_params
-        regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params)
-        reshard = not gathered_fits(state_bytes=e.total_bytes, gathered_bytes=gathered, memory_bytes=gpu_memory)
+        gathered = DTYPE_BYTES[dtype] * e.model_params // t
+        regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params) // t
+        reshard = not gathered_fits(state_bytes=e.needed_bytes, gathered_bytes=gathered, memory_bytes=gpu_memory)
         if reshard:
             reasons.append(
                 f"keep resharding after forward: the whole model gathered ({format_bytes(gathered)}) "
-                f"would not fit beside the {format_bytes(e.total_bytes)} of state"
+                f"would not fit beside the {format_bytes(e.needed_bytes)} of state"
             )
         else:
             reasons.append(
                 f"--reshard-after-forward never: the whole model gathered from forward to backward "
-                f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.total_bytes + gathered)} "
+                f"({format_bytes(gathered)}) fits beside the state ({format_bytes(e.needed_bytes + gathered)} "
                 f"in all); backward gathers nothing again ({format_bytes(regather)} less to all-gather per "
                 f"step in the shard group), the faster step"
             )
@@ -372,17 +528,20 @@ def recommend(
 
 
 def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int, gpu_memory: int) -> list[str]:
-    reserve = f"{format_bytes(budget)} of {format_bytes(gpu_memory)}, {ACTIVATION_RESERVE:.0%} kept for activations"
+    counted = any(c.estimate.activation_bytes is not None for c in candidates)
+    kept = "buffers and the allocator" if counted else "activations"
+    reserve = f"{format_bytes(budget)} of {format_bytes(gpu_memory)}, {ACTIVATION_RESERVE:.0%} kept for {kept}"
     too_big = [c.shard_size for c in candidates if not c.fits]
     if chosen is None:
         largest = candidates[-1]
         return [
             f"no shard size fits: even --shard {largest.shard_size} needs {format_bytes(largest.needed_bytes)} "
-            f"per GPU for parameters, gradients and optimizer state, more than {reserve}; "
+            f"per GPU for parameters, gradients and optimizer state{' and activations' if counted else ''}, "
+            f"more than {reserve}; "
             f"use more GPUs, bf16, or an optimizer with less state"
         ]
     e = chosen.estimate
-    lines = [f"--shard {chosen.shard_size}: {format_bytes(e.total_bytes)} per GPU fits in {reserve}"]
+    lines = [f"--shard {chosen.shard_size}: {format_bytes(e.needed_bytes)} per GPU fits in {reserve}"]
     if too_big:
         lines.append(f"too big for memory: --shard {', '.join(map(str, too_big))}")
     others = sorted((c for c in candidates if c.fits and c is not chosen), key=_ranking)
@@ -406,6 +565,81 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
                 f"({format_bytes(e.intra_node_wire_bytes)} against {format_bytes(nxt.intra_node_wire_bytes)})"
             )
     return lines
+
+
+@record
+class TpRecommendation:
+    """:func:`recommend` at every TP size the nodes allow, and the choice among them."""
+
+    by_tp: tuple[tuple[int, Recommendation], ...]
+    """(T, the shard-size recommendation at T), T ascending."""
+    chosen_tp: int | None
+    """The smallest T at which some shard size fits; None when none does."""
+    reasons: tuple[str, ...]
+
+    @property
+    def chosen(self) -> Recommendation | None:
+        return dict(self.by_tp)[self.chosen_tp] if self.chosen_tp is not None else None
+
+    def to_dict(self) -> dict:
+        chosen = self.chosen
+        return {
+            "recommended_tp_size": self.chosen_tp,
+            "recommended_shard_size": chosen.chosen.shard_size if chosen else None,
+            "reasons": list(self.reasons),
+            "by_tp": [{"tp_size": t, **rec.to_dict()} for t, rec in self.by_tp],
+        }
+
+
+def recommend_tp(
+    plan: TopologyPlan,
+    *,
+    gpu_memory: int,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    params_for_shard: ParamsForShard,
+    activations: ActivationShape | None,
+    tp_sizes: list[int] | None = None,
+) -> TpRecommendation:
+    """The TP size T and shard size S for ``plan``'s nodes: T divides every node (a TP group stays
+    inside one node); the smallest T at which parameters, gradients, optimizer state and
+    activations (over S x T and T) fit; at that T, the shard size :func:`recommend` chooses (the
+    least inter-node traffic). A larger T splits the activations further but adds the TP group's
+    all-gathers and reduce-scatters of activations to every block. ``tp_sizes``: those the model
+    can be split over (:func:`hpc_hsdp.plan.shapes.tp_refusal`), of the nodes' (default: all)."""
+    by_tp = []
+    for t in valid_tp_sizes(plan.tasks_per_node) if tp_sizes is None else tp_sizes:
+        at_t = TopologyPlan(tasks_per_node=plan.tasks_per_node, shard_size=1, node_names=plan.node_names, tp_size=t)
+        rec = recommend(
+            at_t,
+            gpu_memory=gpu_memory,
+            dtype=dtype,
+            optimizer=optimizer,
+            params_for_shard=params_for_shard,
+            activations=activations,
+        )
+        by_tp.append((t, rec))
+    fitting = [t for t, rec in by_tp if rec.chosen is not None]
+    chosen_tp = fitting[0] if fitting else None
+    reasons = []
+    if chosen_tp is None:
+        reasons.append(
+            f"no TP size fits: even --tp {by_tp[-1][0]} needs more than the budget at every shard size; use more "
+            f"GPUs, bf16, activation checkpointing, a shorter sequence or a smaller micro-batch"
+        )
+    else:
+        too_small = [t for t, rec in by_tp if t < chosen_tp]
+        if too_small:
+            reasons.append(
+                f"--tp {chosen_tp}: the smallest TP size at which the model and its activations fit "
+                f"(--tp {', '.join(map(str, too_small))}: no shard size fits)"
+            )
+        else:
+            reasons.append(
+                f"--tp {chosen_tp}: the model and its activations fit without splitting layers; a larger --tp "
+                f"adds the TP group's activation traffic to every block"
+            )
+    return TpRecommendation(by_tp=tuple(by_tp), chosen_tp=chosen_tp, reasons=tuple(reasons))
 
 
 # ----------------------------------------------------------------------------- saving within KillWait
@@ -459,7 +693,7 @@ def save_time(
     plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KILL_WAIT_S, rate: int = DEFAULT_SAVE_RATE
 ) -> SaveTime:
     """A full checkpoint's size and write time for ``est`` on ``plan``'s nodes."""
-    checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.shard_size
+    checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.ranks_per_copy
     return SaveTime(
         checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate), kill_wait_s=kill_wait_s, rate=rate
     )

@@ -70,3 +70,68 @@ def parameter_counts(
         unpadded_params=sum(prod(s) for _, s, _ in shapes),
         shard_size=shard_size,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TpDims:
+    """The sizes of a model that tensor parallelism splits over T ranks, each with where it is set."""
+
+    model: str
+    """How the messages name the model: ``the built-in model``, ``hf:/models/llama``."""
+    heads: tuple[int, str]
+    """(attention heads, where they are set): each rank computes whole heads."""
+    kv_heads: tuple[int, str]
+    """Key/value heads (grouped-query attention; the attention heads where there is no grouping)."""
+    ffn_width: tuple[int, str]
+    """The feed-forward layer's inner width: split by its columns, then rows."""
+    vocab_size: tuple[int, str] | None
+    """The embedding's and the head's rows (the loss runs on vocabulary shards); None: not known here."""
+    seq_len: tuple[int, str]
+    """Tokens per sample: sequence parallelism splits the activations between blocks over them."""
+
+    def sizes(self) -> list[tuple[str, int, str]]:
+        named = [
+            ("attention heads", self.heads),
+            ("key/value heads", self.kv_heads),
+            ("feed-forward width", self.ffn_width),
+            ("vocabulary", self.vocab_size),
+            ("sequence length", self.seq_len),
+        ]
+        return [(what, pair[0], pair[1]) for what, pair in named if pair is not None]
+
+
+def builtin_tp_dims(*, heads: int, width: int, vocab_size: int | None, seq_len: int) -> TpDims:
+    """The built-in model's :class:`TpDims` (no grouped-query attention; feed-forward width 4 x width);
+    ``vocab_size`` None where the data decides it and is not read here."""
+    return TpDims(
+        model="the built-in model",
+        heads=(heads, "--heads"),
+        kv_heads=(heads, "--heads"),
+        ffn_width=(4 * width, "4 x --width"),
+        vocab_size=None if vocab_size is None else (vocab_size, "--vocab-size, or the data's"),
+        seq_len=(seq_len, "--seq-len"),
+    )
+
+
+def tp_refusal(dims: TpDims, tp_size: int) -> str | None:
+    """Why ``dims``' model cannot be split over ``tp_size`` ranks, in one line ending with the fix
+    (None: it can). The one check of ``plan``, ``render``, ``submit`` and the tasks: T must divide
+    the attention heads, the key/value heads, the feed-forward width, the vocabulary and the
+    sequence length (sequence parallelism)."""
+    if tp_size == 1:
+        return None
+    sizes = dims.sizes()
+    for what, size, where in sizes:
+        if size % tp_size:
+            fits = [t for t in range(2, max(s for _, s, _ in sizes) + 1) if all(s % t == 0 for _, s, _ in sizes)]
+            fix = (
+                f"use --tp {', '.join(map(str, fits[:6]))}{' ...' if len(fits) > 6 else ''} (dividing every one)"
+                if fits
+                else "no --tp above 1 divides them all"
+            )
+            return (
+                f"--tp {tp_size} does not divide {dims.model}'s {size} {what} ({where}): tensor parallelism splits "
+                f"the heads, key/value heads, feed-forward width, vocabulary and sequence over the TP group; "
+                f"{fix}, or --tp 1"
+            )
+    return None

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from html import escape
 
-from hpc_hsdp.plan.estimates import ACTIVATION_RESERVE, Estimate, Fit, Recommendation, SaveTime
+from hpc_hsdp.plan.estimates import (
+    ACTIVATION_RESERVE,
+    ActivationShape,
+    Estimate,
+    Fit,
+    Recommendation,
+    SaveTime,
+    TpRecommendation,
+)
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.plan.units import format_bytes
 
@@ -27,9 +35,17 @@ def _compact(ranks: tuple[int, ...]) -> str:
 
 def traffic_verdict(plan: TopologyPlan) -> list[str]:
     """What the layout means for the network, in sentences."""
-    s, r = plan.shard_size, plan.num_replicas
-    lines = [f"{plan.kind}: mesh (replicate={r}, shard={s}) over {plan.nodes} node(s), {plan.world_size} ranks"]
-    if s == 1:
+    s, r, t = plan.shard_size, plan.num_replicas, plan.tp_size
+    mesh = f"replicate={r}, shard={s}" + (f", tp={t}" if t > 1 else "")
+    lines = [f"{plan.kind}: mesh ({mesh}) over {plan.nodes} node(s), {plan.world_size} ranks"]
+    if t > 1:
+        lines.append(tp_line(plan))
+    if s == 1 and t > 1:
+        lines.append(
+            f"no sharding over the shard axis: each TP group holds a whole copy of the model (1/{t} of every "
+            f"split layer per rank)" + ("; gradients are all-reduced across the replicas" if r > 1 else "")
+        )
+    elif s == 1:
         lines.append("no sharding: every rank holds the whole model; gradients are all-reduced across all ranks")
     elif not plan.shard_groups_cross_nodes:
         lines.append(
@@ -44,8 +60,20 @@ def traffic_verdict(plan: TopologyPlan) -> list[str]:
         )
     if r > 1:
         where = "crosses nodes" if plan.replicate_groups_cross_nodes else "stays inside one node"
-        lines.append(f"replicate groups: the all-reduce of 1/{s} of the gradients {where}")
+        lines.append(f"replicate groups: the all-reduce of 1/{s * t} of the gradients {where}")
     return lines
+
+
+def tp_line(plan: TopologyPlan) -> str:
+    """The TP groups in one sentence: T consecutive ranks, inside one node, what they exchange."""
+    t, groups = plan.tp_size, plan.tp_groups
+    shown = ", ".join(_compact(g) for g in groups[:LISTED_COPIES])
+    more = f", ... {len(groups) - LISTED_COPIES} more" if len(groups) > LISTED_COPIES else ""
+    where = "cross nodes" if plan.tp_groups_cross_nodes else "each inside one node"
+    return (
+        f"TP groups: {len(groups)} of {t} consecutive ranks ({shown}{more}), {where}: every block's all-gathers "
+        f"and reduce-scatters of activations (sequence parallelism) stay on the node's links"
+    )
 
 
 LISTED_COPIES = 4
@@ -114,11 +142,20 @@ def plan_text(
     fit: Fit | None = None,
     gpu_memory: int | None = None,
     save: SaveTime | None = None,
+    activations: ActivationShape | None = None,
 ) -> str:
-    s = plan.shard_size
     nodes, gap_at = _shown_nodes(plan)
     switches = bool(plan.node_switches)
-    header = ("node", *(("switch",) if switches else ()), "gpu", "rank", "shard group", "replicate group")
+    tp = plan.tp_size > 1
+    header = (
+        "node",
+        *(("switch",) if switches else ()),
+        "gpu",
+        "rank",
+        *(("(r,s,t)", "tp group") if tp else ()),
+        "shard group",
+        "replicate group",
+    )
     blocks: list[list[tuple[str, ...]]] = []
     for node in nodes:
         first = plan.first_rank_of_node[node]
@@ -128,11 +165,16 @@ def plan_text(
                     plan.node_names[node],
                     *((plan.node_switches[node] or "?",) if switches else ()),
                     str(local),
-                    str(first + local),
-                    f"{(first + local) // s}: {_compact(plan.shard_group_of(first + local))}",
-                    f"{(first + local) % s}: {_compact(plan.replicate_group_of(first + local))}",
+                    str(rank),
+                    *(
+                        (_coordinates(plan, rank), f"{rank // plan.tp_size}: {_compact(plan.tp_group_of(rank))}")
+                        if tp
+                        else ()
+                    ),
+                    f"{shard_group_index(plan, rank)}: {_compact(plan.shard_group_of(rank))}",
+                    f"{replicate_group_index(plan, rank)}: {_compact(plan.replicate_group_of(rank))}",
                 )
-                for local in range(plan.tasks_per_node[node])
+                for local, rank in ((local, first + local) for local in range(plan.tasks_per_node[node]))
             ]
         )
     widths = [max(len(row[i]) for row in [header, *(r for b in blocks for r in b)]) for i in range(len(header))]
@@ -161,10 +203,23 @@ def plan_text(
     if estimate is not None:
         out.append("")
         out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
+        over = f" (over shard x tp = {plan.ranks_per_copy})" if plan.tp_size > 1 else ""
         out.append(
             f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
             f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}"
+            f"{over}"
         )
+        if estimate.activation_bytes is not None:
+            split = f" over tp {plan.tp_size} (sequence parallel)" if plan.tp_size > 1 else ""
+            out.append(
+                f"  activations {format_bytes(estimate.activation_bytes)}{split}{_shape_note(activations)}; "
+                f"with the states {format_bytes(estimate.needed_bytes)}"
+            )
+        elif plan.tp_size > 1:
+            out.append(
+                "  activations and TP bytes: give --seq-len (and --batch-size) to estimate them "
+                "(the model's blocks and width from --model or --model-params builtin, else a Llama-family shape)"
+            )
         for t in estimate.traffic:
             where = "inter-node" if t.inter_node else "intra-node"
             out.append(
@@ -189,11 +244,30 @@ def plan_text(
         if fit is None:
             out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")
         else:
+            at_tp = f" at tp {plan.tp_size}" if plan.tp_size > 1 else ""
+            what = (
+                "states and activations" if estimate is not None and estimate.activation_bytes is not None else "states"
+            )
+            left = "left" if what != "states" else "left for activations"
             out.append(
-                f"smallest shard size that fits {format_bytes(gpu_memory)}: {fit.shard_size} "
-                f"({format_bytes(fit.needed_bytes)} of states, {format_bytes(fit.headroom_bytes)} left for activations)"
+                f"smallest shard size that fits {format_bytes(gpu_memory)}{at_tp}: {fit.shard_size} "
+                f"({format_bytes(fit.needed_bytes)} of {what}, {format_bytes(fit.headroom_bytes)} {left})"
             )
     return "\n".join(out) + "\n"
+
+
+def shard_group_index(plan: TopologyPlan, rank: int) -> int:
+    """The index of ``rank``'s shard group in ``plan.shard_groups``: ``rank // S`` when T = 1."""
+    return rank // plan.ranks_per_copy * plan.tp_size + rank % plan.tp_size
+
+
+def replicate_group_index(plan: TopologyPlan, rank: int) -> int:
+    """The index of ``rank``'s replicate group in ``plan.replicate_groups``: ``rank % S`` when T = 1."""
+    return rank % plan.ranks_per_copy
+
+
+def _coordinates(plan: TopologyPlan, rank: int) -> str:
+    return "({},{},{})".format(*plan.coordinates(rank))
 
 
 def _colour(index: int, count: int) -> str:
@@ -202,21 +276,32 @@ def _colour(index: int, count: int) -> str:
 
 
 def plan_svg(plan: TopologyPlan) -> str:
-    """Nodes as boxes, GPUs as cells coloured by shard group, labelled with rank and replicate group."""
-    cell_w, cell_h, gap, pad, label_w = 64, 48, 6, 12, 110
+    """Nodes as boxes, GPUs as cells coloured by shard group, labelled with rank and replicate group;
+    with tensor parallelism also each rank's (r, s, t) and a frame around each TP group."""
+    tp = plan.tp_size > 1
+    cell_w, cell_h, gap, pad, label_w = (80, 64, 6, 12, 110) if tp else (64, 48, 6, 12, 110)
     widest = max(plan.tasks_per_node)
     width = label_w + pad + widest * (cell_w + gap) + pad
     row_h = cell_h + 2 * pad
     height = 60 + plan.nodes * (row_h + gap) + 30
+    if tp:
+        legend = (
+            f"colour and Sn: shard group n; Rn: replicate group n; Tn: TP group n (framed); "
+            f"mesh (replicate, shard, tp) = ({plan.num_replicas}, {plan.shard_size}, {plan.tp_size})"
+        )
+    else:
+        legend = (
+            f"colour and Sn: shard group n; Rn: replicate group n; "
+            f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})"
+        )
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{pad}" y="22" font-size="15" font-weight="bold">{escape(plan.kind)}: '
         f"{plan.nodes} node(s) x {escape(str(plan.tasks_per_node[0]) if len(set(plan.tasks_per_node)) == 1 else 'uneven')} GPUs, "
-        f"shard {plan.shard_size}, {plan.num_replicas} replicas</text>",
-        f'<text x="{pad}" y="42" fill="#444">colour and Sn: shard group n; Rn: replicate group n; '
-        f"mesh (replicate, shard) = ({plan.num_replicas}, {plan.shard_size})</text>",
+        f"shard {plan.shard_size}, {f'tp {plan.tp_size}, ' if tp else ''}{plan.num_replicas} replicas</text>",
+        f'<text x="{pad}" y="42" fill="#444">{legend}</text>',
     ]
     groups = len(plan.shard_groups)
     for node in range(plan.nodes):
@@ -230,8 +315,14 @@ def plan_svg(plan: TopologyPlan) -> str:
         )
         for local in range(plan.tasks_per_node[node]):
             rank = plan.rank_of(node, local)
-            shard_index = rank // plan.shard_size
+            shard_index = shard_group_index(plan, rank)
             x = label_w + local * (cell_w + gap)
+            if tp and rank % plan.tp_size == 0:
+                frame_w = plan.tp_size * (cell_w + gap) - gap + 4
+                parts.append(
+                    f'<rect x="{x - 2}" y="{y + pad - 2}" width="{frame_w}" height="{cell_h + 4}" rx="5" '
+                    f'fill="none" stroke="#000" stroke-width="2" stroke-dasharray="5,3"/>'
+                )
             parts.append(
                 f'<rect x="{x}" y="{y + pad}" width="{cell_w}" height="{cell_h}" rx="4" '
                 f'fill="{_colour(shard_index, groups)}" stroke="#222"/>'
@@ -242,14 +333,22 @@ def plan_svg(plan: TopologyPlan) -> str:
             )
             parts.append(
                 f'<text x="{x + cell_w / 2}" y="{y + pad + 36}" text-anchor="middle">'
-                f"S{shard_index} R{rank % plan.shard_size}</text>"
+                f"S{shard_index} R{replicate_group_index(plan, rank)}"
+                f"{f' T{rank // plan.tp_size}' if tp else ''}</text>"
             )
+            if tp:
+                parts.append(
+                    f'<text x="{x + cell_w / 2}" y="{y + pad + 54}" text-anchor="middle">'
+                    f"{_coordinates(plan, rank)}</text>"
+                )
     span = len(plan.nodes_of_group(plan.shard_groups[0]))
     verdict = (
         f"each shard group spans {span} whole nodes"
         if plan.shard_groups_cross_nodes
         else "every shard group inside one node"
     )
+    if tp:
+        verdict += f"; every TP group ({plan.tp_size} consecutive ranks) inside one node"
     parts.append(f'<text x="{pad}" y="{height - 10}" fill="#444">{escape(verdict)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
@@ -270,7 +369,8 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     )
     if rec.chosen is not None:
         keep = " --reshard-after-forward never" if rec.reshard_after_forward is False else ""
-        out.append(f"recommended: --shard {rec.chosen.shard_size}{keep}")
+        at_tp = f"--tp {plan.tp_size} " if plan.tp_size > 1 else ""
+        out.append(f"recommended: {at_tp}--shard {rec.chosen.shard_size}{keep}")
     else:
         out.append("recommended: none")
     out.extend(f"  {reason}" for reason in rec.reasons)
@@ -298,5 +398,68 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
         f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
         f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
         f"{ACTIVATION_RESERVE:.0%} for activations)"
+    )
+    return "\n".join(out) + "\n"
+
+
+def _shape_note(activations: ActivationShape | None) -> str:
+    if activations is None:
+        return ""
+    ac = ", activation checkpointing" if activations.checkpointing else ""
+    return f" (micro-batch {activations.batch_size} x {activations.seq_len} tokens, {activations.source}{ac})"
+
+
+def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: ActivationShape | None) -> str:
+    """The recommended TP and shard sizes, why, and a table of every (T, S) considered."""
+    nodes = (
+        f"{plan.nodes} node(s) x {plan.tasks_per_node[0]} GPUs"
+        if len(set(plan.tasks_per_node)) == 1
+        else f"{plan.nodes} nodes ({','.join(map(str, plan.tasks_per_node))} GPUs)"
+    )
+    first_rec = rec.by_tp[0][1]
+    first = first_rec.candidates[0].estimate
+    out = [
+        f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+        f"{format_bytes(first_rec.gpu_memory)} per GPU",
+    ]
+    if activations is not None:
+        out.append(f"activations per micro-batch{_shape_note(activations)}")
+    chosen = rec.chosen
+    if chosen is not None:
+        keep = " --reshard-after-forward never" if chosen.reshard_after_forward is False else ""
+        out.append(f"recommended: --tp {rec.chosen_tp} --shard {chosen.chosen.shard_size}{keep}")
+    else:
+        out.append("recommended: none")
+    out.extend(f"  {reason}" for reason in rec.reasons)
+    if chosen is not None:
+        out.extend(f"  {reason}" for reason in chosen.reasons)
+    out.append("")
+    rows = [("tp", "shard", "states/GPU", "activations", "fits?", "tp/step", "intra-node/step", "inter-node/step", "")]
+    for t, at_t in rec.by_tp:
+        for c in at_t.candidates:
+            e = c.estimate
+            rows.append(
+                (
+                    str(t),
+                    str(c.shard_size),
+                    format_bytes(e.total_bytes),
+                    format_bytes(e.activation_bytes) if e.activation_bytes is not None else "?",
+                    "yes" if c.fits else "no",
+                    format_bytes(e.tp_wire_bytes),
+                    format_bytes(e.intra_node_wire_bytes),
+                    format_bytes(e.inter_node_wire_bytes),
+                    "<- recommended" if chosen is not None and c is chosen.chosen else "",
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        out.append("  ".join([*(cell.rjust(w) for cell, w in zip(row[:-1], widths)), row[-1]]).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths[:-1]))
+    out.append(
+        f"(bytes on the wire per GPU per step, ring collectives; tp/step: the TP group's activation all-gathers "
+        f"and reduce-scatters, inside a node and part of intra-node/step; fits: states and activations against "
+        f"{format_bytes(first_rec.budget_bytes)} = GPU memory less {ACTIVATION_RESERVE:.0%} for buffers and the "
+        f"allocator)"
     )
     return "\n".join(out) + "\n"

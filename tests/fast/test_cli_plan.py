@@ -162,6 +162,8 @@ def test_layout_bad_env_is_one_line_and_exit_2(env, message):
     [
         ["plan", "--nodes", "2", "--shard", "4"],
         ["plan", "--nodes", "2", "--shard", "4", "--json", "--model-params", "7B"],
+        ["plan", "--nodes", "2", "--shard", "2", "--tp", "4", "--model", "builtin", "--seq-len", "64"],
+        ["plan", "--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--seq-len", "4096"],
         ["layout", "--shard", "4"],
         ["--help"],
     ],
