@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hpc_hsdp.plan.shapes import ParameterCounts
+from hpc_hsdp.plan.shapes import ParameterCounts, builtin_tp_dims
 from hpc_hsdp.plan.shapes import parameter_counts as _parameter_counts
+from hpc_hsdp.plan.shapes import tp_refusal as shapes_tp_refusal
 
 
 @dataclass(frozen=True)
@@ -156,17 +157,10 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str = "meta") -> Tra
 
 
 def tp_refusal(cfg: ModelConfig, tp_size: int) -> str | None:
-    """Why the model cannot be split over ``tp_size`` ranks (None: it can)."""
-    sizes = (
-        ("attention heads (--heads)", cfg.heads),
-        ("feed-forward width (4 x --width)", 4 * cfg.width),
-        ("vocabulary", cfg.vocab_size),
-        ("sequence length (--seq-len; sequence parallelism splits it)", cfg.seq_len),
-    )
-    for what, size in sizes:
-        if size % tp_size:
-            return f"--tp {tp_size} does not divide the built-in model's {size} {what}"
-    return None
+    """Why the model cannot be split over ``tp_size`` ranks (None: it can): the one check of
+    :func:`hpc_hsdp.plan.shapes.tp_refusal`."""
+    dims = builtin_tp_dims(heads=cfg.heads, width=cfg.width, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
+    return shapes_tp_refusal(dims, tp_size)
 
 
 def tp_plan(cfg: ModelConfig, tp_size: int, *, layers: int) -> dict:

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
-from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config
+from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config, tp_dims_from_config
+from hpc_hsdp.plan.shapes import tp_refusal
 
 PREFIX = "hf:"
 DATA_VOCABULARY_FIX = (
@@ -138,6 +139,7 @@ class HFAdapter:
         self.config = load_config(self.config_path, model=self.name)
         self.vocab_size = int(self.config.vocab_size)
         self.shard_unit_option = training.shard_unit
+        self.seq_len = training.seq_len
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
         check_data_vocabulary(
@@ -241,9 +243,9 @@ class HFAdapter:
             wanted = {f"{prefix}.{name}" if prefix else name: style for name, style in base.items()}
         if not wanted:
             return None
-        refusal = hf_tp_refusal(self.config, tp_size)
+        refusal = hf_tp_refusal(self.config, tp_size, model=self.name, seq_len=self.seq_len)
         if refusal:
-            raise SpecError(f"--model {self.name!r}: {refusal}")
+            raise SpecError(refusal)
         modules = dict(model.named_modules())
         if getattr(self.config, "tie_word_embeddings", False):  # one parameter: it cannot be split twice
             tied = {model.get_input_embeddings(), model.get_output_embeddings()}
@@ -386,16 +388,8 @@ def _parallel_style(style: str):
     return ColwiseParallel(output_layouts=Replicate())  # colwise_gather_output: the LM head
 
 
-def hf_tp_refusal(config, tp_size: int) -> str | None:
-    """Why a transformers config's model cannot be split over ``tp_size`` ranks (None: it can)."""
-    heads = getattr(config, "num_attention_heads", None)
-    sizes = (
-        ("attention heads", heads),
-        ("key/value heads", getattr(config, "num_key_value_heads", None) or heads),
-        ("feed-forward width (intermediate_size)", getattr(config, "intermediate_size", None)),
-        ("vocabulary", getattr(config, "vocab_size", None)),
-    )
-    for what, size in sizes:
-        if isinstance(size, int) and size % tp_size:
-            return f"--tp {tp_size} does not divide its {size} {what}"
-    return None
+def hf_tp_refusal(config, tp_size: int, *, model: str, seq_len: int) -> str | None:
+    """Why a transformers config's model cannot be split over ``tp_size`` ranks (None: it can, or
+    its family has no formula here): the one check of :func:`hpc_hsdp.plan.shapes.tp_refusal`."""
+    dims = tp_dims_from_config(config.to_dict(), model=model, seq_len=seq_len)
+    return tp_refusal(dims, tp_size) if dims is not None else None
