@@ -64,6 +64,14 @@ from hpc_hsdp.plan.topology import (
     "whose shard groups are checked against the switches.",
 )
 @click.option(
+    "--scontrol-topology",
+    "topology_text",
+    default=None,
+    metavar="TEXT",
+    help="With --field node_switches: what `scontrol show topology` printed, instead of asking it (the batch "
+    "shell hands it into a container, which has no scontrol).",
+)
+@click.option(
     "--hostfile",
     "hostfile_counts",
     default=None,
@@ -78,7 +86,15 @@ from hpc_hsdp.plan.topology import (
     help="Order of the --hostfile lines.",
 )
 def layout(
-    shard_size, tp_size, nproc_per_node, topology, field, tasks_per_node_text, hostfile_counts, distribution
+    shard_size,
+    tp_size,
+    nproc_per_node,
+    topology,
+    field,
+    tasks_per_node_text,
+    topology_text,
+    hostfile_counts,
+    distribution,
 ) -> None:
     """Inside a SLURM task, print the layout this task derives, as one JSON object.
 
@@ -101,7 +117,11 @@ def layout(
         click.echo(f"{address} {port}")
         return
     if field == "node_switches":
-        click.echo(job_node_switches(os.environ, topology, shard_size, tasks_per_node_text, tp_size=tp_size))
+        click.echo(
+            job_node_switches(
+                os.environ, topology, shard_size, tasks_per_node_text, tp_size=tp_size, topology_text=topology_text
+            )
+        )
         return
     if field in ("master_addr", "master_port"):
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)
@@ -122,7 +142,13 @@ def layout(
 
 
 def job_node_switches(
-    env: Mapping[str, str], topology: str, shard_size: int, tasks_per_node_text: str | None, *, tp_size: int = 1
+    env: Mapping[str, str],
+    topology: str,
+    shard_size: int,
+    tasks_per_node_text: str | None,
+    *,
+    tp_size: int = 1,
+    topology_text: str | None = None,
 ) -> str:
     """The batch shell's ``--field node_switches``: every node of the job under its switches (the
     value of ``HPC_HSDP_NODE_SWITCHES``): the one the job was given (``--env``), else SLURM's
@@ -135,6 +161,8 @@ def job_node_switches(
     given = env.get(NODE_SWITCHES_ENV, "").strip()
     if given:
         places = parse_node_switches(given)
+    elif topology_text is not None:  # read on the host by the batch shell (a container job)
+        places = switches_of_nodes(parse_scontrol_topology(topology_text), nodes)
     elif task_backend(env).separate_machines:
         try:
             places = switches_of_nodes(parse_scontrol_topology(show_topology(env=env)), nodes)

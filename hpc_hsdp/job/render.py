@@ -286,7 +286,10 @@ def switches_command(spec: JobSpec) -> str | None:
         args += ["--topology", topology, "--shard", str(spec.run.shard_size), "--tasks-per-node", counts]
         if spec.run.tp_size > 1:  # a shard group is then S x T ranks
             args += ["--tp", str(spec.run.tp_size)]
-    return layout_command(spec, *args)
+    command = layout_command(spec, *args)
+    if spec.launch.container_image is not None:  # the image has no scontrol: the host's answer goes in
+        command += ' --scontrol-topology "$(scontrol show topology 2>/dev/null)"'
+    return command
 
 
 def default_launch_command(spec: JobSpec) -> str:

@@ -377,3 +377,19 @@ def test_the_scripts_plan_line_and_run_line_carry_the_tp_size():
         in text
     )
     assert "-m hpc_hsdp run --shard 2 --tp 4 --run-dir /runs/s" in text
+
+
+def test_a_container_job_hands_the_hosts_topology_into_the_image(capsys, monkeypatch, scontrol):
+    """Inside the image there is no scontrol: the batch shell on the host asks it and passes the text."""
+    command = switches_command(
+        _spec("--nodes", "2", "--shard", "16", "--container-image", "img", "--container-mounts", "/runs:/runs")
+    )
+    assert command.startswith("srun --nodes=1 --ntasks=1")
+    assert command.endswith(' --scontrol-topology "$(scontrol show topology 2>/dev/null)"')
+    _set_env(monkeypatch, _batch_env("n[1,3]"))
+    argv = ("layout", "--field", "node_switches", "--topology", "strict", "--shard", "2", "--tasks-per-node", "1")
+    code, out, _ = hpc(capsys, *argv, "--scontrol-topology", SCONTROL)
+    assert (code, out.strip()) == (0, "spine.leaf1:n[1,3]")
+    assert scontrol == []  # the text given, scontrol never asked
+    code, _, err = hpc(capsys, *argv, "--scontrol-topology", "")  # the host's SLURM has no topology plugin
+    assert code == 2 and "SLURM gave no leaf switch" in err
