@@ -269,7 +269,7 @@ def logs(job, rank, follow, tail) -> None:
     def start(path: Path) -> int:
         try:
             return tail_offset(path, tail) if tail >= 0 else 0
-        except OSError:
+        except (OSError, ValueError):
             return 0
 
     offsets = {p: start(p) for p in handle.log_paths(rank)}
@@ -289,7 +289,7 @@ def logs(job, rank, follow, tail) -> None:
                 click.echo(f"==> {path.name} <==")
             try:
                 offsets[path] = copy_from(path, offsets[path], out)
-            except OSError:
+            except (OSError, ValueError):
                 continue
         sys.stdout.flush()
 
@@ -325,6 +325,29 @@ def cancel(job) -> None:
     click.echo(f"cancelled job {handle.job_id}")
 
 
+_UNREADABLE = (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
+"""What a run directory's files of other types than hpc-hsdp writes can still raise in a reader."""
+
+
+def _run_row(path: Path, label: str, broken: str | None, st) -> tuple[float, list[str]]:
+    """(last activity, the cells) of one run directory in ``runs``' table."""
+    run = load_run(path, tail_only=True)  # the newest record, from the file's end: a long run costs no more
+    state = run.state
+    if broken is not None:
+        state = f"{state} (job.json: {broken})"
+    elif st is not None:
+        job_state = st.state
+        state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
+        if not st.current:
+            age = st.last_known_age_s()
+            state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")
+    last = run.last or {}
+    loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
+    step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
+    age = "-" if run.last_activity is None else f"{duration(time.time() - run.last_activity)} ago"
+    return run.last_activity or 0, [label, state, step, loss, age]
+
+
 @click.command()
 @click.argument("directory", default=".", type=click.Path(file_okay=False))
 @click.option("--depth", default=4, show_default=True, help="How deep to look for run directories.")
@@ -348,23 +371,12 @@ def runs(directory, depth) -> None:
     notes = sorted({st.note.rsplit(" (", 1)[0] for st in statuses.values() if st.note})
     rows = []
     for path in found:
-        run = load_run(path, tail_only=True)  # the newest record, from the file's end: a long run costs no more
-        state = run.state
-        if path in broken:
-            state = f"{state} (job.json: {broken[path]})"
-        elif path in records:
-            st = statuses[records[path].run_dir]
-            job_state = st.state
-            state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
-            if not st.current:
-                age = st.last_known_age_s()
-                state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")
-        last = run.last or {}
-        loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
-        step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
-        age = "-" if run.last_activity is None else f"{duration(time.time() - run.last_activity)} ago"
         label = str(path.relative_to(root)) if path != root else "."
-        rows.append((run.last_activity or 0, [label, state, step, loss, age]))
+        try:
+            st = statuses[records[path].run_dir] if path in records else None
+            rows.append(_run_row(path, label, broken.get(path), st))
+        except _UNREADABLE as exc:  # one directory that cannot be read is one row, not the end of the listing
+            rows.append((0, [label, f"UNKNOWN (unreadable: {type(exc).__name__})", "-", "-", "-"]))
     rows.sort(key=lambda row: -row[0])
     table = [["RUN", "STATE", "STEP", "LOSS", "LAST ACTIVITY"]] + [row for _, row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]

@@ -204,10 +204,7 @@ def claimed(run_dir: str | Path, *, cluster: str) -> Iterator[tuple[str | None, 
 
     try:
         with claims.claim_lock(run_dir, wait_s=CLAIM_WAIT_S + slurm_timeout_s()):
-            try:
-                before = claims.claim_path(run_dir).read_bytes()
-            except FileNotFoundError:
-                before = None
+            before = claims.claim_bytes(run_dir)
             takeover = check_writer(run_dir)
             try:
                 claims.write_claim(run_dir, claims.SUBMITTING, cluster=cluster)

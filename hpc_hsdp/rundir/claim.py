@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import read_capped, read_json, write_atomically
 
 CLAIM = "claim.json"
 CLAIM_LOCK = "claim.lock"
@@ -42,9 +42,7 @@ def claim_path(run_dir: str | Path) -> Path:
 def read_claim(run_dir: str | Path) -> dict | None:
     """The claim recorded in ``run_dir`` (None: none, or one not written by hpc-hsdp, which is no claim)."""
     try:
-        with open(claim_path(run_dir), "rb") as f:
-            raw = f.read(_MAX_CLAIM_BYTES + 1)
-        data = json.loads(raw.decode("utf-8")) if len(raw) <= _MAX_CLAIM_BYTES else None
+        data = read_json(claim_path(run_dir), max_bytes=_MAX_CLAIM_BYTES)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("state") not in (SUBMITTING, CLAIMED, RELEASED):
@@ -53,6 +51,16 @@ def read_claim(run_dir: str | Path) -> dict | None:
     if job_id is not None and not isinstance(job_id, str):
         return None
     return data
+
+
+def claim_bytes(run_dir: str | Path) -> bytes | None:
+    """The claim file's bytes as they are, to be put back after a failed submission (None: no
+    claim file, or one that is not a regular file of at most 16 KiB, which is no claim: never
+    read through a symlink, so that putting it back cannot copy another file's bytes here)."""
+    try:
+        return read_capped(claim_path(run_dir), max_bytes=_MAX_CLAIM_BYTES)
+    except (OSError, ValueError):
+        return None
 
 
 def who() -> dict:

@@ -28,7 +28,8 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import UnreadableFile, read_json
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models.builtin import BuiltinAdapter
 from hpc_hsdp.models.factory import FactoryAdapter
@@ -49,16 +50,31 @@ def read_model_record(run_dir: Path) -> dict:
             f"older than export); give the --run-dir of a training run"
         )
     try:
-        if path.stat().st_size > _MAX_RECORD_BYTES:
-            raise ValueError(f"more than {_MAX_RECORD_BYTES:,} bytes")
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or not isinstance(record.get("adapter", {}), dict):
-            raise ValueError("not a JSON object with an adapter")
+        record = read_json(path, max_bytes=_MAX_RECORD_BYTES)
+        _check_model_record(record)
+    except UnreadableFile as exc:
+        raise SpecError(f"{exc}; give the --run-dir of a training run") from None
     except (OSError, ValueError) as exc:
         raise SpecError(
             f"{path} is not a model record written by hpc-hsdp run ({' '.join(str(exc).split())[:120]})"
         ) from None
     return record
+
+
+def _check_model_record(record: object) -> None:
+    """The fields export uses, of the types the loop writes (ValueError naming the first that is not)."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    adapter, training = record.get("adapter", {}), record.get("training", {})
+    if not isinstance(adapter, dict) or not isinstance(training, dict):
+        raise ValueError("adapter or training is not an object")
+    if adapter.get("kind") == "hf" and not isinstance(adapter.get("config"), dict):
+        raise ValueError("an hf adapter without a config object")
+    if not isinstance(record.get("model", ""), str):
+        raise ValueError("model is not a string")
+    vocab = record.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab < 1 << 31):
+        raise ValueError("vocab_size is not a positive integer")
 
 
 _MAX_RECORD_BYTES = 16 << 20
@@ -124,7 +140,15 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
             f"checkpoint {checkpoint_path} is damaged ({problem}); nothing exported: give the --step of "
             f"another checkpoint, or restore this one"
         )
-    model, kind = build_unsharded(record)
+    try:
+        model, kind = build_unsharded(record)
+    except HsdpError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # what a record of other types makes
+        raise SpecError(
+            f"{run_dir / MODEL_RECORD} does not describe a model hpc-hsdp can build "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); give the --run-dir of a training run"
+        ) from None
     skipped: list[str] = []
     load_model_values(model, checkpoint_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -180,9 +204,7 @@ def _exported_from(out_dir: Path) -> str | None:
     """The run directory a previous export names in its marker (untrusted: size-capped, type-checked)."""
     marker = out_dir / EXPORT_MARKER
     try:
-        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 65536:
-            return None
-        record = json.loads(marker.read_text(encoding="utf-8"))
+        record = read_json(marker, max_bytes=65536)
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("format") != EXPORT_FORMAT:

@@ -12,9 +12,11 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -552,3 +554,324 @@ def test_the_dev_clusters_state_directory_is_refused_when_a_symlink_or_anothers(
         theirs.mkdir()
         os.chown(theirs, 12345, 12345)
         assert run(theirs).returncode == 1
+
+
+# ----------------------------------------------------------------------------- run-directory files: one reader (issue 38)
+
+
+class Blocked(BaseException):
+    """Raised by :func:`_no_hang`; no reader's ``except OSError`` swallows it."""
+
+
+@contextmanager
+def _no_hang(seconds: float = 5.0):
+    """Fail the test instead of blocking forever (an open of a FIFO without a writer)."""
+
+    def stop(signum, frame):
+        raise Blocked(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _valid_manifest(run: Path) -> None:
+    """A complete checkpoint of step 1 (whatever train_state.json is there already stays)."""
+    ck = run / "checkpoints" / "step-000001"
+    ck.mkdir(parents=True, exist_ok=True)
+    (ck / "COMPLETE").write_text("step 1\n")
+    if not os.path.lexists(ck / "train_state.json"):
+        (ck / "train_state.json").write_text(json.dumps({"step": 1}))
+
+
+def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
+    """file -> (its path in the run directory, bytes hpc-hsdp would write, reader(run) -> what it read,
+    falsy when nothing was taken from the file)."""
+    from hpc_hsdp.job.backends.local import LocalJob
+    from hpc_hsdp.rundir.attempts import read_attempt, read_restarts
+    from hpc_hsdp.rundir.claim import read_claim
+    from hpc_hsdp.rundir.flight_recorder import read_dumps
+    from hpc_hsdp.rundir.job_record import JobRecord
+    from hpc_hsdp.rundir.job_state import load_job_state
+    from hpc_hsdp.rundir.layout import rank_entries
+    from hpc_hsdp.rundir.membership import read_membership
+    from hpc_hsdp.rundir.metrics import last_metrics
+    from hpc_hsdp.rundir.state import damage, saved_train_state
+    from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
+    from hpc_hsdp.runtime.export import read_model_record
+
+    def job(run):
+        try:
+            return JobRecord.load(str(run))
+        except SpecError:
+            return None
+
+    def model(run):
+        try:
+            return read_model_record(run)
+        except SpecError:
+            return None
+
+    def local(run):
+        return LocalJob(logs_dir=run / "logs", job_id="123").info()["state"] != "UNKNOWN"
+
+    def train_state(run):
+        _valid_manifest(run)
+        ck = run / "checkpoints" / "step-000001"
+        try:
+            return damage(ck) is None and saved_train_state(ck)
+        except (OSError, ValueError):
+            return None
+
+    def manifest(run):
+        _valid_manifest(run)
+        return damage(run / "checkpoints" / "step-000001") is None
+
+    record = {
+        "job_id": "123", "cluster": "slurm", "run_dir": "/x", "logs_dir": "logs", "job_name": "x", "ntasks": 2,
+        "launcher": "srun", "submitted_at": 1.0,
+    }  # fmt: skip
+    dump = pickle.dumps({"version": "2.10", "pg_config": {}, "entries": []})
+    return {
+        "claim.json": ("claim.json", b'{"state": "claimed", "job_id": "7"}', read_claim),
+        "trackers.json": ("trackers.json", b'{"wandb": {"run_id": "x"}}', read_tracker_runs),
+        "job.json": ("job.json", json.dumps(record).encode(), job),
+        "layout.json": ("layout.json", b'{"ranks": [{"rank": 0, "node": "n1"}]}', rank_entries),
+        "model.json": ("model.json", b'{"model": "builtin", "adapter": {"kind": "builtin"}}', model),
+        "attempt.json": ("attempt.json", b'{"total_steps": 5, "ended": null}', read_attempt),
+        "job_state.json": (
+            "job_state.json",
+            b'{"job_id": "123", "state": "RUNNING", "at": 1.0}',
+            lambda run: load_job_state(run, "123"),
+        ),  # fmt: skip
+        "train_state.json": ("checkpoints/step-000001/train_state.json", b'{"step": 1}', train_state),
+        "manifest.json": (
+            "checkpoints/step-000001/manifest.json",
+            json.dumps({"format": "hpc-hsdp-checkpoint-manifest", "files": {}}).encode(),
+            manifest,
+        ),
+        "replicas.jsonl": ("replicas.jsonl", b'{"time": 1.0, "event": "lighthouse started"}\n', read_membership),
+        "restarts.jsonl": ("restarts.jsonl", b'{"restart": 1, "reason": "error"}\n', read_restarts),
+        "metrics.jsonl": ("metrics.jsonl", b'{"step": 1, "loss": 2.0}\n', last_metrics),
+        "logs/123_local.json": ("logs/123_local.json", b'{"state": "COMPLETED"}', local),
+        "flight recorder": ("hang/nccl-trace-rank0.pkl", dump, lambda run: read_dumps(run)[0]),
+    }
+
+
+READERS = sorted(_reader_cases())
+
+
+def _place(run: Path, name: str, how: str, data: bytes, elsewhere: Path) -> None:
+    path = run / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if how == "regular":
+        path.write_bytes(data)
+    elif how == "symlink":
+        elsewhere.write_bytes(data)
+        path.symlink_to(elsewhere)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev-zero":
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "dev-zero"])
+@pytest.mark.parametrize("reader", READERS)
+def test_every_run_directory_file_is_read_only_as_a_regular_file(tmp_path, reader, how):
+    """The same bytes are read from a regular file and refused through a symlink (to a secret it
+    would copy), from a FIFO (which blocked submit and status) and from /dev/zero (memory)."""
+    name, data, read = _reader_cases()[reader]
+    regular, hostile = tmp_path / "regular", tmp_path / "hostile"
+    _place(regular, name, "regular", data, tmp_path / "unused")
+    assert read(regular), "the regular file is read: the test can fail"
+    _place(hostile, name, how, data, tmp_path / "secret")
+    with _no_hang():
+        assert not read(hostile)
+
+
+def test_the_reader_refuses_what_is_not_a_small_regular_file(tmp_path):
+    from hpc_hsdp.files import UnreadableFile, read_capped, read_json
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    with _no_hang():
+        for name, words in (("fifo", "not a regular file"), ("zero", "symlink"), ("big", "more than 50 bytes")):
+            with pytest.raises(UnreadableFile, match=words):
+                read_capped(tmp_path / name, max_bytes=50)
+    assert read_capped(tmp_path / "big", max_bytes=50, tail=True) == b""  # no whole line in the window
+    (tmp_path / "lines").write_bytes(b"a" * 60 + b"\nlast\n")
+    assert read_capped(tmp_path / "lines", max_bytes=50, tail=True) == b"last\n"
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "missing", max_bytes=50)
+
+
+def test_a_failed_submission_never_copies_what_claim_json_links_to(tmp_path):
+    from hpc_hsdp.job.claims import claimed
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"state": "released", "key": "SECRET"}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "claim.json").symlink_to(secret)
+    with pytest.raises(RuntimeError), claimed(run, cluster="local"):
+        raise RuntimeError("sbatch failed")
+    assert not any(b"SECRET" in p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink())
+
+
+def test_a_tracker_entry_never_copies_what_trackers_json_links_to(tmp_path):
+    from hpc_hsdp.rundir.tracker_runs import record_progress
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"tensorboard": {"token": "SECRET"}}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trackers.json").symlink_to(secret)
+    record_progress(run, {"tensorboard": 4})
+    assert b"SECRET" not in (run / "trackers.json").read_bytes()
+    assert stat.S_ISREG(os.lstat(run / "trackers.json").st_mode)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "flight recorder"])
+def test_nesting_that_exhausts_the_stack_reads_as_no_file(tmp_path, reader):
+    """A RecursionError in json is no file read, never a traceback."""
+    name, _, read = _reader_cases()[reader]
+    _place(tmp_path / "run", name, "regular", DEEP + b"\n", tmp_path / "unused")
+    assert not read(tmp_path / "run")
+
+
+NUMBERS = {
+    "job.json": "submitted_at",
+    "job_state.json": "at",
+    "attempt.json": "total_steps",
+    "layout.json": "rank",
+    "replicas.jsonl": "time",
+    "restarts.jsonl": "restart",
+    "metrics.jsonl": "step",
+    "train_state.json": "step",
+}
+
+
+@pytest.mark.parametrize("reader", sorted(NUMBERS))
+@pytest.mark.parametrize("number", ["1e999", "1" + "0" * 400, "-1e999"], ids=["1e999", "10**400", "-1e999"])
+def test_numbers_out_of_range_read_as_no_record(tmp_path, reader, number):
+    """1e999 is infinity and 10**400 overflows a float: as a time, a step or a rank they failed
+    far from the reader (localtime, a format, an index)."""
+    name, data, read = _reader_cases()[reader]
+    key = NUMBERS[reader].encode()
+    start = data.index(b'"' + key + b'": ') + len(key) + 4
+    end = start + next(i for i, c in enumerate(data[start:]) if chr(c) in ",}]")
+    _place(tmp_path / "run", name, "regular", data[:start] + number.encode() + data[end:], tmp_path / "unused")
+    assert not read(tmp_path / "run")
+
+
+def test_out_of_range_membership_times_and_wrong_types_are_skipped(tmp_path):
+    from hpc_hsdp.rundir.membership import membership_changes, read_membership
+
+    (tmp_path / "replicas.jsonl").write_text(
+        '{"time": 1e999, "event": "x"}\n{"time": ' + "9" * 400 + ', "event": "y"}\n{"time": -5, "event": "z"}\n'
+        '{"time": 1.0, "event": "replica group lost", "replica_id": 1, "nodes": "n1"}\n'
+    )
+    records = read_membership(tmp_path)
+    assert [r["event"] for r in records] == ["replica group lost"]
+    assert membership_changes(records)
+
+
+def test_a_hostile_flight_recorder_dump_is_a_note(tmp_path):
+    from hpc_hsdp.rundir.flight_recorder import hang_words
+
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    entries = [
+        {"collective_seq_id": float("inf"), "process_group": ("0", ""), "time_created_ns": 1, "state": "started"},
+        {"collective_seq_id": "7", "process_group": ("0", ""), "time_created_ns": 1e999, "state": "started"},
+        {"collective_seq_id": 10**400, "process_group": ("0", ""), "time_created_ns": 1, "state": "started"},
+    ]
+    for rank in (0, 1):
+        dump = {"pg_config": {"0": {"ranks": "[" * 50_000 + "]" * 50_000, "desc": "default_pg"}}, "entries": entries}
+        (hang / f"nccl-trace-rank{rank}.pkl").write_bytes(pickle.dumps(dump))
+    dump = {"pg_config": {"0": {"ranks": "[0, 1]", "desc": "default_pg"}}, "entries": entries}
+    (hang / "nccl-trace-rank2.pkl").write_bytes(pickle.dumps(dump))
+    hang_words(tmp_path)  # no traceback
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("attempt.json", {"total_steps": "5", "ended": 5}),
+        ("attempt.json", {"ended": {"reason": ["x"]}}),
+        ("restarts.jsonl", {"restart": "x", "resumed_from_step": [1], "reason": 3}),
+        ("layout.json", {"ranks": [{"rank": "0", "node": 3}]}),
+        ("layout.json", {"ranks": 5}),
+    ],
+)
+def test_wrong_types_in_run_files_are_no_record_and_runs_goes_on(tmp_path, capsys, name, content):
+    root = tmp_path / "runs"
+    for run in ("bad", "good"):
+        (root / run).mkdir(parents=True)
+        (root / run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5}\n')
+    (root / "bad" / name).write_text(json.dumps(content) + ("\n" if name.endswith(".jsonl") else ""))
+    code, out, err = run_main(["runs", str(root)], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "good" in out and "bad" in out
+
+
+def test_runs_goes_on_past_a_directory_that_cannot_be_read(tmp_path, capsys, monkeypatch):
+    import hpc_hsdp.cli.jobs_cmd as jobs_cmd
+
+    root = tmp_path / "runs"
+    for run in ("a", "b"):
+        (root / run).mkdir(parents=True)
+        (root / run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5}\n')
+    real = jobs_cmd.load_run
+
+    def load_run(path, **kw):
+        if Path(path).name == "a":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(path, **kw)
+
+    monkeypatch.setattr(jobs_cmd, "load_run", load_run)
+    code, out, err = run_main(["runs", str(root)], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    lines = out.splitlines()
+    assert any(line.startswith("a ") and "UNKNOWN" in line for line in lines)
+    assert any(line.startswith("b ") and "1.5000" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_deeply_nested_or_out_of_range_job_json_is_one_line(tmp_path, capsys, slurm_stubs, command):
+    run = tmp_path / "run"
+    run.mkdir()
+    for data in (DEEP[:60_000] + DEEP[-60_000:], json.dumps({"job_id": "1", "submitted_at": 1}).encode()[:-1] + b", "
+                 b'"ntasks": ' + b"9" * 500 + b"}"):  # fmt: skip
+        (run / "job.json").write_bytes(data)
+        code, _, err = run_main([command, str(run)], capsys)
+        one_error_line(code, err, "job.json")
+    assert not slurm_stubs.exists()
+
+
+def test_a_model_record_of_other_types_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    _valid_manifest(run)
+    for record in ({"training": [1]}, {"adapter": {"kind": "hf", "config": 3}}, {"model": 5}, {"vocab_size": "x"}):
+        (run / "model.json").write_text(json.dumps(record))
+        code, _, err = run_main(["export", str(run), "-o", str(tmp_path / "out")], capsys)
+        one_error_line(code, err, "model.json")
+
+
+def test_a_data_position_of_other_types_is_a_damaged_checkpoint(tmp_path):
+    from hpc_hsdp.rundir.state import damage
+
+    _valid_manifest(tmp_path)
+    ck = tmp_path / "checkpoints" / "step-000001"
+    (ck / "train_state.json").write_text(json.dumps({"step": 1, "data": {"global_batch": "8"}}))
+    assert "data position" in damage(ck)
+    (ck / "train_state.json").write_text(json.dumps({"step": 1, "data": [1]}))
+    assert "data position" in damage(ck)

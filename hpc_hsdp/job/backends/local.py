@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
+from hpc_hsdp.files import private_dir, read_json, user_state_dir, write_atomically
 from hpc_hsdp.job.backends.base import Backend
 from hpc_hsdp.job.status import JobStatus, release_if_ended
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
@@ -52,6 +52,19 @@ MAX_LOCAL_TASKS = 64
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 EMULATOR_VARIABLE = "HPC_HSDP_EMULATOR"
 """Set to ``1`` in every emulated job's environment: a task can tell that its job is the emulator's."""
+
+
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_state(path: str | Path) -> dict:
+    """A JSON object the emulator wrote (a job's ``<logs>/<id>_local.json``, the port
+    reservations), read as data that may be hostile (:func:`hpc_hsdp.files.read_json`: a regular
+    file, at most 1 MiB). OSError (FileNotFoundError when missing) or ValueError, one line."""
+    data = read_json(path, max_bytes=MAX_STATE_BYTES)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -77,7 +90,7 @@ def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
     with open(folder / PORTS_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            held = json.loads((folder / PORTS_FILE).read_text())
+            held = read_state(folder / PORTS_FILE)
         except (OSError, ValueError):
             held = {}
         live = {port: r for port, r in held.items() if isinstance(r, dict) and _reservation_live(r)}
@@ -100,7 +113,7 @@ def _reservation_live(reservation: dict) -> bool:
     """A reserved port stays held while its job may still bind it: pending (a minute at most
     without a supervisor) or running with a live supervisor."""
     try:
-        state = json.loads(Path(reservation["state_file"]).read_text())
+        state = read_state(reservation["state_file"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
     if state.get("state") not in ("PENDING", "RUNNING"):
@@ -300,7 +313,7 @@ def launch_local(
     )
     state["supervisor_pid"] = proc.pid
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
-    current = json.loads(path.read_text())
+    current = read_state(path)
     if current.get("supervisor_pid") is None:
         current["supervisor_pid"], current["supervisor_started"] = proc.pid, process_start_time(proc.pid)
         _write_json_atomic(path, current)
@@ -334,20 +347,21 @@ class LocalJob:
     def info(self) -> dict:
         path = state_path(self.logs_dir, self.job_id)
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
+            data = read_state(path)
+        except (OSError, ValueError):  # none, garbage or torn by someone else: nothing to trust in it
             return {"state": "UNKNOWN", "exit_code": None}
-        except (OSError, ValueError):  # garbage or torn by someone else: nothing to trust in it
-            return {"state": "UNKNOWN", "exit_code": None}
-        if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        if not isinstance(data.get("state"), str):
             return {"state": "UNKNOWN", "exit_code": None}
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
         if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
-            data = json.loads(path.read_text())
-            if data["state"] in ("PENDING", "RUNNING"):
+            try:
+                data = read_state(path)
+            except (OSError, ValueError):
+                return {"state": "UNKNOWN", "exit_code": None}
+            if data.get("state") in ("PENDING", "RUNNING"):
                 data["state"], data["exit_code"] = "FAILED", data.get("exit_code") or -1
         return data
 
@@ -489,7 +503,7 @@ def _alive(pid: int) -> bool:
 
 def _supervise(state_file: str) -> int:
     path = Path(state_file)
-    state = json.loads(path.read_text())
+    state = read_state(path)
     script = Path(state["script"]).read_text()
     job_id = state["job_id"]
     out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id)
