@@ -45,8 +45,8 @@ def membership_changes(records: list[dict]) -> list[str]:
             what = event
             if "replica_id" in record:
                 what = what.replace("replica group", f"replica group {record['replica_id']}")
-            if record.get("nodes"):
-                what += f" on {','.join(record['nodes'])}"
+            if isinstance(record.get("nodes"), list) and record["nodes"]:
+                what += f" on {','.join(map(str, record['nodes']))}"
             cause = record.get("cause")
             lines.append(f"{stamp} {what}" + (f" ({cause})" if cause else ""))
             continue

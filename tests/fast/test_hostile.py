@@ -875,3 +875,64 @@ def test_a_data_position_of_other_types_is_a_damaged_checkpoint(tmp_path):
     assert "data position" in damage(ck)
     (ck / "train_state.json").write_text(json.dumps({"step": 1, "data": [1]}))
     assert "data position" in damage(ck)
+
+
+# ----------------------------------------------------------------------------- names from files, shown (issue 38)
+
+XSS = "n1'><script>alert(1)</script><x a='"
+
+
+def test_node_names_and_causes_from_the_run_are_escaped_in_the_html_report(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [
+        {"step": s, "loss": 3.0 - 0.1 * s, "stragglers": {"own_time_s": [0.05, 0.05, 0.05, 0.2]}} for s in range(1, 9)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ranks = [
+        {"rank": r, "node": XSS if r < 2 else "n2</title><script>alert(2)</script>", "slurm_procid": r}
+        for r in range(4)
+    ]
+    (run / "layout.json").write_text(json.dumps({"ranks": ranks}))
+    (run / "restarts.jsonl").write_text(
+        json.dumps({"restart": 1, "resumed_from_step": 4, "reason": "<script>alert(3)</script>", "detail": "x"}) + "\n"
+    )
+    out = tmp_path / "report.html"
+    code, _, err = run_main(["report", str(run), "-o", str(out)], capsys)
+    assert code in (0, None), err
+    html = out.read_text()
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(1)" in html and "&lt;script&gt;alert(2)" in html
+
+
+def test_status_escapes_terminal_sequences_from_the_runs_files(tmp_path, capsys, slurm_stubs):
+    run = tmp_path / "run"
+    _job_record(run, cluster="local")
+    (run / "logs").mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5, "replicas": 1, "replica_groups": 2}\n')
+    title, clear, bidi = "\x1b]0;owned\x07", "\x1b[2J\x1b[H", "\u202e"
+    (run / "replicas.jsonl").write_text(
+        json.dumps(
+            {
+                "time": 1.0,
+                "event": f"replica group lost{title}",
+                "replica_id": clear,
+                "nodes": [bidi + "n1"],
+                "cause": "\x9b31m",
+            }
+        )
+        + "\n"  # fmt: skip
+    )
+    (run / "restarts.jsonl").write_text(
+        json.dumps({"restart": 1, "resumed_from_step": 2, "reason": f"error{clear}\rfake line"}) + "\n"
+    )
+    (run / "attempt.json").write_text(json.dumps({"total_steps": 9, "ended": {"reason": f"hang{title}"}}))
+    code, out, err = run_main(["status", str(run)], capsys)
+    assert code == 0, err
+    assert "replica group" in out and "restarts:" in out
+    for raw in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
+        assert raw not in out, repr(out)
+    assert "\\x1b]0;owned\\x07" in out and "\\u202e" in out
+    (run / "job.json").unlink()  # runs shows the attempt's own end
+    code, out, err = run_main(["runs", str(tmp_path)], capsys)
+    assert code == 0 and "\x1b" not in out and "hang\\x1b" in out, out
