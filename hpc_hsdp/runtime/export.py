@@ -224,20 +224,28 @@ def _copy_tokenizer(record: dict, out: Path) -> list[str]:
     except SpecError:
         return []
     tokenizer_dir = (source if source.is_dir() else source.parent) / "tokenizer"
-    if not tokenizer_dir.is_dir():
+    try:  # the directory itself, not where a symlink of that name leads (~/.ssh)
+        dir_fd = os.open(tokenizer_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return []
+    except OSError:  # ELOOP or ENOTDIR: a symlink, or not a directory
+        return [str(tokenizer_dir)] if os.path.lexists(tokenizer_dir) else []
     skipped = []
-    for path in sorted(tokenizer_dir.iterdir()):
-        if not _copy_regular_file(path, out / path.name):
-            skipped.append(str(path))
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            if not _copy_regular_file(dir_fd, name, out / name):
+                skipped.append(str(tokenizer_dir / name))
+    finally:
+        os.close(dir_fd)
     return skipped
 
 
-def _copy_regular_file(source: Path, destination: Path) -> bool:
-    """Copy ``source`` when it is a regular file itself (opened without following a symlink,
-    so a link swapped in after a check is refused too); False when it is not."""
+def _copy_regular_file(dir_fd: int, name: str, destination: Path) -> bool:
+    """Copy the entry ``name`` of the directory ``dir_fd`` when it is a regular file itself
+    (opened there without following a symlink, so a link swapped in after a check is refused
+    too, and without blocking on a FIFO); False when it is not."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:  # ELOOP: a symlink; or unreadable
         return False
     if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -936,3 +936,101 @@ def test_status_escapes_terminal_sequences_from_the_runs_files(tmp_path, capsys,
     (run / "job.json").unlink()  # runs shows the attempt's own end
     code, out, err = run_main(["runs", str(tmp_path)], capsys)
     assert code == 0 and "\x1b" not in out and "hang\\x1b" in out, out
+
+
+# ----------------------------------------------------------------------------- export and checkpoints: no symlink, no FIFO (issue 38)
+
+
+def test_export_does_not_follow_a_tokenizer_directory_that_is_a_symlink(tmp_path):
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    secrets = tmp_path / "dot-ssh"
+    secrets.mkdir()
+    (secrets / "id_ed25519").write_text("PRIVATE KEY")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokenizer").symlink_to(secrets)
+    out = tmp_path / "out"
+    out.mkdir()
+    skipped = _copy_tokenizer({"training": {"data": str(data)}}, out)
+    assert list(out.iterdir()) == []
+    assert skipped == [str(data / "tokenizer")]
+
+
+def test_export_skips_a_fifo_in_the_tokenizer_directory_without_blocking(tmp_path):
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    data = tmp_path / "data"
+    (data / "tokenizer").mkdir(parents=True)
+    (data / "tokenizer" / "tokenizer.json").write_text("{}")
+    os.mkfifo(data / "tokenizer" / "vocab.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    with _no_hang():
+        skipped = _copy_tokenizer({"training": {"data": str(data)}}, out)
+    assert [p.name for p in out.iterdir()] == ["tokenizer.json"]
+    assert skipped == [str(data / "tokenizer" / "vocab.json")]
+
+
+def _tensor_file_elsewhere(checkpoint: Path) -> None:
+    """Point every tensor entry of the metadata at ``__1_0.distcp``, a file without non-tensor
+    entries: what the checks of non-tensor entries never open."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from hpc_hsdp.runtime.safe_dcp import read_metadata_file
+
+    metadata = read_metadata_file(checkpoint / ".metadata")
+    for index, info in list(metadata.storage_data.items()):
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            metadata.storage_data[index] = _StorageInfo("__1_0.distcp", info.offset, info.length)
+    with open(checkpoint / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+@pytest.mark.parametrize("how", ["fifo", "dev-zero", "symlink"])
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, how):
+    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+
+    checkpoint = tmp_path / "ck"
+    _tiny_checkpoint(checkpoint)
+    _tensor_file_elsewhere(checkpoint)
+    shutil.copy(checkpoint / "__0_0.distcp", tmp_path / "copy.distcp")
+    target = checkpoint / "__1_0.distcp"
+    if how == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero" if how == "dev-zero" else tmp_path / "copy.distcp")
+    with _no_hang():
+        problem = unsafe_content(checkpoint)
+    assert problem == "__1_0.distcp is a symlink, FIFO or device, not a file"
+    target.unlink()
+    shutil.copy(tmp_path / "copy.distcp", target)
+    assert unsafe_content(checkpoint) is None  # the same entries in a regular file: whole
+
+
+def test_a_metadata_fifo_is_refused_without_blocking(tmp_path):
+    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+
+    checkpoint = tmp_path / "ck"
+    _tiny_checkpoint(checkpoint)
+    (checkpoint / ".metadata").unlink()
+    os.mkfifo(checkpoint / ".metadata")
+    with _no_hang():
+        assert ".metadata is a symlink, FIFO or device" in unsafe_content(checkpoint)
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../../../dev/zero", "fifo"])
+def test_a_manifest_naming_a_device_or_fifo_is_a_damaged_checkpoint(tmp_path, name):
+    from hpc_hsdp.rundir.state import damage
+
+    _valid_manifest(tmp_path)
+    ck = tmp_path / "checkpoints" / "step-000001"
+    if name == "fifo":
+        name = "__0_0.distcp"
+        os.mkfifo(ck / name)
+    manifest = {"format": "hpc-hsdp-checkpoint-manifest", "files": {name: {"bytes": 0, "crc32": 0}}}
+    (ck / "manifest.json").write_text(json.dumps(manifest))
+    with _no_hang():
+        problem = damage(ck, checksum_files=["*"])
+    assert problem is not None and "\n" not in problem
