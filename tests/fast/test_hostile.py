@@ -354,15 +354,42 @@ def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
             assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] in ("RUNNING", "FAILED")
         state_path(logs, "12345").write_bytes(b"\xff garbage")
         assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] == "UNKNOWN"
-        # the real start time: signalled
+        # pid, start time and owner all copied from /proc (issue 38): still not the job's supervisor
         state_path(logs, "12345").write_text(
             json.dumps(dict(state, supervisor_started=process_start_time(bystander.pid)))
         )
         LocalJob(logs_dir=logs, job_id="12345").cancel()
-        assert bystander.wait(timeout=10) != 0
+        with pytest.raises(subprocess.TimeoutExpired):  # a signal would end it within this second
+            bystander.wait(timeout=1)
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_emulator_signals_the_process_started_for_that_state_file_only(tmp_path):
+    """The supervisor's environment names its state file (set at launch, readable by its owner
+    alone): a process started with another job's mark is not this job's."""
+    from hpc_hsdp.job.backends.local import SUPERVISOR_MARK, LocalJob, process_start_time, state_path
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    other = tmp_path / "other" / "12345_local.json"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    marked = subprocess.Popen(sleep, env={**os.environ, SUPERVISOR_MARK: str(state_path(logs, "12345"))})
+    elsewhere = subprocess.Popen(sleep, env={**os.environ, SUPERVISOR_MARK: str(other)})
+    try:
+        for proc in (elsewhere, marked):
+            state = {"job_id": "12345", "state": "RUNNING", "supervisor_pid": proc.pid}
+            state["supervisor_started"] = process_start_time(proc.pid)
+            state_path(logs, "12345").write_text(json.dumps(state))
+            LocalJob(logs_dir=logs, job_id="12345").cancel()
+        assert marked.wait(timeout=10) != 0
+        with pytest.raises(subprocess.TimeoutExpired):
+            elsewhere.wait(timeout=1)
+    finally:
+        for proc in (marked, elsewhere):
+            proc.kill()
+            proc.wait()
 
 
 # ----------------------------------------------------------------------------- state directories

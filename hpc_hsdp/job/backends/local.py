@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, read_json, user_state_dir, write_atomically
+from hpc_hsdp.files import private_dir, read_capped, read_json, user_state_dir, write_atomically
 from hpc_hsdp.job.backends.base import Backend
 from hpc_hsdp.job.status import JobStatus, release_if_ended
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
@@ -302,6 +302,7 @@ def launch_local(
     _write_json_atomic(path, state)
     port = reserve_port(job_id, path)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
+    env[SUPERVISOR_MARK] = str(path)  # what cancel checks: this process is this job's supervisor
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.backends.local", "supervise", str(path)],
         env=env,
@@ -383,7 +384,8 @@ class LocalJob:
     def cancel(self) -> None:
         info = self.info()
         pid = info.get("supervisor_pid")
-        if _is_supervisor(pid, info.get("supervisor_started")) and self.alive(pid):
+        own = _is_supervisor(pid, info.get("supervisor_started"), state_path(self.logs_dir, self.job_id))
+        if own and self.alive(pid):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:
@@ -467,10 +469,18 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def _is_supervisor(pid: object, started: object) -> bool:
+SUPERVISOR_MARK = "HPC_HSDP_EMULATOR_STATE"
+"""Set in the environment the emulator starts a job's supervisor with: the absolute path of the
+job's state file. A process is that job's supervisor only when its environment says so."""
+
+
+def _is_supervisor(pid: object, started: object, state_file: Path) -> bool:
     """``pid`` (from the job's state file, which anyone with the run directory could edit) is
-    still the supervisor this emulator started: a pid of a process, of this user, that began
-    when the state file says (where ``/proc`` tells)."""
+    the supervisor this emulator started for ``state_file``: a process of this user that began
+    when the state file says and whose environment (``/proc/PID/environ``, readable by its owner
+    alone, fixed when it started) names ``state_file`` in :data:`SUPERVISOR_MARK`. A pid, start
+    time and owner copied from ``/proc`` into a forged record name another process of the user,
+    whose environment has no such mark: it is not signalled."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
         return False
     now = process_start_time(pid)
@@ -479,9 +489,25 @@ def _is_supervisor(pid: object, started: object) -> bool:
     if now is None or now != started:
         return False
     try:
-        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        marks = _environment_value(pid, SUPERVISOR_MARK)
+        return marks is not None and os.path.realpath(marks) == os.path.realpath(state_file)
     except OSError:
         return False
+
+
+def _environment_value(pid: int, name: str) -> str | None:
+    """``name``'s value in the environment process ``pid`` started with (None: not set)."""
+    data = read_capped(f"/proc/{pid}/environ", max_bytes=MAX_ENVIRON_BYTES)
+    prefix = f"{name}=".encode()
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+MAX_ENVIRON_BYTES = 16 << 20
 
 
 def _alive(pid: int) -> bool:
