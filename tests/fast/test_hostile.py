@@ -1061,3 +1061,57 @@ def test_a_manifest_naming_a_device_or_fifo_is_a_damaged_checkpoint(tmp_path, na
     with _no_hang():
         problem = damage(ck, checksum_files=["*"])
     assert problem is not None and "\n" not in problem
+
+
+# ----------------------------------------------------------------------------- datasets: decoded size (issue 38)
+
+
+def _dictionary_bomb(path: Path, rows: int = 1_000_000, value: bytes = b"a" * 1100) -> None:
+    """A Parquet file of ``rows`` rows that all name one dictionary value: about 100 KB on disk,
+    1.1 GB decoded, and its metadata says 110 KB uncompressed."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([value.decode()]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", row_group_size=rows, store_schema=False)
+
+
+def test_a_parquet_file_that_decodes_to_a_gigabyte_is_read_in_bounded_batches(tmp_path):
+    from hpc_hsdp.data.inputs import BLOCK_BYTES, discover_inputs, iter_blocks
+
+    bomb = tmp_path / "bomb.parquet"
+    _dictionary_bomb(bomb)
+    assert bomb.stat().st_size < 200_000
+    files, _ = discover_inputs((str(bomb),), field="text")
+    blocks = iter_blocks(files, val_fraction=0.0, field="text")
+    for _ in range(3):  # the first blocks: each about BLOCK_BYTES, never a batch of 65,536 rows (72 MB)
+        block = next(blocks)
+        held = sum(len(piece.data) for piece in block.pieces)
+        assert held <= BLOCK_BYTES + 256 * 1100, held
+    from hpc_hsdp.data.inputs import _open_table
+
+    batches = _open_table(files[0])[1]("text")
+    assert max(next(batches).nbytes for _ in range(3)) <= 256 * 1100 + 4096
+
+
+def test_a_parquet_row_longer_than_max_line_bytes_is_refused(tmp_path):
+    from hpc_hsdp.data.inputs import DataError, discover_inputs, iter_blocks
+
+    big = tmp_path / "big.parquet"
+    _dictionary_bomb(big, rows=4, value=b"b" * 5000)
+    files, _ = discover_inputs((str(big),), field="text")
+    with pytest.raises(DataError, match=r"row 0 holds 5,000 bytes .*--max-line-bytes"):
+        list(iter_blocks(files, val_fraction=0.0, field="text", max_line_bytes=4096))
+
+
+def test_a_corrupt_parquet_file_is_one_line(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(2000)]}), path, compression="zstd")
+    data = bytearray(path.read_bytes())
+    data[100:4000] = os.urandom(3900)  # the data pages; the footer stays whole
+    path.write_bytes(bytes(data))
+    code, _, err = run_main(["prepare-data", str(path), "--field", "text", "-o", str(tmp_path / "out"), "-q"], capsys)
+    one_error_line(code, err, "bad.parquet")
