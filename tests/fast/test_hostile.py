@@ -1115,3 +1115,59 @@ def test_a_corrupt_parquet_file_is_one_line(tmp_path, capsys):
     path.write_bytes(bytes(data))
     code, _, err = run_main(["prepare-data", str(path), "--field", "text", "-o", str(tmp_path / "out"), "-q"], capsys)
     one_error_line(code, err, "bad.parquet")
+
+
+# ----------------------------------------------------------------------------- torchft's heal (issue 38)
+
+
+def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(tmp_path):
+    pytest.importorskip("torchft")
+    import http.server
+    import threading
+    from datetime import timedelta
+
+    import torch
+
+    from hpc_hsdp.runtime.replica_group import heal_transport
+
+    transport = heal_transport(timedelta(seconds=10), "127.0.0.1")
+    try:
+        assert transport._server.socket.getsockname()[0] == "127.0.0.1"  # noqa: SLF001 - the listener itself
+        assert transport.metadata().startswith("http://127.0.0.1:")
+        state = {"user": {"model": {"w": torch.arange(4.0)}, "step": 3, "engine": {"a": [1, "b"]}}}
+        transport.send_checkpoint([1], 3, state, timedelta(seconds=10))
+        got = transport.recv_checkpoint(0, transport.metadata(), 3, timedelta(seconds=10))
+        assert torch.equal(got["user"]["model"]["w"], state["user"]["model"]["w"]) and got["user"]["step"] == 3
+    finally:
+        transport.shutdown()
+
+    from torch.distributed._serialization import _streaming_save
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    marker = tmp_path / "MARKER"
+    payload = io.BytesIO()
+    _streaming_save({"user": MarkerPickle(marker)}, payload)
+
+    class Hostile(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(payload.getvalue())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/checkpoint/"
+        receiver = heal_transport(timedelta(seconds=10), "127.0.0.1")
+        with pytest.raises(Exception, match="unsupported GLOBAL posix.system"):
+            receiver.recv_checkpoint(0, url, 3, timedelta(seconds=10))
+        receiver.shutdown()
+        assert not marker.exists()
+        # what the defence is for: torchft's own transport runs the command
+        HTTPTransport._load_from_address(f"{url}3/full", timedelta(seconds=10))  # noqa: SLF001
+        assert marker.exists()
+    finally:
+        server.shutdown()
