@@ -1171,3 +1171,32 @@ def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(
         assert marker.exists()
     finally:
         server.shutdown()
+
+
+# ----------------------------------------------------------------------------- claims (issue 38)
+
+
+def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(tmp_path):
+    from hpc_hsdp.job.backends.local import process_start_time
+    from hpc_hsdp.job.claims import check_writer, claim_for_task, release_task_claim
+    from hpc_hsdp.rundir.claim import who, write_claim
+
+    run = tmp_path / "run"
+    run.mkdir()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        forged = {"pid": bystander.pid, "host": who()["host"], "pid_started": process_start_time(bystander.pid)}
+        (run / "claim.json").write_text(json.dumps({"state": "claimed", "job_id": None, **forged}))
+        said = check_writer(run)
+        assert said is not None and "which has ended: this submission takes the claim over" in said
+    finally:
+        bystander.kill()
+        bystander.wait()
+    # a run of this process (outside any job) holds the directory: refused while it runs, free after
+    said, own = claim_for_task(run, {})
+    assert own
+    with pytest.raises(SpecError, match="still writes run directory"):
+        check_writer(run)
+    release_task_claim(run)
+    write_claim(run, "claimed", job_id=None)  # as if it had died without releasing
+    assert "has ended" in check_writer(run)
