@@ -1200,3 +1200,15 @@ def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(
     release_task_claim(run)
     write_claim(run, "claimed", job_id=None)  # as if it had died without releasing
     assert "has ended" in check_writer(run)
+
+
+def test_an_integer_past_a_floats_range_in_a_record_is_no_scalar():
+    """float(10**400) raises OverflowError: it killed the tracker thread (and could stop the loop)."""
+    from hpc_hsdp.rundir.scalars import record_scalars
+
+    huge = 10**400
+    record = {"step": 3, "loss": huge, "tokens_per_s": 5.0, "comm": {"shard": {"ag": {"wire_bytes": huge}}}}
+    record["stragglers"] = {"spread": huge}
+    scalars = record_scalars(record)
+    assert 5.0 in scalars.values()
+    assert not any("loss" in tag or "wire" in tag or "spread" in tag for tag in scalars), scalars
