@@ -1,7 +1,11 @@
-"""Atomic file writes, shared by the CLI, the scheduler records and the on-node runtime."""
+"""Atomic file writes, and the one reader of files that may be hostile (a run directory's, a
+checkpoint's, the emulator's state), shared by the CLI, the scheduler records and the on-node runtime."""
 
 from __future__ import annotations
 
+import errno
+import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -73,8 +77,9 @@ def tail_offset(path: str | os.PathLike, lines: int, *, block: int = TAIL_BLOCK)
     """Where the last ``lines`` lines of ``path`` begin (a byte offset): read from the end
     backwards a block at a time, as ``tail -n`` and ``journalctl -n`` do, so that the cost is
     the lines asked for, not the file. A last line without its newline counts as a line; 0
-    when the file has no more lines than that. OSError when it cannot be read."""
-    with open(path, "rb") as f:
+    when the file has no more lines than that. OSError when it cannot be read, UnreadableFile
+    when it is not a regular file (:func:`open_regular`)."""
+    with open_regular(path) as f:
         size = f.seek(0, os.SEEK_END)
         if lines <= 0 or size == 0:
             return size
@@ -100,10 +105,128 @@ def tail_offset(path: str | os.PathLike, lines: int, *, block: int = TAIL_BLOCK)
 def copy_from(path: str | os.PathLike, offset: int, out, *, block: int = COPY_BLOCK) -> int:
     """Write the bytes of ``path`` from ``offset`` to its end to the binary stream ``out``, a
     block at a time (memory flat in the file's size); returns the offset reached. OSError when
-    it cannot be read."""
-    with open(path, "rb") as f:
+    it cannot be read, UnreadableFile when it is not a regular file (:func:`open_regular`)."""
+    with open_regular(path) as f:
         f.seek(offset)
         while chunk := f.read(block):
             out.write(chunk)
             offset += len(chunk)
     return offset
+
+
+# ----------------------------------------------------------------------------- reading what may be hostile
+
+
+class UnreadableFile(ValueError):
+    """A file that is not what it should be (a symlink, a FIFO or device, too large, not the JSON
+    expected); the message is one line naming the file. A ValueError, so that a reader that
+    treats a damaged file as none catches it with the garbage it already catches."""
+
+
+def open_regular(path: str | os.PathLike):
+    """``path`` opened for binary reading, only when it is a regular file reached without a
+    symlink at its last component: a FIFO would block (``O_NONBLOCK`` opens it at once, then it
+    is refused), ``/dev/zero`` would never end, a symlink could lead to a secret that a reader
+    then copies. FileNotFoundError when missing, UnreadableFile when not a regular file, other
+    OSError when it cannot be opened."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableFile(f"{path} is a symlink; a run's files are read only as regular files") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableFile(f"{path} is not a regular file (a FIFO, device or directory)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(path: str | os.PathLike, *, max_bytes: int, tail: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), at most ``max_bytes``: a
+    larger file is UnreadableFile, or with ``tail`` its last ``max_bytes`` from the first line
+    that begins inside them (a log that grows: its newest lines)."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes and tail:
+            f.seek(size - max_bytes - 1)
+            data = f.read(max_bytes + 1)
+            cut = data.find(b"\n")
+            return data[cut + 1 :] if cut >= 0 else b""
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnreadableFile(f"{path} has more than {max_bytes:,} bytes; it was not written by hpc-hsdp")
+    return data
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"integer {text[:20]}... out of range")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
+
+
+def parse_json(data: bytes | str, *, where: str = "the file", finite: bool = True) -> object:
+    """A JSON value that may be hostile: UnreadableFile (one line naming ``where``) for bytes
+    that are not UTF-8, for garbage, for nesting deep enough to exhaust Python's stack, and
+    for integers past 64 bits (what orjson and every writer here keep to: ``10**400`` as a
+    time or a loss fails far from here, formatted or converted), and (``finite``) for numbers
+    out of range (``1e999``, ``NaN``, ``Infinity``; a metric's NaN loss is data: ``finite=False``)."""
+    try:
+        if isinstance(data, bytes):
+            data = data.decode("utf-8")
+        if not finite:
+            return json.loads(data, parse_int=_int64)
+        return json.loads(data, parse_int=_int64, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        raise UnreadableFile(f"{where} is nested too deeply; it was not written by hpc-hsdp") from None
+    except ValueError as exc:
+        reason = " ".join(str(exc).split())[:120]
+        raise UnreadableFile(f"{where} is not JSON written by hpc-hsdp ({reason})") from None
+
+
+def is_time(value: object) -> bool:
+    """A time read from a file may be printed, subtracted and formatted: a number of seconds
+    since the epoch between 1970 and about the year 5000 (not a bool, not 10**400)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
+
+
+def read_json(path: str | os.PathLike, *, max_bytes: int) -> object:
+    """A JSON file that may be hostile: :func:`read_capped`, then :func:`parse_json`. OSError
+    (FileNotFoundError when missing) or UnreadableFile, each one line."""
+    return parse_json(read_capped(path, max_bytes=max_bytes), where=os.fspath(path))
+
+
+def read_json_lines(path: str | os.PathLike, *, max_bytes: int) -> list:
+    """The JSON values of a JSON-lines file that may be hostile, in order; a line that is not
+    one (torn, garbage, too deep, out of range) is skipped. Of a file larger than ``max_bytes``,
+    its last lines within them. A missing file has none; OSError or UnreadableFile when it
+    cannot be read as a regular file."""
+    try:
+        data = read_capped(path, max_bytes=max_bytes, tail=True)
+    except FileNotFoundError:
+        return []
+    values = []
+    for line in data.splitlines():
+        if line.strip():
+            try:
+                values.append(parse_json(line))
+            except UnreadableFile:
+                continue
+    return values

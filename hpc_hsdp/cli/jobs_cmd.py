@@ -15,7 +15,7 @@ from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
 from hpc_hsdp.job.backends.slurm_command import SchedulerError
 from hpc_hsdp.job.handle import JobHandle, job_statuses
-from hpc_hsdp.plan.units import duration
+from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.flight_recorder import hang_words
@@ -35,6 +35,13 @@ UNKNOWN_GRACE_S = 30
 """How long a job may stay UNKNOWN (no squeue nor sacct record) before following it stops."""
 LIVE_PROBES = 5
 """status and submit --wait name the ranks that were slow in at least half of this many latest probes."""
+
+
+def _say(text: str, **kwargs) -> None:
+    """click.echo of a line that holds words from the run's files (a restart's cause, a replica
+    group's event, a node name, a log's last lines): their control characters escaped, so that a
+    hostile ``replicas.jsonl`` cannot recolour, move or rewrite the terminal."""
+    click.echo(terminal_safe(text, lines=True), **kwargs)
 
 
 def watch(handle, *, poll_s: float = 1.0) -> Iterator:
@@ -131,25 +138,25 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         line += f" | {facts['stragglers']}" if facts["stragglers"] else ""
         if tty:
             shown = f"[{time.monotonic() - start:5.0f}s] {line}"
-            click.echo("\r" + shown.ljust(len(last_shown)), nl=False, err=True)
+            click.echo("\r" + terminal_safe(shown).ljust(len(last_shown)), nl=False, err=True)
             last_shown = shown
         elif line != last_shown:
-            click.echo(f"[{time.monotonic() - start:5.0f}s] {line}", err=True)
+            _say(f"[{time.monotonic() - start:5.0f}s] {line}", err=True)
             last_shown = line
     if tty:
-        click.echo("", err=True)
+        _say("", err=True)
     if status.state == "COMPLETED":
-        click.echo(f"job {handle.job_id} completed; metrics: {Path(handle.record.run_dir) / 'metrics.jsonl'}", err=True)
+        _say(f"job {handle.job_id} completed; metrics: {Path(handle.record.run_dir) / 'metrics.jsonl'}", err=True)
         return 0
-    click.echo(
+    _say(
         f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
         err=True,
     )
     failure = failure_of(handle, status)
     if failure:
-        click.echo(failure, err=True)
+        _say(failure, err=True)
     if facts["hang"]:
-        click.echo(f"hang: {facts['hang']}", err=True)
+        _say(f"hang: {facts['hang']}", err=True)
     return 1
 
 
@@ -193,7 +200,7 @@ def status(job, as_json) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
-    click.echo(
+    _say(
         f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
         + ("" if st.current else " (not current: see below)")
         + (f", exit {st.exit_code}" if st.exit_code else "")
@@ -201,37 +208,35 @@ def status(job, as_json) -> None:
         + f", restarts {st.restarts}"
     )
     if st.note:
-        click.echo(f"scheduler: {st.note}")
+        _say(f"scheduler: {st.note}")
     step = step_text(
         metrics,
         facts["total_steps"],
         None if metrics is None or "eval_loss" in metrics else latest_eval(handle.record.run_dir),
     )
     if step:
-        click.echo(f"last {step}")
+        _say(f"last {step}")
     if data["compile"]:
-        click.echo(f"compile: {compile_words(data['compile'])} (apart from the step times)")
+        _say(f"compile: {compile_words(data['compile'])} (apart from the step times)")
     timing = progress.words() if not st.finished else ""
     if timing:
-        click.echo(f"time: {timing}")
+        _say(f"time: {timing}")
     elif not st.finished and not handle.backend.has_time_limits:
-        click.echo(f"time: no time limit ({handle.backend.title})")
+        _say(f"time: no time limit ({handle.backend.title})")
     if facts["stragglers"]:
-        click.echo(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
+        _say(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
     if facts["restarts"]:
-        click.echo(f"restarts: {'; '.join(facts['restarts'])}")
+        _say(f"restarts: {'; '.join(facts['restarts'])}")
     if facts["membership"]:
         last = metrics.get("replicas") if metrics else None
-        click.echo(
-            "replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":"
-        )
+        _say("replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":")
         for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
-            click.echo(f"  {line}")
+            _say(f"  {line}")
     if facts["hang"]:
-        click.echo(f"last hang: {facts['hang']}")
+        _say(f"last hang: {facts['hang']}")
     if data["failure"]:
-        click.echo(f"failure: {data['failure']}")
-    click.echo(f"run directory: {handle.record.run_dir}")
+        _say(f"failure: {data['failure']}")
+    _say(f"run directory: {handle.record.run_dir}")
 
 
 class _Bytes:
@@ -269,7 +274,7 @@ def logs(job, rank, follow, tail) -> None:
     def start(path: Path) -> int:
         try:
             return tail_offset(path, tail) if tail >= 0 else 0
-        except OSError:
+        except (OSError, ValueError):
             return 0
 
     offsets = {p: start(p) for p in handle.log_paths(rank)}
@@ -286,10 +291,10 @@ def logs(job, rank, follow, tail) -> None:
             except OSError:
                 continue
             if len(offsets) > 2 or not follow:
-                click.echo(f"==> {path.name} <==")
+                _say(f"==> {path.name} <==")
             try:
                 offsets[path] = copy_from(path, offsets[path], out)
-            except OSError:
+            except (OSError, ValueError):
                 continue
         sys.stdout.flush()
 
@@ -301,7 +306,7 @@ def logs(job, rank, follow, tail) -> None:
         print_new()  # after reading the status: the last pass has every line the job wrote
         if status.note != said:  # the scheduler stopped (or started again) answering: say so once
             said = status.note
-            click.echo(f"hpc-hsdp: {said}" if said else "hpc-hsdp: the scheduler answers again", err=True)
+            _say(f"hpc-hsdp: {said}" if said else "hpc-hsdp: the scheduler answers again", err=True)
 
 
 @click.command(epilog=JOB_HELP)
@@ -311,7 +316,7 @@ def cancel(job) -> None:
     handle = JobHandle.find(job)
     st = handle.status()
     if st.finished:
-        click.echo(f"job {handle.job_id} already ended ({st.state}); nothing to cancel")
+        _say(f"job {handle.job_id} already ended ({st.state}); nothing to cancel")
         return
     if st.controller_answered is False:
         raise SchedulerError(f"{st.note}: job {handle.job_id} not cancelled; try again")
@@ -322,7 +327,30 @@ def cancel(job) -> None:
             f"or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {elsewhere})"
         )
     handle.cancel()
-    click.echo(f"cancelled job {handle.job_id}")
+    _say(f"cancelled job {handle.job_id}")
+
+
+_UNREADABLE = (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
+"""What a run directory's files of other types than hpc-hsdp writes can still raise in a reader."""
+
+
+def _run_row(path: Path, label: str, broken: str | None, st) -> tuple[float, list[str]]:
+    """(last activity, the cells) of one run directory in ``runs``' table."""
+    run = load_run(path, tail_only=True)  # the newest record, from the file's end: a long run costs no more
+    state = run.state
+    if broken is not None:
+        state = f"{state} (job.json: {broken})"
+    elif st is not None:
+        job_state = st.state
+        state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
+        if not st.current:
+            age = st.last_known_age_s()
+            state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")
+    last = run.last or {}
+    loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
+    step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
+    age = "-" if run.last_activity is None else f"{duration(time.time() - run.last_activity)} ago"
+    return run.last_activity or 0, [label, terminal_safe(state), step, loss, age]
 
 
 @click.command()
@@ -335,7 +363,7 @@ def runs(directory, depth) -> None:
         raise SpecError(f"{directory!r} is not a directory; give the directory that holds your run directories")
     found = find_run_dirs(root, depth)
     if not found:
-        click.echo(f"no runs under {root} (a run directory holds metrics.jsonl, attempt.json or job.json)")
+        _say(f"no runs under {root} (a run directory holds metrics.jsonl, attempt.json or job.json)")
         return
     records, broken = {}, {}
     for path in found:
@@ -348,27 +376,16 @@ def runs(directory, depth) -> None:
     notes = sorted({st.note.rsplit(" (", 1)[0] for st in statuses.values() if st.note})
     rows = []
     for path in found:
-        run = load_run(path, tail_only=True)  # the newest record, from the file's end: a long run costs no more
-        state = run.state
-        if path in broken:
-            state = f"{state} (job.json: {broken[path]})"
-        elif path in records:
-            st = statuses[records[path].run_dir]
-            job_state = st.state
-            state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
-            if not st.current:
-                age = st.last_known_age_s()
-                state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")
-        last = run.last or {}
-        loss = f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "-"
-        step = f"{last.get('step', '-')}" + (f"/{run.total_steps}" if run.total_steps else "")
-        age = "-" if run.last_activity is None else f"{duration(time.time() - run.last_activity)} ago"
-        label = str(path.relative_to(root)) if path != root else "."
-        rows.append((run.last_activity or 0, [label, state, step, loss, age]))
+        label = terminal_safe(str(path.relative_to(root)) if path != root else ".")
+        try:
+            st = statuses[records[path].run_dir] if path in records else None
+            rows.append(_run_row(path, label, broken.get(path), st))
+        except _UNREADABLE as exc:  # one directory that cannot be read is one row, not the end of the listing
+            rows.append((0, [label, f"UNKNOWN (unreadable: {type(exc).__name__})", "-", "-", "-"]))
     rows.sort(key=lambda row: -row[0])
     table = [["RUN", "STATE", "STEP", "LOSS", "LAST ACTIVITY"]] + [row for _, row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for note in notes:
-        click.echo(f"scheduler: {note}; the states marked 'last known' are SLURM's last answer")
+        _say(f"scheduler: {note}; the states marked 'last known' are SLURM's last answer")

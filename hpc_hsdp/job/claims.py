@@ -119,7 +119,10 @@ def check_writer(
 
 def _check_bare_run(run_dir: Path, refused: str, taker: str) -> str | None:
     """A claim of ``hpc-hsdp run`` started outside any job (its pid and host, no job id):
-    refused while that process lives, taken over (and said) once it is gone."""
+    refused while that run lives, taken over (and said) once it is gone. A run lives while it
+    holds ``run.lock`` (:func:`claims.run_lock_held`, the kernel's ``flock``, let go when the
+    process ends), not while some process has the claim's pid: a claim naming a live process
+    that is no run (a pid reused, or a claim written by hand) blocked every submission."""
     claim = claims.read_claim(run_dir)
     if claim is None or claim.get("state") != claims.CLAIMED or claim.get("job_id") is not None:
         return None
@@ -129,10 +132,7 @@ def _check_bare_run(run_dir: Path, refused: str, taker: str) -> str | None:
             f"hpc-hsdp run (pid {pid} on {host}) claims run directory {run_dir}, and its end cannot be seen from "
             f"this host: {refused}; if it has ended, remove {claims.claim_path(run_dir)}"
         )
-    from hpc_hsdp.job.backends.local import process_start_time  # noqa: PLC0415  (the emulator's process check, only for such a claim)
-
-    started = process_start_time(pid) if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
-    if started is not None and claim.get("pid_started") in (None, started):
+    if claims.run_lock_held(run_dir):
         raise SpecError(
             f"hpc-hsdp run (pid {pid} on {host}) still writes run directory {run_dir}: {refused}; wait for "
             f"it, stop it, or choose a new --run-dir"
@@ -161,6 +161,7 @@ def claim_for_task(run_dir: str | Path, env: Mapping[str, str]) -> tuple[str | N
             return None, False
         said = check_writer(run_dir, own_job=job_id, refused="nothing started", taker="this run")
         if job_id is None:
+            claims.hold_run_lock(run_dir)  # to this process's end: what tells that the run lives
             claims.write_claim(run_dir, claims.CLAIMED, job_id=None, pid_started=process_start_time(os.getpid()))
         else:
             cluster = task_backend(env).name
@@ -177,6 +178,7 @@ def release_task_claim(run_dir: str | Path) -> None:
             mine = claim is not None and claim.get("pid") == os.getpid() and claim.get("host") == claims.who()["host"]
             if mine and claim.get("state") == claims.CLAIMED and claim.get("job_id") is None:
                 claims.write_claim(run_dir, claims.RELEASED, job_id=None)
+        claims.let_go_of_run_lock(run_dir)
     except (OSError, HsdpError):
         pass
 
@@ -204,10 +206,7 @@ def claimed(run_dir: str | Path, *, cluster: str) -> Iterator[tuple[str | None, 
 
     try:
         with claims.claim_lock(run_dir, wait_s=CLAIM_WAIT_S + slurm_timeout_s()):
-            try:
-                before = claims.claim_path(run_dir).read_bytes()
-            except FileNotFoundError:
-                before = None
+            before = claims.claim_bytes(run_dir)
             takeover = check_writer(run_dir)
             try:
                 claims.write_claim(run_dir, claims.SUBMITTING, cluster=cluster)

@@ -7,6 +7,19 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from hpc_hsdp.files import read_capped
+
+LOG_TAIL_BYTES = 16 << 20
+"""How much of the end of a log is read for its latest run (a log may grow without bound)."""
+
+
+def _log_text(path: Path) -> str:
+    """The last :data:`LOG_TAIL_BYTES` of a log, read as a regular file only ('' when it is none)."""
+    try:
+        return read_capped(path, max_bytes=LOG_TAIL_BYTES, tail=True).decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+
 
 def failure_summary(logs: Path, job_id: str, *, rank_of_task: Callable[[int], int | None], lines: int = 12) -> str:
     """Which rank failed first and how, with the last lines of its log.
@@ -17,14 +30,14 @@ def failure_summary(logs: Path, job_id: str, *, rank_of_task: Callable[[int], in
     tasks srun terminated afterwards, and errors that only say a peer went away, are
     effects. Without such a line: the first task log with an error of its own."""
     batch = logs / f"{job_id}_0_log.err"
-    cause = _first_failed_task(_latest_run(batch.read_text(errors="replace"))) if batch.is_file() else None
+    cause = _first_failed_task(_latest_run(_log_text(batch)))
     if cause is not None:
         task, node, what = cause
         rank = rank_of_task(task)
         who = f"rank {rank} (task {task}{f' on {node}' if node else ''})" if rank is not None else f"task {task}"
         head = f"{who} failed first: {what}"
         path = logs / f"{job_id}_{task}_log.err"
-        text = _latest_run(path.read_text(errors="replace")) if path.is_file() else ""
+        text = _latest_run(_log_text(path))
         if task == 0:  # task 0's stderr is the batch log: keep the task's own lines
             text = "\n".join(line for line in text.splitlines() if not line.startswith(("srun", "slurmstepd")))
         tail = "\n".join(text.rstrip().splitlines()[-lines:])
@@ -33,7 +46,7 @@ def failure_summary(logs: Path, job_id: str, *, rank_of_task: Callable[[int], in
     markers = ("Traceback", "Error", "error:", "FAILED")
     scored = []
     for path in errs:
-        text = _latest_run(path.read_text(errors="replace"))
+        text = _latest_run(_log_text(path))
         if any(m in text for m in markers):
             first = min(text.find(m) for m in markers if m in text)
             scored.append((first, path, text))

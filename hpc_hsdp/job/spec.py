@@ -314,7 +314,10 @@ def _signal_with_lead(value: str, lead: int) -> str:
 
 def check_sbatch_key(key: str) -> str:
     """A ``--sbatch`` passthrough key: a long sbatch option this spec does not write itself
-    (:func:`~hpc_hsdp.job.options.owned_sbatch_keys`)."""
+    (:func:`~hpc_hsdp.job.options.owned_sbatch_keys`), nor an abbreviation of one: sbatch, as
+    getopt_long, takes any prefix that names one option alone (``out=`` is ``--output=``,
+    ``no-requeu`` is ``--no-requeue``), and a later line wins. No sbatch option is itself a
+    prefix of one that the job writes, so every prefix of those is refused."""
     check_text("--sbatch", key)
     if not re.match(_SBATCH_KEY, key):
         raise SpecError(
@@ -324,6 +327,12 @@ def check_sbatch_key(key: str) -> str:
     owned = owned_sbatch_keys()
     if key in owned:
         raise SpecError(f"--sbatch {key}=... is written by hpc-hsdp itself; use {owned[key]} instead")
+    abbreviated = sorted(name for name in owned if name.startswith(key))
+    if abbreviated:
+        raise SpecError(
+            f"--sbatch {key}=... abbreviates --{abbreviated[0]} (sbatch takes any unique prefix of an option), "
+            f"which hpc-hsdp writes itself; use {owned[abbreviated[0]]} instead"
+        )
     return key
 
 

@@ -74,6 +74,10 @@ class ReplicaShape:
         spares = ", ".join(name(n) for n in self.spares) or "none"
         lines.append(f"  spare nodes: {spares}")
         lines.append(f"  lighthouse: on {name(self.lighthouse_node)} (the job's address), restarted if it ends")
+        lines.append(
+            "  listeners: each rank's heal server on its node's job address; torchft's manager on every interface "
+            "of each group's first node (torchft 0.2.0 binds it so; see SECURITY.md)"
+        )
         return lines
 
     def to_dict(self) -> dict:

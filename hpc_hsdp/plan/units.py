@@ -8,11 +8,13 @@ The lowest layer (no torch, nothing of the package): ``plan``, ``data``, ``rundi
 - :func:`human_bytes`, :func:`human_count`: decimal (``1.2 MB``, ``3.40M``): progress lines.
 - :func:`si`: three significant digits and a decimal suffix (``1.23M``): chart ticks.
 - :func:`seconds`: ``12.5 ms`` or ``1.2 s`` (a step's time); :func:`duration`: ``1h02m`` (time left).
+- :func:`terminal_safe`: text from a file, fit for a terminal (its control characters escaped).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 BINARY_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -86,3 +88,21 @@ def duration(secs: float | None) -> str:
     if minutes:
         return f"{minutes}m{rest:02d}s"
     return f"{rest}s"
+
+
+_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE_LINE = re.compile(f"[\n{_CONTROLS}]")
+_UNSAFE_LINES = re.compile(f"[{_CONTROLS}]")
+
+
+def terminal_safe(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character that a terminal obeys rather than shows written as an
+    escape (``\\x1b``, ``\\u202e``): ESC and the other C0 and C1 controls (colours, a cursor
+    moved, a title set, a line rewritten by a carriage return), DEL, and Unicode's line
+    separators and direction overrides. Tabs stay; newlines stay with ``lines``. For what a
+    run's files (``replicas.jsonl``, ``restarts.jsonl``, flight-recorder dumps, logs) put into
+    what ``status`` and ``runs`` print."""
+    pattern = _UNSAFE_LINES if lines else _UNSAFE_LINE
+    return pattern.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
+    )

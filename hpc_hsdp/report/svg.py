@@ -73,6 +73,12 @@ def _text(
     )
 
 
+def _title(text: str) -> str:
+    """A hover text (``<title>``), escaped: it holds node names and labels from the run's files
+    (``layout.json`` is the run directory's, not code: a name of ``<script>`` is text)."""
+    return f"<title>{escape(str(text))}</title>"
+
+
 def _empty(title: str, message: str, width: int, height: int) -> str:
     return (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
@@ -179,7 +185,7 @@ def _restart_lines(chart: LineChart, f: _Frame) -> list[str]:
         x = f.px(m.x)
         out.append(
             f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{f.top}' y2='{f.top + f.plot_h}' "
-            f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
+            f"stroke='{m.color}' stroke-width='1.2' stroke-dasharray='4 3'>{_title(m.label)}</line>"
         )
         out.append(_text(x + 3, f.top + 10, m.label, size=9, color=m.color))
     return out
@@ -194,13 +200,13 @@ def _curves(chart: LineChart, drawn: Sequence[Series], f: _Frame) -> list[str]:
         if len(s.xs) > 1:
             out.append(
                 f"<polyline points='{points}' fill='none' stroke='{s.color}' stroke-width='1.6'{dash}>"
-                f"<title>{escape(s.label)}</title></polyline>"
+                f"{_title(s.label)}</polyline>"
             )
         if s.dots or len(s.xs) == 1:
             for x, y in zip(s.xs, s.ys, strict=True):
                 out.append(
                     f"<circle cx='{f.px(x):.1f}' cy='{f.py(y):.1f}' r='2.6' fill='{s.color}'>"
-                    f"<title>{escape(s.label)}: {chart.x_format(x)}, {chart.y_format(y)}</title></circle>"
+                    f"{_title(f'{s.label}: {chart.x_format(x)}, {chart.y_format(y)}')}</circle>"
                 )
     return out
 
@@ -292,8 +298,8 @@ def _cells(chart: Heatmap, ratios: Sequence[Sequence[tuple | None]], g: _Grid) -
             node = f" ({nodes[r]})" if nodes and r < len(nodes) else ""
             out.append(
                 f"<rect x='{g.left + i * g.cell_w:.1f}' y='{g.top + r * g.row_h}' width='{g.cell_w + 0.3:.1f}' "
-                f"height='{g.row_h}' fill='{ratio_color(ratio)}'><title>rank {r}{node} step {step}: "
-                f"{seconds(own)}, {ratio:.2f}x</title></rect>"
+                f"height='{g.row_h}' fill='{ratio_color(ratio)}'>"
+                f"{_title(f'rank {r}{node} step {step}: {seconds(own)}, {ratio:.2f}x')}</rect>"
             )
     return out
 
@@ -361,7 +367,7 @@ def _columns_axis(chart: Heatmap, groups: Sequence[Sequence[int]], g: _Grid) -> 
             x = g.left + after[0] * g.cell_w
             out.append(
                 f"<line class='restart-marker' x1='{x:.1f}' x2='{x:.1f}' y1='{g.top - 4}' y2='{g.top + g.plot_h + 4}' "
-                f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'><title>{escape(m.label)}</title></line>"
+                f"stroke='#111' stroke-width='1.5' stroke-dasharray='4 3'>{_title(m.label)}</line>"
             )
     for i in range(len(groups)) if len(groups) <= 16 else sorted({0, len(groups) // 2, len(groups) - 1}):
         out.append(

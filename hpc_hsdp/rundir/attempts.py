@@ -32,11 +32,13 @@ import json
 import time
 from pathlib import Path
 
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import is_time, read_json, read_json_lines, write_atomically
 from hpc_hsdp.rundir.metrics import last_step_written
 
 ATTEMPT = "attempt.json"
 RESTARTS = "restarts.jsonl"
+_MAX_ATTEMPT_BYTES = 1 << 20
+_MAX_RESTARTS_BYTES = 16 << 20
 
 REASONS = {
     "warning_signal": "warning signal (time limit or preemption): saved and requeued",
@@ -74,28 +76,57 @@ def stop_reason_code(stop_reason: str | None) -> str:
 
 
 def read_attempt(run_dir: str | Path) -> dict | None:
+    """The current or last attempt; None without one, or for one that hpc-hsdp did not write
+    (not a regular file, too large, not JSON, fields of other types: none of it is shown)."""
     try:
-        data = json.loads((Path(run_dir) / ATTEMPT).read_text())
+        data = read_json(Path(run_dir) / ATTEMPT, max_bytes=_MAX_ATTEMPT_BYTES)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return data if _is_attempt(data) else None
+
+
+def _count(value: object) -> bool:
+    """A step, a restart count: an integer from 0 to 2**62 (None: not recorded)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62)
+
+
+def _is_attempt(data: object) -> bool:
+    if not isinstance(data, dict):
+        return False
+    if not all(_count(data.get(key)) for key in ("restart", "start_step", "total_steps")):
+        return False
+    if data.get("started_at") is not None and not is_time(data["started_at"]):
+        return False
+    ended = data.get("ended")
+    if ended is None:
+        return True
+    return (
+        isinstance(ended, dict)
+        and isinstance(ended.get("reason"), str)
+        and isinstance(ended.get("detail", ""), str)
+        and _count(ended.get("step"))
+        and (ended.get("at") is None or is_time(ended["at"]))
+    )
+
+
+def _is_restart(record: object) -> bool:
+    return (
+        isinstance(record, dict)
+        and is_time(record.get("wall_time", 0))
+        and all(_count(record.get(key)) for key in ("restart", "resumed_from_step", "previous_last_step"))
+        and isinstance(record.get("reason"), str)
+        and isinstance(record.get("detail", ""), str)
+    )
 
 
 def read_restarts(run_dir: str | Path) -> list[dict]:
-    """The restart lines (a torn or foreign line is skipped)."""
+    """The restart lines (a torn or foreign line is skipped; of a file past 16 MiB, the lines
+    in its last 16 MiB)."""
     try:
-        text = (Path(run_dir) / RESTARTS).read_text()
-    except OSError:
+        records = read_json_lines(Path(run_dir) / RESTARTS, max_bytes=_MAX_RESTARTS_BYTES)
+    except (OSError, ValueError):
         return []
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return [record for record in records if _is_restart(record)]
 
 
 def begin_attempt(

@@ -27,10 +27,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import read_capped, read_json, write_atomically
 
 CLAIM = "claim.json"
 CLAIM_LOCK = "claim.lock"
+RUN_LOCK = "run.lock"
+"""Held (``flock``) by an ``hpc-hsdp run`` outside any job for as long as it runs."""
+_RUN_LOCKS: dict[str, int] = {}
+"""This process's held run locks: run directory -> the descriptor."""
 SUBMITTING, CLAIMED, RELEASED = "submitting", "claimed", "released"
 _MAX_CLAIM_BYTES = 16 * 1024
 
@@ -42,9 +46,7 @@ def claim_path(run_dir: str | Path) -> Path:
 def read_claim(run_dir: str | Path) -> dict | None:
     """The claim recorded in ``run_dir`` (None: none, or one not written by hpc-hsdp, which is no claim)."""
     try:
-        with open(claim_path(run_dir), "rb") as f:
-            raw = f.read(_MAX_CLAIM_BYTES + 1)
-        data = json.loads(raw.decode("utf-8")) if len(raw) <= _MAX_CLAIM_BYTES else None
+        data = read_json(claim_path(run_dir), max_bytes=_MAX_CLAIM_BYTES)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("state") not in (SUBMITTING, CLAIMED, RELEASED):
@@ -53,6 +55,16 @@ def read_claim(run_dir: str | Path) -> dict | None:
     if job_id is not None and not isinstance(job_id, str):
         return None
     return data
+
+
+def claim_bytes(run_dir: str | Path) -> bytes | None:
+    """The claim file's bytes as they are, to be put back after a failed submission (None: no
+    claim file, or one that is not a regular file of at most 16 KiB, which is no claim: never
+    read through a symlink, so that putting it back cannot copy another file's bytes here)."""
+    try:
+        return read_capped(claim_path(run_dir), max_bytes=_MAX_CLAIM_BYTES)
+    except (OSError, ValueError):
+        return None
 
 
 def who() -> dict:
@@ -86,6 +98,50 @@ def release_claim(run_dir: str | Path, job_id: str, *, ended: str) -> bool:
             return True
     except (OSError, SpecError):
         return False
+
+
+def _open_lock(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+
+def hold_run_lock(run_dir: str | Path) -> None:
+    """Take ``run_dir``'s run lock for the rest of this process (or :func:`let_go_of_run_lock`);
+    SpecError when another process holds it."""
+    key = str(Path(run_dir).absolute())
+    if key in _RUN_LOCKS:
+        return
+    fd = _open_lock(Path(run_dir) / RUN_LOCK)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SpecError(
+            f"another hpc-hsdp run writes run directory {run_dir}; wait for it or choose a new --run-dir"
+        ) from None
+    _RUN_LOCKS[key] = fd
+
+
+def let_go_of_run_lock(run_dir: str | Path) -> None:
+    fd = _RUN_LOCKS.pop(str(Path(run_dir).absolute()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def run_lock_held(run_dir: str | Path) -> bool:
+    """Whether a live ``hpc-hsdp run`` (this process or another) holds ``run_dir``'s run lock."""
+    if str(Path(run_dir).absolute()) in _RUN_LOCKS:
+        return True
+    try:
+        fd = os.open(Path(run_dir) / RUN_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # none (or not a file of ours): no run holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # a lock taken here goes with it
+    return False
 
 
 @contextmanager

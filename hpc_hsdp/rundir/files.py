@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import UnreadableFile, open_regular, parse_json, write_atomically
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -24,16 +24,20 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
+    """Every record of a JSON-lines file of the run (``metrics.jsonl``: NaN is a value), up to
+    the first line that is not one (torn by a crash, garbage: it ends the valid part). Read as
+    a regular file only (:func:`hpc_hsdp.files.open_regular`); none without the file."""
+    try:
+        with open_regular(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
+    for line in lines:
+        if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(parse_json(line, finite=False))
+        except UnreadableFile:
             break  # a line torn by a crash ends the valid part
     return records

@@ -25,14 +25,18 @@ code.
 
 from __future__ import annotations
 
-import ast
 import io
+import math
 import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_hsdp.files import read_capped
+
 HANG_DIR = "hang"
+MAX_DUMP_BYTES = 256 << 20
+"""One rank's dump: torch's buffer of 2,000 entries with their stack frames is a few MiB."""
 TRACE_PREFIX = "nccl-trace-rank"
 _TRACE_NAME = re.compile(r"^nccl-trace-rank(\d+)(\.pkl)?$")
 
@@ -75,7 +79,7 @@ def read_dumps(run_dir: str | Path) -> tuple[dict[int, dict], list[str]]:
     dumps, notes = {}, []
     for rank, path in trace_files(run_dir).items():
         try:
-            dumps[rank] = load_dump(path.read_bytes())
+            dumps[rank] = load_dump(read_capped(path, max_bytes=MAX_DUMP_BYTES))
         except (OSError, ValueError) as exc:
             notes.append(f"{path.name}: {exc}")
     return dumps, notes
@@ -149,18 +153,52 @@ def _groups_of(dump: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
     for name, info in config.items():
         if not isinstance(info, dict):
             continue
-        ranks = info.get("ranks")
-        try:
-            ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
-            members = tuple(sorted(int(r) for r in ranks))
-        except (ValueError, SyntaxError, TypeError):
+        members = _members(info.get("ranks"))
+        if members is None:
             continue
         groups[str(name)] = (str(info.get("desc", "")), members)
     return groups
 
 
+_RANK_LIST = re.compile(r"^\[\s*(\d{1,9}\s*(,\s*\d{1,9}\s*)*)?\]$")
+
+
+def _members(ranks: object) -> tuple[int, ...] | None:
+    """A group's member ranks, as torch writes them (``"[0, 1]"``, or a list of ints); None
+    for anything else (read by a pattern, never evaluated)."""
+    if isinstance(ranks, str):
+        if len(ranks) > 1 << 24 or not _RANK_LIST.match(ranks):
+            return None
+        inside = ranks.strip()[1:-1].strip()
+        return tuple(sorted(int(r) for r in inside.split(","))) if inside else ()
+    if isinstance(ranks, (list, tuple)) and all(_rank_number(r) for r in ranks):
+        return tuple(sorted(ranks))
+    return None
+
+
+def _rank_number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30
+
+
 def _entries(dump: dict) -> list[dict]:
-    return [e for e in dump.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
+    """The collectives of a dump, those whose fields :func:`find_hang` compares are of torch's
+    types: an integer sequence number and a finite creation time (a dump of other types is no
+    answer, never a traceback)."""
+    entries = dump.get("entries") or []
+    return [e for e in entries if isinstance(e, dict) and not e.get("is_p2p") and _comparable(e)]
+
+
+def _comparable(entry: dict) -> bool:
+    seq, created = entry.get("collective_seq_id", -1), entry.get("time_created_ns", 0)
+    return (
+        isinstance(seq, int)
+        and not isinstance(seq, bool)
+        and -1 <= seq < 1 << 62
+        and isinstance(created, (int, float))
+        and not isinstance(created, bool)
+        and math.isfinite(created)
+        and abs(created) < 1 << 62
+    )
 
 
 def _group_of(entry: dict) -> str | None:

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
+from hpc_hsdp.files import (
+    UnreadableFile,
+    is_time,
+    private_dir,
+    read_capped,
+    read_json,
+    user_state_dir,
+    write_atomically,
+)
 from hpc_hsdp.plan.slurm_facts import check_job_id
 
 JOB_RECORD = "job.json"
@@ -98,7 +106,7 @@ class JobRecord:
         path = job_record_path(ref)
         if not path.is_file():
             matches = sorted(jobs_index().glob(f"*-{ref}")) if ref.replace("_", "").isdigit() and _own_index() else []
-            runs = [job_record_path(m.read_text()) for m in matches]
+            runs = [job_record_path(entry) for m in matches if (entry := _index_entry(m))]
             runs = [p for p in runs if p.is_file()]
             if not runs:
                 raise SpecError(
@@ -113,16 +121,14 @@ class JobRecord:
         """A ``job.json`` read as data that may be hostile: at most 64 KiB, every field of its
         type, the job id in one of SLURM's forms (it reaches squeue and scancel, and names files)."""
         try:
-            with open(path, "rb") as f:
-                raw = f.read(_MAX_RECORD_BYTES + 1)
-            if len(raw) > _MAX_RECORD_BYTES:
-                raise ValueError(f"more than {_MAX_RECORD_BYTES:,} bytes")
-            data = json.loads(raw.decode("utf-8"))
+            data = read_json(path, max_bytes=_MAX_RECORD_BYTES)
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             record = cls(**data)
         except OSError as exc:
             raise SpecError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+        except UnreadableFile as exc:
+            raise SpecError(f"{exc}; pass the run directory of a submission") from None
         except (ValueError, TypeError) as exc:
             reason = " ".join(str(exc).split())[:120]
             raise SpecError(f"{path} is not a job record written by hpc-hsdp ({reason})") from None
@@ -142,12 +148,25 @@ class JobRecord:
             raise SpecError(
                 f"{path}: cluster {self.cluster[:40]!r} is neither slurm nor local; pass another run directory"
             )
+        if not is_time(self.submitted_at) or not 0 < self.ntasks < 1 << 31:
+            raise SpecError(
+                f"{path} is not a job record written by hpc-hsdp (submitted_at or ntasks out of range); "
+                f"pass the run directory of a submission"
+            )
         check_job_id(self.job_id, where=f"{path}: job_id")
         logs = Path(self.logs_dir)
         if not logs.is_absolute() and (".." in logs.parts or not self.logs_dir):
             raise SpecError(
                 f"{path}: logs_dir {self.logs_dir[:80]!r} leaves the run directory; pass another run directory"
             )
+
+
+def _index_entry(path: Path) -> str:
+    """The run directory an entry of the jobs index names ('' when it cannot be read as one)."""
+    try:
+        return read_capped(path, max_bytes=1 << 16).decode("utf-8")
+    except (OSError, ValueError):
+        return ""
 
 
 def _relative_to(path: Path, base: Path) -> str | None:

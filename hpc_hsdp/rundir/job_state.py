@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import is_time, read_json, write_atomically
 
 JOB_STATE = "job_state.json"
 REFRESH_S = 10.0
@@ -27,10 +27,13 @@ def load_job_state(run_dir: str | Path, job_id: str) -> dict | None:
     """The last known state of job ``job_id`` (``state``, ``exit_code``, ``restarts``, ``reason``,
     ``at``: when SLURM said it, epoch seconds); None when none was recorded for this job."""
     try:
-        data = json.loads(job_state_path(run_dir).read_text())
+        data = read_json(job_state_path(run_dir), max_bytes=1 << 16)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or str(data.get("job_id")) != str(job_id) or not isinstance(data.get("state"), str):
+        return None
+    at, restarts = data.get("at"), data.get("restarts", 0)
+    if not is_time(at) or isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts < 1 << 31:
         return None
     return data
 

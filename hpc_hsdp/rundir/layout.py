@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpc_hsdp.files import read_json
 from hpc_hsdp.rundir.files import atomic_write_text
 
 LAYOUT = "layout.json"
@@ -26,6 +27,8 @@ RANK_FIELDS = (
 )
 """What each rank's entry holds (``tp_group`` only with tensor parallelism; ``node_switch``, its node's
 leaf switch, only where SLURM's topology says it)."""
+MAX_LAYOUT_BYTES = 64 << 20
+"""A layout of 100,000 ranks is about 20 MB."""
 
 
 def layout_path(run_dir: str | Path) -> Path:
@@ -42,10 +45,26 @@ def write_layout(run_dir: str | Path, record: dict) -> Path:
 def rank_entries(run_dir: str | Path) -> list[dict] | None:
     """The per-rank entries, in rank order."""
     try:
-        ranks = json.loads(layout_path(run_dir).read_text())["ranks"]
+        ranks = read_json(layout_path(run_dir), max_bytes=MAX_LAYOUT_BYTES)["ranks"]
+        if not isinstance(ranks, list) or not all(_is_entry(r) for r in ranks):
+            return None
         return sorted(ranks, key=lambda r: r["rank"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _is_entry(entry: object) -> bool:
+    """A rank's entry as rank 0 writes it: an object whose rank and task ids are small integers
+    and whose node, where given, is a string (a reader prints them, draws them, and indexes by them)."""
+    if not isinstance(entry, dict):
+        return False
+    for key in ("rank", "slurm_procid", "local_rank", "device"):
+        value = entry.get(key)
+        if key != "rank" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 24:
+            return False
+    return isinstance(entry.get("node", ""), str)
 
 
 def nodes_by_rank(run_dir: str | Path) -> list[str] | None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hpc_hsdp.rundir.files import read_jsonl
+from hpc_hsdp.files import is_time, read_json_lines
 
 MEMBERSHIP_LOG = "replicas.jsonl"
+_MAX_MEMBERSHIP_BYTES = 16 << 20
 
 
 def membership_path(run_dir: str | Path) -> Path:
@@ -23,10 +24,11 @@ def membership_path(run_dir: str | Path) -> Path:
 
 def read_membership(run_dir: str | Path) -> list[dict]:
     """The records, in the order written (none without the file)."""
-    path = membership_path(run_dir)
-    if not path.exists():
+    try:
+        records = read_json_lines(membership_path(run_dir), max_bytes=_MAX_MEMBERSHIP_BYTES)
+    except (OSError, ValueError):
         return []
-    return [r for r in read_jsonl(path) if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
+    return [r for r in records if isinstance(r, dict) and is_time(r.get("time"))]
 
 
 def membership_changes(records: list[dict]) -> list[str]:
@@ -43,8 +45,8 @@ def membership_changes(records: list[dict]) -> list[str]:
             what = event
             if "replica_id" in record:
                 what = what.replace("replica group", f"replica group {record['replica_id']}")
-            if record.get("nodes"):
-                what += f" on {','.join(record['nodes'])}"
+            if isinstance(record.get("nodes"), list) and record["nodes"]:
+                what += f" on {','.join(map(str, record['nodes']))}"
             cause = record.get("cause")
             lines.append(f"{stamp} {what}" + (f" ({cause})" if cause else ""))
             continue

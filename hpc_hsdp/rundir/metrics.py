@@ -22,6 +22,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from hpc_hsdp.files import open_regular, parse_json
 from hpc_hsdp.rundir.files import append_jsonl
 
 try:
@@ -67,13 +68,13 @@ class MetricsLog:
 
 def _loads(line: bytes | str):
     """One line's JSON value (ValueError when it is none): orjson, and :mod:`json` for what
-    orjson refuses (``NaN``, ``Infinity``, integers past 64 bits, bytes that are not UTF-8)."""
+    orjson refuses (``NaN``, ``Infinity``, bytes that are not UTF-8; integers past 64 bits stay refused)."""
     try:
         return _fast_loads(line)
     except ValueError:
         if isinstance(line, bytes):
             line = line.decode("utf-8", errors="replace")
-        return json.loads(line)
+        return parse_json(line, where=METRICS, finite=False)  # integers past 64 bits, deep nesting: ValueError
 
 
 def _step_record(line: bytes | str) -> dict | None:
@@ -114,7 +115,7 @@ def truncate_metrics(path: str | os.PathLike, *, keep_through_step: int) -> int:
     (memory flat in its length): it is rewritten, atomically, only when something goes."""
     path = Path(path)
     try:
-        src = open(path, "rb")  # noqa: SIM115 - read twice below, closed by the with
+        src = open_regular(path)  # read twice below, closed by the with
     except FileNotFoundError:
         return 0
     with src:
@@ -142,12 +143,12 @@ def tail_lines(path: str | Path, max_bytes: int) -> list[str] | None:
     """The whole lines in the last ``max_bytes`` of ``path`` (the first one, cut by the
     window, is dropped); None when the file cannot be read."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
+            lines = f.read(max_bytes).decode(errors="replace").splitlines()
+    except (OSError, ValueError):
         return None
     return lines[1:] if size > max_bytes else lines
 
@@ -233,12 +234,12 @@ def last_step_written(run_dir: str | Path) -> int | None:
         return record["step"]
     last = None
     try:
-        with open(metrics_path(run_dir), "rb") as fh:
+        with open_regular(metrics_path(run_dir)) as fh:
             for line in fh:
                 record = _step_record(line) if line.strip() else None
                 if record is not None:
                     last = record["step"]
-    except OSError:
+    except (OSError, ValueError):
         return None
     return last
 
@@ -254,7 +255,7 @@ S = TypeVar("S", bound=MetricsSink)
 def _chunks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
     """(number of the chunk's first line, its lines): the file, about ``CHUNK_BYTES`` at a time."""
     number = 1
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while lines := f.readlines(CHUNK_BYTES):
             yield number, lines
             number += len(lines)
@@ -311,8 +312,12 @@ def scan_metrics(run_dir: str | Path, new_sink: Callable[[], S]) -> tuple[S | No
     attempt resumed: its records replace those from its first step on, and the file is read
     a second time to skip the replaced ones (the sink of the first reading is dropped)."""
     path = metrics_path(run_dir)
-    if not path.is_file():
+    try:
+        open_regular(path).close()
+    except FileNotFoundError:
         return None, [f"no {METRICS} yet: nothing trained here (or still starting)"]
+    except (OSError, ValueError) as exc:
+        return None, [f"{METRICS} cannot be read: {exc}"]
     with _no_cycle_collection():
         return _scan(path, new_sink)
 

@@ -41,9 +41,14 @@ STRAGGLERS = {
 
 
 def _number(value) -> float | None:
+    """A finite float of an int or float (None: anything else, and an integer past a float's
+    range, ``10**400``, which ``float()`` refuses with OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -67,7 +72,7 @@ def record_scalars(record: dict) -> dict[str, float]:
                 wire = [s.get("wire_bytes") for s in section.values() if isinstance(s, dict)]
                 wire = [w for w in wire if _number(w) is not None]
                 if wire:
-                    out[f"comm/{axis}_wire_bytes"] = float(sum(wire))
+                    out[f"comm/{axis}_wire_bytes"] = sum(map(float, wire))
     stragglers = record.get("stragglers")
     if isinstance(stragglers, dict):
         _copy_numbers(stragglers, STRAGGLERS, out)

@@ -10,14 +10,15 @@ same functions, so that what ``submit`` says it resumes from is what the job loa
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import DataError, SpecError
+from hpc_hsdp.files import UnreadableFile, open_regular, read_json
 from hpc_hsdp.rundir.attempts import end_attempt, read_restarts
 
 COMPLETE = "COMPLETE"
@@ -51,9 +52,10 @@ def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def crc32_of(path: str | Path) -> int:
-    """CRC-32 of a file's bytes (zlib's, about as fast as the disk reads)."""
+    """CRC-32 of a regular file's bytes (zlib's, about as fast as the disk reads); a symlink, a
+    FIFO or a device (``/dev/zero`` never ends) is UnreadableFile."""
     crc = 0
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return crc
@@ -66,13 +68,34 @@ def file_record(path: str | Path, *, checksum: bool) -> dict:
     return record
 
 
+_MAX_MANIFEST_BYTES = 64 << 20
+_FILE_NAME = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
+"""The files a manifest may name: DCP's, in the checkpoint directory itself."""
+
+
 def read_manifest(path: str | Path) -> dict | None:
-    """The checkpoint's manifest (None: written before manifests existed, or unreadable)."""
+    """The checkpoint's manifest (None: written before manifests existed, or unreadable, or not
+    one that hpc-hsdp wrote: a file named otherwise than DCP names its files, a size or CRC-32
+    that is not a small integer; then the checkpoint is damaged, see :func:`damage`)."""
     try:
-        data = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_json(Path(path) / MANIFEST, max_bytes=_MAX_MANIFEST_BYTES)
+    except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        return None
+    files, total = data.get("files", {}), data.get("total_bytes", 0)
+    if not isinstance(files, dict) or not _small_int(total):
+        return None
+    for name, saved in files.items():
+        if not _FILE_NAME.match(name) or not isinstance(saved, dict) or not _small_int(saved.get("bytes")):
+            return None
+        if "crc32" in saved and not _small_int(saved["crc32"]):
+            return None
+    return data
+
+
+def _small_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
 
 
 def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str | None:
@@ -94,15 +117,22 @@ def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str 
     for name, saved in sorted(files.items()):
         file = path / name
         try:
-            size = os.path.getsize(file)
+            info = os.lstat(file)
         except OSError:
             return f"{name} is missing ({saved['bytes']:,} bytes at save)"
+        if not stat.S_ISREG(info.st_mode):
+            return f"{name} is not a regular file (a symlink, FIFO or device)"
+        size = info.st_size
         if size != saved["bytes"]:
             return f"{name} has {size:,} bytes, {saved['bytes']:,} at save"
     wanted = sorted(files) if checksum_files == ["*"] else sorted(checksum_files or [])
     for name in wanted:
         saved = files.get(name, {})
-        if "crc32" in saved and crc32_of(path / name) != saved["crc32"]:
+        try:
+            crc = crc32_of(path / name) if "crc32" in saved else None
+        except UnreadableFile:
+            return f"{name} is not a regular file (a symlink, FIFO or device)"
+        if crc is not None and crc != saved["crc32"]:
             return f"{name} has the right size but not the bytes saved (CRC-32 differs)"
     return None
 
@@ -112,27 +142,48 @@ _MAX_TRAIN_STATE_BYTES = 4 << 20
 
 def _train_state_problem(path: Path) -> str | None:
     """``train_state.json`` is a JSON object of at most 4 MiB whose ``step`` is the directory's."""
-    file = path / TRAIN_STATE
     try:
-        if file.stat().st_size > _MAX_TRAIN_STATE_BYTES:
-            return f"{TRAIN_STATE} has more than {_MAX_TRAIN_STATE_BYTES:,} bytes"
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = _read_train_state(path)
     except OSError as exc:
         return f"{TRAIN_STATE} is unreadable ({exc.strerror})"
-    except ValueError:
-        return f"{TRAIN_STATE} is not JSON (truncated or garbage)"
+    except UnreadableFile as exc:
+        return f"{TRAIN_STATE}: {str(exc).removeprefix(str(path / TRAIN_STATE) + ' ')}"
     step = data.get("step") if isinstance(data, dict) else None
     if isinstance(step, bool) or not isinstance(step, int):
         return f"{TRAIN_STATE} has no integer step"
     match = _STEP_DIR.match(path.name)
     if match and int(match.group(1)) != step:
         return f"{TRAIN_STATE} says step {step}, the directory {path.name}"
+    position = data.get("data")
+    if position is not None and not _data_position(position):
+        return f"{TRAIN_STATE}'s data position is not one hpc-hsdp wrote (fields missing or of other types)"
     return None
 
 
+def _read_train_state(path: Path) -> object:
+    return read_json(path / TRAIN_STATE, max_bytes=_MAX_TRAIN_STATE_BYTES)
+
+
+def _data_position(position: object) -> bool:
+    """``train_state.json``'s ``data``: an object whose global batch, seed and sample count, where
+    present, are integers and whose mixture sources, if any, an object of objects (what
+    :func:`check_data_position` compares)."""
+    if not isinstance(position, dict):
+        return False
+    for key in ("global_batch", "seed", "num_samples"):
+        if key in position and (isinstance(position[key], bool) or not isinstance(position[key], int)):
+            return False
+    sources = position.get("sources")
+    return sources is None or (isinstance(sources, dict) and all(isinstance(v, dict) for v in sources.values()))
+
+
 def saved_train_state(path: str | Path) -> dict:
-    """A checkpoint directory's ``train_state.json`` (OSError, ValueError when unreadable)."""
-    return json.loads((Path(path) / TRAIN_STATE).read_text(encoding="utf-8"))
+    """A checkpoint directory's ``train_state.json``, read as data that may be hostile (a
+    regular file of at most 4 MiB holding a JSON object); OSError, ValueError when unreadable."""
+    data = _read_train_state(Path(path))
+    if not isinstance(data, dict):
+        raise UnreadableFile(f"{Path(path) / TRAIN_STATE} is not a JSON object")
+    return data
 
 
 def saved_step(path: str | Path) -> int:
@@ -159,7 +210,7 @@ def run_dir_state(run_dir: str | Path) -> RunDirState:
         if problem is None:
             try:
                 step = saved_step(path)
-            except (OSError, ValueError, KeyError, json.JSONDecodeError):
+            except (OSError, ValueError, KeyError):
                 skipped.append(f"{path.name}: {TRAIN_STATE} unreadable")
                 continue
             return RunDirState(run_dir=str(run_dir), resume_step=step, checkpoint=str(path), skipped=tuple(skipped))

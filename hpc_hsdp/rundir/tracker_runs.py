@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpc_hsdp.files import read_json
 from hpc_hsdp.rundir.files import atomic_write_text
 
 TRACKERS_FILE = "trackers.json"
@@ -24,6 +25,7 @@ TB_DIR = "tb"
 """TensorBoard's event files: ``<run-dir>/tb``."""
 MLFLOW_DIR = "mlruns"
 """MLflow's local file store, where ``MLFLOW_TRACKING_URI`` names none: ``<run-dir>/mlruns``."""
+_MAX_TRACKERS_BYTES = 1 << 20
 
 
 def trackers_path(run_dir: str | Path) -> Path:
@@ -33,7 +35,7 @@ def trackers_path(run_dir: str | Path) -> Path:
 def read_tracker_runs(run_dir: str | Path) -> dict[str, dict]:
     """Every tracker's entry (``{}``: none yet, or a file that cannot be read)."""
     try:
-        entries = json.loads(trackers_path(run_dir).read_text(encoding="utf-8"))
+        entries = read_json(trackers_path(run_dir), max_bytes=_MAX_TRACKERS_BYTES)
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in entries.items() if isinstance(v, dict)} if isinstance(entries, dict) else {}

@@ -28,7 +28,8 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import UnreadableFile, read_json
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models.builtin import BuiltinAdapter
 from hpc_hsdp.models.factory import FactoryAdapter
@@ -49,16 +50,31 @@ def read_model_record(run_dir: Path) -> dict:
             f"older than export); give the --run-dir of a training run"
         )
     try:
-        if path.stat().st_size > _MAX_RECORD_BYTES:
-            raise ValueError(f"more than {_MAX_RECORD_BYTES:,} bytes")
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or not isinstance(record.get("adapter", {}), dict):
-            raise ValueError("not a JSON object with an adapter")
+        record = read_json(path, max_bytes=_MAX_RECORD_BYTES)
+        _check_model_record(record)
+    except UnreadableFile as exc:
+        raise SpecError(f"{exc}; give the --run-dir of a training run") from None
     except (OSError, ValueError) as exc:
         raise SpecError(
             f"{path} is not a model record written by hpc-hsdp run ({' '.join(str(exc).split())[:120]})"
         ) from None
     return record
+
+
+def _check_model_record(record: object) -> None:
+    """The fields export uses, of the types the loop writes (ValueError naming the first that is not)."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    adapter, training = record.get("adapter", {}), record.get("training", {})
+    if not isinstance(adapter, dict) or not isinstance(training, dict):
+        raise ValueError("adapter or training is not an object")
+    if adapter.get("kind") == "hf" and not isinstance(adapter.get("config"), dict):
+        raise ValueError("an hf adapter without a config object")
+    if not isinstance(record.get("model", ""), str):
+        raise ValueError("model is not a string")
+    vocab = record.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab < 1 << 31):
+        raise ValueError("vocab_size is not a positive integer")
 
 
 _MAX_RECORD_BYTES = 16 << 20
@@ -124,7 +140,15 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
             f"checkpoint {checkpoint_path} is damaged ({problem}); nothing exported: give the --step of "
             f"another checkpoint, or restore this one"
         )
-    model, kind = build_unsharded(record)
+    try:
+        model, kind = build_unsharded(record)
+    except HsdpError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # what a record of other types makes
+        raise SpecError(
+            f"{run_dir / MODEL_RECORD} does not describe a model hpc-hsdp can build "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); give the --run-dir of a training run"
+        ) from None
     skipped: list[str] = []
     load_model_values(model, checkpoint_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -180,9 +204,7 @@ def _exported_from(out_dir: Path) -> str | None:
     """The run directory a previous export names in its marker (untrusted: size-capped, type-checked)."""
     marker = out_dir / EXPORT_MARKER
     try:
-        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 65536:
-            return None
-        record = json.loads(marker.read_text(encoding="utf-8"))
+        record = read_json(marker, max_bytes=65536)
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("format") != EXPORT_FORMAT:
@@ -202,20 +224,28 @@ def _copy_tokenizer(record: dict, out: Path) -> list[str]:
     except SpecError:
         return []
     tokenizer_dir = (source if source.is_dir() else source.parent) / "tokenizer"
-    if not tokenizer_dir.is_dir():
+    try:  # the directory itself, not where a symlink of that name leads (~/.ssh)
+        dir_fd = os.open(tokenizer_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return []
+    except OSError:  # ELOOP or ENOTDIR: a symlink, or not a directory
+        return [str(tokenizer_dir)] if os.path.lexists(tokenizer_dir) else []
     skipped = []
-    for path in sorted(tokenizer_dir.iterdir()):
-        if not _copy_regular_file(path, out / path.name):
-            skipped.append(str(path))
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            if not _copy_regular_file(dir_fd, name, out / name):
+                skipped.append(str(tokenizer_dir / name))
+    finally:
+        os.close(dir_fd)
     return skipped
 
 
-def _copy_regular_file(source: Path, destination: Path) -> bool:
-    """Copy ``source`` when it is a regular file itself (opened without following a symlink,
-    so a link swapped in after a check is refused too); False when it is not."""
+def _copy_regular_file(dir_fd: int, name: str, destination: Path) -> bool:
+    """Copy the entry ``name`` of the directory ``dir_fd`` when it is a regular file itself
+    (opened there without following a symlink, so a link swapped in after a check is refused
+    too, and without blocking on a FIFO); False when it is not."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:  # ELOOP: a symlink; or unreadable
         return False
     if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -26,6 +26,7 @@ step for all (:meth:`ReplicaGroup.claim_fallback_save`) before the job falls bac
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -74,6 +75,68 @@ def _to_local_tree(value):
     return value
 
 
+def heal_transport(timeout: timedelta, address: str | None):
+    """torchft's HTTP checkpoint transport (how a healing group fetches a live peer's state)
+    with two changes: its server listens on ``address`` only (torchft's binds every interface;
+    None: as torchft does), and what it fetches is unpickled with ``weights_only=True`` (torchft
+    loads it with ``weights_only=False``: whoever reaches the port of a rank that heals could
+    make it run code). The state it carries is tensors and plain data only
+    (:meth:`ReplicaGroup.state_dict`)."""
+    import urllib.request  # noqa: PLC0415 - only a fault-tolerant job needs it
+    from http.server import ThreadingHTTPServer  # noqa: PLC0415 - as above
+    from socket import AF_INET, AF_INET6  # noqa: PLC0415 - as above
+    from threading import Thread  # noqa: PLC0415 - as above
+
+    from torch.distributed._serialization import _streaming_load  # noqa: PLC0415 - torch >= 2.7, as torchft
+    from torchft.checkpointing.http_transport import HTTPTransport  # noqa: PLC0415 - the optional extra
+
+    class BoundHTTPTransport(HTTPTransport):
+        def __init__(self) -> None:
+            self._host = address  # before torchft's __init__, which logs address()
+            super().__init__(timeout=timeout, num_chunks=0)
+            if address is None:
+                return
+            handler = self._server.RequestHandlerClass  # torchft's, defined in its __init__
+            self._server.shutdown()
+            self._thread.join()
+            self._server.server_close()
+
+            class Server(ThreadingHTTPServer):
+                address_family = AF_INET6 if ":" in address else AF_INET
+                request_queue_size = 1024
+
+            self._server = Server((address, 0), handler)
+            self._thread = Thread(target=self._serve, daemon=True)
+            self._thread.start()
+
+        def address(self) -> str:
+            if self._host is None:
+                return super().address()
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+        @classmethod
+        def _load_from_address(cls, url: str, timeout: timedelta) -> object:
+            with urllib.request.urlopen(url, timeout=timeout.total_seconds()) as f:
+                return _streaming_load(f, weights_only=True)
+
+    return BoundHTTPTransport()
+
+
+def heal_address(env) -> str | None:
+    """The address this rank's heal server listens on: this node's on the job's network (the
+    emulator's loopback); None (every interface, as torchft) where none can be told."""
+    from hpc_hsdp.errors import SlurmEnvError  # noqa: PLC0415 - only a fault-tolerant job needs it
+    from hpc_hsdp.plan.address import reachable_address  # noqa: PLC0415 - as above
+
+    if env.get("HPC_HSDP_EMULATOR") == "1":
+        return "127.0.0.1"
+    try:
+        return reachable_address(env)
+    except SlurmEnvError:
+        return None
+
+
 def torchft_manager(group: ReplicaGroup):
     """torchft's ``Manager`` of ``group`` (collective: the group's ranks): a torchft process group
     (NCCL on GPU, gloo on CPU) to the same rank of every live group, the group's own store, the
@@ -101,6 +164,7 @@ def torchft_manager(group: ReplicaGroup):
         store_addr=layout.master_addr,
         store_port=layout.master_port,
         hostname=layout.master_addr,
+        checkpoint_transport=heal_transport(timeout, heal_address(os.environ)),
     )
 
 

@@ -26,6 +26,7 @@ import io
 import os
 import pickle
 import re
+import stat
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+
+from hpc_hsdp.files import UnreadableFile, open_regular
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20
@@ -81,12 +84,17 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def read_metadata_file(path: str | os.PathLike) -> Metadata:
     """DCP's ``.metadata`` file unpickled with only its own classes admitted; raises
-    :class:`UnsafeCheckpoint` (OSError when unreadable)."""
+    :class:`UnsafeCheckpoint` (also for a symlink, FIFO or device: never followed, never read;
+    OSError when unreadable)."""
     path = Path(path)
-    size = os.path.getsize(path)
-    if size > MAX_METADATA_BYTES:
-        raise UnsafeCheckpoint(f"{path.name} has {size:,} bytes, more than the {MAX_METADATA_BYTES:,} admitted")
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(path)
+    except UnreadableFile:
+        raise UnsafeCheckpoint(f"{path.name} is a symlink, FIFO or device, not a file") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_METADATA_BYTES:
+            raise UnsafeCheckpoint(f"{path.name} has {size:,} bytes, more than the {MAX_METADATA_BYTES:,} admitted")
         try:
             metadata = _MetadataUnpickler(f).load()
         except UnsafeCheckpoint:
@@ -154,15 +162,13 @@ def unsafe_content(path: str | os.PathLike) -> str | None:
     path = Path(path)
     try:
         metadata = read_metadata_file(path / METADATA)
+        _check_data_files(path, {info.relative_path for info in metadata.storage_data.values()})
         for index, info in metadata.storage_data.items():
             if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
                 continue
             if info.length > MAX_BYTES_ITEM:
                 raise UnsafeCheckpoint(f"the entry {index.fqn!r} has {info.length:,} bytes")
-            file = path / info.relative_path
-            if file.is_symlink() or not file.is_file():
-                raise UnsafeCheckpoint(f"{info.relative_path} is missing, a symlink or not a file")
-            with open(file, "rb") as f:
+            with open_regular(path / info.relative_path) as f:
                 f.seek(info.offset)
                 data = f.read(info.length)
             if info.transform_descriptors:
@@ -176,9 +182,24 @@ def unsafe_content(path: str | os.PathLike) -> str | None:
                 ) from None
     except UnsafeCheckpoint as exc:
         return str(exc)
+    except UnreadableFile:
+        return "a data file is a symlink, FIFO or device, not a file"
     except OSError as exc:
         return f"{METADATA} or a data file is unreadable ({exc.strerror})"
     return None
+
+
+def _check_data_files(path: Path, names: set[str]) -> None:
+    """Every data file the metadata names is a regular file of the checkpoint directory itself:
+    DCP opens them as it is told, and a symlink to ``/dev/zero`` or a FIFO would never end or
+    never open (export hung, a resumed rank spun)."""
+    for name in sorted(names):
+        try:
+            info = os.lstat(path / name)
+        except FileNotFoundError:
+            raise UnsafeCheckpoint(f"{name} is missing") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeCheckpoint(f"{name} is a symlink, FIFO or device, not a file")
 
 
 def load_state(state: dict, path: str | os.PathLike, *, no_dist: bool = False) -> None:

@@ -238,7 +238,11 @@ def test_the_runtime_does_not_import_the_submitting_side():
     # the requeue runs on the task: the one bounded runner, nothing of the submitting side
     assert _imports(package / "job" / "requeue.py") == {"hpc_hsdp.job.backends.slurm_command"}
     assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
-    assert _imports(package / "rundir" / "state.py") == {"hpc_hsdp.errors", "hpc_hsdp.rundir.attempts"}
+    assert _imports(package / "rundir" / "state.py") == {
+        "hpc_hsdp.errors",
+        "hpc_hsdp.files",
+        "hpc_hsdp.rundir.attempts",
+    }
 
 
 # ----------------------------------------------------------------------------- run directories

@@ -12,9 +12,11 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -352,15 +354,42 @@ def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
             assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] in ("RUNNING", "FAILED")
         state_path(logs, "12345").write_bytes(b"\xff garbage")
         assert LocalJob(logs_dir=logs, job_id="12345").info()["state"] == "UNKNOWN"
-        # the real start time: signalled
+        # pid, start time and owner all copied from /proc (issue 38): still not the job's supervisor
         state_path(logs, "12345").write_text(
             json.dumps(dict(state, supervisor_started=process_start_time(bystander.pid)))
         )
         LocalJob(logs_dir=logs, job_id="12345").cancel()
-        assert bystander.wait(timeout=10) != 0
+        with pytest.raises(subprocess.TimeoutExpired):  # a signal would end it within this second
+            bystander.wait(timeout=1)
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_emulator_signals_the_process_started_for_that_state_file_only(tmp_path):
+    """The supervisor's environment names its state file (set at launch, readable by its owner
+    alone): a process started with another job's mark is not this job's."""
+    from hpc_hsdp.job.backends.local import SUPERVISOR_MARK, LocalJob, process_start_time, state_path
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    other = tmp_path / "other" / "12345_local.json"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    marked = subprocess.Popen(sleep, env={**os.environ, SUPERVISOR_MARK: str(state_path(logs, "12345"))})
+    elsewhere = subprocess.Popen(sleep, env={**os.environ, SUPERVISOR_MARK: str(other)})
+    try:
+        for proc in (elsewhere, marked):
+            state = {"job_id": "12345", "state": "RUNNING", "supervisor_pid": proc.pid}
+            state["supervisor_started"] = process_start_time(proc.pid)
+            state_path(logs, "12345").write_text(json.dumps(state))
+            LocalJob(logs_dir=logs, job_id="12345").cancel()
+        assert marked.wait(timeout=10) != 0
+        with pytest.raises(subprocess.TimeoutExpired):
+            elsewhere.wait(timeout=1)
+    finally:
+        for proc in (marked, elsewhere):
+            proc.kill()
+            proc.wait()
 
 
 # ----------------------------------------------------------------------------- state directories
@@ -552,3 +581,634 @@ def test_the_dev_clusters_state_directory_is_refused_when_a_symlink_or_anothers(
         theirs.mkdir()
         os.chown(theirs, 12345, 12345)
         assert run(theirs).returncode == 1
+
+
+# ----------------------------------------------------------------------------- run-directory files: one reader (issue 38)
+
+
+class Blocked(BaseException):
+    """Raised by :func:`_no_hang`; no reader's ``except OSError`` swallows it."""
+
+
+@contextmanager
+def _no_hang(seconds: float = 5.0):
+    """Fail the test instead of blocking forever (an open of a FIFO without a writer)."""
+
+    def stop(signum, frame):
+        raise Blocked(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _valid_manifest(run: Path) -> None:
+    """A complete checkpoint of step 1 (whatever train_state.json is there already stays)."""
+    ck = run / "checkpoints" / "step-000001"
+    ck.mkdir(parents=True, exist_ok=True)
+    (ck / "COMPLETE").write_text("step 1\n")
+    if not os.path.lexists(ck / "train_state.json"):
+        (ck / "train_state.json").write_text(json.dumps({"step": 1}))
+
+
+def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
+    """file -> (its path in the run directory, bytes hpc-hsdp would write, reader(run) -> what it read,
+    falsy when nothing was taken from the file)."""
+    from hpc_hsdp.job.backends.local import LocalJob
+    from hpc_hsdp.rundir.attempts import read_attempt, read_restarts
+    from hpc_hsdp.rundir.claim import read_claim
+    from hpc_hsdp.rundir.flight_recorder import read_dumps
+    from hpc_hsdp.rundir.job_record import JobRecord
+    from hpc_hsdp.rundir.job_state import load_job_state
+    from hpc_hsdp.rundir.layout import rank_entries
+    from hpc_hsdp.rundir.membership import read_membership
+    from hpc_hsdp.rundir.metrics import last_metrics
+    from hpc_hsdp.rundir.state import damage, saved_train_state
+    from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
+    from hpc_hsdp.runtime.export import read_model_record
+
+    def job(run):
+        try:
+            return JobRecord.load(str(run))
+        except SpecError:
+            return None
+
+    def model(run):
+        try:
+            return read_model_record(run)
+        except SpecError:
+            return None
+
+    def local(run):
+        return LocalJob(logs_dir=run / "logs", job_id="123").info()["state"] != "UNKNOWN"
+
+    def train_state(run):
+        _valid_manifest(run)
+        ck = run / "checkpoints" / "step-000001"
+        try:
+            return damage(ck) is None and saved_train_state(ck)
+        except (OSError, ValueError):
+            return None
+
+    def manifest(run):
+        _valid_manifest(run)
+        return damage(run / "checkpoints" / "step-000001") is None
+
+    record = {
+        "job_id": "123", "cluster": "slurm", "run_dir": "/x", "logs_dir": "logs", "job_name": "x", "ntasks": 2,
+        "launcher": "srun", "submitted_at": 1.0,
+    }  # fmt: skip
+    dump = pickle.dumps({"version": "2.10", "pg_config": {}, "entries": []})
+    return {
+        "claim.json": ("claim.json", b'{"state": "claimed", "job_id": "7"}', read_claim),
+        "trackers.json": ("trackers.json", b'{"wandb": {"run_id": "x"}}', read_tracker_runs),
+        "job.json": ("job.json", json.dumps(record).encode(), job),
+        "layout.json": ("layout.json", b'{"ranks": [{"rank": 0, "node": "n1"}]}', rank_entries),
+        "model.json": ("model.json", b'{"model": "builtin", "adapter": {"kind": "builtin"}}', model),
+        "attempt.json": ("attempt.json", b'{"total_steps": 5, "ended": null}', read_attempt),
+        "job_state.json": (
+            "job_state.json",
+            b'{"job_id": "123", "state": "RUNNING", "at": 1.0}',
+            lambda run: load_job_state(run, "123"),
+        ),  # fmt: skip
+        "train_state.json": ("checkpoints/step-000001/train_state.json", b'{"step": 1}', train_state),
+        "manifest.json": (
+            "checkpoints/step-000001/manifest.json",
+            json.dumps({"format": "hpc-hsdp-checkpoint-manifest", "files": {}}).encode(),
+            manifest,
+        ),
+        "replicas.jsonl": ("replicas.jsonl", b'{"time": 1.0, "event": "lighthouse started"}\n', read_membership),
+        "restarts.jsonl": ("restarts.jsonl", b'{"restart": 1, "reason": "error"}\n', read_restarts),
+        "metrics.jsonl": ("metrics.jsonl", b'{"step": 1, "loss": 2.0}\n', last_metrics),
+        "logs/123_local.json": ("logs/123_local.json", b'{"state": "COMPLETED"}', local),
+        "flight recorder": ("hang/nccl-trace-rank0.pkl", dump, lambda run: read_dumps(run)[0]),
+    }
+
+
+READERS = sorted(_reader_cases())
+
+
+def _place(run: Path, name: str, how: str, data: bytes, elsewhere: Path) -> None:
+    path = run / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if how == "regular":
+        path.write_bytes(data)
+    elif how == "symlink":
+        elsewhere.write_bytes(data)
+        path.symlink_to(elsewhere)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev-zero":
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "dev-zero"])
+@pytest.mark.parametrize("reader", READERS)
+def test_every_run_directory_file_is_read_only_as_a_regular_file(tmp_path, reader, how):
+    """The same bytes are read from a regular file and refused through a symlink (to a secret it
+    would copy), from a FIFO (which blocked submit and status) and from /dev/zero (memory)."""
+    name, data, read = _reader_cases()[reader]
+    regular, hostile = tmp_path / "regular", tmp_path / "hostile"
+    _place(regular, name, "regular", data, tmp_path / "unused")
+    assert read(regular), "the regular file is read: the test can fail"
+    _place(hostile, name, how, data, tmp_path / "secret")
+    with _no_hang():
+        assert not read(hostile)
+
+
+def test_the_reader_refuses_what_is_not_a_small_regular_file(tmp_path):
+    from hpc_hsdp.files import UnreadableFile, read_capped, read_json
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    with _no_hang():
+        for name, words in (("fifo", "not a regular file"), ("zero", "symlink"), ("big", "more than 50 bytes")):
+            with pytest.raises(UnreadableFile, match=words):
+                read_capped(tmp_path / name, max_bytes=50)
+    assert read_capped(tmp_path / "big", max_bytes=50, tail=True) == b""  # no whole line in the window
+    (tmp_path / "lines").write_bytes(b"a" * 60 + b"\nlast\n")
+    assert read_capped(tmp_path / "lines", max_bytes=50, tail=True) == b"last\n"
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "missing", max_bytes=50)
+
+
+def test_a_failed_submission_never_copies_what_claim_json_links_to(tmp_path):
+    from hpc_hsdp.job.claims import claimed
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"state": "released", "key": "SECRET"}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "claim.json").symlink_to(secret)
+    with pytest.raises(RuntimeError), claimed(run, cluster="local"):
+        raise RuntimeError("sbatch failed")
+    assert not any(b"SECRET" in p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink())
+
+
+def test_a_tracker_entry_never_copies_what_trackers_json_links_to(tmp_path):
+    from hpc_hsdp.rundir.tracker_runs import record_progress
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"tensorboard": {"token": "SECRET"}}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trackers.json").symlink_to(secret)
+    record_progress(run, {"tensorboard": 4})
+    assert b"SECRET" not in (run / "trackers.json").read_bytes()
+    assert stat.S_ISREG(os.lstat(run / "trackers.json").st_mode)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "flight recorder"])
+def test_nesting_that_exhausts_the_stack_reads_as_no_file(tmp_path, reader):
+    """A RecursionError in json is no file read, never a traceback."""
+    name, _, read = _reader_cases()[reader]
+    _place(tmp_path / "run", name, "regular", DEEP + b"\n", tmp_path / "unused")
+    assert not read(tmp_path / "run")
+
+
+NUMBERS = {
+    "job.json": "submitted_at",
+    "job_state.json": "at",
+    "attempt.json": "total_steps",
+    "layout.json": "rank",
+    "replicas.jsonl": "time",
+    "restarts.jsonl": "restart",
+    "metrics.jsonl": "step",
+    "train_state.json": "step",
+}
+
+
+@pytest.mark.parametrize("reader", sorted(NUMBERS))
+@pytest.mark.parametrize("number", ["1e999", "1" + "0" * 400, "-1e999"], ids=["1e999", "10**400", "-1e999"])
+def test_numbers_out_of_range_read_as_no_record(tmp_path, reader, number):
+    """1e999 is infinity and 10**400 overflows a float: as a time, a step or a rank they failed
+    far from the reader (localtime, a format, an index)."""
+    name, data, read = _reader_cases()[reader]
+    key = NUMBERS[reader].encode()
+    start = data.index(b'"' + key + b'": ') + len(key) + 4
+    end = start + next(i for i, c in enumerate(data[start:]) if chr(c) in ",}]")
+    _place(tmp_path / "run", name, "regular", data[:start] + number.encode() + data[end:], tmp_path / "unused")
+    assert not read(tmp_path / "run")
+
+
+def test_out_of_range_membership_times_and_wrong_types_are_skipped(tmp_path):
+    from hpc_hsdp.rundir.membership import membership_changes, read_membership
+
+    (tmp_path / "replicas.jsonl").write_text(
+        '{"time": 1e999, "event": "x"}\n{"time": ' + "9" * 400 + ', "event": "y"}\n{"time": -5, "event": "z"}\n'
+        '{"time": 1.0, "event": "replica group lost", "replica_id": 1, "nodes": "n1"}\n'
+    )
+    records = read_membership(tmp_path)
+    assert [r["event"] for r in records] == ["replica group lost"]
+    assert membership_changes(records)
+
+
+def test_a_hostile_flight_recorder_dump_is_a_note(tmp_path):
+    from hpc_hsdp.rundir.flight_recorder import hang_words
+
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    entries = [
+        {"collective_seq_id": float("inf"), "process_group": ("0", ""), "time_created_ns": 1, "state": "started"},
+        {"collective_seq_id": "7", "process_group": ("0", ""), "time_created_ns": 1e999, "state": "started"},
+        {"collective_seq_id": 10**400, "process_group": ("0", ""), "time_created_ns": 1, "state": "started"},
+    ]
+    for rank in (0, 1):
+        dump = {"pg_config": {"0": {"ranks": "[" * 50_000 + "]" * 50_000, "desc": "default_pg"}}, "entries": entries}
+        (hang / f"nccl-trace-rank{rank}.pkl").write_bytes(pickle.dumps(dump))
+    dump = {"pg_config": {"0": {"ranks": "[0, 1]", "desc": "default_pg"}}, "entries": entries}
+    (hang / "nccl-trace-rank2.pkl").write_bytes(pickle.dumps(dump))
+    hang_words(tmp_path)  # no traceback
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("attempt.json", {"total_steps": "5", "ended": 5}),
+        ("attempt.json", {"ended": {"reason": ["x"]}}),
+        ("restarts.jsonl", {"restart": "x", "resumed_from_step": [1], "reason": 3}),
+        ("layout.json", {"ranks": [{"rank": "0", "node": 3}]}),
+        ("layout.json", {"ranks": 5}),
+    ],
+)
+def test_wrong_types_in_run_files_are_no_record_and_runs_goes_on(tmp_path, capsys, name, content):
+    root = tmp_path / "runs"
+    for run in ("bad", "good"):
+        (root / run).mkdir(parents=True)
+        (root / run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5}\n')
+    (root / "bad" / name).write_text(json.dumps(content) + ("\n" if name.endswith(".jsonl") else ""))
+    code, out, err = run_main(["runs", str(root)], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "good" in out and "bad" in out
+
+
+def test_runs_goes_on_past_a_directory_that_cannot_be_read(tmp_path, capsys, monkeypatch):
+    import hpc_hsdp.cli.jobs_cmd as jobs_cmd
+
+    root = tmp_path / "runs"
+    for run in ("a", "b"):
+        (root / run).mkdir(parents=True)
+        (root / run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5}\n')
+    real = jobs_cmd.load_run
+
+    def load_run(path, **kw):
+        if Path(path).name == "a":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(path, **kw)
+
+    monkeypatch.setattr(jobs_cmd, "load_run", load_run)
+    code, out, err = run_main(["runs", str(root)], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    lines = out.splitlines()
+    assert any(line.startswith("a ") and "UNKNOWN" in line for line in lines)
+    assert any(line.startswith("b ") and "1.5000" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_deeply_nested_or_out_of_range_job_json_is_one_line(tmp_path, capsys, slurm_stubs, command):
+    run = tmp_path / "run"
+    run.mkdir()
+    for data in (DEEP[:60_000] + DEEP[-60_000:], json.dumps({"job_id": "1", "submitted_at": 1}).encode()[:-1] + b", "
+                 b'"ntasks": ' + b"9" * 500 + b"}"):  # fmt: skip
+        (run / "job.json").write_bytes(data)
+        code, _, err = run_main([command, str(run)], capsys)
+        one_error_line(code, err, "job.json")
+    assert not slurm_stubs.exists()
+
+
+def test_a_model_record_of_other_types_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    _valid_manifest(run)
+    for record in ({"training": [1]}, {"adapter": {"kind": "hf", "config": 3}}, {"model": 5}, {"vocab_size": "x"}):
+        (run / "model.json").write_text(json.dumps(record))
+        code, _, err = run_main(["export", str(run), "-o", str(tmp_path / "out")], capsys)
+        one_error_line(code, err, "model.json")
+
+
+def test_a_data_position_of_other_types_is_a_damaged_checkpoint(tmp_path):
+    from hpc_hsdp.rundir.state import damage
+
+    _valid_manifest(tmp_path)
+    ck = tmp_path / "checkpoints" / "step-000001"
+    (ck / "train_state.json").write_text(json.dumps({"step": 1, "data": {"global_batch": "8"}}))
+    assert "data position" in damage(ck)
+    (ck / "train_state.json").write_text(json.dumps({"step": 1, "data": [1]}))
+    assert "data position" in damage(ck)
+
+
+# ----------------------------------------------------------------------------- names from files, shown (issue 38)
+
+XSS = "n1'><script>alert(1)</script><x a='"
+
+
+def test_node_names_and_causes_from_the_run_are_escaped_in_the_html_report(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [
+        {"step": s, "loss": 3.0 - 0.1 * s, "stragglers": {"own_time_s": [0.05, 0.05, 0.05, 0.2]}} for s in range(1, 9)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ranks = [
+        {"rank": r, "node": XSS if r < 2 else "n2</title><script>alert(2)</script>", "slurm_procid": r}
+        for r in range(4)
+    ]
+    (run / "layout.json").write_text(json.dumps({"ranks": ranks}))
+    (run / "restarts.jsonl").write_text(
+        json.dumps({"restart": 1, "resumed_from_step": 4, "reason": "<script>alert(3)</script>", "detail": "x"}) + "\n"
+    )
+    out = tmp_path / "report.html"
+    code, _, err = run_main(["report", str(run), "-o", str(out)], capsys)
+    assert code in (0, None), err
+    html = out.read_text()
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(1)" in html and "&lt;script&gt;alert(2)" in html
+
+
+def test_status_escapes_terminal_sequences_from_the_runs_files(tmp_path, capsys, slurm_stubs):
+    run = tmp_path / "run"
+    _job_record(run, cluster="local")
+    (run / "logs").mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 3, "loss": 1.5, "replicas": 1, "replica_groups": 2}\n')
+    title, clear, bidi = "\x1b]0;owned\x07", "\x1b[2J\x1b[H", "\u202e"
+    (run / "replicas.jsonl").write_text(
+        json.dumps(
+            {
+                "time": 1.0,
+                "event": f"replica group lost{title}",
+                "replica_id": clear,
+                "nodes": [bidi + "n1"],
+                "cause": "\x9b31m",
+            }
+        )
+        + "\n"  # fmt: skip
+    )
+    (run / "restarts.jsonl").write_text(
+        json.dumps({"restart": 1, "resumed_from_step": 2, "reason": f"error{clear}\rfake line"}) + "\n"
+    )
+    (run / "attempt.json").write_text(json.dumps({"total_steps": 9, "ended": {"reason": f"hang{title}"}}))
+    code, out, err = run_main(["status", str(run)], capsys)
+    assert code == 0, err
+    assert "replica group" in out and "restarts:" in out
+    for raw in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
+        assert raw not in out, repr(out)
+    assert "\\x1b]0;owned\\x07" in out and "\\u202e" in out
+    (run / "job.json").unlink()  # runs shows the attempt's own end
+    code, out, err = run_main(["runs", str(tmp_path)], capsys)
+    assert code == 0 and "\x1b" not in out and "hang\\x1b" in out, out
+
+
+# ----------------------------------------------------------------------------- export and checkpoints: no symlink, no FIFO (issue 38)
+
+
+def test_export_does_not_follow_a_tokenizer_directory_that_is_a_symlink(tmp_path):
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    secrets = tmp_path / "dot-ssh"
+    secrets.mkdir()
+    (secrets / "id_ed25519").write_text("PRIVATE KEY")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokenizer").symlink_to(secrets)
+    out = tmp_path / "out"
+    out.mkdir()
+    skipped = _copy_tokenizer({"training": {"data": str(data)}}, out)
+    assert list(out.iterdir()) == []
+    assert skipped == [str(data / "tokenizer")]
+
+
+def test_export_skips_a_fifo_in_the_tokenizer_directory_without_blocking(tmp_path):
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    data = tmp_path / "data"
+    (data / "tokenizer").mkdir(parents=True)
+    (data / "tokenizer" / "tokenizer.json").write_text("{}")
+    os.mkfifo(data / "tokenizer" / "vocab.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    with _no_hang():
+        skipped = _copy_tokenizer({"training": {"data": str(data)}}, out)
+    assert [p.name for p in out.iterdir()] == ["tokenizer.json"]
+    assert skipped == [str(data / "tokenizer" / "vocab.json")]
+
+
+def _tensor_file_elsewhere(checkpoint: Path) -> None:
+    """Point every tensor entry of the metadata at ``__1_0.distcp``, a file without non-tensor
+    entries: what the checks of non-tensor entries never open."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from hpc_hsdp.runtime.safe_dcp import read_metadata_file
+
+    metadata = read_metadata_file(checkpoint / ".metadata")
+    for index, info in list(metadata.storage_data.items()):
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            metadata.storage_data[index] = _StorageInfo("__1_0.distcp", info.offset, info.length)
+    with open(checkpoint / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+@pytest.mark.parametrize("how", ["fifo", "dev-zero", "symlink"])
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, how):
+    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+
+    checkpoint = tmp_path / "ck"
+    _tiny_checkpoint(checkpoint)
+    _tensor_file_elsewhere(checkpoint)
+    shutil.copy(checkpoint / "__0_0.distcp", tmp_path / "copy.distcp")
+    target = checkpoint / "__1_0.distcp"
+    if how == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero" if how == "dev-zero" else tmp_path / "copy.distcp")
+    with _no_hang():
+        problem = unsafe_content(checkpoint)
+    assert problem == "__1_0.distcp is a symlink, FIFO or device, not a file"
+    target.unlink()
+    shutil.copy(tmp_path / "copy.distcp", target)
+    assert unsafe_content(checkpoint) is None  # the same entries in a regular file: whole
+
+
+def test_a_metadata_fifo_is_refused_without_blocking(tmp_path):
+    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+
+    checkpoint = tmp_path / "ck"
+    _tiny_checkpoint(checkpoint)
+    (checkpoint / ".metadata").unlink()
+    os.mkfifo(checkpoint / ".metadata")
+    with _no_hang():
+        assert ".metadata is a symlink, FIFO or device" in unsafe_content(checkpoint)
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../../../dev/zero", "fifo"])
+def test_a_manifest_naming_a_device_or_fifo_is_a_damaged_checkpoint(tmp_path, name):
+    from hpc_hsdp.rundir.state import damage
+
+    _valid_manifest(tmp_path)
+    ck = tmp_path / "checkpoints" / "step-000001"
+    if name == "fifo":
+        name = "__0_0.distcp"
+        os.mkfifo(ck / name)
+    manifest = {"format": "hpc-hsdp-checkpoint-manifest", "files": {name: {"bytes": 0, "crc32": 0}}}
+    (ck / "manifest.json").write_text(json.dumps(manifest))
+    with _no_hang():
+        problem = damage(ck, checksum_files=["*"])
+    assert problem is not None and "\n" not in problem
+
+
+# ----------------------------------------------------------------------------- datasets: decoded size (issue 38)
+
+
+def _dictionary_bomb(path: Path, rows: int = 1_000_000, value: bytes = b"a" * 1100) -> None:
+    """A Parquet file of ``rows`` rows that all name one dictionary value: about 100 KB on disk,
+    1.1 GB decoded, and its metadata says 110 KB uncompressed."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([value.decode()]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", row_group_size=rows, store_schema=False)
+
+
+def test_a_parquet_file_that_decodes_to_a_gigabyte_is_read_in_bounded_batches(tmp_path):
+    from hpc_hsdp.data.inputs import BLOCK_BYTES, discover_inputs, iter_blocks
+
+    bomb = tmp_path / "bomb.parquet"
+    _dictionary_bomb(bomb)
+    assert bomb.stat().st_size < 200_000
+    files, _ = discover_inputs((str(bomb),), field="text")
+    blocks = iter_blocks(files, val_fraction=0.0, field="text")
+    for _ in range(3):  # the first blocks: each about BLOCK_BYTES, never a batch of 65,536 rows (72 MB)
+        block = next(blocks)
+        held = sum(len(piece.data) for piece in block.pieces)
+        assert held <= BLOCK_BYTES + 256 * 1100, held
+    from hpc_hsdp.data.inputs import _open_table
+
+    batches = _open_table(files[0])[1]("text")
+    assert max(next(batches).nbytes for _ in range(3)) <= 256 * 1100 + 4096
+
+
+def test_a_parquet_row_longer_than_max_line_bytes_is_refused(tmp_path):
+    from hpc_hsdp.data.inputs import DataError, discover_inputs, iter_blocks
+
+    big = tmp_path / "big.parquet"
+    _dictionary_bomb(big, rows=4, value=b"b" * 5000)
+    files, _ = discover_inputs((str(big),), field="text")
+    with pytest.raises(DataError, match=r"row 0 holds 5,000 bytes .*--max-line-bytes"):
+        list(iter_blocks(files, val_fraction=0.0, field="text", max_line_bytes=4096))
+
+
+def test_a_corrupt_parquet_file_is_one_line(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(2000)]}), path, compression="zstd")
+    data = bytearray(path.read_bytes())
+    data[100:4000] = os.urandom(3900)  # the data pages; the footer stays whole
+    path.write_bytes(bytes(data))
+    code, _, err = run_main(["prepare-data", str(path), "--field", "text", "-o", str(tmp_path / "out"), "-q"], capsys)
+    one_error_line(code, err, "bad.parquet")
+
+
+# ----------------------------------------------------------------------------- torchft's heal (issue 38)
+
+
+def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(tmp_path):
+    pytest.importorskip("torchft")
+    import http.server
+    import threading
+    from datetime import timedelta
+
+    import torch
+
+    from hpc_hsdp.runtime.replica_group import heal_transport
+
+    transport = heal_transport(timedelta(seconds=10), "127.0.0.1")
+    try:
+        assert transport._server.socket.getsockname()[0] == "127.0.0.1"  # noqa: SLF001 - the listener itself
+        assert transport.metadata().startswith("http://127.0.0.1:")
+        state = {"user": {"model": {"w": torch.arange(4.0)}, "step": 3, "engine": {"a": [1, "b"]}}}
+        transport.send_checkpoint([1], 3, state, timedelta(seconds=10))
+        got = transport.recv_checkpoint(0, transport.metadata(), 3, timedelta(seconds=10))
+        assert torch.equal(got["user"]["model"]["w"], state["user"]["model"]["w"]) and got["user"]["step"] == 3
+    finally:
+        transport.shutdown()
+
+    from torch.distributed._serialization import _streaming_save
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    marker = tmp_path / "MARKER"
+    payload = io.BytesIO()
+    _streaming_save({"user": MarkerPickle(marker)}, payload)
+
+    class Hostile(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(payload.getvalue())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/checkpoint/"
+        receiver = heal_transport(timedelta(seconds=10), "127.0.0.1")
+        with pytest.raises(Exception, match="unsupported GLOBAL posix.system"):
+            receiver.recv_checkpoint(0, url, 3, timedelta(seconds=10))
+        receiver.shutdown()
+        assert not marker.exists()
+        # what the defence is for: torchft's own transport runs the command
+        HTTPTransport._load_from_address(f"{url}3/full", timedelta(seconds=10))  # noqa: SLF001
+        assert marker.exists()
+    finally:
+        server.shutdown()
+
+
+# ----------------------------------------------------------------------------- claims (issue 38)
+
+
+def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(tmp_path):
+    from hpc_hsdp.job.backends.local import process_start_time
+    from hpc_hsdp.job.claims import check_writer, claim_for_task, release_task_claim
+    from hpc_hsdp.rundir.claim import who, write_claim
+
+    run = tmp_path / "run"
+    run.mkdir()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        forged = {"pid": bystander.pid, "host": who()["host"], "pid_started": process_start_time(bystander.pid)}
+        (run / "claim.json").write_text(json.dumps({"state": "claimed", "job_id": None, **forged}))
+        said = check_writer(run)
+        assert said is not None and "which has ended: this submission takes the claim over" in said
+    finally:
+        bystander.kill()
+        bystander.wait()
+    # a run of this process (outside any job) holds the directory: refused while it runs, free after
+    said, own = claim_for_task(run, {})
+    assert own
+    with pytest.raises(SpecError, match="still writes run directory"):
+        check_writer(run)
+    release_task_claim(run)
+    write_claim(run, "claimed", job_id=None)  # as if it had died without releasing
+    assert "has ended" in check_writer(run)
+
+
+def test_an_integer_past_a_floats_range_in_a_record_is_no_scalar():
+    """float(10**400) raises OverflowError: it killed the tracker thread (and could stop the loop)."""
+    from hpc_hsdp.rundir.scalars import record_scalars
+
+    huge = 10**400
+    record = {"step": 3, "loss": huge, "tokens_per_s": 5.0, "comm": {"shard": {"ag": {"wire_bytes": huge}}}}
+    record["stragglers"] = {"spread": huge}
+    scalars = record_scalars(record)
+    assert 5.0 in scalars.values()
+    assert not any("loss" in tag or "wire" in tag or "spread" in tag for tag in scalars), scalars

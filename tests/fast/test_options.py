@@ -419,3 +419,15 @@ print(json.dumps({{
     assert not said["plain"], "an unset option writes no line"
     assert said["cli"] == ["#SBATCH --reservation=r3"] and said["help"]
     assert said["refused"] == "--sbatch reservation=... is written by hpc-hsdp itself; use --reservation instead"
+
+
+@pytest.mark.parametrize("key", ["out", "outp", "chdi", "no-requeu", "requeu", "exp", "job-nam", "nod", "o", "gre"])
+def test_the_passthrough_may_not_abbreviate_what_an_option_owns(key) -> None:
+    """sbatch takes a unique prefix of a long option (``--out=`` is ``--output=``); the later line wins."""
+    with pytest.raises(SpecError, match=f"--sbatch {key}=... abbreviates --{key}.* which hpc-hsdp writes itself"):
+        SchedulerSpec(extra={key: "x"})
+
+
+def test_the_passthrough_keeps_options_that_abbreviate_nothing_owned() -> None:
+    for key in ("mail-type", "no-kill", "no-k", "mem-per-cpu", "reservation", "time-min", "gres-flags", "comment"):
+        assert SchedulerSpec(extra={key: "x"}).extra == ((key, "x"),)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir, user_state_dir, write_atomically
+from hpc_hsdp.files import private_dir, read_capped, read_json, user_state_dir, write_atomically
 from hpc_hsdp.job.backends.base import Backend
 from hpc_hsdp.job.status import JobStatus, release_if_ended
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, pick_port, port_is_free
@@ -52,6 +52,19 @@ MAX_LOCAL_TASKS = 64
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 EMULATOR_VARIABLE = "HPC_HSDP_EMULATOR"
 """Set to ``1`` in every emulated job's environment: a task can tell that its job is the emulator's."""
+
+
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_state(path: str | Path) -> dict:
+    """A JSON object the emulator wrote (a job's ``<logs>/<id>_local.json``, the port
+    reservations), read as data that may be hostile (:func:`hpc_hsdp.files.read_json`: a regular
+    file, at most 1 MiB). OSError (FileNotFoundError when missing) or ValueError, one line."""
+    data = read_json(path, max_bytes=MAX_STATE_BYTES)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -77,7 +90,7 @@ def reserve_port(job_id: str, state_file: Path, *, is_free=port_is_free) -> int:
     with open(folder / PORTS_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            held = json.loads((folder / PORTS_FILE).read_text())
+            held = read_state(folder / PORTS_FILE)
         except (OSError, ValueError):
             held = {}
         live = {port: r for port, r in held.items() if isinstance(r, dict) and _reservation_live(r)}
@@ -100,7 +113,7 @@ def _reservation_live(reservation: dict) -> bool:
     """A reserved port stays held while its job may still bind it: pending (a minute at most
     without a supervisor) or running with a live supervisor."""
     try:
-        state = json.loads(Path(reservation["state_file"]).read_text())
+        state = read_state(reservation["state_file"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
     if state.get("state") not in ("PENDING", "RUNNING"):
@@ -289,6 +302,7 @@ def launch_local(
     _write_json_atomic(path, state)
     port = reserve_port(job_id, path)
     env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
+    env[SUPERVISOR_MARK] = str(path)  # what cancel checks: this process is this job's supervisor
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.backends.local", "supervise", str(path)],
         env=env,
@@ -300,7 +314,7 @@ def launch_local(
     )
     state["supervisor_pid"] = proc.pid
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
-    current = json.loads(path.read_text())
+    current = read_state(path)
     if current.get("supervisor_pid") is None:
         current["supervisor_pid"], current["supervisor_started"] = proc.pid, process_start_time(proc.pid)
         _write_json_atomic(path, current)
@@ -334,20 +348,21 @@ class LocalJob:
     def info(self) -> dict:
         path = state_path(self.logs_dir, self.job_id)
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
+            data = read_state(path)
+        except (OSError, ValueError):  # none, garbage or torn by someone else: nothing to trust in it
             return {"state": "UNKNOWN", "exit_code": None}
-        except (OSError, ValueError):  # garbage or torn by someone else: nothing to trust in it
-            return {"state": "UNKNOWN", "exit_code": None}
-        if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        if not isinstance(data.get("state"), str):
             return {"state": "UNKNOWN", "exit_code": None}
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
         if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
-            data = json.loads(path.read_text())
-            if data["state"] in ("PENDING", "RUNNING"):
+            try:
+                data = read_state(path)
+            except (OSError, ValueError):
+                return {"state": "UNKNOWN", "exit_code": None}
+            if data.get("state") in ("PENDING", "RUNNING"):
                 data["state"], data["exit_code"] = "FAILED", data.get("exit_code") or -1
         return data
 
@@ -369,7 +384,8 @@ class LocalJob:
     def cancel(self) -> None:
         info = self.info()
         pid = info.get("supervisor_pid")
-        if _is_supervisor(pid, info.get("supervisor_started")) and self.alive(pid):
+        own = _is_supervisor(pid, info.get("supervisor_started"), state_path(self.logs_dir, self.job_id))
+        if own and self.alive(pid):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:
@@ -453,10 +469,18 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def _is_supervisor(pid: object, started: object) -> bool:
+SUPERVISOR_MARK = "HPC_HSDP_EMULATOR_STATE"
+"""Set in the environment the emulator starts a job's supervisor with: the absolute path of the
+job's state file. A process is that job's supervisor only when its environment says so."""
+
+
+def _is_supervisor(pid: object, started: object, state_file: Path) -> bool:
     """``pid`` (from the job's state file, which anyone with the run directory could edit) is
-    still the supervisor this emulator started: a pid of a process, of this user, that began
-    when the state file says (where ``/proc`` tells)."""
+    the supervisor this emulator started for ``state_file``: a process of this user that began
+    when the state file says and whose environment (``/proc/PID/environ``, readable by its owner
+    alone, fixed when it started) names ``state_file`` in :data:`SUPERVISOR_MARK`. A pid, start
+    time and owner copied from ``/proc`` into a forged record name another process of the user,
+    whose environment has no such mark: it is not signalled."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
         return False
     now = process_start_time(pid)
@@ -465,9 +489,25 @@ def _is_supervisor(pid: object, started: object) -> bool:
     if now is None or now != started:
         return False
     try:
-        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        marks = _environment_value(pid, SUPERVISOR_MARK)
+        return marks is not None and os.path.realpath(marks) == os.path.realpath(state_file)
     except OSError:
         return False
+
+
+def _environment_value(pid: int, name: str) -> str | None:
+    """``name``'s value in the environment process ``pid`` started with (None: not set)."""
+    data = read_capped(f"/proc/{pid}/environ", max_bytes=MAX_ENVIRON_BYTES)
+    prefix = f"{name}=".encode()
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+MAX_ENVIRON_BYTES = 16 << 20
 
 
 def _alive(pid: int) -> bool:
@@ -489,7 +529,7 @@ def _alive(pid: int) -> bool:
 
 def _supervise(state_file: str) -> int:
     path = Path(state_file)
-    state = json.loads(path.read_text())
+    state = read_state(path)
     script = Path(state["script"]).read_text()
     job_id = state["job_id"]
     out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id)
