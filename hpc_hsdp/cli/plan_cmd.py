@@ -244,6 +244,11 @@ def plan(
                 nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text, the_plan.tp_size
             )
         _echo_recommendation(rec, the_plan, chosen, model_info, as_json=as_json)
+        if not as_json and activations is None:
+            click.echo(
+                f"(at --tp {tp_size}: give --seq-len and --batch-size to choose the TP size too; without the "
+                f"activations the states alone never need one above 1)"
+            )
         return
     if training_grad_accum < 1:
         raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
