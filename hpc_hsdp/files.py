@@ -207,10 +207,10 @@ def is_time(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
 
 
-def read_json(path: str | os.PathLike, *, max_bytes: int) -> object:
-    """A JSON file that may be hostile: :func:`read_capped`, then :func:`parse_json`. OSError
-    (FileNotFoundError when missing) or UnreadableFile, each one line."""
-    return parse_json(read_capped(path, max_bytes=max_bytes), where=os.fspath(path))
+def read_json(path: str | os.PathLike, *, max_bytes: int, finite: bool = True) -> object:
+    """A JSON file that may be hostile: :func:`read_capped`, then :func:`parse_json` (``finite``:
+    see there). OSError (FileNotFoundError when missing) or UnreadableFile, each one line."""
+    return parse_json(read_capped(path, max_bytes=max_bytes), where=os.fspath(path), finite=finite)
 
 
 def read_json_lines(path: str | os.PathLike, *, max_bytes: int) -> list:

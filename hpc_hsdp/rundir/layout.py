@@ -54,11 +54,12 @@ def rank_entries(run_dir: str | Path) -> list[dict] | None:
 
 
 def _is_entry(entry: object) -> bool:
-    """A rank's entry as rank 0 writes it: an object whose rank and task ids are small integers
-    and whose node, where given, is a string (a reader prints them, draws them, and indexes by them)."""
+    """A rank's entry as rank 0 writes it: an object whose rank, task id and local rank are small
+    integers and whose node, where given, is a string (a reader prints them, draws them, and
+    indexes by them)."""
     if not isinstance(entry, dict):
         return False
-    for key in ("rank", "slurm_procid", "local_rank", "device"):
+    for key in ("rank", "slurm_procid", "local_rank"):
         value = entry.get(key)
         if key != "rank" and value is None:
             continue

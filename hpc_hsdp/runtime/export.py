@@ -50,7 +50,7 @@ def read_model_record(run_dir: Path) -> dict:
             f"older than export); give the --run-dir of a training run"
         )
     try:
-        record = read_json(path, max_bytes=_MAX_RECORD_BYTES)
+        record = read_json(path, max_bytes=_MAX_RECORD_BYTES, finite=False)  # an hf config may hold Infinity
         _check_model_record(record)
     except UnreadableFile as exc:
         raise SpecError(f"{exc}; give the --run-dir of a training run") from None

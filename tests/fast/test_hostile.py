@@ -667,7 +667,7 @@ def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
         "claim.json": ("claim.json", b'{"state": "claimed", "job_id": "7"}', read_claim),
         "trackers.json": ("trackers.json", b'{"wandb": {"run_id": "x"}}', read_tracker_runs),
         "job.json": ("job.json", json.dumps(record).encode(), job),
-        "layout.json": ("layout.json", b'{"ranks": [{"rank": 0, "node": "n1"}]}', rank_entries),
+        "layout.json": ("layout.json", json.dumps({"ranks": [LAYOUT_ENTRY]}).encode(), rank_entries),
         "model.json": ("model.json", b'{"model": "builtin", "adapter": {"kind": "builtin"}}', model),
         "attempt.json": ("attempt.json", b'{"total_steps": 5, "ended": null}', read_attempt),
         "job_state.json": (
@@ -689,6 +689,11 @@ def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
     }
 
 
+LAYOUT_ENTRY = {
+    "rank": 1, "node": "n1", "slurm_procid": 1, "local_rank": 1, "device": "cuda:1", "launch_mode": "srun",
+    "node_switch": None, "shard_group": [0, 1], "replicate_group": [1, 3],
+}  # fmt: skip
+"""One rank's entry as rank 0 writes it (runtime/dist.py)."""
 READERS = sorted(_reader_cases())
 
 
