@@ -176,6 +176,8 @@ class JobOption:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
+    maximum: float | None = None
+    """The largest value that makes sense (``--timeout``: a week); larger is refused."""
     positive: bool = False
     """Above zero: an integer of at least 1, a number above 0."""
     pattern: str | None = None
@@ -597,6 +599,7 @@ OPTIONS: tuple[JobOption, ...] = (
         default=300,
         positive=True,
         refusal="must be a positive number of seconds",
+        maximum=7 * 24 * 3600,
         metavar="SECONDS",
         spec_field="timeout_s",
         commands=ON_EVERY_TASK,

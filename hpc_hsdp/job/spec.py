@@ -12,6 +12,7 @@ options together (:func:`option_spec`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import posixpath
 import re
@@ -253,8 +254,8 @@ def check_option_value(declared: JobOption, value: object) -> None:
             raise SpecError(f"{flag} {value!r} {declared.refusal or 'must be a positive integer'}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{flag} {value!r} must be an integer")
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
-        raise SpecError(f"{flag} {value!r} must be a number, e.g. {declared.default!r}")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise SpecError(f"{flag} {value!r} must be a finite number, e.g. {declared.default!r}")
     if declared.pattern is not None and not (isinstance(value, str) and re.match(declared.pattern, value)):
         raise SpecError(f"{flag} {value!r} {declared.refusal}")
     if kind in ("str", "path", "data"):
@@ -268,6 +269,10 @@ def check_option_value(declared: JobOption, value: object) -> None:
         raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(declared.choices)}")
     if declared.minimum is not None and value < declared.minimum:
         raise SpecError(f"{flag} {value} must be at least {declared.minimum}")
+    if declared.maximum is not None and value > declared.maximum:
+        raise SpecError(f"{flag} {value} must be at most {declared.maximum:g}")
+    if kind == "int" and abs(value) >= 2**63:
+        raise SpecError(f"{flag} {value} is out of range (at most {2**63 - 1})")
     if declared.positive and not value > 0:
         raise SpecError(
             f"{flag} {value!r} {declared.refusal or f'must be a positive number, e.g. {declared.default!r}'}"
@@ -569,6 +574,24 @@ class JobSpec:
                 f"{format_tasks_per_node(self.tasks_per_node)} tasks per node: {exc}"
             ) from None
         self._check_fault_tolerance()
+        self._check_global_batch()
+
+    def _check_global_batch(self) -> None:
+        """The job's ``--global-batch-size`` splits over its data-parallel ranks and micro-batches,
+        here rather than on every task after start-up (a flexible allocation checks both ends; a
+        replica group's job splits it over the live groups at each step)."""
+        training = self.run.training
+        if training.global_batch_size is None or self.flexible or training.fault_tolerance == "replica":
+            return
+        ranks = self.world_size // self.run.tp_size
+        per_step = ranks * training.grad_accum
+        if training.global_batch_size % per_step:
+            tp = f" (the {self.world_size} ranks over --tp {self.run.tp_size})" if self.run.tp_size > 1 else ""
+            raise SpecError(
+                f"--global-batch-size {training.global_batch_size} is not divisible by {ranks} data-parallel "
+                f"ranks{tp} x --grad-accum {training.grad_accum} = {per_step}; give a multiple of {per_step}, "
+                f"e.g. {max(1, round(training.global_batch_size / per_step)) * per_step}"
+            )
 
     def _check_fault_tolerance(self) -> None:
         training = self.run.training
@@ -632,10 +655,14 @@ class JobSpec:
             derived = training.batch_size * self.nodes * gpus * training.grad_accum
             training = dataclasses.replace(training, global_batch_size=derived)
             object.__setattr__(self, "run", dataclasses.replace(self.run, training=training))
+        data_gpus = gpus // self.run.tp_size  # a tp group reads the same rows
         for count in (self.min_nodes, self.nodes):
-            per_step = count * gpus * training.grad_accum
+            per_step = count * data_gpus * training.grad_accum
             if training.global_batch_size % per_step:
-                low, high = self.min_nodes * gpus * training.grad_accum, self.nodes * gpus * training.grad_accum
+                low, high = (
+                    self.min_nodes * data_gpus * training.grad_accum,
+                    self.nodes * data_gpus * training.grad_accum,
+                )
                 common = low * high // _gcd(low, high)
                 what = (
                     ""
@@ -646,7 +673,7 @@ class JobSpec:
                 raise SpecError(
                     f"--nodes {self.nodes_text}: the global batch {training.global_batch_size}{what} "
                     f"does not split over "
-                    f"{count * gpus} ranks x --grad-accum {training.grad_accum} at {count} node(s); give "
+                    f"{count * data_gpus} data-parallel ranks x --grad-accum {training.grad_accum} at {count} node(s); give "
                     f"--global-batch-size a multiple of {common}, so every node count SLURM grants "
                     f"trains on the same samples"
                 )

@@ -87,10 +87,15 @@ def parse_count(text: str, *, option: str = "--model-params") -> int:
 
 
 def parse_bytes(text: str, *, option: str = "--gpu-memory") -> int:
-    """``80GiB``, ``80GB``, ``80G`` (binary), ``1024`` -> bytes."""
+    """``80GiB``, ``80GB``, ``80G`` (binary), ``1024B`` -> bytes; a bare number is refused (``80``
+    is far more likely 80 GiB than 80 bytes)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*", str(text).lower())
     if not match or match.group(2) not in _BYTE_UNITS:
         raise SpecError(f"{option} {text!r} is not a size; write e.g. 80GiB, 40GB or 24G")
+    if not match.group(2):
+        raise SpecError(
+            f"{option} {text!r} has no unit; write e.g. {match.group(1)}GiB (or {match.group(1)}B for bytes)"
+        )
     value = int(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
     if value < 1:
         raise SpecError(f"{option} {text!r} must be more than 0 bytes")

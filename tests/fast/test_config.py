@@ -280,7 +280,14 @@ _SAMPLE_BY_KIND = {
     "path": "/data/tokens",
     "data": "web=/data/web:0.7,code=/data/code:0.3",  # a mixture: the one value of kind data that is no path
 }
-_SAMPLE = {"model": "mypkg.models:build", "shard_unit": "Block", "heads": 1, "width": 68, "tracker": "wandb,mlflow"}
+_SAMPLE = {
+    "model": "mypkg.models:build",
+    "shard_unit": "Block",
+    "heads": 1,
+    "width": 68,
+    "tracker": "wandb,mlflow",
+    "global_batch_size": 16,
+}
 
 
 @pytest.mark.parametrize("declared", TRAINING_OPTIONS, ids=lambda declared: declared.key)

@@ -72,10 +72,15 @@ def test_parse_count(text, value):
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("80GiB", 80 * 2**30), ("40GB", 40 * 10**9), ("24G", 24 * 2**30), ("512", 512)]
+    ("text", "value"), [("80GiB", 80 * 2**30), ("40GB", 40 * 10**9), ("24G", 24 * 2**30), ("512B", 512)]
 )
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
+
+
+def test_a_size_without_a_unit_is_refused_not_read_as_bytes():
+    with pytest.raises(SpecError, match=r"--gpu-memory '80' has no unit; write e.g. 80GiB \(or 80B for bytes\)"):
+        parse_bytes("80")
 
 
 @pytest.mark.parametrize("text", ["lots", "-1", "0", "7X", "1e999"])

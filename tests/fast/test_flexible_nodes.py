@@ -75,11 +75,11 @@ REJECTED = [
     # (options, words of the one line)
     (
         {"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_batch_size": 1},
-        ["--nodes 2-3", "global batch 6", "4 ranks", "multiple of 12"],
+        ["--nodes 2-3", "global batch 6", "4 data-parallel ranks", "multiple of 12"],
     ),
     (
         {"nodes": "2-3", "gpus_per_node": 2, "shard_size": 2, "training_global_batch_size": 8},
-        ["global batch 8", "6 ranks", "multiple of 12"],
+        ["global batch 8", "6 data-parallel ranks", "multiple of 12"],
     ),
     ({"nodes": "1-2", "gpus_per_node": 2, "shard_size": 4}, ["--nodes 1-2", "at 1 node(s)", "shard size 4"]),
     ({"nodes": "1-2", "gpus_per_node": 2, "shard_size": 1, "ntasks": 3}, ["--ntasks 3", "fixed node count"]),
