@@ -129,11 +129,14 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
         if key not in allowed:
-            close = [k for k in allowed if k.startswith(key[:3])][:3]
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            import difflib  # noqa: PLC0415 - only for a misspelt key: render's start-up stays lean
+
+            close = difflib.get_close_matches(key, list(allowed), n=3, cutoff=0.6)
+            if close:
+                raise SpecError(f"unknown key {raw_key!r} in {where}; did you mean {' or '.join(close)}?")
             raise SpecError(
-                f"unknown key {raw_key!r} in {where}{hint}; known keys are the job options: "
-                f"{', '.join(sorted(allowed))}"
+                f"unknown key {raw_key!r} in {where}; the keys are the job options' names with _ "
+                f"(hpc-hsdp submit --help lists them: --gpus-per-node is gpus_per_node)"
             )
         if key in out:
             raise SpecError(f"{raw_key!r} is given twice in {where} (as - and _ spellings); keep one")

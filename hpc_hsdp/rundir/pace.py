@@ -51,12 +51,12 @@ class Progress:
     requeues: int | None
 
     def words(self) -> str:
-        """``2.31 steps/s, last step in 3m12s; 12m00s left in the allocation: finishes in time``."""
+        """``2.31 steps/s, all steps done in 3m12s; 12m00s left in the allocation: finishes in time``."""
         parts = []
         if self.steps_per_s is not None:
             speed = f"{self.steps_per_s:.3g} steps/s"
             if self.eta_s is not None:
-                speed += f", last step in {duration(self.eta_s)}" if self.eta_s > 0 else ", at the last step"
+                speed += f", all steps done in {duration(self.eta_s)}" if self.eta_s > 0 else ", at the last step"
             parts.append(speed)
         if self.time_left_s is not None:
             left = f"{duration(self.time_left_s)} left in the allocation"

@@ -61,7 +61,7 @@ def test_status_compares_the_eta_with_slurms_time_left(slurm_cluster, tmp_path):
     shown = hpc("status", str(run)).stdout
     subprocess.run(["scancel", job_id])
     assert re.search(
-        r"^time: [0-9.]+ steps/s, last step in \S+; \S+ left in the allocation: needs \d+ requeues? "
+        r"^time: [0-9.]+ steps/s, all steps done in \S+; \S+ left in the allocation: needs \d+ requeues? "
         r"\(limit 3m00s per run\)$",
         shown,
         re.MULTILINE,

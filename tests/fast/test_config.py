@@ -109,8 +109,12 @@ def test_sbatch_false_removes_a_profile_key() -> None:
 
 
 BAD_CONFIGS = [
-    ("nodez = 2\n", ["unknown key 'nodez'", "job.toml"]),
-    ('[profiles.dev]\nparition = "x"\n', ["unknown key 'parition'", "[profiles.dev]", "job.toml"]),
+    ("nodez = 2\n", ["unknown key 'nodez'", "job.toml", "did you mean nodes or"]),
+    (
+        '[profiles.dev]\nparition = "x"\n',
+        ["unknown key 'parition'", "[profiles.dev]", "job.toml", "did you mean partition or"],
+    ),
+    ("wibble = 2\n", ["unknown key 'wibble'", "the keys are the job options' names with _"]),
     ('nodes = "two"\n', ["nodes", "integer", "MIN-MAX"]),
     ('setup = "module load x"\n', ["setup", "list of strings"]),
     ("env = { A = true }\n", ["env.A", "string"]),

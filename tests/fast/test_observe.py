@@ -104,10 +104,12 @@ def test_progress_measures_speed_in_the_current_attempt_only():
     assert progress.steps_per_s == pytest.approx(2.0)
     assert progress.eta_s == pytest.approx(90.0) and progress.requeues == 1
     assert progress.words() == (
-        "2 steps/s, last step in 1m30s; 30s left in the allocation: needs 1 requeue (limit 1m00s per run)"
+        "2 steps/s, all steps done in 1m30s; 30s left in the allocation: needs 1 requeue (limit 1m00s per run)"
     )
     fits = progress_of(records, total_steps=30, attempt_start_step=10, time_left_s=600, time_limit_s=600)
-    assert fits.words() == "2 steps/s, last step in 5s; 10m00s left in the allocation: finishes before the time limit"
+    assert (
+        fits.words() == "2 steps/s, all steps done in 5s; 10m00s left in the allocation: finishes before the time limit"
+    )
     assert progress_of(records[:1], total_steps=30).words() == ""
     assert [duration(s) for s in (9.4, 75, 3725, 90000)] == ["9s", "1m15s", "1h02m", "1d01h"]
 

@@ -177,7 +177,7 @@ def test_submit_wait_and_status_name_the_slow_node_without_torch(tmp_path):
     out = hpc(*submit)
     assert out.returncode == 0, out.stdout + out.stderr
     live = [line for line in out.stderr.splitlines() if "RUNNING | step" in line]
-    assert any("steps/s" in line and "last step in" in line for line in live), out.stderr
+    assert any("steps/s" in line and "all steps done in" in line for line in live), out.stderr
     assert any("node n2: ranks 2-3 are" in line and "slower than the median" in line for line in live), out.stderr
     status = hpc("status", str(run))
     assert "slow: node n2: ranks 2-3 are" in status.stdout and "last step 16/16" in status.stdout, status.stdout
