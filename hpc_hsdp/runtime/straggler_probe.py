@@ -120,7 +120,7 @@ class StragglerProbe:
         began = time.perf_counter()
         mine = torch.tensor([own], dtype=torch.float64, device=self.device)
         gathered = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
-        dist.all_gather_into_tensor(gathered, mine)
+        dist.all_gather_single(gathered, mine)  # all_gather_into_tensor warns of its deprecation on every rank
         times = gathered.tolist()
         self.gather_s = time.perf_counter() - began
         return dict(summarize(times, self.nodes), share_s=round(self.gather_s, 6))
