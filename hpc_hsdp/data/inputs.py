@@ -108,11 +108,13 @@ def discover_inputs(
     field: str | None = None,
     decode_errors: str = "strict",
     max_line_bytes: int = MAX_LINE_BYTES,
-) -> tuple[list[InputFile], int]:
+) -> tuple[list[InputFile], dict[str, int]]:
     """The input files in order (each directory walked recursively, sorted, hidden names
-    skipped), and how many empty files inside directories were left out. Raises DataError."""
+    skipped), and how many files inside directories were left out: ``{"empty": n, "binary": m}``
+    (not UTF-8 text, e.g. ``__pycache__/*.pyc``; a file named itself is refused instead).
+    Raises DataError."""
     files: list[InputFile] = []
-    skipped_empty = 0
+    left_out = {"empty": 0, "binary": 0}
     for given in inputs:
         path = Path(given)
         if not path.exists():
@@ -130,9 +132,13 @@ def discover_inputs(
                     if not file.is_file():
                         continue
                     if file.stat().st_size == 0:
-                        skipped_empty += 1
+                        left_out["empty"] += 1
                         continue
-                    files.append(_checked_input(file, decode_errors))
+                    try:
+                        files.append(_checked_input(file, decode_errors))
+                    except NotText:
+                        left_out["binary"] += 1
+                        continue
                     found += 1
             if not found:
                 what = f"no non-empty file matching {glob!r}" if glob else "no non-empty file"
@@ -164,7 +170,7 @@ def discover_inputs(
             _check_first_jsonl_line(file, field, max_line_bytes)
         else:
             _check_text_column(file, field)
-    return files, skipped_empty
+    return files, left_out
 
 
 _KIND_NAMES = {"parquet": "Parquet", "arrow": "a datasets (save_to_disk) Arrow file"}
@@ -285,6 +291,10 @@ def _zstd_errors() -> tuple[type[BaseException], ...]:
     return (zstandard.ZstdError,)
 
 
+class NotText(DataError):
+    """An input that does not start as UTF-8 text (under ``--decode-errors strict``)."""
+
+
 def _checked_input(path: Path, decode_errors: str) -> InputFile:
     """An input that exists, is readable, holds something, and (strict) starts as UTF-8 text."""
     kind, compressed = _kind_of(path)
@@ -310,7 +320,7 @@ def _checked_input(path: Path, decode_errors: str) -> InputFile:
         try:
             codecs.getincrementaldecoder("utf-8")().decode(first, final=False)
         except UnicodeDecodeError as exc:
-            raise DataError(
+            raise NotText(
                 f"input {path} is not UTF-8 text (byte {exc.start} is {first[exc.start : exc.start + 1]!r}); "
                 f"leave it out (e.g. with --glob) or pass --decode-errors replace"
             ) from None

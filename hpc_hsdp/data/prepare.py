@@ -548,7 +548,8 @@ class PrepareResult:
     input_bytes: int
     text_bytes: int
     empty_documents: int
-    skipped_empty_files: int
+    skipped_files: dict[str, int]
+    """Files inside input directories left out: ``{"empty": n, "binary": m}``."""
     engine: str
     seconds: float
 
@@ -560,10 +561,12 @@ class PrepareResult:
             if self.shards[split]
         )
         rate = sum(self.num_tokens.values()) / max(self.seconds, 1e-9)
+        left_out = ", ".join(f"{n} {kind}" for kind, n in self.skipped_files.items() if n)
         return (
             f"wrote {self.output}: {splits}; tokenizer {self.tokenizer.get('kind')} ({self.vocab_size} ids, "
-            f"{self.dtype}); {self.input_files} input files, {human_bytes(self.text_bytes)} of text in "
-            f"{self.seconds:.1f} s ({human_count(rate)} tokens/s)"
+            f"{self.dtype}); {self.input_files} input files"
+            + (f" (left out of the directories: {left_out})" if left_out else "")
+            + f", {human_bytes(self.text_bytes)} of text in {self.seconds:.1f} s ({human_count(rate)} tokens/s)"
         )
 
 
@@ -572,7 +575,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     check up front; on any later failure the half-built directory is removed."""
     began = time.monotonic()
     progress = progress or Progress(enabled=False)
-    files, skipped_empty = discover_inputs(
+    files, skipped_files = discover_inputs(
         spec.inputs,
         glob=spec.glob,
         field=spec.field,
@@ -673,7 +676,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
         input_bytes=total_disk,
         text_bytes=text_bytes,
         empty_documents=empty_documents,
-        skipped_empty_files=skipped_empty,
+        skipped_files=skipped_files,
         engine=engine,
         seconds=time.monotonic() - began,
     )

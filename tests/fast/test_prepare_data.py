@@ -391,6 +391,21 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written, nothing left
 
 
+def test_a_source_directory_skips_its_binary_files_and_says_how_many(tmp_path, monkeypatch, capsys):
+    """A Python source tree holds __pycache__/*.pyc: left out with a count, not the first one fatal
+    (a binary file named itself is still refused: BAD_INPUTS)."""
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "src"
+    _text(source, "a.py", "def f(x):\n    return x\n" * 50)
+    (source / "__pycache__").mkdir()
+    _bytes(source / "__pycache__", "a.cpython-311.pyc", b"\xa7\r\r\n\x00\x00\x00\x00" + bytes(range(256)))
+    with pytest.raises(SystemExit) as exited:
+        main(["prepare-data", "-q", str(source), "-o", "out"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    assert "1 input files (left out of the directories: 1 binary)" in out, out
+
+
 def test_a_tokenizer_without_an_end_of_document_token_needs_eos_token(tmp_path, monkeypatch, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
