@@ -62,4 +62,14 @@ def submit(cluster, wait, dry_run, **options) -> None:
         run_dir = shlex.quote(spec.run.run_dir)
         click.echo(f"follow it:     hpc-hsdp status {run_dir}   |   hpc-hsdp logs {run_dir} --follow")
         return
-    sys.exit(follow(handle, total_steps=spec.run.training.steps))
+    try:
+        code = follow(handle, total_steps=spec.run.training.steps)
+    except KeyboardInterrupt:
+        run_dir = shlex.quote(spec.run.run_dir)
+        click.echo(
+            f"\nhpc-hsdp: stopped following; job {handle.job_id} goes on. Follow it again with "
+            f"hpc-hsdp status {run_dir}; stop it with hpc-hsdp cancel {run_dir}",
+            err=True,
+        )
+        code = 130
+    sys.exit(code)

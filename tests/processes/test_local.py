@@ -269,3 +269,27 @@ def test_submit_and_status_never_import_torch(tmp_path, local_submit):
     ]
     assert_cli_imports_no_torch(*args)
     assert Path(run / "layout.json").exists()
+
+
+def test_ctrl_c_of_submit_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_path, local_submit):
+    import signal
+
+    run = tmp_path / "run"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    argv = [sys.executable, "-m", "hpc_hsdp", *local_submit(run, "--wait", "--steps", "2000", *TINY, device=None)]
+    follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists():  # training: the job is well under way
+            assert follower.poll() is None and time.monotonic() < deadline, follower.communicate()
+            time.sleep(0.2)
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 130, err
+        assert "stopped following; job" in err and "goes on" in err and f"hpc-hsdp cancel {run}" in err, err
+        assert "Aborted" not in err and "Traceback" not in err, err
+        assert json.loads(hpc("status", str(run), "--json").stdout)["state"] == "RUNNING"
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        hpc("cancel", str(run))
