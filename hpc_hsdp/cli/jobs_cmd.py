@@ -25,6 +25,7 @@ from hpc_hsdp.rundir.membership import membership_changes, read_membership
 from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
 from hpc_hsdp.rundir.pace import progress_of
 from hpc_hsdp.rundir.runs import find_run_dirs
+from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
 
 MEMBERSHIP_SHOWN = 8
@@ -309,10 +310,21 @@ def logs(job, rank, follow, tail) -> None:
             _say(f"hpc-hsdp: {said}" if said else "hpc-hsdp: the scheduler answers again", err=True)
 
 
+CANCEL_WAIT_S = 120
+"""How long ``cancel`` waits for the job to end (its ranks agree to stop and save on the SIGTERM)."""
+
+
 @click.command(epilog=JOB_HELP)
 @click.argument("job")
-def cancel(job) -> None:
-    """Cancel a submitted job (scancel, or the local emulator's equivalent)."""
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="Return once the scheduler has the cancel; by default wait (up to 2 minutes) for the ranks to save "
+    "and end, and say which step was saved.",
+)
+def cancel(job, no_wait) -> None:
+    """Cancel a submitted job (scancel, or the local emulator's equivalent): every rank gets SIGTERM,
+    agrees to stop after its step, saves a checkpoint and ends, on SLURM and on the emulator alike."""
     handle = JobHandle.find(job)
     st = handle.status()
     if st.finished:
@@ -326,8 +338,32 @@ def cancel(job) -> None:
             f"{job} is not where job {handle.job_id} runs: the scheduler says it writes {elsewhere} ({job} is a copy, "
             f"or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {elsewhere})"
         )
+    before = _saved_step(handle.record.run_dir)
     handle.cancel()
-    _say(f"cancelled job {handle.job_id}")
+    if no_wait:
+        _say(f"cancelled job {handle.job_id}")
+        return
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while not handle.status().finished and time.monotonic() < deadline:
+        time.sleep(0.5)
+    saved = _saved_step(handle.record.run_dir)
+    if saved is not None and saved != before:
+        what = f"step {saved} saved: a submit with the same --run-dir resumes from it"
+    elif saved is not None:
+        what = f"no new checkpoint; the newest is step {saved}"
+    else:
+        what = "no checkpoint saved"
+    ended = handle.status()
+    _say(f"cancelled job {handle.job_id} ({ended.state if ended.finished else 'still ending'}): {what}")
+
+
+def _saved_step(run_dir: str) -> int | None:
+    """The newest complete checkpoint's step (None: none)."""
+    try:
+        found = complete_checkpoints(run_dir)
+    except OSError:
+        return None
+    return found[-1][0] if found else None
 
 
 _UNREADABLE = (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)

@@ -47,6 +47,9 @@ from hpc_hsdp.rundir.claim import release_claim
 from hpc_hsdp.rundir.job_record import JobRecord
 
 KILL_WAIT_S = 5
+CANCEL_KILL_WAIT_S = 30
+"""Seconds a cancelled job's tasks get between SIGTERM and SIGKILL: SLURM's default KillWait, in
+which every rank agrees to stop, saves and ends, as under ``scancel``."""
 MAX_LOCAL_TASKS = 64
 """The emulator runs every task as a process on this machine; more would only exhaust it."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
@@ -562,9 +565,13 @@ def _supervise(state_file: str) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if cancelled:
-                    deadline = deadline or time.monotonic() + KILL_WAIT_S
+                    deadline = deadline or time.monotonic() + CANCEL_KILL_WAIT_S
                     if time.monotonic() > deadline:
                         _signal_group(batch.pid, signal.SIGKILL)
+        if cancelled:  # the batch shell dies of SIGTERM at once; the tasks still save, as under slurmd's KillWait
+            deadline = deadline or time.monotonic() + CANCEL_KILL_WAIT_S
+            while _group_alive(batch.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
         _signal_group(batch.pid, signal.SIGKILL)  # leftovers of the step, as slurmd would
     state.update(
         state="CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED"),
@@ -575,6 +582,16 @@ def _supervise(state_file: str) -> int:
     if state.get("run_dir"):  # as SLURM ends a job: the run directory is free again
         release_claim(state["run_dir"], job_id, ended=state["state"])
     return 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
