@@ -27,6 +27,7 @@ from hpc_hsdp.rundir.pace import progress_of
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
+from hpc_hsdp.rundir.tracker_runs import trackers_off
 
 MEMBERSHIP_SHOWN = 8
 """The newest membership changes of a fault-tolerant run that ``status`` shows."""
@@ -112,6 +113,7 @@ def run_facts(handle, status=None) -> dict:
         "straggler_step": probes[-1]["step"] if probes else None,
         "restarts": restarts,
         "hang": hang_words(run_dir),
+        "trackers_off": trackers_off(run_dir),
     }
 
 
@@ -120,6 +122,7 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     start = time.monotonic()
     tty = sys.stderr.isatty()
     last_shown = ""
+    said_off: set[str] = set()
     for status, _ in watch(handle, poll_s=poll_s):
         line = f"job {handle.job_id} {status.state}"
         if status.note:
@@ -127,6 +130,9 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         if status.restarts:
             line += f" (restarts {status.restarts})"
         facts = run_facts(handle, status)
+        for off in set(facts["trackers_off"]) - said_off:  # once each, on a line of its own
+            _say(("\n" if tty and last_shown else "") + f"hpc-hsdp: {terminal_safe(off)}", err=True)
+            said_off.add(off)
         metrics = facts["last"]
         step = step_text(
             metrics,
@@ -194,6 +200,7 @@ def status(job, as_json) -> None:
         "restart_causes": facts["restarts"],
         "membership": facts["membership"],
         "hang": facts["hang"],
+        "trackers_off": facts["trackers_off"],
         "compile": latest_compile(handle.record.run_dir),
         "failure": failure_of(handle, st),
         **st.to_dict(),
@@ -235,6 +242,8 @@ def status(job, as_json) -> None:
             _say(f"  {line}")
     if facts["hang"]:
         _say(f"last hang: {facts['hang']}")
+    for off in facts["trackers_off"]:
+        _say(terminal_safe(off))
     if data["failure"]:
         _say(f"failure: {data['failure']}")
     _say(f"run directory: {handle.record.run_dir}")

@@ -15,6 +15,7 @@ A missing or damaged file is no entry (a new run starts), never an error.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from hpc_hsdp.files import read_json
@@ -62,3 +63,29 @@ def record_progress(run_dir: str | Path, logged_through: dict[str, int]) -> None
     for name, step in logged_through.items():
         entries.setdefault(name, {})["logged_through"] = step
     atomic_write_text(trackers_path(run_dir), json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def record_off(run_dir: str | Path, name: str, reason: str) -> None:
+    """A tracker that could not start this attempt, and why (``status`` and ``submit --wait`` say
+    it); its run's other fields are kept for a later attempt."""
+    entries = read_tracker_runs(run_dir)
+    entries[name] = {**entries.get(name, {}), "off": reason, "off_at": time.time()}
+    atomic_write_text(trackers_path(run_dir), json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def clear_off(run_dir: str | Path, name: str) -> None:
+    """The tracker started this attempt: an earlier attempt's ``off`` no longer holds."""
+    entries = read_tracker_runs(run_dir)
+    entry = entries.get(name)
+    if isinstance(entry, dict) and "off" in entry:
+        entries[name] = {k: v for k, v in entry.items() if k not in ("off", "off_at")}
+        atomic_write_text(trackers_path(run_dir), json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+def trackers_off(run_dir: str | Path) -> list[str]:
+    """``tracker mlflow is off: REASON`` for each tracker that could not start (the latest attempt's)."""
+    return [
+        f"tracker {name} is off: {entry['off']}"
+        for name, entry in sorted(read_tracker_runs(run_dir).items())
+        if isinstance(entry, dict) and isinstance(entry.get("off"), str)
+    ]

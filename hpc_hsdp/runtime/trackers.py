@@ -41,7 +41,7 @@ from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.rundir.metrics import metrics_path
 from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.tracker_runs import record_progress
+from hpc_hsdp.rundir.tracker_runs import clear_off, record_off, record_progress
 from hpc_hsdp.runtime.log import note
 
 MODULES = {
@@ -113,12 +113,22 @@ def off_note(name: str, reason: str) -> str:
 def _open(name: str, start: TrackerStart, *, verbose: bool):
     module, extra = TRACKER_PACKAGES[name]
     try:
-        return importlib.import_module(MODULES[name]).open_tracker(start)
+        tracker = importlib.import_module(MODULES[name]).open_tracker(start)
+        try:
+            clear_off(start.run_dir, name)
+        except OSError:
+            pass
+        return tracker
     except ImportError as exc:
         if name != default("tracker") or verbose:  # the default without its package: said unless quiet
             note(off_note(name, f"{exc}; pip install 'hpc-hsdp[{extra}]' (or {module}) to use it"))
     except Exception as exc:  # noqa: BLE001 - a tracker never ends the training
-        note(off_note(name, f"it could not start: {type(exc).__name__}: {_brief(exc)}"))
+        reason = f"it could not start: {type(exc).__name__}: {_brief(exc)}"
+        note(off_note(name, reason))
+        try:
+            record_off(start.run_dir, name, reason)
+        except OSError:
+            pass
     return None
 
 

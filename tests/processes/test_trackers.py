@@ -213,6 +213,11 @@ def test_a_tracker_that_cannot_write_is_a_warning_and_the_job_completes(tmp_path
     assert len(warnings) == 1 and "training goes on without it" in warnings[0], logs[-3000:]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert not (run / "tb").exists()  # --tracker mlflow alone: no TensorBoard files
+    # named where the user looks, with the reason: submit --wait (once) and status
+    said = [line for line in out.stderr.splitlines() if "tracker mlflow is off: it could not start" in line]
+    assert len(said) == 1 and said[0].startswith("hpc-hsdp: "), out.stderr
+    status = hpc("status", str(run))
+    assert "tracker mlflow is off: it could not start" in status.stdout, status.stdout
 
 
 # ----------------------------------------------------------------------------- cancelled and submitted again
