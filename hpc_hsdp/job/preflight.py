@@ -17,7 +17,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
-from hpc_hsdp.models.hf_shapes import tp_dims_from_config
+from hpc_hsdp.models.hf_shapes import GPT2_STYLE, tp_dims_from_config
 from hpc_hsdp.plan.mixture import check_batch, used_once_text
 from hpc_hsdp.plan.shapes import builtin_tp_dims, tp_refusal
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
@@ -82,6 +82,11 @@ def tensor_parallel_refusal(
             if config_optional:
                 return None
             raise
+        if values.get("model_type") in GPT2_STYLE:  # transformers gives these no tensor-parallel plan
+            return (
+                f"--tp {tp_size}: --model {model} ({values['model_type']}) has no tensor-parallel plan in "
+                f"transformers (no base_model_tp_plan); train it with --tp 1, or use a model of the Llama family"
+            )
         dims = tp_dims_from_config(values, model=f"--model {model}", seq_len=training.seq_len)
         return tp_refusal(dims, tp_size) if dims is not None else None
     return None

@@ -194,3 +194,11 @@ def test_the_checks_import_no_torch(tmp_path):
     model = "hf:" + str(write_config(tmp_path / "llama", LLAMA))
     render = ["render", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--run-dir", str(tmp_path / "r")]
     assert_cli_imports_no_torch([*render, "-o", str(tmp_path / "job.sbatch")])
+
+
+def test_a_transformers_model_without_a_plan_is_refused_before_the_job(tmp_path, capsys):
+    model = "hf:" + str(write_config(tmp_path / "gpt2", {"model_type": "gpt2", "n_head": 4, "n_embd": 64}))
+    render = ["render", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--run-dir", str(tmp_path / "r")]
+    err = _refused([*render, "-o", str(tmp_path / "job.sbatch")], capsys)
+    assert "(gpt2) has no tensor-parallel plan in transformers" in err
+    assert not (tmp_path / "job.sbatch").exists()
