@@ -282,8 +282,15 @@ def test_ctrl_c_of_submit_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_path,
 
     run = tmp_path / "run"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    argv = [sys.executable, "-m", "hpc_hsdp", *local_submit(run, "--wait", "--steps", "2000", *TINY, device=None)]
-    follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base)
+    argv = [sys.executable, "-m", "hpc_hsdp", *local_submit(run, "--wait", "--steps", "100000", *TINY, device=None)]
+    follower = subprocess.Popen(  # SIGINT as a terminal's Ctrl-C gives it (pytest-xdist's workers ignore it)
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while not (run / "metrics.jsonl").exists():  # training: the job is well under way
