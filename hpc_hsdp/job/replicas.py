@@ -37,7 +37,7 @@ from pathlib import Path
 from hpc_hsdp.errors import SlurmEnvError
 from hpc_hsdp.job.backends import task_backend
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm, slurmd_address
-from hpc_hsdp.plan.address import reachable_address
+from hpc_hsdp.plan.address import FALLBACK_PORT_BASE, pick_port, reachable_address
 from hpc_hsdp.plan.replica_groups import (
     ATTEMPT_ENV,
     LIGHTHOUSE_ENV,
@@ -48,7 +48,7 @@ from hpc_hsdp.plan.replica_groups import (
 )
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches
-from hpc_hsdp.plan.topology import expand_nodelist
+from hpc_hsdp.plan.topology import RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_SPAN, expand_nodelist
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.membership import membership_path
 from hpc_hsdp.rundir.metrics import last_step_written
@@ -87,6 +87,22 @@ class Group:
     started: float = 0.0
     done: bool = False
     lost: bool = False
+    port: int = 0
+    """The group's rendezvous port (:meth:`Supervisor.group_port`)."""
+
+
+PORTS_PER_JOB = 61
+"""The fallback ports one job's replica groups and lighthouse are spread from: jobs with adjacent
+ids (submitted one after the other, sharing a node) get blocks this far apart, so that neither
+takes the other's ports (up to 60 groups and the lighthouse)."""
+
+
+def job_port(base_port: int, index: int) -> int:
+    """The ``index``-th port of a replica group's job whose own rendezvous port is ``base_port``:
+    outside the range jobs derive their ports from (the next job's is this one's + 1), in a block
+    of :data:`PORTS_PER_JOB` of the fallback range that the jobs around it do not share."""
+    offset = (base_port - RENDEZVOUS_PORT_BASE) % RENDEZVOUS_PORT_SPAN
+    return FALLBACK_PORT_BASE + (offset * PORTS_PER_JOB + index) % RENDEZVOUS_PORT_SPAN
 
 
 @dataclass
@@ -150,6 +166,16 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the groups
 
+    def group_port(self, group: Group) -> int:
+        """The group's rendezvous port: after the job's, outside the derived range; where the group
+        starts on this machine (the job's first node, the emulator) the first of those that is free
+        here and no other group's or the lighthouse's."""
+        wanted = job_port(self.base_port, 1 + group.replica_id)
+        if group.nodes[0] != 0 and self.probe_nodes:
+            return wanted
+        taken = {self.lighthouse_port} | {g.port for g in self.groups if g is not group and g.port}
+        return pick_port(wanted, taken=taken, where="this node")
+
     def rendezvous_address(self, group: Group) -> str:
         """The address the group's first node serves its rendezvous on, by the batch shell's rule
         (:func:`~hpc_hsdp.plan.address.node_address`): this shell's own for the job's first node
@@ -201,7 +227,7 @@ class Supervisor:
                 ATTEMPT_ENV: str(group.attempt),
                 LIGHTHOUSE_ENV: f"http://{self.address}:{self.lighthouse_port}",
                 "MASTER_ADDR": address,
-                "MASTER_PORT": str(self.base_port + 1 + group.replica_id),
+                "MASTER_PORT": str(group.port),
             }
         )
         return env
@@ -213,6 +239,7 @@ class Supervisor:
         except SlurmEnvError as exc:
             self.replace(group, str(exc), nodes_alive=False)  # not tried again: it would say the same
             return
+        group.port = self.group_port(group)
         nodes = len(group.nodes)
         argv = [
             "srun",
@@ -411,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tasks_per_node=args.tasks_per_node,
         min_replicas=args.min_replicas,
         address=address,
-        lighthouse_port=port + 1 + args.groups,  # after every group's rendezvous port
+        lighthouse_port=pick_port(job_port(port, 0), where="this node"),
         base_port=port,
         node_names=names,
         run_dir=args.run_dir,
