@@ -20,9 +20,11 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_SIGNAL_AT=<rank>:<step>``
     that rank sends itself the job's warning signal (SIGUSR2) at the start of that step,
     as ``scancel --signal=USR2`` would: the ranks agree to stop after that step and save.
-``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>``
+``HPC_HSDP_FAULT_STEP_DELAY_S=<seconds>`` or ``=@<file>``
     every rank sleeps that long in every step, so that a tiny job lasts long enough for a
-    test to signal it mid-training.
+    test to signal it mid-training. With ``@<file>`` the seconds are read from that file at
+    every step (no file, or an empty one: no sleep), so that a test paces a run while it
+    runs (slow until something it waits for has happened).
 ``HPC_HSDP_FAULT_SLOW_RANK=<rank>:<seconds>[,<rank>:<seconds>...]``
     that rank sleeps that long inside every step's timed work (a straggler: its own time
     grows, the others wait for it in the collectives).
@@ -92,6 +94,7 @@ class Faults:
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
     step_delay_s: float = 0.0
+    step_delay_file: str | None = None
     skip_space_check: bool = False
     freeze_at: tuple[int, int] | None = None
     slow_ranks: tuple[tuple[int, float], ...] = ()
@@ -101,11 +104,13 @@ class Faults:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         delay = env.get(STEP_DELAY_S, "").strip()
+        delay_file = delay[1:] if delay.startswith("@") else None
         return cls(
             raise_at=_rank_step(env, RAISE_AT),
             kill_at=_rank_step(env, KILL_AT),
             kill_in_save=_rank_step(env, KILL_IN_SAVE),
-            step_delay_s=float(delay) if delay else 0.0,
+            step_delay_s=float(delay) if delay and delay_file is None else 0.0,
+            step_delay_file=delay_file,
             skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1",
             freeze_at=_rank_step(env, FREEZE_AT),
             slow_ranks=tuple(sorted(_slow_ranks(env).items())),
@@ -133,10 +138,20 @@ def _kill_self(what: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _paced_delay(path: str) -> float:
+    try:
+        text = open(path).read().strip()
+    except FileNotFoundError:
+        return 0.0
+    return float(text) if text else 0.0
+
+
 def at_step(rank: int, step: int) -> None:
     """Called by the payload at the start of every step."""
     if _active.step_delay_s:
         time.sleep(_active.step_delay_s)
+    if _active.step_delay_file:
+        time.sleep(_paced_delay(_active.step_delay_file))
     if _active.raise_at == (rank, step):
         raise InjectedFault(f"fault injected: rank {rank} raised at step {step} ({RAISE_AT}, test hook)")
     if _active.kill_at == (rank, step):

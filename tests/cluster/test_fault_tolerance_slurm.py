@@ -19,7 +19,7 @@ from hpc_hsdp.data.synthetic import SyntheticSamples
 from hpc_hsdp.rundir.membership import read_membership
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 90
+STEPS = 30
 GLOBAL_BATCH = 8
 
 
@@ -49,13 +49,17 @@ def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goe
         pytest.skip("needs a dev cluster of 3 nodes: 2 replica groups and a spare")
     run, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
+    # steps are slow from the kill until the group on the spare has joined (however long a loaded
+    # machine takes to start it), then back to the usual pace
+    pace = tmp_path / "step-delay"
+    pace.write_text("0.4")
     out = hpc(
         "submit",
         *("--cluster", "slurm", "--device", "cpu", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2"),
         *("--fault-tolerance", "replica", "--spare-nodes", "1", "--quorum-timeout", "20"),
         *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8"),
         *("--global-batch-size", str(GLOBAL_BATCH), "--steps", str(STEPS), "--straggler-every", "0"),
-        *("--run-dir", str(run), "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.4"),
+        *("--run-dir", str(run), "--env", f"HPC_HSDP_FAULT_STEP_DELAY_S=@{pace}"),
         *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}"),
     )
     assert out.returncode == 0, out.stderr
@@ -69,9 +73,19 @@ def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goe
         )
         started = [e for e in _jsonl(run / "replicas.jsonl") if e.get("event") == "replica group started"]
         victim = next(e["nodes"][0] for e in started if e["replica_id"] == 1)
+        pace.write_text("2")
         killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True)
         assert killed.returncode == 0, killed.stderr
         killed_after = max(r["step"] for r in _jsonl(run / "metrics.jsonl"))
+        wait_until(
+            "the group on the spare healed",
+            lambda: any(
+                "healed from a live peer" in e.get("cause", "") and e.get("replica_id") == 1
+                for e in _jsonl(run / "replicas.jsonl")
+            ),
+            180,
+        )
+        pace.write_text("0.4")
         final = _wait_for_the_end(run, 420)
         shown = hpc("status", str(run)).stdout
     finally:

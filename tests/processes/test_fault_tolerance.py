@@ -29,13 +29,13 @@ GLOBAL_BATCH = 12
 STEPS = 24
 
 
-def _spec(run_dir: Path, samples: Path, *extra: str):
+def _spec(run_dir: Path, samples: Path, *extra: str, step_delay: str = "0.4"):
     argv = [
         *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--fault-tolerance", "replica"),
         *("--quorum-timeout", "20", "--steps", str(STEPS), "--global-batch-size", str(GLOBAL_BATCH)),
         *("--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0"),
         *("--device", "cpu", "--run-dir", str(run_dir), "--venv", "none", "--python", sys.executable),
-        *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}", "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.4"),
+        *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}", "--env", f"HPC_HSDP_FAULT_STEP_DELAY_S={step_delay}"),
         *extra,
     ]
     params = render.make_context("render", argv).params
@@ -120,10 +120,23 @@ def _assert_last_step_saved_and_relaunch_resumes_exactly(spec, run_dir: Path, sa
     _assert_every_step_once(run_dir, samples)
 
 
+def _wait_for_heal(run_dir: Path, replica_id: int, job, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not job.done():
+        events = read_membership(run_dir)
+        if any("healed from a live peer" in e.get("cause", "") and e.get("replica_id") == replica_id for e in events):
+            return
+        time.sleep(0.2)
+
+
 def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path: Path) -> None:
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
-    spec = _spec(run_dir, samples, "--spare-nodes", "1")
+    # the survivor's steps are slow from the kill until the group on the spare has joined, however
+    # long a loaded machine takes to start it (20 steps of 2 s), then back to the usual pace
+    pace = tmp_path / "step-delay"
+    pace.write_text("0.4")
+    spec = _spec(run_dir, samples, "--spare-nodes", "1", step_delay=f"@{pace}")
     (run_dir / "logs").mkdir(parents=True)
     job = _launch(spec)
     try:
@@ -131,8 +144,11 @@ def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path
         victims = _group_pids(job.job_id, 1)
         assert victims, "no process of replica group 1 found"
         killed_after = _metrics(run_dir)[-1]["step"]
+        pace.write_text("2")
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
+        _wait_for_heal(run_dir, 1, job, timeout_s=60)
+        pace.write_text("0.4")
         state = job.wait(timeout_s=300)
     finally:
         job.cancel()
