@@ -15,7 +15,7 @@ from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.spec import TrainingSpec, check_model, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
-    DTYPE_BYTES,
+    PRECISION_BYTES,
     SLURM_KILL_WAIT_S,
     ActivationShape,
     estimate,
@@ -26,6 +26,7 @@ from hpc_hsdp.plan.estimates import (
     parse_count,
     recommend,
     recommend_tp,
+    resolve_precision,
     save_estimate,
     save_time,
     smallest_fitting_shard,
@@ -90,7 +91,8 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp
     help="Of --model-params, those in the root module (embeddings, head): gathered once per step, not twice.  "
     "[default: 0]",
 )
-@click.option("--dtype", default="fp32", show_default=True, help="Parameter dtype for the estimates: fp32, bf16, fp16.")
+@job_option("precision", "plan")
+@click.option("--dtype", default=None, hidden=True, help="Old name of --precision (bf16, fp32).")
 @click.option(
     "--optimizer",
     default="adamw",
@@ -142,6 +144,7 @@ def plan(
     training_model,
     model_params,
     root_params,
+    training_precision,
     dtype,
     optimizer,
     training_grad_accum,
@@ -168,15 +171,16 @@ def plan(
     hpc-hsdp plan --nodes 2 --gpus-per-node 8 --shard 4
     hpc-hsdp plan --nodes 4 --shard 16 --svg layout.svg
     hpc-hsdp plan --tasks-per-node '8(x2),4' --shard 4 --json
-    hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --dtype bf16 --gpu-memory 80GiB
+    hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --precision bf16 --gpu-memory 80GiB
     hpc-hsdp plan --nodes 2 --shard 8 --model-params 7B --grad-accum 4
     hpc-hsdp plan --nodes 2 --recommend --model-params 7B --gpu-memory 80GiB
-    hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --dtype bf16
+    hpc-hsdp plan --nodes 2 --shard 8 --model hf:/models/llama-1b --precision bf16
     hpc-hsdp plan --nodes 2 --shard 2 --tp 4 --svg layout.svg
-    hpc-hsdp plan --nodes 4 --shard 4 --tp 8 --model-params 70B --dtype bf16 --seq-len 8192 --batch-size 1
-    hpc-hsdp plan --nodes 4 --recommend --model-params 70B --gpu-memory 80GiB --dtype bf16 --seq-len 8192
+    hpc-hsdp plan --nodes 4 --shard 4 --tp 8 --model-params 70B --seq-len 8192 --batch-size 1
+    hpc-hsdp plan --nodes 4 --recommend --model-params 70B --gpu-memory 80GiB --seq-len 8192
     hpc-hsdp plan --nodes 4 --shard 16 --node-switches 'spine.leaf1:n[1,3];spine.leaf2:n[2,4]'
     """
+    precision = _precision(training_precision, dtype)
     model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)
     if not recommend and shard_size is None:
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
@@ -201,6 +205,7 @@ def plan(
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
+    blocks = _blocks(model_info, params_for_shard)
     tp_training = _tp_training(training_model, model_params, training_seq_len)
     refusal = _tp_refusal(tp_training, tp_size)
     if refusal:
@@ -224,10 +229,11 @@ def plan(
             the_plan,
             tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(tp_training, t)],
             gpu_memory=memory,
-            dtype=dtype,
+            precision=precision,
             optimizer=optimizer,
             params_for_shard=params_for_shard,
             activations=activations,
+            blocks=blocks,
         )
         chosen = None
         if rec.chosen is not None and as_json:
@@ -237,7 +243,7 @@ def plan(
         _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, as_json=as_json)
         return
     if recommend:
-        rec = recommend_for(the_plan, params_for_shard, memory, dtype, optimizer, activations)
+        rec = recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations, blocks)
         chosen = None
         if rec.chosen is not None and as_json:
             chosen = _build_plan(
@@ -253,7 +259,12 @@ def plan(
     if training_grad_accum < 1:
         raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
     model = _ModelCost(
-        params_for_shard, dtype=dtype, optimizer=optimizer, grad_accum=training_grad_accum, activations=activations
+        params_for_shard,
+        precision=precision,
+        optimizer=optimizer,
+        grad_accum=training_grad_accum,
+        activations=activations,
+        blocks=blocks,
     )
     sizing = _sizing(
         the_plan, model, memory=memory, write_bandwidth=write_bandwidth, signal=signal, kill_wait=kill_wait
@@ -365,10 +376,11 @@ class _ModelCost:
     """The model's parameters per shard size and how they are stored and trained."""
 
     params_for_shard: Callable[[int], tuple[int, int]] | None
-    dtype: str
+    precision: str
     optimizer: str
     grad_accum: int
     activations: ActivationShape | None = None
+    blocks: int | None = None
 
     def params(self, plan: TopologyPlan) -> tuple[int | None, int]:
         return self.params_for_shard(plan.shard_size) if self.params_for_shard else (None, 0)
@@ -381,10 +393,11 @@ class _ModelCost:
             plan,
             model_params=params,
             root_params=root,
-            dtype=self.dtype,
+            precision=self.precision,
             optimizer=self.optimizer,
             grad_accum=self.grad_accum,
             activations=self.activations,
+            blocks=self.blocks,
             **more,
         )
 
@@ -400,7 +413,7 @@ class _Sizing:
 def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait) -> _Sizing:
     """Memory and traffic per GPU, the smallest shard size that fits, and the checkpoint's cost."""
     params, _ = model.params(the_plan)
-    dtype, optimizer = model.dtype, model.optimizer
+    precision, optimizer = model.precision, model.optimizer
     est = model.estimate(the_plan)
     if (
         est is not None
@@ -408,7 +421,7 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
         and the_plan.shard_size > 1
         and gathered_fits(
             state_bytes=est.needed_bytes,
-            gathered_bytes=DTYPE_BYTES[dtype] * params // the_plan.tp_size,
+            gathered_bytes=PRECISION_BYTES[resolve_precision(precision)].gather * params // the_plan.tp_size,
             memory_bytes=memory,
         )
     ):
@@ -419,9 +432,10 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
             the_plan,
             model_params=params,
             gpu_memory=memory,
-            dtype=dtype,
+            precision=precision,
             optimizer=optimizer,
             activations=model.activations,
+            blocks=model.blocks,
         )
         if memory is not None
         else None
@@ -435,7 +449,7 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
         saving = save_estimate(
             the_plan,
             model_params=params,
-            dtype=dtype,
+            precision=precision,
             optimizer=optimizer,
             node_write_bandwidth=rate,
             signal=None if signal.strip().lower() == "none" else signal,
@@ -530,14 +544,15 @@ def _model_summary(model: str) -> dict:
     return {"counts": shapes.counts, "dims": dims, "record": record, "line": line}
 
 
-def recommend_for(the_plan, params_for_shard, memory, dtype, optimizer, activations=None):
+def recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations=None, blocks=None):
     return recommend(
         the_plan,
         gpu_memory=memory,
-        dtype=dtype,
+        precision=precision,
         optimizer=optimizer,
         params_for_shard=params_for_shard,
         activations=activations,
+        blocks=blocks,
     )
 
 
@@ -584,6 +599,27 @@ def _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, *, a
     if model_info is not None:
         click.echo(model_info["line"])
     click.echo(recommend_tp_text(rec, the_plan, activations), nl=False)
+
+
+def _precision(precision: str, dtype: str | None) -> str:
+    """``--precision``, or the old ``--dtype`` read as it (with a note: it no longer means 2-byte states)."""
+    if dtype is None:
+        return precision
+    named = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}.get(dtype.lower())
+    if named is None:
+        raise SpecError(f"--dtype {dtype!r}: the trainer has no such precision; give --precision bf16, fp32 or fp8")
+    click.echo(
+        f"note: --dtype {dtype} reads as --precision {named}: the estimates count what the trainer keeps "
+        f"(fp32 sharded parameters and gradients in every precision); write --precision {named}",
+        err=True,
+    )
+    return named
+
+
+def _blocks(model_info, params_for_shard) -> int | None:
+    """The model's blocks where known (the built-in model's, an ``hf:``/factory model's), for the working set."""
+    dims = model_info.get("dims") if model_info is not None else getattr(params_for_shard, "dims", None)
+    return dims[0] if dims else None
 
 
 def _params_for_shard(model_params: str, root_params: str | None):

@@ -878,6 +878,15 @@ OPTIONS: tuple[JobOption, ...] = (
             "layers in Float8 (torchao, hpc-hsdp[fp8]; GPUs of compute capability >= 8.9); auto: bf16 on GPU, "
             "fp32 on CPU."
         ),
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="What the estimates count as the trainer keeps it: fp32 sharded parameters, gradients and "
+                "optimizer state in every precision; bf16 and fp8 gather parameters and keep activations in bf16 "
+                "and reduce gradients in fp32; auto: bf16 (a GPU run).",
+                default=DECLARED,
+            )
+        },
     ),
     _training(
         "activation_checkpointing",

@@ -34,6 +34,19 @@ Activations per GPU (:class:`ActivationShape`): ``17 b B L H`` per block (Korthi
 2022, 34 s b h bytes at 16 bits, without the attention scores that flash attention never
 stores), over T (sequence parallelism splits the parts tensor parallelism does not); with
 activation checkpointing each block keeps its input (``b B L H / T``) and one block's set is live.
+
+Bytes per element follow ``--precision`` as the trainer runs it (:data:`PRECISION_BYTES`,
+FSDP2's ``MixedPrecisionPolicy`` in ``runtime/model.py``): the sharded parameters the optimizer
+updates and their gradients stay fp32 in every precision; bf16 (and fp8) gather parameters and
+keep activations in bf16 and reduce gradients in fp32. Per GPU, with P_u the parameters of the
+largest shard unit (a block) and ``g``/``r`` the gather/reduce bytes::
+
+    states   = (4 + 4 + 4 k) P / (S T)                        k: optimizer tensors (AdamW 2)
+    working  = (g (P_root + 2 P_u) + (g + r) P_u) / T          two blocks gathered (the one running
+                                                               and the one prefetched), one block's
+                                                               gradients unsharded and reduce-scattered
+             = (g P + (g + r) P_u) / T                         blocks kept gathered (reshard never)
+    peak     = states + working + activations
 """
 
 from __future__ import annotations
@@ -47,11 +60,38 @@ from hpc_hsdp.plan.slurm_facts import signal_lead_seconds
 from hpc_hsdp.plan.topology import TopologyPlan, valid_shard_sizes, valid_tp_sizes
 from hpc_hsdp.plan.units import format_bytes
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+@record(kw_only=False)
+class PrecisionBytes:
+    """Bytes per element the trainer uses at one ``--precision``."""
+
+    state: int
+    """The sharded parameters the optimizer updates, and their gradients."""
+    gather: int
+    """Parameters all-gathered and held gathered for compute (FSDP2's ``param_dtype``)."""
+    reduce: int
+    """Gradients reduce-scattered and all-reduced (FSDP2's ``reduce_dtype``)."""
+    activation: int
+
+
+PRECISION_BYTES = {
+    "fp32": PrecisionBytes(4, 4, 4, 4),
+    "bf16": PrecisionBytes(4, 2, 4, 2),
+    "fp8": PrecisionBytes(4, 2, 4, 2),
+}
+"""``--precision`` -> bytes per element (fp8: the Float8 Linears gather in one byte, so 2 is an upper bound)."""
+PLAN_PRECISION_AUTO = "bf16"
+"""What ``--precision auto`` trains in on a GPU: what ``plan`` counts for it."""
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
 """Per-parameter optimizer tensors (kept in fp32)."""
 ACTIVATION_RESERVE = 0.2
 """Fraction of GPU memory left for activations, buffers and the allocator when judging a fit."""
+
+
+def budget_bytes(gpu_memory: int) -> int:
+    """What an estimate may use of ``gpu_memory``: all but ``ACTIVATION_RESERVE``."""
+    return int(gpu_memory * (1 - ACTIVATION_RESERVE))
+
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "b": 10**9}
 _BYTE_UNITS = {
@@ -119,7 +159,7 @@ class Traffic:
 class Estimate:
     model_params: int
     root_params: int
-    dtype: str
+    precision: str
     optimizer: str
     param_bytes: int
     grad_bytes: int
@@ -130,6 +170,10 @@ class Estimate:
     tp_size: int = 1
     activation_bytes: int | None = None
     """Activations per GPU (:class:`ActivationShape`); None where the model's shape or the sequence is not known."""
+    working_bytes: int = 0
+    """Gathered parameters and unsharded gradients in flight (see the module's docstring)."""
+    blocks: int = 1
+    """Shard units (blocks) the model was counted in, for :attr:`working_bytes`."""
 
     @property
     def total_bytes(self) -> int:
@@ -138,8 +182,8 @@ class Estimate:
 
     @property
     def needed_bytes(self) -> int:
-        """What must fit: :attr:`total_bytes` and the activations where they are known."""
-        return self.total_bytes + (self.activation_bytes or 0)
+        """What must fit: :attr:`total_bytes`, the gathered working set, and the activations where known."""
+        return self.total_bytes + self.working_bytes + (self.activation_bytes or 0)
 
     @property
     def tp_wire_bytes(self) -> int:
@@ -157,14 +201,17 @@ class Estimate:
         return {
             "model_params": self.model_params,
             "root_params": self.root_params,
-            "dtype": self.dtype,
+            "precision": self.precision,
             "optimizer": self.optimizer,
             "reshard_after_forward": self.reshard_after_forward,
+            "blocks": self.blocks,
             "per_gpu_bytes": {
                 "parameters": self.param_bytes,
                 "gradients": self.grad_bytes,
                 "optimizer_state": self.optimizer_bytes,
                 "total": self.total_bytes,
+                "working": self.working_bytes,
+                "needed": self.needed_bytes,
             },
             "per_step_per_gpu": [
                 {
@@ -259,11 +306,23 @@ def llama_like_shape(params: int, *, seq_len: int, batch_size: int, checkpointin
     )
 
 
-def check_model_options(*, dtype: str, optimizer: str) -> None:
-    if dtype not in DTYPE_BYTES:
-        raise SpecError(f"--dtype {dtype!r} is unknown; choose one of {', '.join(sorted(DTYPE_BYTES))}")
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> what a GPU run trains in; the others as they are."""
+    return PLAN_PRECISION_AUTO if precision == "auto" else precision
+
+
+def check_model_options(*, precision: str, optimizer: str) -> None:
+    if precision not in PRECISION_BYTES:
+        raise SpecError(
+            f"--precision {precision!r} is unknown; choose one of auto, {', '.join(sorted(PRECISION_BYTES))}"
+        )
     if optimizer not in OPTIMIZER_STATES:
         raise SpecError(f"--optimizer {optimizer!r} is unknown; choose one of {', '.join(sorted(OPTIMIZER_STATES))}")
+
+
+def nearest_llama_blocks(params: int) -> int:
+    """The block count of the Llama model nearest ``params`` (by ratio)."""
+    return min(LLAMA_FAMILY, key=lambda row: max(row[0], params) / min(row[0], params))[1]
 
 
 def estimate(
@@ -271,33 +330,44 @@ def estimate(
     *,
     model_params: int,
     root_params: int = 0,
-    dtype: str = "fp32",
+    precision: str = "fp32",
     optimizer: str = "adamw",
     grad_accum: int = 1,
     reshard_after_forward: bool = True,
     activations: ActivationShape | None = None,
+    blocks: int | None = None,
 ) -> Estimate:
     """Memory per GPU and bytes per optimizer step of rank 0 (every rank of an even plan
     moves the same); ``grad_accum`` micro-batches per step. ``reshard_after_forward=False``
     (blocks keep their gathered parameters to backward): the shard group gathers ``bP``
     per micro-batch, with no backward re-gather. With ``plan.tp_size`` T > 1 the model is
     over S x T (see the module's docstring); ``activations`` adds the activations per GPU and
-    the TP group's bytes."""
-    check_model_options(dtype=dtype, optimizer=optimizer)
+    the TP group's bytes. ``blocks``: the model's shard units (default: the activations' blocks,
+    else the Llama model's nearest ``model_params``), for the gathered working set."""
+    precision = resolve_precision(precision)
+    check_model_options(precision=precision, optimizer=optimizer)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise SpecError(f"--grad-accum {grad_accum!r} must be a positive integer")
     n = grad_accum
-    b, s, r, t = DTYPE_BYTES[dtype], plan.shard_size, plan.num_replicas, plan.tp_size
+    bytes_of = PRECISION_BYTES[precision]
+    g, rd = bytes_of.gather, bytes_of.reduce
+    s, r, t = plan.shard_size, plan.num_replicas, plan.tp_size
     p, p_root = model_params, min(root_params, model_params)
+    if blocks is None:
+        blocks = activations.layers if activations is not None else nearest_llama_blocks(p)
+    blocks = max(1, blocks)
+    p_unit = -(-(p - p_root) // blocks)
     shard_inter = len(plan.nodes_of_group(plan.shard_group_of(0))) > 1
     replicate_inter = len(plan.nodes_of_group(plan.replicate_group_of(0))) > 1
     traffic: list[Traffic] = []
     if activations is not None:
         traffic.extend(
-            activations.tp_traffic(element_bytes=b, tp_size=t, grad_accum=n, inter_node=plan.tp_groups_cross_nodes)
+            activations.tp_traffic(
+                element_bytes=bytes_of.activation, tp_size=t, grad_accum=n, inter_node=plan.tp_groups_cross_nodes
+            )
         )
     if s > 1:
-        gathered = n * b * ((2 * p - p_root) if reshard_after_forward else p) // t
+        gathered = n * g * ((2 * p - p_root) if reshard_after_forward else p) // t
         traffic.append(
             Traffic(
                 kind="all_gather",
@@ -307,7 +377,7 @@ def estimate(
                 inter_node=shard_inter,
             )
         )
-        scattered = n * b * p // t
+        scattered = n * rd * p // t
         traffic.append(
             Traffic(
                 kind="reduce_scatter",
@@ -318,7 +388,7 @@ def estimate(
             )
         )
     if r > 1:
-        shard_grad = b * p // (s * t)
+        shard_grad = rd * p // (s * t)
         traffic.append(
             Traffic(
                 kind="all_reduce",
@@ -328,18 +398,24 @@ def estimate(
                 inter_node=replicate_inter,
             )
         )
+    held = min(p, p_root + 2 * p_unit) if reshard_after_forward else p
+    working = (g * held + (g + rd) * p_unit) // t
     return Estimate(
         model_params=p,
         root_params=p_root,
-        dtype=dtype,
+        precision=precision,
         optimizer=optimizer,
-        param_bytes=b * p // (s * t),
-        grad_bytes=b * p // (s * t),
+        param_bytes=bytes_of.state * p // (s * t),
+        grad_bytes=bytes_of.state * p // (s * t),
         optimizer_bytes=4 * OPTIMIZER_STATES[optimizer] * p // (s * t),
         traffic=tuple(traffic),
         reshard_after_forward=reshard_after_forward,
         tp_size=t,
-        activation_bytes=None if activations is None else activations.bytes_per_gpu(element_bytes=b, tp_size=t),
+        activation_bytes=None
+        if activations is None
+        else activations.bytes_per_gpu(element_bytes=bytes_of.activation, tp_size=t),
+        working_bytes=working,
+        blocks=blocks,
     )
 
 
@@ -360,20 +436,26 @@ def smallest_fitting_shard(
     *,
     model_params: int,
     gpu_memory: int,
-    dtype: str = "fp32",
+    precision: str = "fp32",
     optimizer: str = "adamw",
     activations: ActivationShape | None = None,
+    blocks: int | None = None,
 ) -> Fit | None:
     """The smallest shard size (at ``plan``'s tp size) whose parameter, gradient and optimizer
     bytes, and the activations where given, fit, leaving ``ACTIVATION_RESERVE`` of the GPU free;
     None when even full sharding does not fit."""
-    budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
+    budget = budget_bytes(gpu_memory)
     for s in valid_shard_sizes(plan.tasks_per_node, plan.tp_size):
         candidate = TopologyPlan(
             tasks_per_node=plan.tasks_per_node, shard_size=s, node_names=plan.node_names, tp_size=plan.tp_size
         )
         needed = estimate(
-            candidate, model_params=model_params, dtype=dtype, optimizer=optimizer, activations=activations
+            candidate,
+            model_params=model_params,
+            precision=precision,
+            optimizer=optimizer,
+            activations=activations,
+            blocks=blocks,
         ).needed_bytes
         if needed <= budget:
             return Fit(shard_size=s, needed_bytes=needed, budget_bytes=budget, gpu_memory=gpu_memory)
@@ -385,7 +467,7 @@ def gathered_fits(*, state_bytes: int, gathered_bytes: int, memory_bytes: int) -
     (parameters, gradients, optimizer) in ``memory_bytes``, leaving ``ACTIVATION_RESERVE``
     free: the rule by which ``plan --recommend`` and ``--reshard-after-forward auto`` keep
     the gathered parameters from forward to backward."""
-    return state_bytes + gathered_bytes <= int(memory_bytes * (1 - ACTIVATION_RESERVE))
+    return state_bytes + gathered_bytes <= budget_bytes(memory_bytes)
 
 
 ParamsForShard = Callable[[int], tuple[int, int]]
@@ -412,7 +494,7 @@ class Candidate:
         e = self.estimate
         data = {
             "shard_size": self.shard_size,
-            "memory_per_gpu_bytes": e.total_bytes,
+            "memory_per_gpu_bytes": e.needed_bytes,
             "fits": self.fits,
             "intra_node_wire_bytes": e.intra_node_wire_bytes,
             "inter_node_wire_bytes": e.inter_node_wire_bytes,
@@ -467,10 +549,11 @@ def recommend(
     model_params: int | None = None,
     gpu_memory: int,
     root_params: int = 0,
-    dtype: str = "fp32",
+    precision: str = "fp32",
     optimizer: str = "adamw",
     params_for_shard: ParamsForShard | None = None,
     activations: ActivationShape | None = None,
+    blocks: int | None = None,
 ) -> Recommendation:
     """The shard size for ``plan``'s nodes (at its tp size) that fits ``gpu_memory`` (leaving
     ``ACTIVATION_RESERVE`` free) and sends the least inter-node traffic per step; ties go
@@ -478,12 +561,13 @@ def recommend(
     ``params_for_shard`` (e.g. the built-in model's padded counts) replaces
     ``model_params``/``root_params`` when the count depends on the shard size; ``activations``
     count in what must fit where given."""
-    check_model_options(dtype=dtype, optimizer=optimizer)
+    precision = resolve_precision(precision)
+    check_model_options(precision=precision, optimizer=optimizer)
     if params_for_shard is None:
         if model_params is None:
             raise SpecError("recommend needs --model-params; add e.g. --model-params 7B")
         params_for_shard = lambda _s: (model_params, root_params)  # noqa: E731
-    budget = int(gpu_memory * (1 - ACTIVATION_RESERVE))
+    budget = budget_bytes(gpu_memory)
     candidates = []
     t = plan.tp_size
     for s in valid_shard_sizes(plan.tasks_per_node, t):
@@ -495,9 +579,10 @@ def recommend(
             candidate_plan,
             model_params=p,
             root_params=p_root,
-            dtype=dtype,
+            precision=precision,
             optimizer=optimizer,
             activations=activations,
+            blocks=blocks,
         )
         candidates.append(Candidate(shard_size=s, estimate=est, fits=est.needed_bytes <= budget))
     fitting = [c for c in candidates if c.fits]
@@ -506,8 +591,8 @@ def recommend(
     reshard, gathered = None, 0
     if chosen is not None and chosen.shard_size > 1:
         e = chosen.estimate
-        gathered = DTYPE_BYTES[dtype] * e.model_params // t
-        regather = DTYPE_BYTES[dtype] * (e.model_params - e.root_params) // t
+        gathered = PRECISION_BYTES[precision].gather * e.model_params // t
+        regather = PRECISION_BYTES[precision].gather * (e.model_params - e.root_params) // t
         reshard = not gathered_fits(state_bytes=e.needed_bytes, gathered_bytes=gathered, memory_bytes=gpu_memory)
         if reshard:
             reasons.append(
@@ -541,9 +626,10 @@ def _reasons(candidates: list[Candidate], chosen: Candidate | None, budget: int,
         largest = candidates[-1]
         return [
             f"no shard size fits: even --shard {largest.shard_size} needs {format_bytes(largest.needed_bytes)} "
-            f"per GPU for parameters, gradients and optimizer state{' and activations' if counted else ''}, "
+            f"per GPU for parameters, gradients, optimizer state, the blocks in flight"
+            f"{' and activations' if counted else ''}, "
             f"more than {reserve}; "
-            f"use more GPUs, bf16, or an optimizer with less state"
+            f"use more GPUs, split layers (--tp), or an optimizer with less state"
         ]
     e = chosen.estimate
     lines = [f"--shard {chosen.shard_size}: {format_bytes(e.needed_bytes)} per GPU fits in {reserve}"]
@@ -600,11 +686,12 @@ def recommend_tp(
     plan: TopologyPlan,
     *,
     gpu_memory: int,
-    dtype: str = "fp32",
+    precision: str = "fp32",
     optimizer: str = "adamw",
     params_for_shard: ParamsForShard,
     activations: ActivationShape | None,
     tp_sizes: list[int] | None = None,
+    blocks: int | None = None,
 ) -> TpRecommendation:
     """The TP size T and shard size S for ``plan``'s nodes: T divides every node (a TP group stays
     inside one node); the smallest T at which parameters, gradients, optimizer state and
@@ -618,10 +705,11 @@ def recommend_tp(
         rec = recommend(
             at_t,
             gpu_memory=gpu_memory,
-            dtype=dtype,
+            precision=precision,
             optimizer=optimizer,
             params_for_shard=params_for_shard,
             activations=activations,
+            blocks=blocks,
         )
         by_tp.append((t, rec))
     fitting = [t for t, rec in by_tp if rec.chosen is not None]
@@ -714,7 +802,7 @@ class SaveEstimate:
     """How long writing one checkpoint of the model takes, against the warning signal's lead."""
 
     checkpoint_bytes: int
-    """Parameters (``dtype``) and optimizer state (fp32), replicated shards stored once."""
+    """Parameters and optimizer state (fp32 in every precision), replicated shards stored once."""
     per_node_bytes: int
     node_write_bandwidth: int
     seconds: float
@@ -775,15 +863,16 @@ def save_estimate(
     plan: TopologyPlan,
     *,
     model_params: int,
-    dtype: str = "fp32",
+    precision: str = "fp32",
     optimizer: str = "adamw",
     node_write_bandwidth: int,
     signal: str | None,
 ) -> SaveEstimate:
     """The time to write one checkpoint: every node writes its share of the unique bytes (DCP
     spreads the replicated shards over the ranks) at ``node_write_bandwidth``."""
-    check_model_options(dtype=dtype, optimizer=optimizer)
-    total = model_params * (DTYPE_BYTES[dtype] + 4 * OPTIMIZER_STATES[optimizer])
+    precision = resolve_precision(precision)
+    check_model_options(precision=precision, optimizer=optimizer)
+    total = model_params * (PRECISION_BYTES[precision].state + 4 * OPTIMIZER_STATES[optimizer])
     per_node = -(-total // plan.nodes)
     return SaveEstimate(
         checkpoint_bytes=total,

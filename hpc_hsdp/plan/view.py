@@ -12,6 +12,7 @@ from hpc_hsdp.plan.estimates import (
     Recommendation,
     SaveTime,
     TpRecommendation,
+    budget_bytes,
 )
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.plan.units import format_bytes
@@ -202,23 +203,36 @@ def plan_text(
     out.extend(request_lines(plan))
     if estimate is not None:
         out.append("")
-        out.append(f"per GPU, {estimate.model_params:,} parameters ({estimate.dtype}, {estimate.optimizer}):")
+        out.append(
+            f"per GPU, {estimate.model_params:,} parameters (--precision {estimate.precision}, {estimate.optimizer}):"
+        )
         over = f" (over shard x tp = {plan.ranks_per_copy})" if plan.tp_size > 1 else ""
         out.append(
-            f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)}, "
-            f"optimizer state {format_bytes(estimate.optimizer_bytes)}; total {format_bytes(estimate.total_bytes)}"
-            f"{over}"
+            f"  parameters {format_bytes(estimate.param_bytes)}, gradients {format_bytes(estimate.grad_bytes)} "
+            f"(fp32), optimizer state {format_bytes(estimate.optimizer_bytes)}; total "
+            f"{format_bytes(estimate.total_bytes)}{over}"
+        )
+        held = "the whole model" if not estimate.reshard_after_forward else "two blocks"
+        out.append(
+            f"  in flight: {held} gathered and one block's gradients unsharded "
+            f"({estimate.blocks} blocks): {format_bytes(estimate.working_bytes)}"
         )
         if estimate.activation_bytes is not None:
             split = f" over tp {plan.tp_size} (sequence parallel)" if plan.tp_size > 1 else ""
             out.append(
                 f"  activations {format_bytes(estimate.activation_bytes)}{split}{_shape_note(activations)}; "
-                f"with the states {format_bytes(estimate.needed_bytes)}"
+                f"peak {format_bytes(estimate.needed_bytes)}"
             )
         elif plan.tp_size > 1:
             out.append(
-                "  activations and TP bytes: give --seq-len (and --batch-size) to estimate them "
-                "(the model's blocks and width from --model or --model-params builtin, else a Llama-family shape)"
+                f"  peak {format_bytes(estimate.needed_bytes)} and the activations; activations and TP bytes: give "
+                f"--seq-len (and --batch-size) to estimate them (the model's blocks and width from --model or "
+                f"--model-params builtin, else a Llama-family shape)"
+            )
+        else:
+            out.append(
+                f"  peak {format_bytes(estimate.needed_bytes)} and the activations (give --seq-len and --batch-size "
+                f"to count them)"
             )
         for t in estimate.traffic:
             where = "inter-node" if t.inter_node else "intra-node"
@@ -241,19 +255,43 @@ def plan_text(
             f"node) fits KillWait ({save.kill_wait_s} s)"
         )
     if gpu_memory is not None:
+        if estimate is not None:
+            out.append(_fit_line(plan, estimate, gpu_memory))
         if fit is None:
-            out.append(f"does not fit: even full sharding needs more than {format_bytes(gpu_memory)} per GPU")
+            out.append(
+                f"no shard size fits {format_bytes(gpu_memory)}: even full sharding needs more than "
+                f"{format_bytes(budget_bytes(gpu_memory))} per GPU; add nodes, split layers (--tp), or give "
+                f"--activation-checkpointing, a smaller --batch-size or a shorter --seq-len"
+            )
         else:
             at_tp = f" at tp {plan.tp_size}" if plan.tp_size > 1 else ""
-            what = (
-                "states and activations" if estimate is not None and estimate.activation_bytes is not None else "states"
-            )
-            left = "left" if what != "states" else "left for activations"
+            counted = estimate is not None and estimate.activation_bytes is not None
+            what = "states, blocks in flight and activations" if counted else "states and blocks in flight"
+            left = "left" if counted else "left for activations"
             out.append(
                 f"smallest shard size that fits {format_bytes(gpu_memory)}{at_tp}: {fit.shard_size} "
                 f"({format_bytes(fit.needed_bytes)} of {what}, {format_bytes(fit.headroom_bytes)} {left})"
             )
     return "\n".join(out) + "\n"
+
+
+def _fit_line(plan: TopologyPlan, estimate, gpu_memory: int) -> str:
+    """Whether the plan's own shard size fits, in so many words, with the numbers that decide it."""
+    budget = budget_bytes(gpu_memory)
+    kept = "buffers and the allocator" if estimate.activation_bytes is not None else "activations and buffers"
+    of = (
+        f"{format_bytes(budget)} that may be used ({ACTIVATION_RESERVE:.0%} of {format_bytes(gpu_memory)} kept for "
+        f"{kept})"
+    )
+    at = f"--shard {plan.shard_size}" + (f" --tp {plan.tp_size}" if plan.tp_size > 1 else "")
+    if estimate.needed_bytes <= budget:
+        return f"{at} fits: {format_bytes(estimate.needed_bytes)} per GPU of the {of}"
+    return (
+        f"{at} does not fit: {format_bytes(estimate.needed_bytes)} per GPU (states "
+        f"{format_bytes(estimate.total_bytes)}, in flight {format_bytes(estimate.working_bytes)}"
+        + (f", activations {format_bytes(estimate.activation_bytes)}" if estimate.activation_bytes is not None else "")
+        + f"), more than the {of}"
+    )
 
 
 def shard_group_index(plan: TopologyPlan, rank: int) -> int:
@@ -364,7 +402,7 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
     )
     first = rec.candidates[0].estimate
     out.append(
-        f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+        f"{nodes}, {first.model_params:,} parameters (--precision {first.precision}, {first.optimizer}), "
         f"{format_bytes(rec.gpu_memory)} per GPU"
     )
     if rec.chosen is not None:
@@ -381,7 +419,7 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
         rows.append(
             (
                 str(c.shard_size),
-                format_bytes(e.total_bytes),
+                format_bytes(e.needed_bytes),
                 "yes" if c.fits else "no",
                 format_bytes(e.intra_node_wire_bytes),
                 format_bytes(e.inter_node_wire_bytes),
@@ -396,10 +434,15 @@ def recommend_text(rec: Recommendation, plan: TopologyPlan) -> str:
             out.append("  ".join("-" * w for w in widths[:5]))
     out.append(
         f"(bytes on the wire per GPU per step, ring all-gather/reduce-scatter/all-reduce; memory: parameters, "
-        f"gradients and optimizer state, against {format_bytes(rec.budget_bytes)} = GPU memory less "
-        f"{ACTIVATION_RESERVE:.0%} for activations)"
+        f"gradients and optimizer state, the blocks in flight{' and activations' if rec_counts_activations(rec) else ''}"
+        f", against {format_bytes(rec.budget_bytes)} = GPU memory less {ACTIVATION_RESERVE:.0%} for "
+        f"{'buffers and the allocator' if rec_counts_activations(rec) else 'activations'})"
     )
     return "\n".join(out) + "\n"
+
+
+def rec_counts_activations(rec: Recommendation) -> bool:
+    return any(c.estimate.activation_bytes is not None for c in rec.candidates)
 
 
 def _shape_note(activations: ActivationShape | None) -> str:
@@ -419,7 +462,7 @@ def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: Ac
     first_rec = rec.by_tp[0][1]
     first = first_rec.candidates[0].estimate
     out = [
-        f"{nodes}, {first.model_params:,} parameters ({first.dtype}, {first.optimizer}), "
+        f"{nodes}, {first.model_params:,} parameters (--precision {first.precision}, {first.optimizer}), "
         f"{format_bytes(first_rec.gpu_memory)} per GPU",
     ]
     if activations is not None:
@@ -434,7 +477,7 @@ def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: Ac
     if chosen is not None:
         out.extend(f"  {reason}" for reason in chosen.reasons)
     out.append("")
-    rows = [("tp", "shard", "states/GPU", "activations", "fits?", "tp/step", "intra-node/step", "inter-node/step", "")]
+    rows = [("tp", "shard", "memory/GPU", "activations", "fits?", "tp/step", "intra-node/step", "inter-node/step", "")]
     for t, at_t in rec.by_tp:
         for c in at_t.candidates:
             e = c.estimate
@@ -442,7 +485,7 @@ def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: Ac
                 (
                     str(t),
                     str(c.shard_size),
-                    format_bytes(e.total_bytes),
+                    format_bytes(e.needed_bytes),
                     format_bytes(e.activation_bytes) if e.activation_bytes is not None else "?",
                     "yes" if c.fits else "no",
                     format_bytes(e.tp_wire_bytes),
@@ -458,7 +501,7 @@ def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: Ac
             out.append("  ".join("-" * w for w in widths[:-1]))
     out.append(
         f"(bytes on the wire per GPU per step, ring collectives; tp/step: the TP group's activation all-gathers "
-        f"and reduce-scatters, inside a node and part of intra-node/step; fits: states and activations against "
+        f"and reduce-scatters, inside a node and part of intra-node/step; memory: states, blocks in flight and activations, against "
         f"{format_bytes(first_rec.budget_bytes)} = GPU memory less {ACTIVATION_RESERVE:.0%} for buffers and the "
         f"allocator)"
     )

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_hsdp.plan.estimates import DTYPE_BYTES, estimate, gathered_fits
+from hpc_hsdp.plan.estimates import PRECISION_BYTES, estimate, gathered_fits
 from hpc_hsdp.plan.units import format_bytes
 
 
@@ -87,8 +87,8 @@ def choose_reshard(ctx, model: nn.Module, units: tuple[type, ...], *, setting: s
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(memory, op=dist.ReduceOp.MIN)
     memory_bytes = int(memory.item())
-    state = estimate(ctx.plan, model_params=params, root_params=root, dtype="fp32").total_bytes
-    gathered = DTYPE_BYTES[precision] * params
+    state = estimate(ctx.plan, model_params=params, root_params=root, precision=precision).total_bytes
+    gathered = PRECISION_BYTES[precision].gather * params
     sizes = (
         f"the whole model gathered ({format_bytes(gathered)}) beside the sharded state "
         f"({format_bytes(state)}) in {format_bytes(memory_bytes)} per rank"

@@ -320,9 +320,9 @@ def test_a_completed_run_directory_refuses_and_a_running_job_too(tmp_path):
     ("args", "expected"),
     [
         (
-            ["--nodes", "2", "--model-params", "7B", "--dtype", "bf16"],
+            ["--nodes", "2", "--model-params", "7B", "--precision", "bf16"],  # fp32 parameters in the checkpoint
             [
-                "checkpoint: 65.19 GiB (parameters and optimizer state, replicas stored once), 32.60 GiB per node: about 35 s "
+                "checkpoint: 78.23 GiB (parameters and optimizer state, replicas stored once), 39.12 GiB per node: about 42 s "
                 "at 1 GB/s per node (--write-bandwidth)",
                 "fits the 120 s between --signal USR2@120 and the time limit",
             ],

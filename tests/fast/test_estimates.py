@@ -39,13 +39,57 @@ def test_root_params_are_gathered_once():
 
 
 @pytest.mark.parametrize(
-    ("dtype", "optimizer", "per_param"), [("fp32", "adamw", 16), ("bf16", "adamw", 12), ("fp32", "sgd", 8)]
+    ("precision", "optimizer", "per_param"),
+    # the trainer keeps fp32 sharded parameters and gradients in every precision (FSDP2's mixed precision)
+    [("fp32", "adamw", 16), ("bf16", "adamw", 16), ("fp8", "adamw", 16), ("auto", "adamw", 16), ("fp32", "sgd", 8)],
 )
-def test_memory_per_gpu(dtype, optimizer, per_param):
+def test_memory_per_gpu(precision, optimizer, per_param):
     est = estimate(
-        plan_for(nodes=2, gpus_per_node=8, shard_size=4), model_params=8 * P, dtype=dtype, optimizer=optimizer
+        plan_for(nodes=2, gpus_per_node=8, shard_size=4), model_params=8 * P, precision=precision, optimizer=optimizer
     )
     assert est.total_bytes == per_param * 8 * P // 4
+
+
+@pytest.mark.parametrize(
+    ("precision", "gather", "reduce", "label"),
+    [("fp32", 4, 4, "fp32"), ("bf16", 2, 4, "bf16"), ("fp8", 2, 4, "fp8"), ("auto", 2, 4, "bf16")],
+)
+def test_gathers_in_the_compute_dtype_and_reduces_in_fp32(precision, gather, reduce, label):
+    est = estimate(plan_for(nodes=2, gpus_per_node=8, shard_size=8), model_params=8 * P, precision=precision)
+    tensor = {t.kind: t.tensor_bytes for t in est.traffic}
+    assert est.precision == label
+    assert tensor == {"all_gather": gather * 2 * 8 * P, "reduce_scatter": reduce * 8 * P, "all_reduce": reduce * P}
+
+
+@pytest.mark.parametrize(
+    ("precision", "reshard", "working"),
+    [
+        # 8 blocks of P and a root of 2P: two blocks and the root gathered, one block's gradients in flight
+        ("fp32", True, 4 * (2 * P + 2 * P) + (4 + 4) * P),
+        ("bf16", True, 2 * (2 * P + 2 * P) + (2 + 4) * P),
+        # the blocks kept gathered from forward to backward: the whole model
+        ("fp32", False, 4 * 10 * P + (4 + 4) * P),
+        ("bf16", False, 2 * 10 * P + (2 + 4) * P),
+    ],
+)
+def test_the_working_set_is_the_gathered_blocks_and_one_blocks_gradients(precision, reshard, working):
+    plan = plan_for(nodes=1, gpus_per_node=8, shard_size=8)
+    est = estimate(
+        plan, model_params=10 * P, root_params=2 * P, blocks=8, precision=precision, reshard_after_forward=reshard
+    )
+    assert est.working_bytes == working
+    assert est.needed_bytes == est.total_bytes + working
+
+
+def test_without_blocks_the_llama_model_nearest_the_count_gives_them():
+    plan = plan_for(nodes=1, gpus_per_node=8, shard_size=8)
+    assert estimate(plan, model_params=70 * 10**9).blocks == 80
+    assert estimate(plan, model_params=7 * 10**9).blocks == 32
+
+
+def test_an_unknown_precision_is_a_spec_error():
+    with pytest.raises(SpecError, match="--precision 'fp16' is unknown"):
+        estimate(plan_for(nodes=1, gpus_per_node=8, shard_size=8), model_params=P, precision="fp16")
 
 
 def test_valid_shard_sizes():
@@ -59,8 +103,9 @@ def test_valid_shard_sizes():
 
 def test_smallest_fitting_shard():
     plan = plan_for(nodes=2, gpus_per_node=8, shard_size=1)
-    fit = smallest_fitting_shard(plan, model_params=7 * 10**9, gpu_memory=80 * 2**30)
-    assert fit.shard_size == 2 and fit.needed_bytes == 16 * 7 * 10**9 // 2
+    fit = smallest_fitting_shard(plan, model_params=7 * 10**9, gpu_memory=80 * 2**30, precision="fp32")
+    block = -(-7 * 10**9 // 32)  # the 7B Llama model's 32 blocks
+    assert fit.shard_size == 2 and fit.needed_bytes == 16 * 7 * 10**9 // 2 + 4 * 2 * block + 8 * block
     assert smallest_fitting_shard(plan, model_params=10**12, gpu_memory=80 * 2**30) is None
 
 

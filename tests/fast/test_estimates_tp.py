@@ -79,9 +79,9 @@ def test_activations_and_tp_bytes(layers, width, seq, batch, ac, b, tp, act, tp_
 def test_estimate_with_activations_counts_them_and_the_tp_bytes():
     shape = ActivationShape(layers=80, width=8192, seq_len=8192, batch_size=1)
     plan = plan_for(nodes=4, gpus_per_node=8, shard_size=4, tp_size=8)
-    est = estimate(plan, model_params=70 * 10**9, dtype="bf16", activations=shape)
+    est = estimate(plan, model_params=70 * 10**9, precision="bf16", activations=shape)
     assert est.activation_bytes == shape.bytes_per_gpu(element_bytes=2, tp_size=8)
-    assert est.needed_bytes == est.total_bytes + est.activation_bytes
+    assert est.needed_bytes == est.total_bytes + est.working_bytes + est.activation_bytes
     tp = [t for t in est.traffic if t.axis == "tp"]
     assert len(tp) == 2 and not any(t.inter_node for t in tp)
     assert est.tp_wire_bytes == 2 * (322 * 2 * 8192 * 8192) * 7 // 8
@@ -98,28 +98,29 @@ def test_a_bare_count_takes_the_nearest_llama_shape(params, layers, width):
     assert (shape.layers, shape.width, shape.seq_len, shape.batch_size) == (layers, width, 4096, 2)
 
 
-# (nodes, gpus, params, dtype, memory, seq, batch, checkpointing) -> (T, S) recommended (None: nothing fits)
+# (nodes, gpus, params, precision, memory, seq, batch, checkpointing) -> (T, S) recommended (None: nothing fits)
 RECOMMEND = [
     # 70B bf16 on 4 x 8 H100s, 8192 tokens: only TP 8 splits the 170 GiB of activations enough
     ((4, 8), 70 * 10**9, "bf16", 80 * GiB, 8192, 1, False, (8, 4)),
-    # activation checkpointing: 12 GiB of activations, no TP needed (S=16: 49 GiB of states)
-    ((4, 8), 70 * 10**9, "bf16", 80 * GiB, 8192, 1, True, (1, 16)),
+    # activation checkpointing: 12 GiB of activations, no TP needed (S=32: 33 GiB of fp32 states)
+    ((4, 8), 70 * 10**9, "bf16", 80 * GiB, 8192, 1, True, (1, 32)),
     # ... unless the micro-batch grows: 4 x 8192 tokens need TP 2
     ((4, 8), 70 * 10**9, "bf16", 80 * GiB, 8192, 4, True, (2, 16)),
     # short sequences: the states decide alone, no TP
     ((4, 8), 70 * 10**9, "fp32", 80 * GiB, 128, 1, False, (1, 32)),
-    # 7B on one node, 4096 tokens x 4
-    ((1, 8), 7 * 10**9, "bf16", 80 * GiB, 4096, 4, False, (2, 2)),
+    # 7B on one node, 4096 tokens x 4: TP 2 (34 GiB of activations); S = 2 fits too, but S = 4 leaves no
+    # replicate all-reduce (fp32 gradients) to add to the node's traffic
+    ((1, 8), 7 * 10**9, "bf16", 80 * GiB, 4096, 4, False, (2, 4)),
     # nothing fits
     ((1, 8), 70 * 10**9, "fp32", 80 * GiB, 8192, 1, False, None),
 ]
 
 
-@pytest.mark.parametrize(("nodes_gpus", "params", "dtype", "memory", "seq", "batch", "ac", "expected"), RECOMMEND)
-def test_recommend_chooses_the_smallest_tp_that_fits(nodes_gpus, params, dtype, memory, seq, batch, ac, expected):
+@pytest.mark.parametrize(("nodes_gpus", "params", "precision", "memory", "seq", "batch", "ac", "expected"), RECOMMEND)
+def test_recommend_chooses_the_smallest_tp_that_fits(nodes_gpus, params, precision, memory, seq, batch, ac, expected):
     plan = plan_for(nodes=nodes_gpus[0], gpus_per_node=nodes_gpus[1], shard_size=1)
     shape = llama_like_shape(params, seq_len=seq, batch_size=batch, checkpointing=ac)
-    rec = recommend_tp(plan, gpu_memory=memory, dtype=dtype, params_for_shard=lambda _s: (params, 0), activations=shape)
+    rec = recommend_tp(plan, gpu_memory=memory, precision=precision, params_for_shard=lambda _s: (params, 0), activations=shape)
     got = (rec.chosen_tp, rec.chosen.chosen.shard_size) if rec.chosen else None
     assert got == expected
     assert [t for t, _ in rec.by_tp] == [1, 2, 4, 8][: len(rec.by_tp)]
@@ -143,7 +144,8 @@ def test_recommend_and_smallest_shard_at_a_given_tp():
     assert all(c.tp_size == 4 for c in rec.candidates)
     # 16 bytes x 7e9 = 104 GiB of states over 4 x S: S = 1 needs 26 GiB, within 80% of 40 GiB; on 24 GiB S = 2
     fit = smallest_fitting_shard(plan, model_params=P, gpu_memory=40 * GiB)
-    assert fit.shard_size == 1 and fit.needed_bytes == 16 * P // 4
+    block = P // 32  # the 7B Llama model's 32 blocks: two gathered, one's gradients in flight, over T
+    assert fit.shard_size == 1 and fit.needed_bytes == 16 * P // 4 + (4 * 2 * block + 8 * block) // 4
     assert smallest_fitting_shard(plan, model_params=P, gpu_memory=24 * GiB).shard_size == 2
 
 
@@ -158,7 +160,7 @@ def _plan(*args):
 
 
 def test_cli_recommend_with_seq_len_chooses_tp():
-    out = _plan("--nodes", "4", "--recommend", "--model-params", "70B", "--gpu-memory", "80GiB", "--dtype", "bf16",
+    out = _plan("--nodes", "4", "--recommend", "--model-params", "70B", "--gpu-memory", "80GiB", "--precision", "bf16",
                 "--seq-len", "8192", "--batch-size", "1")  # fmt: skip
     assert out.exit_code == 0, out.output
     assert "recommended: --tp 8 --shard 4" in out.output
@@ -167,7 +169,7 @@ def test_cli_recommend_with_seq_len_chooses_tp():
 
 
 def test_cli_estimates_at_tp_name_activations_and_tp_bytes():
-    out = _plan("--nodes", "4", "--shard", "4", "--tp", "8", "--model-params", "70B", "--dtype", "bf16",
+    out = _plan("--nodes", "4", "--shard", "4", "--tp", "8", "--model-params", "70B", "--precision", "bf16",
                 "--seq-len", "8192", "--batch-size", "1", "--gpu-memory", "80GiB")  # fmt: skip
     assert out.exit_code == 0, out.output
     assert "(over shard x tp = 32)" in out.output
@@ -201,7 +203,9 @@ def test_cli_hf_model_gives_its_blocks_and_width(tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert (data["activations"]["layers"], data["activations"]["width"]) == (3, 256)
-    assert data["estimate"]["activation_bytes"] == 3 * 17 * 4 * 2 * 128 * 256 // 2
+    # --precision auto: bf16 activations, as a GPU run keeps them; the working set counts the config's 3 blocks
+    assert data["estimate"]["activation_bytes"] == 3 * 17 * 2 * 2 * 128 * 256 // 2
+    assert data["estimate"]["blocks"] == 3 and data["estimate"]["precision"] == "bf16"
 
 
 def test_cli_recommend_at_a_given_tp_names_it():

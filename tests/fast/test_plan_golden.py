@@ -24,10 +24,10 @@ CASES = {
     "thread-2x8-shard4.json": ["--nodes", "2", "--gpus-per-node", "8", "--shard", "4", "--json"],
     "named-uneven.txt": ["--nodelist", "gpu-a[01-02]", "--tasks-per-node", "8,4", "--shard", "4"],
     "cross-4x8-shard16-7b.txt": [
-        "--nodes", "4", "--shard", "16", "--model-params", "7B", "--dtype", "bf16", "--gpu-memory", "80GiB",
+        "--nodes", "4", "--shard", "16", "--model-params", "7B", "--precision", "bf16", "--gpu-memory", "80GiB",
     ],
     "cross-4x8-shard16-7b.json": [
-        "--nodes", "4", "--shard", "16", "--model-params", "7B", "--dtype", "bf16", "--gpu-memory", "80GiB",
+        "--nodes", "4", "--shard", "16", "--model-params", "7B", "--precision", "bf16", "--gpu-memory", "80GiB",
         "--json",
     ],
     "2x8-shard8-7b-accum4.txt": ["--nodes", "2", "--shard", "8", "--model-params", "7B", "--grad-accum", "4"],

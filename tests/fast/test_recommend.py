@@ -21,7 +21,7 @@ def topo(nodes: int, gpus: int) -> TopologyPlan:
     return plan_for(nodes=nodes, gpus_per_node=gpus, shard_size=1)
 
 
-# (topology, params, gpu memory, dtype, optimizer) -> recommended shard size (None: nothing fits)
+# (topology, params, gpu memory, precision, optimizer) -> recommended shard size (None: nothing fits)
 CASES = [
     # 2 x 8: a node-sized shard group keeps the all-gathers inside the node; only 1/8 of the grads cross
     ((2, 8), 7 * 10**9, 80 * GiB, "fp32", "adamw", 8),
@@ -41,9 +41,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("nodes_gpus", "params", "memory", "dtype", "optimizer", "expected"), CASES)
-def test_recommendation_table(nodes_gpus, params, memory, dtype, optimizer, expected):
-    rec = recommend(topo(*nodes_gpus), model_params=params, gpu_memory=memory, dtype=dtype, optimizer=optimizer)
+@pytest.mark.parametrize(("nodes_gpus", "params", "memory", "precision", "optimizer", "expected"), CASES)
+def test_recommendation_table(nodes_gpus, params, memory, precision, optimizer, expected):
+    rec = recommend(
+        topo(*nodes_gpus), model_params=params, gpu_memory=memory, precision=precision, optimizer=optimizer
+    )
     assert (rec.chosen.shard_size if rec.chosen else None) == expected
     fitting = [c for c in rec.candidates if c.fits]
     assert all(c.needed_bytes <= rec.budget_bytes for c in fitting)
@@ -103,9 +105,9 @@ def test_builtin_counts_pad_per_shard_size():
     assert params[1] == params[4] == 29952 and params[8] == params[16] == 29952 + 4 * 32
 
 
-def test_unknown_dtype_is_a_spec_error():
-    with pytest.raises(SpecError, match="--dtype"):
-        recommend(topo(1, 8), model_params=10, gpu_memory=GiB, dtype="fp8")
+def test_unknown_precision_is_a_spec_error():
+    with pytest.raises(SpecError, match="--precision 'fp16'"):
+        recommend(topo(1, 8), model_params=10, gpu_memory=GiB, precision="fp16")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -150,7 +152,11 @@ def test_recommend_builtin_model_and_no_torch():
         (["--nodes", "2", "--recommend", "--model-params", "7B"], "--recommend needs --gpu-memory"),
         (["--nodes", "2", "--recommend", "--model-params", "seven", "--gpu-memory", "80GiB"], "is not a count"),
         (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "lots"], "is not a size"),
-        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp8"], "--dtype"),
+        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp16"], "--dtype"),
+        (
+            ["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--precision", "fp16"],
+            "--precision",
+        ),
         (
             ["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--optimizer", "lion"],
             "--optimizer",
@@ -175,8 +181,9 @@ def test_bad_input_is_one_line_exit_2(args, needle):
 @pytest.mark.parametrize(
     ("params", "memory", "kept"),
     [
-        ("7B", "80GiB", True),  # 7B fp32: 14 GB of state at shard 8, 28 GB gathered: fits in 64 GiB
-        ("7B", "40GiB", False),  # 42 GB does not fit in 32 GiB
+        # 7B at --precision auto (bf16 on a GPU): 14 GB of fp32 state at shard 8, 14 GB gathered in bf16
+        ("7B", "80GiB", True),  # fits in 64 GiB
+        ("7B", "24GiB", False),  # does not fit in 19.2 GiB
     ],
 )
 def test_plan_estimates_what_the_default_auto_does_with_that_memory(params, memory, kept):
@@ -187,7 +194,7 @@ def test_plan_estimates_what_the_default_auto_does_with_that_memory(params, memo
     p = 7 * 10**9
     gathered = next(t["tensor_bytes"] for t in data["estimate"]["per_step_per_gpu"] if t["kind"] == "all_gather")
     assert data["estimate"]["reshard_after_forward"] is not kept
-    assert gathered == (4 * p if kept else 4 * 2 * p)
+    assert gathered == (2 * p if kept else 2 * 2 * p)
     assert ("--reshard-after-forward auto keeps the gathered parameters" in hpc(*args).stdout) is kept
     assert (
         "reshard_after_forward"

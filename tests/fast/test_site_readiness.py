@@ -196,12 +196,13 @@ def test_plan_shows_each_ranks_share_of_the_node():
 
 
 def test_plan_warns_when_a_save_cannot_fit_kill_wait():
-    """70B bf16 + AdamW on 2 x 8, shard 8: 652 GiB at 1 GB/s per node is 350 s, not 30."""
-    big = _plan("--nodes", "2", "--shard", "8", "--model-params", "70B", "--dtype", "bf16")
+    """70B bf16 + AdamW on 2 x 8, shard 8: 782 GiB (fp32 parameters and AdamW's two states) at 1 GB/s
+    per node is 420 s, not 30."""
+    big = _plan("--nodes", "2", "--shard", "8", "--model-params", "70B", "--precision", "bf16")
     assert big.exit_code == 0, big.output
-    assert "warning: a checkpoint of 651.93 GiB takes about 350 s" in big.output and "KillWait (30 s)" in big.output
-    small = _plan("--nodes", "2", "--shard", "8", "--model-params", "1B", "--dtype", "bf16", "--kill-wait", "30")
-    assert "a save on SIGTERM (about 5 s at 1 GB/s per node) fits KillWait (30 s)" in small.output
+    assert "warning: a checkpoint of 782.31 GiB takes about 420 s" in big.output and "KillWait (30 s)" in big.output
+    small = _plan("--nodes", "2", "--shard", "8", "--model-params", "1B", "--precision", "bf16", "--kill-wait", "30")
+    assert "a save on SIGTERM (about 6 s at 1 GB/s per node) fits KillWait (30 s)" in small.output
     assert "KillWait" not in small.output.split("fits KillWait")[1]
     fast = _plan(
         "--nodes",
@@ -210,7 +211,7 @@ def test_plan_warns_when_a_save_cannot_fit_kill_wait():
         "8",
         "--model-params",
         "70B",
-        "--dtype",
+        "--precision",
         "bf16",
         "--write-bandwidth",
         "20GiB/s",
@@ -219,8 +220,8 @@ def test_plan_warns_when_a_save_cannot_fit_kill_wait():
     import json
 
     assert json.loads(fast.output)["save_on_sigterm"] == {
-        "checkpoint_bytes": 700000000000,
-        "seconds": 16.3,
+        "checkpoint_bytes": 840000000000,
+        "seconds": 19.6,
         "kill_wait_s": 30,
         "rate_bytes_per_s": 20 * 2**30,
         "fits": True,
