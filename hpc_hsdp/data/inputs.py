@@ -41,12 +41,13 @@ DATASETS_STATE = "state.json"
 DATASETS_DICT = "dataset_dict.json"
 EXTRA_HINT = "install it with pip install 'hpc-hsdp[data]'"
 MAX_ROWS_PER_BATCH = 256
-"""The most rows of a Parquet row group decoded at a time (fewer: about ``BLOCK_BYTES`` of its text,
+"""The most rows of a Parquet row group read at a time (fewer: about ``BLOCK_BYTES`` of its text,
 as its metadata says). The metadata does not bound what the rows decode to: a dictionary-encoded
 column repeats one value in as many rows as it likes (a 444-byte file of a million rows of 1 KB
-decodes to 1.1 GB); so memory holds at most this many rows, each at most ``--max-line-bytes``.
-Small batches cost nothing measurable (pyarrow reads 2 million short rows as fast in batches of
-256 as of 65,536)."""
+decodes to 1.1 GB). So the text column is read as a dictionary, measured, and decoded in slices
+of about ``BLOCK_BYTES`` (:func:`_decoded_slices`): memory holds a slice and the row group's
+dictionary (as large as the file says), not rows x the longest value. Small batches cost nothing
+measurable (pyarrow reads 2 million short rows as fast in batches of 256 as of 65,536)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,9 @@ def _open_table(file: InputFile, block_bytes: int = BLOCK_BYTES):
     try:
         if file.kind == "parquet":
             parquet = pa.parquet.ParquetFile(file.path)
-            return parquet.schema_arrow, lambda field: _parquet_batches(parquet, field, block_bytes, file.path)
+            return parquet.schema_arrow, lambda field: _parquet_batches(
+                pa.parquet.ParquetFile(file.path, read_dictionary=[field]), field, block_bytes, file.path
+            )
         source = pa.memory_map(str(file.path), "r")
         try:
             reader = pa.ipc.open_stream(source)
@@ -472,36 +475,66 @@ def _row_pieces(
     source = str(file.path)
     row = 0
     for batch in _open_table(file, block_bytes)[1](field):
-        column = batch.column(0)
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            column = column.cast(pa.large_string())
-        if column.null_count:
-            column = column.fill_null("")
-        count = len(column)
-        if not count:
-            continue
-        buffers = column.buffers()
-        offsets = np.frombuffer(buffers[1], dtype=np.int64 if pa.types.is_large_string(column.type) else np.int32)
-        offsets = offsets[column.offset : column.offset + count + 1].astype(np.int64)
-        longest = int(np.diff(offsets).max())
-        if longest > max_line_bytes:
-            number = row + int(np.argmax(np.diff(offsets)))
-            raise DataError(
-                f"input {source} row {number} holds {longest:,} bytes of text, more than {max_line_bytes:,} "
-                f"(--max-line-bytes); raise --max-line-bytes for such documents, or leave the file out"
-            )
-        start = 0
-        while start < count:  # pieces of about block_bytes: whole rows, at least one
-            limit = int(offsets[start]) + block_bytes
-            end = max(start + 1, min(count, int(np.searchsorted(offsets, limit, side="right")) - 1))
-            first, last = int(offsets[start]), int(offsets[end])
-            data = (
-                buffers[2].slice(first, last - first).to_pybytes() if buffers[2] is not None and last > first else b""
-            )
-            yield Piece(source, "rows", data, row + start, lengths=tuple(np.diff(offsets[start : end + 1]).tolist()))
-            start = end
-            rows_done[0] = row + start
-        row += count
+        for column in _decoded_slices(batch.column(0), block_bytes, max_line_bytes, source, row):
+            yield from _column_pieces(pa, column, source, row, rows_done, block_bytes, max_line_bytes)
+            row += len(column)
+
+
+def _decoded_slices(column, block_bytes: int, max_line_bytes: int, source: str, row: int):
+    """``column`` in slices of about ``block_bytes`` of text each (at least one row). A dictionary
+    column (Parquet is read with its text column as one) is measured before it is decoded: its rows
+    may all name one long value, and decoding a batch whole would hold rows x that value."""
+    pa = require_pyarrow(f"input {source}")
+    if not pa.types.is_dictionary(column.type):
+        yield column
+        return
+    import pyarrow.compute as pc  # noqa: PLC0415 - with pyarrow, only for Parquet and Arrow inputs
+
+    values = pc.binary_length(column.dictionary.cast(pa.large_string()))
+    lengths = pc.fill_null(values.take(column.indices), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(lengths) and int(lengths.max()) > max_line_bytes:
+        number = row + int(np.argmax(lengths))
+        raise _row_too_long(source, number, int(lengths.max()), max_line_bytes)
+    ends = np.concatenate(([0], np.cumsum(lengths)))
+    start = 0
+    while start < len(lengths):
+        end = max(start + 1, int(np.searchsorted(ends, ends[start] + block_bytes, side="right")) - 1)
+        end = min(end, len(lengths))
+        yield column.slice(start, end - start).dictionary_decode()
+        start = end
+
+
+def _row_too_long(source: str, number: int, longest: int, max_line_bytes: int) -> DataError:
+    return DataError(
+        f"input {source} row {number} holds {longest:,} bytes of text, more than {max_line_bytes:,} "
+        f"(--max-line-bytes); raise --max-line-bytes for such documents, or leave the file out"
+    )
+
+
+def _column_pieces(pa, column, source: str, row: int, rows_done: list[int], block_bytes: int, max_line_bytes: int):
+    """One decoded slice of a text column as pieces of whole rows of about ``block_bytes``."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = column.cast(pa.large_string())
+    if column.null_count:
+        column = column.fill_null("")
+    count = len(column)
+    if not count:
+        return
+    buffers = column.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if pa.types.is_large_string(column.type) else np.int32)
+    offsets = offsets[column.offset : column.offset + count + 1].astype(np.int64)
+    longest = int(np.diff(offsets).max())
+    if longest > max_line_bytes:
+        raise _row_too_long(source, row + int(np.argmax(np.diff(offsets))), longest, max_line_bytes)
+    start = 0
+    while start < count:  # pieces of about block_bytes: whole rows, at least one
+        limit = int(offsets[start]) + block_bytes
+        end = max(start + 1, min(count, int(np.searchsorted(offsets, limit, side="right")) - 1))
+        first, last = int(offsets[start]), int(offsets[end])
+        data = buffers[2].slice(first, last - first).to_pybytes() if buffers[2] is not None and last > first else b""
+        yield Piece(source, "rows", data, row + start, lengths=tuple(np.diff(offsets[start : end + 1]).tolist()))
+        start = end
+        rows_done[0] = row + start
 
 
 def _table_rows(file: InputFile) -> int:

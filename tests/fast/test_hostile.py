@@ -1095,8 +1095,26 @@ def test_a_parquet_file_that_decodes_to_a_gigabyte_is_read_in_bounded_batches(tm
         assert held <= BLOCK_BYTES + 256 * 1100, held
     from hpc_hsdp.data.inputs import _open_table
 
-    batches = _open_table(files[0])[1]("text")
-    assert max(next(batches).nbytes for _ in range(3)) <= 256 * 1100 + 4096
+    batches = _open_table(files[0])[1]("text")  # the rows as a dictionary: indices and the one value
+    assert max(next(batches).nbytes for _ in range(3)) <= 256 * 4 + 1100 + 4096
+
+
+def test_a_parquet_file_of_long_repeated_rows_is_decoded_a_block_at_a_time(tmp_path):
+    """100,000 rows naming one 200 KB value: 20 GB decoded from a file of a few hundred KB. A batch of
+    even 256 rows decoded whole would hold 51 MB; the rows are measured before they are decoded and
+    decoded about BLOCK_BYTES at a time, so pyarrow never holds more than a few blocks."""
+    pa = pytest.importorskip("pyarrow")
+    from hpc_hsdp.data.inputs import BLOCK_BYTES, discover_inputs, iter_blocks
+
+    bomb = tmp_path / "bomb.parquet"
+    _dictionary_bomb(bomb, rows=100_000, value=b"c" * 200_000)
+    assert bomb.stat().st_size < 1_000_000
+    files, _ = discover_inputs((str(bomb),), field="text")
+    blocks = iter_blocks(files, val_fraction=0.0, field="text", max_line_bytes=1 << 20)
+    for _ in range(40):
+        block = next(blocks)
+        assert sum(len(piece.data) for piece in block.pieces) <= 2 * BLOCK_BYTES
+        assert pa.total_allocated_bytes() < 8 * BLOCK_BYTES, pa.total_allocated_bytes()
 
 
 def test_a_parquet_row_longer_than_max_line_bytes_is_refused(tmp_path):
