@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
+from hpc_hsdp.data.tokens import DATASET_MANIFEST
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.files import UnreadableFile, read_json
 from hpc_hsdp.job.spec import TrainingSpec
@@ -223,7 +224,12 @@ def _copy_tokenizer(record: dict, out: Path) -> list[str]:
         source = Path(data_paths(data)[0][1])  # a mixture's sources share one tokenizer: the first one's
     except SpecError:
         return []
-    tokenizer_dir = (source if source.is_dir() else source.parent) / "tokenizer"
+    dataset_dir = source if source.is_dir() else source.parent
+    tokenizer_dir = dataset_dir / "tokenizer"
+    if not _is_regular(dataset_dir / DATASET_MANIFEST):
+        # only a dataset prepare-data wrote: a data path edited into model.json (or a directory above it
+        # swapped for a symlink) that leads elsewhere, to a tokenizer/ of someone else's, copies nothing
+        return [str(tokenizer_dir)] if os.path.lexists(tokenizer_dir) else []
     try:  # the directory itself, not where a symlink of that name leads (~/.ssh)
         dir_fd = os.open(tokenizer_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -238,6 +244,13 @@ def _copy_tokenizer(record: dict, out: Path) -> list[str]:
     finally:
         os.close(dir_fd)
     return skipped
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _copy_regular_file(dir_fd: int, name: str, destination: Path) -> bool:

@@ -94,7 +94,10 @@ def test_plan_svg(tmp_path):
         (["--nodes", "two", "--shard", "1"], "--nodes 'two' is not a node count; write N (e.g. 2) or MIN-MAX"),
         (["--nodes", "2", "--shard", "4", "--model-params", "lots"], "is not a count"),
         (["--nodes", "2", "--shard", "4", "--gpu-memory", "80GiB"], "needs --model-params"),
-        (["--nodes", "2", "--shard", "4", "--model-params", "1B", "--dtype", "int3"], "--dtype 'int3': the trainer has no"),
+        (
+            ["--nodes", "2", "--shard", "4", "--model-params", "1B", "--dtype", "int3"],
+            "--dtype 'int3': the trainer has no",
+        ),
         (["--nodes", "2", "--shard", "4", "--model-params", "1B", "--precision", "fp16"], "--precision"),
         (
             ["--nodes", "2", "--shard", "4", "--svg", "/nonexistent-dir/plan.svg"],

@@ -120,7 +120,9 @@ RECOMMEND = [
 def test_recommend_chooses_the_smallest_tp_that_fits(nodes_gpus, params, precision, memory, seq, batch, ac, expected):
     plan = plan_for(nodes=nodes_gpus[0], gpus_per_node=nodes_gpus[1], shard_size=1)
     shape = llama_like_shape(params, seq_len=seq, batch_size=batch, checkpointing=ac)
-    rec = recommend_tp(plan, gpu_memory=memory, precision=precision, params_for_shard=lambda _s: (params, 0), activations=shape)
+    rec = recommend_tp(
+        plan, gpu_memory=memory, precision=precision, params_for_shard=lambda _s: (params, 0), activations=shape
+    )
     got = (rec.chosen_tp, rec.chosen.chosen.shard_size) if rec.chosen else None
     assert got == expected
     assert [t for t, _ in rec.by_tp] == [1, 2, 4, 8][: len(rec.by_tp)]

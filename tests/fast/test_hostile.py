@@ -220,6 +220,7 @@ def test_export_copies_regular_tokenizer_files_only(tmp_path):
     secret.write_text("private key")
     data = tmp_path / "data"
     (data / "tokenizer").mkdir(parents=True)
+    (data / "dataset.json").write_text("{}")
     (data / "tokenizer" / "tokenizer.json").write_text("{}")
     (data / "tokenizer" / "vocab.json").symlink_to(secret)
     (data / "tokenizer" / "fifo").mkdir()
@@ -981,6 +982,7 @@ def test_export_does_not_follow_a_tokenizer_directory_that_is_a_symlink(tmp_path
     (secrets / "id_ed25519").write_text("PRIVATE KEY")
     data = tmp_path / "data"
     data.mkdir()
+    (data / "dataset.json").write_text("{}")
     (data / "tokenizer").symlink_to(secrets)
     out = tmp_path / "out"
     out.mkdir()
@@ -989,11 +991,38 @@ def test_export_does_not_follow_a_tokenizer_directory_that_is_a_symlink(tmp_path
     assert skipped == [str(data / "tokenizer")]
 
 
+@pytest.mark.parametrize("manifest", ["none", "symlink"])
+def test_export_copies_the_tokenizer_of_a_prepared_dataset_only(tmp_path, manifest):
+    """model.json's data path edited to lead to someone else's directory (or a directory above the
+    dataset swapped for a symlink): its tokenizer/ holds regular files, but no dataset.json of
+    prepare-data's sits beside it (or only a symlink named so), and nothing is copied."""
+    from hpc_hsdp.runtime.export import _copy_tokenizer
+
+    elsewhere = tmp_path / "home" / "project"
+    (elsewhere / "tokenizer").mkdir(parents=True)
+    (elsewhere / "tokenizer" / "credentials.json").write_text("SECRET")
+    if manifest == "symlink":
+        (tmp_path / "real.json").write_text("{}")
+        (elsewhere / "dataset.json").symlink_to(tmp_path / "real.json")
+    link = tmp_path / "run" / "data"
+    link.parent.mkdir()
+    link.symlink_to(elsewhere)
+    out = tmp_path / "out"
+    out.mkdir()
+    skipped = _copy_tokenizer({"training": {"data": str(link)}}, out)
+    assert list(out.iterdir()) == [] and skipped == [str(link / "tokenizer")]
+    (elsewhere / "dataset.json").unlink(missing_ok=True)
+    (elsewhere / "dataset.json").write_text("{}")  # a prepared dataset behind a symlinked path: copied
+    assert _copy_tokenizer({"training": {"data": str(link)}}, out) == []
+    assert [p.name for p in out.iterdir()] == ["credentials.json"]
+
+
 def test_export_skips_a_fifo_in_the_tokenizer_directory_without_blocking(tmp_path):
     from hpc_hsdp.runtime.export import _copy_tokenizer
 
     data = tmp_path / "data"
     (data / "tokenizer").mkdir(parents=True)
+    (data / "dataset.json").write_text("{}")
     (data / "tokenizer" / "tokenizer.json").write_text("{}")
     os.mkfifo(data / "tokenizer" / "vocab.json")
     out = tmp_path / "out"

@@ -43,9 +43,7 @@ CASES = [
 
 @pytest.mark.parametrize(("nodes_gpus", "params", "memory", "precision", "optimizer", "expected"), CASES)
 def test_recommendation_table(nodes_gpus, params, memory, precision, optimizer, expected):
-    rec = recommend(
-        topo(*nodes_gpus), model_params=params, gpu_memory=memory, precision=precision, optimizer=optimizer
-    )
+    rec = recommend(topo(*nodes_gpus), model_params=params, gpu_memory=memory, precision=precision, optimizer=optimizer)
     assert (rec.chosen.shard_size if rec.chosen else None) == expected
     fitting = [c for c in rec.candidates if c.fits]
     assert all(c.needed_bytes <= rec.budget_bytes for c in fitting)
@@ -152,7 +150,10 @@ def test_recommend_builtin_model_and_no_torch():
         (["--nodes", "2", "--recommend", "--model-params", "7B"], "--recommend needs --gpu-memory"),
         (["--nodes", "2", "--recommend", "--model-params", "seven", "--gpu-memory", "80GiB"], "is not a count"),
         (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "lots"], "is not a size"),
-        (["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp16"], "--dtype"),
+        (
+            ["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--dtype", "fp16"],
+            "--dtype",
+        ),
         (
             ["--nodes", "2", "--recommend", "--model-params", "7B", "--gpu-memory", "80GiB", "--precision", "fp16"],
             "--precision",
