@@ -167,6 +167,9 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     settings += [
         ("PYTHONUNBUFFERED", "1"),
         ("NCCL_DEBUG", "INFO" if spec.environment.debug else "WARN"),
+        # submitit's INFO lines (started, pickle loaded, completed, exiting) fill every task's log alike:
+        # 64 of the demo's 130 lines of `logs --tail 5`; its warnings and errors still show
+        ("SUBMITIT_LOG_LEVEL", "INFO" if spec.environment.debug else "WARNING"),
     ]
     if spec.run.device == "cpu":
         # FSDP's per-step buffers of a large model on CPU are fresh mappings every step, whose
