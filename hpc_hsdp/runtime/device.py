@@ -41,7 +41,11 @@ def pick_device(
                 f"is not usable: {cuda_unusable_reason()}; install a CUDA build of torch for this node's driver, "
                 f"or run on CPU on purpose with --device cpu"
             )
-        return torch.device("cpu"), f"note: rank {layout.rank}: no GPU given, running on CPU with gloo"
+        # said once per node, by its first task: every task of a node without GPUs would say the same
+        said = (
+            f"note: node {layout.node}: no GPU given, its ranks run on CPU with gloo" if layout.local_rank == 0 else ""
+        )
+        return torch.device("cpu"), said
     index = int(layout.device.split(":")[1]) if layout.device.startswith("cuda") else layout.local_rank
     count = torch.cuda.device_count()
     if index >= count:
