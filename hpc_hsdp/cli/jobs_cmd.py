@@ -24,6 +24,14 @@ from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import membership_changes, read_membership
 from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
 from hpc_hsdp.rundir.pace import progress_of
+from hpc_hsdp.rundir.provenance import (
+    code_words,
+    commit_id,
+    differences,
+    read_provenance,
+    read_task_provenance,
+    task_words,
+)
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
@@ -185,6 +193,7 @@ def status(job, as_json) -> None:
     facts = run_facts(handle, st)
     metrics = facts["last"]
     progress = facts["progress"]
+    provenance = read_provenance(handle.record.run_dir)
     data = {
         "job_id": handle.job_id,
         "cluster": handle.record.cluster,
@@ -203,6 +212,9 @@ def status(job, as_json) -> None:
         "trackers_off": facts["trackers_off"],
         "compile": latest_compile(handle.record.run_dir),
         "failure": failure_of(handle, st),
+        "code": code_words(provenance),
+        "commit": commit_id(provenance),
+        "versions": read_task_provenance(handle.record.run_dir),
         **st.to_dict(),
     }
     if as_json:
@@ -246,6 +258,11 @@ def status(job, as_json) -> None:
         _say(terminal_safe(off))
     if data["failure"]:
         _say(f"failure: {data['failure']}")
+    if data["code"]:
+        _say(f"code: {data['code']}")
+    versions = task_words(data["versions"])
+    if versions:
+        _say(f"ran with: {versions}")
     _say(f"run directory: {handle.record.run_dir}")
 
 
@@ -419,6 +436,7 @@ def runs(directory, depth) -> None:
                 broken[path] = type(exc).__name__
     statuses = job_statuses(list(records.values()))  # one squeue and one sacct for every SLURM job
     notes = sorted({st.note.rsplit(" (", 1)[0] for st in statuses.values() if st.note})
+    provenances = {path: read_provenance(path) for path in found}  # what produced each run: where they differ
     rows = []
     for path in found:
         label = terminal_safe(str(path.relative_to(root)) if path != root else ".")
@@ -427,10 +445,21 @@ def runs(directory, depth) -> None:
             rows.append(_run_row(path, label, broken.get(path), st))
         except _UNREADABLE as exc:  # one directory that cannot be read is one row, not the end of the listing
             rows.append((0, [label, f"UNKNOWN (unreadable: {type(exc).__name__})", "-", "-", "-"]))
+        rows[-1][1].append(terminal_safe(commit_id(provenances[path]) or "-"))
     rows.sort(key=lambda row: -row[0])
-    table = [["RUN", "STATE", "STEP", "LOSS", "LAST ACTIVITY"]] + [row for _, row in rows]
+    differ = differences(list(provenances.values()))
+    if differ:  # the cells of the runs whose code is not the most common one are marked
+        codes = [row[5] for _, row in rows if row[5] != "-"]
+        usual = max(set(codes), key=codes.count) if codes else None
+        for _, row in rows:
+            if row[5] not in ("-", usual):
+                row[5] += " *"
+    table = [["RUN", "STATE", "STEP", "LOSS", "LAST ACTIVITY", "CODE"]] + [row for _, row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if differ:
+        _say(f"the runs differ in: {'; '.join(differ)}")
+        _say("CODE: the commit (+XXXX: with uncommitted changes, XXXX names them); *: not the most common code")
     for note in notes:
         _say(f"scheduler: {note}; the states marked 'last known' are SLURM's last answer")

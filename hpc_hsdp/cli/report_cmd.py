@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
+from hpc_hsdp.rundir.provenance import code_words
 
 
 @click.command()
@@ -34,6 +36,9 @@ def report(run_dirs, output) -> None:
     for run in runs:
         for note in run.notes:
             click.echo(f"{run.label}: {note}", err=True)
+        code = code_words(run.provenance)
+        if code:
+            click.echo(terminal_safe(f"{run.label}: code {code}"), err=True)
     try:
         written = write_report(runs, target)
     except NothingToDraw as exc:

@@ -658,6 +658,16 @@ OPTIONS: tuple[JobOption, ...] = (
         key="python", kind="str", default="python", reaches=SCRIPT_LINE, help="Interpreter name the script calls."
     ),
     JobOption(
+        key="snapshot_code",
+        kind="bool",
+        default=False,
+        reaches=SCRIPT_LINE,
+        help=(
+            "Copy the code the job runs (hpc-hsdp and the --entry or --model module's package) into RUN_DIR/code at "
+            "submit; every attempt, requeues included, runs that copy, whatever changes on disk afterwards."
+        ),
+    ),
+    JobOption(
         key="template",
         kind="path",
         metavar="PATH",

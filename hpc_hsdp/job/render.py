@@ -30,6 +30,7 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 ``switches_command`` the batch shell's ``python -m hpc_hsdp layout --field node_switches ...``
                      (every node's switches; with ``--topology strict`` the check), or None
                      where the job orders no nodes by switch (one node, ``--topology off``)
+``snapshot_dir``     ``<run_dir>/code`` with ``--snapshot-code`` (put first on ``PYTHONPATH``), else None
 ``launch_command``   the shell text srun runs, ready (already quoted): the default
                      ``python -m hpc_hsdp run ...`` / ``bash -c 'exec torchrun ...'``, or
                      the override given to :func:`render_sbatch`
@@ -51,6 +52,7 @@ from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS
 from hpc_hsdp.plan.replica_groups import REPLICA_TAG
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV
 from hpc_hsdp.plan.topology import format_tasks_per_node
+from hpc_hsdp.rundir.provenance import snapshot_path
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
@@ -352,6 +354,13 @@ def plan_command(spec: JobSpec) -> str:
     return " ".join(shlex.quote(a) for a in ["hpc-hsdp", "plan", *args])
 
 
+def snapshot_dir(spec: JobSpec) -> str | None:
+    """``<run_dir>/code``, the copy of the code ``--snapshot-code`` takes at submit; None without it."""
+    if not spec.environment.snapshot_code:
+        return None
+    return str(snapshot_path(spec.run.run_dir.rstrip("/")))
+
+
 RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 UNSET_ON_ENTRY = (*RENDEZVOUS_VARIABLES, NODE_SWITCHES_ENV)
 """Unset when the script starts (a submitting shell's stale values travel with
@@ -388,6 +397,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "switches_command": switches_command(spec),
         "replicas": spec.replicas,
         "replica_command": replica_command(spec),
+        "snapshot_dir": snapshot_dir(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
 

@@ -24,6 +24,7 @@ from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.preflight import check_fp8_gpus, check_job_inputs, check_tensor_parallel, check_trackers
+from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 from hpc_hsdp.rundir.job_record import JobRecord
 
@@ -82,7 +83,12 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         kwargs = {"fn": fn} if fn is not None else {}
         logs_dir = Path(spec.log_dir)
         logs_dir.mkdir(parents=True, exist_ok=True)
-        job_id, job = scheduler.submit(spec, submission_script(spec), func, args, kwargs)
+        provenance = gather_provenance(spec, fn)  # before the job exists: the code as it is now
+        if spec.environment.snapshot_code:
+            provenance["snapshot"] = snapshot_code(spec.run.run_dir, spec, fn)
+        script = submission_script(spec)
+        job_id, job = scheduler.submit(spec, script, func, args, kwargs)
+        record_submission(spec.run.run_dir, provenance, job_id=job_id, script=script, logs_dir=logs_dir)
         record = JobRecord(
             job_id=job_id,
             cluster=scheduler.name,

@@ -21,6 +21,7 @@ from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
+from hpc_hsdp.rundir.provenance import read_provenance
 from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600
@@ -168,6 +169,8 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     last_activity: float | None = None
     """Unix time of the newest write to metrics.jsonl / attempt.json."""
+    provenance: dict | None = None
+    """``provenance.json``: the code (commit, uncommitted changes) and packages that produced the run."""
 
     @property
     def total_steps(self) -> int | None:
@@ -256,6 +259,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
         attempt=attempt,
         notes=notes,
         last_activity=max(times) if times else None,
+        provenance=None if tail_only else read_provenance(run_dir),
     )
     if run.state == "running" and last is not None:
         total = run.total_steps

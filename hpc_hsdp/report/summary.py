@@ -6,6 +6,7 @@ from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.membership import membership_changes
+from hpc_hsdp.rundir.provenance import code_words
 
 
 def summary_rows(run: RunData) -> dict[str, str]:
@@ -31,6 +32,7 @@ def summary_rows(run: RunData) -> dict[str, str]:
         or "none",
         "replica groups": _replica_groups(run),
         "slowest": run.straggler_verdict() or "-",
+        "code": code_words(run.provenance) or "-",
     }
 
 

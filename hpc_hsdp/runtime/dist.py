@@ -14,8 +14,10 @@ from __future__ import annotations
 import errno
 import faulthandler
 import os
+import platform
 import signal
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +34,7 @@ from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
+from hpc_hsdp.rundir.provenance import snapshot_path, write_task_provenance
 from hpc_hsdp.runtime.comm_stats import for_context
 from hpc_hsdp.runtime.device import pick_device
 from hpc_hsdp.runtime.log import note
@@ -276,6 +279,7 @@ def init(
             _verify_groups(layout, realized)
         if ctx.run_dir is not None and torch_rank == 0:
             write_layout(ctx)
+            write_versions(ctx)
         if comm_stats:
             ctx.comm_stats = for_context(ctx).__enter__()
         return ctx
@@ -413,3 +417,40 @@ def write_layout(ctx: RunContext) -> Path:
         "ranks": [{k: d[k] for k in RANK_FIELDS if k in d and (k != "node_switch" or d[k])} for d in ctx.realized],
     }
     return layout_file(ctx.run_dir, record)
+
+
+def task_versions(run_dir: Path | None = None) -> dict:
+    """What only a task knows of what runs it: torch, CUDA, cuDNN and NCCL versions, Python, and
+    where hpc-hsdp was imported from (``code/`` of the run directory with ``--snapshot-code``)."""
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            found = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
+        except (RuntimeError, AttributeError):
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    package = Path(__file__).resolve().parents[1]  # the hpc_hsdp package this task imported
+    record = {
+        "written_at": time.time(),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": str(cudnn) if cudnn is not None else None,
+        "nccl": nccl,
+        "hpc_hsdp_from": str(package),
+    }
+    if run_dir is not None:
+        record["snapshot_used"] = package.parent == snapshot_path(run_dir).resolve()
+    return record
+
+
+def write_versions(ctx: RunContext) -> None:
+    """``task_provenance.json`` of this attempt (rank 0); a failed write is said, not fatal."""
+    try:
+        write_task_provenance(ctx.run_dir, task_versions(ctx.run_dir))
+    except OSError as exc:
+        note(f"task_provenance.json not written: {exc}")

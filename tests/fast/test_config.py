@@ -190,6 +190,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         debug = true
         venv = "/v"
         python = "python3"
+        snapshot_code = true
         spare_nodes = 0
         steps = 9
         lr = 0.01
@@ -266,6 +267,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
             "/v",
             "--python",
             "python3",
+            "--snapshot-code",
             "--steps",
             "9",
             "--lr",

@@ -64,6 +64,7 @@ HOSTILE = (
     "/data dir:/data,/scratch/hsdp:/scratch/hsdp",
     "--time",
     "1-00:30",
+    "--snapshot-code",
 )
 
 CASES: dict[str, tuple[str, ...]] = {

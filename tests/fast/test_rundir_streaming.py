@@ -122,6 +122,7 @@ def test_the_report_of_a_long_run_prints_the_exact_numbers_and_draws_a_bounded_s
         "restarts": "none",
         "replica groups": "-",
         "slowest": f"{words} (in {count} of {total} probes)",
+        "code": "-",  # no provenance.json
     }
     assert run.digest.median_tokens_per_s() == statistics.median(r["tokens_per_s"] for r in records)
     assert run.last == records[-1] and run.digest.count == 100_000

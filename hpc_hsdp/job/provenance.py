@@ -1,0 +1,287 @@
+"""What produced a run, gathered at submit (no torch): the code the job runs and where it comes
+from (git), the installed packages, Python; and ``--snapshot-code``'s copy of that code.
+
+The code a job runs is hpc-hsdp's own package and the user's module named by ``--entry``,
+``--model MODULE:FUNCTION`` or the Python API's function: of each, its top-level package (or
+single-file module). A git checkout costs one ``git status`` (the commit, the changes) and, when
+tracked files changed, one ``git diff HEAD``; code outside a checkout costs no process at all.
+The record is written by :mod:`hpc_hsdp.rundir.provenance`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.rundir.provenance import MAX_DIFF_BYTES, SNAPSHOT_DIR, snapshot_path, write_provenance
+
+GIT_TIMEOUT_S = 10.0
+MAX_UNTRACKED = 50
+"""Untracked files named per checkout (their count is always kept)."""
+MAX_SNAPSHOT_BYTES = 256 << 20
+"""``--snapshot-code`` refuses code larger than this (a package that holds data, or a whole tree)."""
+INSTALLED = ("site-packages", "dist-packages")
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+
+
+# ----------------------------------------------------------------------------- which code runs
+
+
+def top_module(target: str | None) -> str | None:
+    """``mypkg.models:build`` -> ``mypkg``; None for none, ``builtin`` and ``hf:PATH``."""
+    if not target or target == "builtin" or target.startswith("hf:") or ":" not in target:
+        return None
+    return target.partition(":")[0].split(".")[0] or None
+
+
+def user_modules(spec, fn=None) -> list[str]:
+    """The top-level modules of the user's code a job runs (without hpc-hsdp's own), in order."""
+    names = [top_module(spec.run.entry), top_module(spec.run.training.model)]
+    module = getattr(fn, "__module__", None) if fn is not None else None
+    if isinstance(module, str) and module != "__main__":
+        names.append(module.split(".")[0])
+    seen: list[str] = []
+    for name in names:
+        if name and name != "hpc_hsdp" and name not in seen:
+            seen.append(name)
+    return seen
+
+
+def module_paths(name: str) -> list[Path]:
+    """Where the top-level module ``name`` lies: its package directory (or directories: a namespace
+    package) or its file; [] when it cannot be found here or is built in. Found, not imported."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if found is None:
+        return []
+    if found.submodule_search_locations:
+        return [Path(p) for p in found.submodule_search_locations]
+    if found.origin and found.has_location and Path(found.origin).is_file():
+        return [Path(found.origin)]
+    return []
+
+
+def own_package() -> Path:
+    """hpc-hsdp's package directory, as this interpreter imports it."""
+    return Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- git
+
+
+def checkout_of(path: Path) -> Path | None:
+    """The git checkout holding ``path`` (a directory with ``.git``, looked for upwards: no
+    process), None outside one and for an installed copy (under site-packages)."""
+    path = path.resolve()
+    if any(part in INSTALLED for part in path.parts):
+        return None
+    for parent in (path, *path.parents):
+        if (parent / ".git").exists():
+            return parent
+    return None
+
+
+def _git(checkout: Path, *args: str) -> bytes:
+    done = subprocess.run(
+        ["git", "-C", str(checkout), *args],
+        capture_output=True,
+        timeout=GIT_TIMEOUT_S,
+        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"},
+        check=False,
+    )
+    if done.returncode != 0:
+        said = " ".join(done.stderr.decode("utf-8", "replace").split())[:200]
+        raise OSError(f"git {args[0]} failed (exit {done.returncode}): {said}")
+    return done.stdout
+
+
+def git_state(checkout: Path) -> dict:
+    """The commit of ``checkout`` and its uncommitted changes: ``commit``, ``dirty`` (tracked files
+    changed, or untracked files), ``diff`` (of the tracked files against HEAD, cut at
+    :data:`MAX_DIFF_BYTES`), ``diff_sha256`` (of the whole diff), ``untracked``; ``error`` instead
+    when git cannot say (not installed, not a repository it trusts, too slow)."""
+    try:
+        status = _git(checkout, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=normal")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": " ".join(str(exc).split())[:300]}
+    commit, changed, untracked = None, False, []
+    for item in status.decode("utf-8", "replace").split("\0"):
+        if item.startswith("# branch.oid "):
+            oid = item.split()[-1]
+            commit = oid if oid != "(initial)" else None
+        elif item.startswith(("1 ", "2 ", "u ")):
+            changed = True
+        elif item.startswith("? "):
+            untracked.append(item[2:])
+    state: dict = {"commit": commit, "dirty": changed or bool(untracked), "untracked": untracked[:MAX_UNTRACKED]}
+    if len(untracked) > MAX_UNTRACKED:
+        state["untracked_count"] = len(untracked)
+    if changed and commit is not None:
+        try:
+            diff = _git(checkout, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary")
+        except (OSError, subprocess.SubprocessError) as exc:
+            state["error"] = " ".join(str(exc).split())[:300]
+            return state
+        state["diff_sha256"] = hashlib.sha256(diff).hexdigest()
+        state["diff_bytes"] = len(diff)
+        state["diff_truncated"] = len(diff) > MAX_DIFF_BYTES
+        state["diff"] = diff[:MAX_DIFF_BYTES].decode("utf-8", "replace")
+    elif untracked:
+        state["diff_sha256"] = hashlib.sha256("\0".join(untracked).encode()).hexdigest()
+    return state
+
+
+def code_record(name: str, paths: list[Path], states: dict[Path, dict]) -> dict:
+    """One ``code`` entry: the module's location and its checkout's state (``states``: one git
+    look per checkout, shared by the modules in it)."""
+    entry: dict = {"name": name, "path": ", ".join(str(p) for p in paths) or None}
+    checkout = checkout_of(paths[0]) if paths else None
+    if checkout is None:
+        return entry
+    if checkout not in states:
+        states[checkout] = git_state(checkout)
+    return {**entry, "checkout": str(checkout), **states[checkout]}
+
+
+# ----------------------------------------------------------------------------- packages, Python
+
+
+def installed_packages() -> dict[str, str]:
+    """name -> version of every distribution this interpreter sees, from the ``*.dist-info`` and
+    ``*.egg-info`` directory names on ``sys.path`` (the first one wins, as imports do): no
+    metadata file is opened, a few milliseconds for hundreds of packages."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            for suffix in (".dist-info", ".egg-info"):
+                if name.endswith(suffix):
+                    package, _, version = name[: -len(suffix)].partition("-")
+                    version = version.split("-")[0]
+                    key = package.lower().replace("_", "-")
+                    if version and key not in found:
+                        found[key] = version
+    return dict(sorted(found.items()))
+
+
+def python_record() -> dict:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+
+
+def gather_provenance(spec, fn=None) -> dict:
+    """The submission's record (without the job id and script, known once submitted)."""
+    states: dict[Path, dict] = {}
+    code = [code_record("hpc_hsdp", [own_package()], states)]
+    for name in user_modules(spec, fn):
+        code.append(code_record(name, module_paths(name), states))
+    return {
+        "submitted_at": time.time(),
+        "host": platform.node(),
+        "cwd": os.getcwd(),
+        "argv": list(sys.argv),
+        "python": python_record(),
+        "code": code,
+        "packages": installed_packages(),
+        "snapshot": None,
+    }
+
+
+# ----------------------------------------------------------------------------- --snapshot-code
+
+
+def _size(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        if path.is_file():
+            total += path.stat().st_size
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")]
+            total += sum((Path(root) / f).stat().st_size for f in files if not f.endswith(".pyc"))
+            if total > MAX_SNAPSHOT_BYTES:
+                return total
+    return total
+
+
+def snapshot_code(run_dir: str | Path, spec, fn=None) -> dict:
+    """Copy the code the job runs into ``<run_dir>/code``: hpc-hsdp's package and the user's
+    module (its top-level package, or its file), replacing an earlier copy; the rendered script
+    puts that directory first on ``PYTHONPATH``. :class:`SpecError` when a module cannot be found
+    or the code is larger than :data:`MAX_SNAPSHOT_BYTES`; nothing is left half-copied."""
+    sources: list[tuple[str, list[Path]]] = [("hpc_hsdp", [own_package()])]
+    for name in user_modules(spec, fn):
+        paths = module_paths(name)
+        if not paths:
+            raise SpecError(
+                f"--snapshot-code: module {name!r} cannot be found here, so it cannot be copied; make it importable "
+                f"(pip install -e, or PYTHONPATH) or submit without --snapshot-code; nothing submitted"
+            )
+        sources.append((name, paths))
+    size = sum(_size(paths) for _, paths in sources)
+    if size > MAX_SNAPSHOT_BYTES:
+        raise SpecError(
+            f"--snapshot-code: the code to copy ({', '.join(n for n, _ in sources)}) is {size >> 20} MiB, more than "
+            f"{MAX_SNAPSHOT_BYTES >> 20} MiB; keep data out of the package or submit without --snapshot-code"
+        )
+    target = snapshot_path(run_dir)
+    staging = target.with_name(f".{SNAPSHOT_DIR}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        for name, paths in sources:
+            for path in paths:
+                if path.is_dir():
+                    shutil.copytree(path, staging / name, ignore=_SKIP, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(path, staging / path.name)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            old = target.with_name(f".{SNAPSHOT_DIR}.{os.getpid()}.old")
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(staging, target)
+    except (OSError, RecursionError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SpecError(f"--snapshot-code: could not copy the code into {target} ({exc}); nothing submitted") from None
+    return {"dir": SNAPSHOT_DIR, "modules": [n for n, _ in sources], "bytes": size}
+
+
+def record_submission(run_dir: str | Path, provenance: dict, *, job_id: str, script: str, logs_dir: Path) -> None:
+    """``provenance.json`` of a submitted job: the record, the job id and the rendered script it
+    was sent, which the scheduler keeps as ``logs/<job id>_submission.sh`` (written there when it
+    did not). A file system that refuses the write costs the record, not the job."""
+    script_file = logs_dir / f"{job_id}_submission.sh"
+    try:
+        if not script_file.is_file() or script_file.is_symlink():
+            script_file.unlink(missing_ok=True)
+            script_file.write_text(script)
+        name = str(script_file.relative_to(run_dir)) if script_file.is_relative_to(run_dir) else str(script_file)
+        write_provenance(
+            run_dir,
+            {
+                **provenance,
+                "job_id": str(job_id),
+                "script": name,
+                "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+            },
+        )
+    except OSError as exc:
+        print(f"hpc-hsdp: provenance.json not written in {run_dir}: {exc}", file=sys.stderr)
