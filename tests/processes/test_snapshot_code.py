@@ -39,6 +39,8 @@ def main(ctx):
         print(line, flush=True)
         with open(Path(ctx.run_dir) / "markers.txt", "a") as f:
             f.write(line + "\\n")
+        if os.environ.get("SNAP_HOLD_FIRST") and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+            time.sleep(240)  # the first attempt runs until the test requeues the job
 '''
 
 

@@ -1,0 +1,109 @@
+"""--snapshot-code on the real dev SLURM cluster (hpc_hsdp.job.provenance): a job that waits in
+the queue while its code is edited on disk runs the code of its submit, and so does its requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.rundir.provenance import read_provenance, read_task_provenance
+from tests.processes.test_snapshot_code import package
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]
+
+
+def hpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def status(run: Path) -> dict:
+    shown = hpc("status", str(run), "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def wait_until(what: str, check, timeout_s: float, run: Path):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted((run / "logs").glob("*_log.err")))
+            pytest.fail(f"{what} not reached in {timeout_s} s; status {status(run)}\n{logs}")
+        time.sleep(0.5)
+
+
+def markers(run: Path) -> list[str]:
+    path = run / "markers.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_queued_job_and_its_requeue_run_the_code_of_the_submit_not_the_code_on_disk(slurm_cluster, tmp_path):
+    src = tmp_path / "src"
+    commit = package(src)
+    run, go = tmp_path / "run", tmp_path / "go"
+    go.touch()  # the entry need not wait: the queue holds the job
+    out = hpc(
+        "submit",
+        "--cluster",
+        "slurm",
+        "--device",
+        "cpu",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--shard",
+        "1",
+        "--no-exclusive",
+        "--entry",
+        "snapmod.entry:main",
+        "--snapshot-code",
+        "--sbatch",
+        "begin=now+3600",  # behind the queue until the test moves its start
+        "--run-dir",
+        str(run),
+        env={"PYTHONPATH": str(src), "SNAP_GO": str(go), "SNAP_HOLD_FIRST": "1"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    assert status(run)["state"].startswith("PENDING")
+
+    # the code on disk changes while the job waits: committed and uncommitted alike
+    (src / "snapmod" / "marker.py").write_text('MARKER = "new"\n')
+    subprocess.run(["git", "-C", str(src), "commit", "-qam", "new", "--author", "t <t@t>"], check=True)
+    (src / "snapmod" / "marker.py").write_text('MARKER = "newer"\n')
+    assert subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"]).returncode == 0
+
+    first = wait_until("the first attempt's marker", lambda: markers(run), 180, run)
+    assert first[0].startswith("MARKER=old restart=0 from="), first
+    assert first[0].endswith(str(run / "code" / "hpc_hsdp" / "job" / "task.py")), first
+    assert read_task_provenance(run)["snapshot_used"] is True
+
+    (src / "snapmod" / "marker.py").write_text('MARKER = "newest"\n')
+    assert subprocess.run(["scontrol", "requeue", job_id]).returncode == 0
+    both = wait_until(
+        "the requeued attempt's marker", lambda: (lambda m: m if len(m) >= 2 else None)(markers(run)), 240, run
+    )
+    assert both[1].startswith("MARKER=old restart=1 from="), both
+    wait_until("the end", lambda: status(run)["state"].startswith("COMPLETED"), 120, run)
+    task = read_task_provenance(run)
+    assert task["restart"] == "1" and task["snapshot_used"] is True and task["job_id"] == job_id
+
+    mine = next(c for c in read_provenance(run)["code"] if c["name"] == "snapmod")
+    assert mine["commit"] == commit and mine["dirty"] is False  # what was submitted, not what came after
+    shown = hpc("status", str(run)).stdout
+    assert f"code: {commit[:10]} ({src}: snapmod)" in shown, shown
