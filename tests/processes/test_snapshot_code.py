@@ -182,3 +182,28 @@ def test_one_git_status_for_a_clean_checkout_and_modules_of_one_checkout_share_i
     calls.clear()
     gather.code_record("snapmod", [repo / "snapmod"], {})
     assert calls == ["status", "diff"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_the_python_api_snapshots_the_module_of_its_function(tmp_path):
+    """hpc_hsdp.submit(fn, snapshot_code=True): fn is pickled by reference (module and name), so
+    the task imports its module; that module is the copy."""
+    src = tmp_path / "src"
+    package(src)
+    run, go = tmp_path / "api", tmp_path / "api.go"
+    script = (
+        "import hpc_hsdp\nfrom snapmod.entry import main\n"
+        f"hpc_hsdp.submit(main, cluster='local', nodes=1, gpus_per_node=1, shard=1, device='cpu', run_dir={str(run)!r}, "
+        "snapshot_code=True)\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    env = {**base, "PYTHONPATH": os.pathsep.join([str(src), str(Path.cwd())]), "SNAP_GO": str(go)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (src / "snapmod" / "entry.py").write_text("def main(ctx):\n    raise SystemExit('the code on disk ran')\n")
+    (src / "snapmod" / "marker.py").write_text('MARKER = "new"\n')
+    go.touch()
+    assert wait_done(run)["state"] == "COMPLETED", hpc("status", str(run)).stdout
+    assert (run / "markers.txt").read_text().startswith("MARKER=old restart=0 ")
+    assert [c["name"] for c in read_provenance(run)["code"]] == ["hpc_hsdp", "snapmod"]
