@@ -103,7 +103,10 @@ def test_a_queued_job_and_its_requeue_run_the_code_of_the_submit_not_the_code_on
     task = read_task_provenance(run)
     assert task["restart"] == "1" and task["snapshot_used"] is True and task["job_id"] == job_id
 
-    mine = next(c for c in read_provenance(run)["code"] if c["name"] == "snapmod")
+    record = read_provenance(run)
+    assert record["script"] == f"logs/{job_id}_submission.sh"  # the script sbatch was sent, as submitit kept it
+    assert f"export PYTHONPATH={run / 'code'}" in (run / record["script"]).read_text()
+    mine = next(c for c in record["code"] if c["name"] == "snapmod")
     assert mine["commit"] == commit and mine["dirty"] is False  # what was submitted, not what came after
     shown = hpc("status", str(run)).stdout
     assert f"code: {commit[:10]} ({src}: snapmod)" in shown, shown
