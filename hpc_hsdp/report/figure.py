@@ -15,6 +15,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.charts import Heatmap, LineChart, charts
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.summary import summary_rows
+from hpc_hsdp.rundir.provenance import commit_id
 
 LINE_ROW_INCHES = 3.375
 HEAT_ROW_INCHES = 2.6
@@ -43,6 +44,7 @@ def _heading(runs: Sequence[RunData]) -> str:
         lines.append(
             f"{run.label}: {row['state']}, step {row['step']}, loss {row['loss']}, eval {row['eval loss']} (best {row['best eval']}), "
             f"{row['tokens/s (median)']} tokens/s; restarts: {row['restarts']}; slowest: {row['slowest']}"
+            + (f"; code {commit_id(run.provenance)}" if commit_id(run.provenance) else "")
         )
     return "\n".join(lines)
 

@@ -279,3 +279,21 @@ def test_runs_of_one_code_say_nothing_more(tmp_path):
     _run(root / "b", record())
     got = CliRunner().invoke(cli, ["runs", str(root)])
     assert got.exit_code == 0 and "differ" not in got.output and " *" not in got.output, got.output
+
+
+def test_report_names_the_commit_in_its_table_heading_and_output(tmp_path):
+    from hpc_hsdp.report.data import load_run
+    from hpc_hsdp.report.figure import _heading
+    from hpc_hsdp.report.html import render_html
+
+    run = tmp_path / "run"
+    _run(run, record(dirty=True))
+    (run / "provenance.json").write_text((run / "provenance.json").read_text().replace("mymodel", "<b>x</b>"))
+    loaded = load_run(run)
+    html = render_html([loaded])
+    assert (
+        f"<td>{COMMIT[:10]} + uncommitted changes (/src/hpc-hsdp: hpc_hsdp); not in a git checkout: &lt;b&gt;x" in html
+    )
+    assert _heading([loaded]).endswith(f"; code {COMMIT[:10]}+abcd")
+    got = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r.html")])
+    assert got.exit_code == 0 and f"run: code {COMMIT[:10]} + uncommitted changes" in got.output, got.output
