@@ -21,7 +21,15 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.rundir.provenance import MAX_DIFF_BYTES, SNAPSHOT_DIR, snapshot_path, write_provenance
+from hpc_hsdp.files import is_time
+from hpc_hsdp.rundir.provenance import (
+    MAX_DIFF_BYTES,
+    SNAPSHOT_DIR,
+    commit_id,
+    read_provenance,
+    snapshot_path,
+    write_provenance,
+)
 
 GIT_TIMEOUT_S = 10.0
 MAX_UNTRACKED = 50
@@ -264,6 +272,27 @@ def snapshot_code(run_dir: str | Path, spec, fn=None) -> dict:
     return {"dir": SNAPSHOT_DIR, "modules": [n for n, _ in sources], "bytes": size}
 
 
+MAX_EARLIER = 100
+"""Earlier submissions into one run directory whose code ``provenance.json`` keeps (the newest)."""
+
+
+def earlier_submissions(previous: dict | None) -> list[dict]:
+    """What a resubmission keeps of the run's earlier submissions (a resumed run may have trained
+    its first steps on other code): each one's job id, time and :func:`commit_id`."""
+    if previous is None:
+        return []
+    kept = [e for e in previous.get("earlier", []) if isinstance(e, dict)]
+    submitted = previous.get("submitted_at")
+    kept.append(
+        {
+            "job_id": previous.get("job_id") if isinstance(previous.get("job_id"), str) else None,
+            "submitted_at": submitted if is_time(submitted) else None,
+            "commit": commit_id(previous),
+        }
+    )
+    return kept[-MAX_EARLIER:]
+
+
 def record_submission(run_dir: str | Path, provenance: dict, *, job_id: str, script: str, logs_dir: Path) -> None:
     """``provenance.json`` of a submitted job: the record, the job id and the rendered script it
     was sent, which the scheduler keeps as ``logs/<job id>_submission.sh`` (written there when it
@@ -281,6 +310,7 @@ def record_submission(run_dir: str | Path, provenance: dict, *, job_id: str, scr
                 "job_id": str(job_id),
                 "script": name,
                 "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+                "earlier": earlier_submissions(read_provenance(run_dir)),
             },
         )
     except OSError as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpc_hsdp.files import read_json
+from hpc_hsdp.files import is_time, read_json
 from hpc_hsdp.rundir.files import atomic_write_text
 
 PROVENANCE = "provenance.json"
@@ -91,6 +91,20 @@ def read_provenance(run_dir: str | Path) -> dict | None:
         return None
     code = data.get("code")
     data["code"] = [c for c in map(_checkout, code if isinstance(code, list) else []) if c is not None]
+    earlier = data.get("earlier")
+    data["earlier"] = (
+        [
+            {
+                "job_id": _text(e.get("job_id")),
+                "submitted_at": e.get("submitted_at") if is_time(e.get("submitted_at")) else None,
+                "commit": _text(e.get("commit")),
+            }
+            for e in earlier
+            if isinstance(e, dict)
+        ]
+        if isinstance(earlier, list)
+        else []
+    )
     packages = data.get("packages")
     data["packages"] = (
         {k: v for k, v in packages.items() if isinstance(k, str) and isinstance(v, str)}
@@ -152,6 +166,11 @@ def code_words(record: dict | None) -> str | None:
     snapshot = record.get("snapshot")
     if isinstance(snapshot, dict):
         words += f"; runs the snapshot in {SNAPSHOT_DIR}/ taken at submit"
+    current = commit_id(record)
+    other = [e for e in record.get("earlier", []) if isinstance(e, dict) and e.get("commit") != current]
+    if other:  # a resumed run whose earlier steps came from other code
+        jobs = ", ".join(f"job {e.get('job_id') or '?'}: {e.get('commit') or 'no checkout'}" for e in other[-3:])
+        words += f"; earlier submissions of this run ran other code ({jobs})"
     return words
 
 

@@ -297,3 +297,23 @@ def test_report_names_the_commit_in_its_table_heading_and_output(tmp_path):
     assert _heading([loaded]).endswith(f"; code {COMMIT[:10]}+abcd")
     got = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r.html")])
     assert got.exit_code == 0 and f"run: code {COMMIT[:10]} + uncommitted changes" in got.output, got.output
+
+
+def test_a_resubmission_keeps_what_the_earlier_submissions_ran(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first = record()
+    gather.record_submission(
+        tmp_path, {**first, "submitted_at": 1.0e9}, job_id="7", script="#!/bin/bash\n", logs_dir=logs
+    )
+    assert read_provenance(tmp_path)["earlier"] == []
+    assert (logs / "7_submission.sh").read_text() == "#!/bin/bash\n"  # written where the scheduler kept none
+    same = read_provenance(tmp_path)
+    assert code_words(same) == code_words(first)
+    gather.record_submission(tmp_path, record(OTHER), job_id="8", script="#!/bin/bash\n", logs_dir=logs)
+    again = read_provenance(tmp_path)
+    assert again["job_id"] == "8" and again["script"] == "logs/8_submission.sh"
+    assert again["earlier"] == [{"job_id": "7", "submitted_at": 1.0e9, "commit": COMMIT[:10]}]
+    assert code_words(again).endswith(f"; earlier submissions of this run ran other code (job 7: {COMMIT[:10]})")
+    gather.record_submission(tmp_path, record(OTHER), job_id="9", script="#!/bin/bash\n", logs_dir=logs)
+    assert [e["job_id"] for e in read_provenance(tmp_path)["earlier"]] == ["7", "8"]
