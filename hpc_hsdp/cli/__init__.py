@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "render": ("render_cmd", "render", "Write the sbatch script of a job (what submit sends), from Jinja2 templates."),
     "run": ("run_cmd", "run", "On each task (started by srun or torchrun): build the mesh, verify it, train."),
     "submit": ("submit_cmd", "submit", "Render the job and submit it (SLURM via submitit, or the local emulator)."),
+    "check": ("check_cmd", "check", "Measure every node and link of an allocation in a short job of its own."),
     "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),

@@ -18,6 +18,7 @@ from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.fabric import check_summary, read_check, read_decisions
 from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
@@ -252,6 +253,10 @@ def status(job, as_json) -> None:
         _say("replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":")
         for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
             _say(f"  {line}")
+    check = read_check(handle.record.run_dir)
+    if check is not None:
+        decisions = read_decisions(handle.record.run_dir)
+        _say(terminal_safe(f"check: {check_summary(check, decisions[-1] if decisions else None)}"))
     if facts["hang"]:
         _say(f"last hang: {facts['hang']}")
     for off in facts["trackers_off"]:

@@ -12,10 +12,7 @@ from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.job.backends import CLUSTERS
 from hpc_hsdp.job.submission import submission_script, submit_spec
 
-
-@click.command()
-@command_options("submit")
-@click.option(
+cluster_option = click.option(
     "--cluster",
     type=click.Choice(CLUSTERS),
     default="auto",
@@ -23,6 +20,11 @@ from hpc_hsdp.job.submission import submission_script, submit_spec
     help="auto: SLURM where sbatch is installed and configured (a controller that does not answer refuses the "
     "job: exit 2), the local emulator only where SLURM is not.",
 )
+
+
+@click.command()
+@command_options("submit")
+@cluster_option
 @click.option("--wait", is_flag=True, help="Follow the job (state, step, loss, tokens/s); exit 0 only if it succeeded.")
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
 def submit(cluster, wait, dry_run, **options) -> None:

@@ -633,6 +633,31 @@ OPTIONS: tuple[JobOption, ...] = (
         help="Pyxis container mounts for srun (/src:/dst,...).",
     ),
     JobOption(
+        key="check",
+        kind="bool",
+        default=False,
+        reaches=SCRIPT_LINE,
+        part="launch",
+        help=(
+            "Measure every node and link before training (the job's first step, a few seconds): each GPU's "
+            "matmul, host-to-device copy and free memory, the all-reduce inside each node and between pairs "
+            "of nodes; a node below its peers is left out (a spare node, --spare-nodes, takes its place; "
+            "without one the job is requeued once without it). check.json in the run directory."
+        ),
+    ),
+    JobOption(
+        key="check_threshold",
+        kind="float",
+        default=0.7,
+        positive=True,
+        maximum=0.99,
+        refusal="must be a share of the median between 0 and 1, e.g. 0.7",
+        reaches=ENVIRONMENT,
+        part="launch",
+        metavar="SHARE",
+        help="--check: a node or link below this share of its peers' median is named (and left out).",
+    ),
+    JobOption(
         key="debug",
         kind="bool",
         default=False,
@@ -683,8 +708,9 @@ OPTIONS: tuple[JobOption, ...] = (
         part="job",
         sbatch=(),  # counted in the nodes line
         help=(
-            "With --fault-tolerance replica: nodes allocated beyond --nodes that wait; a lost replica group "
-            "is started again on them and joins from a live peer."
+            "Nodes allocated beyond --nodes that wait: with --fault-tolerance replica a lost replica group "
+            "is started again on them and joins from a live peer; with --check one takes the place of a node "
+            "the check finds below its peers."
         ),
         shown={"plan": Shown(default=DECLARED)},
     ),

@@ -39,6 +39,7 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -49,6 +50,7 @@ import jinja2.sandbox
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import sbatch_lines
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
+from hpc_hsdp.plan.fabric import THRESHOLD_ENV as CHECK_THRESHOLD_ENV
 from hpc_hsdp.plan.replica_groups import REPLICA_TAG
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV
 from hpc_hsdp.plan.topology import format_tasks_per_node
@@ -157,6 +159,10 @@ def cpu_share(spec: JobSpec) -> dict | None:
     return {"tasks": tasks, "workers": workers_per_task(spec)}
 
 
+CHECK_ENTRY = "hpc_hsdp.runtime.fabric_check:run_check"
+"""The fabric check's ``--entry`` (``hpc-hsdp check``, the check step of ``submit --check``)."""
+
+
 def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     """NCCL and torch variables the script exports before the user's ``--env`` (which wins).
     torch's own default of ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (tear down on a failed or
@@ -173,6 +179,8 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
         # 64 of the demo's 130 lines of `logs --tail 5`; its warnings and errors still show
         ("SUBMITIT_LOG_LEVEL", "INFO" if spec.environment.debug else "WARNING"),
     ]
+    if spec.launch.check or spec.run.entry == CHECK_ENTRY:
+        settings.append((CHECK_THRESHOLD_ENV, f"{spec.launch.check_threshold:g}"))
     if spec.run.device == "cpu":
         # FSDP's per-step buffers of a large model on CPU are fresh mappings every step, whose
         # pages the kernel faults in and zeroes again; transparent huge pages for malloc's
@@ -219,6 +227,29 @@ def srun_options(spec: JobSpec) -> list[str]:
     tag = f"{REPLICA_TAG}_" if spec.replicas is not None else ""
     opts += [f"--output={spec.log_dir}/%j_{tag}%t_log.out", f"--error={spec.log_dir}/%j_{tag}%t_log.err"]
     return opts + container_options(spec)
+
+
+def check_step(spec: JobSpec) -> dict | None:
+    """``--check``: the check step's srun options (unquoted) and command (ready shell text), and the
+    batch shell's verdict command; None without ``--check``. The check runs one task per GPU on every
+    node of the allocation (spares too) with ``--shard 1``, whatever the training's launcher."""
+    if not spec.launch.check:
+        return None
+    q = shlex.quote
+    opts = [o for o in srun_options(spec) if not o.startswith(("--output=", "--error="))]
+    if spec.launch.launcher == "torchrun" and spec.ntasks is None:
+        opts.append(f"--ntasks-per-node={spec.gpus_per_node}")
+    opts += [f"--output={spec.log_dir}/%j_check_%t_log.out", f"--error={spec.log_dir}/%j_check_%t_log.err"]
+    run = dataclasses.replace(spec.run, shard_size=1, tp_size=1, entry=CHECK_ENTRY, topology="off")
+    argv = [spec.environment.python, "-m", "hpc_hsdp", "run", *run.to_args()]
+    verdict = [spec.environment.python, "-m", "hpc_hsdp.job.check_verdict", spec.run.run_dir, str(spec.nodes)]
+    return {
+        "srun_options": opts,
+        "command": " ".join(q(a) for a in argv),
+        "verdict": " ".join(q(a) for a in verdict),
+        "threshold": spec.launch.check_threshold,
+        "nodes": spec.nodes,
+    }
 
 
 def replica_command(spec: JobSpec) -> str | None:
@@ -398,6 +429,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "replicas": spec.replicas,
         "replica_command": replica_command(spec),
         "snapshot_dir": snapshot_dir(spec),
+        "check": check_step(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
 

@@ -595,11 +595,20 @@ class JobSpec:
 
     def _check_fault_tolerance(self) -> None:
         training = self.run.training
+        if self.launch.check:
+            for given, why in (
+                (training.fault_tolerance == "replica", "--fault-tolerance replica"),
+                (self.flexible, f"--nodes {self.nodes_text} (a flexible allocation)"),
+                (self.spare_nodes and self.ntasks is not None, f"--spare-nodes with --ntasks {self.ntasks}"),
+            ):
+                if given:
+                    raise SpecError(f"--check does not work with {why} yet; leave one of them out")
         if training.fault_tolerance != "replica":
-            if self.spare_nodes:
+            if self.spare_nodes and not self.launch.check:
                 raise SpecError(
-                    f"--spare-nodes {self.spare_nodes} needs --fault-tolerance replica: without it a lost node "
-                    f"requeues the whole job and spares would only wait"
+                    f"--spare-nodes {self.spare_nodes} needs --fault-tolerance replica (a lost group restarts on a "
+                    f"spare) or --check (a spare takes the place of a node the check finds slow): without either "
+                    f"the spares would only wait"
                 )
             return
         for given, why in (

@@ -187,6 +187,8 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         comm_stats = true
         container_image = "img"
         container_mounts = "/a:/b,/tmp:/tmp,/r:/r"
+        check = true
+        check_threshold = 0.6
         debug = true
         venv = "/v"
         python = "python3"
@@ -262,6 +264,9 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
             "img",
             "--container-mounts",
             "/a:/b,/tmp:/tmp,/r:/r",
+            "--check",
+            "--check-threshold",
+            "0.6",
             "--debug",
             "--venv",
             "/v",

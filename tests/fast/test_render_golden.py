@@ -72,6 +72,14 @@ CASES: dict[str, tuple[str, ...]] = {
     "hostile-srun": HOSTILE,
     "hostile-torchrun": (*HOSTILE, "--launcher", "torchrun"),
     "minimal-1x8-shard8": ("--shard", "8", "--venv", "none", "--run-dir", "/runs/minimal"),
+    "check-spare-2x8-shard8": (
+        *("--nodes", "2", "--spare-nodes", "1", "--shard", "8", "--check", "--check-threshold", "0.8"),
+        *("--venv", "none", "--run-dir", "/runs/checked"),
+    ),
+    "check-torchrun-2x8-shard4": (
+        *("--nodes", "2", "--shard", "4", "--check", "--launcher", "torchrun", "--venv", "none"),
+        *("--run-dir", "/runs/checked-torchrun"),
+    ),
     "uneven-ntasks-12-shard4": (
         "--nodes",
         "2",

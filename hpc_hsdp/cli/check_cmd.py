@@ -1,0 +1,50 @@
+"""``hpc-hsdp check``: a short job of its own that measures every node and link of an allocation
+(:mod:`hpc_hsdp.runtime.fabric_check`), and the table it found."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from hpc_hsdp.cli.click_options import command_options
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.submit_cmd import cluster_option
+from hpc_hsdp.job.render import CHECK_ENTRY
+from hpc_hsdp.rundir.fabric import check_lines, read_check
+
+
+@click.command()
+@command_options("submit")
+@cluster_option
+def check(cluster, **options) -> None:
+    """Submit a job that only measures its nodes and prints what it found: each GPU's matmul,
+    host-to-device copy and free memory, the all-reduce inside each node and between pairs of
+    nodes (two or three rounds of pairs, whatever the node count), over the backend training
+    uses (NCCL on GPUs, gloo on CPUs). A node or link below --check-threshold of its peers'
+    median is named with its figures; sockets where NCCL should use InfiniBand is a warning.
+    The job's options are submit's (--nodes, --partition, --time, --env ...); the result is
+    also in RUN_DIR/check.json. `submit --check` runs the same before training and leaves a
+    bad node out. Exit 0: every node as fast as its peers; 1: some are not, or the job failed.
+
+    \b
+    hpc-hsdp check --nodes 16 --gpus-per-node 8 --partition gpu --time 10
+    hpc-hsdp check --nodes 4 --check-threshold 0.8 --env NCCL_DEBUG=INFO
+    """
+    from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
+    from hpc_hsdp.job.submission import submit_spec  # noqa: PLC0415  (as submit)
+
+    options = {**options, "entry": CHECK_ENTRY, "shard_size": 1, "tp_size": 1, "topology": "off", "check": False}
+    spec = job_spec_from_options(options, new_run_dir=True)
+    handle, _, said = submit_spec(spec, cluster=cluster)
+    click.echo(said, err=True)
+    click.echo(
+        f"submitted check job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s))"
+    )
+    code = follow(handle, total_steps=None)
+    record = read_check(spec.run.run_dir)
+    if record is None:
+        click.echo(f"hpc-hsdp: the check wrote no result; see hpc-hsdp logs {spec.run.run_dir}", err=True)
+        sys.exit(1)
+    click.echo("\n".join(check_lines(record)))
+    sys.exit(0 if code == 0 and not record.get("bad_nodes") and not record.get("bad_links") else 1)

@@ -1,0 +1,86 @@
+"""The fabric check's records in a run directory: ``check.json`` (the last check: every node's and
+link's figures, what fell below its peers) and ``checks.jsonl`` (each verdict of ``submit --check``:
+the nodes trained on, those left out, spares used, requeues). Read as files that may be hostile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpc_hsdp.files import UnreadableFile, read_json, read_json_lines
+from hpc_hsdp.plan.fabric import Finding, Verdict, table
+
+CHECK_RECORD = "check.json"
+CHECK_HISTORY = "checks.jsonl"
+MAX_RECORD_BYTES = 4 << 20
+
+
+def read_check(run_dir: str | Path) -> dict | None:
+    """``check.json``, or None when there is none or it is not one."""
+    try:
+        record = read_json(Path(run_dir) / CHECK_RECORD, max_bytes=MAX_RECORD_BYTES)
+    except (OSError, UnreadableFile):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_decisions(run_dir: str | Path) -> list[dict]:
+    """The verdicts of ``checks.jsonl``, oldest first."""
+    try:
+        entries = read_json_lines(Path(run_dir) / CHECK_HISTORY, max_bytes=MAX_RECORD_BYTES)
+    except (OSError, UnreadableFile):
+        return []
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _names(value) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def check_lines(record: dict) -> list[str]:
+    """``check.json`` as a table, its findings and its warning (``check``, ``status``, ``report``)."""
+    findings = []
+    for f in record.get("findings", []) if isinstance(record.get("findings"), list) else []:
+        if isinstance(f, dict) and all(isinstance(f.get(k), (int, float)) for k in ("value", "median")):
+            findings.append(
+                Finding(str(f.get("kind")), str(f.get("name")), str(f.get("figure")), f["value"], f["median"])
+            )
+    found = Verdict(
+        findings=tuple(findings),
+        bad_nodes=tuple(_names(record.get("bad_nodes"))),
+        bad_links=tuple(_names(record.get("bad_links"))),
+    )
+    nodes = {str(k): _dict(v) for k, v in _dict(record.get("nodes")).items()}
+    links = {str(k): _dict(v) for k, v in _dict(record.get("links")).items()}
+    lines = table(nodes, links, found)
+    lines += [f.line() for f in findings]
+    if isinstance(record.get("transport_warning"), str):
+        lines.append(f"warning: {record['transport_warning']}")
+    lines.append(check_summary(record))
+    return lines
+
+
+def check_summary(record: dict, decision: dict | None = None) -> str:
+    """One line: what the check found and, with a verdict of ``submit --check``, what the job did."""
+    bad = _names(record.get("bad_nodes"))
+    seconds = record.get("seconds")
+    found = (
+        f"{len(_dict(record.get('nodes')))} node(s), {len(_dict(record.get('links')))} link(s)"
+        + (f" in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
+        + (f": below their peers: {', '.join(bad)}" if bad else ": no node below its peers")
+        + f" (threshold {record.get('threshold', '?')} of the median)"
+    )
+    if decision is None:
+        return found
+    excluded = _names(decision.get("excluded"))
+    spares = _names(decision.get("spares_used"))
+    if decision.get("action") == "requeue":
+        did = f"{', '.join(excluded)} left out: job requeued without {'them' if len(excluded) > 1 else 'it'}"
+    elif excluded:
+        did = f"{', '.join(excluded)} left out" + (f", spare {', '.join(spares)} in its place" if spares else "")
+    else:
+        did = "trained on " + ", ".join(_names(decision.get("nodes")))
+    return f"{did}; {found}"

@@ -1,0 +1,106 @@
+"""The fabric check for real on the local emulator: the rendered script's check step (one task per
+GPU on every node, gloo), the verdict in the batch shell, and the training step on the nodes it
+chose; one node slowed from outside (its processes stopped most of the time) during the check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from throttle import Throttle
+
+from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.render_cmd import render
+from hpc_hsdp.job.backends.local import allocation_for, launch_local
+from hpc_hsdp.job.render import render_sbatch
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+
+def _spec(run_dir: Path, *extra: str):
+    argv = [
+        *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--check", "--check-threshold", "0.5"),
+        *("--steps", "3", "--global-batch-size", "8", "--layers", "1", "--width", "16", "--heads", "2"),
+        *("--seq-len", "8", "--straggler-every", "0", "--device", "cpu", "--run-dir", str(run_dir)),
+        *("--venv", "none", "--python", sys.executable),
+        *extra,
+    ]
+    params = render.make_context("render", argv).params
+    return job_spec_from_options(params, environ={}, cwd=run_dir.parent, default_venv=None)
+
+
+def _launch(spec):
+    nodes = spec.nodes + spec.spare_nodes
+    (Path(spec.run.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    return launch_local(
+        render_sbatch(spec),
+        alloc=allocation_for(tasks_per_node=(spec.gpus_per_node,) * nodes, gpus_per_node=2, job_name="check"),
+        logs_dir=Path(spec.log_dir),
+    )
+
+
+def _trained_nodes(run_dir: Path) -> list[str]:
+    layout = json.loads((run_dir / "layout.json").read_text())
+    return list(dict.fromkeys(r["node"] for r in layout["ranks"]))
+
+
+def _hpc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True)
+
+
+def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_place(tmp_path: Path) -> None:
+    """Submitted as a person would (hpc-hsdp submit on the emulator), n2 throttled from outside."""
+    run_dir = tmp_path / "run"
+    argv = [
+        *("--cluster", "local", "--nodes", "2", "--spare-nodes", "1", "--gpus-per-node", "2", "--shard", "2"),
+        *("--check", "--check-threshold", "0.5", "--steps", "3", "--global-batch-size", "8", "--layers", "1"),
+        *("--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0", "--device", "cpu"),
+        *("--run-dir", str(run_dir)),
+    ]
+    out = _hpc("submit", *argv)
+    assert out.returncode == 0, out.stderr
+    job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
+    try:
+        with Throttle(job_id, "n2", stopped=0.85, needle=b"fabric_check"):
+            deadline = time.monotonic() + 180
+            while not (run_dir / "check.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            state = json.loads(_hpc("status", str(run_dir), "--json").stdout)["state"]
+            if state not in ("PENDING", "RUNNING"):
+                break
+            time.sleep(1)
+    finally:
+        _hpc("cancel", str(run_dir), "--no-wait")
+    assert state == "COMPLETED", _hpc("logs", str(run_dir), "--tail", "20").stdout
+    check = json.loads((run_dir / "check.json").read_text())
+    assert check["bad_nodes"] == ["n2"], check
+    assert any(f["name"] == "n2" and f["kind"] == "node" for f in check["findings"])
+    assert sorted(check["nodes"]) == ["n1", "n2", "n3"] and check["threshold"] == 0.5
+    decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
+    assert decision["action"] == "train" and decision["excluded"] == ["n2"] and decision["spares_used"] == ["n3"]
+    assert _trained_nodes(run_dir) == ["n1", "n3"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    shown = _hpc("status", str(run_dir))
+    assert "check: n2 left out, spare n3 in its place" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_healthy_allocation_trains_on_its_own_nodes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = _launch(_spec(run_dir, "--spare-nodes", "1"))
+    try:
+        state = job.wait(timeout_s=240)
+    finally:
+        job.cancel()
+    assert state == "COMPLETED"
+    check = json.loads((run_dir / "check.json").read_text())
+    assert check["bad_nodes"] == [] and len(check["links"]) == 3, check
+    decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
+    assert decision["spares_used"] == [] and decision["nodes"] == ["n1", "n2"]
+    assert _trained_nodes(run_dir) == ["n1", "n2"]
