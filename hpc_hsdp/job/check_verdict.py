@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ def decide(record: dict, *, allocated: list[str], nodes: int, requeued_before: b
         train = good[:nodes]
         spares = [n for n in train if n not in allocated[:nodes]]
         why = (
-            f"left out {', '.join(bad)}: spare{'s' if len(spares) > 1 else ''} {', '.join(spares)} in their place"
+            f"left out {', '.join(bad)}: spare{'s' if len(spares) > 1 else ''} {', '.join(spares)} in "
+            f"{'their' if len(bad) > 1 else 'its'} place"
             if bad
             else "every node as fast as its peers"
         )
@@ -62,6 +64,11 @@ def _requeued_before(run_dir: Path, job_id: str) -> bool:
     return any(e.get("job_id") == job_id and e.get("action") == "requeue" for e in read_decisions(run_dir))
 
 
+def _append(run_dir: Path, entry: dict) -> None:
+    with open(run_dir / CHECK_HISTORY, "a") as history:
+        history.write(json.dumps(entry) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.job.requeue import requeue_job  # noqa: PLC0415 - only when the check found bad nodes
 
@@ -82,20 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     entry = {"time": time.time(), "job_id": job_id, "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
     entry |= decision
-    if decision["action"] == "requeue":
-        done, said = requeue_job(job_id, exclude=tuple(decision["excluded"]))
-        entry["requeued"] = done
-        entry["scontrol"] = said
-    with open(run_dir / CHECK_HISTORY, "a") as history:
-        history.write(json.dumps(entry) + "\n")
     print(f"hpc-hsdp: check: {decision['why']}", file=sys.stderr)
     if decision["action"] == "requeue":
-        if entry["requeued"]:
+        # the requeue ends this job (SIGTERM to every process of it, this one too): the decision is
+        # written first, and this process outlives the signal long enough to hear what scontrol said
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _append(run_dir, entry | {"requeued": True})
+        done, said = requeue_job(job_id, exclude=tuple(decision["excluded"]))
+        if done:
             return REQUEUED
-        print(
-            f"hpc-hsdp: check: the requeue failed ({entry['scontrol']}): training on the job's nodes", file=sys.stderr
-        )
+        _append(run_dir, entry | {"action": "train", "requeued": False, "scontrol": said, "nodes": allocated[:nodes]})
+        print(f"hpc-hsdp: check: the requeue failed ({said}): training on the job's nodes", file=sys.stderr)
         decision["nodes"] = allocated[:nodes]
+    else:
+        _append(run_dir, entry)
     print(compress_nodelist(decision["nodes"]))
     return 0
 

@@ -249,6 +249,8 @@ def check_step(spec: JobSpec) -> dict | None:
         "verdict": " ".join(q(a) for a in verdict),
         "threshold": spec.launch.check_threshold,
         "nodes": spec.nodes,
+        # the allocation's SLURM_NTASKS counts the spares' tasks: the training step says its own
+        "ntasks": spec.nodes if spec.launch.launcher == "torchrun" else spec.world_size,
     }
 
 

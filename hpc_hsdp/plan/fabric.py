@@ -6,8 +6,8 @@ allocate) and the all-reduce among its own ranks; the links between nodes are me
 nodes, one rank of each, in rounds: round 0 pairs nodes (0, 1), (2, 3), ...; round 1 pairs (1, 2),
 (3, 4), ... and (last, 0). Each pair of a round runs at once, so the check costs two or three rounds
 whatever the node count, and every node (of more than two) is measured on two links:
-a node whose two links are both slow is the slow one, a link slow alone is named as a link. On an
-odd count a third round closes the ring (last, 0).
+a node whose fastest link is slow is the slow one, a link slow alone is named as a link. On an odd
+count a third round closes the ring (last, 0).
 
 A figure below ``threshold`` x the median of its peers (the same figure on the other nodes, or
 links) marks its node (or link) bad.
@@ -117,13 +117,20 @@ def verdict(nodes: dict[str, dict], links: dict[str, dict], *, threshold: float 
     for key, label in LINK_FIGURES:
         findings += _low({n: f.get(key) for n, f in links.items()}, threshold, "link", label)
     bad_nodes = {f.name for f in findings if f.kind == "node"}
-    slow_links = sorted({f.name for f in findings if f.kind == "link"})
-    on_slow = {}
-    for link in slow_links:
+    # a node's link figure is its fastest link: a slow node slows every link it is on (and with three
+    # nodes those are two of the three, so the links' median is no yardstick), a slow link alone does not
+    best: dict[str, float] = {}
+    for link, f in links.items():
+        value = f.get("busbw_gbps")
+        if value is None:
+            continue
         for node in link.split("-", 1):
-            on_slow[node] = on_slow.get(node, 0) + 1
-    blamed = {node for node, count in on_slow.items() if count >= 2}
-    bad_nodes |= blamed
+            best[node] = max(best.get(node, 0.0), value)
+    if len(best) >= 3:
+        blamed = _low(best, threshold, "node", "fastest link's all-reduce GB/s")
+        findings += [f for f in blamed if f.name not in bad_nodes]
+        bad_nodes |= {f.name for f in blamed}
+    slow_links = sorted({f.name for f in findings if f.kind == "link"})
     alone = tuple(link for link in slow_links if not set(link.split("-", 1)) & bad_nodes)
     order = list(nodes)
     return Verdict(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from hpc_hsdp.rundir.fabric import CHECK_RECORD
 from hpc_hsdp.runtime.log import say
 
 WINDOW_S = 0.1
-"""How long each window of a device figure (matmuls, copies) runs; the best of five counts."""
+"""How long each window of a device figure (matmuls, copies) runs; the median of five counts."""
 REPEATS = 4
 """All-reduces per round of a figure (a collective: every member calls it as often)."""
 
@@ -45,12 +46,12 @@ def _sync(device: torch.device) -> None:
 
 
 def _rate(device: torch.device, fn, window_s: float, windows: int = 5) -> float:
-    """Calls of ``fn`` per second: the best of ``windows`` windows of ``window_s`` (after one warm-up
-    call). A node slowed all the time (a throttled GPU, a busy host) is slow in every window; a window
-    in which another process had the CPU is not the device's."""
+    """Calls of ``fn`` per second: the median of ``windows`` windows of ``window_s`` (after one warm-up
+    call). A node slowed most of the time (a throttled GPU, a busy host) is slow in most windows; one
+    window in which another process had the CPU does not decide."""
     fn()
     _sync(device)
-    best = 0.0
+    rates = []
     for _ in range(windows):
         calls, start = 0, time.perf_counter()
         while True:
@@ -60,24 +61,24 @@ def _rate(device: torch.device, fn, window_s: float, windows: int = 5) -> float:
             elapsed = time.perf_counter() - start
             if elapsed >= window_s:
                 break
-        best = max(best, calls / elapsed)
-    return best
+        rates.append(calls / elapsed)
+    return median(rates)
 
 
 def _collective_seconds(device: torch.device, fn, repeats: int, rounds: int = 3) -> float:
-    """Seconds per call of a collective ``fn``: the best of ``rounds`` rounds of ``repeats`` calls (every
-    member calls it as often). The best: a link is as slow as it always is, while a round in which
-    another process took the CPU (or the network) says nothing about the link."""
+    """Seconds per call of a collective ``fn``: the median of ``rounds`` rounds of ``repeats`` calls
+    (every member calls it as often), so that one round in which another process took the CPU (or
+    the network) does not decide."""
     fn()
     _sync(device)
-    best = float("inf")
+    times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(repeats):
             fn()
         _sync(device)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+        times.append((time.perf_counter() - start) / repeats)
+    return median(times)
 
 
 def _device_figures(device: torch.device, local_world_size: int, window_s: float) -> dict:

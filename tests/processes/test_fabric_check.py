@@ -65,7 +65,7 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
     try:
-        with Throttle(job_id, "n2", stopped=0.85, needle=b"fabric_check"):
+        with Throttle(job_id, "n2", stopped=0.95, needle=b"fabric_check"):
             deadline = time.monotonic() + 180
             while not (run_dir / "check.json").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)

@@ -1,0 +1,103 @@
+"""The fabric check on the real dev SLURM cluster (3 nodes, each its own slurmd on this machine):
+one node slowed from outside during the check (its processes stopped most of the time) is named;
+with a spare the training runs without it; without one the job is requeued once excluding it
+(SLURM's ExcNodeList) and completes on the other nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dist_helpers import wait_until
+from throttle import Throttle
+
+JOB = (
+    *("--cluster", "slurm", "--device", "cpu", "--gpus-per-node", "2", "--shard", "2"),
+    *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8", "--global-batch-size", "8"),
+    *("--steps", "3", "--straggler-every", "0", "--check-threshold", "0.5"),
+)
+
+
+def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _three_nodes() -> None:
+    nodes = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%D"], capture_output=True, text=True).stdout.split()
+    if sum(int(n) for n in nodes if n.isdigit()) < 3:
+        pytest.skip("needs a dev cluster of 3 nodes")
+
+
+def _state(run: Path) -> dict:
+    return json.loads(hpc("status", str(run), "--json").stdout)
+
+
+def _throttled_check(run: Path, job_id: str, node: str) -> None:
+    """``node``'s processes stopped 95% of the time from the check's start until check.json is written."""
+    with Throttle(job_id, node, stopped=0.95, needle=b"fabric_check"):
+        wait_until("the check's result", lambda: (run / "check.json").exists(), 240)
+
+
+def _trained_nodes(run: Path) -> list[str]:
+    layout = json.loads((run / "layout.json").read_text())
+    return list(dict.fromkeys(r["node"] for r in layout["ranks"]))
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_check_names_a_slow_node_and_a_spare_trains_in_its_place(slurm_cluster, tmp_path):
+    _three_nodes()
+    run = tmp_path / "run"
+    out = hpc("submit", *JOB, "--nodes", "2", "--spare-nodes", "1", "--check", "--run-dir", str(run))
+    assert out.returncode == 0, out.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    try:
+        wait_until("the job's nodes", lambda: _state(run)["state"] == "RUNNING", 120)
+        slow = _job_nodes(job_id)[1]
+        _throttled_check(run, job_id, slow)
+        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] != "RUNNING" and s, 300)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    assert final["state"] == "COMPLETED", hpc("logs", str(run), "--tail", "30").stdout
+    check = json.loads((run / "check.json").read_text())
+    assert check["bad_nodes"] == [slow], check
+    decision = json.loads((run / "checks.jsonl").read_text().splitlines()[-1])
+    assert decision["excluded"] == [slow] and len(decision["spares_used"]) == 1
+    assert slow not in _trained_nodes(run) and len(_trained_nodes(run)) == 2
+    assert f"check: {slow} left out, spare" in hpc("status", str(run)).stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_without_a_spare_the_job_requeues_once_without_the_slow_node(slurm_cluster, tmp_path):
+    _three_nodes()
+    run = tmp_path / "run"
+    out = hpc("submit", *JOB, "--nodes", "2", "--check", "--run-dir", str(run))
+    assert out.returncode == 0, out.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    try:
+        wait_until("the job's start", lambda: _state(run)["state"] == "RUNNING", 120)
+        slow = _job_nodes(job_id)[1]  # the second of its two nodes, slowed during the first check
+        _throttled_check(run, job_id, slow)
+        final = wait_until(
+            "the end of the job", lambda: (s := _state(run))["state"] not in ("RUNNING", "PENDING") and s, 300
+        )
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    decisions = [json.loads(line) for line in (run / "checks.jsonl").read_text().splitlines()]
+    assert decisions[0]["action"] == "requeue" and decisions[0]["excluded"] == [slow], decisions
+    assert decisions[-1]["action"] == "train" and slow not in decisions[-1]["nodes"], decisions
+    assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
+    assert slow not in _trained_nodes(run)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def _job_nodes(job_id: str) -> list[str]:
+    from hpc_hsdp.plan.topology import expand_nodelist
+
+    listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout
+    return expand_nodelist(listed.strip())
