@@ -36,6 +36,15 @@ class Backend(ABC):
         (job id, the submitit-style job object: ``job_id``, ``state``, ``done()``, ``results()`` ...)."""
 
     @abstractmethod
+    def submit_array(self, specs, script: str, script_path: Path, *, parallelism: int | None) -> str:
+        """Submit a sweep's job array (``script``, written at ``script_path``): task ``i`` runs the point
+        of ``specs[i]``, at most ``parallelism`` at once; the array's job id (point i: ``<id>_<i>``)."""
+
+    def max_array_size(self) -> int | None:
+        """The most tasks one job array may have (SLURM's ``MaxArraySize``); None: no bound known."""
+        return None
+
+    @abstractmethod
     def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
         """The status of every job of ``records`` (all of this backend), keyed by run directory,
         in as few questions to the scheduler as it allows."""
