@@ -9,7 +9,6 @@ import click
 
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
-from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends import CLUSTERS
 from hpc_hsdp.job.submission import submission_script, submit_spec
 
@@ -28,7 +27,7 @@ cluster_option = click.option(
 @cluster_option
 @click.option("--wait", is_flag=True, help="Follow the job (state, step, loss, tokens/s); exit 0 only if it succeeded.")
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
-def submit(cluster, wait, dry_run, sweep, sweep_mode, array_parallelism, **options) -> None:
+def submit(cluster, wait, dry_run, **options) -> None:
     """Render the job's sbatch script and submit it: to SLURM through submitit, or to the
     local emulator (every task a process on this machine, CPU and gloo) without SLURM.
 
@@ -54,14 +53,10 @@ def submit(cluster, wait, dry_run, sweep, sweep_mode, array_parallelism, **optio
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 
-    if sweep:
-        _submit_sweep(
-            options, sweep, sweep_mode or "grid", array_parallelism, cluster=cluster, wait=wait, dry_run=dry_run
-        )
-        return
-    if array_parallelism is not None or sweep_mode is not None:
-        raise SpecError("--array-parallelism and --sweep-mode go with --sweep OPTION=V1,V2; add one, or drop them")
     spec = job_spec_from_options(options, new_run_dir=True)
+    if spec.sweep:
+        _submit_sweep(options, cluster=cluster, wait=wait, dry_run=dry_run)
+        return
     if dry_run:
         click.echo(submission_script(spec), nl=False)
         return
@@ -90,13 +85,12 @@ def submit(cluster, wait, dry_run, sweep, sweep_mode, array_parallelism, **optio
     sys.exit(code)
 
 
-def _submit_sweep(options, sweep, mode, parallelism, *, cluster, wait, dry_run) -> None:
+def _submit_sweep(options, *, cluster, wait, dry_run) -> None:
     """``submit --sweep``: one job array, or with ``--dry-run`` its points and scripts."""
     from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
 
-    plan = plan_sweep(
-        sweep, mode=mode, parallelism=parallelism, given=given_options(options), resolve=job_spec_resolver()
-    )
+    plan = plan_sweep(given_options(options), resolve=job_spec_resolver())
+    parallelism = plan.parallelism
     if dry_run:
         click.echo(dry_run_text(plan), nl=False)
         return

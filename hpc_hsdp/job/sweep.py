@@ -23,9 +23,9 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import OPTION_BY_KEY, JobOption, options_of
 
 SWEEP_MODES = ("grid", "zip")
-UNSWEPT = ("config", "profile", "run_dir")
-"""Options no sweep varies: the config file and its profile (read once, for every point), and the
-run directory (each point's is ``<sweep-dir>/<point name>``)."""
+UNSWEPT = ("config", "profile", "run_dir", "sweep", "sweep_mode", "array_parallelism")
+"""Options no sweep varies: the config file and its profile (read once, for every point), the
+run directory (each point's is ``<sweep-dir>/<point name>``) and the sweep's own."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _NAME_SAFE = r"[^A-Za-z0-9._=,+@-]+"
 MAX_NAME = 120
@@ -126,14 +126,18 @@ def parse_axes(specs: Sequence[str] | Mapping[str, Sequence[Any]]) -> list[Axis]
     allowed = sweepable()
     axes, seen = [], set()
     for key, texts, given in pairs:
+        if any(ch in text for text in (key, *texts) for ch in "\n\r\0"):
+            raise SpecError(f"--sweep {given!r}: a value with a line break or NUL; sweep one-line values")
         if key in seen:
             raise SpecError(f"--sweep {given}: {key} is swept twice; give its values in one --sweep")
         seen.add(key)
         if key not in allowed:
             if key in OPTION_BY_KEY and key in UNSWEPT:
-                why = (
-                    "the run directory of each point is <sweep-dir>/<point>" if key == "run_dir" else "it is read once"
-                )
+                why = {
+                    "run_dir": "the run directory of each point is <sweep-dir>/<point>",
+                    "config": "it is read once",
+                    "profile": "it is read once",
+                }.get(key, "it shapes the sweep itself")
                 raise SpecError(f"--sweep {given}: {OPTION_BY_KEY[key].flag} cannot be swept ({why})")
             raise SpecError(
                 f"--sweep {given}: {key!r} is not an option of hpc-hsdp submit; sweep one of "

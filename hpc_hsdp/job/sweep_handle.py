@@ -101,9 +101,10 @@ class SweepHandle:
         found = job_statuses([record for _, record in pairs if record is not None])
         return {point.index: (found.get(record.run_dir) if record else None) for point, record in pairs}
 
-    def results(self) -> list[PointResult]:
-        """Every point's state and last numbers, in the sweep's order (:func:`ranked` ranks them)."""
-        statuses = self.statuses()
+    def results(self, *, states: bool = True) -> list[PointResult]:
+        """Every point's state and last numbers, in the sweep's order (:func:`ranked` ranks them);
+        ``states=False``: the run directories alone, the scheduler not asked (state ``-``)."""
+        statuses = self.statuses() if states else {}
         out = []
         for point in self.record.points:
             run_dir = str(self.record.point_dir(point))
@@ -118,7 +119,7 @@ class SweepHandle:
                     values=point.values,
                     run_dir=run_dir,
                     job_id=self.record.task_id(point),
-                    state=st.state if st is not None else "UNKNOWN (no job.json)",
+                    state=st.state if st is not None else ("UNKNOWN (no job.json)" if states else "-"),
                     step=last.get("step") if isinstance(last.get("step"), int) else None,
                     loss=float(loss) if isinstance(loss, (int, float)) else None,
                     eval_loss=float(found_eval[1]) if found_eval else None,
@@ -149,20 +150,8 @@ class SweepHandle:
         live = [p for p in self.record.points if statuses.get(p.index) is not None and not statuses[p.index].finished]
         if not live:
             return []
-        if self.record.cluster == "slurm":  # one scancel for the whole array
-            whole = JobRecord(
-                job_id=self.record.job_id,
-                cluster="slurm",
-                run_dir=self.record.sweep_dir,
-                logs_dir=str(Path(self.record.sweep_dir) / "logs"),
-                job_name="sweep",
-                ntasks=1,
-                launcher="srun",
-            )
-            backend("slurm").cancel(whole)
-        else:
-            for p in live:
-                JobHandle(JobRecord.load(str(self.record.point_dir(p)))).cancel()
+        records = [JobRecord.load(str(self.record.point_dir(p))) for p in live]
+        backend(self.record.cluster).cancel_array(self.record.job_id, records)
         return [self.record.task_id(p) for p in live]
 
     @staticmethod

@@ -45,23 +45,25 @@ class SweepPlan:
 
 
 def plan_sweep(
-    sweep: Sequence[str] | Mapping[str, Sequence[Any]],
-    *,
-    mode: str,
-    parallelism: int | None,
     given: Mapping[str, Any],
+    *,
     resolve: Callable[[Mapping[str, Any], bool], Any],
+    sweep: Sequence[str] | Mapping[str, Sequence[Any]] | None = None,
+    new_run_dir: bool = True,
 ) -> SweepPlan:
-    """The sweep of ``--sweep`` texts (or the API's ``{key: [values]}``) over the command line's
-    options ``given`` (by key); ``resolve(options, new_run_dir)`` makes one JobSpec as the command
-    does. The sweep's directory is the ``--run-dir`` given, else a new one as a job's would be."""
+    """The sweep of the command line's options ``given`` (by key): its ``--sweep``, ``--sweep-mode``
+    and ``--array-parallelism`` as the command line, a config file or its profile set them (or
+    ``sweep``, the API's ``{key: [values]}``); ``resolve(options, new_run_dir)`` makes one JobSpec as
+    the command does. The sweep's directory is the ``--run-dir`` given, else a new one as a job's would be
+    (``new_run_dir``: submit's; render's is the job name's)."""
+    base = resolve(dict(given), new_run_dir)  # the options that are not swept, checked once; the sweep's directory
+    sweep = base.sweep if sweep is None else sweep
+    mode, parallelism = base.sweep_mode, base.array_parallelism
     axes = parse_axes(sweep)
     points = expand(axes, mode)
-    if parallelism is not None and parallelism < 1:
-        raise SpecError(f"--array-parallelism {parallelism} must be a positive integer (points running at once)")
-    base = resolve(dict(given), True)  # the options that are not swept, checked once; the sweep's directory
     sweep_dir = str(base.run.run_dir)
-    specs = point_specs(points, given, sweep_dir, lambda options: resolve(options, False))
+    unswept = {**given, "sweep": (), "sweep_mode": None, "array_parallelism": None}  # each point is one job
+    specs = point_specs(points, unswept, sweep_dir, lambda options: resolve(options, False))
     check_one_header(points, [sbatch_options(spec) for spec in specs])
     texts = tuple(sweep) if not isinstance(sweep, Mapping) else tuple(f"{a.key}={','.join(a.texts)}" for a in axes)
     script = render_sweep(specs, points, sweep_dir=sweep_dir, mode=mode, sweep=texts, parallelism=parallelism)
@@ -69,14 +71,10 @@ def plan_sweep(
 
 
 def dry_run_text(plan: SweepPlan) -> str:
-    """What ``submit --sweep --dry-run`` prints: the points, the array's script, the first point's script."""
-    lines = [f"# sweep {plan.sweep_dir}: {len(plan.points)} points ({plan.mode})"]
-    for point, spec in zip(plan.points, plan.specs):
-        lines.append(f"#   task {point.index}: {point.name} -> {spec.run.run_dir}")
-    out = "\n".join(lines) + "\n# ---- the job array's script (sweep.sbatch)\n" + plan.script
-    first = plan.specs[0].run.run_dir
-    out += f"# ---- point 0's script ({first}/{POINT_SCRIPT}); the others differ in their values and run directory\n"
-    return out + plan.point_script(0)
+    """What ``submit --sweep --dry-run`` (and ``render --sweep``) prints: the job array's script,
+    which lists every point, its values and its run directory (each point's own script is what
+    ``hpc-hsdp render`` prints for the point's options)."""
+    return plan.script
 
 
 def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord, str]:

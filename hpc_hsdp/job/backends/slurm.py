@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError
@@ -274,6 +275,10 @@ class SlurmBackend(Backend):
             ) from None
         if done.returncode != 0:
             raise SchedulerError(f"scancel {record.job_id} failed: {' '.join(done.stderr.split())}")
+
+    def cancel_array(self, job_id: str, records: list[JobRecord]) -> None:
+        """One ``scancel`` of the whole array."""
+        self.cancel(replace(records[0], job_id=job_id))
 
     def works_in(self, record: JobRecord) -> Path | None:
         """The directory of the job's batch log: ``StdOut`` of ``scontrol show job`` (in ``<run-dir>/logs``)."""
