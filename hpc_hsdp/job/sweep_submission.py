@@ -90,6 +90,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
     scheduler = backend(target)
     check_array_size(len(plan.points), scheduler.max_array_size())
     check_fp8_gpus(plan.specs[0], scheduler)
+    _room_for_locks(len(plan.points))
     said = [reason]
     with ExitStack() as stack:
         recorders = []
@@ -134,6 +135,23 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         )
         sweep_record.save()
     return sweep_record, "\n".join(line for line in said if line)
+
+
+def _room_for_locks(count: int) -> None:
+    """Every point's claim lock is held until the array is submitted: one descriptor each, which a
+    sweep of a thousand points (SLURM's default MaxArraySize) would take past the usual soft limit
+    of 1024. Raised towards the hard limit; SpecError where even that is too few."""
+    import resource  # noqa: PLC0415
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = count + 256
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise SpecError(
+                f"a sweep of {count} points holds {count} run directories' locks while it is submitted, more "
+                f"than this shell's open-file limit ({hard}); raise it (ulimit -n) or sweep fewer points"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 __all__ = ["SWEEP_RECORD", "SweepPlan", "dry_run_text", "plan_sweep", "submit_sweep"]

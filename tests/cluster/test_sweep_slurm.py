@@ -1,6 +1,6 @@
 """Sweeps on the real dev SLURM cluster (submit --sweep --cluster slurm): one job array of
-multi-node points, K at a time; a point requeued mid-run (scontrol requeue ARRAY_TASK) resumes
-exactly while the others finish; more points than MaxArraySize is refused before anything is written."""
+multi-node points, K at a time; a point requeued mid-run (scontrol requeue ARRAY_TASK) and one
+preempted (the warning signal) resume exactly while the others finish; more points than MaxArraySize is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hpc_hsdp.rundir.files import read_jsonl
 
 JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
 TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--no-exclusive"]
-STEPS = 30
+STEPS = 40
 SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough to be requeued mid-training
 # max_restarts changes nothing a step computes: the points seed=S,max_restarts=2 and =3 are twins, and the
 # requeued one must end with its twin's every loss
@@ -86,6 +86,10 @@ def test_a_2x2_sweep_of_two_node_points_runs_two_at_a_time_and_a_requeued_point_
     requeued = sweep / POINTS[0]
     wait_until("step 4 of the first point", lambda: len(steps(requeued)) >= 4, 240, sweep)
     assert subprocess.run(["scontrol", "requeue", f"{array}_0"]).returncode == 0  # that array task alone
+    # a later point preempted: the warning signal to its tasks, rank 0 requeues its own array task
+    preempted = sweep / POINTS[2]
+    wait_until("step 4 of the third point", lambda: len(steps(preempted)) >= 4, 300, sweep)
+    assert subprocess.run(["scancel", "--signal=USR2", f"{array}_2"]).returncode == 0
 
     final = wait_until(
         "the end of every point",
@@ -110,7 +114,9 @@ def test_a_2x2_sweep_of_two_node_points_runs_two_at_a_time_and_a_requeued_point_
     text = logs(requeued)
     assert re.search(r"TERM: every rank stops after step \d+ and saves", text), text[-3000:]
     assert "resumed from step" in text and "(restart 1)" in text
-    for name in POINTS[1:]:
+    text = logs(preempted)
+    assert "on USR2: requeued job" in text and "(restart 1)" in text, text[-3000:]
+    for name in (POINTS[1], POINTS[3]):
         assert json.loads(hpc("status", str(sweep / name), "--json").stdout)["restarts"] == 0, name
     # exactly: every loss of the requeued point is its uninterrupted twin's
     losses = {name: [r["loss"] for r in read_jsonl(sweep / name / "metrics.jsonl")] for name in POINTS}

@@ -657,6 +657,8 @@ def _alive(pid: int) -> bool:
 def _supervise(state_file: str) -> int:
     path = Path(state_file)
     state = read_state(path)
+    if state.get("state") != "PENDING":  # a job array's point cancelled just as it was started
+        return 0
     script = Path(state["script"]).read_text()
     job_id = state["job_id"]
     array_env = state.get("array_env") or {}
