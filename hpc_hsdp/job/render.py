@@ -495,15 +495,16 @@ def render_point(spec: JobSpec) -> str:
     return render_sbatch(spec, log_job=POINT_LOG_JOB)
 
 
-def render_sweep(specs, points, *, sweep_dir: str, mode: str, sweep, parallelism: int | None) -> str:
+def render_sweep(specs, points, *, sweep_dir: str, mode: str, sweep, parallelism: int | None, indices=None) -> str:
     """The job array's script: the points' shared ``#SBATCH`` header with ``--array``, its own batch
     logs in ``<sweep-dir>/logs``, and a map from ``SLURM_ARRAY_TASK_ID`` to the point whose
-    script (:data:`POINT_SCRIPT`) the task runs."""
+    script (:data:`POINT_SCRIPT`) the task runs. ``indices``: the tasks of the array (None: every point;
+    a resubmitted sweep leaves out the points that completed)."""
     from hpc_hsdp.job.sweep import HEADER_OF_RUN_DIR, array_range  # noqa: PLC0415  (sweeps only)
 
     header = [line for line in sbatch_options(specs[0]) if line[0] not in HEADER_OF_RUN_DIR]
     logs = f"{sweep_dir}/logs"
-    header += [("array", array_range(len(points), parallelism))]
+    header += [("array", array_range(len(points) if indices is None else indices, parallelism))]
     header += [("output", f"{logs}/%A_%a_batch.out"), ("error", f"{logs}/%A_%a_batch.err")]
     context = {
         "points": list(points),

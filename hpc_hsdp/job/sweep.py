@@ -203,10 +203,18 @@ def parse_max_array_size(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def array_range(count: int, parallelism: int | None) -> str:
-    """``#SBATCH --array``'s value: ``0-3%2`` (tasks 0..count-1, at most ``parallelism`` at once)."""
-    indices = "0" if count == 1 else f"0-{count - 1}"
-    return indices + (f"%{parallelism}" if parallelism else "")
+def array_range(indices: int | Sequence[int], parallelism: int | None) -> str:
+    """``#SBATCH --array``'s value: ``0-3%2`` (tasks 0..count-1, or the ``indices`` given, as SLURM
+    writes them: ``1,3-5``; at most ``parallelism`` at once)."""
+    wanted = sorted(set(range(indices) if isinstance(indices, int) else indices))
+    spans: list[list[int]] = []
+    for index in wanted:
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return text + (f"%{parallelism}" if parallelism else "")
 
 
 def point_specs(points: Sequence[Point], given: Mapping[str, Any], sweep_dir: str, resolve: Callable) -> list:

@@ -97,14 +97,19 @@ class SweepHandle:
 
     def statuses(self) -> dict[int, JobStatus | None]:
         """Every point's status, each scheduler asked once for all of them."""
-        pairs = self.job_records()
+        return self._statuses(self.job_records())
+
+    @staticmethod
+    def _statuses(pairs) -> dict[int, JobStatus | None]:
         found = job_statuses([record for _, record in pairs if record is not None])
         return {point.index: (found.get(record.run_dir) if record else None) for point, record in pairs}
 
     def results(self, *, states: bool = True) -> list[PointResult]:
         """Every point's state and last numbers, in the sweep's order (:func:`ranked` ranks them);
         ``states=False``: the run directories alone, the scheduler not asked (state ``-``)."""
-        statuses = self.statuses() if states else {}
+        pairs = self.job_records()
+        statuses = self._statuses(pairs) if states else {}
+        jobs = {point.index: record.job_id for point, record in pairs if record is not None}
         out = []
         for point in self.record.points:
             run_dir = str(self.record.point_dir(point))
@@ -118,7 +123,7 @@ class SweepHandle:
                     name=point.name,
                     values=point.values,
                     run_dir=run_dir,
-                    job_id=self.record.task_id(point),
+                    job_id=jobs.get(point.index, self.record.task_id(point)),  # a point resubmitted alone: its own
                     state=st.state if st is not None else ("UNKNOWN (no job.json)" if states else "-"),
                     step=last.get("step") if isinstance(last.get("step"), int) else None,
                     loss=float(loss) if isinstance(loss, (int, float)) else None,

@@ -92,9 +92,30 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
     check_fp8_gpus(plan.specs[0], scheduler)
     _room_for_locks(len(plan.points))
     said = [reason]
+    # a sweep submitted again into its directory: the points whose run completed are not submitted again
+    done = [p for p, spec in zip(plan.points, plan.specs) if _completed(spec, run_dir_state(spec.run.run_dir))]
+    todo = [(p, spec) for p, spec in zip(plan.points, plan.specs) if p not in done]
+    if not todo:
+        raise SpecError(
+            f"every point of the sweep in {plan.sweep_dir} already completed its --steps; nothing submitted: "
+            f"extend them with --steps N, or choose a new --run-dir"
+        )
+    if done:
+        said.append(f"{len(done)} point(s) already completed, not submitted again: {', '.join(p.name for p in done)}")
+    script = plan.script
+    if done:
+        script = render_sweep(
+            plan.specs,
+            plan.points,
+            sweep_dir=plan.sweep_dir,
+            mode=plan.mode,
+            sweep=plan.sweep,
+            parallelism=plan.parallelism,
+            indices=[p.index for p, _ in todo],
+        )
     with ExitStack() as stack:
         recorders = []
-        for point, spec in zip(plan.points, plan.specs):
+        for point, spec in todo:
             takeover, claim_job = stack.enter_context(claimed(spec.run.run_dir, cluster=target))
             state = run_dir_state(spec.run.run_dir)
             resumes = check_run_dir(spec, own_function=False, state=state, writers=False)
@@ -103,14 +124,20 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
             recorders.append(claim_job)
         sweep_dir = Path(plan.sweep_dir)
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for spec in plan.specs:
+        for _, spec in todo:
             Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
             (Path(spec.run.run_dir) / POINT_SCRIPT).write_text(render_point(spec))
         script_path = sweep_dir / SWEEP_SCRIPT
-        script_path.write_text(plan.script)
-        job_id = scheduler.submit_array(plan.specs, plan.script, script_path, parallelism=plan.parallelism)
+        script_path.write_text(script)
+        job_id = scheduler.submit_array(
+            [spec for _, spec in todo],
+            script,
+            script_path,
+            parallelism=plan.parallelism,
+            indices=[point.index for point, _ in todo],
+        )
         now = time.time()
-        for point, spec, claim_job in zip(plan.points, plan.specs, recorders):
+        for (point, spec), claim_job in zip(todo, recorders):
             record = JobRecord(
                 job_id=f"{job_id}_{point.index}",
                 cluster=scheduler.name,
@@ -135,6 +162,11 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         )
         sweep_record.save()
     return sweep_record, "\n".join(line for line in said if line)
+
+
+def _completed(spec, state) -> bool:
+    """The point's run directory holds a checkpoint at its last step (or past it)."""
+    return state.resume_step is not None and state.resume_step >= spec.run.training.steps
 
 
 def _room_for_locks(count: int) -> None:

@@ -126,7 +126,10 @@ def test_the_api_gives_values_as_python_values():
         parse_axes({"lr": []})
 
 
-@pytest.mark.parametrize(("count", "k", "want"), [(1, None, "0"), (4, 2, "0-3%2"), (40, None, "0-39")])
+@pytest.mark.parametrize(
+    ("count", "k", "want"),
+    [(1, None, "0"), (4, 2, "0-3%2"), (40, None, "0-39"), ([2], 1, "2%1"), ([0, 2, 3, 4, 7], 3, "0,2-4,7%3")],
+)
 def test_array_range(count, k, want):
     assert array_range(count, k) == want
 

@@ -84,6 +84,18 @@ def test_a_point_cancelled_before_it_starts_never_runs_and_the_others_finish(tmp
     assert results["seed=0"].state == "COMPLETED" and results["seed=1"].state == "COMPLETED"
     assert results["seed=2"].state == "CANCELLED" and not (sweep / "seed=2" / "metrics.jsonl").exists()
 
+    # the same sweep submitted again: the completed points are not, the cancelled one runs
+    again = hpc(*argv, "--sweep", "seed=0,1,2", "--array-parallelism", "1", "--wait")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 point(s) already completed, not submitted again: seed=0, seed=1" in again.stderr
+    assert "#SBATCH --array=2%1" in (sweep / "sweep.sbatch").read_text()
+    results = {r.name: r for r in SweepHandle.find(sweep).results()}
+    assert [results[name].state for name in ("seed=0", "seed=1", "seed=2")] == ["COMPLETED"] * 3
+    array = json.loads((sweep / "sweep.json").read_text())["job_id"]
+    assert results["seed=2"].job_id == f"{array}_2" and results["seed=0"].job_id != f"{array}_0"
+    refused = hpc(*argv, "--sweep", "seed=0,1,2")
+    assert refused.returncode == 2 and "every point of the sweep" in refused.stderr, refused.stderr
+
 
 def test_the_python_api_submits_a_sweep_and_waits_for_its_ranked_results(tmp_path, monkeypatch):
     import hpc_hsdp

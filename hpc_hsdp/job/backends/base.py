@@ -35,9 +35,11 @@ class Backend(ABC):
         """Submit ``script`` (the rendered job of ``spec``), each task running ``func(*args, **kwargs)``;
         (job id, the submitit-style job object: ``job_id``, ``state``, ``done()``, ``results()`` ...)."""
 
-    def submit_array(self, specs, script: str, script_path: Path, *, parallelism: int | None) -> str:
-        """Submit a sweep's job array (``script``, written at ``script_path``): task ``i`` runs the point
-        of ``specs[i]``, at most ``parallelism`` at once; the array's job id (point i: ``<id>_<i>``)."""
+    def submit_array(
+        self, specs, script: str, script_path: Path, *, parallelism: int | None, indices: list[int]
+    ) -> str:
+        """Submit a sweep's job array (``script``, written at ``script_path``): task ``indices[k]`` runs
+        the point of ``specs[k]``, at most ``parallelism`` at once; the array's job id (point i: ``<id>_<i>``)."""
         from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
 
         raise SchedulerError(f"the {self.title} runs no job arrays; submit each point of the sweep on its own")

@@ -387,13 +387,16 @@ def submit_local(spec, script, func, args, kwargs):
     return launch_local(script, alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id, run_dir=spec.run.run_dir)
 
 
-def submit_local_array(specs, script: str, *, parallelism: int | None, array_dir: Path) -> str:
+def submit_local_array(
+    specs, script: str, *, parallelism: int | None, array_dir: Path, indices: Sequence[int] | None = None
+) -> str:
     """A sweep's job array on the emulator: every point a PENDING emulated job (``<array>_<i>``, in its
     own run directory's logs, with the variables SLURM gives an array task), and a detached runner
     that starts them in order, at most ``parallelism`` at once. The array's id."""
     array_id = new_job_id()
     points = []
-    for index, spec in enumerate(specs):
+    indices = list(range(len(specs))) if indices is None else list(indices)
+    for index, spec in zip(indices, specs):
         tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
         alloc = allocation_for(
             tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
@@ -401,9 +404,9 @@ def submit_local_array(specs, script: str, *, parallelism: int | None, array_dir
         array_env = {
             "SLURM_ARRAY_JOB_ID": array_id,
             "SLURM_ARRAY_TASK_ID": str(index),
-            "SLURM_ARRAY_TASK_COUNT": str(len(specs)),
-            "SLURM_ARRAY_TASK_MIN": "0",
-            "SLURM_ARRAY_TASK_MAX": str(len(specs) - 1),
+            "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
+            "SLURM_ARRAY_TASK_MIN": str(min(indices)),
+            "SLURM_ARRAY_TASK_MAX": str(max(indices)),
             # SLURM gives each task a job id of its own
             "SLURM_JOB_ID": str(int(array_id) + 1 + index),
             "SLURM_JOBID": str(int(array_id) + 1 + index),
@@ -551,8 +554,9 @@ class LocalBackend(Backend):
         job = submit_local(spec, script, func, args, kwargs)
         return job.job_id, job
 
-    def submit_array(self, specs, script, script_path, *, parallelism):
-        return submit_local_array(specs, script, parallelism=parallelism, array_dir=Path(script_path).parent / "logs")
+    def submit_array(self, specs, script, script_path, *, parallelism, indices):
+        logs = Path(script_path).parent / "logs"
+        return submit_local_array(specs, script, parallelism=parallelism, array_dir=logs, indices=indices)
 
     def status(self, record: JobRecord) -> JobStatus:
         info = self.job(record).info()

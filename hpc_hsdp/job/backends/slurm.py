@@ -226,7 +226,7 @@ class SlurmBackend(Backend):
         job = submit_rendered(spec, script, func, args, kwargs)
         return str(job.job_id), job
 
-    def submit_array(self, specs, script, script_path, *, parallelism):
+    def submit_array(self, specs, script, script_path, *, parallelism, indices):
         """``sbatch --parsable`` of the array's script (bounded, as every SLURM command is)."""
         check_partition(specs[0], runner=self.runner)
         done = self.runner(["sbatch", "--parsable", str(script_path)])
