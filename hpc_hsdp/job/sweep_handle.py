@@ -161,7 +161,8 @@ class SweepHandle:
 
     @staticmethod
     def lines(results: list[PointResult], *, ranked_by: bool = True) -> list[str]:
-        """A table, one line per point: rank, point, state, step, loss, eval loss."""
+        """A table, one line per point: rank (or task), point, state (where known), step, loss, eval loss, job."""
+        with_state = any(r.state != "-" for r in results)
         rows = [["RANK" if ranked_by else "TASK", "POINT", "STATE", "STEP", "LOSS", "EVAL LOSS", "JOB"]]
         for i, r in enumerate(results, 1):
             rows.append(
@@ -175,5 +176,7 @@ class SweepHandle:
                     r.job_id,
                 ]
             )
+        if not with_state:
+            rows = [row[:2] + row[3:] for row in rows]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -347,7 +347,35 @@ def test_points_rank_by_their_last_eval_loss_else_their_loss():
 def test_the_sweep_commands_import_no_torch(tmp_path):
     from cli_helpers import assert_cli_imports_no_torch
 
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    SweepRecord(
+        sweep_dir=str(sweep),
+        job_id="9",
+        cluster="local",
+        mode="grid",
+        parallelism=None,
+        sweep=("seed=0,1",),
+        points=tuple(SweepPoint(index=i, name=f"seed={i}", values=(("seed", str(i)),)) for i in range(2)),
+    ).save()
+    for i in range(2):
+        run = sweep / f"seed={i}"
+        (run / "logs").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0 + i, "wall_time": 1.0}) + "\n")
+        JobRecord(
+            job_id=f"9_{i}",
+            cluster="local",
+            run_dir=str(run),
+            logs_dir=str(run / "logs"),
+            job_name="t",
+            ntasks=2,
+            launcher="srun",
+            submitted_at=0.0,
+        ).save()
     assert_cli_imports_no_torch(
+        ["status", str(sweep)],
+        ["runs", str(sweep)],
+        ["report", str(sweep), "-o", str(tmp_path / "r.html")],
         [
             "submit",
             "--dry-run",
