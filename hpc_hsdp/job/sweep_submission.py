@@ -64,6 +64,8 @@ def plan_sweep(
     sweep_dir = str(base.run.run_dir)
     unswept = {**given, "sweep": (), "sweep_mode": None, "array_parallelism": None}  # each point is one job
     specs = point_specs(points, unswept, sweep_dir, lambda options: resolve(options, False))
+    if any(key == "array" for key, _ in base.scheduler.extra):
+        raise SpecError("--sbatch array=... and --sweep: the sweep makes the job array itself; drop --sbatch array")
     check_one_header(points, [sbatch_options(spec) for spec in specs])
     texts = tuple(sweep) if not isinstance(sweep, Mapping) else tuple(f"{a.key}={','.join(a.texts)}" for a in axes)
     script = render_sweep(specs, points, sweep_dir=sweep_dir, mode=mode, sweep=texts, parallelism=parallelism)

@@ -218,6 +218,7 @@ def run_cli(argv, capsys):
         (["--sweep", "steps=1,two"], "'two' is not an integer"),
         (["--sweep", "nodes=1,2"], "changes #SBATCH --nodes"),
         (["--sweep", "sweep_mode=grid,zip"], "--sweep-mode cannot be swept"),
+        (["--sweep", "seed=0,1", "--sbatch", "array=0-9"], "the sweep makes the job array itself"),
         (["--sweep", "lr=1e-3", "--array-parallelism", "0"], "array-parallelism"),
     ],
 )
