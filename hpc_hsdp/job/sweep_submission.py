@@ -20,6 +20,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.preflight import check_fp8_gpus, check_job_inputs, check_tensor_parallel, check_trackers
+from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, user_modules
 from hpc_hsdp.job.render import POINT_SCRIPT, render_point, render_sweep, sbatch_options
 from hpc_hsdp.job.sweep import Point, check_array_size, check_one_header, expand, parse_axes, point_specs
 from hpc_hsdp.rundir.job_record import JobRecord
@@ -126,6 +127,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
             recorders.append(claim_job)
         sweep_dir = Path(plan.sweep_dir)
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+        provenances = _provenances([spec for _, spec in todo])  # before the job exists: the code as it is now
         for _, spec in todo:
             Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
             (Path(spec.run.run_dir) / POINT_SCRIPT).write_text(render_point(spec))
@@ -139,7 +141,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
             indices=[point.index for point, _ in todo],
         )
         now = time.time()
-        for (point, spec), claim_job in zip(todo, recorders):
+        for (point, spec), claim_job, provenance in zip(todo, recorders, provenances):
             record = JobRecord(
                 job_id=f"{job_id}_{point.index}",
                 cluster=scheduler.name,
@@ -152,6 +154,13 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
             )
             claim_job(record)
             record.save()
+            record_submission(
+                spec.run.run_dir,
+                provenance,
+                job_id=record.job_id,
+                script=render_point(spec),
+                logs_dir=Path(spec.log_dir),
+            )
         sweep_record = SweepRecord(
             sweep_dir=plan.sweep_dir,
             job_id=job_id,
@@ -164,6 +173,23 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         )
         sweep_record.save()
     return sweep_record, "\n".join(line for line in said if line)
+
+
+def _provenances(specs) -> list[dict]:
+    """What produced each point (:func:`~hpc_hsdp.job.provenance.gather_provenance`), asked once per
+    distinct code (the points differ in their code only when --entry or --model is swept), and with
+    ``--snapshot-code`` the copy of that code in each point's run directory, which its script runs."""
+    gathered: dict[tuple, dict] = {}
+    out = []
+    for spec in specs:
+        key = tuple(user_modules(spec))
+        if key not in gathered:
+            gathered[key] = gather_provenance(spec)
+        provenance = dict(gathered[key])
+        if spec.environment.snapshot_code:
+            provenance["snapshot"] = snapshot_code(spec.run.run_dir, spec)
+        out.append(provenance)
+    return out
 
 
 def _completed(spec, state) -> bool:

@@ -34,6 +34,7 @@ from hpc_hsdp.job.sweep_handle import PointResult, ranked
 from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep
 from hpc_hsdp.plan.slurm_facts import own_job_id
 from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.provenance import read_provenance
 from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -264,6 +265,9 @@ def test_a_slurm_sweep_is_one_sbatch_of_the_array_and_a_record_per_point(tmp_pat
         assert json.loads((run / "claim.json").read_text())["job_id"] == f"4242_{point.index}"
         assert (run / "point.sbatch").read_text() == made.point_script(point.index)
         assert (run / "logs").is_dir()
+        provenance = read_provenance(run)  # what produced the point, as for a job of its own
+        assert provenance["job_id"] == f"4242_{point.index}" and provenance["code"][0]["name"] == "hpc_hsdp"
+        assert (run / provenance["script"]).read_text() == made.point_script(point.index)
     again = SweepRecord.load(tmp_path / "sw")
     assert again.job_id == "4242" and again.points[3].values == (("lr", "1e-3"), ("seed", "1"))
 

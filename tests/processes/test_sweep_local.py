@@ -1,6 +1,7 @@
 """Sweeps on the local emulator (submit --sweep --cluster local): one job array whose points run
 K at a time, each a whole multi-node job in its own run directory; status, runs, report and
-cancel of the sweep's directory; the Python API's submit_sweep and its wait()."""
+cancel of the sweep's directory; a sweep submitted again; the Python API's submit_sweep and its
+wait(), with --snapshot-code (each point runs its copy)."""
 
 from __future__ import annotations
 
@@ -117,9 +118,16 @@ def test_the_python_api_submits_a_sweep_and_waits_for_its_ranked_results(tmp_pat
         batch_size=2,
         vocab_size=64,
         run_dir=str(tmp_path / "api"),
+        snapshot_code=True,
     )
     results = handle.wait(poll_s=0.5, timeout_s=200)
     assert [r.state for r in results] == ["COMPLETED", "COMPLETED"]
     assert sorted(r.name for r in results) == ["lr=0.001", "lr=0.03"]
     assert results[0].loss <= results[1].loss and all(r.step == 3 for r in results)
     assert all(Path(r.run_dir).parent == tmp_path / "api" for r in results)
+    from hpc_hsdp.rundir.provenance import read_provenance, read_task_provenance
+
+    for r in results:  # --snapshot-code: each point runs its own copy of the code of the submit
+        assert read_task_provenance(r.run_dir)["snapshot_used"] is True
+        assert (Path(r.run_dir) / "code" / "hpc_hsdp").is_dir()
+        assert read_provenance(r.run_dir)["job_id"] == r.job_id
