@@ -22,6 +22,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends.local import expand_pattern
 from hpc_hsdp.job.backends.slurm import SlurmBackend
 from hpc_hsdp.job.failure import task_index
+from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.sweep import (
     array_range,
     check_array_size,
@@ -377,6 +378,10 @@ def test_the_sweep_commands_import_no_torch(tmp_path):
             launcher="srun",
             submitted_at=0.0,
         ).save()
+    with pytest.raises(
+        SpecError, match=r"is a sweep's directory, not one job's; give one of its points \(seed=0, seed=1\)"
+    ):
+        JobHandle.find(str(sweep))  # logs takes one job
     assert_cli_imports_no_torch(
         ["status", str(sweep)],
         ["runs", str(sweep)],
