@@ -164,6 +164,9 @@ def test_every_point_is_a_whole_job_in_its_own_run_directory(tmp_path):
     ]
     assert all(s.nodes == 2 and s.run.training.steps == 5 for s in made.specs)
     assert "#SBATCH --array=0-3%2" in made.script
+    # each point's tasks log as its array task (what its job.json names), not as SLURM's own job id of the task
+    assert f"--output={runs[1]}/logs/%A_%a_%t_log.out \\" in made.point_script(1)
+    assert "%j_%t_log" not in made.point_script(1)
     assert not (tmp_path / "sw").exists()  # planning writes nothing
 
 
