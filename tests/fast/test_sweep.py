@@ -454,3 +454,17 @@ def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
     assert f"#   task 3: lr=1e-3 seed=1 -> {tmp_path}/sw/lr=1e-3,seed=1\n" in out.stdout
     assert "#SBATCH --array=0-3%2" in out.stdout and 'exec bash "$point_dir/point.sbatch"' in out.stdout
     assert not (tmp_path / "sw").exists()
+
+
+def test_an_emulated_point_whose_array_runner_died_before_starting_it_failed(tmp_path):
+    from hpc_hsdp.job.backends.local import LocalJob, state_path
+
+    runner = tmp_path / "1_array_local.json"
+    runner.write_text(json.dumps({"job_id": "1", "points": [], "parallelism": 1, "runner_pid": 4242}))
+    state_path(tmp_path, "1_0").write_text(
+        json.dumps({"job_id": "1_0", "state": "PENDING", "supervisor_pid": None, "array_runner": str(runner)})
+    )
+    waiting = LocalJob(logs_dir=tmp_path, job_id="1_0", alive=lambda pid: True)
+    assert waiting.info()["state"] == "PENDING"  # its runner starts it when a slot is free
+    orphan = LocalJob(logs_dir=tmp_path, job_id="1_0", alive=lambda pid: False).info()
+    assert orphan["state"] == "FAILED" and "runner of its job array ended" in orphan["reason"]

@@ -298,6 +298,7 @@ def prepare_local(
     submit_dir: str | None = None,
     run_dir: str | Path | None = None,
     array_env: dict[str, str] | None = None,
+    array_runner: str | None = None,
 ) -> Path:
     """Write a PENDING emulated job (its script, its srun, its state file); its state file.
     ``array_env``: the variables SLURM gives a job array's task (a sweep's point)."""
@@ -330,6 +331,7 @@ def prepare_local(
         "job_name": alloc.job_name,
         "submit_dir": submit_dir or os.getcwd(),
         "array_env": dict(array_env or {}),
+        "array_runner": array_runner,  # a job array's point: the state file of the runner that starts it
     }
     path = state_path(logs_dir, job_id)
     _write_json_atomic(path, state)
@@ -396,6 +398,8 @@ def submit_local_array(
     array_id = new_job_id()
     points = []
     indices = list(range(len(specs))) if indices is None else list(indices)
+    array_dir = _private(Path(array_dir).resolve(), mode=0o777)
+    runner_state = array_dir / f"{array_id}_array_local.json"
     for index, spec in zip(indices, specs):
         tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
         alloc = allocation_for(
@@ -418,18 +422,19 @@ def submit_local_array(
             job_id=f"{array_id}_{index}",
             run_dir=spec.run.run_dir,
             array_env=array_env,
+            array_runner=str(runner_state),
         )
         points.append(str(path))
-    array_dir = _private(Path(array_dir).resolve(), mode=0o777)
-    runner_state = array_dir / f"{array_id}_array_local.json"
     _write_json_atomic(runner_state, {"job_id": array_id, "points": points, "parallelism": parallelism})
-    subprocess.Popen(
+    runner = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.backends.local", "array", str(runner_state)],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(array_dir / f"{array_id}_array_runner.log", "ab"),
     )
+    runner_info = {"runner_pid": runner.pid, "runner_started": process_start_time(runner.pid)}
+    _write_json_atomic(runner_state, {**read_state(runner_state), **runner_info})
     return array_id
 
 
@@ -476,6 +481,16 @@ class LocalJob:
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
+        if data["state"] == "PENDING" and not pid and data.get("array_runner") and not self._runner_lives(data):
+            time.sleep(0.2)  # it may have started the point just now
+            try:
+                data = read_state(path)
+            except (OSError, ValueError):
+                return {"state": "UNKNOWN", "exit_code": None}
+            if data.get("state") == "PENDING" and not data.get("supervisor_pid"):  # never to be started
+                data["state"], data["exit_code"] = "FAILED", -1
+                data["reason"] = "the emulator's runner of its job array ended before it started this point"
+            return data
         if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             try:
@@ -485,6 +500,20 @@ class LocalJob:
             if data.get("state") in ("PENDING", "RUNNING"):
                 data["state"], data["exit_code"] = "FAILED", data.get("exit_code") or -1
         return data
+
+    def _runner_lives(self, data: dict) -> bool:
+        """The runner of the job array this pending point belongs to still lives (unknown: it does)."""
+        try:
+            runner = read_state(data["array_runner"])
+        except (OSError, ValueError, TypeError):
+            return False
+        pid = runner.get("runner_pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return True  # not recorded yet: just started
+        started = runner.get("runner_started")
+        if started is not None and process_start_time(pid) not in (None, started):
+            return False  # the pid names another process now
+        return self.alive(pid)
 
     @property
     def state(self) -> str:
