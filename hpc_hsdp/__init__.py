@@ -20,6 +20,7 @@ __all__ = [
     "init",
     "plan_for",
     "submit",
+    "submit_sweep",
     "wrap_hsdp",
     "__version__",
 ]
@@ -30,6 +31,7 @@ _LAZY = {
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
     "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
     "submit": "hpc_hsdp.job.api",
+    "submit_sweep": "hpc_hsdp.job.api",
     "TrainingRun": "hpc_hsdp.runtime.own_loop",
 }
 

@@ -36,13 +36,32 @@ def job_spec_from_options(
     ``environ``/``cwd`` default to the process's; ``default_venv=True`` means the running
     interpreter's venv (pass a path or None to fix it). Raises SpecError/TopologyError.
     """
-    given = {declared.key: kwargs.get(declared.click_param) for declared in options_of("render")}
-    return resolve_job_spec(
-        command_line_layer(given),
-        config_path=given["config"],
-        profile_name=given["profile"],
-        environ=os.environ if environ is None else environ,
-        cwd=os.getcwd() if cwd is None else cwd,
-        default_venv=(running_venv() if default_venv is True else default_venv) or None,
-        new_run_dir=new_run_dir,
-    )
+    return job_spec_resolver(environ=environ, cwd=cwd, default_venv=default_venv)(given_options(kwargs), new_run_dir)
+
+
+def given_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The job options of a command's kwargs, by config key (None: not given)."""
+    return {declared.key: kwargs.get(declared.click_param) for declared in options_of("render")}
+
+
+def job_spec_resolver(
+    *, environ: Mapping[str, str] | None = None, cwd: str | Path | None = None, default_venv: str | None | bool = True
+):
+    """``resolve(given, new_run_dir) -> JobSpec`` of options by config key, as :func:`job_spec_from_options`
+    makes it (a sweep makes one per point)."""
+    environ = os.environ if environ is None else environ
+    cwd = os.getcwd() if cwd is None else cwd
+    venv = (running_venv() if default_venv is True else default_venv) or None
+
+    def resolve(given: Mapping[str, Any], new_run_dir: bool = False) -> JobSpec:
+        return resolve_job_spec(
+            command_line_layer(given),
+            config_path=given.get("config"),
+            profile_name=given.get("profile"),
+            environ=environ,
+            cwd=cwd,
+            default_venv=venv,
+            new_run_dir=new_run_dir,
+        )
+
+    return resolve

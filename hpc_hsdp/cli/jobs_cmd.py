@@ -36,6 +36,7 @@ from hpc_hsdp.rundir.provenance import (
 from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
+from hpc_hsdp.rundir.sweep_record import is_sweep_dir
 from hpc_hsdp.rundir.tracker_runs import trackers_off
 
 MEMBERSHIP_SHOWN = 8
@@ -188,7 +189,11 @@ def failure_of(handle, status) -> str | None:
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(job, as_json) -> None:
-    """State of a submitted job, its restarts and its latest training step."""
+    """State of a submitted job, its restarts and its latest training step; of a sweep's
+    directory (submit --sweep), one line per point."""
+    if is_sweep_dir(job):
+        _sweep_status(job, as_json)
+        return
     handle = JobHandle.find(job)
     st = handle.status()
     facts = run_facts(handle, st)
@@ -269,6 +274,36 @@ def status(job, as_json) -> None:
     if versions:
         _say(f"ran with: {versions}")
     _say(f"run directory: {handle.record.run_dir}")
+
+
+def _sweep_status(sweep_dir: str, as_json: bool) -> None:
+    """``status`` of a sweep: the array, then one line per point (task order)."""
+    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
+
+    handle = SweepHandle.find(sweep_dir)
+    results = handle.results()
+    record = handle.record
+    if as_json:
+        data = {
+            "sweep_dir": record.sweep_dir,
+            "job_id": record.job_id,
+            "cluster": record.cluster,
+            "mode": record.mode,
+            "parallelism": record.parallelism,
+            "points": [r.to_dict() for r in results],
+        }
+        click.echo(json.dumps(data))
+        return
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.state.split()[0]] = counts.get(r.state.split()[0], 0) + 1
+    at_once = f", at most {record.parallelism} at once" if record.parallelism else ""
+    _say(
+        f"sweep {record.sweep_dir}: job array {record.job_id} ({record.cluster}), {len(results)} points{at_once}: "
+        + ", ".join(f"{n} {state}" for state, n in counts.items())
+    )
+    for line in handle.lines(results, ranked_by=False):
+        _say(line)
 
 
 class _Bytes:
@@ -355,7 +390,12 @@ CANCEL_WAIT_S = 120
 )
 def cancel(job, no_wait) -> None:
     """Cancel a submitted job (scancel, or the local emulator's equivalent): every rank gets SIGTERM,
-    agrees to stop after its step, saves a checkpoint and ends, on SLURM and on the emulator alike."""
+    agrees to stop after its step, saves a checkpoint and ends, on SLURM and on the emulator alike.
+    A sweep's directory cancels every point not ended (one scancel of the array); a point's own
+    run directory (or its task id, 123_4) that point alone."""
+    if is_sweep_dir(job):
+        _cancel_sweep(job, no_wait)
+        return
     handle = JobHandle.find(job)
     st = handle.status()
     if st.finished:
@@ -386,6 +426,24 @@ def cancel(job, no_wait) -> None:
         what = "no checkpoint saved"
     ended = handle.status()
     _say(f"cancelled job {handle.job_id} ({ended.state if ended.finished else 'still ending'}): {what}")
+
+
+def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
+    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
+
+    handle = SweepHandle.find(sweep_dir)
+    cancelled = handle.cancel()
+    if not cancelled:
+        _say(f"sweep {sweep_dir}: every point already ended; nothing to cancel")
+        return
+    _say(f"cancelled {len(cancelled)} point(s) of job array {handle.job_id}: {' '.join(cancelled)}")
+    if no_wait:
+        return
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while not handle.done() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for line in handle.lines(handle.results(), ranked_by=False):
+        _say(line)
 
 
 def _saved_step(run_dir: str) -> int | None:

@@ -44,6 +44,16 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     hpc-hsdp render --config cluster.toml --profile dev --nodes 2 --shard 4
     """
     spec = job_spec_from_options(kwargs)
+    if spec.sweep:  # the job array's script and its first point's
+        from hpc_hsdp.cli.job_options import given_options, job_spec_resolver  # noqa: PLC0415
+        from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep  # noqa: PLC0415  (sweeps only)
+
+        if output_path is not None:
+            raise SpecError("render --sweep prints the job array's script; submit --sweep writes every point's script")
+        click.echo(
+            dry_run_text(plan_sweep(given_options(kwargs), resolve=job_spec_resolver(), new_run_dir=False)), nl=False
+        )
+        return
     if spec.run.tp_size > 1:
         from hpc_hsdp.job.preflight import check_tensor_parallel  # noqa: PLC0415  (only --tp: render stays light)
 

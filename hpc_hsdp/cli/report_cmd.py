@@ -30,8 +30,28 @@ def report(run_dirs, output) -> None:
     \b
     hpc-hsdp report runs/a                      # runs/a/report.html
     hpc-hsdp report runs/a runs/b -o cmp.png
+    hpc-hsdp report runs/my-sweep               # every point, ranked by its last eval loss (or loss)
+
+    A sweep's directory (submit --sweep) stands for its points: their curves overlaid, each
+    labelled with its rank by its last eval loss (else its loss), and the ranking printed.
     """
-    runs = load_runs(run_dirs)
+    from hpc_hsdp.rundir.sweep_record import is_sweep_dir  # noqa: PLC0415
+
+    paths, labels, rankings = [], [], []
+    for given in run_dirs:
+        if not is_sweep_dir(given):
+            paths.append(given)
+            labels.append(None)
+            continue
+        from hpc_hsdp.job.sweep_handle import SweepHandle, ranked  # noqa: PLC0415  (sweeps only)
+
+        handle = SweepHandle.find(given)
+        order = ranked(handle.results(states=False))
+        rankings.append((given, order))
+        for rank, result in enumerate(order, 1):
+            paths.append(result.run_dir)
+            labels.append(f"#{rank} {result.name}")
+    runs = load_runs(paths, labels=labels)
     target = check_output(Path(output) if output else Path(run_dirs[0]) / "report.html")
     for run in runs:
         for note in run.notes:
@@ -44,4 +64,11 @@ def report(run_dirs, output) -> None:
     except NothingToDraw as exc:
         click.echo(f"hpc-hsdp: nothing to draw: {exc}", err=True)
         sys.exit(1)
+    for given, order in rankings:
+        from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+
+        by = "eval loss" if all(r.eval_loss is not None for r in order if r.score is not None) else "loss"
+        click.echo(f"sweep {given}: {len(order)} points, best first by their last {by}")
+        for line in SweepHandle.lines(order):
+            click.echo(f"  {line}")
     click.echo(f"report: {written}")

@@ -8,7 +8,7 @@ import sys
 import click
 
 from hpc_hsdp.cli.click_options import command_options
-from hpc_hsdp.cli.job_options import job_spec_from_options
+from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
 from hpc_hsdp.job.backends import CLUSTERS
 from hpc_hsdp.job.submission import submission_script, submit_spec
 
@@ -45,10 +45,18 @@ def submit(cluster, wait, dry_run, **options) -> None:
     \b
     hpc-hsdp submit --nodes 2 --shard 4 --wait
     hpc-hsdp submit --config job.toml --profile mycluster --steps 200
+    hpc-hsdp submit --nodes 2 --shard 4 --sweep lr=3e-4,1e-3 --sweep seed=0,1 --array-parallelism 2
+
+    With --sweep, one job array: each point a whole job with its own run directory
+    (<run-dir>/lr=3e-4,seed=0), requeued and resumed alone; status, runs, report and
+    cancel take the sweep's directory (docs/sweeps.md).
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 
     spec = job_spec_from_options(options, new_run_dir=True)
+    if spec.sweep:
+        _submit_sweep(options, cluster=cluster, wait=wait, dry_run=dry_run)
+        return
     if dry_run:
         click.echo(submission_script(spec), nl=False)
         return
@@ -75,3 +83,35 @@ def submit(cluster, wait, dry_run, **options) -> None:
         )
         code = 130
     sys.exit(code)
+
+
+def _submit_sweep(options, *, cluster, wait, dry_run) -> None:
+    """``submit --sweep``: one job array, or with ``--dry-run`` its points and scripts."""
+    from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
+
+    plan = plan_sweep(given_options(options), resolve=job_spec_resolver())
+    parallelism = plan.parallelism
+    if dry_run:
+        click.echo(dry_run_text(plan), nl=False)
+        return
+    record, said = submit_sweep(plan, cluster=cluster)
+    click.echo(said, err=True)
+    at_once = f", at most {parallelism} at once" if parallelism else ""
+    click.echo(f"submitted job array {record.job_id} ({record.cluster}): {len(record.points)} points{at_once}")
+    for point in record.points:
+        click.echo(f"  {record.task_id(point)}  {point.name}")
+    sweep_dir = shlex.quote(record.sweep_dir)
+    click.echo(f"sweep directory: {record.sweep_dir}")
+    click.echo(f"follow it:     hpc-hsdp status {sweep_dir}   |   hpc-hsdp report {sweep_dir}")
+    if wait:
+        from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+
+        handle = SweepHandle(record)
+        try:
+            results = handle.wait()
+        except KeyboardInterrupt:
+            click.echo(f"\nhpc-hsdp: stopped following; the sweep goes on (hpc-hsdp status {sweep_dir})", err=True)
+            sys.exit(130)
+        for line in handle.lines(results):
+            click.echo(line)
+        sys.exit(0 if all(r.state == "COMPLETED" for r in results) else 1)

@@ -20,8 +20,51 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     after the mesh is built. Returns submitit's Job (SLURM) or a LocalJob with the same
     ``job_id``, ``state``, ``done()``, ``wait()``, ``results()``, ``cancel()``."""
     spec = api_job_spec(options, environ=os.environ, cwd=os.getcwd(), default_venv=running_venv(), new_run_dir=True)
+    if spec.sweep:
+        raise SpecError("submit() submits one job; a sweep goes through hpc_hsdp.submit_sweep(sweep=..., ...)")
     _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
     return job
+
+
+def submit_sweep(
+    sweep: Mapping[str, Any] | list[str],
+    *,
+    mode: str | None = None,
+    array_parallelism: int | None = None,
+    cluster: str = "auto",
+    **options,
+):
+    """Python API of ``hpc-hsdp submit --sweep``: ``sweep`` maps options to their values
+    (``{"lr": [3e-4, 1e-3], "seed": [0, 1]}``, each read as its command line option would read
+    it) or lists ``--sweep`` texts; the other keywords are :func:`submit`'s. One job array, every
+    point a whole job of its own. Returns the sweep's handle: ``wait()`` gives every point's
+    result (state, last step, loss, eval loss, run directory), best first; ``results()``,
+    ``statuses()``, ``cancel()``."""
+    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+    from hpc_hsdp.job.sweep_submission import plan_sweep  # noqa: PLC0415
+    from hpc_hsdp.job.sweep_submission import submit_sweep as submit_plan  # noqa: PLC0415
+
+    if "sweep_mode" in options:
+        raise SpecError("submit_sweep() takes the sweep's mode as mode=")
+    if not isinstance(sweep, (Mapping, list, tuple)) or not sweep:
+        raise SpecError('submit_sweep(sweep=...) takes a dict of option -> values, e.g. {"lr": [3e-4, 1e-3]}')
+    given = api_options({**options, "sweep_mode": mode, "array_parallelism": array_parallelism})
+    environ, cwd, venv = os.environ, os.getcwd(), running_venv()
+
+    def resolve(chosen, new_run_dir=False):
+        return resolve_job_spec(
+            command_line_layer(chosen),
+            config_path=chosen.get("config"),
+            profile_name=chosen.get("profile"),
+            environ=environ,
+            cwd=cwd,
+            default_venv=venv,
+            new_run_dir=new_run_dir,
+        )
+
+    plan = plan_sweep(given, resolve=resolve, sweep=sweep if isinstance(sweep, Mapping) else list(sweep))
+    record, _ = submit_plan(plan, cluster=cluster)
+    return SweepHandle(record)
 
 
 def api_job_spec(

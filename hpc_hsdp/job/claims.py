@@ -15,7 +15,7 @@ from hpc_hsdp.job.backends import BACKEND_NAMES, task_backend
 from hpc_hsdp.job.backends.slurm_command import slurm_timeout_s
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.status import ACTIVE_STATES
-from hpc_hsdp.plan.slurm_facts import check_job_id
+from hpc_hsdp.plan.slurm_facts import check_job_id, own_job_id
 from hpc_hsdp.rundir import claim as claims
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 
@@ -151,7 +151,7 @@ def claim_for_task(run_dir: str | Path, env: Mapping[str, str]) -> tuple[str | N
 
     run_dir = Path(run_dir)
     _make_dirs(run_dir)
-    job_id = env.get("SLURM_JOB_ID") or None
+    job_id = own_job_id(env)  # a sweep point's: its array task, as its submission claimed the directory
     with claims.claim_lock(run_dir, wait_s=CLAIM_WAIT_S + slurm_timeout_s()):
         claim = claims.read_claim(run_dir)
         if job_id is not None and claim is not None and claim.get("job_id") == job_id:

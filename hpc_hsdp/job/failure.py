@@ -102,5 +102,9 @@ def _first_failed_task(batch_log: str) -> tuple[int, str | None, str] | None:
 
 
 def task_index(path: Path) -> int:
+    """The task of a log ``<job>_<task>_log.out``; a sweep point's job is its array task
+    (``<array>_<index>_<task>_log.out``)."""
     parts = path.name.split("_")
+    if len(parts) > 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[2])
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0

@@ -25,6 +25,14 @@ class JobHandle:
 
     @classmethod
     def find(cls, ref: str) -> JobHandle:
+        from hpc_hsdp.rundir.sweep_record import SweepRecord, is_sweep_dir  # noqa: PLC0415
+
+        if is_sweep_dir(ref) and not Path(ref, "job.json").is_file():
+            names = [point.name for point in SweepRecord.load(ref).points]
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise SpecError(
+                f"{ref} is a sweep's directory, not one job's; give one of its points ({shown}): {ref}/<point>"
+            )
         return cls(JobRecord.load(ref))
 
     @property

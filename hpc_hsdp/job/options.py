@@ -279,6 +279,37 @@ OPTIONS: tuple[JobOption, ...] = (
         reaches=SUBMIT_SIDE,
         help="Profile of the config file to apply (below the file's top level).",
     ),
+    # ---- sweeps (submit --sweep): one job array, each point a whole job; read where it is submitted
+    JobOption(
+        key="sweep",
+        kind="list",
+        default=(),
+        part="job",
+        reaches=SUBMIT_SIDE,
+        metavar="OPTION=V1,V2",
+        help="Sweep a job option over these values (repeatable): one SLURM job array, each point a whole job "
+        "in <run-dir>/<OPTION=V,...> (e.g. --sweep lr=3e-4,1e-3 --sweep seed=0,1: 4 points); render prints "
+        "the array's script.",
+    ),
+    JobOption(
+        key="sweep_mode",
+        kind="str",
+        part="job",
+        reaches=SUBMIT_SIDE,
+        choices=("grid", "zip"),
+        default="grid",
+        help="With --sweep: grid, every combination of the values; zip, the values paired in order.",
+    ),
+    JobOption(
+        key="array_parallelism",
+        kind="int",
+        part="job",
+        reaches=SUBMIT_SIDE,
+        positive=True,
+        metavar="K",
+        help="With --sweep: at most K points run at once (#SBATCH --array=0-N%K).",
+        default_text="all",
+    ),
     JobOption(
         key="nodes",
         kind="nodes",

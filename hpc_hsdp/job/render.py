@@ -214,8 +214,9 @@ def warning_signal_name(spec: JobSpec) -> str:
     return name
 
 
-def srun_options(spec: JobSpec) -> list[str]:
-    """srun's options, unquoted, one per item (``--output=...``: one word each)."""
+def srun_options(spec: JobSpec, *, log_job: str = "%j") -> list[str]:
+    """srun's options, unquoted, one per item (``--output=...``: one word each). ``log_job``: the
+    job in the logs' names (``%A_%a`` for a sweep's point: its array task, as its job record names it)."""
     opts = ["--kill-on-bad-exit=1", "--unbuffered"]
     if spec.ntasks is not None:
         opts += [f"--ntasks={spec.ntasks}", "--distribution=arbitrary"]  # the hostfile says where each task goes
@@ -225,7 +226,7 @@ def srun_options(spec: JobSpec) -> list[str]:
         opts.append(f"--cpus-per-task={spec.scheduler.cpus_per_task}")  # not inherited by srun in Slurm 22.05
     # a replica group's step: its own log files (the supervisor fills in the group and its start)
     tag = f"{REPLICA_TAG}_" if spec.replicas is not None else ""
-    opts += [f"--output={spec.log_dir}/%j_{tag}%t_log.out", f"--error={spec.log_dir}/%j_{tag}%t_log.err"]
+    opts += [f"--output={spec.log_dir}/{log_job}_{tag}%t_log.out", f"--error={spec.log_dir}/{log_job}_{tag}%t_log.err"]
     return opts + container_options(spec)
 
 
@@ -400,7 +401,7 @@ UNSET_ON_ENTRY = (*RENDEZVOUS_VARIABLES, NODE_SWITCHES_ENV)
 ``--export=ALL``); ``--env``, ``--pass-env`` and ``--setup`` lines may set them on purpose."""
 
 
-def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dict:
+def template_context(spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j") -> dict:
     """The variables a template gets (see the module docstring)."""
     if launch_command is not None:
         if not isinstance(launch_command, str) or not launch_command.strip():
@@ -415,7 +416,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
         "settings": torch_settings(spec),
         "python": spec.environment.python,
         "log_dir": spec.log_dir,
-        "srun_options": srun_options(spec),
+        "srun_options": srun_options(spec, log_job=log_job),
         "cpu_share": cpu_share(spec),
         "unset_on_entry": [name for name in UNSET_ON_ENTRY if name not in spec.environment.pass_env],
         "rendezvous_command": layout_command(spec, "--field", "rendezvous"),
@@ -436,7 +437,7 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None) -> dic
     }
 
 
-def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
+def render_sbatch(spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j") -> str:
     """The sbatch script of ``spec``.
 
     ``launch_command``: ready shell text (already quoted) that replaces what srun runs on
@@ -447,7 +448,7 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
     """
     if not isinstance(spec, JobSpec):
         raise TypeError(f"render_sbatch takes a JobSpec, got {type(spec).__name__}")
-    context = template_context(spec, launch_command=launch_command)
+    context = template_context(spec, launch_command=launch_command, log_job=log_job)
     if spec.template is not None:
         path = Path(spec.template)
         if not path.is_file():
@@ -481,4 +482,40 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None) -> str:
         raise SpecError(
             f"template {name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
         ) from None
+    return text if text.endswith("\n") else text + "\n"
+
+
+SWEEP_TEMPLATE = "sweep.sbatch.j2"
+POINT_SCRIPT = "point.sbatch"
+"""A sweep point's own script, in its run directory: what ``hpc-hsdp render`` writes for its options."""
+POINT_LOG_JOB = "%A_%a"
+"""A point's logs are named by its array task (``<array job id>_<index>``), as its job record is."""
+
+
+def render_point(spec: JobSpec) -> str:
+    """The script of one sweep point: its job's, logs named by its array task."""
+    return render_sbatch(spec, log_job=POINT_LOG_JOB)
+
+
+def render_sweep(specs, points, *, sweep_dir: str, mode: str, sweep, parallelism: int | None, indices=None) -> str:
+    """The job array's script: the points' shared ``#SBATCH`` header with ``--array``, its own batch
+    logs in ``<sweep-dir>/logs``, and a map from ``SLURM_ARRAY_TASK_ID`` to the point whose
+    script (:data:`POINT_SCRIPT`) the task runs. ``indices``: the tasks of the array (None: every point;
+    a resubmitted sweep leaves out the points that completed)."""
+    from hpc_hsdp.job.sweep import HEADER_OF_RUN_DIR, array_range  # noqa: PLC0415  (sweeps only)
+
+    header = [line for line in sbatch_options(specs[0]) if line[0] not in HEADER_OF_RUN_DIR]
+    logs = f"{sweep_dir}/logs"
+    header += [("array", array_range(len(points) if indices is None else indices, parallelism))]
+    header += [("output", f"{logs}/%A_%a_batch.out"), ("error", f"{logs}/%A_%a_batch.err")]
+    context = {
+        "points": list(points),
+        "point_dirs": {point.index: spec.run.run_dir for point, spec in zip(points, specs)},
+        "sbatch_options": header,
+        "mode": mode,
+        "sweep": list(sweep),
+        "parallelism": parallelism,
+        "point_script": POINT_SCRIPT,
+    }
+    text = template_environment().get_template(SWEEP_TEMPLATE).render(context)
     return text if text.endswith("\n") else text + "\n"

@@ -58,6 +58,8 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     not installed (:func:`~hpc_hsdp.job.preflight.check_trackers`)."""
     from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
+    if spec.sweep:
+        raise SpecError("a sweep is one job array of many jobs: submit it with submit --sweep (submit_sweep)")
     if spec.launch.container_image is not None:
         raise SpecError(
             f"submit --container-image {spec.launch.container_image!r}: submit runs this machine's interpreter "

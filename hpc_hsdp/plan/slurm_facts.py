@@ -128,6 +128,16 @@ def check_signal(value: str) -> str:
 _JOB_ID = r"^[0-9]{1,12}(?:_[0-9]{1,10}|\+[0-9]{1,6})?$"
 
 
+def own_job_id(env) -> str | None:
+    """The job a task belongs to, as its submission recorded it: ``<array job id>_<task id>`` in a
+    job array's task (a sweep's point; SLURM gives each task a ``SLURM_JOB_ID`` of its own, which
+    no submission knows), else ``SLURM_JOB_ID``; None outside a job."""
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 def check_job_id(value: object, *, where: str = "the job id") -> str:
     """A SLURM job id in one of SLURM's forms, ``123``, ``123_4`` (an array task) or
     ``123+1`` (a heterogeneous component), as text; anything else (an option such as

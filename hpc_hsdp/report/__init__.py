@@ -25,12 +25,15 @@ class NothingToDraw(Exception):
     """No run has a single metrics record."""
 
 
-def load_runs(paths: Sequence[str | Path]) -> list[RunData]:
+def load_runs(paths: Sequence[str | Path], *, labels: Sequence[str | None] | None = None) -> list[RunData]:
+    """The runs of ``paths``, labelled by ``labels`` where given (else by the shortest distinct path tails)."""
     resolved = [Path(p) for p in paths]
     for path in resolved:
         if not path.is_dir():
             raise SpecError(f"{str(path)!r} is not a run directory (no such directory); give the --run-dir of a run")
-    return [load_run(p, label=label) for p, label in zip(resolved, unique_labels(resolved))]
+    derived = unique_labels(resolved)
+    own = list(labels) if labels is not None else [None] * len(resolved)
+    return [load_run(p, label=mine or label) for p, label, mine in zip(resolved, derived, own)]
 
 
 def check_output(output: str | Path) -> Path:

@@ -196,6 +196,9 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         spare_nodes = 0
         steps = 9
         lr = 0.01
+        sweep = ["seed=0,1", "lr=1e-3,3e-3"]
+        sweep_mode = "zip"
+        array_parallelism = 2
         """)
     )
     missing = set(OPTION_KINDS) - set(load_config(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
@@ -277,6 +280,14 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
             "9",
             "--lr",
             "0.01",
+            "--sweep",
+            "seed=0,1",
+            "--sweep",
+            "lr=1e-3,3e-3",
+            "--sweep-mode",
+            "zip",
+            "--array-parallelism",
+            "2",
         ],
         cwd=tmp_path,
     )

@@ -237,14 +237,55 @@ OVERRIDES = {
 }
 
 
+SWEEPS: dict[str, tuple[str, ...]] = {
+    # submit --sweep: the job array's script (hostile run directory and values), then its first point's
+    "sweep-2x2-parallel2-hostile": (
+        *HOSTILE,
+        "--sweep",
+        "lr=3e-4,1e-3",
+        "--sweep",
+        "env=X=$(touch /tmp/pwned),X='`id`'",
+        "--array-parallelism",
+        "2",
+    ),
+    "sweep-zip-3": (
+        "--nodes",
+        "2",
+        "--shard",
+        "4",
+        "--run-dir",
+        "/scratch/sweeps/zip",
+        "--sweep-mode",
+        "zip",
+        "--sweep",
+        "lr=1e-4,3e-4,1e-3",
+        "--sweep",
+        "seed=0,1,2",
+    ),
+}
+
+
+def rendered_sweep(argv) -> str:
+    """What ``hpc-hsdp render <argv>`` prints for a sweep (machine-independent)."""
+    from hpc_hsdp.cli.job_options import given_options, job_spec_resolver
+    from hpc_hsdp.cli.render_cmd import render
+    from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep
+
+    params = render.make_context("render", list(argv)).params
+    resolve = job_spec_resolver(environ={}, cwd=Path(__file__).parents[2], default_venv=None)
+    return dry_run_text(plan_sweep(given_options(params), resolve=resolve, new_run_dir=False))
+
+
 def rendered(name: str) -> str:
+    if name in SWEEPS:
+        return rendered_sweep(SWEEPS[name])
     if name in OVERRIDES:
         argv, command = OVERRIDES[name]
         return render_sbatch(spec_from_argv(argv), launch_command=command)
     return render_sbatch(spec_from_argv(CASES[name]))
 
 
-ALL = sorted([*CASES, *OVERRIDES])
+ALL = sorted([*CASES, *OVERRIDES, *SWEEPS])
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -35,6 +35,19 @@ class Backend(ABC):
         """Submit ``script`` (the rendered job of ``spec``), each task running ``func(*args, **kwargs)``;
         (job id, the submitit-style job object: ``job_id``, ``state``, ``done()``, ``results()`` ...)."""
 
+    def submit_array(
+        self, specs, script: str, script_path: Path, *, parallelism: int | None, indices: list[int]
+    ) -> str:
+        """Submit a sweep's job array (``script``, written at ``script_path``): task ``indices[k]`` runs
+        the point of ``specs[k]``, at most ``parallelism`` at once; the array's job id (point i: ``<id>_<i>``)."""
+        from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
+
+        raise SchedulerError(f"the {self.title} runs no job arrays; submit each point of the sweep on its own")
+
+    def max_array_size(self) -> int | None:
+        """The most tasks one job array may have (SLURM's ``MaxArraySize``); None: no bound known."""
+        return None
+
     @abstractmethod
     def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
         """The status of every job of ``records`` (all of this backend), keyed by run directory,
@@ -47,6 +60,11 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, record: JobRecord) -> None:
         """Cancel the job (:class:`~hpc_hsdp.job.backends.slurm_command.SchedulerError` when the scheduler refused)."""
+
+    def cancel_array(self, job_id: str, records: list[JobRecord]) -> None:
+        """Cancel a job array (``job_id``), of which ``records`` are the tasks not ended: each one."""
+        for record in records:
+            self.cancel(record)
 
     @abstractmethod
     def works_in(self, record: JobRecord) -> Path | None:

@@ -246,13 +246,23 @@ def _sbatch_value(script: str, key: str) -> str | None:
     return value[1:-1] if value[:1] == value[-1:] and value[:1] in "'\"" else value
 
 
-def expand_pattern(pattern: str, *, job_id: str, procid: int = 0, node_id: int = 0, node: str = "") -> str:
-    """SLURM's filename pattern: %j job id, %t task id, %n node id, %N node name, %% a percent."""
+def expand_pattern(
+    pattern: str,
+    *,
+    job_id: str,
+    procid: int = 0,
+    node_id: int = 0,
+    node: str = "",
+    array_job: str | None = None,
+    array_task: str | None = None,
+) -> str:
+    """SLURM's filename pattern: %j job id, %t task id, %n node id, %N node name, %A/%a a job array's
+    id and task (the job id and 0 outside an array), %% a percent."""
     table = {
         "j": job_id,
         "J": job_id,
-        "A": job_id,
-        "a": "0",
+        "A": array_job or job_id,
+        "a": array_task or "0",
         "t": str(procid),
         "n": str(node_id),
         "N": node,
@@ -274,6 +284,24 @@ def launch_local(
 ) -> LocalJob:
     """Start the supervisor of one emulated job and return its handle at once. ``run_dir``: the
     run directory the job writes, whose claim the supervisor releases when the job ends."""
+    path = prepare_local(script, alloc=alloc, logs_dir=logs_dir, job_id=job_id, submit_dir=submit_dir, run_dir=run_dir)
+    start_local(path)
+    return LocalJob(logs_dir=path.parent, job_id=read_state(path)["job_id"])
+
+
+def prepare_local(
+    script: str,
+    *,
+    alloc: LocalAllocation,
+    logs_dir: Path,
+    job_id: str | None = None,
+    submit_dir: str | None = None,
+    run_dir: str | Path | None = None,
+    array_env: dict[str, str] | None = None,
+    array_runner: str | None = None,
+) -> Path:
+    """Write a PENDING emulated job (its script, its srun, its state file); its state file.
+    ``array_env``: the variables SLURM gives a job array's task (a sweep's point)."""
     logs_dir = Path(logs_dir).resolve()
     logs_dir.mkdir(parents=True, exist_ok=True)
     job_id = job_id or new_job_id()
@@ -300,28 +328,50 @@ def launch_local(
         "tasks_per_node": list(alloc.tasks_per_node),
         "node_names": list(alloc.node_names),
         "gpus_per_node": alloc.gpus_per_node,
+        "job_name": alloc.job_name,
+        "submit_dir": submit_dir or os.getcwd(),
+        "array_env": dict(array_env or {}),
+        "array_runner": array_runner,  # a job array's point: the state file of the runner that starts it
     }
     path = state_path(logs_dir, job_id)
     _write_json_atomic(path, state)
+    return path
+
+
+def start_local(path: Path) -> bool:
+    """Start the supervisor of the PENDING emulated job of state file ``path``; False when it is no
+    longer pending (cancelled before it started)."""
+    state = read_state(path)
+    if state.get("state") != "PENDING" or state.get("supervisor_pid"):
+        return False
+    job_id, logs_dir = state["job_id"], Path(path).parent
+    alloc = LocalAllocation(
+        tasks_per_node=tuple(state["tasks_per_node"]),
+        node_names=tuple(state["node_names"]),
+        job_name=state.get("job_name") or "job",
+        gpus_per_node=int(state.get("gpus_per_node") or 0),
+    )
     port = reserve_port(job_id, path)
-    env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir or os.getcwd(), shim_dir=shim_dir, port=port)
+    submit_dir = state.get("submit_dir") or os.getcwd()
+    env = job_environment(alloc, job_id=job_id, submit_dir=submit_dir, shim_dir=logs_dir / ".emulator-bin", port=port)
+    array_env = state.get("array_env") or {}
+    env.update({str(k): str(v) for k, v in array_env.items()})
     env[SUPERVISOR_MARK] = str(path)  # what cancel checks: this process is this job's supervisor
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_hsdp.job.backends.local", "supervise", str(path)],
         env=env,
-        cwd=submit_dir or os.getcwd(),
+        cwd=submit_dir,
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
     )
-    state["supervisor_pid"] = proc.pid
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
     current = read_state(path)
     if current.get("supervisor_pid") is None:
         current["supervisor_pid"], current["supervisor_started"] = proc.pid, process_start_time(proc.pid)
         _write_json_atomic(path, current)
-    return LocalJob(logs_dir=logs_dir, job_id=job_id)
+    return True
 
 
 def submit_local(spec, script, func, args, kwargs):
@@ -337,6 +387,78 @@ def submit_local(spec, script, func, args, kwargs):
         tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
     )
     return launch_local(script, alloc=alloc, logs_dir=Path(spec.log_dir), job_id=job_id, run_dir=spec.run.run_dir)
+
+
+def submit_local_array(
+    specs, script: str, *, parallelism: int | None, array_dir: Path, indices: Sequence[int] | None = None
+) -> str:
+    """A sweep's job array on the emulator: every point a PENDING emulated job (``<array>_<i>``, in its
+    own run directory's logs, with the variables SLURM gives an array task), and a detached runner
+    that starts them in order, at most ``parallelism`` at once. The array's id."""
+    array_id = new_job_id()
+    points = []
+    indices = list(range(len(specs))) if indices is None else list(indices)
+    array_dir = _private(Path(array_dir).resolve(), mode=0o777)
+    runner_state = array_dir / f"{array_id}_array_local.json"
+    for index, spec in zip(indices, specs):
+        tasks_per_node = (1,) * spec.nodes if spec.launch.launcher == "torchrun" else spec.tasks_per_node
+        alloc = allocation_for(
+            tasks_per_node=tasks_per_node, gpus_per_node=spec.gpus_per_node, job_name=spec.scheduler.job_name
+        )
+        array_env = {
+            "SLURM_ARRAY_JOB_ID": array_id,
+            "SLURM_ARRAY_TASK_ID": str(index),
+            "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
+            "SLURM_ARRAY_TASK_MIN": str(min(indices)),
+            "SLURM_ARRAY_TASK_MAX": str(max(indices)),
+            # SLURM gives each task a job id of its own
+            "SLURM_JOB_ID": str(int(array_id) + 1 + index),
+            "SLURM_JOBID": str(int(array_id) + 1 + index),
+        }
+        path = prepare_local(
+            script,
+            alloc=alloc,
+            logs_dir=Path(spec.log_dir),
+            job_id=f"{array_id}_{index}",
+            run_dir=spec.run.run_dir,
+            array_env=array_env,
+            array_runner=str(runner_state),
+        )
+        points.append(str(path))
+    _write_json_atomic(runner_state, {"job_id": array_id, "points": points, "parallelism": parallelism})
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "hpc_hsdp.job.backends.local", "array", str(runner_state)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(array_dir / f"{array_id}_array_runner.log", "ab"),
+    )
+    runner_info = {"runner_pid": runner.pid, "runner_started": process_start_time(runner.pid)}
+    _write_json_atomic(runner_state, {**read_state(runner_state), **runner_info})
+    return array_id
+
+
+ARRAY_POLL_S = 0.5
+
+
+def _run_array(runner_state: str) -> int:
+    """The emulator's scheduler of one job array: starts its PENDING points in order, at most
+    ``parallelism`` running at once, until none is left pending (a cancelled one is skipped)."""
+    data = read_state(runner_state)
+    paths = [Path(p) for p in data["points"]]
+    limit = data.get("parallelism") or len(paths)
+    while True:
+        infos = []
+        for path in paths:
+            job = LocalJob(logs_dir=path.parent, job_id=read_state(path)["job_id"])
+            infos.append((path, job.info()))
+        waiting = [path for path, info in infos if info["state"] == "PENDING" and not info.get("supervisor_pid")]
+        running = sum(1 for _, info in infos if info["state"] in ("PENDING", "RUNNING") and info.get("supervisor_pid"))
+        if not waiting:
+            return 0
+        for path in waiting[: max(0, limit - running)]:
+            start_local(path)
+        time.sleep(ARRAY_POLL_S)
 
 
 class LocalJob:
@@ -359,6 +481,16 @@ class LocalJob:
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             pid = None  # not a pid: nothing to look at
+        if data["state"] == "PENDING" and not pid and data.get("array_runner") and not self._runner_lives(data):
+            time.sleep(0.2)  # it may have started the point just now
+            try:
+                data = read_state(path)
+            except (OSError, ValueError):
+                return {"state": "UNKNOWN", "exit_code": None}
+            if data.get("state") == "PENDING" and not data.get("supervisor_pid"):  # never to be started
+                data["state"], data["exit_code"] = "FAILED", -1
+                data["reason"] = "the emulator's runner of its job array ended before it started this point"
+            return data
         if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             try:
@@ -368,6 +500,20 @@ class LocalJob:
             if data.get("state") in ("PENDING", "RUNNING"):
                 data["state"], data["exit_code"] = "FAILED", data.get("exit_code") or -1
         return data
+
+    def _runner_lives(self, data: dict) -> bool:
+        """The runner of the job array this pending point belongs to still lives (unknown: it does)."""
+        try:
+            runner = read_state(data["array_runner"])
+        except (OSError, ValueError, TypeError):
+            return False
+        pid = runner.get("runner_pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return True  # not recorded yet: just started
+        started = runner.get("runner_started")
+        if started is not None and process_start_time(pid) not in (None, started):
+            return False  # the pid names another process now
+        return self.alive(pid)
 
     @property
     def state(self) -> str:
@@ -387,6 +533,13 @@ class LocalJob:
     def cancel(self) -> None:
         info = self.info()
         pid = info.get("supervisor_pid")
+        if info.get("state") == "PENDING" and not pid:  # a job array's point not started yet: it never will be
+            path = state_path(self.logs_dir, self.job_id)
+            info.update(state="CANCELLED", ended_at=time.time())
+            _write_json_atomic(path, info)
+            if info.get("run_dir"):
+                release_claim(info["run_dir"], self.job_id, ended="CANCELLED")
+            return
         own = _is_supervisor(pid, info.get("supervisor_started"), state_path(self.logs_dir, self.job_id))
         if own and self.alive(pid):
             os.kill(pid, signal.SIGTERM)
@@ -429,6 +582,10 @@ class LocalBackend(Backend):
     def submit(self, spec, script, func, args, kwargs):
         job = submit_local(spec, script, func, args, kwargs)
         return job.job_id, job
+
+    def submit_array(self, specs, script, script_path, *, parallelism, indices):
+        logs = Path(script_path).parent / "logs"
+        return submit_local_array(specs, script, parallelism=parallelism, array_dir=logs, indices=indices)
 
     def status(self, record: JobRecord) -> JobStatus:
         info = self.job(record).info()
@@ -533,10 +690,15 @@ def _alive(pid: int) -> bool:
 def _supervise(state_file: str) -> int:
     path = Path(state_file)
     state = read_state(path)
+    if state.get("state") != "PENDING":  # a job array's point cancelled just as it was started
+        return 0
     script = Path(state["script"]).read_text()
     job_id = state["job_id"]
-    out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id)
-    err = expand_pattern(_sbatch_value(script, "error") or out, job_id=job_id)
+    array_env = state.get("array_env") or {}
+    array = {"array_job": array_env.get("SLURM_ARRAY_JOB_ID"), "array_task": array_env.get("SLURM_ARRAY_TASK_ID")}
+    job_id = array_env.get("SLURM_JOB_ID", job_id)
+    out = expand_pattern(_sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id, **array)
+    err = expand_pattern(_sbatch_value(script, "error") or out, job_id=job_id, **array)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     state.update(
         state="RUNNING",
@@ -580,7 +742,7 @@ def _supervise(state_file: str) -> int:
     )
     _write_json_atomic(path, state)
     if state.get("run_dir"):  # as SLURM ends a job: the run directory is free again
-        release_claim(state["run_dir"], job_id, ended=state["state"])
+        release_claim(state["run_dir"], state["job_id"], ended=state["state"])
     return 0
 
 
@@ -702,7 +864,14 @@ def _srun(argv: Sequence[str]) -> int:
     files = []
     for task in task_envs:
         procid, node_id = int(task["SLURM_PROCID"]), int(task["SLURM_NODEID"])
-        names = {"job_id": job_id, "procid": procid, "node_id": node_id, "node": task["SLURMD_NODENAME"]}
+        names = {
+            "job_id": job_id,
+            "procid": procid,
+            "node_id": node_id,
+            "node": task["SLURMD_NODENAME"],
+            "array_job": env.get("SLURM_ARRAY_JOB_ID"),
+            "array_task": env.get("SLURM_ARRAY_TASK_ID"),
+        }
         out = open(expand_pattern(args.output, **names), "ab") if args.output else None
         err = open(expand_pattern(args.error, **names), "ab") if args.error else out
         files += [f for f in (out, err) if f is not None]
@@ -761,6 +930,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _srun(argv[1:])
     if argv[:1] == ["supervise"] and len(argv) == 2:
         return _supervise(argv[1])
+    if argv[:1] == ["array"] and len(argv) == 2:
+        return _run_array(argv[1])
     print(
         "usage: python -m hpc_hsdp.job.backends.local srun [srun options] command... | supervise STATE_FILE",
         file=sys.stderr,

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError
@@ -62,7 +63,7 @@ def ask_slurm(job_ids: list[str], *, runner: Runner = run_slurm) -> SchedulerAns
     queued: dict[str, tuple[str, str | None]] = {}
     controller = None
     try:
-        shown = runner(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+        shown = runner(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
     except SchedulerError as exc:
         controller = str(exc)
     else:
@@ -189,6 +190,24 @@ def check_partition(spec, *, runner: Runner = run_slurm) -> None:
         )
 
 
+def point_logs(job_id: str, logs: Path) -> Path:
+    """Where a sweep point writes: its batch log is the sweep's (``<sweep-dir>/logs``, the array's
+    one ``--output``), its own logs are in the point's run directory, which the sweep's record names."""
+    array_job, _, index = job_id.partition("_")
+    if not index or not (logs.parent / "sweep.json").is_file():
+        return logs
+    from hpc_hsdp.rundir.sweep_record import SweepRecord  # noqa: PLC0415  (sweeps only)
+
+    try:
+        sweep = SweepRecord.load(logs.parent)
+    except HsdpError:
+        return logs
+    for point in sweep.points:
+        if sweep.job_id == array_job and str(point.index) == index:
+            return sweep.point_dir(point) / "logs"
+    return logs
+
+
 class SlurmBackend(Backend):
     """SLURM, asked through ``runner`` (the bounded runner; canned answers in tests)."""
 
@@ -206,6 +225,26 @@ class SlurmBackend(Backend):
 
         job = submit_rendered(spec, script, func, args, kwargs)
         return str(job.job_id), job
+
+    def submit_array(self, specs, script, script_path, *, parallelism, indices):
+        """``sbatch --parsable`` of the array's script (bounded, as every SLURM command is)."""
+        check_partition(specs[0], runner=self.runner)
+        done = self.runner(["sbatch", "--parsable", str(script_path)])
+        said = " ".join((done.stderr or "").split())
+        job_id = (done.stdout or "").strip().split(";")[0]
+        if done.returncode != 0 or not job_id.isdigit():
+            raise SchedulerError(f"sbatch refused the sweep's job array: {said[-400:] or done.stdout[-200:]}")
+        return job_id
+
+    def max_array_size(self) -> int | None:
+        """``MaxArraySize`` of ``scontrol show config`` (SLURM's default, 1001, when it does not say)."""
+        from hpc_hsdp.job.sweep import parse_max_array_size  # noqa: PLC0415  (sweeps only)
+
+        shown = self.runner(["scontrol", "show", "config"])
+        if shown.returncode != 0:
+            raise SchedulerError(f"scontrol show config failed: {' '.join(shown.stderr.split())[:200]}")
+        found = parse_max_array_size(shown.stdout)
+        return 1001 if found is None else found
 
     def statuses(self, records: list[JobRecord]) -> dict[str, JobStatus]:
         """One ``squeue`` and one ``sacct`` for every job together (restarts: the last known ones)."""
@@ -237,6 +276,10 @@ class SlurmBackend(Backend):
         if done.returncode != 0:
             raise SchedulerError(f"scancel {record.job_id} failed: {' '.join(done.stderr.split())}")
 
+    def cancel_array(self, job_id: str, records: list[JobRecord]) -> None:
+        """One ``scancel`` of the whole array."""
+        self.cancel(replace(records[0], job_id=job_id))
+
     def works_in(self, record: JobRecord) -> Path | None:
         """The directory of the job's batch log: ``StdOut`` of ``scontrol show job`` (in ``<run-dir>/logs``)."""
         try:
@@ -245,7 +288,7 @@ class SlurmBackend(Backend):
             return None
         for item in shown.stdout.split():
             if item.startswith("StdOut=") and item[len("StdOut=") :].startswith("/"):
-                return Path(item[len("StdOut=") :]).parent
+                return point_logs(record.job_id, Path(item[len("StdOut=") :]).parent)
         return None
 
     def time_limits(self, record: JobRecord) -> tuple[float | None, float | None] | None:

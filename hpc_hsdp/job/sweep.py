@@ -1,0 +1,250 @@
+"""Sweeps: ``--sweep KEY=V1,V2 ...`` -> the points of one job array (pure: no scheduler, no files).
+
+A sweep names job options and their values (``--sweep lr=3e-4,1e-3 --sweep seed=0,1``); its
+points are their cross product (``--sweep-mode grid``) or the values paired in order
+(``zip``). Each value is read as the option's command line would read it (its kind, its
+choices), then the point's whole JobSpec is made and checked as one submission's is: a bad
+value is refused, naming the point, before anything is written. Every point is a whole job
+of its own (its run directory ``<sweep-dir>/<point name>``), and all of them are the tasks of
+one SLURM job array, which shares one ``#SBATCH`` header: an option that changes the header
+(``--nodes``, ``--time``, ``--partition`` ...) cannot be swept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.options import OPTION_BY_KEY, JobOption, options_of
+
+SWEEP_MODES = ("grid", "zip")
+UNSWEPT = ("config", "profile", "run_dir", "sweep", "sweep_mode", "array_parallelism")
+"""Options no sweep varies: the config file and its profile (read once, for every point), the
+run directory (each point's is ``<sweep-dir>/<point name>``) and the sweep's own."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_NAME_SAFE = r"[^A-Za-z0-9._=,+@-]+"
+MAX_NAME = 120
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One ``--sweep KEY=V1,V2``: the option and its values, as given and as the command line reads them."""
+
+    option: JobOption
+    texts: tuple[str, ...]
+    values: tuple[Any, ...]
+
+    @property
+    def key(self) -> str:
+        return self.option.key
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of a sweep: its index (the array task id), name (its run directory's) and values."""
+
+    index: int
+    name: str
+    texts: tuple[tuple[str, str], ...]
+    """(option key, the value as given), in the order of the ``--sweep`` options."""
+    values: Mapping[str, Any]
+    """option key -> the value as the command line reads it."""
+
+
+def sweepable() -> dict[str, JobOption]:
+    """The options a sweep may vary: those of ``submit`` that go into a JobSpec, but the config, profile and run directory."""
+    return {o.key: o for o in options_of("submit") if o.in_config and o.key not in UNSWEPT}
+
+
+def parse_value(declared: JobOption, text: str, *, given: str) -> Any:
+    """``text`` as ``declared``'s command line option reads it (its kind and choices); SpecError, one line."""
+    flag = f"--sweep {given}"
+    kind = declared.kind
+    if kind == "int":
+        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+            raise SpecError(f"{flag}: {text!r} is not an integer, which {declared.flag} takes; give e.g. 1,2")
+        return int(text)
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise SpecError(
+                f"{flag}: {text!r} is not a number, which {declared.flag} takes; give e.g. 3e-4,1e-3"
+            ) from None
+    if kind == "bool":
+        word = text.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+        raise SpecError(f"{flag}: {text!r} is not yes or no, which {declared.flag} takes; give e.g. yes,no")
+    if kind == "nodes":
+        return int(text) if text.strip().isdigit() else text
+    if declared.choices and text not in declared.choices:
+        raise SpecError(f"{flag}: {text!r} is not one of {declared.flag}'s choices ({', '.join(declared.choices)})")
+    if kind in ("list", "table"):
+        return (text,)  # one item for the point, in place of the command line's
+    return text
+
+
+def parse_axis(spec_text: str) -> tuple[str, list[str]]:
+    """``KEY=V1,V2`` -> (option key, value texts), the key as a flag or a config key (``--lr``, ``global-batch-size``)."""
+    if not isinstance(spec_text, str) or "=" not in spec_text:
+        raise SpecError(
+            f"--sweep {spec_text!r} has no '='; write --sweep OPTION=VALUE,VALUE (e.g. --sweep lr=3e-4,1e-3)"
+        )
+    name, _, listed = spec_text.partition("=")
+    key = name.strip().lstrip("-").replace("-", "_")
+    texts = [t.strip() for t in listed.split(",")] if listed.strip() else []
+    if not texts or any(t == "" for t in texts):
+        raise SpecError(
+            f"--sweep {spec_text!r}: an empty value list or an empty value; give at least one value, e.g. --sweep {name}=1,2"
+        )
+    return key, texts
+
+
+def parse_axes(specs: Sequence[str] | Mapping[str, Sequence[Any]]) -> list[Axis]:
+    """The axes of ``--sweep`` texts (or of the API's ``{key: [values]}``); SpecError (one line) for an
+    unknown or unsweepable option, an empty list, a value of the wrong kind, an option twice."""
+    if isinstance(specs, Mapping):
+        pairs = []
+        for key, values in specs.items():
+            values = [values] if isinstance(values, (str, int, float, bool)) else list(values)
+            pairs.append((str(key).replace("-", "_"), [_text_of(v) for v in values], f"{key}=..."))
+            if not values:
+                raise SpecError(f"sweep {key!r}: an empty value list; give at least one value")
+    else:
+        pairs = []
+        for text in specs:
+            key, texts = parse_axis(text)
+            pairs.append((key, texts, text))
+    if not pairs:
+        raise SpecError("a sweep needs at least one --sweep OPTION=VALUE,VALUE")
+    allowed = sweepable()
+    axes, seen = [], set()
+    for key, texts, given in pairs:
+        if any(ch in text for text in (key, *texts) for ch in "\n\r\0"):
+            raise SpecError(f"--sweep {given!r}: a value with a line break or NUL; sweep one-line values")
+        if key in seen:
+            raise SpecError(f"--sweep {given}: {key} is swept twice; give its values in one --sweep")
+        seen.add(key)
+        if key not in allowed:
+            if key in OPTION_BY_KEY and key in UNSWEPT:
+                why = {
+                    "run_dir": "the run directory of each point is <sweep-dir>/<point>",
+                    "config": "it is read once",
+                    "profile": "it is read once",
+                }.get(key, "it shapes the sweep itself")
+                raise SpecError(f"--sweep {given}: {OPTION_BY_KEY[key].flag} cannot be swept ({why})")
+            raise SpecError(
+                f"--sweep {given}: {key!r} is not an option of hpc-hsdp submit; sweep one of "
+                f"{', '.join(sorted(allowed))}"
+            )
+        declared = allowed[key]
+        axes.append(Axis(declared, tuple(texts), tuple(parse_value(declared, t, given=given) for t in texts)))
+    return axes
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def point_name(texts: Sequence[tuple[str, str]]) -> str:
+    """``lr=3e-4,seed=0``: the point's values as given, reduced to characters safe in a file name."""
+    name = ",".join(f"{key}={text}" for key, text in texts)
+    return re.sub(_NAME_SAFE, "_", name).strip("._") or "point"
+
+
+def expand(axes: Sequence[Axis], mode: str = "grid") -> list[Point]:
+    """The points: the cross product of the axes (``grid``, the first axis slowest) or their values
+    paired in order (``zip``: every axis as long). Names are unique (an index is added where two
+    reduce alike, or one is too long)."""
+    if mode not in SWEEP_MODES:
+        raise SpecError(f"--sweep-mode {mode!r} is unknown; choose {' or '.join(SWEEP_MODES)}")
+    if mode == "zip":
+        lengths = {axis.key: len(axis.texts) for axis in axes}
+        if len(set(lengths.values())) > 1:
+            said = ", ".join(f"{k} {n}" for k, n in lengths.items())
+            raise SpecError(f"--sweep-mode zip pairs the values in order, but the lists differ in length ({said})")
+        combos = list(zip(*(range(len(axis.texts)) for axis in axes)))
+    else:
+        combos = list(itertools.product(*(range(len(axis.texts)) for axis in axes)))
+    points, names = [], set()
+    for index, combo in enumerate(combos):
+        texts = tuple((axis.key, axis.texts[i]) for axis, i in zip(axes, combo))
+        name = point_name(texts)
+        if name in names or len(name) > MAX_NAME:
+            name = f"{index:04d}-{name[: MAX_NAME - 5]}"
+        names.add(name)
+        values = {axis.key: axis.values[i] for axis, i in zip(axes, combo)}
+        points.append(Point(index=index, name=name, texts=texts, values=values))
+    return points
+
+
+def check_array_size(count: int, max_array_size: int | None) -> None:
+    """More points than SLURM's ``MaxArraySize`` (task ids 0..N-1 must stay below it): SpecError."""
+    if max_array_size is not None and count > max_array_size:
+        raise SpecError(
+            f"the sweep has {count} points, more than this cluster's MaxArraySize ({max_array_size}: array task "
+            f"ids 0-{max_array_size - 1}); sweep fewer values, or split the sweep"
+        )
+
+
+def parse_max_array_size(text: str) -> int | None:
+    """``MaxArraySize = 1001`` from ``scontrol show config``; None when it does not say."""
+    match = re.search(r"^\s*MaxArraySize\s*=\s*([0-9]+)\s*$", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def array_range(indices: int | Sequence[int], parallelism: int | None) -> str:
+    """``#SBATCH --array``'s value: ``0-3%2`` (tasks 0..count-1, or the ``indices`` given, as SLURM
+    writes them: ``1,3-5``; at most ``parallelism`` at once)."""
+    wanted = sorted(set(range(indices) if isinstance(indices, int) else indices))
+    spans: list[list[int]] = []
+    for index in wanted:
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return text + (f"%{parallelism}" if parallelism else "")
+
+
+def point_specs(points: Sequence[Point], given: Mapping[str, Any], sweep_dir: str, resolve: Callable) -> list:
+    """Every point's JobSpec: ``resolve`` (the command's own spec making, config file and checks
+    included) of the command line's options ``given`` (by key) with the point's values and run
+    directory ``<sweep_dir>/<name>``. SpecError naming the point for a value its spec refuses."""
+    specs = []
+    for point in points:
+        options = {**given, **point.values, "run_dir": str(Path(sweep_dir) / point.name)}
+        try:
+            specs.append(resolve(options))
+        except SpecError as exc:
+            raise SpecError(f"sweep point {point.name}: {exc}") from None
+    return specs
+
+
+HEADER_OF_RUN_DIR = ("output", "error")
+"""#SBATCH lines that name the run directory: the array's own point to the sweep directory."""
+
+
+def check_one_header(points: Sequence[Point], headers: Sequence[list[tuple[str, str | None]]]) -> None:
+    """Every point's ``#SBATCH`` lines (but those of its run directory) the same: one job array has
+    one header. SpecError naming the swept option and the line it changes."""
+    first = [line for line in headers[0] if line[0] not in HEADER_OF_RUN_DIR]
+    for point, header in zip(points[1:], headers[1:]):
+        lines = [line for line in header if line[0] not in HEADER_OF_RUN_DIR]
+        if lines != first:
+            differ = sorted({k for k, _ in set(lines) ^ set(first)})
+            swept = ", ".join(f"--{key.replace('_', '-')}" for key, _ in point.texts)
+            raise SpecError(
+                f"sweep point {point.name}: the swept {swept} changes #SBATCH --{differ[0] if differ else '?'}, which "
+                f"the points of one job array share; sweep options of the training instead, or submit a sweep per value"
+            )

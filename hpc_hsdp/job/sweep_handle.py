@@ -1,0 +1,182 @@
+"""A submitted sweep, found again from its directory (``sweep.json``): its points' states, their
+results ranked by their last eval loss (or loss), waiting for them, cancelling the sweep or a point."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.backends import backend
+from hpc_hsdp.job.handle import JobHandle, job_statuses
+from hpc_hsdp.job.status import JobStatus
+from hpc_hsdp.plan.units import terminal_safe
+from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.metrics import last_metrics, latest_eval
+from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One point: where it runs, its state, and its last step, loss and eval loss (None: none yet)."""
+
+    index: int
+    name: str
+    values: tuple[tuple[str, str], ...]
+    run_dir: str
+    job_id: str
+    state: str
+    step: int | None
+    loss: float | None
+    eval_loss: float | None
+    eval_step: int | None
+
+    @property
+    def score(self) -> float | None:
+        """What the ranking compares: the last eval loss, else the last training loss."""
+        value = self.eval_loss if self.eval_loss is not None else self.loss
+        return value if value is not None and math.isfinite(value) else None
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "values": dict(self.values),
+            "run_dir": self.run_dir,
+            "job_id": self.job_id,
+            "state": self.state,
+            "step": self.step,
+            "loss": self.loss,
+            "eval_loss": self.eval_loss,
+            "eval_step": self.eval_step,
+        }
+
+
+def ranked(results: list[PointResult]) -> list[PointResult]:
+    """Best first: by eval loss where every scored point has one, else by loss; unscored points last."""
+    with_eval = all(r.eval_loss is not None for r in results if r.score is not None)
+
+    def key(r: PointResult):
+        value = (r.eval_loss if with_eval else r.loss) if r.score is not None else None
+        return (value is None or not math.isfinite(value), value if value is not None else 0.0, r.index)
+
+    return sorted(results, key=key)
+
+
+class SweepHandle:
+    """A sweep's points, each a job of its own (a task of one job array)."""
+
+    def __init__(self, record: SweepRecord) -> None:
+        self.record = record
+
+    @classmethod
+    def find(cls, sweep_dir: str | Path) -> SweepHandle:
+        return cls(SweepRecord.load(sweep_dir))
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    def point(self, ref: str) -> SweepPoint:
+        """A point by name, index or array task id (``123_4``)."""
+        for point in self.record.points:
+            if ref in (point.name, str(point.index), self.record.task_id(point)):
+                return point
+        raise SpecError(f"the sweep in {self.record.sweep_dir} has no point {ref!r}; give a name, index or task id")
+
+    def job_records(self) -> list[tuple[SweepPoint, JobRecord | None]]:
+        out = []
+        for point in self.record.points:
+            try:
+                out.append((point, JobRecord.load(str(self.record.point_dir(point)))))
+            except SpecError:
+                out.append((point, None))
+        return out
+
+    def statuses(self) -> dict[int, JobStatus | None]:
+        """Every point's status, each scheduler asked once for all of them."""
+        return self._statuses(self.job_records())
+
+    @staticmethod
+    def _statuses(pairs) -> dict[int, JobStatus | None]:
+        found = job_statuses([record for _, record in pairs if record is not None])
+        return {point.index: (found.get(record.run_dir) if record else None) for point, record in pairs}
+
+    def results(self, *, states: bool = True) -> list[PointResult]:
+        """Every point's state and last numbers, in the sweep's order (:func:`ranked` ranks them);
+        ``states=False``: the run directories alone, the scheduler not asked (state ``-``)."""
+        pairs = self.job_records()
+        statuses = self._statuses(pairs) if states else {}
+        jobs = {point.index: record.job_id for point, record in pairs if record is not None}
+        out = []
+        for point in self.record.points:
+            run_dir = str(self.record.point_dir(point))
+            st = statuses.get(point.index)
+            last = last_metrics(run_dir) or {}
+            found_eval = latest_eval(run_dir)
+            loss = last.get("loss")
+            out.append(
+                PointResult(
+                    index=point.index,
+                    name=point.name,
+                    values=point.values,
+                    run_dir=run_dir,
+                    job_id=jobs.get(point.index, self.record.task_id(point)),  # a point resubmitted alone: its own
+                    state=st.state if st is not None else ("UNKNOWN (no job.json)" if states else "-"),
+                    step=last.get("step") if isinstance(last.get("step"), int) else None,
+                    loss=float(loss) if isinstance(loss, (int, float)) else None,
+                    eval_loss=float(found_eval[1]) if found_eval else None,
+                    eval_step=found_eval[0] if found_eval else None,
+                )
+            )
+        return out
+
+    def done(self) -> bool:
+        return all(st is None or st.finished for st in self.statuses().values())
+
+    def wait(self, *, poll_s: float = 2.0, timeout_s: float | None = None) -> list[PointResult]:
+        """Wait for every point to end; their results, best first (:func:`ranked`)."""
+        start = time.monotonic()
+        while not self.done():
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"sweep {self.job_id} still runs after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+        return ranked(self.results())
+
+    def cancel(self, point: str | None = None) -> list[str]:
+        """Cancel the sweep (every point not ended), or one point; the task ids cancelled."""
+        if point is not None:
+            chosen = self.point(point)
+            JobHandle(JobRecord.load(str(self.record.point_dir(chosen)))).cancel()
+            return [self.record.task_id(chosen)]
+        statuses = self.statuses()
+        live = [p for p in self.record.points if statuses.get(p.index) is not None and not statuses[p.index].finished]
+        if not live:
+            return []
+        records = [JobRecord.load(str(self.record.point_dir(p))) for p in live]
+        backend(self.record.cluster).cancel_array(self.record.job_id, records)
+        return [self.record.task_id(p) for p in live]
+
+    @staticmethod
+    def lines(results: list[PointResult], *, ranked_by: bool = True) -> list[str]:
+        """A table, one line per point: rank (or task), point, state (where known), step, loss, eval loss, job."""
+        with_state = any(r.state != "-" for r in results)
+        rows = [["RANK" if ranked_by else "TASK", "POINT", "STATE", "STEP", "LOSS", "EVAL LOSS", "JOB"]]
+        for i, r in enumerate(results, 1):
+            rows.append(
+                [
+                    str(i) if ranked_by else str(r.index),
+                    terminal_safe(r.name),
+                    terminal_safe(r.state),
+                    "-" if r.step is None else str(r.step),
+                    "-" if r.loss is None else f"{r.loss:.4f}",
+                    "-" if r.eval_loss is None else f"{r.eval_loss:.4f} (step {r.eval_step})",
+                    r.job_id,
+                ]
+            )
+        if not with_state:
+            rows = [row[:2] + row[3:] for row in rows]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -1,0 +1,109 @@
+"""``<sweep-dir>/sweep.json``: a sweep, enough to find its points again from any shell.
+
+``submit --sweep`` writes it once the job array was submitted; ``status``, ``runs``, ``report``
+and ``cancel`` of the sweep's directory read it. Each point is a run directory of its own
+(``<sweep-dir>/<name>``, named relative to the sweep's directory, which may be moved), with its
+own ``job.json`` naming its array task (``<array job id>_<index>``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.files import read_json, write_atomically
+from hpc_hsdp.plan.slurm_facts import check_job_id
+
+SWEEP_RECORD = "sweep.json"
+_MAX_BYTES = 16 << 20
+
+
+def sweep_record_path(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / SWEEP_RECORD
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    return sweep_record_path(path).is_file()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPoint:
+    index: int
+    name: str
+    values: tuple[tuple[str, str], ...]
+    """(option key, value as given)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRecord:
+    sweep_dir: str
+    job_id: str
+    """The array's job id (SLURM's, or the emulator's); point i is task ``<job_id>_<i>``."""
+    cluster: str
+    mode: str
+    parallelism: int | None
+    sweep: tuple[str, ...]
+    """The ``--sweep`` texts as given."""
+    points: tuple[SweepPoint, ...]
+    submitted_at: float = 0.0
+
+    def point_dir(self, point: SweepPoint) -> Path:
+        return Path(self.sweep_dir) / point.name
+
+    def task_id(self, point: SweepPoint) -> str:
+        return f"{self.job_id}_{point.index}"
+
+    def save(self) -> None:
+        data = {
+            "job_id": self.job_id,
+            "cluster": self.cluster,
+            "mode": self.mode,
+            "parallelism": self.parallelism,
+            "sweep": list(self.sweep),
+            "points": [{"index": p.index, "name": p.name, "values": [list(v) for v in p.values]} for p in self.points],
+            "submitted_at": self.submitted_at or time.time(),
+        }
+        write_atomically(sweep_record_path(self.sweep_dir), json.dumps(data, indent=1))
+
+    @classmethod
+    def load(cls, sweep_dir: str | Path) -> SweepRecord:
+        """The record in ``sweep_dir``; SpecError (one line) when there is none or it is not one of ours."""
+        path = sweep_record_path(sweep_dir)
+        try:
+            data = read_json(path, max_bytes=_MAX_BYTES)
+        except FileNotFoundError:
+            raise SpecError(f"{sweep_dir} holds no {SWEEP_RECORD}; give the directory submit --sweep printed") from None
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"{path} cannot be read ({type(exc).__name__}); it is not a sweep's record") from None
+        try:
+            points = tuple(
+                SweepPoint(
+                    index=int(p["index"]),
+                    name=_safe_name(p["name"]),
+                    values=tuple((str(k), str(v)) for k, v in p["values"]),
+                )
+                for p in data["points"]
+            )
+            return cls(
+                sweep_dir=str(sweep_dir),
+                job_id=check_job_id(data["job_id"], where=f"{path}: job_id"),
+                cluster=str(data["cluster"]),
+                mode=str(data["mode"]),
+                parallelism=None if data.get("parallelism") is None else int(data["parallelism"]),
+                sweep=tuple(str(s) for s in data.get("sweep", ())),
+                points=points,
+                submitted_at=float(data.get("submitted_at") or 0.0),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(f"{path} is not a sweep's record ({type(exc).__name__}: {exc})"[:300]) from None
+
+
+def _safe_name(name: object) -> str:
+    """A point's directory name as written: one component below the sweep's directory, never a path out of it."""
+    text = str(name)
+    if not text or "/" in text or text in (".", "..") or "\0" in text:
+        raise ValueError(f"point name {text[:60]!r} is not a directory name")
+    return text

@@ -1,0 +1,150 @@
+"""Sweeps on the real dev SLURM cluster (submit --sweep --cluster slurm): one job array of
+multi-node points, K at a time; a point requeued mid-run (scontrol requeue ARRAY_TASK) and one
+preempted (the warning signal) resume exactly while the others finish; more points than MaxArraySize is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.rundir.files import read_jsonl
+
+JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
+TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--no-exclusive"]
+STEPS = 40
+SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough to be requeued mid-training
+# max_restarts changes nothing a step computes: the points seed=S,max_restarts=2 and =3 are twins, and the
+# requeued one must end with its twin's every loss
+POINTS = ["seed=0,max_restarts=2", "seed=0,max_restarts=3", "seed=1,max_restarts=2", "seed=1,max_restarts=3"]
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+
+
+def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def sweep_status(sweep: Path) -> dict:
+    out = hpc("status", str(sweep), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    return [r["step"] for r in read_jsonl(path)] if path.is_file() else []
+
+
+def logs(run: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("*_log.*")))
+
+
+def wait_until(what: str, check, timeout_s: float, sweep: Path):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not reached in {timeout_s} s; {sweep_status(sweep)}")
+        time.sleep(0.5)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_a_2x2_sweep_of_two_node_points_runs_two_at_a_time_and_a_requeued_point_resumes_exactly(
+    slurm_cluster, tmp_path
+):
+    sweep = tmp_path / "sweep"
+    out = hpc(
+        "submit",
+        *JOB,
+        *TWO_BY_TWO,
+        "--steps",
+        str(STEPS),
+        "--env",
+        f"{SLOW}=0.15",
+        "--run-dir",
+        str(sweep),
+        "--sweep",
+        "seed=0,1",
+        "--sweep",
+        "max_restarts=2,3",
+        "--array-parallelism",
+        "2",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    array = json.loads((sweep / "sweep.json").read_text())["job_id"]
+    shown = subprocess.run(["scontrol", "-o", "show", "job", f"{array}_0"], capture_output=True, text=True).stdout
+    assert re.search(r"ArrayTaskThrottle=2\b", shown) or "%2" in shown, shown  # one array, 2 at a time
+
+    requeued = sweep / POINTS[0]
+    wait_until("step 4 of the first point", lambda: len(steps(requeued)) >= 4, 240, sweep)
+    assert subprocess.run(["scontrol", "requeue", f"{array}_0"]).returncode == 0  # that array task alone
+    # a later point preempted: the warning signal to its tasks, rank 0 requeues its own array task
+    preempted = sweep / POINTS[2]
+    wait_until("step 4 of the third point", lambda: len(steps(preempted)) >= 4, 300, sweep)
+    assert subprocess.run(["scancel", "--signal=USR2", f"{array}_2"]).returncode == 0
+
+    final = wait_until(
+        "the end of every point",
+        lambda: (lambda s: s if all(p["state"].split()[0] in ENDED for p in s["points"]) else None)(
+            sweep_status(sweep)
+        ),
+        420,
+        sweep,
+    )
+    assert [p["name"] for p in final["points"]] == POINTS
+    assert [p["state"] for p in final["points"]] == ["COMPLETED"] * 4, final
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name != "logs") == sorted(POINTS)
+    for name in POINTS:
+        run = sweep / name
+        assert steps(run) == list(range(1, STEPS + 1)), name  # no gap, no repeat
+        layout = json.loads((run / "layout.json").read_text())
+        assert len({r["node"] for r in layout["ranks"]}) == 2, name  # every point a 2-node job
+
+    # the requeued point stopped, saved, and resumed from its checkpoint; the others ran once
+    point = json.loads(hpc("status", str(requeued), "--json").stdout)
+    assert point["job_id"] == f"{array}_0" and point["restarts"] >= 1, point
+    text = logs(requeued)
+    assert re.search(r"TERM: every rank stops after step \d+ and saves", text), text[-3000:]
+    assert "resumed from step" in text and "(restart 1)" in text
+    text = logs(preempted)
+    assert "on USR2: requeued job" in text and "(restart 1)" in text, text[-3000:]
+    for name in (POINTS[1], POINTS[3]):
+        assert json.loads(hpc("status", str(sweep / name), "--json").stdout)["restarts"] == 0, name
+    # exactly: every loss of the requeued point is its uninterrupted twin's
+    losses = {name: [r["loss"] for r in read_jsonl(sweep / name / "metrics.jsonl")] for name in POINTS}
+    assert losses[POINTS[0]] == losses[POINTS[1]]
+    assert losses[POINTS[2]] == losses[POINTS[3]] and losses[POINTS[0]] != losses[POINTS[2]]
+
+    # never more than 2 points at once (SLURM's own record of each task's last run)
+    acct = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobID,Start,End"], capture_output=True, text=True
+    ).stdout
+    spans = [tuple(line.split("|")[1:]) for line in acct.splitlines() if line.count("|") == 2]
+    assert len(spans) == 4, acct
+    for start, _ in spans:
+        assert sum(1 for a, b in spans if a <= start < b) <= 2, acct
+
+    report = hpc("report", str(sweep))
+    assert report.returncode == 0 and "best first by their last loss" in report.stdout, report.stdout + report.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_more_points_than_max_array_size_is_refused_in_one_line_and_nothing_is_written(slurm_cluster, tmp_path):
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    most = int(re.search(r"MaxArraySize\s*=\s*(\d+)", config).group(1))
+    sweep = tmp_path / "sweep"
+    seeds = ",".join(str(i) for i in range(most + 1))
+    out = hpc("submit", *JOB, *TWO_BY_TWO, "--steps", "2", "--run-dir", str(sweep), "--sweep", f"seed={seeds}")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"more than this cluster's MaxArraySize ({most}" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
+    assert not sweep.exists()

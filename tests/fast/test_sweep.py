@@ -1,0 +1,470 @@
+"""Sweeps (hpc_hsdp.job.sweep, sweep_submission, sweep_handle; submit --sweep): parsing and
+expansion of --sweep, the points' specs, refusals (one line, exit 2, nothing written), the
+rendered job array (golden file), a sweep point's job id on its tasks, its logs and records.
+No processes, no cluster.
+
+The rendered job arrays' golden files are tests/fast/test_render_golden.py's (SWEEPS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.cli import main
+from hpc_hsdp.cli.job_options import job_spec_resolver
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job.backends.local import expand_pattern
+from hpc_hsdp.job.backends.slurm import SlurmBackend
+from hpc_hsdp.job.failure import task_index
+from hpc_hsdp.job.handle import JobHandle
+from hpc_hsdp.job.sweep import (
+    array_range,
+    check_array_size,
+    expand,
+    parse_axes,
+    parse_axis,
+    parse_max_array_size,
+)
+from hpc_hsdp.job.sweep_handle import PointResult, ranked
+from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep
+from hpc_hsdp.plan.slurm_facts import own_job_id
+from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.provenance import read_provenance
+from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+REGEN = os.environ.get("HPC_HSDP_REGEN_GOLDEN") == "1"
+HOSTILE_SWEEP_DIR = "/scratch/sweeps/it's $(touch pwned) `id`"
+BASE = {"nodes": 2, "gpus_per_node": 2, "shard": 2, "steps": 5, "venv": "/opt/venv"}
+
+
+def given(**options):
+    return {**{k: None for k in ("config", "profile")}, **BASE, **options}
+
+
+def plan(sweep, *, mode=None, parallelism=None, **options):
+    resolve = job_spec_resolver(environ={}, cwd="/work", default_venv=None)
+    options = given(sweep=tuple(sweep), sweep_mode=mode, array_parallelism=parallelism, **options)
+    return plan_sweep(options, resolve=resolve)
+
+
+# ----------------------------------------------------------------------------- parsing and expansion
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "values"),
+    [
+        ("lr=3e-4,1e-3", "lr", ["3e-4", "1e-3"]),
+        ("--lr=3e-4", "lr", ["3e-4"]),
+        ("global-batch-size=8, 16", "global_batch_size", ["8", "16"]),
+        ("seed=0,1,2", "seed", ["0", "1", "2"]),
+    ],
+)
+def test_a_sweep_option_is_a_key_and_its_values(text, key, values):
+    assert parse_axis(text) == (key, values)
+
+
+@pytest.mark.parametrize(
+    ("specs", "refusal"),
+    [
+        (["lr"], "has no '='"),
+        (["lr="], "empty value list"),
+        (["lr=1e-3,"], "empty value"),
+        (["learning_rate=1,2"], "'learning_rate' is not an option of hpc-hsdp submit"),
+        (["steps=ten"], "'ten' is not an integer"),
+        (["steps=1.5"], "'1.5' is not an integer"),
+        (["lr=fast"], "'fast' is not a number"),
+        (["lr=1e-3", "lr=1e-4"], "lr is swept twice"),
+        (["run_dir=a,b"], "--run-dir cannot be swept"),
+        (["config=a.toml"], "--config cannot be swept"),
+        (["array_parallelism=1,2"], r"--array-parallelism cannot be swept \(it shapes the sweep itself\)"),
+        (["precision=bf16,fp64"], "'fp64' is not one of --precision's choices"),
+        ([], "at least one --sweep"),
+        (["env=A=1\nrm -rf x"], "a value with a line break"),
+    ],
+)
+def test_bad_sweeps_are_refused_naming_what_is_wrong(specs, refusal):
+    with pytest.raises(SpecError, match=refusal):
+        parse_axes(specs)
+
+
+def test_grid_crosses_the_values_and_zip_pairs_them():
+    axes = parse_axes(["lr=3e-4,1e-3", "seed=0,1"])
+    grid = expand(axes, "grid")
+    assert [p.name for p in grid] == ["lr=3e-4,seed=0", "lr=3e-4,seed=1", "lr=1e-3,seed=0", "lr=1e-3,seed=1"]
+    assert [p.index for p in grid] == [0, 1, 2, 3]
+    assert grid[2].values == {"lr": 1e-3, "seed": 0}  # read as the command line reads them
+    zipped = expand(axes, "zip")
+    assert [p.name for p in zipped] == ["lr=3e-4,seed=0", "lr=1e-3,seed=1"]
+    with pytest.raises(SpecError, match="differ in length"):
+        expand(parse_axes(["lr=3e-4,1e-3", "seed=0,1,2"]), "zip")
+    with pytest.raises(SpecError, match="--sweep-mode 'cube' is unknown"):
+        expand(axes, "cube")
+
+
+def test_point_names_are_one_safe_directory_each_and_unique():
+    points = expand(parse_axes(["entry=a/b:main,a_b:main"]), "grid")
+    assert [p.name for p in points] == ["entry=a_b_main", "0001-entry=a_b_main"]
+    assert all("/" not in p.name for p in points)
+    flags = expand(parse_axes(["compile=yes,no"]), "grid")
+    assert [p.values["compile"] for p in flags] == [True, False]
+
+
+def test_the_api_gives_values_as_python_values():
+    axes = parse_axes({"lr": [3e-4, 1e-3], "seed": range(2)})
+    assert [p.name for p in expand(axes)] == [
+        "lr=0.0003,seed=0",
+        "lr=0.0003,seed=1",
+        "lr=0.001,seed=0",
+        "lr=0.001,seed=1",
+    ]
+    with pytest.raises(SpecError, match="empty value list"):
+        parse_axes({"lr": []})
+
+
+@pytest.mark.parametrize(
+    ("count", "k", "want"),
+    [(1, None, "0"), (4, 2, "0-3%2"), (40, None, "0-39"), ([2], 1, "2%1"), ([0, 2, 3, 4, 7], 3, "0,2-4,7%3")],
+)
+def test_array_range(count, k, want):
+    assert array_range(count, k) == want
+
+
+def test_max_array_size_from_scontrol_show_config():
+    config = "Configuration data as of ...\nMaxArraySize            = 4\nMaxJobCount = 10000\n"
+    assert parse_max_array_size(config) == 4
+    assert parse_max_array_size("nothing") is None
+    check_array_size(4, 4)
+    with pytest.raises(SpecError, match=r"5 points, more than this cluster's MaxArraySize \(4: array task ids 0-3\)"):
+        check_array_size(5, 4)
+    runner = _Canned(scontrol=config)
+    assert SlurmBackend(runner=runner).max_array_size() == 4
+    assert runner.calls == [["scontrol", "show", "config"]]
+
+
+# ----------------------------------------------------------------------------- the points' specs
+
+
+def test_every_point_is_a_whole_job_in_its_own_run_directory(tmp_path):
+    made = plan(["lr=3e-4,1e-3", "seed=0,1"], parallelism=2, run_dir=str(tmp_path / "sw"))
+    assert made.sweep_dir == str(tmp_path / "sw")
+    runs = [spec.run.run_dir for spec in made.specs]
+    assert runs == [str(tmp_path / "sw" / p.name) for p in made.points]
+    assert [(s.run.training.lr, s.run.training.seed) for s in made.specs] == [
+        (3e-4, 0),
+        (3e-4, 1),
+        (1e-3, 0),
+        (1e-3, 1),
+    ]
+    assert all(s.nodes == 2 and s.run.training.steps == 5 for s in made.specs)
+    assert "#SBATCH --array=0-3%2" in made.script
+    # each point's tasks log as its array task (what its job.json names), not as SLURM's own job id of the task
+    assert f"--output={runs[1]}/logs/%A_%a_%t_log.out \\" in made.point_script(1)
+    assert "%j_%t_log" not in made.point_script(1)
+    assert not (tmp_path / "sw").exists()  # planning writes nothing
+
+
+@pytest.mark.parametrize(
+    ("sweep", "refusal"),
+    [
+        (["nodes=1,2"], r"sweep point nodes=2: the swept --nodes changes #SBATCH --nodes"),
+        (["partition=a,b"], r"changes #SBATCH --partition"),
+        (["lr=-1,1"], r"sweep point lr=-1: "),
+        (["steps=0,5"], r"sweep point steps=0: "),
+    ],
+)
+def test_a_point_its_spec_refuses_is_named(sweep, refusal, tmp_path):
+    with pytest.raises(SpecError, match=refusal):
+        plan(sweep, run_dir=str(tmp_path / "sw"))
+    assert not (tmp_path / "sw").exists()
+
+
+def test_values_reaching_the_shell_are_quoted(tmp_path):
+    made = plan(["env=A=$(touch pwned),A=`id`"], run_dir=HOSTILE_SWEEP_DIR)
+    point_dir = made.specs[0].run.run_dir
+    assert f"0) point_dir='{HOSTILE_SWEEP_DIR.replace(chr(39), chr(39) + chr(34) + chr(39) + chr(34) + chr(39))}/" in (
+        made.script
+    )
+    # bash reads every point's directory back unchanged, running nothing
+    case = made.script.split("case ", 1)[1].split("esac", 1)[0]
+    for point, spec in zip(made.points, made.specs):
+        shown = subprocess.run(
+            ["bash", "-c", f'SLURM_ARRAY_TASK_ID={point.index}; case {case} esac; printf %s "$point_dir"'],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert shown.stdout == spec.run.run_dir, shown.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran
+    assert "export A='$(touch pwned)'" in made.point_script(0)
+    assert point_dir in made.point_script(0)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    return stop.value.code, capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("sweep", "said"),
+    [
+        (["--sweep", "learning_rate=1,2"], "'learning_rate' is not an option of hpc-hsdp submit"),
+        (["--sweep", "lr="], "empty value list"),
+        (["--sweep", "steps=1,two"], "'two' is not an integer"),
+        (["--sweep", "nodes=1,2"], "changes #SBATCH --nodes"),
+        (["--sweep", "sweep_mode=grid,zip"], "--sweep-mode cannot be swept"),
+        (["--sweep", "seed=0,1", "--sbatch", "array=0-9"], "the sweep makes the job array itself"),
+        (["--sweep", "lr=1e-3", "--array-parallelism", "0"], "array-parallelism"),
+    ],
+)
+def test_submit_refuses_a_bad_sweep_in_one_line_with_exit_2_writing_nothing(sweep, said, tmp_path, capsys):
+    argv = ["submit", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "1", "--shard", "1"]
+    code, out = run_cli([*argv, "--run-dir", str(tmp_path / "sw"), *sweep], capsys)
+    assert code == 2, out
+    assert said in out.err and len(out.err.strip().splitlines()) == 1, out.err
+    assert out.out == ""
+    assert not list(tmp_path.iterdir())
+
+
+def test_more_points_than_max_array_size_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from hpc_hsdp.job import sweep_submission
+
+    runner = _Canned(scontrol="MaxArraySize = 3\n", sbatch="99\n")
+    monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "SLURM"))
+    monkeypatch.setattr(sweep_submission, "backend", lambda name: SlurmBackend(runner=runner))
+    made = plan(["lr=3e-4,1e-3", "seed=0,1"], run_dir=str(tmp_path / "sw"))
+    with pytest.raises(SpecError, match=r"4 points, more than this cluster's MaxArraySize \(3"):
+        submit_sweep(made, cluster="slurm")
+    assert runner.commands == ["scontrol"] and not list(tmp_path.iterdir())
+
+
+def test_a_slurm_sweep_is_one_sbatch_of_the_array_and_a_record_per_point(tmp_path, monkeypatch):
+    from hpc_hsdp.job import sweep_submission
+
+    runner = _Canned(scontrol="MaxArraySize = 1001\n", sbatch="4242;cluster\n", squeue="", sacct="")
+    monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "submitting to SLURM"))
+    monkeypatch.setattr(sweep_submission, "backend", lambda name: SlurmBackend(runner=runner))
+    made = plan(["lr=3e-4,1e-3", "seed=0,1"], parallelism=2, run_dir=str(tmp_path / "sw"))
+    record, said = submit_sweep(made, cluster="slurm")
+    assert said == "submitting to SLURM"
+    assert [c for c in runner.calls if c[0] == "sbatch"] == [
+        ["sbatch", "--parsable", str(tmp_path / "sw" / "sweep.sbatch")]
+    ]
+    assert (tmp_path / "sw" / "sweep.sbatch").read_text() == made.script
+    assert record.job_id == "4242" and [p.name for p in record.points] == [p.name for p in made.points]
+    for point, spec in zip(made.points, made.specs):
+        run = Path(spec.run.run_dir)
+        job = JobRecord.load(str(run))
+        assert job.job_id == f"4242_{point.index}" and job.cluster == "slurm"
+        assert json.loads((run / "claim.json").read_text())["job_id"] == f"4242_{point.index}"
+        assert (run / "point.sbatch").read_text() == made.point_script(point.index)
+        assert (run / "logs").is_dir()
+        provenance = read_provenance(run)  # what produced the point, as for a job of its own
+        assert provenance["job_id"] == f"4242_{point.index}" and provenance["code"][0]["name"] == "hpc_hsdp"
+        assert (run / provenance["script"]).read_text() == made.point_script(point.index)
+    again = SweepRecord.load(tmp_path / "sw")
+    assert again.job_id == "4242" and again.points[3].values == (("lr", "1e-3"), ("seed", "1"))
+
+
+# ----------------------------------------------------------------------------- on the task, and after
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"SLURM_JOB_ID": "105", "SLURM_ARRAY_JOB_ID": "100", "SLURM_ARRAY_TASK_ID": "2"}, "100_2"),
+        ({"SLURM_JOB_ID": "105"}, "105"),
+        ({}, None),
+    ],
+)
+def test_a_task_of_an_array_belongs_to_its_array_task(env, want):
+    assert own_job_id(env) == want
+
+
+def test_logs_of_an_array_task_are_named_and_ordered_by_it():
+    names = {"job_id": "105", "procid": 3, "array_job": "100", "array_task": "2"}
+    assert expand_pattern("/r/logs/%A_%a_%t_log.out", **names) == "/r/logs/100_2_3_log.out"
+    assert expand_pattern("/r/logs/%A_%a_%t_log.out", job_id="7", procid=1) == "/r/logs/7_0_1_log.out"
+    paths = [Path(f"100_2_{t}_log.out") for t in (10, 2, 0)]
+    assert sorted(paths, key=task_index) == [Path("100_2_0_log.out"), Path("100_2_2_log.out"), Path("100_2_10_log.out")]
+    assert task_index(Path("77_5_log.err")) == 5
+
+
+def test_slurm_says_a_point_writes_its_own_run_directory(tmp_path):
+    sweep = SweepRecord(
+        sweep_dir=str(tmp_path),
+        job_id="100",
+        cluster="slurm",
+        mode="grid",
+        parallelism=None,
+        sweep=("seed=0,1",),
+        points=(
+            SweepPoint(index=0, name="seed=0", values=(("seed", "0"),)),
+            SweepPoint(index=1, name="seed=1", values=(("seed", "1"),)),
+        ),
+    )
+    sweep.save()
+    shown = f"JobId=101 ArrayJobId=100 ArrayTaskId=1 StdOut={tmp_path}/logs/100_1_batch.out\n"
+    point = JobRecord(
+        job_id="100_1",
+        cluster="slurm",
+        run_dir=str(tmp_path / "seed=1"),
+        logs_dir=str(tmp_path / "seed=1" / "logs"),
+        job_name="t",
+        ntasks=2,
+        launcher="srun",
+        submitted_at=0.0,
+    )
+    assert SlurmBackend(runner=_Canned(scontrol=shown)).works_in(point) == tmp_path / "seed=1" / "logs"
+
+
+def test_a_sweep_record_names_points_inside_its_directory(tmp_path):
+    (tmp_path / "sweep.json").write_text(
+        json.dumps(
+            {"job_id": "1", "cluster": "local", "mode": "grid", "points": [{"index": 0, "name": "../x", "values": []}]}
+        )
+    )
+    with pytest.raises(SpecError, match="not a sweep's record"):
+        SweepRecord.load(tmp_path)
+    with pytest.raises(SpecError, match="holds no sweep.json"):
+        SweepRecord.load(tmp_path / "none")
+
+
+def _result(index, loss, eval_loss=None):
+    return PointResult(
+        index, f"p{index}", (), "", f"1_{index}", "COMPLETED", 5, loss, eval_loss, 5 if eval_loss else None
+    )
+
+
+def test_points_rank_by_their_last_eval_loss_else_their_loss():
+    by_loss = ranked([_result(0, 3.0), _result(1, 2.0), _result(2, None), _result(3, float("nan"))])
+    assert [r.index for r in by_loss] == [1, 0, 2, 3]
+    by_eval = ranked([_result(0, 1.0, 3.5), _result(1, 2.0, 3.1)])
+    assert [r.index for r in by_eval] == [1, 0]
+
+
+def test_the_sweep_commands_import_no_torch(tmp_path):
+    from cli_helpers import assert_cli_imports_no_torch
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    SweepRecord(
+        sweep_dir=str(sweep),
+        job_id="9",
+        cluster="local",
+        mode="grid",
+        parallelism=None,
+        sweep=("seed=0,1",),
+        points=tuple(SweepPoint(index=i, name=f"seed={i}", values=(("seed", str(i)),)) for i in range(2)),
+    ).save()
+    for i in range(2):
+        run = sweep / f"seed={i}"
+        (run / "logs").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0 + i, "wall_time": 1.0}) + "\n")
+        JobRecord(
+            job_id=f"9_{i}",
+            cluster="local",
+            run_dir=str(run),
+            logs_dir=str(run / "logs"),
+            job_name="t",
+            ntasks=2,
+            launcher="srun",
+            submitted_at=0.0,
+        ).save()
+    with pytest.raises(
+        SpecError, match=r"is a sweep's directory, not one job's; give one of its points \(seed=0, seed=1\)"
+    ):
+        JobHandle.find(str(sweep))  # logs takes one job
+    assert_cli_imports_no_torch(
+        ["status", str(sweep)],
+        ["runs", str(sweep)],
+        ["report", str(sweep), "-o", str(tmp_path / "r.html")],
+        [
+            "submit",
+            "--dry-run",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--shard",
+            "1",
+            "--run-dir",
+            str(tmp_path / "s"),
+            "--sweep",
+            "seed=0,1",
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+    )
+
+
+class _Canned:
+    def __init__(self, **answers) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, **kwargs):
+        self.calls.append(list(argv))
+        return subprocess.CompletedProcess(list(argv), 0, self.answers[argv[0]], "")
+
+    @property
+    def commands(self) -> list[str]:
+        return [argv[0] for argv in self.calls]
+
+
+def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_hsdp",
+            "submit",
+            "--dry-run",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--shard",
+            "1",
+        ]
+        + [
+            "--run-dir",
+            str(tmp_path / "sw"),
+            "--sweep",
+            "lr=3e-4,1e-3",
+            "--sweep",
+            "seed=0,1",
+            "--array-parallelism",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"#   task 3: lr=1e-3 seed=1 -> {tmp_path}/sw/lr=1e-3,seed=1\n" in out.stdout
+    assert "#SBATCH --array=0-3%2" in out.stdout and 'exec bash "$point_dir/point.sbatch"' in out.stdout
+    assert not (tmp_path / "sw").exists()
+
+
+def test_an_emulated_point_whose_array_runner_died_before_starting_it_failed(tmp_path):
+    from hpc_hsdp.job.backends.local import LocalJob, state_path
+
+    runner = tmp_path / "1_array_local.json"
+    runner.write_text(json.dumps({"job_id": "1", "points": [], "parallelism": 1, "runner_pid": 4242}))
+    state_path(tmp_path, "1_0").write_text(
+        json.dumps({"job_id": "1_0", "state": "PENDING", "supervisor_pid": None, "array_runner": str(runner)})
+    )
+    waiting = LocalJob(logs_dir=tmp_path, job_id="1_0", alive=lambda pid: True)
+    assert waiting.info()["state"] == "PENDING"  # its runner starts it when a slot is free
+    orphan = LocalJob(logs_dir=tmp_path, job_id="1_0", alive=lambda pid: False).info()
+    assert orphan["state"] == "FAILED" and "runner of its job array ended" in orphan["reason"]
