@@ -68,6 +68,7 @@ from hpc_hsdp.runtime.run_data import (
     source_eval_samples,
 )
 from hpc_hsdp.runtime.schedule import lr_of
+from hpc_hsdp.runtime.staging import stage_data
 from hpc_hsdp.runtime.step import clip_grad_norm, evaluate, seed_step
 from hpc_hsdp.runtime.tensor_parallel import local_value
 from hpc_hsdp.runtime.watchdog import Watchdog
@@ -134,6 +135,8 @@ class Engine:
         check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.data_world_size)
+        if self.training.stage_data is not None:  # collective: each node's copies, then read from them
+            stage_data(ctx, self.data, self.training.stage_data, verbose=verbose)
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)
         self.start_step, saved = checkpoint.resume(
