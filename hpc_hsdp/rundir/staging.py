@@ -28,12 +28,13 @@ def staging_record_path(run_dir: str | Path) -> Path:
 
 
 def node_staging(per_rank: Sequence[tuple[str, dict]], value: str) -> dict:
-    """The record from every rank's ``(node, StageResult.as_record())``: per node, the copy of
-    the task that copied (the most ``copy_s``), the node ready when its last task was."""
+    """The record from every rank's ``(node, StageResult.as_record())``: per node, the result of
+    the task that copied or verified (the most ``copy_s + verify_s``), the node ready when its
+    last task was."""
     nodes: dict[str, dict] = {}
     for node, result in per_rank:
         kept = nodes.get(node)
-        if kept is None or result["copy_s"] > kept["copy_s"]:
+        if kept is None or result["copy_s"] + result["verify_s"] > kept["copy_s"] + kept["verify_s"]:
             nodes[node] = {**result, "seconds": max(result["seconds"], kept["seconds"] if kept else 0.0)}
         else:
             kept["seconds"] = max(kept["seconds"], result["seconds"])

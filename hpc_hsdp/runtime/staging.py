@@ -49,6 +49,7 @@ def stage_data(ctx: RunContext, data: TrainData, value: str, *, env=None, verbos
             [f for ds in datasets for f in ds.files],
             root,
             launch=launch_token(env, rendezvous=f"{layout.master_addr}:{layout.master_port}", parent_pid=os.getppid()),
+            free_bytes=None if injected_faults.stage_free_bytes() is None else _injected_free_bytes,
         )
         mine = (layout.node, result.as_record())
     except HsdpError as exc:

@@ -252,13 +252,13 @@ def test_a_stage_dir_that_is_a_file_fails_in_one_line(tmp_path, shards):
 # ----------------------------------------------------------------------------- the run directory's record
 
 
-def _result(copy_s, seconds, actions, fallback=None, bytes_=100):
+def _result(copy_s, seconds, actions, fallback=None, bytes_=100, verify_s=0.0):
     files = [
         {"source": f"/d/{i}.bin", "local": None, "bytes": bytes_, "action": a, "checksum_from": "sidecar"}
         for i, a in enumerate(actions)
     ]
     copied = sum(bytes_ for a in actions if a in ("copied", "replaced"))
-    return {"root": "/tmp/s", "seconds": seconds, "copy_s": copy_s, "verify_s": 0.0, "copied_bytes": copied,
+    return {"root": "/tmp/s", "seconds": seconds, "copy_s": copy_s, "verify_s": verify_s, "copied_bytes": copied,
             "fallback": fallback, "files": files}  # fmt: skip
 
 
@@ -267,13 +267,14 @@ def test_the_record_keeps_each_nodes_copier_and_its_last_ready_rank():
         ("n1", _result(0.0, 2.0, ["reused", "reused"])),  # waited for the copier
         ("n1", _result(1.5, 1.6, ["copied", "copied"])),  # the copier
         ("n2", _result(0.0, 0.3, ["reused", "reused"])),
-        ("n2", _result(0.0, 0.2, ["reused", "reused"])),
+        ("n2", _result(0.0, 0.2, ["reused", "reused"], verify_s=0.15)),  # verified a second job's copies
         ("n3", _result(0.0, 0.1, ["shared", "shared"], fallback="/tmp/s has 1 MiB free")),
     ]
     record = node_staging(per_rank, "auto")
     assert record["nodes"]["n1"]["copy_s"] == 1.5 and record["nodes"]["n1"]["seconds"] == 2.0
     assert record["nodes"]["n1"]["copied_bytes"] == 200 and record["copied_bytes"] == 200
     assert record["seconds"] == 2.0 and record["dir"] == "auto"
+    assert record["nodes"]["n2"]["verify_s"] == 0.15 and record["nodes"]["n2"]["seconds"] == 0.3
     lines = staging_lines(record)
     assert lines[0].startswith("--stage-data: token files on node-local disk of 2/3 node(s) in 2.00 s (slowest n1)")
     assert "copied 2, reused 2, shared 2" in lines[0] and "staging.json" in lines[0]
