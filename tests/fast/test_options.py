@@ -208,7 +208,9 @@ def test_run_parses_to_args_back_to_the_same_spec(declared) -> None:
     ],
 )
 def test_stage_data_is_a_flag_with_an_optional_directory(args, expected) -> None:
-    spec = run_spec_from_options(run.make_context("run", ["--shard", "1", "--run-dir", "/r", "--data", "/d", *args]).params)
+    spec = run_spec_from_options(
+        run.make_context("run", ["--shard", "1", "--run-dir", "/r", "--data", "/d", *args]).params
+    )
     assert spec.training.stage_data == expected
     assert _parsed_back(spec) == spec
 
