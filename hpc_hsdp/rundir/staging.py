@@ -2,10 +2,11 @@
 and how long its copy took (rank 0 writes it after the nodes have staged; a later attempt
 writes its own over it).
 
-``{"dir": "auto", "seconds": 1.42, "copied_bytes": ..., "nodes": {"n1": {"root": ..., "seconds":
-1.42, "copy_s": 1.40, "verify_s": 0.0, "copied_bytes": ..., "fallback": null, "files": [...]},
-...}}``: ``seconds`` from the start of staging until every node's copies were ready (each
-node's: until its tasks' were), ``copy_s`` the node's copying and verifying, ``verify_s`` its
+``{"dir": "auto", "seconds": 1.42, "waited_s": 0.3, "copied_bytes": ..., "nodes": {"n1": {"root":
+..., "seconds": 1.42, "waited_s": 0.3, "copy_s": 1.40, "verify_s": 0.0, "copied_bytes": ...,
+"fallback": null, "files": [...]}, ...}}``: ``seconds`` from the start of staging until every
+node's copies were ready (each node's: until its tasks' were), ``waited_s`` how long the ranks
+waited for them after the model was built (the copy runs while it is), ``copy_s`` the node's copying and verifying, ``verify_s`` its
 re-reading of earlier copies, ``fallback`` why the node reads the shared copy (too little
 space), ``files`` each file's ``action``: copied, reused, replaced (a damaged or stale copy)
 or shared.
@@ -35,12 +36,18 @@ def node_staging(per_rank: Sequence[tuple[str, dict]], value: str) -> dict:
     for node, result in per_rank:
         kept = nodes.get(node)
         if kept is None or result["copy_s"] + result["verify_s"] > kept["copy_s"] + kept["verify_s"]:
-            nodes[node] = {**result, "seconds": max(result["seconds"], kept["seconds"] if kept else 0.0)}
+            nodes[node] = {
+                **result,
+                "seconds": max(result["seconds"], kept["seconds"] if kept else 0.0),
+                "waited_s": max(result.get("waited_s", 0.0), kept.get("waited_s", 0.0) if kept else 0.0),
+            }
         else:
             kept["seconds"] = max(kept["seconds"], result["seconds"])
+            kept["waited_s"] = max(kept.get("waited_s", 0.0), result.get("waited_s", 0.0))
     return {
         "dir": value,
         "seconds": max((n["seconds"] for n in nodes.values()), default=0.0),
+        "waited_s": max((n.get("waited_s", 0.0) for n in nodes.values()), default=0.0),
         "copied_bytes": sum(n["copied_bytes"] for n in nodes.values()),
         "nodes": nodes,
     }
@@ -57,7 +64,8 @@ def staging_lines(record: dict) -> list[str]:
     actions = ", ".join(f"{what} {n}" for what, n in counts.items() if n)
     line = (
         f"--stage-data: token files on node-local disk of {len(nodes) - sum(bool(e['fallback']) for e in nodes.values())}"
-        f"/{len(nodes)} node(s) in {record['seconds']:.2f} s (slowest {slowest}); copied "
+        f"/{len(nodes)} node(s) in {record['seconds']:.2f} s (slowest {slowest}; the ranks waited "
+        f"{record.get('waited_s', 0.0):.2f} s for it after the model was built); copied "
         f"{human_bytes(record['copied_bytes'])}; files: {actions or 'none'} ({STAGING_RECORD})"
     )
     unchecked = sorted({f["source"] for e in nodes.values() for f in e["files"] if f["checksum_from"] != "sidecar"})

@@ -276,7 +276,7 @@ def test_the_record_keeps_each_nodes_copier_and_its_last_ready_rank():
     assert record["seconds"] == 2.0 and record["dir"] == "auto"
     assert record["nodes"]["n2"]["verify_s"] == 0.15 and record["nodes"]["n2"]["seconds"] == 0.3
     lines = staging_lines(record)
-    assert lines[0].startswith("--stage-data: token files on node-local disk of 2/3 node(s) in 2.00 s (slowest n1)")
+    assert lines[0].startswith("--stage-data: token files on node-local disk of 2/3 node(s) in 2.00 s (slowest n1;")
     assert "copied 2, reused 2, shared 2" in lines[0] and "staging.json" in lines[0]
     assert lines[1:] == ["warning: --stage-data: n3: /tmp/s has 1 MiB free"]
 
