@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.data.staging import (
@@ -315,12 +317,15 @@ def test_bad_staging_dirs_exit_2_with_one_line(command, stage, words, tmp_path, 
     assert not run_dir.exists()
 
 
-def test_a_writable_or_missing_staging_dir_renders(tmp_path, capsys):
+def test_a_writable_or_missing_staging_dir_renders_into_the_run_arguments(tmp_path, capsys):
     for stage in (str(tmp_path), str(tmp_path / "not" / "yet"), "auto", "$LOCAL/x"):
         argv = ["render", "--shard", "1", "--run-dir", str(tmp_path / "r"), "--data", "/d", "--stage-data", stage]
         code, out, err = _run_main([*argv, "-o", str(tmp_path / "job.sbatch")], capsys)
         assert code in (0, None), err
-        assert (
-            f"--stage-data {stage}" in (tmp_path / "job.sbatch").read_text()
-            or "'" in (tmp_path / "job.sbatch").read_text()
-        )
+        assert f"--stage-data {shlex.quote(stage)}" in (tmp_path / "job.sbatch").read_text()
+    assert not (tmp_path / "not").exists()  # the nodes make it
+
+
+def test_the_staging_checks_import_no_torch(tmp_path):
+    argv = ["--shard", "1", "--run-dir", str(tmp_path / "r"), "--data", "/d", "--stage-data", str(tmp_path)]
+    assert_cli_imports_no_torch(["render", *argv, "-o", str(tmp_path / "job.sbatch")])
