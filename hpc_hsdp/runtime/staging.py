@@ -11,6 +11,7 @@ import os
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 
 from hpc_hsdp.data.staging import StageResult, launch_token, stage_files, stage_root
@@ -21,6 +22,9 @@ from hpc_hsdp.runtime import injected_faults
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.log import say
 from hpc_hsdp.runtime.run_data import TrainData
+
+POLL_S = 2.0
+"""How often the ranks agree whether every node's copy is ready."""
 
 
 def token_datasets(data: TrainData) -> list:
@@ -73,7 +77,7 @@ class Staging:
         """Collective: wait for this rank's part, gather all; DataError (one line, every rank)
         when a rank could not stage. Returns the run's staging record."""
         began = time.perf_counter()
-        self._thread.join()
+        self._wait_for_every_node()
         waited = time.perf_counter() - began
         node = self.ctx.layout.node
         mine = (node, {"error": self._error} if self._error else {**self._result.as_record(), "waited_s": waited})
@@ -93,6 +97,20 @@ class Staging:
                 for line in staging_lines(record):
                     say(line)
         return record
+
+    def _wait_for_every_node(self) -> None:
+        """Until every rank's part is done, a one-number all_reduce every few seconds: a node that
+        copies for longer than the process-group timeout (--timeout: a dataset of terabytes) keeps
+        the others waiting in short collectives, never in one that times out."""
+        timeout_s = getattr(self.ctx.spec, "timeout_s", None)  # --timeout (None: a TrainingRun of one's own)
+        poll = min(POLL_S, timeout_s / 4) if timeout_s else POLL_S
+        busy = torch.ones(1, device=self.ctx.device)
+        while True:
+            self._thread.join(timeout=poll)
+            busy.fill_(1.0 if self._thread.is_alive() else 0.0)
+            dist.all_reduce(busy, op=dist.ReduceOp.MAX)
+            if busy.item() == 0.0:
+                return
 
 
 def start_staging(ctx: RunContext, data: TrainData, value: str, *, env=None) -> Staging | None:

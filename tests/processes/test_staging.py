@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from dist_helpers import launch
 
-from hpc_hsdp.data.tokens import READ_LATENCY, write_dataset_manifest, write_token_file
+from hpc_hsdp.data.staging import stage_files, stage_root
+from hpc_hsdp.data.tokens import READ_LATENCY, open_dataset, write_dataset_manifest, write_token_file
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
 
@@ -146,3 +147,35 @@ def test_a_staging_dir_that_cannot_be_made_fails_every_rank_in_one_line(dataset,
     outcomes = launch(spec, tasks_per_node=[2, 2], expect_failure=True, timeout_s=120)
     assert all(not o.ok and o.value.startswith("DataError: --stage-data: cannot use ") for o in outcomes)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def train_with_the_node_name(ctx):
+    """The built-in loop, with ``$SLURMD_NODENAME`` in this forked task's own environment (a real
+    task has it from srun), so that ``--stage-data DIR/$SLURMD_NODENAME`` is a directory per node."""
+    from hpc_hsdp.runtime.loop import train
+
+    os.environ["SLURMD_NODENAME"] = ctx.layout.node
+    train(ctx, ctx.spec.training)
+
+
+def test_a_copy_longer_than_the_process_group_timeout_does_not_time_the_job_out(
+    dataset, unstaged, tmp_path, monkeypatch
+):
+    # node n2 has its copies already; n1 copies, reading each shared file 5 s late (three files:
+    # 15 s), while n2's ranks wait for it with a process-group timeout of 10 s: one collective
+    # that long would time out
+    stage = tmp_path / "stage"
+    ready = stage_files(
+        open_dataset(dataset).files + open_dataset(dataset, "val").files, stage_root(stage / "n2"), launch="earlier"
+    )
+    assert {f.action for f in ready.files} == {"copied"}
+    monkeypatch.setenv(READ_LATENCY, f"5@{dataset}")
+    training = _training(dataset, f"{stage}/$SLURMD_NODENAME")
+    spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", training=training, timeout_s=10)
+    launch(spec, tasks_per_node=[2, 2], fn=train_with_the_node_name, timeout_s=300)
+    record = json.loads((tmp_path / "run" / "staging.json").read_text())
+    assert [f["action"] for f in record["nodes"]["n1"]["files"]] == ["copied"] * 3
+    assert [f["action"] for f in record["nodes"]["n2"]["files"]] == ["reused"] * 3
+    assert record["nodes"]["n1"]["seconds"] > 15 and record["nodes"]["n2"]["waited_s"] > 10
+    losses = [(r["step"], r["loss"], r.get("eval_loss")) for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    assert losses == unstaged["losses"]
