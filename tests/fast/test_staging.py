@@ -329,3 +329,24 @@ def test_a_writable_or_missing_staging_dir_renders_into_the_run_arguments(tmp_pa
 def test_the_staging_checks_import_no_torch(tmp_path):
     argv = ["--shard", "1", "--run-dir", str(tmp_path / "r"), "--data", "/d", "--stage-data", str(tmp_path)]
     assert_cli_imports_no_torch(["render", *argv, "-o", str(tmp_path / "job.sbatch")])
+
+
+def test_every_dataset_a_run_reads_is_staged_a_mixtures_sources_and_held_out_splits_too(tmp_path):
+    from hpc_hsdp.data.tokens import write_dataset_manifest
+    from hpc_hsdp.runtime.run_data import open_data
+    from hpc_hsdp.runtime.staging import token_datasets
+
+    for name in ("web", "code"):
+        root = tmp_path / name
+        for split in ("train", "val"):
+            (root / split).mkdir(parents=True)
+            write_token_file(root / split / "00000.bin", np.arange(3000) % 256, vocab_size=256)
+        splits = {"train": ["train/00000.bin"], "val": ["val/00000.bin"]}
+        write_dataset_manifest(root, vocab_size=256, dtype="uint16", tokenizer={}, splits=splits)
+    mixture = f"web={tmp_path / 'web'}:0.5,code={tmp_path / 'code'}:0.5"
+    training = TrainingSpec(data=mixture, stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
+    found = sorted(str(f.path.relative_to(tmp_path)) for ds in token_datasets(open_data(training, 2)) for f in ds.files)
+    assert found == ["code/train/00000.bin", "code/val/00000.bin", "web/train/00000.bin", "web/val/00000.bin"]
+    one = TrainingSpec(data=str(tmp_path / "web"), stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
+    assert len(token_datasets(open_data(one, 2))) == 2
+    assert token_datasets(open_data(TrainingSpec(seq_len=16), 2)) == []  # synthetic tokens: nothing to stage
