@@ -14,6 +14,7 @@
 11 checkpoint save vs disk bandwidth, async stall vs sync save            (bench_checkpoint.py)
 14 peers     start-up and step vs hand-written FSDP2 and Lightning Fabric  (bench_peers.py; makes
              benchmarks/.peers-venv with lightning on first use)
+26 staging  the data wait with and without --stage-data under read latency  (bench_staging.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -44,6 +45,12 @@ SUITE = [
         "bench_peers.py",
         ["--runs", "5", "--steps", "20"],
         ["--runs", "1", "--steps", "6", "--models", "small", "--startup-phases", "1"],
+    ),
+    (
+        "staging",
+        "bench_staging.py",
+        ["--runs", "5", "--steps", "12", "--latency-ms", "1,5,20"],
+        ["--runs", "1", "--steps", "6", "--latency-ms", "20", "--megabytes", "4"],
     ),
 ]
 

@@ -65,8 +65,16 @@ def click_option(declared: JobOption, command: str):
         click_type = click.Path(file_okay=False)
     else:
         click_type = _CLICK_TYPES[declared.kind]
+    optional_value = {"is_flag": False, "flag_value": declared.flag_value} if declared.flag_value is not None else {}
     return click.option(
-        flag, param, type=click_type, default=default, metavar=metavar, required=shown.required, help=help_text
+        flag,
+        param,
+        type=click_type,
+        default=default,
+        metavar=metavar,
+        required=shown.required,
+        help=help_text,
+        **optional_value,
     )
 
 

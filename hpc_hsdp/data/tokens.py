@@ -6,7 +6,7 @@ a sidecar ``NAME.json``::
 
     {"format": "hpc-hsdp-tokens", "version": 1, "dtype": "uint16", "vocab_size": 2048,
      "num_tokens": 123456, "num_documents": 789, "eos_id": 2047, "max_token_id": 2047,
-     "tokenizer": {...}, "document_index": "NAME.idx"}
+     "tokenizer": {...}, "document_index": "NAME.idx", "sha256": "<hex digest of NAME.bin>"}
 
 ``NAME.idx`` (optional) holds ``num_documents + 1`` little-endian uint64 offsets: document
 ``d`` is tokens ``[idx[d], idx[d+1])`` of the file, its end-of-document token included.
@@ -20,16 +20,21 @@ plus the shards under ``DIR/train`` and ``DIR/val`` and the tokenizer under ``DI
 
 Reading never loads a file: :class:`TokenDataset` memory-maps every shard and
 :meth:`TokenDataset.read` returns tokens ``[start, start + length)`` of the shards'
-concatenation. Everything a user can get wrong raises :class:`DataError` (one line that
+concatenation. ``sha256`` (written since ``--stage-data``; optional when read) is what a
+node-local copy is verified against (:mod:`hpc_hsdp.data.staging`). Everything a user can get wrong raises :class:`DataError` (one line that
 ends with the fix) when the dataset is opened, before any training step.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,25 @@ INDEX_DTYPE = np.dtype("<u8")
 UINT16_VOCAB_LIMIT = 1 << 16
 _REQUIRED_SIDECAR_KEYS = ("dtype", "vocab_size", "num_tokens", "num_documents", "max_token_id")
 _PREPARE_HINT = "prepare the data again with `hpc-hsdp prepare-data`"
+READ_LATENCY = "HPC_HSDP_FAULT_READ_LATENCY"
+"""Test hook (listed with the others in :mod:`hpc_hsdp.runtime.injected_faults`):
+``<seconds>@<directory>``: every read of a token file under that directory (a row the loader
+reads, a chunk a ``--stage-data`` copy reads) first waits that long, as a round trip to a
+loaded shared file system would."""
+
+
+def read_latency_of(path: str | os.PathLike, env: dict[str, str] | None = None) -> float:
+    """The seconds :data:`READ_LATENCY` adds to each read of ``path`` (0: none)."""
+    value = (os.environ if env is None else env).get(READ_LATENCY, "")
+    if not value:
+        return 0.0
+    seconds, _, directory = value.partition("@")
+    try:
+        latency = float(seconds)
+    except ValueError:
+        raise DataError(f"{READ_LATENCY}={value!r} is not SECONDS@DIRECTORY, e.g. 0.002@/shared/data") from None
+    inside = Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory or "/"))
+    return latency if inside else 0.0
 
 
 def token_dtype_for(vocab_size: int) -> str:
@@ -76,6 +100,8 @@ class TokenFile:
     tokenizer: dict[str, Any]
     document_index: Path | None
     """The ``.idx`` file of document offsets, when the sidecar names one."""
+    sha256: str | None = None
+    """The hex SHA-256 of the ``.bin`` file as written (None: a sidecar written before they were recorded)."""
 
     @property
     def sidecar(self) -> Path:
@@ -187,6 +213,9 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
     tokenizer = meta.get("tokenizer") or {}
     if not isinstance(tokenizer, dict):
         raise DataError(f"{side}: tokenizer must be a JSON object, got {type(tokenizer).__name__}; {_PREPARE_HINT}")
+    sha256 = meta.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch("[0-9a-f]{64}", sha256)):
+        raise DataError(f"{side}: sha256 {str(sha256)[:80]!r} is not a hex SHA-256 digest; {_PREPARE_HINT}")
     index = None
     if meta.get("document_index"):
         name = meta["document_index"]
@@ -213,6 +242,7 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
         max_token_id=max_token_id,
         tokenizer=tokenizer,
         document_index=index,
+        sha256=sha256,
     )
 
 
@@ -262,6 +292,7 @@ class TokenDataset:
         self._ends: list[int] = np.cumsum([f.num_tokens for f in files]).tolist()
         self.num_tokens: int = self._ends[-1]
         self._maps: list[np.ndarray] | None = None
+        self._latency: list[float] = [read_latency_of(f.path) for f in self.files]
 
     def __repr__(self) -> str:
         return (
@@ -274,6 +305,16 @@ class TokenDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_maps": None}
+
+    def read_from(self, copies: Mapping[str, str | os.PathLike]) -> None:
+        """Read the shards named in ``copies`` (a shard's path -> a byte-identical copy of it,
+        :mod:`hpc_hsdp.data.staging`) from the copies from now on: the same shards in the same
+        order, so the same tokens at every position; the others stay where they are."""
+        self.files = tuple(
+            dataclasses.replace(f, path=Path(copies[str(f.path)])) if str(f.path) in copies else f for f in self.files
+        )
+        self._maps = None
+        self._latency = [read_latency_of(f.path) for f in self.files]
 
     def _shard_maps(self) -> list[np.ndarray]:
         if self._maps is None:
@@ -292,6 +333,8 @@ class TokenDataset:
             begin = self._ends[shard - 1] if shard else 0
             offset = start - begin
             take = min(length, self._ends[shard] - start)
+            if self._latency[shard]:
+                time.sleep(self._latency[shard])
             piece = maps[shard][offset : offset + take]
             self._check_ids(piece, shard, offset)
             pieces.append(piece)
@@ -493,6 +536,7 @@ class TokenFileWriter:
         self._bin = open(self._bin_tmp, "wb")
         self._idx = open(self._idx_tmp, "wb")
         self._idx.write(np.zeros(1, dtype=INDEX_DTYPE).tobytes())
+        self._digest = hashlib.sha256()
         self._closed = False
 
     def append(self, tokens: np.ndarray, document_lengths: Iterable[int], *, continues: bool = False) -> None:
@@ -518,7 +562,9 @@ class TokenFileWriter:
                     f"0..{self.vocab_size - 1}"
                 )
             self.max_token_id = max(self.max_token_id, high)
-            self._bin.write(tokens.astype(TOKEN_DTYPES[self.dtype], copy=False).tobytes())
+            data = tokens.astype(TOKEN_DTYPES[self.dtype], copy=False).tobytes()
+            self._bin.write(data)
+            self._digest.update(data)
         if lengths.size:
             ends = self.num_tokens + np.cumsum(lengths)
             self._idx.write(ends.astype(INDEX_DTYPE).tobytes())
@@ -558,6 +604,7 @@ class TokenFileWriter:
             "max_token_id": max(self.max_token_id, 0),
             "tokenizer": self.tokenizer,
             "document_index": index.name,
+            "sha256": self._digest.hexdigest(),
             **self.extra,
         }
         write_atomically(sidecar_path(self.path), json.dumps(sidecar, indent=1) + "\n", durable=True)
@@ -571,6 +618,7 @@ class TokenFileWriter:
             max_token_id=sidecar["max_token_id"],
             tokenizer=self.tokenizer,
             document_index=index,
+            sha256=sidecar["sha256"],
         )
 
     def abort(self) -> None:

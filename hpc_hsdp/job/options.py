@@ -34,6 +34,7 @@ from typing import Any
 
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import DEFAULT_SIGNAL, DISTRIBUTIONS
+from hpc_hsdp.plan.stage_dir import STAGE_AUTO
 from hpc_hsdp.plan.switches import TOPOLOGY_MODES
 
 CONFIG_ENV = "HPC_HSDP_CONFIG"
@@ -200,6 +201,8 @@ class JobOption:
     """The spec field has no default: every spec is given a value (``--shard``, ``--run-dir``)."""
     off_word: str | None = None
     """The word that turns the option off (``--signal none``): the spec field then holds None."""
+    flag_value: str | None = None
+    """The value of the flag given alone (``--stage-data`` is ``--stage-data auto``); None: it needs a value."""
     sbatch: tuple[SbatchKey, ...] | None = None
     """The sbatch options it owns (see :class:`SbatchKey`); None: ``#SBATCH --KEY=VALUE`` for an
     option that ``reaches`` an #SBATCH line, none for the others."""
@@ -823,6 +826,22 @@ OPTIONS: tuple[JobOption, ...] = (
         default_text="none",
         metavar="PATH",
         help="Held-out token data for --eval-every; default: the dataset's val split.",
+    ),
+    _training(
+        "stage_data",
+        kind="str",
+        default=None,
+        default_text="none: read --data where it lies",
+        off_word="none",
+        flag_value=STAGE_AUTO,
+        metavar="[DIR]",
+        help=(
+            "Copy the token files of --data (and --val-data) to node-local disk, once per node, verified by "
+            "their SHA-256, and read them there (the same samples in the same order); a later job on the node "
+            "reuses a copy that verifies. DIR (absolute; $VARS are the node's), or alone (auto) the job's "
+            "node-local temporary directory: $SLURM_TMPDIR, $TMPDIR, else /tmp. A node with too little free "
+            "space reads the shared copy and says so; the copy's time is in RUN_DIR/staging.json."
+        ),
     ),
     _training(
         "seq_len",

@@ -10,6 +10,7 @@ can be read)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
 from hpc_hsdp.models.hf_shapes import GPT2_STYLE, tp_dims_from_config
 from hpc_hsdp.plan.mixture import check_batch, used_once_text
 from hpc_hsdp.plan.shapes import builtin_tp_dims, tp_refusal
+from hpc_hsdp.plan.stage_dir import DIR_HINT, STAGE_AUTO, stage_base
 from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
@@ -101,6 +103,40 @@ def check_tensor_parallel(spec, *, own_function: bool = False, config_optional: 
     refusal = tensor_parallel_refusal(spec.run.training, spec.run.tp_size, config_optional=config_optional)
     if refusal:
         raise SpecError(refusal)
+
+
+def check_stage_dir(training, env=None) -> None:
+    """``--stage-data DIR``, where this machine can tell (``render`` and ``submit``): a directory
+    this user can write, or one that can be made (its nearest existing parent is a directory). A
+    DIR that does not exist here is the nodes' to make (node-local disks are mounted there);
+    ``auto`` and a DIR naming a variable are resolved on the nodes, which say what is wrong.
+    Raises :class:`SpecError` (one line, exit 2)."""
+    value = training.stage_data
+    if value is None or value == STAGE_AUTO or "$" in value:
+        return
+    path = stage_base(value, os.environ if env is None else env)
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"--stage-data {value!r} is not a directory; {DIR_HINT}")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK) or not _can_write_in(path):
+            raise SpecError(f"--stage-data {value!r} is not writable by you; {DIR_HINT}")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SpecError(f"--stage-data {value!r}: {parent} is not a directory; {DIR_HINT}")
+
+
+def _can_write_in(directory: Path) -> bool:
+    """A file can be made in ``directory`` (root passes every access check; a read-only mount does not)."""
+    import tempfile  # noqa: PLC0415 - only with --stage-data DIR
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def check_trackers(training) -> None:

@@ -45,6 +45,7 @@ from hpc_hsdp.plan.slurm_facts import (
     signal_lead_seconds,
     time_limit_seconds,
 )
+from hpc_hsdp.plan.stage_dir import check_stage_value
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
 
 MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
@@ -171,6 +172,15 @@ class TrainingSpec:
             )
         if self.val_data is not None and self.data is None:
             raise SpecError("--val-data without --data: give the training data too (--data PATH)")
+        if self.stage_data is not None and self.stage_data.lower() == option("stage_data").off_word:
+            object.__setattr__(self, "stage_data", None)
+        if self.stage_data is not None:
+            check_stage_value(self.stage_data)
+            if self.data is None:
+                raise SpecError(
+                    "--stage-data without --data: synthetic tokens have no files to copy; give --data PATH, "
+                    "or leave --stage-data out"
+                )
         object.__setattr__(self, "tracker", ",".join(tracker_names(self.tracker)) or NO_TRACKER)
         if self.val_data is not None and is_mixture(self.data):
             raise SpecError(

@@ -23,7 +23,13 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.handle import JobHandle
-from hpc_hsdp.job.preflight import check_fp8_gpus, check_job_inputs, check_tensor_parallel, check_trackers
+from hpc_hsdp.job.preflight import (
+    check_fp8_gpus,
+    check_job_inputs,
+    check_stage_dir,
+    check_tensor_parallel,
+    check_trackers,
+)
 from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 from hpc_hsdp.rundir.job_record import JobRecord
@@ -72,6 +78,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         )
     check_tensor_parallel(spec, own_function=fn is not None)  # --tp that does not split the model: nothing written
     check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
+    check_stage_dir(spec.run.training)  # --stage-data DIR that is a file or not writable here: nothing submitted
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster)
     scheduler = backend(target)

@@ -68,6 +68,7 @@ from hpc_hsdp.runtime.run_data import (
     source_eval_samples,
 )
 from hpc_hsdp.runtime.schedule import lr_of
+from hpc_hsdp.runtime.staging import start_staging
 from hpc_hsdp.runtime.step import clip_grad_norm, evaluate, seed_step
 from hpc_hsdp.runtime.tensor_parallel import local_value
 from hpc_hsdp.runtime.watchdog import Watchdog
@@ -134,8 +135,11 @@ class Engine:
         check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.data_world_size)
+        staging = start_staging(ctx, self.data, self.training.stage_data) if self.training.stage_data else None
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
-        self._build(optimizer)
+        self._build(optimizer)  # while each node copies its token files (--stage-data)
+        if staging is not None:  # collective: every node's copies ready, read from them from now on
+            staging.finish(verbose=verbose)
         self.start_step, saved = checkpoint.resume(
             ctx,
             self.model,

@@ -33,7 +33,14 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
     ``<directory>/samples-rank<rank>.jsonl`` (``{"step", "rank", "world_size", "sample_ids"}``),
     so that a test compares the sample stream of runs on different meshes and restarts.
 
-(``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` is the other hook.)
+``HPC_HSDP_FAULT_STAGE_FREE_BYTES=<bytes>``
+    ``--stage-data`` sees that much free space on every node's disk (too little: the nodes read
+    the shared copy), so that a test reaches the fall back without filling a disk.
+
+(``HPC_HSDP_FAULT_RANK_FROM_PROCID`` in :mod:`hpc_hsdp.runtime.dist` and
+``HPC_HSDP_FAULT_READ_LATENCY=<seconds>@<directory>`` in :mod:`hpc_hsdp.data.tokens`, which adds
+that wait to every read of a token file under the directory, as a loaded shared file system
+would, are the other hooks.)
 :func:`install` is called by ``run_task`` with the task's environment; ``clear`` undoes it.
 """
 
@@ -56,6 +63,7 @@ FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
 SLOW_RANK = "HPC_HSDP_FAULT_SLOW_RANK"
 SIGNAL_AT = "HPC_HSDP_FAULT_SIGNAL_AT"
 SAMPLE_LOG = "HPC_HSDP_FAULT_SAMPLE_LOG"
+STAGE_FREE_BYTES = "HPC_HSDP_FAULT_STAGE_FREE_BYTES"
 
 
 class InjectedFault(RuntimeError):
@@ -100,6 +108,7 @@ class Faults:
     slow_ranks: tuple[tuple[int, float], ...] = ()
     signal_at: tuple[int, int] | None = None
     sample_log: str | None = None
+    stage_free_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
@@ -116,6 +125,7 @@ class Faults:
             slow_ranks=tuple(sorted(_slow_ranks(env).items())),
             signal_at=_rank_step(env, SIGNAL_AT),
             sample_log=env.get(SAMPLE_LOG, "").strip() or None,
+            stage_free_bytes=int(env[STAGE_FREE_BYTES]) if env.get(STAGE_FREE_BYTES, "").strip() else None,
         )
 
 
@@ -166,6 +176,11 @@ def at_step(rank: int, step: int) -> None:
         )
         while True:
             time.sleep(3600)
+
+
+def stage_free_bytes() -> int | None:
+    """``HPC_HSDP_FAULT_STAGE_FREE_BYTES``: the free space ``--stage-data`` sees (None: the disk's)."""
+    return _active.stage_free_bytes
 
 
 def skip_space_check() -> bool:

@@ -309,6 +309,7 @@ _SAMPLE = {
     "width": 68,
     "tracker": "wandb,mlflow",
     "global_batch_size": 16,
+    "stage_data": "/local/stage",
 }
 
 
@@ -323,7 +324,7 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
     toml_value = (
         str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
     )
-    needs_data = declared.key == "val_data"
+    needs_data = declared.key in ("val_data", "stage_data")
     needs_nodes = declared.key == "fault_tolerance"  # replica groups: at least two
     lines = f"shard = 1\n{declared.key.replace('_', '-')} = {toml_value}\n" + (
         'data = "/data/train"\n' if needs_data else ""

@@ -143,6 +143,7 @@ _SAMPLES = {
     "data": "/data/train",
     "val_data": "/data/val",
     "tracker": "wandb,mlflow",
+    "stage_data": "/local/stage",
 }
 
 
@@ -169,7 +170,7 @@ def _run_spec(values: dict) -> RunSpec:
     for declared in _RUN_OPTIONS:
         if declared.key in values:
             (training if declared.training else own)[declared.attribute] = values[declared.key]
-    if "val_data" in training:
+    if "val_data" in training or "stage_data" in training:
         training.setdefault("data", _SAMPLES["data"])
     return RunSpec(**own, training=TrainingSpec(**training))
 
@@ -191,6 +192,26 @@ def test_run_parses_to_args_back_to_the_same_spec(declared) -> None:
     owner = spec.training if declared.training else spec
     assert getattr(owner, declared.attribute) == value
     assert declared.flag in spec.to_args() or f"--no-{declared.flag[2:]}" in spec.to_args()
+    assert _parsed_back(spec) == spec
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], None),
+        (["--stage-data"], "auto"),  # alone: the node-local temporary directory
+        (["--stage-data", "--steps", "3"], "auto"),  # alone before another option
+        (["--steps", "3", "--stage-data"], "auto"),
+        (["--stage-data", "/local/ssd"], "/local/ssd"),
+        (["--stage-data=$LOCAL_SCRATCH/x"], "$LOCAL_SCRATCH/x"),
+        (["--stage-data", "none"], None),  # the off word, as in a config file
+    ],
+)
+def test_stage_data_is_a_flag_with_an_optional_directory(args, expected) -> None:
+    spec = run_spec_from_options(
+        run.make_context("run", ["--shard", "1", "--run-dir", "/r", "--data", "/d", *args]).params
+    )
+    assert spec.training.stage_data == expected
     assert _parsed_back(spec) == spec
 
 
