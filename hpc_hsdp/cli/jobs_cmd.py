@@ -18,7 +18,7 @@ from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.fabric import check_summary, read_check, read_decisions
+from hpc_hsdp.rundir.fabric import CHECK_ROWS_SHOWN, check_summary, check_table, read_check, read_decisions
 from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank
@@ -262,6 +262,8 @@ def status(job, as_json) -> None:
     if check is not None:
         decisions = read_decisions(handle.record.run_dir)
         _say(terminal_safe(f"check: {check_summary(check, decisions[-1] if decisions else None)}"))
+        for line in check_table(check, every_row=len(check.get("nodes") or ()) <= CHECK_ROWS_SHOWN):
+            _say(terminal_safe(f"  {line}"))
     if facts["hang"]:
         _say(f"last hang: {facts['hang']}")
     for off in facts["trackers_off"]:

@@ -9,6 +9,7 @@ import click
 
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
+from hpc_hsdp.rundir.fabric import check_summary
 from hpc_hsdp.rundir.provenance import code_words
 
 
@@ -59,6 +60,8 @@ def report(run_dirs, output) -> None:
         code = code_words(run.provenance)
         if code:
             click.echo(terminal_safe(f"{run.label}: code {code}"), err=True)
+        if run.check is not None:
+            click.echo(terminal_safe(f"{run.label}: check: {check_summary(run.check)}"), err=True)
     try:
         written = write_report(runs, target)
     except NothingToDraw as exc:

@@ -163,7 +163,9 @@ def table(nodes: dict[str, dict], links: dict[str, dict], found: Verdict) -> lis
 
 
 def _num(value) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
 
 
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (\w+)")

@@ -18,6 +18,7 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.fabric import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
@@ -171,6 +172,8 @@ class RunData:
     """Unix time of the newest write to metrics.jsonl / attempt.json."""
     provenance: dict | None = None
     """``provenance.json``: the code (commit, uncommitted changes) and packages that produced the run."""
+    check: dict | None = None
+    """``check.json``: the fabric check's figures per node and link (``--check``, ``hpc-hsdp check``)."""
 
     @property
     def total_steps(self) -> int | None:
@@ -260,6 +263,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
         notes=notes,
         last_activity=max(times) if times else None,
         provenance=None if tail_only else read_provenance(run_dir),
+        check=None if tail_only else read_check(run_dir),
     )
     if run.state == "running" and last is not None:
         total = run.total_steps

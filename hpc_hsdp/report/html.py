@@ -10,6 +10,7 @@ from hpc_hsdp.report.charts import Heatmap, LineChart, charts
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.summary import summary_rows
 from hpc_hsdp.report.svg import render
+from hpc_hsdp.rundir.fabric import check_lines
 
 
 def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:
@@ -36,6 +37,11 @@ def render_html(runs: Sequence[RunData]) -> str:
     head = "".join(f"<th>{escape(k)}</th>" for k in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
     notes = "".join(f"<p class='note'>{escape(run.label)}: {escape(note)}</p>" for run in runs for note in run.notes)
+    notes += "".join(
+        f"<h2>{escape(run.label)}: fabric check</h2><pre>{escape(chr(10).join(check_lines(run.check)))}</pre>"
+        for run in runs
+        if run.check is not None
+    )
     drawn = charts(runs)
     small = "".join(render(chart) for chart in drawn if isinstance(chart, LineChart))
     wide = "".join(f"<div class='wide'>{render(chart)}</div>" for chart in drawn if isinstance(chart, Heatmap))

@@ -40,8 +40,18 @@ def _names(value) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+CHECK_ROWS_SHOWN = 8
+"""``status`` shows every node's row up to this many nodes, above it those below their peers."""
+
+
 def check_lines(record: dict) -> list[str]:
-    """``check.json`` as a table, its findings and its warning (``check``, ``status``, ``report``)."""
+    """``check.json`` as a table, its findings, its warning and its summary (``check``, ``report``)."""
+    return [*check_table(record), check_summary(record)]
+
+
+def check_table(record: dict, *, every_row: bool = True) -> list[str]:
+    """``check.json`` as a table (every row, or the header and the rows below their peers), its
+    findings and its warning."""
     findings = []
     for f in record.get("findings", []) if isinstance(record.get("findings"), list) else []:
         if isinstance(f, dict) and all(isinstance(f.get(k), (int, float)) for k in ("value", "median")):
@@ -56,10 +66,11 @@ def check_lines(record: dict) -> list[str]:
     nodes = {str(k): _dict(v) for k, v in _dict(record.get("nodes")).items()}
     links = {str(k): _dict(v) for k, v in _dict(record.get("links")).items()}
     lines = table(nodes, links, found)
+    if not every_row:
+        lines = [lines[0], *(line for line in lines[1:] if line.endswith("below its peers"))]
     lines += [f.line() for f in findings]
     if isinstance(record.get("transport_warning"), str):
         lines.append(f"warning: {record['transport_warning']}")
-    lines.append(check_summary(record))
     return lines
 
 

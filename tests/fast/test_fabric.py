@@ -131,3 +131,26 @@ N = ["n1", "n2", "n3", "n4"]
 def test_the_batch_shell_decides(bad, nodes, requeued_before, action, train, spares):
     decision = decide({"bad_nodes": bad}, allocated=N, nodes=nodes, requeued_before=requeued_before)
     assert decision["action"] == action and decision["nodes"] == train and decision["spares_used"] == spares
+
+
+def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
+    """check.json is the run directory's, so anyone who can write there can write it: wrong types,
+    huge nesting, a symlink or a FIFO in its place give no table, never a traceback."""
+    import os
+
+    from hpc_hsdp.rundir.fabric import check_lines, check_summary, read_check, read_decisions
+
+    (tmp_path / "check.json").write_text(
+        '{"nodes": {"n1": "fast", "<b>": {"matmul_tflops": "x"}}, "links": [], "findings": [{"value": "1"}, 3],'
+        ' "bad_nodes": "n1", "seconds": "soon"}'
+    )
+    record = read_check(tmp_path)
+    lines = check_lines(record)
+    assert any("<b>" in line for line in lines) and "node(s)" in check_summary(record, {"action": 7})
+    (tmp_path / "check.json").write_text("[" * 100000)
+    assert read_check(tmp_path) is None
+    (tmp_path / "check.json").unlink()
+    (tmp_path / "check.json").symlink_to("/etc/passwd")
+    assert read_check(tmp_path) is None
+    os.mkfifo(tmp_path / "checks.jsonl")
+    assert read_decisions(tmp_path) == []
