@@ -163,6 +163,18 @@ CHECK_ENTRY = "hpc_hsdp.runtime.fabric_check:run_check"
 """The fabric check's ``--entry`` (``hpc-hsdp check``, the check step of ``submit --check``)."""
 
 
+def check_nccl_settings(spec: JobSpec) -> list[tuple[str, str]]:
+    """What the check's tasks set on GPUs so that NCCL says which network it chose, in files of the
+    job's log directory that the check's rank 0 reads (:func:`hpc_hsdp.plan.fabric.nccl_transport`)."""
+    if spec.run.device == "cpu":
+        return []
+    return [
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ("NCCL_DEBUG_FILE", f"{spec.log_dir}/nccl-check.%h.%p"),
+    ]
+
+
 def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     """NCCL and torch variables the script exports before the user's ``--env`` (which wins).
     torch's own default of ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (tear down on a failed or
@@ -181,6 +193,8 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
     ]
     if spec.launch.check or spec.run.entry == CHECK_ENTRY:
         settings.append((CHECK_THRESHOLD_ENV, f"{spec.launch.check_threshold:g}"))
+    if spec.run.entry == CHECK_ENTRY:  # hpc-hsdp check: the job is the check
+        settings += check_nccl_settings(spec)
     if spec.run.device == "cpu":
         # FSDP's per-step buffers of a large model on CPU are fresh mappings every step, whose
         # pages the kernel faults in and zeroes again; transparent huge pages for malloc's
@@ -249,6 +263,7 @@ def check_step(spec: JobSpec) -> dict | None:
         "command": " ".join(q(a) for a in argv),
         "verdict": " ".join(q(a) for a in verdict),
         "threshold": spec.launch.check_threshold,
+        "env": check_nccl_settings(spec),
         "nodes": spec.nodes,
         # the allocation's SLURM_NTASKS counts the spares' tasks: the training step says its own
         "ntasks": spec.nodes if spec.launch.launcher == "torchrun" else spec.world_size,

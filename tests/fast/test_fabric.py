@@ -154,3 +154,38 @@ def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
     assert read_check(tmp_path) is None
     os.mkfifo(tmp_path / "checks.jsonl")
     assert read_decisions(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--check-threshold", "1.5"], "--check-threshold"),
+        (["--check-threshold", "0"], "--check-threshold"),
+        (["--check-threshold", "nan"], "--check-threshold"),
+        (["--spare-nodes", "1", "--fault-tolerance", "replica"], "--check does not work with --fault-tolerance"),
+        (["--nodes", "1-2"], "--check does not work with --nodes 1-2"),
+    ],
+)
+def test_bad_check_values_are_one_line_and_exit_2(args, needle, tmp_path):
+    import subprocess
+    import sys
+
+    argv = ["render", "--nodes", "2", "--shard", "4", "--check", "--run-dir", str(tmp_path / "r"), *args]
+    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_on_gpus_the_check_step_asks_nccl_which_network_it_uses():
+    from hpc_hsdp.cli.job_options import job_spec_from_options
+    from hpc_hsdp.cli.render_cmd import render
+    from hpc_hsdp.job.render import render_sbatch
+
+    def script(*extra):
+        argv = ["--nodes", "2", "--shard", "4", "--check", "--run-dir", "/r", "--venv", "none", *extra]
+        params = render.make_context("render", argv).params
+        return render_sbatch(job_spec_from_options(params, environ={}, cwd="/", default_venv=None))
+
+    assert "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE=/r/logs/nccl-check.%h.%p srun" in script()
+    assert "NCCL_DEBUG=INFO" not in script("--device", "cpu")

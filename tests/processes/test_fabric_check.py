@@ -104,3 +104,21 @@ def test_a_healthy_allocation_trains_on_its_own_nodes(tmp_path: Path) -> None:
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["spares_used"] == [] and decision["nodes"] == ["n1", "n2"]
     assert _trained_nodes(run_dir) == ["n1", "n2"]
+
+
+def test_check_command_measures_its_own_job_and_prints_the_table(tmp_path: Path) -> None:
+    """hpc-hsdp check: a job of its own on 4 emulated nodes, the table, exit 0 when none is slow."""
+    run_dir = tmp_path / "check"
+    out = _hpc(
+        "check", "--cluster", "local", "--nodes", "4", "--gpus-per-node", "1", "--device", "cpu",
+        "--check-threshold", "0.2", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    for node in ("n1", "n2", "n3", "n4"):
+        assert any(line.startswith(node + " ") for line in out.stdout.splitlines()), out.stdout
+    for link in ("n1-n2", "n3-n4", "n2-n3", "n4-n1"):  # two rounds of disjoint pairs
+        assert link in out.stdout
+    assert "4 node(s), 4 link(s)" in out.stdout and "no node below its peers" in out.stdout
+    check = json.loads((run_dir / "check.json").read_text())
+    assert check["rounds"] == [["n1-n2", "n3-n4"], ["n2-n3", "n4-n1"]] and check["backend"] == "gloo"
+    assert not (run_dir / "metrics.jsonl").exists()  # it trained nothing
