@@ -74,7 +74,7 @@ class Finding:
 
     def line(self) -> str:
         return (
-            f"{self.kind} {self.name}: {self.figure} {self.value:.3g}, {self.value / self.median:.0%} of the "
+            f"{self.kind} {self.name}: {self.figure} {self.value:.3g}, {self.value / self.median:.0%} of its peers' "
             f"median {self.median:.3g}"
             if self.median
             else f"{self.kind} {self.name}: {self.figure} {self.value:.3g}"
@@ -82,11 +82,17 @@ class Finding:
 
 
 def _low(values: dict[str, float], threshold: float, kind: str, figure: str) -> list[Finding]:
-    known = {k: v for k, v in values.items() if v is not None}
+    """Those below ``threshold`` x the median of the others (their peers, not themselves: with two
+    nodes the median of both would halve what the slow one is measured against)."""
+    known = {k: v for k, v in values.items() if isinstance(v, (int, float))}
     if len(known) < 2:
         return []
-    mid = median(known.values())
-    return [Finding(kind, k, figure, v, mid) for k, v in known.items() if mid > 0 and v < threshold * mid]
+    found = []
+    for name, value in known.items():
+        peers = median(v for k, v in known.items() if k != name)
+        if peers > 0 and value < threshold * peers:
+            found.append(Finding(kind, name, figure, value, peers))
+    return found
 
 
 @record

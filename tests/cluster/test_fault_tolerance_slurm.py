@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -74,13 +75,14 @@ def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goe
         started = [e for e in _jsonl(run / "replicas.jsonl") if e.get("event") == "replica group started"]
         victim = next(e["nodes"][0] for e in started if e["replica_id"] == 1)
         pace.write_text("2")
+        killed_at = time.time()
         killed = subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "kill-node", victim], capture_output=True)
         assert killed.returncode == 0, killed.stderr
         killed_after = max(r["step"] for r in _jsonl(run / "metrics.jsonl"))
         wait_until(
             "the group on the spare healed",
-            lambda: any(
-                "healed from a live peer" in e.get("cause", "") and e.get("replica_id") == 1
+            lambda: any(  # after the kill: a group started after its peer heals at the job's start too
+                "healed from a live peer" in e.get("cause", "") and e.get("replica_id") == 1 and e["time"] > killed_at
                 for e in _jsonl(run / "replicas.jsonl")
             ),
             180,

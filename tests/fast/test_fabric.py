@@ -79,7 +79,7 @@ def test_verdict(nodes, links, threshold, bad_nodes, bad_links):
     assert list(found.bad_links) == bad_links
     for finding in found.findings:
         assert finding.value < threshold * finding.median
-        assert f"{finding.value / finding.median:.0%} of the median" in finding.line()
+        assert f"{finding.value / finding.median:.0%} of its peers' median" in finding.line()
 
 
 NCCL_SOCKET_LOG = """\

@@ -120,12 +120,18 @@ def _assert_last_step_saved_and_relaunch_resumes_exactly(spec, run_dir: Path, sa
     _assert_every_step_once(run_dir, samples)
 
 
-def _wait_for_heal(run_dir: Path, replica_id: int, job, timeout_s: float) -> None:
+def _healed_since(run_dir: Path, replica_id: int, since: float) -> bool:
+    """Group ``replica_id`` healed from a live peer after ``since`` (a group started after its peer
+    heals at the job's start too)."""
+    return any(
+        "healed from a live peer" in e.get("cause", "") and e.get("replica_id") == replica_id and e["time"] > since
+        for e in read_membership(run_dir)
+    )
+
+
+def _wait_for_heal(run_dir: Path, replica_id: int, job, since: float, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not job.done():
-        events = read_membership(run_dir)
-        if any("healed from a live peer" in e.get("cause", "") and e.get("replica_id") == replica_id for e in events):
-            return
+    while time.monotonic() < deadline and not job.done() and not _healed_since(run_dir, replica_id, since):
         time.sleep(0.2)
 
 
@@ -145,9 +151,10 @@ def test_a_killed_replica_group_costs_no_step_and_comes_back_on_a_spare(tmp_path
         assert victims, "no process of replica group 1 found"
         killed_after = _metrics(run_dir)[-1]["step"]
         pace.write_text("2")
+        killed_at = time.time()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
-        _wait_for_heal(run_dir, 1, job, timeout_s=60)
+        _wait_for_heal(run_dir, 1, job, since=killed_at, timeout_s=60)
         pace.write_text("0.4")
         state = job.wait(timeout_s=300)
     finally:
