@@ -21,7 +21,6 @@ import collections
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,9 +28,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import hpc_hsdp
 from hpc_hsdp.files import UnreadableFile, read_json, write_atomically
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm
+from hpc_hsdp.job.backends import task_backend
 from hpc_hsdp.rundir.evals import (
     DONE,
     EVALS_LOG,
@@ -59,15 +57,6 @@ _TAIL_LINES = 200
 """The wrapper keeps the command's last lines of output to find its JSON result in."""
 
 
-def on_slurm(env: Mapping[str, str]) -> bool:
-    """Whether the training job runs under SLURM (not the emulator) and ``sbatch`` is here."""
-    return (
-        bool(env.get("SLURM_JOB_ID"))
-        and env.get("HPC_HSDP_EMULATOR") != "1"
-        and shutil.which("sbatch", path=env.get("PATH")) is not None
-    )
-
-
 def eval_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The training task's environment without what belongs to its job and its rank (SLURM's and
     torch.distributed's variables, hpc-hsdp's test hooks), with this hpc-hsdp first on PYTHONPATH
@@ -75,7 +64,7 @@ def eval_environment(env: Mapping[str, str]) -> dict[str, str]:
     out = {
         k: v for k, v in env.items() if k in _KEPT_VARIABLES or not (k.startswith(_DROPPED_PREFIXES) or k in _DROPPED)
     }
-    package_root = str(Path(hpc_hsdp.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory that holds hpc_hsdp/
     paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_root]
     out["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     return out
@@ -93,58 +82,33 @@ def wrapper_argv(run_dir: str, step: int, command: str, *, python: str | None = 
     return [python or sys.executable, "-m", "hpc_hsdp.job.eval_job", str(run_dir), str(step), "--", inner]
 
 
-def sbatch_argv(run_dir: str, step: int, command: str, env: Mapping[str, str]) -> list[str]:
-    """The ``sbatch`` of step N's eval job: one task on one node, the training job's partition and
-    account, output to ``evals/step-N.out``."""
-    argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name=eval-step-{step}"]
-    argv.append(f"--output={output_path(run_dir, step)}")
-    for variable, flag in (("SLURM_JOB_PARTITION", "--partition"), ("SLURM_JOB_ACCOUNT", "--account")):
-        if env.get(variable):
-            argv.append(f"{flag}={env[variable]}")
-    return [*argv, "--wrap", shlex.join(wrapper_argv(run_dir, step, command))]
-
-
 def submit_one(run_dir: str, step: int, command: str, env: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """Submit step N's eval job: (job id, None) or (None, why not). Never raises."""
-    clean = eval_environment(env)
-    if on_slurm(env):
-        try:
-            done = run_slurm(sbatch_argv(run_dir, step, command, env), env=clean)
-        except SchedulerError as exc:
-            return None, " ".join(str(exc).split())[:300]
-        said = " ".join((done.stdout + done.stderr).split())[:300]
-        job_id = done.stdout.strip().split(";")[0].strip() if done.returncode == 0 else ""
-        if not job_id.isdigit():
-            return None, f"sbatch failed: {said or f'exit code {done.returncode}'}"
-        return job_id, None
+    """Submit step N's eval job through the backend of the job this task runs in: (job id, None)
+    or (None, why not). Never raises."""
     try:
-        with open(output_path(run_dir, step), "ab") as out:
-            proc = subprocess.Popen(
-                wrapper_argv(run_dir, step, command),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=clean,
-                cwd=run_dir,
-                start_new_session=True,  # detached: the training job's end does not end it
-            )
-    except OSError as exc:
-        return None, f"the eval process could not be started ({exc.strerror or exc})"
-    _DETACHED.append(proc)
-    return f"local-{proc.pid}", None
+        return task_backend(env).submit_side_job(
+            wrapper_argv(run_dir, step, command),
+            name=f"eval-step-{step}",
+            output=output_path(run_dir, step),
+            env=eval_environment(env),
+            job_env=env,
+        )
+    except Exception as exc:  # noqa: BLE001 - a submission's failure is recorded, never raised
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
-_DETACHED: list[subprocess.Popen] = []
-"""The detached eval processes of this one (kept so that Python reaps them when they end)."""
-
-
-def submit_due(run_dir: str | os.PathLike, command: str, *, env: Mapping[str, str] | None = None) -> list[dict]:
-    """Rank 0: submit the eval job of every complete checkpoint without one (each step once, ever);
-    the submission records written, oldest first. Never raises for a step: its record says what failed."""
+def submit_due(
+    run_dir: str | os.PathLike, command: str, *, every: int, last: int, env: Mapping[str, str] | None = None
+) -> list[dict]:
+    """Rank 0: submit the eval job of every complete checkpoint of the cadence (``every`` steps and
+    the ``last``, :func:`~hpc_hsdp.rundir.evals.steps_to_submit`) without one (each step once,
+    ever); the submission records written, oldest first. Never raises for a step: its record says
+    what failed."""
     env = os.environ if env is None else env
     run_dir = str(run_dir)
     done = []
-    due = steps_to_submit([step for step, _ in complete_checkpoints(run_dir)], recorded_steps(run_dir))
+    checkpoints = [step for step, _ in complete_checkpoints(run_dir)]
+    due = steps_to_submit(checkpoints, recorded_steps(run_dir), every=every, last=last)
     for step in due:
         try:
             if not claim(run_dir, step):
@@ -180,9 +144,9 @@ def result_of(output_tail: str, result_file: Path) -> tuple[dict | None, str | N
 
 
 def _job_id(env: Mapping[str, str]) -> str:
-    if env.get("SLURM_JOB_ID") and env.get("HPC_HSDP_EMULATOR") != "1":
-        return env["SLURM_JOB_ID"]
-    return f"local-{os.getpid()}"
+    """The eval job's id: SLURM's; a detached process has none of the training job's (its
+    environment lost them, :func:`eval_environment`), and is ``local-PID``."""
+    return env.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
 
 
 def run_eval(run_dir: str, step: int, command: str, *, env: Mapping[str, str] | None = None) -> dict:

@@ -90,11 +90,14 @@ def metrics_file_path(run_dir, step: int) -> Path:
     return evals_dir(run_dir) / f"step-{step}.metrics.json"
 
 
-def steps_to_submit(checkpoint_steps, recorded_steps) -> list[int]:
+def steps_to_submit(checkpoint_steps, recorded_steps, *, every: int, last: int) -> list[int]:
     """The steps whose checkpoint is complete and that have no submission record yet, oldest first
-    (a step with a record, whatever its state, is never submitted again)."""
+    (a step with a record, whatever its state, is never submitted again). Only the steps of the
+    run's cadence are evaluated: every ``every`` (``--checkpoint-every``; 0: none) and the last
+    one; a checkpoint saved on a stop signal (preemption, a time limit) at another step is not."""
     recorded = set(recorded_steps)
-    return sorted(s for s in set(checkpoint_steps) if s not in recorded)
+    due = (s for s in set(checkpoint_steps) if s == last or (every and s % every == 0))
+    return sorted(s for s in due if s not in recorded)
 
 
 def claim(run_dir, step: int, *, now: float | None = None) -> bool:

@@ -433,7 +433,9 @@ class Engine:
         if not command or not self.ctx.is_rank0 or self.ctx.run_dir is None:
             return
         try:
-            submitted = eval_job.submit_due(self.ctx.run_dir, command)
+            submitted = eval_job.submit_due(
+                self.ctx.run_dir, command, every=self.training.checkpoint_every, last=self.training.steps
+            )
         except Exception as exc:  # noqa: BLE001 - an eval job never stops training
             note(f"warning: eval jobs could not be submitted: {' '.join(str(exc).split())[:300]}")
             return

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job import eval_job
+from hpc_hsdp.job.backends.slurm import SlurmBackend, side_job_sbatch
+from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.report.html import render_html
@@ -40,15 +43,40 @@ def test_the_wrapper_argv_carries_the_substituted_command_as_one_word(tmp_path):
 
 def test_sbatch_of_an_eval_job_one_node_the_jobs_partition_and_account_output_in_evals(tmp_path):
     run = str(tmp_path / "r 1")
-    env = {"SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_ACCOUNT": "proj'x"}
-    argv = eval_job.sbatch_argv(run, 6, "ev {checkpoint}", env)
-    assert argv[:5] == ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", "--job-name=eval-step-6"]
-    assert f"--output={run}/evals/step-6.out" in argv
-    assert "--partition=gpu" in argv and "--account=proj'x" in argv
-    wrapped = shlex.split(argv[argv.index("--wrap") + 1])
-    assert wrapped[2:6] == ["hpc_hsdp.job.eval_job", run, "6", "--"]
+    job_env = {"SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_ACCOUNT": "proj'x", "PATH": str(tmp_path)}
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text("#!/bin/sh\n")
+    sbatch.chmod(0o755)
+    calls = []
+
+    def runner(argv, env=None):
+        calls.append((list(argv), env))
+        return subprocess.CompletedProcess(argv, 0, "4242;cluster\n", "")
+
+    monkeypatch_env = {"PATH": "/bin", "PYTHONPATH": "x"}
+    argv = eval_job.wrapper_argv(run, 6, "ev {checkpoint}", python="/py")
+    answer = SlurmBackend(runner=runner).submit_side_job(
+        argv, name="eval-step-6", output=evals.output_path(run, 6), env=monkeypatch_env, job_env=job_env
+    )
+    assert answer == ("4242", None)
+    ((sent, env),) = calls
+    assert env == monkeypatch_env
+    assert sent[:5] == ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", "--job-name=eval-step-6"]
+    assert f"--output={run}/evals/step-6.out" in sent
+    assert "--partition=gpu" in sent and "--account=proj'x" in sent
+    wrapped = shlex.split(sent[sent.index("--wrap") + 1])
+    assert wrapped[:6] == ["/py", "-m", "hpc_hsdp.job.eval_job", run, "6", "--"]
     assert shlex.split(wrapped[6]) == ["ev", f"{run}/checkpoints/step-000006"]
-    assert not any(a.startswith("--partition") for a in eval_job.sbatch_argv(run, 6, "ev", {}))
+    refused = SlurmBackend(runner=lambda argv, env=None: subprocess.CompletedProcess(argv, 1, "", "sbatch: error: x\n"))
+    got = refused.submit_side_job(argv, name="e", output=tmp_path / "o", env={}, job_env=job_env)
+    assert got == (None, "sbatch failed: sbatch: error: x")
+
+    def timeout(argv, env=None):
+        raise SchedulerTimeout("slurmctld did not answer sbatch within 10 s", command="sbatch", timeout_s=10)
+
+    got = SlurmBackend(runner=timeout).submit_side_job(argv, name="e", output=tmp_path / "o", env={}, job_env=job_env)
+    assert got == (None, "slurmctld did not answer sbatch within 10 s")
+    assert not any(a.startswith("--partition") for a in side_job_sbatch(argv, name="e", output=Path("/o"), job_env={}))
 
 
 def test_the_eval_job_gets_no_slurm_or_rank_variables_of_the_training_job():
@@ -70,16 +98,6 @@ def test_the_eval_job_gets_no_slurm_or_rank_variables_of_the_training_job():
     assert out["PYTHONPATH"].split(os.pathsep) == [root, "/a"]
 
 
-def test_on_slurm_only_in_a_real_slurm_job_with_sbatch(tmp_path):
-    sbatch = tmp_path / "sbatch"
-    sbatch.write_text("#!/bin/sh\n")
-    sbatch.chmod(0o755)
-    assert eval_job.on_slurm({"SLURM_JOB_ID": "3", "PATH": str(tmp_path)})
-    assert not eval_job.on_slurm({"SLURM_JOB_ID": "3", "PATH": str(tmp_path), "HPC_HSDP_EMULATOR": "1"})
-    assert not eval_job.on_slurm({"PATH": str(tmp_path)})
-    assert not eval_job.on_slurm({"SLURM_JOB_ID": "3", "PATH": str(tmp_path / "none")})
-
-
 @pytest.mark.parametrize("command", ["", "   ", "a\0b", "x" * 9000])
 def test_an_eval_command_that_cannot_run_is_refused_in_one_line(command):
     with pytest.raises(SpecError) as err:
@@ -91,17 +109,22 @@ def test_an_eval_command_that_cannot_run_is_refused_in_one_line(command):
 
 
 @pytest.mark.parametrize(
-    ("checkpoints", "recorded", "due"),
+    ("checkpoints", "recorded", "every", "due"),
     [
-        ([2, 4, 6], [], [2, 4, 6]),  # a fresh run
-        ([4, 6], [2, 4], [6]),  # resumed: 2 was pruned, 4 submitted before the requeue
-        ([6, 2, 4], [6], [2, 4]),  # oldest first
-        ([2, 4], [2, 4, 8], []),  # every step has a record (whatever its state): nothing again
-        ([], [2], []),
+        ([2, 4, 6], [], 2, [2, 4, 6]),  # a fresh run
+        ([4, 6], [2, 4], 2, [6]),  # resumed: 2 was pruned, 4 submitted before the requeue
+        ([6, 2, 4], [6], 2, [2, 4]),  # oldest first
+        ([2, 4], [2, 4, 8], 2, []),  # every step has a record (whatever its state): nothing again
+        ([], [2], 2, []),
+        ([2, 3, 4], [2], 2, [4]),  # 3: saved on a stop signal, off the cadence: no eval
+        ([3, 6], [], 0, [6]),  # no periodic checkpoints: the last step's only
+        ([5, 10], [], 5, [5, 10]),
     ],
 )
-def test_the_steps_to_submit_are_the_complete_checkpoints_without_a_record(checkpoints, recorded, due):
-    assert steps_to_submit(checkpoints, recorded) == due
+def test_the_steps_to_submit_are_the_complete_checkpoints_of_the_cadence_without_a_record(
+    checkpoints, recorded, every, due
+):
+    assert steps_to_submit(checkpoints, recorded, every=every, last=6 if every != 5 else 10) == due
 
 
 def _checkpoint(run: Path, step: int, complete: bool = True) -> None:
@@ -139,10 +162,10 @@ def test_submit_due_submits_each_step_once_and_records_the_outcome(
         return (job, None) if job else (None, "sbatch failed: no partition")
 
     monkeypatch.setattr(eval_job, "submit_one", fake_submit)
-    eval_job.submit_due(run, "ev {checkpoint}", env={})
+    eval_job.submit_due(run, "ev {checkpoint}", every=2, last=10, env={})
     assert calls == submitted
     assert {e.step: e.state for e in read_evals(run)} == states
-    eval_job.submit_due(run, "ev {checkpoint}", env={})  # a requeue, a resubmit: nothing twice
+    eval_job.submit_due(run, "ev {checkpoint}", every=2, last=10, env={})  # a requeue, a resubmit: nothing twice
     assert calls == submitted
     failed = [e for e in read_evals(run) if e.state == "submit-failed" and e.step in submitted]
     assert all(e.reason == "sbatch failed: no partition" for e in failed)
