@@ -263,3 +263,15 @@ def test_a_run_without_evals_has_no_eval_chart(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
     run = load_run(tmp_path)
     assert run.evals == [] and "eval jobs" not in render_html([run])
+
+
+@pytest.mark.parametrize("run", ["/tmp/run", "/tmp/run $(x)", '/tmp/it\'s a "run"', "/tmp/back\\slash dir"])
+def test_the_emulator_reads_a_quoted_output_path_as_sbatch_does(run):
+    """The emulator's batch output goes where ``#SBATCH --output`` says, a quoted path with spaces
+    too (before, it fell back to slurm-JOB.out in the submitting directory)."""
+    from hpc_hsdp.job.backends.local import _sbatch_value  # noqa: PLC0415
+    from hpc_hsdp.job.render import sbatch_quote  # noqa: PLC0415
+
+    script = f"#!/bin/bash\n#SBATCH --output={sbatch_quote(run + '/logs/%j.out')}\n#SBATCH --nodes=1\n"
+    assert _sbatch_value(script, "output") == run + "/logs/%j.out"
+    assert _sbatch_value(script, "nodes") == "1" and _sbatch_value(script, "error") is None
