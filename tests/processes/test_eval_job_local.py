@@ -130,3 +130,31 @@ def test_the_wrapper_writes_a_result_file_and_imports_no_torch(tmp_path):
     assert result["state"] == "done" and result["metrics"] == {"written": 2}
     bad = subprocess.run([sys.executable, "-m", "hpc_hsdp.job.eval_job", str(run), "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_a_resubmitted_run_catches_up_on_the_checkpoints_without_an_eval_job(tmp_path, local_submit):
+    run = tmp_path / "run"
+    first = hpc(
+        *local_submit(run, "--steps", "4", "--checkpoint-every", "2", "--keep-checkpoints", "4", "--wait", *TINY)
+    )
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert not (run / "evals").exists()
+    command = "echo '{\"s\": '{step}'}'"
+    again = hpc(
+        *local_submit(
+            run,
+            "--steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--keep-checkpoints",
+            "4",
+            "--eval-job",
+            command,
+            "--wait",
+            *TINY,
+        )
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    lines = wait_results(run, 3)
+    assert sorted((line["step"], line["metrics"]["s"]) for line in lines) == [(2, 2), (4, 4), (6, 6)]
