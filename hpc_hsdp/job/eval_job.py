@@ -158,6 +158,10 @@ def run_eval(run_dir: str, step: int, command: str, *, env: Mapping[str, str] | 
     result_file = metrics_file_path(run_dir, step)
     base = {"step": step, "job_id": job_id, "started": started}
     _write_result(run_dir, step, {**base, "state": RUNNING})
+    try:
+        result_file.unlink()  # an earlier run's result is not this one's
+    except FileNotFoundError:
+        pass
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     try:
         proc = subprocess.Popen(

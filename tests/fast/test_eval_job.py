@@ -76,7 +76,8 @@ def test_sbatch_of_an_eval_job_one_node_the_jobs_partition_and_account_output_in
 
     got = SlurmBackend(runner=timeout).submit_side_job(argv, name="e", output=tmp_path / "o", env={}, job_env=job_env)
     assert got == (None, "slurmctld did not answer sbatch within 10 s")
-    assert not any(a.startswith("--partition") for a in side_job_sbatch(argv, name="e", output=Path("/o"), job_env={}))
+    plain = side_job_sbatch(argv, name="e", output=Path("/r/100%/o"), job_env={})
+    assert not any(a.startswith("--partition") for a in plain) and "--output=/r/100%%/o" in plain
 
 
 def test_the_eval_job_gets_no_slurm_or_rank_variables_of_the_training_job():

@@ -128,6 +128,10 @@ def test_the_wrapper_writes_a_result_file_and_imports_no_torch(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((run / "evals" / "step-5.result.json").read_text())
     assert result["state"] == "done" and result["metrics"] == {"written": 2}
+    # run again (its record deleted by hand): the result file of before is not this run's
+    again = subprocess.run([sys.executable, "-c", code, str(run), "5", "--", "echo '{\"printed\": 3}'"], env=env)
+    assert again.returncode == 0
+    assert json.loads((run / "evals" / "step-5.result.json").read_text())["metrics"] == {"printed": 3}
     bad = subprocess.run([sys.executable, "-m", "hpc_hsdp.job.eval_job", str(run), "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
 

@@ -212,7 +212,8 @@ def point_logs(job_id: str, logs: Path) -> Path:
 def side_job_sbatch(argv: Sequence[str], *, name: str, output: Path, job_env) -> list[str]:
     """The ``sbatch`` of a side job (:meth:`SlurmBackend.submit_side_job`): one task on one node,
     the partition and account of the job whose environment is ``job_env``, ``argv`` wrapped."""
-    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name={name}", f"--output={output}"]
+    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name={name}"]
+    sbatch.append("--output=" + str(output).replace("%", "%%"))  # a % of the path is no pattern of sbatch's
     for variable, flag in (("SLURM_JOB_PARTITION", "--partition"), ("SLURM_JOB_ACCOUNT", "--account")):
         if job_env.get(variable):
             sbatch.append(f"{flag}={job_env[variable]}")
