@@ -3,6 +3,7 @@ and :func:`follow`, the live line of ``submit --wait``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -18,6 +19,7 @@ from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.evals import EVALS_SHOWN, evals_summary, read_evals
 from hpc_hsdp.rundir.fabric import CHECK_ROWS_SHOWN, check_summary, check_table, read_check, read_decisions
 from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
@@ -200,6 +202,7 @@ def status(job, as_json) -> None:
     metrics = facts["last"]
     progress = facts["progress"]
     provenance = read_provenance(handle.record.run_dir)
+    evals = read_evals(handle.record.run_dir)
     data = {
         "job_id": handle.job_id,
         "cluster": handle.record.cluster,
@@ -221,6 +224,7 @@ def status(job, as_json) -> None:
         "code": code_words(provenance),
         "commit": commit_id(provenance),
         "versions": read_task_provenance(handle.record.run_dir),
+        "evals": [dataclasses.asdict(entry) for entry in evals],
         **st.to_dict(),
     }
     if as_json:
@@ -264,6 +268,10 @@ def status(job, as_json) -> None:
         _say(terminal_safe(f"check: {check_summary(check, decisions[-1] if decisions else None)}"))
         for line in check_table(check, every_row=len(check.get("nodes") or ()) <= CHECK_ROWS_SHOWN):
             _say(terminal_safe(f"  {line}"))
+    if evals:
+        _say(evals_summary(evals) + (f" (the last {EVALS_SHOWN}:)" if len(evals) > EVALS_SHOWN else ""))
+        for entry in evals[-EVALS_SHOWN:]:
+            _say(terminal_safe(f"  {entry.words()}"))
     if facts["hang"]:
         _say(f"last hang: {facts['hang']}")
     for off in facts["trackers_off"]:

@@ -9,6 +9,7 @@ import click
 
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
+from hpc_hsdp.rundir.evals import evals_summary
 from hpc_hsdp.rundir.fabric import check_summary
 from hpc_hsdp.rundir.provenance import code_words
 
@@ -62,6 +63,10 @@ def report(run_dirs, output) -> None:
             click.echo(terminal_safe(f"{run.label}: code {code}"), err=True)
         if run.check is not None:
             click.echo(terminal_safe(f"{run.label}: check: {check_summary(run.check)}"), err=True)
+        if run.evals:
+            click.echo(terminal_safe(f"{run.label}: {evals_summary(run.evals)}"), err=True)
+            for entry in run.evals:
+                click.echo(terminal_safe(f"{run.label}:   {entry.words()}"), err=True)
     try:
         written = write_report(runs, target)
     except NothingToDraw as exc:

@@ -1025,6 +1025,19 @@ OPTIONS: tuple[JobOption, ...] = (
         help="Save a distributed checkpoint every K steps (0: only at the end).",
     ),
     _training(
+        "eval_job",
+        kind="str",
+        default=None,
+        metavar="COMMAND",
+        help=(
+            "A shell command run as a job of its own for every saved checkpoint (and after the final save), "
+            "once per step across requeues, while training goes on: {checkpoint}, {step}, {run_dir} and {result} "
+            "are replaced by the step's checkpoint directory, its step, the run directory and a file it may write "
+            "its JSON result to (shell-quoted); else its last printed JSON object line is its result. On SLURM "
+            "one node in the job's partition and account; results in RUN_DIR/evals/, shown by status and report."
+        ),
+    ),
+    _training(
         "keep_checkpoints",
         kind="int",
         default=2,

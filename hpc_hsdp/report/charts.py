@@ -203,6 +203,27 @@ def _heatmap(run: RunData, *, single: bool) -> Heatmap:
     )
 
 
+EVAL_METRICS_DRAWN = 6
+"""The eval-jobs chart draws at most this many metrics of each run (the first its eval jobs printed)."""
+
+
+def _eval_jobs(runs: Sequence[RunData], per_step: dict) -> list[LineChart]:
+    """The eval jobs' metrics (``--eval-job``) per step beside the training loss; none without any."""
+    if not any(run.eval_metric_names for run in runs):
+        return []
+    single = len(runs) == 1
+    series = _series(runs, "loss", label="train loss")
+    for i, run in enumerate(runs):
+        for k, name in enumerate(run.eval_metric_names[:EVAL_METRICS_DRAWN]):
+            xs, ys = run.eval_series(name)
+            label = f"eval job: {name}" if single else f"{run.label}: eval job {name}"
+            color = PALETTE[((k + 1) if single else i) % len(PALETTE)]
+            series.append(Series(label=label, xs=xs, ys=ys, color=color, dashed=True, dots=True))
+    return [
+        LineChart(name="eval-jobs", title="Eval jobs beside the training loss", plain_y=True, series=series, **per_step)
+    ]
+
+
 def charts(runs: Sequence[RunData]) -> list[Chart]:
     """Every chart of the report of ``runs``, in reading order: the line charts, then a heat map per run."""
     marks = markers(runs)
@@ -219,6 +240,7 @@ def charts(runs: Sequence[RunData]) -> list[Chart]:
             + _series(runs, "eval_loss", label="eval loss", dashed=True, dots=True, color_offset=4 if single else 0),
             **per_step,
         ),
+        *_eval_jobs(runs, per_step),
         LineChart(
             name="loss-tokens",
             title="Loss against tokens",

@@ -18,6 +18,7 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.evals import EvalEntry, read_evals
 from hpc_hsdp.rundir.fabric import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import read_membership
@@ -174,6 +175,22 @@ class RunData:
     """``provenance.json``: the code (commit, uncommitted changes) and packages that produced the run."""
     check: dict | None = None
     """``check.json``: the fabric check's figures per node and link (``--check``, ``hpc-hsdp check``)."""
+    evals: list[EvalEntry] = field(default_factory=list)
+    """``evals/``: the eval job of each checkpoint (``--eval-job``), oldest first."""
+
+    def eval_series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of eval-job metric ``name`` over the finished eval jobs."""
+        points = [(e.step, e.metrics[name]) for e in self.evals if e.state == "done" and name in e.metrics]
+        return [float(s) for s, _ in points], [v for _, v in points]
+
+    @property
+    def eval_metric_names(self) -> list[str]:
+        """The eval jobs' metric names, in the order first seen."""
+        names: dict[str, None] = {}
+        for entry in self.evals:
+            if entry.state == "done":
+                names.update(dict.fromkeys(entry.metrics))
+        return list(names)
 
     @property
     def total_steps(self) -> int | None:
@@ -264,6 +281,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
         last_activity=max(times) if times else None,
         provenance=None if tail_only else read_provenance(run_dir),
         check=None if tail_only else read_check(run_dir),
+        evals=[] if tail_only else read_evals(run_dir),
     )
     if run.state == "running" and last is not None:
         total = run.total_steps

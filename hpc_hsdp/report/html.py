@@ -42,6 +42,11 @@ def render_html(runs: Sequence[RunData]) -> str:
         for run in runs
         if run.check is not None
     )
+    notes += "".join(
+        f"<h2>{escape(run.label)}: eval jobs</h2><pre>{escape(chr(10).join(e.words() for e in run.evals))}</pre>"
+        for run in runs
+        if run.evals
+    )
     drawn = charts(runs)
     small = "".join(render(chart) for chart in drawn if isinstance(chart, LineChart))
     wide = "".join(f"<div class='wide'>{render(chart)}</div>" for chart in drawn if isinstance(chart, Heatmap))

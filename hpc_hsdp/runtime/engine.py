@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hpc_hsdp.job import eval_job
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
@@ -56,7 +57,7 @@ from hpc_hsdp.runtime.device import (
 )
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch
-from hpc_hsdp.runtime.log import say
+from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.metrics_writer import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
 from hpc_hsdp.runtime.observer import RunObserver
@@ -178,6 +179,8 @@ class Engine:
         self._stop_group = None
         self._agreement_ready = False
         self._finished = False
+        self._evals_checked: int | None = None
+        self.submit_evals()  # catch-up: the complete checkpoints of earlier attempts without an eval job
 
     def _build(self, optimizer) -> None:
         ctx, training = self.ctx, self.training
@@ -365,6 +368,8 @@ class Engine:
         injected_faults.after_step(self.coordinator.rank_label, self.ctx.world_size, step.number, step.batches)
         if self.watchdog is not None:
             self.watchdog.step_done(step.number)
+        if self.saved_step != self._evals_checked and (self.periodic is None or self.periodic.in_flight is None):
+            self.submit_evals()  # a background save was committed since
 
     # ------------------------------------------------------------------ stopping
 
@@ -420,6 +425,26 @@ class Engine:
         if self.ctx.is_rank0 and self.verbose:
             say(f"checkpoint {path}" + (" (writing in the background)" if background is not None else ""))
 
+    def submit_evals(self) -> None:
+        """Rank 0, with ``--eval-job``: submit the eval job of every complete checkpoint that has
+        none (:func:`hpc_hsdp.job.eval_job.submit_due`); never stops training."""
+        self._evals_checked = self.saved_step
+        command = self.training.eval_job
+        if not command or not self.ctx.is_rank0 or self.ctx.run_dir is None:
+            return
+        try:
+            submitted = eval_job.submit_due(
+                self.ctx.run_dir, command, every=self.training.checkpoint_every, last=self.training.steps
+            )
+        except Exception as exc:  # noqa: BLE001 - an eval job never stops training
+            note(f"warning: eval jobs could not be submitted: {' '.join(str(exc).split())[:300]}")
+            return
+        for record in submitted:
+            if record.get("job_id"):
+                say(f"eval job {record['job_id']} submitted for step {record['step']}")
+            else:
+                note(f"warning: the eval job of step {record['step']} was not submitted: {record.get('reason')}")
+
     def _save_now(self) -> int:
         """Collective: the last completed step's checkpoint, synchronously, the periodic saver
         closed (the coordinator's, before its job ends: a requeue resumes from it); the step."""
@@ -445,6 +470,7 @@ class Engine:
         self.save()
         if self.periodic is not None:
             self.periodic.close()
+        self.submit_evals()  # the final checkpoint's eval job (and any a background save left)
         self.observer.finish(stop_reason, self.last_step)
         self.coordinator.close()
         if self.compile_clock is not None:

@@ -144,6 +144,7 @@ _SAMPLES = {
     "val_data": "/data/val",
     "tracker": "wandb,mlflow",
     "stage_data": "/local/stage",
+    "eval_job": "python eval.py --ckpt {checkpoint} --name \"$(id)\" '{step}'",
 }
 
 

@@ -7,8 +7,9 @@ differs between schedulers is a method here, or a fact stated by a class attribu
 
 from __future__ import annotations
 
+import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,7 +97,40 @@ class Backend(ABC):
         """Why ``--precision fp8`` cannot train on the GPUs this scheduler would give ``spec``'s
         tasks (None: it may, or they cannot be told here)."""
 
+    def submit_side_job(
+        self, argv: Sequence[str], *, name: str, output: Path, env: Mapping[str, str], job_env: Mapping[str, str]
+    ) -> tuple[str | None, str | None]:
+        """From inside a job (its environment ``job_env``), start ``argv`` as a small job of its own
+        that the training never waits for (an eval job), its output appended to ``output``, with
+        environment ``env``: (job id, None) or (None, why not). Never raises. Here: a detached
+        process of this machine (the emulator's way, and any scheduler's outside a job)."""
+        return start_detached(argv, output=output, env=env)
+
     def reachable_here(self) -> bool:
         """Whether this machine can ask the scheduler about its jobs (a job it did not answer
         about may well still run)."""
         return True
+
+
+DETACHED: list[subprocess.Popen] = []
+"""The detached processes this one started (kept so that Python reaps them when they end)."""
+
+
+def start_detached(argv: Sequence[str], *, output: Path, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """``argv`` as a process of a session of its own (a job's end, its process group killed, does
+    not end it), output appended to ``output``: (``local-PID``, None) or (None, why not)."""
+    try:
+        with open(output, "ab") as out:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=output.parent,
+                start_new_session=True,
+            )
+    except OSError as exc:
+        return None, f"{argv[0]} could not be started ({exc.strerror or exc})"
+    DETACHED.append(proc)
+    return f"local-{proc.pid}", None

@@ -239,11 +239,15 @@ def job_environment(
 
 
 def _sbatch_value(script: str, key: str) -> str | None:
-    match = re.search(rf"^#SBATCH\s+--{key}[= ](\S+)\s*$", script, re.MULTILINE)
+    """The value of ``#SBATCH --KEY=VALUE`` as sbatch reads it: a double-quoted one (what
+    :func:`hpc_hsdp.job.render.sbatch_quote` writes for a path with spaces) unescaped."""
+    match = re.search(rf'^#SBATCH\s+--{key}[= ]("(?:[^"\\]|\\.)*"|\S+)\s*$', script, re.MULTILINE)
     if not match:
         return None
     value = match.group(1)
-    return value[1:-1] if value[:1] == value[-1:] and value[:1] in "'\"" else value
+    if value[:1] == value[-1:] == '"' and len(value) > 1:
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value[1:-1] if value[:1] == value[-1:] == "'" and len(value) > 1 else value
 
 
 def expand_pattern(

@@ -9,6 +9,7 @@ another (canned answers).
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import time
@@ -17,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError
-from hpc_hsdp.job.backends.base import Backend
+from hpc_hsdp.job.backends.base import Backend, start_detached
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller, run_slurm
 from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
@@ -208,6 +209,17 @@ def point_logs(job_id: str, logs: Path) -> Path:
     return logs
 
 
+def side_job_sbatch(argv: Sequence[str], *, name: str, output: Path, job_env) -> list[str]:
+    """The ``sbatch`` of a side job (:meth:`SlurmBackend.submit_side_job`): one task on one node,
+    the partition and account of the job whose environment is ``job_env``, ``argv`` wrapped."""
+    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name={name}"]
+    sbatch.append("--output=" + str(output).replace("%", "%%"))  # a % of the path is no pattern of sbatch's
+    for variable, flag in (("SLURM_JOB_PARTITION", "--partition"), ("SLURM_JOB_ACCOUNT", "--account")):
+        if job_env.get(variable):
+            sbatch.append(f"{flag}={job_env[variable]}")
+    return [*sbatch, "--wrap", shlex.join(argv)]
+
+
 class SlurmBackend(Backend):
     """SLURM, asked through ``runner`` (the bounded runner; canned answers in tests)."""
 
@@ -296,6 +308,21 @@ class SlurmBackend(Backend):
 
     def requeue(self, job_id: str) -> tuple[bool, str]:
         return requeue_job(job_id)
+
+    def submit_side_job(self, argv, *, name, output, env, job_env):
+        """``sbatch --parsable --wrap`` of one task on one node, in the job's partition and account
+        (from its environment); outside a SLURM job (``hpc-hsdp run`` by hand), a detached process."""
+        if not job_env.get("SLURM_JOB_ID") or shutil.which("sbatch", path=job_env.get("PATH")) is None:
+            return start_detached(argv, output=output, env=env)
+        try:
+            done = self.runner(side_job_sbatch(argv, name=name, output=output, job_env=job_env), env=env)
+        except SchedulerError as exc:
+            return None, " ".join(str(exc).split())[:300]
+        said = " ".join((done.stdout + done.stderr).split())[:300]
+        job_id = done.stdout.strip().split(";")[0].strip() if done.returncode == 0 else ""
+        if not job_id.isdigit():
+            return None, f"sbatch failed: {said or f'exit code {done.returncode}'}"
+        return job_id, None
 
     def fp8_refusal(self, spec) -> str | None:
         """Of the nodes of the job's partition (:func:`slurm_gpu_nodes`)."""
