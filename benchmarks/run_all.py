@@ -15,6 +15,7 @@
 14 peers     start-up and step vs hand-written FSDP2 and Lightning Fabric  (bench_peers.py; makes
              benchmarks/.peers-venv with lightning on first use)
 26 staging  the data wait with and without --stage-data under read latency  (bench_staging.py)
+27 check    the fabric check's time, 2 to 16 emulated nodes                  (bench_check.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -52,6 +53,7 @@ SUITE = [
         ["--runs", "5", "--steps", "12", "--latency-ms", "1,5,20"],
         ["--runs", "1", "--steps", "6", "--latency-ms", "20", "--megabytes", "4"],
     ),
+    ("check", "bench_check.py", ["--runs", "3", "--nodes", "2,4,8,16"], ["--runs", "1", "--nodes", "2,4"]),
 ]
 
 
