@@ -10,6 +10,7 @@ import click
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.submit_cmd import cluster_option
+from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import CHECK_ENTRY
 from hpc_hsdp.rundir.fabric import check_lines, read_check
 
@@ -29,11 +30,13 @@ def check(cluster, **options) -> None:
 
     \b
     hpc-hsdp check --nodes 16 --gpus-per-node 8 --partition gpu --time 10
-    hpc-hsdp check --nodes 4 --check-threshold 0.8 --env NCCL_DEBUG=INFO
+    hpc-hsdp check --nodes 4 --check-threshold 0.8 --sbatch exclude=gpu-a07
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
     from hpc_hsdp.job.submission import submit_spec  # noqa: PLC0415  (as submit)
 
+    if options.get("sweep"):
+        raise SpecError("check measures one allocation: drop --sweep (check the nodes first, then sweep)")
     options = {**options, "entry": CHECK_ENTRY, "shard_size": 1, "tp_size": 1, "topology": "off", "check": False}
     spec = job_spec_from_options(options, new_run_dir=True)
     handle, _, said = submit_spec(spec, cluster=cluster)

@@ -189,3 +189,13 @@ def test_on_gpus_the_check_step_asks_nccl_which_network_it_uses():
 
     assert "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE=/r/logs/nccl-check.%h.%p srun" in script()
     assert "NCCL_DEBUG=INFO" not in script("--device", "cpu")
+
+
+def test_check_of_a_sweep_is_refused_before_anything_is_submitted(tmp_path):
+    import subprocess
+    import sys
+
+    argv = ["check", "--cluster", "local", "--nodes", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(tmp_path / "r")]
+    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    assert out.returncode == 2 and "drop --sweep" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
