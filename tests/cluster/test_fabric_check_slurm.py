@@ -21,6 +21,9 @@ JOB = (
 )
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
 def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
 
@@ -58,7 +61,7 @@ def test_check_names_a_slow_node_and_a_spare_trains_in_its_place(slurm_cluster, 
         wait_until("the job's nodes", lambda: _state(run)["state"] == "RUNNING", 120)
         slow = _job_nodes(job_id)[1]
         _throttled_check(run, job_id, slow)
-        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] != "RUNNING" and s, 300)
+        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] in ENDED and s, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     assert final["state"] == "COMPLETED", hpc("logs", str(run), "--tail", "30").stdout
@@ -82,9 +85,8 @@ def test_without_a_spare_the_job_requeues_once_without_the_slow_node(slurm_clust
         wait_until("the job's start", lambda: _state(run)["state"] == "RUNNING", 120)
         slow = _job_nodes(job_id)[1]  # the second of its two nodes, slowed during the first check
         _throttled_check(run, job_id, slow)
-        final = wait_until(
-            "the end of the job", lambda: (s := _state(run))["state"] not in ("RUNNING", "PENDING") and s, 300
-        )
+        # the requeue passes through held and requeued states: the end is a final state
+        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] in ENDED and s, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     decisions = [json.loads(line) for line in (run / "checks.jsonl").read_text().splitlines()]
