@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 
-def node_pids(job_id: str, node: str, needle: bytes = b"") -> list[int]:
-    """This user's processes of job ``job_id`` on ``node`` (their environment says so) whose command
-    line holds ``needle``."""
-    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
+def user_pids(environ: set[bytes], argv=lambda argv: True) -> list[int]:
+    """This user's processes (not this one) whose environment holds every ``environ`` entry
+    (``b"NAME=value"``) and whose argument list (bytes) ``argv`` accepts."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -26,13 +25,20 @@ def node_pids(job_id: str, node: str, needle: bytes = b"") -> list[int]:
         try:
             if entry.stat().st_uid != os.geteuid():
                 continue
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-            cmdline = (entry / "cmdline").read_bytes()
+            found = set((entry / "environ").read_bytes().split(b"\0"))
+            args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if wanted <= environ and needle in cmdline:
+        if environ <= found and argv(args):
             pids.append(int(entry.name))
     return pids
+
+
+def node_pids(job_id: str, node: str, needle: bytes = b"") -> list[int]:
+    """This user's processes of job ``job_id`` on ``node`` (their environment says so) whose command
+    line holds ``needle``."""
+    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
+    return user_pids(wanted, lambda args: needle in b"\0".join(args))
 
 
 def _signal(pids, sig) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from throttle import user_pids
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
@@ -51,20 +52,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _group_pids(job_id: str, replica_id: int) -> list[int]:
     """This user's processes of emulated job ``job_id`` in replica group ``replica_id`` (its srun and tasks)."""
-    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"HPC_HSDP_REPLICA_ID={replica_id}".encode()}
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if entry.stat().st_uid != os.geteuid():
-                continue
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            pids.append(int(entry.name))
-    return pids
+    return user_pids({f"SLURM_JOB_ID={job_id}".encode(), f"HPC_HSDP_REPLICA_ID={replica_id}".encode()})
 
 
 def _wait_for_step(run_dir: Path, step: int, job, timeout_s: float) -> None:
@@ -213,21 +201,9 @@ def test_below_min_replicas_the_survivor_saves_its_last_step_and_the_requeued_jo
 def _lighthouse_pids(job_id: str) -> list[int]:
     """This user's torchft lighthouse of emulated job ``job_id`` (the supervisor's child: its environment;
     its script runs as ``python torchft_lighthouse ...``)."""
-    wanted = f"SLURM_JOB_ID={job_id}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != os.geteuid():
-                continue
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if any(arg.endswith(b"torchft_lighthouse") for arg in argv[:2]) and wanted in environ:
-            pids.append(int(entry.name))
-    return pids
+    return user_pids(
+        {f"SLURM_JOB_ID={job_id}".encode()}, lambda argv: any(a.endswith(b"torchft_lighthouse") for a in argv[:2])
+    )
 
 
 def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on(tmp_path: Path) -> None:
