@@ -35,7 +35,7 @@ from hpc_hsdp.rundir.fabric import CHECK_RECORD
 from hpc_hsdp.runtime.log import say
 
 WINDOW_S = 0.1
-"""How long each window of a device figure (matmuls, copies) runs; the median of five counts."""
+"""How long each window of a device figure (matmuls, copies) runs; the best of five counts."""
 REPEATS = 4
 """All-reduces per round of a figure (a collective: every member calls it as often)."""
 
@@ -46,9 +46,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _rate(device: torch.device, fn, window_s: float, windows: int = 5) -> float:
-    """Calls of ``fn`` per second: the median of ``windows`` windows of ``window_s`` (after one warm-up
-    call). A node slowed most of the time (a throttled GPU, a busy host) is slow in most windows; one
-    window in which another process had the CPU does not decide."""
+    """Calls of ``fn`` per second: the best of ``windows`` windows of ``window_s`` (after one warm-up
+    call). Another process taking the CPU (or the device) only ever lowers a rate, so the best window
+    is what the node can do; a node slowed most of the time (a throttled GPU, a busy host) is slow in
+    every window."""
     fn()
     _sync(device)
     rates = []
@@ -62,13 +63,13 @@ def _rate(device: torch.device, fn, window_s: float, windows: int = 5) -> float:
             if elapsed >= window_s:
                 break
         rates.append(calls / elapsed)
-    return median(rates)
+    return max(rates)
 
 
 def _collective_seconds(device: torch.device, fn, repeats: int, rounds: int = 3) -> float:
     """Seconds per call of a collective ``fn``: the median of ``rounds`` rounds of ``repeats`` calls
-    (every member calls it as often), so that one round in which another process took the CPU (or
-    the network) does not decide."""
+    (every member calls it as often). Not the fastest round: the network buffers what a slowed
+    peer has not read yet, so one round can pass while that peer barely ran."""
     fn()
     _sync(device)
     times = []
@@ -93,9 +94,18 @@ def _device_figures(device: torch.device, local_world_size: int, window_s: float
         figures["copy_gbps"] = size * _rate(device, lambda: target.copy_(host, non_blocking=True), window_s) / 1e9
         figures["memory_gib"] = torch.cuda.mem_get_info(device)[0] / 2**30
     else:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        figures["memory_gib"] = available / max(1, local_world_size) / 2**30
+        figures["memory_gib"] = _available_host_bytes() / max(1, local_world_size) / 2**30
     return figures
+
+
+def _available_host_bytes() -> int:
+    """What the kernel can give without swapping (``MemAvailable``: free memory and the page cache it
+    can drop); free memory alone swings with the page cache."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _allreduce_figures(device: torch.device, group, members: int, *, size: int, repeats: int) -> dict:
