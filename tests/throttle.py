@@ -50,8 +50,10 @@ def _signal(pids, sig) -> None:
 
 
 def throttle(job_id: str, node: str, stopped: float, period_s: float, needle: bytes) -> None:
-    """The throttling process's loop, until SIGTERM: the node's processes looked for again every few
-    periods (new ones start), stopped ``stopped`` of each period; all let run at the end."""
+    """The throttling process's loop, until SIGTERM: the node's processes stopped ``stopped`` of each
+    period, and looked for again every few periods (new ones start) while they are stopped: on a
+    loaded machine the scan of /proc takes longer than a period, and it must lengthen the stop, not
+    the run. All let run at the end."""
     try:
         os.nice(-10)  # root on the test machines; elsewhere it stays at the default priority
     except OSError:
@@ -61,12 +63,14 @@ def throttle(job_id: str, node: str, stopped: float, period_s: float, needle: by
     seen: set[int] = set()
     cycle, pids = 0, []
     while not done:
+        started = time.monotonic()
+        _signal(pids, signal.SIGSTOP)
         if cycle % 10 == 0:
             pids = node_pids(job_id, node, needle)
+            _signal(pids, signal.SIGSTOP)
             seen.update(pids)
         cycle += 1
-        _signal(pids, signal.SIGSTOP)
-        time.sleep(period_s * stopped)
+        time.sleep(max(0.0, period_s * stopped - (time.monotonic() - started)))
         _signal(pids, signal.SIGCONT)
         time.sleep(period_s * (1 - stopped))
     _signal(seen, signal.SIGCONT)

@@ -14,10 +14,13 @@ import pytest
 from dist_helpers import wait_until
 from throttle import Throttle
 
+# the throttled node runs about 5% of the time (20x slower); a healthy one on this shared 2-core
+# machine swings by up to ~3x, so the threshold sits between with room on both sides
+THRESHOLD = "0.25"
 JOB = (
     *("--cluster", "slurm", "--device", "cpu", "--gpus-per-node", "2", "--shard", "2"),
     *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8", "--global-batch-size", "8"),
-    *("--steps", "3", "--straggler-every", "0", "--check-threshold", "0.5"),
+    *("--steps", "3", "--straggler-every", "0", "--check-threshold", THRESHOLD),
 )
 
 

@@ -20,10 +20,14 @@ from hpc_hsdp.job.render import render_sbatch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
+# the throttled node runs about 5% of the time (20x slower); a healthy one on this shared 2-core
+# machine swings by up to ~3x, so the threshold sits between with room on both sides
+THRESHOLD = "0.25"
+
 
 def _spec(run_dir: Path, *extra: str):
     argv = [
-        *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--check", "--check-threshold", "0.5"),
+        *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--check", "--check-threshold", THRESHOLD),
         *("--steps", "3", "--global-batch-size", "8", "--layers", "1", "--width", "16", "--heads", "2"),
         *("--seq-len", "8", "--straggler-every", "0", "--device", "cpu", "--run-dir", str(run_dir)),
         *("--venv", "none", "--python", sys.executable),
@@ -48,6 +52,14 @@ def _trained_nodes(run_dir: Path) -> list[str]:
     return list(dict.fromkeys(r["node"] for r in layout["ranks"]))
 
 
+def _figures(check: dict) -> dict:
+    """What a failed assertion shows: each node's and link's figures, short."""
+    return {
+        name: {k: round(v, 4) for k, v in f.items() if isinstance(v, float)}
+        for name, f in {**check["nodes"], **check["links"]}.items()
+    }
+
+
 def _hpc(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True)
 
@@ -57,7 +69,7 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
     run_dir = tmp_path / "run"
     argv = [
         *("--cluster", "local", "--nodes", "2", "--spare-nodes", "1", "--gpus-per-node", "2", "--shard", "2"),
-        *("--check", "--check-threshold", "0.5", "--steps", "3", "--global-batch-size", "8", "--layers", "1"),
+        *("--check", "--check-threshold", THRESHOLD, "--steps", "3", "--global-batch-size", "8", "--layers", "1"),
         *("--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0", "--device", "cpu"),
         *("--run-dir", str(run_dir)),
     ]
@@ -79,9 +91,9 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
         _hpc("cancel", str(run_dir), "--no-wait")
     assert state == "COMPLETED", _hpc("logs", str(run_dir), "--tail", "20").stdout
     check = json.loads((run_dir / "check.json").read_text())
-    assert check["bad_nodes"] == ["n2"], check
+    assert check["bad_nodes"] == ["n2"], _figures(check)
     assert any(f["name"] == "n2" and f["kind"] == "node" for f in check["findings"])
-    assert sorted(check["nodes"]) == ["n1", "n2", "n3"] and check["threshold"] == 0.5
+    assert sorted(check["nodes"]) == ["n1", "n2", "n3"] and check["threshold"] == float(THRESHOLD)
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["action"] == "train" and decision["excluded"] == ["n2"] and decision["spares_used"] == ["n3"]
     assert _trained_nodes(run_dir) == ["n1", "n3"]
@@ -100,7 +112,7 @@ def test_a_healthy_allocation_trains_on_its_own_nodes(tmp_path: Path) -> None:
         job.cancel()
     assert state == "COMPLETED"
     check = json.loads((run_dir / "check.json").read_text())
-    assert check["bad_nodes"] == [] and len(check["links"]) == 3, check
+    assert check["bad_nodes"] == [] and len(check["links"]) == 3, _figures(check)
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["spares_used"] == [] and decision["nodes"] == ["n1", "n2"]
     assert _trained_nodes(run_dir) == ["n1", "n2"]
