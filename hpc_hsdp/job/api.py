@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.config import OPTION_KINDS, check_kind, command_line_layer, resolve_job_spec, running_venv
+from hpc_hsdp.job.config import (
+    OPTION_KINDS,
+    check_kind,
+    command_line_layer,
+    given_alone,
+    resolve_job_spec,
+    running_venv,
+)
 from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.submission import submit_spec
 
@@ -100,6 +107,7 @@ def api_options(options: dict[str, Any]) -> dict[str, Any]:
         if name not in known:
             raise SpecError(f"submit() got an unknown option {name!r}; known options: {', '.join(sorted(known))}")
         kind = OPTION_KINDS.get(name, "path")  # config, profile: strings
+        value = given_alone(name, value)
         if value is not None:
             if kind == "table" and isinstance(value, dict):
                 table = check_kind(name, value, kind, "submit()")  # true: a flag (sbatch), false: left out

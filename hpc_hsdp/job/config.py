@@ -54,6 +54,19 @@ from hpc_hsdp.plan.mixture import map_data_paths
 OPTION_KINDS: Mapping[str, str] = CONFIG_KINDS
 """Config key -> kind of value (from the declarations in :mod:`hpc_hsdp.job.options`)."""
 _TOP_LEVEL_ONLY = {"profile": "str", "profiles": "profiles"}
+_GIVEN_ALONE = {o.key: (o.flag_value, o.off_word) for o in OPTIONS if o.flag_value is not None}
+"""Options a command line may give without a value (``--stage-data``): key -> (the value alone, the
+off word)."""
+
+
+def given_alone(key: str, value: Any) -> Any:
+    """``true`` for an option that may be given alone (``stage_data = true``) is the value it takes
+    alone on the command line; ``false`` is its off word. Other values pass unchanged."""
+    if key in _GIVEN_ALONE and isinstance(value, bool):
+        alone, off = _GIVEN_ALONE[key]
+        return alone if value else off
+    return value
+
 
 _KIND_WORDS = {
     "int": "an integer",
@@ -144,7 +157,7 @@ def _normalize(table: Mapping[str, Any], *, where: str, base_dir: Path, allowed:
         if kind == "profiles":
             out[key] = value
             continue
-        value = check_kind(raw_key, value, kind, where)
+        value = check_kind(raw_key, given_alone(key, value), kind, where)
         if kind == "path" and not (key == "venv" and value == _NO_VENV):
             value = str(base_dir / os.path.expanduser(value)) if value else value
         if kind == "data" and value:

@@ -342,6 +342,24 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
     assert from_cli.run.training.to_args() == cli
 
 
+@pytest.mark.parametrize(("given", "value"), [("true", "auto"), ("false", None), ('"none"', None)])
+def test_an_option_given_alone_on_the_command_line_is_true_in_a_config(tmp_path: Path, given, value) -> None:
+    """stage_data = true is --stage-data alone (auto), false its off word, in a config file and in
+    submit(), as on the command line."""
+    path = tmp_path / "alone.toml"
+    path.write_text(f'shard = 1\ndata = "/data/train"\nstage_data = {given}\n')
+    from_file = spec(["--config", str(path)], cwd=tmp_path)
+    assert from_file.run.training.stage_data == value
+    if given in ("true", "false"):
+        from_api = api_job_spec(
+            {"shard": 1, "data": "/data/train", "stage_data": given == "true"},
+            cwd=tmp_path,
+            environ={},
+            default_venv=None,
+        )
+        assert from_api.run.training.stage_data == value
+
+
 # ----------------------------------------------------------------------------- the Python API's options
 
 
