@@ -36,6 +36,7 @@ from hpc_hsdp.rundir.provenance import (
     task_words,
 )
 from hpc_hsdp.rundir.runs import find_run_dirs
+from hpc_hsdp.rundir.staging import staging_status_lines
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
@@ -225,6 +226,7 @@ def status(job, as_json) -> None:
         "commit": commit_id(provenance),
         "versions": read_task_provenance(handle.record.run_dir),
         "evals": [dataclasses.asdict(entry) for entry in evals],
+        "staging": staging_status_lines(handle.record.run_dir),
         **st.to_dict(),
     }
     if as_json:
@@ -262,6 +264,8 @@ def status(job, as_json) -> None:
         _say("replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":")
         for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
             _say(f"  {line}")
+    for line in data["staging"]:
+        _say(terminal_safe(line))
     check = read_check(handle.record.run_dir)
     if check is not None:
         decisions = read_decisions(handle.record.run_dir)

@@ -18,10 +18,12 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_hsdp.files import UnreadableFile, read_json
 from hpc_hsdp.plan.units import human_bytes
 from hpc_hsdp.rundir.files import atomic_write_text
 
 STAGING_RECORD = "staging.json"
+MAX_RECORD_BYTES = 4 << 20
 
 
 def staging_record_path(run_dir: str | Path) -> Path:
@@ -82,3 +84,24 @@ def staging_lines(record: dict) -> list[str]:
 
 def write_staging_record(run_dir: str | Path, record: dict) -> None:
     atomic_write_text(staging_record_path(run_dir), json.dumps(record, indent=1) + "\n")
+
+
+def read_staging(run_dir: str | Path) -> dict | None:
+    """``staging.json``, or None when there is none or it is not one."""
+    try:
+        record = read_json(staging_record_path(run_dir), max_bytes=MAX_RECORD_BYTES)
+    except (OSError, UnreadableFile):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def staging_status_lines(run_dir: str | Path) -> list[str]:
+    """What ``status`` says of ``--stage-data``: :func:`staging_lines` of the run's record; none when
+    there is no record or it is not one (the run directory's files may be anyone's)."""
+    record = read_staging(run_dir)
+    if record is None:
+        return []
+    try:
+        return staging_lines(record)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []

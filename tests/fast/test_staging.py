@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +37,7 @@ from hpc_hsdp.data.tokens import READ_LATENCY, open_dataset, read_latency_of, re
 from hpc_hsdp.errors import DataError, SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.plan.stage_dir import check_stage_value, stage_base
-from hpc_hsdp.rundir.staging import node_staging, staging_lines
+from hpc_hsdp.rundir.staging import node_staging, staging_lines, write_staging_record
 
 # ----------------------------------------------------------------------------- where the copies go
 
@@ -281,6 +283,34 @@ def test_the_record_keeps_each_nodes_copier_and_its_last_ready_rank():
     assert lines[0].startswith("--stage-data: token files on node-local disk of 2/3 node(s) in 2.00 s (slowest n1;")
     assert "copied 2, reused 2, shared 2" in lines[0] and "staging.json" in lines[0]
     assert lines[1:] == ["warning: --stage-data: n3: /tmp/s has 1 MiB free"]
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (None, False),  # a run without --stage-data
+        ("JSON", True),
+        ('{"nodes": {"n1": {"files": 3}}, "seconds": "x"}', False),  # not a record: nothing, no traceback
+        ("[" * 10000, False),
+    ],
+)
+def test_status_shows_the_staging_line(tmp_path, text, shown):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "5_local.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
+    job = {"job_id": "5", "cluster": "local", "run_dir": str(tmp_path), "logs_dir": str(logs), "job_name": "x",
+           "ntasks": 4, "launcher": "srun", "submitted_at": 0.0}  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    if text == "JSON":
+        write_staging_record(
+            tmp_path,
+            node_staging([("n1", _result(1.5, 1.6, ["copied"])), ("n2", _result(0.0, 0.2, ["reused"]))], "auto"),
+        )
+    elif text is not None:
+        (tmp_path / "staging.json").write_text(text)
+    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert ("--stage-data: token files on node-local disk of 2/2 node(s) in 1.60 s" in out.stdout) == shown, out.stdout
 
 
 # ----------------------------------------------------------------------------- render and submit refuse
