@@ -21,7 +21,7 @@ keyword of ``hpc_hsdp.submit``, ``--reservation`` of ``render`` and ``submit``, 
 the line ``#SBATCH --reservation=VALUE`` (beside ``--partition``, ``--account``, ``--qos``;
 see :class:`SbatchKey` for another place, another name or a value of its own), which
 ``--sbatch reservation=...`` may no longer override. A bool writes ``--KEY`` alone when true.
-``tests/test_options.py`` adds one to a copy of this module and renders it.
+``tests/fast/test_options.py`` adds one to a copy of this module and renders it.
 """
 
 from __future__ import annotations

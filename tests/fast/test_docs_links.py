@@ -1,6 +1,7 @@
 """The front page and the topic pages (README.md, SECURITY.md, docs/*.md): every relative link
 and image points to a file that exists, and every #anchor to a heading of its page, as GitHub
-names headings. A page moved or a heading renamed fails here, not in a reader's browser."""
+names headings. A page moved or a heading renamed fails here, not in a reader's browser. And every
+path of the repository that a page, a module's docstring or a test names (``tests/fast/...``) exists."""
 
 from __future__ import annotations
 
@@ -119,4 +120,44 @@ def test_every_relative_link_resolves(page):
     assert not broken_links(page), f"broken links in {page.relative_to(ROOT)}: " + "; ".join(broken_links(page))
     assert not undefined_references(page), (
         f"undefined link names in {page.relative_to(ROOT)}: {undefined_references(page)}"
+    )
+
+
+NAMED_PATH = re.compile(r"(?<![\w/.-])((?:tests|hpc_hsdp|benchmarks|docs|scripts|examples)/[\w./-]*\w)")
+"""A path of the repository named in text (``tests/fast/test_options.py``, ``hpc_hsdp/job/options.py``)."""
+NAMING = sorted(
+    path
+    for path in [
+        *PAGES,
+        ROOT / "sbatch" / "README.md",
+        *(ROOT / "hpc_hsdp").rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "scripts").iterdir(),
+    ]
+    if path != Path(__file__).resolve()  # its own sample names a path that is gone
+)
+"""What names repository paths and should stay true (benchmarks/RESULTS.md is a log of past runs: not here)."""
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repository paths ``text`` names that do not exist (a glob or a placeholder is no path)."""
+    return [
+        path
+        for path in dict.fromkeys(NAMED_PATH.findall(text))
+        if not any(mark in path for mark in ("*", "<", "..."))
+        and not (ROOT / path).exists()
+        and not (ROOT / path.rstrip(".")).exists()
+    ]
+
+
+def test_a_named_path_that_is_gone_is_found():
+    text = "see tests/fast/test_options.py, tests/test_options.py and hpc_hsdp/job/nowhere.py; tests/*/x.py"
+    assert missing_paths(text) == ["tests/test_options.py", "hpc_hsdp/job/nowhere.py"]
+
+
+@pytest.mark.parametrize("path", NAMING, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_repository_path_named_exists(path):
+    """A file moved (the tests into their tiers) leaves no page or docstring pointing at its old place."""
+    assert not missing_paths(path.read_text(errors="replace")), (
+        f"{path.relative_to(ROOT)} names paths that do not exist: {missing_paths(path.read_text(errors='replace'))}"
     )

@@ -2,7 +2,7 @@
 coordinator (OneGroup) and a replica group's (ReplicaGroup), the latter with a scripted stand-in
 for torchft's Manager (the quorum's answer, a heal, should_commit). In one process: a gloo
 process group of one rank where a step needs collectives. The replica groups through torchft
-for real: tests/test_fault_tolerance.py."""
+for real: tests/processes/test_fault_tolerance.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Everything hpc-hsdp takes from submitit beyond its public classes, in this one module.
 
 ``pyproject.toml`` pins submitit to the versions this is tested with (1.5.4 and its 1.5
-successors; ``tests/test_backends.py`` checks that each hook below is still there, with its
+successors; ``tests/fast/test_backends.py`` checks that each hook below is still there, with its
 parameters). Before widening the pin, read these again in the new version's source:
 
 - ``submitit.SlurmExecutor``'s private hooks, overridden by :class:`RenderedScriptExecutor`
