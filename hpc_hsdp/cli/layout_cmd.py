@@ -110,7 +110,7 @@ def layout(
         return
     if field == "rendezvous":
         env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
-        address = node_address(os.environ)
+        address = node_address(os.environ, one_machine=not task_backend(os.environ).separate_machines)
         _, derived = rendezvous_from_env(env)
         first = int(env[FIRST_PORT_VARIABLE]) if env.get(FIRST_PORT_VARIABLE, "").strip().isdigit() else derived
         port = pick_port(first, where=f"node {env.get('SLURMD_NODENAME') or '?'}")  # a port in use is no failed job

@@ -6,7 +6,8 @@ nodes by IP, names only the controller's ``slurm.conf`` knows), and the host nam
 resolves to a loopback address (Debian's ``127.0.1.1``), which the other nodes cannot
 reach. So the script says an address of its own, in this order:
 
-1. a job on one node (or the local emulator): ``127.0.0.1``;
+1. a job on one node, or whose nodes are all this machine (the caller says so: the local
+   emulator's backend, :func:`hpc_hsdp.job.backends.task_backend`): ``127.0.0.1``;
 2. the interface named by ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` (the first
    plain name of the list), as NCCL and gloo will use it;
 3. a non-loopback address the host name resolves to;
@@ -100,11 +101,13 @@ def named_interface(env: Mapping[str, str]) -> tuple[str, str] | None:
 def node_address(
     env: Mapping[str, str],
     *,
+    one_machine: bool = False,
     by_interface: Callable[[str], str | None] = interface_address,
     by_host_name: Callable[[], list[str]] = host_name_addresses,
     by_route: Callable[[], str | None] = route_source_address,
 ) -> str:
-    """An address of this node that the job's other nodes reach (see the module docstring)."""
+    """An address of this node that the job's other nodes reach (see the module docstring);
+    ``one_machine``: every node of the job is this machine."""
     nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
     nodes = expand_nodelist(nodelist) if nodelist else ()
     here = env.get("SLURMD_NODENAME", "").strip()
@@ -113,7 +116,7 @@ def node_address(
             f"the rendezvous address is rank 0's node's, {nodes[0]}, but this runs on {here}; "
             f"run it in the batch script (on the job's first node)"
         )
-    if env.get("HPC_HSDP_EMULATOR") == "1" or len(nodes) == 1:
+    if one_machine or len(nodes) == 1:
         return "127.0.0.1"
     return reachable_address(env, by_interface=by_interface, by_host_name=by_host_name, by_route=by_route)
 

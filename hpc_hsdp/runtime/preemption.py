@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_hsdp.job import requeue
+from hpc_hsdp.job.backends import task_backend
 from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
 from hpc_hsdp.runtime.log import note
 
@@ -74,9 +75,10 @@ def warning_signal_from(env: Mapping[str, str]) -> signal.Signals:
 
 
 def in_slurm(env: Mapping[str, str]) -> bool:
-    """Whether this task runs in a real SLURM job (the emulator and tests give SLURM-like
-    variables too: they set HPC_HSDP_EMULATOR or lack SLURM_CLUSTER_NAME)."""
-    return bool(env.get("SLURM_JOB_ID")) and bool(env.get("SLURM_CLUSTER_NAME")) and env.get("HPC_HSDP_EMULATOR") != "1"
+    """Whether this task runs in a real SLURM job: tests give SLURM-like variables but no
+    SLURM_CLUSTER_NAME, and the emulator's jobs, which have both, do not requeue themselves
+    (its backend says so: :func:`~hpc_hsdp.job.backends.task_backend`)."""
+    return bool(env.get("SLURM_JOB_ID")) and bool(env.get("SLURM_CLUSTER_NAME")) and task_backend(env).requeues
 
 
 def restart_count(env: Mapping[str, str]) -> int:

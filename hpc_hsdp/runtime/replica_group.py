@@ -127,9 +127,10 @@ def heal_address(env) -> str | None:
     """The address this rank's heal server listens on: this node's on the job's network (the
     emulator's loopback); None (every interface, as torchft) where none can be told."""
     from hpc_hsdp.errors import SlurmEnvError  # noqa: PLC0415 - only a fault-tolerant job needs it
+    from hpc_hsdp.job.backends import task_backend  # noqa: PLC0415 - as above
     from hpc_hsdp.plan.address import reachable_address  # noqa: PLC0415 - as above
 
-    if env.get("HPC_HSDP_EMULATOR") == "1":
+    if not task_backend(env).separate_machines:  # the emulator: every node is this machine
         return "127.0.0.1"
     try:
         return reachable_address(env)

@@ -257,15 +257,16 @@ def test_the_code_above_routes_each_job_to_the_backend_its_record_names(tmp_path
     assert job.backend is by_name["local"]
 
 
-def test_no_code_above_the_backends_asks_which_scheduler_it_is_on():
-    """The branches on the scheduler's name live in hpc_hsdp/job/backends only; above them, a
-    record's cluster only picks its backend (job_statuses groups the records by it)."""
+def test_no_code_outside_the_backends_asks_which_scheduler_it_is_on():
+    """The branches on the scheduler's name, and the emulator's mark in a task's environment, live
+    in hpc_hsdp/job/backends only; elsewhere (the runtime and the pure plan too) a record's cluster
+    only picks its backend (job_statuses groups the records by it), and a task asks its backend's
+    facts (``task_backend(env).separate_machines``, ``.requeues``) or is told them."""
     package = ROOT / "hpc_hsdp"
     asks = ('== "local"', '== "slurm"', '!= "local"', '!= "slurm"', "HPC_HSDP_EMULATOR")
     found = [
         f"{path.relative_to(package)}:{number}: {line.strip()}"
-        for room in ("job", "cli", "rundir", "report")
-        for path in sorted((package / room).rglob("*.py"))
+        for path in sorted(package.rglob("*.py"))
         if "backends" not in path.relative_to(package).parts
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if any(ask in line for ask in asks) or ("cluster" in line and ("==" in line or "!=" in line))

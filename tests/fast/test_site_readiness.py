@@ -5,11 +5,17 @@ The dev-cluster halves are in test_site.py; the GPU halves in benchmarks/gpu_hsd
 
 from __future__ import annotations
 
-import pytest
+import os
 
+import pytest
+from click.testing import CliRunner
+
+from hpc_hsdp.cli import cli
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SlurmEnvError
+from hpc_hsdp.job.backends.local import EMULATOR_VARIABLE
 from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.plan import address
 from hpc_hsdp.plan.address import hostfile_lines, node_address, reachable_address
 
 # ----------------------------------------------------------------------------- torch floor
@@ -98,9 +104,13 @@ def test_stale_rendezvous_variables_are_unset_unless_passed_on_purpose():
 TWO_NODES = {"SLURM_JOB_NODELIST": "site[1-2]", "SLURMD_NODENAME": "site1"}
 
 
-def _address(env, *, interface=None, host=(), route=None):
+def _address(env, *, interface=None, host=(), route=None, one_machine=False):
     return node_address(
-        env, by_interface=lambda name: interface, by_host_name=lambda: list(host), by_route=lambda: route
+        env,
+        one_machine=one_machine,
+        by_interface=lambda name: interface,
+        by_host_name=lambda: list(host),
+        by_route=lambda: route,
     )
 
 
@@ -108,7 +118,7 @@ def _address(env, *, interface=None, host=(), route=None):
     ("env", "kwargs", "expected"),
     [
         ({"SLURM_JOB_NODELIST": "n1"}, {"route": "10.1.1.1"}, "127.0.0.1"),  # one node: loopback is enough
-        ({**TWO_NODES, "HPC_HSDP_EMULATOR": "1"}, {}, "127.0.0.1"),
+        (TWO_NODES, {"one_machine": True}, "127.0.0.1"),  # the emulator: every node is this machine
         ({**TWO_NODES, "NCCL_SOCKET_IFNAME": "^docker,lo"}, {"interface": "10.9.9.9", "route": "10.1.1.1"}, "10.1.1.1"),
         ({**TWO_NODES, "NCCL_SOCKET_IFNAME": "ib0"}, {"interface": "10.9.9.9", "route": "10.1.1.1"}, "10.9.9.9"),
         (TWO_NODES, {"host": ["127.0.1.1", "10.2.2.2"], "route": "10.1.1.1"}, "10.2.2.2"),  # Debian's 127.0.1.1 skipped
@@ -117,6 +127,33 @@ def _address(env, *, interface=None, host=(), route=None):
 )
 def test_node_address(env, kwargs, expected):
     assert _address(env, **kwargs) == expected
+
+
+def _emulated(emulated: bool) -> dict[str, str]:
+    """A batch shell's or a task's environment on n1 of a two-node job: the emulator's, or SLURM's."""
+    return {**TWO_NODES, "SLURM_JOB_ID": "77", **({EMULATOR_VARIABLE: "1"} if emulated else {})}
+
+
+@pytest.mark.parametrize("emulated", [True, False], ids=["emulator", "separate-machines"])
+def test_the_emulators_nodes_are_this_machine_by_its_backends_word(monkeypatch, emulated):
+    """The rendezvous address the batch shell asks for and a replica group's heal address: this
+    machine's loopback on the emulator, whose backend says its nodes are no machines of their own;
+    the reachable address (here a stand-in) on SLURM. Nothing outside the backends reads the
+    emulator's mark in the environment."""
+    from hpc_hsdp.runtime.replica_group import heal_address  # noqa: PLC0415 - torch, only here
+
+    for name in [k for k in os.environ if k.startswith(("SLURM", "HPC_HSDP", "NCCL_SOCKET", "GLOO_SOCKET"))]:
+        monkeypatch.delenv(name)
+    for name, value in _emulated(emulated).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(address, "interface_address", lambda name: None)
+    monkeypatch.setattr(address, "host_name_addresses", lambda: ["10.2.2.2"])
+    monkeypatch.setattr(address, "reachable_address", lambda env, **kw: "10.3.3.3")
+    rendezvous = CliRunner().invoke(cli, ["layout", "--field", "rendezvous"])
+    assert rendezvous.exit_code == 0, rendezvous.output
+    expected = "127.0.0.1" if emulated else "10.3.3.3"
+    assert rendezvous.output.split()[0] == expected
+    assert heal_address(_emulated(emulated)) == expected
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,8 @@ class Backend(ABC):
     """Its jobs run within a time limit (:meth:`time_limits` may say one)."""
     separate_machines: ClassVar[bool]
     """Each node of a job is a machine of its own (not this one): its daemons can be asked about it."""
+    requeues: ClassVar[bool]
+    """A job can requeue itself from inside (:meth:`requeue` asks the scheduler; else it returns None)."""
 
     @abstractmethod
     def submit(self, spec, script: str, func: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:

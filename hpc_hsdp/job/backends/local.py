@@ -576,6 +576,7 @@ class LocalBackend(Backend):
     title = "local emulator"
     has_time_limits = False
     separate_machines = False
+    requeues = False
 
     def __init__(self, *, alive: Callable[[int], bool] | None = None) -> None:
         self.alive = alive

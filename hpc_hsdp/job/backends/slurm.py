@@ -227,6 +227,7 @@ class SlurmBackend(Backend):
     title = "SLURM"
     has_time_limits = True
     separate_machines = True
+    requeues = True
 
     def __init__(self, *, runner: Runner = run_slurm) -> None:
         self.runner = runner
