@@ -36,7 +36,7 @@ from hpc_hsdp.rundir.provenance import (
     task_words,
 )
 from hpc_hsdp.rundir.runs import find_run_dirs
-from hpc_hsdp.rundir.staging import staging_status_lines
+from hpc_hsdp.rundir.staging_record import staging_status_lines
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
