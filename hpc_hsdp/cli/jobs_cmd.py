@@ -27,7 +27,7 @@ from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import membership_changes, read_membership
 from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
 from hpc_hsdp.rundir.pace import progress_of
-from hpc_hsdp.rundir.provenance import (
+from hpc_hsdp.rundir.provenance_record import (
     code_words,
     commit_id,
     differences,

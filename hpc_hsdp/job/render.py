@@ -54,7 +54,7 @@ from hpc_hsdp.plan.fabric import THRESHOLD_ENV as CHECK_THRESHOLD_ENV
 from hpc_hsdp.plan.replica_groups import REPLICA_TAG
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV
 from hpc_hsdp.plan.topology import format_tasks_per_node
-from hpc_hsdp.rundir.provenance import snapshot_path
+from hpc_hsdp.rundir.provenance_record import snapshot_path
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"

@@ -23,7 +23,7 @@ from hpc_hsdp.rundir.fabric import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
-from hpc_hsdp.rundir.provenance import read_provenance
+from hpc_hsdp.rundir.provenance_record import read_provenance
 from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600

@@ -34,7 +34,7 @@ from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
-from hpc_hsdp.rundir.provenance import snapshot_path, write_task_provenance
+from hpc_hsdp.rundir.provenance_record import snapshot_path, write_task_provenance
 from hpc_hsdp.runtime.comm_stats import for_context
 from hpc_hsdp.runtime.device import pick_device
 from hpc_hsdp.runtime.log import note

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.rundir.provenance import read_provenance, read_task_provenance
+from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
 from tests.processes.test_snapshot_code import package
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]

@@ -35,7 +35,7 @@ from hpc_hsdp.job.sweep_handle import PointResult, ranked
 from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep
 from hpc_hsdp.plan.slurm_facts import own_job_id
 from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.provenance import read_provenance
+from hpc_hsdp.rundir.provenance_record import read_provenance
 from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
 
 GOLDEN = Path(__file__).parents[1] / "golden"
