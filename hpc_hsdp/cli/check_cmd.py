@@ -12,7 +12,7 @@ from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.submit_cmd import cluster_option
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import CHECK_ENTRY
-from hpc_hsdp.rundir.fabric import check_lines, read_check
+from hpc_hsdp.rundir.check_record import check_lines, read_check
 
 
 @click.command()

@@ -19,8 +19,8 @@ from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.check_record import CHECK_ROWS_SHOWN, check_summary, check_table, read_check, read_decisions
 from hpc_hsdp.rundir.evals import EVALS_SHOWN, evals_summary, read_evals
-from hpc_hsdp.rundir.fabric import CHECK_ROWS_SHOWN, check_summary, check_table, read_check, read_decisions
 from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.layout import nodes_by_rank

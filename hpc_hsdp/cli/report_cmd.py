@@ -9,8 +9,8 @@ import click
 
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
+from hpc_hsdp.rundir.check_record import check_summary
 from hpc_hsdp.rundir.evals import evals_summary
-from hpc_hsdp.rundir.fabric import check_summary
 from hpc_hsdp.rundir.provenance_record import code_words
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.fabric import CHECK_HISTORY, CHECK_RECORD, read_check, read_decisions
+from hpc_hsdp.rundir.check_record import CHECK_HISTORY, CHECK_RECORD, read_check, read_decisions
 
 REQUEUED = 3
 

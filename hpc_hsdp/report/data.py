@@ -18,8 +18,8 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.check_record import read_check
 from hpc_hsdp.rundir.evals import EvalEntry, read_evals
-from hpc_hsdp.rundir.fabric import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
 from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics

@@ -31,7 +31,7 @@ from hpc_hsdp.plan.fabric import (
     transport_warning,
     verdict,
 )
-from hpc_hsdp.rundir.fabric import CHECK_RECORD
+from hpc_hsdp.rundir.check_record import CHECK_RECORD
 from hpc_hsdp.runtime.log import say
 
 WINDOW_S = 0.1
