@@ -21,7 +21,7 @@ plus the shards under ``DIR/train`` and ``DIR/val`` and the tokenizer under ``DI
 Reading never loads a file: :class:`TokenDataset` memory-maps every shard and
 :meth:`TokenDataset.read` returns tokens ``[start, start + length)`` of the shards'
 concatenation. ``sha256`` (written since ``--stage-data``; optional when read) is what a
-node-local copy is verified against (:mod:`hpc_hsdp.data.staging`). Everything a user can get wrong raises :class:`DataError` (one line that
+node-local copy is verified against (:mod:`hpc_hsdp.data.node_copies`). Everything a user can get wrong raises :class:`DataError` (one line that
 ends with the fix) when the dataset is opened, before any training step.
 """
 
@@ -308,7 +308,7 @@ class TokenDataset:
 
     def read_from(self, copies: Mapping[str, str | os.PathLike]) -> None:
         """Read the shards named in ``copies`` (a shard's path -> a byte-identical copy of it,
-        :mod:`hpc_hsdp.data.staging`) from the copies from now on: the same shards in the same
+        :mod:`hpc_hsdp.data.node_copies`) from the copies from now on: the same shards in the same
         order, so the same tokens at every position; the others stay where they are."""
         self.files = tuple(
             dataclasses.replace(f, path=Path(copies[str(f.path)])) if str(f.path) in copies else f for f in self.files

@@ -1,5 +1,5 @@
 """``--stage-data`` on the tasks: every rank stages its node's copies of the token files
-(:func:`hpc_hsdp.data.staging.stage_files`: one copier per node under a lock, the node's other
+(:func:`hpc_hsdp.data.node_copies.stage_files`: one copier per node under a lock, the node's other
 ranks wait) in a thread while the model is built, then the ranks gather what each node did, and
 the datasets read the copies from then on. Rank 0 logs the copy's time and writes ``staging.json`` (:mod:`hpc_hsdp.rundir.staging_record`).
 A rank that cannot stage (the directory cannot be made or written, a shared file does not match
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpc_hsdp.data.staging import StageResult, launch_token, stage_files, stage_root
+from hpc_hsdp.data.node_copies import StageResult, launch_token, stage_files, stage_root
 from hpc_hsdp.errors import DataError, HsdpError
 from hpc_hsdp.plan.stage_dir import stage_base
 from hpc_hsdp.rundir.staging_record import node_staging, staging_lines, write_staging_record

@@ -1,5 +1,5 @@
 """``--stage-data``: the value's form and where it points (hpc_hsdp.plan.stage_dir), the copies'
-decisions and the copies themselves on one process (hpc_hsdp.data.staging), the sidecar's
+decisions and the copies themselves on one process (hpc_hsdp.data.node_copies), the sidecar's
 sha256 (hpc_hsdp.data.tokens), the run directory's record (hpc_hsdp.rundir.staging_record) and the
 refusals of render and submit (hpc_hsdp.job.preflight). The multi-rank runs are in
 tests/processes/test_staging.py."""
@@ -19,7 +19,7 @@ import pytest
 from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.cli import main
-from hpc_hsdp.data.staging import (
+from hpc_hsdp.data.node_copies import (
     COPY,
     COPY_CHUNK,
     REUSE,
