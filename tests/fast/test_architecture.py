@@ -7,6 +7,7 @@ Every import counts, those inside functions too. A layer may import the layers b
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,36 @@ def test_what_a_task_runs_is_named_by_a_path_that_exists(call):
     path = PACKAGE.parent / (module.replace(".", "/") + ".py")
     tree = ast.parse(path.read_text())
     assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, call.target
+
+
+SAME_ROLE = {
+    "__init__.py": "a package's face",
+    "base.py": "the interface of a family behind it (job/backends: the schedulers; models: the adapters)",
+    "files.py": "file helpers: the package's atomic writes and hostile-file reader, and the run directory's on them",
+}
+"""Module names that repeat across folders because each is the same kind of thing in its folder."""
+
+
+def test_a_module_name_repeats_only_where_it_is_the_same_thing():
+    """Where names repeated (replicas.py three times, staging.py three times), a reader could not
+    tell the modules apart by name: each one has a name of its own (rundir's records end in
+    ``_record``) but for the few of :data:`SAME_ROLE`."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    repeated = {name: paths for name, paths in by_name.items() if len(paths) > 1 and name not in SAME_ROLE}
+    assert repeated == {}, repeated
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md is the one place that names the package's files: a module it does not
+    name is a room a newcomer cannot find (the commands under cli/ are named by the commands)."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", page))
+    unnamed = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.stem not in ("__init__", "__main__") and "cli" not in path.relative_to(PACKAGE).parts
+        if path.stem not in words
+    ]
+    assert unnamed == [], f"modules docs/architecture.md does not name: {unnamed}"
