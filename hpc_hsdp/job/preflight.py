@@ -282,6 +282,12 @@ def _check_resume(spec, num_samples: int | None, state, sources: dict | None = N
     )
 
 
+def check_partition(spec, scheduler) -> None:
+    """A ``--partition`` that ``scheduler`` (the :class:`~hpc_hsdp.job.backends.base.Backend` the job
+    goes to) does not have: refused before anything is written, naming the ones it has."""
+    scheduler.check_partition(spec)
+
+
 def check_fp8_gpus(spec, scheduler) -> None:
     """``--precision fp8`` refused (:class:`SpecError`, one line) when the GPUs the job's tasks
     will get from ``scheduler`` (its :class:`~hpc_hsdp.job.backends.base.Backend`) are known to

@@ -26,6 +26,7 @@ from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.preflight import (
     check_fp8_gpus,
     check_job_inputs,
+    check_partition,
     check_stage_dir,
     check_tensor_parallel,
     check_trackers,
@@ -82,6 +83,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster)
     scheduler = backend(target)
+    check_partition(spec, scheduler)  # a --partition the cluster does not have: nothing written
     check_fp8_gpus(spec, scheduler)  # --precision fp8 where the job's GPUs are known to lack it: nothing written
     # one writer per run directory: the claim is taken (or refused) before anything of the job is written
     with claimed(spec.run.run_dir, cluster=target) as (takeover, claim_job):

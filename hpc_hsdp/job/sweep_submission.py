@@ -19,7 +19,13 @@ from typing import Any
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
-from hpc_hsdp.job.preflight import check_fp8_gpus, check_job_inputs, check_tensor_parallel, check_trackers
+from hpc_hsdp.job.preflight import (
+    check_fp8_gpus,
+    check_job_inputs,
+    check_partition,
+    check_tensor_parallel,
+    check_trackers,
+)
 from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, user_modules
 from hpc_hsdp.job.render import POINT_SCRIPT, render_point, render_sweep, sbatch_options
 from hpc_hsdp.job.sweep import Point, check_array_size, check_one_header, expand, parse_axes, point_specs
@@ -92,6 +98,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
     target, reason = resolve_cluster(cluster)
     scheduler = backend(target)
     check_array_size(len(plan.points), scheduler.max_array_size())
+    check_partition(plan.specs[0], scheduler)  # every point's header is the same (check_one_header)
     check_fp8_gpus(plan.specs[0], scheduler)
     _room_for_locks(len(plan.points))
     said = [reason]

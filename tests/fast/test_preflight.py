@@ -198,3 +198,52 @@ def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path, local_su
     assert len(lines) == 1 and lines[0].startswith(f"hpc-hsdp: error: token data {tmp_path / 'nowhere'} does not exist")
     assert "nothing submitted" in lines[0] and done.stdout == ""
     assert not run_dir.exists()
+
+
+# ----------------------------------------------------------------------------- the scheduler's partition
+
+
+def _slurm_without_the_partition(monkeypatch, *modules) -> list[list[str]]:
+    """SLURM stand-ins for ``modules``' submission: a controller that answers and has the
+    partitions gpu and cpu only; every command asked is recorded."""
+    from hpc_hsdp.job.backends.slurm import SlurmBackend  # noqa: PLC0415
+
+    asked: list[list[str]] = []
+
+    def runner(argv, **kwargs):
+        asked.append(list(argv))
+        if argv[:3] == ["scontrol", "show", "partition"]:
+            return subprocess.CompletedProcess(argv, 1, "", f"Partition {argv[3]} not found\n")
+        if argv[0] == "sinfo" and "%R" in argv:
+            return subprocess.CompletedProcess(argv, 0, "gpu\ncpu\n", "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    for module in modules:
+        monkeypatch.setattr(module, "resolve_cluster", lambda cluster: ("slurm", "submitting to SLURM"))
+        monkeypatch.setattr(module, "backend", lambda name: SlurmBackend(runner=runner))
+    return asked
+
+
+def test_a_partition_the_cluster_lacks_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """The partition is a submit-time check of preflight, asked of the backend before the run
+    directory is claimed: it was asked by the backend's submit, after the claim, the logs
+    directory and the provenance, and left a run directory with logs/ in it."""
+    from hpc_hsdp.cli.job_options import job_spec_resolver  # noqa: PLC0415
+    from hpc_hsdp.job import submission, sweep_submission  # noqa: PLC0415
+    from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
+    from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep  # noqa: PLC0415
+
+    asked = _slurm_without_the_partition(monkeypatch, submission, sweep_submission)
+    resolve = job_spec_resolver(environ={}, cwd=str(tmp_path), default_venv=None)
+    options = {"config": None, "profile": None, "shard": 1, "partition": "gpux", "snapshot_code": True}
+    spec = resolve({**options, "run_dir": str(tmp_path / "run")}, True)
+    with pytest.raises(
+        SchedulerError, match="^--partition 'gpux' does not exist on this cluster; choose one of cpu, gpu$"
+    ):
+        submission.submit_spec(spec, cluster="slurm")
+    assert not (tmp_path / "run").exists()
+    assert ["scontrol", "show", "partition", "gpux"] in asked
+    sweep = plan_sweep({**options, "run_dir": str(tmp_path / "sweep"), "sweep": ("lr=0.1,0.2",)}, resolve=resolve)
+    with pytest.raises(SchedulerError, match="^--partition 'gpux' does not exist on this cluster"):
+        submit_sweep(sweep, cluster="slurm")
+    assert not (tmp_path / "sweep").exists()

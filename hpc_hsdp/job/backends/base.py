@@ -94,6 +94,12 @@ class Backend(ABC):
         """Requeue the job, from inside it: (requeued, what the scheduler said); None where this
         scheduler has no requeue (the job is not asked)."""
 
+    def check_partition(self, spec) -> None:
+        """A ``--partition`` this scheduler does not have: a
+        :class:`~hpc_hsdp.job.backends.slurm_command.SchedulerError` naming the ones it has (here:
+        a scheduler without partitions, which has nothing to check)."""
+        return None
+
     @abstractmethod
     def fp8_refusal(self, spec) -> str | None:
         """Why ``--precision fp8`` cannot train on the GPUs this scheduler would give ``spec``'s

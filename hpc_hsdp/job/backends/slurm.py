@@ -178,19 +178,6 @@ def slurm_gpu_nodes(spec, *, runner: Runner = run_slurm) -> tuple[list[NodeGpus]
     return [NodeGpus(row.node, row.gpus, row.features) for row in rows], where
 
 
-def check_partition(spec, *, runner: Runner = run_slurm) -> None:
-    """A ``--partition`` this cluster does not have: :class:`SchedulerError` naming the ones it has."""
-    if not spec.scheduler.partition:
-        return
-    shown = runner(["scontrol", "show", "partition", spec.scheduler.partition])
-    if shown.returncode != 0:
-        known = runner(["sinfo", "-h", "-o", "%R"]).stdout.split()
-        raise SchedulerError(
-            f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
-            f"{', '.join(sorted(set(known))) or '(none found)'}"
-        )
-
-
 def point_logs(job_id: str, logs: Path) -> Path:
     """Where a sweep point writes: its batch log is the sweep's (``<sweep-dir>/logs``, the array's
     one ``--output``), its own logs are in the point's run directory, which the sweep's record names."""
@@ -233,7 +220,6 @@ class SlurmBackend(Backend):
         self.runner = runner
 
     def submit(self, spec, script, func, args, kwargs):
-        check_partition(spec, runner=self.runner)
         from hpc_hsdp.job.backends.submitit_hooks import submit_rendered  # noqa: PLC0415  (submitit, only when a job goes to SLURM)
 
         job = submit_rendered(spec, script, func, args, kwargs)
@@ -241,7 +227,6 @@ class SlurmBackend(Backend):
 
     def submit_array(self, specs, script, script_path, *, parallelism, indices):
         """``sbatch --parsable`` of the array's script (bounded, as every SLURM command is)."""
-        check_partition(specs[0], runner=self.runner)
         done = self.runner(["sbatch", "--parsable", str(script_path)])
         said = " ".join((done.stderr or "").split())
         job_id = (done.stdout or "").strip().split(";")[0]
@@ -324,6 +309,18 @@ class SlurmBackend(Backend):
         if not job_id.isdigit():
             return None, f"sbatch failed: {said or f'exit code {done.returncode}'}"
         return job_id, None
+
+    def check_partition(self, spec) -> None:
+        """``scontrol show partition``; where it does not know it, ``sinfo`` for the ones there are."""
+        if not spec.scheduler.partition:
+            return
+        shown = self.runner(["scontrol", "show", "partition", spec.scheduler.partition])
+        if shown.returncode != 0:
+            known = self.runner(["sinfo", "-h", "-o", "%R"]).stdout.split()
+            raise SchedulerError(
+                f"--partition {spec.scheduler.partition!r} does not exist on this cluster; choose one of "
+                f"{', '.join(sorted(set(known))) or '(none found)'}"
+            )
 
     def fp8_refusal(self, spec) -> str | None:
         """Of the nodes of the job's partition (:func:`slurm_gpu_nodes`)."""
