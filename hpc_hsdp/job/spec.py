@@ -47,7 +47,6 @@ from hpc_hsdp.plan.slurm_facts import (
 )
 from hpc_hsdp.plan.stage_dir import check_stage_value
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
-from hpc_hsdp.rundir.evals import check_eval_command
 
 MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
 
@@ -183,7 +182,10 @@ class TrainingSpec:
                     "or leave --stage-data out"
                 )
         object.__setattr__(self, "tracker", ",".join(tracker_names(self.tracker)) or NO_TRACKER)
-        check_eval_command(self.eval_job)
+        if self.eval_job is not None:
+            from hpc_hsdp.rundir.evals import check_eval_command  # noqa: PLC0415 - only with --eval-job: not at render's start
+
+            check_eval_command(self.eval_job)
         if self.val_data is not None and is_mixture(self.data):
             raise SpecError(
                 "--val-data with a --data mixture: each source is evaluated on its own val split "

@@ -16,7 +16,6 @@ links) marks its node (or link) bad.
 from __future__ import annotations
 
 import re
-from statistics import median
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.records import record
@@ -84,6 +83,8 @@ class Finding:
 def _low(values: dict[str, float], threshold: float, kind: str, figure: str) -> list[Finding]:
     """Those below ``threshold`` x the median of the others (their peers, not themselves: with two
     nodes the median of both would halve what the slow one is measured against)."""
+    from statistics import median  # noqa: PLC0415 - statistics loads fractions and decimal: not at render's start
+
     known = {k: v for k, v in values.items() if isinstance(v, (int, float))}
     if len(known) < 2:
         return []

@@ -644,6 +644,32 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
     assert result.stdout.strip() == "clean"
 
 
+# what render's start-up loads beyond click and jinja2 is its cost against the floor (benchmarks/bench_cli.py)
+NOT_AT_RENDER = (
+    "hpc_hsdp.job.backends",  # asked at submit only
+    "hostlist",  # a node list is expanded only where one is given
+    "statistics",  # the fabric check's medians (with fractions and decimal)
+    "hpc_hsdp.rundir.evals",  # --eval-job's check, only when it is given
+    "submitit",
+)
+
+
+def test_render_loads_none_of_what_it_does_not_use(tmp_path: Path) -> None:
+    """The command bench_cli measures against ``python -c "import click, jinja2"``."""
+    code = textwrap.dedent(f"""\
+        import sys
+        from click.testing import CliRunner
+        from hpc_hsdp.cli import cli
+        result = CliRunner().invoke(cli, ["render", "--nodes", "2", "--shard", "4", "--venv", "none",
+                                          "--run-dir", {str(tmp_path / "run")!r}])
+        assert result.exit_code == 0, result.output
+        print(",".join(sorted(m for m in {NOT_AT_RENDER!r} if m in sys.modules)) or "clean")
+        """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "clean"
+
+
 @pytest.mark.parametrize(
     "time, seconds",
     [("2", 120), ("10:30", 630), ("01:02:03", 3723), ("1-12", 129600), ("1-00:30", 88200), ("2-01:02:03", 176523)],
