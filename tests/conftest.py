@@ -70,8 +70,14 @@ nodes some of them kill, and most of their time is waiting for the scheduler, wh
 other worker spends on the rest of the suite, a file at a time (module fixtures run once)."""
 
 
+def _marked(item, name: str) -> bool:
+    """``item`` carries the marker ``name`` (not merely a keyword of that name: a parameter's id,
+    ``test_x[slurm]``, is a keyword too)."""
+    return item.get_closest_marker(name) is not None
+
+
 def _uses_the_cluster(item) -> bool:
-    return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
+    return _marked(item, "slurm") or "slurm_cluster" in getattr(item, "fixturenames", ())
 
 
 TIERS = ("fast", "processes", "cluster")
@@ -89,7 +95,7 @@ def _misplaced(item) -> str | None:
         return f"{item.nodeid}: a test lives in one of tests/{{{','.join(TIERS)}}}"
     if _uses_the_cluster(item) != (tier == "cluster"):
         return f"{item.nodeid}: tests/cluster holds exactly the tests that use the dev cluster (marker slurm, fixture slurm_cluster)"
-    if "dist" in item.keywords and tier != "processes":
+    if _marked(item, "dist") and tier != "processes":
         return f"{item.nodeid}: a test marked dist launches processes: it belongs in tests/processes"
     return None
 
@@ -106,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
         group = SLURM_GROUP if _uses_the_cluster(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not _uses_the_cluster(item))  # stable: the cluster's tests first, in file order
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    gpu_items = [item for item in items if _marked(item, "gpu")]
     if not gpu_items:
         return
     import torch
