@@ -50,11 +50,9 @@ import jinja2.sandbox
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import sbatch_lines
 from hpc_hsdp.job.spec import DEFAULT_SIGNAL, TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_VAR, JobSpec
-from hpc_hsdp.plan.fabric import THRESHOLD_ENV as CHECK_THRESHOLD_ENV
 from hpc_hsdp.plan.replica_groups import REPLICA_TAG
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV
 from hpc_hsdp.plan.topology import format_tasks_per_node
-from hpc_hsdp.rundir.provenance_record import snapshot_path
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = "job.sbatch.j2"
@@ -192,7 +190,9 @@ def torch_settings(spec: JobSpec) -> list[tuple[str, str]]:
         ("SUBMITIT_LOG_LEVEL", "INFO" if spec.environment.debug else "WARNING"),
     ]
     if spec.launch.check or spec.run.entry == CHECK_ENTRY:
-        settings.append((CHECK_THRESHOLD_ENV, f"{spec.launch.check_threshold:g}"))
+        from hpc_hsdp.plan.fabric import THRESHOLD_ENV  # noqa: PLC0415  (--check only: render's start-up stays lean)
+
+        settings.append((THRESHOLD_ENV, f"{spec.launch.check_threshold:g}"))
     if spec.run.entry == CHECK_ENTRY:  # hpc-hsdp check: the job is the check
         settings += check_nccl_settings(spec)
     if spec.run.device == "cpu":
@@ -407,6 +407,8 @@ def snapshot_dir(spec: JobSpec) -> str | None:
     """``<run_dir>/code``, the copy of the code ``--snapshot-code`` takes at submit; None without it."""
     if not spec.environment.snapshot_code:
         return None
+    from hpc_hsdp.rundir.provenance_record import snapshot_path  # noqa: PLC0415  (--snapshot-code only)
+
     return str(snapshot_path(spec.run.run_dir.rstrip("/")))
 
 
