@@ -387,7 +387,8 @@ OPTIONS: tuple[JobOption, ...] = (
         metavar="T",
         help="Tensor-parallel size T: each layer split over T consecutive ranks of one node (the innermost "
         'mesh axis, "tp"); divides the GPUs per node and the model\'s heads, key/value heads, feed-forward '
-        "width, vocabulary and sequence length (checked before submitting; a --model MODULE:FUNCTION's own "
+        "width and vocabulary, and the built-in model's sequence length (checked before submitting; a "
+        "--model MODULE:FUNCTION's own "
         "plan is checked on the tasks). A shard group is then S x T ranks.",
         shown={
             "run": Shown(default=1),

@@ -243,7 +243,7 @@ class HFAdapter:
             wanted = {f"{prefix}.{name}" if prefix else name: style for name, style in base.items()}
         if not wanted:
             return None
-        refusal = hf_tp_refusal(self.config, tp_size, model=self.name, seq_len=self.seq_len)
+        refusal = hf_tp_refusal(self.config, tp_size, model=self.name)
         if refusal:
             raise SpecError(refusal)
         modules = dict(model.named_modules())
@@ -388,8 +388,8 @@ def _parallel_style(style: str):
     return ColwiseParallel(output_layouts=Replicate())  # colwise_gather_output: the LM head
 
 
-def hf_tp_refusal(config, tp_size: int, *, model: str, seq_len: int) -> str | None:
+def hf_tp_refusal(config, tp_size: int, *, model: str) -> str | None:
     """Why a transformers config's model cannot be split over ``tp_size`` ranks (None: it can, or
     its family has no formula here): the one check of :func:`hpc_hsdp.plan.shapes.tp_refusal`."""
-    dims = tp_dims_from_config(config.to_dict(), model=model, seq_len=seq_len)
+    dims = tp_dims_from_config(config.to_dict(), model=model)
     return tp_refusal(dims, tp_size) if dims is not None else None

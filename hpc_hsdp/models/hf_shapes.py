@@ -162,7 +162,7 @@ def shapes_from_config(config: dict) -> ModelShapes | None:
     return None
 
 
-def tp_dims_from_config(config: dict, *, model: str, seq_len: int) -> TpDims | None:
+def tp_dims_from_config(config: dict, *, model: str) -> TpDims | None:
     """What tensor parallelism splits of ``config``'s model (a parsed config.json), for
     :func:`~hpc_hsdp.plan.shapes.tp_refusal`; None for a family without a formula (the tasks
     check those when they build the model)."""
@@ -185,7 +185,7 @@ def tp_dims_from_config(config: dict, *, model: str, seq_len: int) -> TpDims | N
             else (heads, "num_attention_heads in config.json"),
             ffn_width=(inter, "intermediate_size in config.json"),
             vocab_size=(vocab, "vocab_size in config.json") if vocab else None,
-            seq_len=(seq_len, "--seq-len"),
+            seq_len=None,  # transformers' plans are not sequence parallel: any length splits
         )
     if model_type in GPT2_STYLE:
         heads, width = number("n_head", 12), number("n_embd", 768)
@@ -196,6 +196,6 @@ def tp_dims_from_config(config: dict, *, model: str, seq_len: int) -> TpDims | N
             kv_heads=(heads, "n_head in config.json"),
             ffn_width=(inner, "n_inner (or 4 x n_embd) in config.json"),
             vocab_size=(number("vocab_size", 50257), "vocab_size in config.json"),
-            seq_len=(seq_len, "--seq-len"),
+            seq_len=None,  # transformers' plans are not sequence parallel: any length splits
         )
     return None

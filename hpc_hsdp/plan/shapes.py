@@ -86,8 +86,9 @@ class TpDims:
     """The feed-forward layer's inner width: split by its columns, then rows."""
     vocab_size: tuple[int, str] | None
     """The embedding's and the head's rows (the loss runs on vocabulary shards); None: not known here."""
-    seq_len: tuple[int, str]
-    """Tokens per sample: sequence parallelism splits the activations between blocks over them."""
+    seq_len: tuple[int, str] | None
+    """Tokens per sample, where the plan is sequence parallel (it splits the activations between
+    blocks over them: the built-in model's); None where it is not (a transformers model's plan)."""
 
     def sizes(self) -> list[tuple[str, int, str]]:
         named = [
@@ -116,8 +117,8 @@ def builtin_tp_dims(*, heads: int, width: int, vocab_size: int | None, seq_len: 
 def tp_refusal(dims: TpDims, tp_size: int) -> str | None:
     """Why ``dims``' model cannot be split over ``tp_size`` ranks, in one line ending with the fix
     (None: it can). The one check of ``plan``, ``render``, ``submit`` and the tasks: T must divide
-    the attention heads, the key/value heads, the feed-forward width, the vocabulary and the
-    sequence length (sequence parallelism)."""
+    the attention heads, the key/value heads, the feed-forward width, the vocabulary and, where the
+    plan is sequence parallel, the sequence length."""
     if tp_size == 1:
         return None
     sizes = dims.sizes()
@@ -129,9 +130,11 @@ def tp_refusal(dims: TpDims, tp_size: int) -> str | None:
                 if fits
                 else "no --tp above 1 divides them all"
             )
+            split = "heads, key/value heads, feed-forward width, vocabulary" + (
+                " and sequence" if dims.seq_len is not None else ""
+            )
             return (
                 f"--tp {tp_size} does not divide {dims.model}'s {size} {what} ({where}): tensor parallelism splits "
-                f"the heads, key/value heads, feed-forward width, vocabulary and sequence over the TP group; "
-                f"{fix}, or --tp 1"
+                f"the {split} over the TP group; {fix}, or --tp 1"
             )
     return None

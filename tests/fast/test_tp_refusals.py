@@ -54,25 +54,25 @@ def test_the_fix_names_the_tp_sizes_that_divide_every_size():
 
 
 LLAMA = {**TINY_LLAMA, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128}
-# (config, seq_len, tp) -> what is named (None: it splits; "no formula": not checked here)
+# (config, tp) -> what is named (None: it splits; "no formula": not checked here); no sequence length:
+# transformers' plans are not sequence parallel
 HF = [
-    (LLAMA, 32, 2, None),
-    (LLAMA, 32, 4, "2 key/value heads (num_key_value_heads in config.json)"),
-    ({**LLAMA, "num_key_value_heads": 8}, 32, 8, None),  # feed-forward 96 = 8 x 12, vocabulary 128 = 8 x 16
-    ({**LLAMA, "num_key_value_heads": None}, 32, 8, None),  # no grouping: the attention heads
-    ({**LLAMA, "num_key_value_heads": 8, "intermediate_size": 100}, 32, 8, "100 feed-forward width (intermediate_size"),
-    ({**LLAMA, "vocab_size": 131}, 32, 2, "131 vocabulary (vocab_size in config.json)"),
-    (LLAMA, 33, 2, "33 sequence length (--seq-len)"),
-    ({**LLAMA, "model_type": "qwen2"}, 32, 4, "2 key/value heads"),
-    ({"model_type": "gpt2", "n_head": 12, "n_embd": 96}, 32, 2, "50257 vocabulary"),
-    ({"model_type": "gpt2", "n_head": 12, "n_embd": 96, "vocab_size": 50304}, 32, 8, "12 attention heads (n_head"),
-    ({"model_type": "mamba", "hidden_size": 64}, 33, 2, "no formula"),
+    (LLAMA, 2, None),
+    (LLAMA, 4, "2 key/value heads (num_key_value_heads in config.json)"),
+    ({**LLAMA, "num_key_value_heads": 8}, 8, None),  # feed-forward 96 = 8 x 12, vocabulary 128 = 8 x 16
+    ({**LLAMA, "num_key_value_heads": None}, 8, None),  # no grouping: the attention heads
+    ({**LLAMA, "num_key_value_heads": 8, "intermediate_size": 100}, 8, "100 feed-forward width (intermediate_size"),
+    ({**LLAMA, "vocab_size": 131}, 2, "131 vocabulary (vocab_size in config.json)"),
+    ({**LLAMA, "model_type": "qwen2"}, 4, "2 key/value heads"),
+    ({"model_type": "gpt2", "n_head": 12, "n_embd": 96}, 2, "50257 vocabulary"),
+    ({"model_type": "gpt2", "n_head": 12, "n_embd": 96, "vocab_size": 50304}, 8, "12 attention heads (n_head"),
+    ({"model_type": "mamba", "hidden_size": 64}, 2, "no formula"),
 ]
 
 
-@pytest.mark.parametrize(("config", "seq", "tp", "named"), HF)
-def test_hf_config(config, seq, tp, named):
-    dims = tp_dims_from_config(config, model="--model hf:/m", seq_len=seq)
+@pytest.mark.parametrize(("config", "tp", "named"), HF)
+def test_hf_config(config, tp, named):
+    dims = tp_dims_from_config(config, model="--model hf:/m")
     if named == "no formula":
         assert dims is None
         return
@@ -81,6 +81,25 @@ def test_hf_config(config, seq, tp, named):
         assert refusal is None
     else:
         assert refusal.startswith(f"--tp {tp} does not divide --model hf:/m's ") and named in refusal
+        assert "vocabulary over the TP group" in refusal  # not "and sequence": nothing splits it
+
+
+def test_a_transformers_model_takes_any_sequence_length(tmp_path, capsys):
+    """transformers' plans split heads and widths, never the sequence (no sequence parallelism):
+    a --seq-len that T does not divide is no reason to refuse (the tasks train it:
+    tests/processes/test_tensor_parallel.py's Llama at --seq-len 15)."""
+    model = "hf:" + str(write_config(tmp_path / "llama", LLAMA))
+    assert tensor_parallel_refusal(TrainingSpec(model=model, seq_len=33), 2) is None
+    out = tmp_path / "job.sbatch"
+    for argv in (
+        ["plan", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--seq-len", "33"],
+        ["render", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--seq-len", "33",
+         "--run-dir", str(tmp_path / "r"), "-o", str(out)],
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code in (0, None), capsys.readouterr().err
+    assert "tp=2" in capsys.readouterr().out and out.exists()
 
 
 def test_a_factory_model_and_tp_1_are_never_refused_before_the_tasks():
