@@ -15,11 +15,19 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam
 
-__all__ = ["LocalShardAdamW"]
+__all__ = ["LocalShardAdamW", "local_shard"]
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (a plain tensor as it is): the very tensor the DTensor holds,
+    without DTensor's dispatch or autograd, so writes to it are writes to the DTensor. For work
+    outside autograd only (the optimizer's update, the gradients' norm and clipping, a replica
+    group's state); the one helper of the runtime for it."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
 def _locals(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t._local_tensor if isinstance(t, DTensor) else t for t in tensors]
+    return [local_shard(t) for t in tensors]
 
 
 class LocalShardAdamW(torch.optim.AdamW):

@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note, say
+from hpc_hsdp.runtime.optimizer import local_shard
 from hpc_hsdp.runtime.step import local_grads
 from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context
 
@@ -58,14 +59,10 @@ FALLBACK_LOCK = ".fallback-save.lock"
 """Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
 
 
-def _local(tensor):
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _to_local_tree(value):
     """A state with every DTensor replaced by this rank's local shard (a copy: sent to a peer)."""
     if isinstance(value, DTensor):
-        return value.to_local().detach().clone()
+        return local_shard(value).detach().clone()
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
@@ -409,7 +406,7 @@ class ReplicaGroup:
         """This rank's part of the group's state: its local shards, optimizer state (shards),
         the step and the engine's own state (the data position follows from the step)."""
         return {
-            "model": {name: _local(p).detach().clone() for name, p in self.model.named_parameters()},
+            "model": {name: local_shard(p).detach().clone() for name, p in self.model.named_parameters()},
             "optimizer": _to_local_tree(self.raw_optimizer.state_dict()),
             "step": self.manager.current_step(),
             "engine": json.loads(json.dumps(self._engine_state)),
@@ -421,7 +418,7 @@ class ReplicaGroup:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, local in state["model"].items():
-                _local(params[name]).copy_(local.to(self.ctx.device))
+                local_shard(params[name]).copy_(local.to(self.ctx.device))
         ordered = [p for group in self.raw_optimizer.param_groups for p in group["params"]]
         optim = state["optimizer"]
         rebuilt = {}

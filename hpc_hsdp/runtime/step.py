@@ -9,23 +9,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch, read_rows
+from hpc_hsdp.runtime.optimizer import local_shard
 from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING
 from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context, norm_weights
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def local_grads(model: nn.Module, device: torch.device, *, tp_size: int = 1) -> tuple[list[torch.Tensor], torch.Tensor]:
     """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the
     ranks; a gradient every rank of a tp group holds whole counts 1/T on each)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [_local(p.grad) for p in params]
+    grads = [local_shard(p.grad) for p in params]
     if not grads:
         return grads, torch.zeros((), device=device)
     squares = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2)

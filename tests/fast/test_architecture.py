@@ -163,3 +163,26 @@ def test_the_architecture_page_names_every_module():
         if path.stem not in words
     ]
     assert unnamed == [], f"modules docs/architecture.md does not name: {unnamed}"
+
+
+def _local_shard_helpers() -> list[str]:
+    """Functions of the runtime that hand back a DTensor's local tensor (``t._local_tensor`` or
+    ``t.to_local()``) and a plain tensor as it is: ``x if isinstance(t, DTensor) else t``."""
+    found = []
+    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef) or len(node.body) < 1:
+                continue
+            body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.IfExp):
+                continue
+            test, then = body[0].value.test, ast.unparse(body[0].value.body)
+            if "isinstance" in ast.unparse(test) and "DTensor" in ast.unparse(test):
+                if then.endswith("._local_tensor") or then.endswith(".to_local()"):
+                    found.append(f"{path.stem}.{node.name}")
+    return found
+
+
+def test_one_helper_gives_a_dtensors_local_shard():
+    # the optimizer, the gradient norm and clipping, and the replica group's state each had their own
+    assert _local_shard_helpers() == ["optimizer.local_shard"]
