@@ -146,3 +146,18 @@ def test_lengths_must_match_the_plan():
 def test_verify_imports_no_torch():
     code = "import sys, hpc_hsdp.runtime.verify; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_check_covers_the_tp_groups():
+    """With --tp the realized TP groups are compared too: T consecutive ranks of one node."""
+    plan = plan_for(nodes=2, gpus_per_node=4, shard_size=2, tp_size=2, node_names=("n1", "n2"))
+    nodes, shard, replicate = planned(plan)
+    tp = [plan.tp_group_of(r) for r in range(plan.world_size)]
+    assert tp[:4] == [(0, 1), (0, 1), (2, 3), (2, 3)]
+    assert compare_groups(plan, nodes, shard, replicate, tp) == []
+    strided = [tuple(range(r % 2, 8, 2))[:2] if r < 4 else tp[r] for r in range(8)]  # [0, 2], [1, 3] on n1
+    problems = compare_groups(plan, nodes, shard, replicate, strided)
+    assert {p.axis for p in problems} == {"tp"} and {p.realized for p in problems} == {(0, 2), (1, 3)}
+    across = [(r, r + 4) if r < 4 else (r - 4, r) for r in range(8)]  # each TP group spanning n1 and n2
+    problems = compare_groups(plan, nodes, shard, replicate, across)
+    assert {p.axis for p in problems} == {"tp"} and all(p.nodes == ("n1", "n2") for p in problems)
