@@ -11,7 +11,8 @@ calls the callbacks and torch's function.
   up on ``torch.distributed`` at call time, the collectives (:data:`COLLECTIVES`: every rank
   of the group calls them) and the point-to-point ones (:data:`POINT_TO_POINT`); and
   :data:`WAIT`, ``Work.wait``, where a rank waits for an asynchronous one; and the functional
-  collectives DTensor's redistributions call (:data:`FUNCTIONAL`, tensor parallelism's traffic).
+  collectives DTensor's redistributions call (:data:`FUNCTIONAL`, tensor parallelism's traffic)
+  and :data:`FUNCTIONAL_WAIT`, where a rank waits for one of those.
   Calls torch makes through its own module (``all_gather_into_tensor`` forwarding to
   ``all_gather_single``) and ops called on ``torch.ops._c10d_functional`` directly do not pass
   through these functions and are not seen.
@@ -94,7 +95,11 @@ which ``torch/distributed/tensor/placement_types.py`` looks up at call time): te
 traffic, and ``clip_grad_norm_``'s over DTensors. Their result is a tensor whose collective may still
 be running (torch waits for it where it is first used)."""
 
-WRAPPABLE: tuple[str, ...] = (*COLLECTIVES, *POINT_TO_POINT, WAIT, *FUNCTIONAL)
+FUNCTIONAL_WAIT = "funcol.wait_tensor"
+"""Where a rank waits for a functional collective's result (``AsyncCollectiveTensor`` calls it at
+the result's first use): tensor parallelism's waits for its TP group's peers."""
+
+WRAPPABLE: tuple[str, ...] = (*COLLECTIVES, *POINT_TO_POINT, WAIT, *FUNCTIONAL, FUNCTIONAL_WAIT)
 
 Entered = Callable[[str, tuple, dict], object]
 Left = Callable[[str, bool], object]

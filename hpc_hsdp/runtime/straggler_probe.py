@@ -1,7 +1,8 @@
 """Each rank's own time of a step, shared every K steps (one small all-gather).
 
 :class:`BlockedClock` listens to every ``torch.distributed`` collective, point-to-point call
-and ``Work.wait`` (:mod:`hpc_hsdp.runtime.collectives`) and adds the wall time this rank
+and ``Work.wait``, and to the functional collectives of tensor parallelism and their waits
+(:mod:`hpc_hsdp.runtime.collectives`), and adds the wall time this rank
 spends inside them to a counter, while a step is being probed. A
 rank's own time = step time - that blocked time: the waiting for slower peers and the
 transfer are left out, so the slow rank is the one with the largest own time although
@@ -30,7 +31,15 @@ import torch
 import torch.distributed as dist
 
 from hpc_hsdp.rundir.stragglers import summarize
-from hpc_hsdp.runtime.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, Listening, listen
+from hpc_hsdp.runtime.collectives import (
+    COLLECTIVES,
+    FUNCTIONAL,
+    FUNCTIONAL_WAIT,
+    POINT_TO_POINT,
+    WAIT,
+    Listening,
+    listen,
+)
 
 
 class BlockedClock:
@@ -47,8 +56,11 @@ class BlockedClock:
 
     def install(self) -> BlockedClock:
         if self._listening is None:
-            # where the host blocks; a functional collective returns before its transfer is done
-            self._listening = listen(self._entered, self._left, names=(*COLLECTIVES, *POINT_TO_POINT, WAIT))
+            # where the host blocks: a functional collective (tensor parallelism's) returns before its
+            # transfer is done and is waited for at its result's first use (FUNCTIONAL_WAIT); without
+            # that wait, a TP group's ranks that wait for a slow peer count the wait as their own time
+            names = (*COLLECTIVES, *POINT_TO_POINT, WAIT, *FUNCTIONAL, FUNCTIONAL_WAIT)
+            self._listening = listen(self._entered, self._left, names=names)
         return self
 
     def close(self) -> None:
