@@ -120,6 +120,11 @@ def test_a_checkpoint_resumes_across_tp_2_to_1_to_2_where_the_run_left_off(refer
     assert len(_losses(first)) == 3 and len(_losses(middle)) == 3 and len(_losses(last)) == 4
     resumed = _losses(first) + _losses(middle) + _losses(last)
     assert resumed == pytest.approx(_losses(reference), rel=1e-5)
+    # the optimizer's state and the data position too: each step's gradient norm, and the held-out
+    # losses at steps 5 and 10, are those of the run that never stopped
+    norms = [n for part in (first, middle, last) for n in part[0].value["grad_norms"]]
+    assert norms == pytest.approx(reference[0].value["grad_norms"], rel=1e-4)
+    assert middle[0].value["eval"] + last[0].value["eval"] == pytest.approx(reference[0].value["eval"], rel=1e-5)
 
 
 def test_a_checkpoint_of_the_earlier_qkv_layout_is_refused_at_resume_not_misread(reference, tmp_path):
