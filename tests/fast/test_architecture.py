@@ -177,9 +177,9 @@ def _local_shard_helpers() -> list[str]:
             if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.IfExp):
                 continue
             test, then = body[0].value.test, ast.unparse(body[0].value.body)
-            if "isinstance" in ast.unparse(test) and "DTensor" in ast.unparse(test):
-                if then.endswith("._local_tensor") or then.endswith(".to_local()"):
-                    found.append(f"{path.stem}.{node.name}")
+            is_dtensor = "isinstance" in ast.unparse(test) and "DTensor" in ast.unparse(test)
+            if is_dtensor and then.endswith(("._local_tensor", ".to_local()")):
+                found.append(f"{path.stem}.{node.name}")
     return found
 
 
