@@ -541,7 +541,11 @@ def _model_summary(model: str) -> dict:
     dims = (
         (shapes.layers, shapes.width, None, f"{shapes.layers} blocks, width {shapes.width}") if shapes.width else None
     )
-    return {"counts": shapes.counts, "dims": dims, "record": record, "line": line}
+    info = {"counts": shapes.counts, "dims": dims, "record": record, "line": line}
+    if model.startswith("hf:"):  # transformers' own TP plan: not sequence parallel, the logits gathered
+        vocab = next((s[0] for name, s, _ in shapes.shapes if name.endswith("embed_tokens.weight")), 0)
+        info["activation_style"] = {"sequence_parallel": False, "vocab_size": vocab, "tied": shapes.tied}
+    return info
 
 
 def recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations=None, blocks=None):
@@ -577,6 +581,7 @@ def _activation_shape(
             batch_size=batch_size,
             checkpointing=checkpointing,
             source=source,
+            **(model_info.get("activation_style", {}) if model_info is not None else {}),
         )
     if seq_len is None or model_info is not None:
         return None

@@ -27,13 +27,20 @@ micro-batches of ``B`` rows (one TP group's), sequence ``L``, width ``H``, ``lay
 ``b`` bytes per element::
 
     all-gather     = reduce-scatter = N (4 layers + 2) b B L H          (tensor bytes)
-                     + N 2 layers b B L H  with activation checkpointing (the recomputed forward)
+                     with activation checkpointing, the recomputed forward: all-gather + N 2 layers
+                     b B L H, reduce-scatter + N layers b B L H (torch's checkpoint stops once the
+                     saved tensors are back, before the feed-forward's reduce-scatter)
     on the wire    = (T-1)/T of each (ring)
 
 Activations per GPU (:class:`ActivationShape`): ``17 b B L H`` per block (Korthikanti et al.
 2022, 34 s b h bytes at 16 bits, without the attention scores that flash attention never
 stores), over T (sequence parallelism splits the parts tensor parallelism does not); with
 activation checkpointing each block keeps its input (``b B L H / T``) and one block's set is live.
+
+A transformers model's own plan is not sequence parallel: per block ``(5 + 12/T) b B L H`` (the
+norms' part stays whole), each checkpointed block's input whole, and its TP traffic is all-reduces
+of ``b B L H`` (:data:`TRANSFORMERS_TP`) and the logits' all-gather, ``2(T-1)/T`` and ``(T-1)/T``
+of them on the wire.
 
 Bytes per element follow ``--precision`` as the trainer runs it (:data:`PRECISION_BYTES`,
 FSDP2's ``MixedPrecisionPolicy`` in ``runtime/model.py``): the sharded parameters the optimizer
@@ -242,6 +249,22 @@ ACTIVATION_ELEMENTS = 17
 bytes at 16 bits, with flash attention's scores left out), for :class:`ActivationShape`."""
 
 
+UNSPLIT_ELEMENTS = 5
+"""Of :data:`ACTIVATION_ELEMENTS`, those tensor parallelism without sequence parallelism leaves whole
+on every rank (Korthikanti et al. 2022: ``s b h (10 + 24/t)`` bytes at 16 bits: the norms' inputs, the
+residuals, the dropout masks)."""
+
+TRANSFORMERS_TP = (7, 2)
+"""A transformers model under its own plan (colwise q/k/v and gate/up, rowwise o and down, the
+embedding by vocabulary, the head colwise with its output gathered), in ``B x L x H`` all-reduces
+per micro-batch: per block, forward 2 (o's and down's outputs) and backward 5 (the input gradient of
+each colwise Linear; +1 per block with activation checkpointing: the forward again, which stops
+before down's all-reduce); the ends 2
+(the embedding's output, the head's input gradient; none when they are tied, left whole). The head
+also all-gathers the ``B x L x V`` logits. Measured with ``--comm-stats`` on a Llama at tp 2
+(``tests/processes/test_tensor_parallel.py``)."""
+
+
 @record
 class ActivationShape:
     """What the activations of one micro-batch depend on: blocks, width, tokens, rows."""
@@ -255,6 +278,14 @@ class ActivationShape:
     """Activation checkpointing: each block keeps its input; forward runs again in backward."""
     source: str = ""
     """Where the shape came from (the model, or the Llama family's shape nearest a parameter count)."""
+    sequence_parallel: bool = True
+    """The model's TP plan splits the activations between blocks over the sequence (the built-in
+    model's, torchtitan's); False for a transformers model's own plan, which keeps them whole on every
+    rank of the TP group and all-reduces instead (:data:`TRANSFORMERS_TP`)."""
+    vocab_size: int = 0
+    """Without sequence parallelism: the logits' width, which the head's all-gather carries."""
+    tied: bool = False
+    """Without sequence parallelism: the embedding and the head are one parameter, left whole."""
 
     def token_bytes(self, element_bytes: int) -> int:
         """``b B L H``: one activation tensor of the micro-batch, whole."""
@@ -263,21 +294,51 @@ class ActivationShape:
     def bytes_per_gpu(self, *, element_bytes: int, tp_size: int = 1) -> int:
         """Activations kept per GPU for backward (see the module's docstring)."""
         one = self.token_bytes(element_bytes)
+        if not self.sequence_parallel:
+            # the norms', residuals' and dropouts' part stays whole; a block's input is whole
+            block = (UNSPLIT_ELEMENTS * tp_size + ACTIVATION_ELEMENTS - UNSPLIT_ELEMENTS) * one // tp_size
+            return self.layers * one + block if self.checkpointing else self.layers * block
         if self.checkpointing:
             return (self.layers * one + ACTIVATION_ELEMENTS * one) // tp_size
         return self.layers * ACTIVATION_ELEMENTS * one // tp_size
 
     def tp_traffic(self, *, element_bytes: int, tp_size: int, grad_accum: int, inter_node: bool) -> tuple[Traffic, ...]:
-        """The TP group's all-gathers and reduce-scatters of activations per optimizer step (none at T = 1)."""
+        """The TP group's all-gathers and reduce-scatters of activations per optimizer step (none at T = 1);
+        without sequence parallelism its all-reduces and the logits' all-gather (:data:`TRANSFORMERS_TP`)."""
         if tp_size == 1:
             return ()
-        per_kind = 4 * self.layers + 2 + (2 * self.layers if self.checkpointing else 0)
-        tensor = grad_accum * per_kind * self.token_bytes(element_bytes)
-        wire = tensor * (tp_size - 1) // tp_size
-        return tuple(
-            Traffic(kind=kind, axis="tp", tensor_bytes=tensor, wire_bytes=wire, inter_node=inter_node)
-            for kind in ("all_gather", "reduce_scatter")
-        )
+        if not self.sequence_parallel:
+            return self._all_reduce_traffic(element_bytes, tp_size, grad_accum, inter_node)
+        # the recomputed forward of a checkpointed block gathers twice and reduce-scatters once: torch's
+        # checkpoint stops once the saved tensors are back, before the feed-forward's reduce-scatter
+        extra = {"all_gather": 2, "reduce_scatter": 1} if self.checkpointing else {"all_gather": 0, "reduce_scatter": 0}
+        out = []
+        for kind in ("all_gather", "reduce_scatter"):
+            tensor = grad_accum * (4 * self.layers + 2 + extra[kind] * self.layers) * self.token_bytes(element_bytes)
+            wire = tensor * (tp_size - 1) // tp_size
+            out.append(Traffic(kind=kind, axis="tp", tensor_bytes=tensor, wire_bytes=wire, inter_node=inter_node))
+        return tuple(out)
+
+    def _all_reduce_traffic(self, element_bytes: int, tp_size: int, grad_accum: int, inter_node: bool):
+        per_block, ends = TRANSFORMERS_TP
+        count = (per_block + (1 if self.checkpointing else 0)) * self.layers + (0 if self.tied else ends)
+        tensor = grad_accum * count * self.token_bytes(element_bytes)
+        out = [
+            Traffic(
+                kind="all_reduce",
+                axis="tp",
+                tensor_bytes=tensor,
+                wire_bytes=2 * tensor * (tp_size - 1) // tp_size,
+                inter_node=inter_node,
+            )
+        ]
+        if not self.tied and self.vocab_size:
+            logits = grad_accum * element_bytes * self.batch_size * self.seq_len * self.vocab_size
+            wire = logits * (tp_size - 1) // tp_size
+            out.append(
+                Traffic(kind="all_gather", axis="tp", tensor_bytes=logits, wire_bytes=wire, inter_node=inter_node)
+            )
+        return tuple(out)
 
 
 LLAMA_FAMILY = (

@@ -218,7 +218,12 @@ def plan_text(
             f"({estimate.blocks} blocks): {format_bytes(estimate.working_bytes)}"
         )
         if estimate.activation_bytes is not None:
-            split = f" over tp {plan.tp_size} (sequence parallel)" if plan.tp_size > 1 else ""
+            style = (
+                "sequence parallel"
+                if activations is None or activations.sequence_parallel
+                else "no sequence parallelism"
+            )
+            split = f" over tp {plan.tp_size} ({style})" if plan.tp_size > 1 else ""
             out.append(
                 f"  activations {format_bytes(estimate.activation_bytes)}{split}{_shape_note(activations)}; "
                 f"peak {format_bytes(estimate.needed_bytes)}"

@@ -53,15 +53,18 @@ def test_states_and_fsdp_traffic_are_over_shard_times_tp(nodes, gpus, shard, tp)
         assert traffic["all_reduce", "replicate"].wire_bytes == 2 * (4 * P // copy) * (replicas - 1) // replicas
 
 
-# layers, width, seq, batch, checkpointing, element bytes, tp -> activations per GPU, TP tensor bytes per kind
+# layers, width, seq, batch, checkpointing, element bytes, tp -> activations per GPU, TP tensor bytes
+# (all-gather, reduce-scatter)
+ONE_70B = 2 * 8192 * 8192
 SHAPES = [
     # 70B-like, bf16, no checkpointing: 80 x 17 x 2 x 8192 x 8192 over T; (4*80+2) tensors per kind
-    (80, 8192, 8192, 1, False, 2, 8, 80 * 17 * 2 * 8192 * 8192 // 8, 322 * 2 * 8192 * 8192),
-    (80, 8192, 8192, 1, False, 2, 1, 80 * 17 * 2 * 8192 * 8192, 0),
-    # checkpointing: each block's input plus one block's set; the recomputed forward adds 2 x 80 per kind
-    (80, 8192, 8192, 1, True, 2, 8, (80 + 17) * 2 * 8192 * 8192 // 8, 482 * 2 * 8192 * 8192),
+    (80, 8192, 8192, 1, False, 2, 8, 80 * 17 * ONE_70B // 8, (322 * ONE_70B, 322 * ONE_70B)),
+    (80, 8192, 8192, 1, False, 2, 1, 80 * 17 * ONE_70B, None),
+    # checkpointing: each block's input plus one block's set; the recomputed forward gathers 2 x 80 and
+    # reduce-scatters 80 more (torch's checkpoint stops before the feed-forward's reduce-scatter)
+    (80, 8192, 8192, 1, True, 2, 8, (80 + 17) * ONE_70B // 8, (482 * ONE_70B, 402 * ONE_70B)),
     # the tiny built-in model, fp32, T = 2
-    (2, 64, 32, 4, False, 4, 2, 2 * 17 * 4 * 4 * 32 * 64 // 2, 10 * 4 * 4 * 32 * 64),
+    (2, 64, 32, 4, False, 4, 2, 2 * 17 * 4 * 4 * 32 * 64 // 2, (10 * 4 * 4 * 32 * 64,) * 2),
 ]
 
 
@@ -70,10 +73,40 @@ def test_activations_and_tp_bytes(layers, width, seq, batch, ac, b, tp, act, tp_
     shape = ActivationShape(layers=layers, width=width, seq_len=seq, batch_size=batch, checkpointing=ac)
     assert shape.bytes_per_gpu(element_bytes=b, tp_size=tp) == act
     traffic = shape.tp_traffic(element_bytes=b, tp_size=tp, grad_accum=1, inter_node=False)
-    assert [t.tensor_bytes for t in traffic] == ([tp_tensor, tp_tensor] if tp > 1 else [])
-    assert all(t.wire_bytes == tp_tensor * (tp - 1) // tp and t.axis == "tp" for t in traffic)
+    assert [t.tensor_bytes for t in traffic] == (list(tp_tensor) if tp > 1 else [])
+    assert [t.kind for t in traffic] == (["all_gather", "reduce_scatter"] if tp > 1 else [])
+    assert all(t.wire_bytes == t.tensor_bytes * (tp - 1) // tp and t.axis == "tp" for t in traffic)
     twice = shape.tp_traffic(element_bytes=b, tp_size=tp, grad_accum=2, inter_node=False)
     assert [t.tensor_bytes for t in twice] == [2 * t.tensor_bytes for t in traffic]
+
+
+# a transformers model's own plan (no sequence parallelism): layers, width, seq, batch, vocabulary, tied,
+# checkpointing, element bytes, tp -> activations per GPU, all-reduce tensor bytes, logits all-gathered
+ONE_TINY = 4 * 16 * 64 * 4  # the tiny Llama of the processes test: 4 rows x 16 tokens x width 64, fp32
+TRANSFORMERS = [
+    # (5 + 12/T) per block; 7 all-reduces per block and 2 at the ends; the logits 4 x 16 x 96 gathered
+    (2, 64, 16, 4, 96, False, False, 4, 2, 2 * 11 * ONE_TINY, 16 * ONE_TINY, 4 * 16 * 96 * 4),
+    # tied: the embedding and the head whole, nothing at the ends
+    (2, 64, 16, 4, 96, True, False, 4, 2, 2 * 11 * ONE_TINY, 14 * ONE_TINY, None),
+    # checkpointing: each block's input whole, one block's set; the forward again adds 1 per block
+    (2, 64, 16, 4, 96, False, True, 4, 2, (2 + 11) * ONE_TINY, 18 * ONE_TINY, 4 * 16 * 96 * 4),
+    # 70B-like at T = 8: 5 + 12/8 = 6.5 per block, against 17/8 with sequence parallelism
+    (80, 8192, 8192, 1, 128256, False, False, 2, 8, 80 * 13 * ONE_70B // 2, 562 * ONE_70B, 2 * 8192 * 128256),
+]
+
+
+@pytest.mark.parametrize(("layers", "width", "seq", "batch", "vocab", "tied", "ac", "b", "tp", "act", "reduced", "logits"),
+                         TRANSFORMERS)  # fmt: skip
+def test_a_transformers_plan_is_not_sequence_parallel(layers, width, seq, batch, vocab, tied, ac, b, tp, act, reduced,
+                                                      logits):  # fmt: skip
+    shape = ActivationShape(layers=layers, width=width, seq_len=seq, batch_size=batch, checkpointing=ac,
+                            sequence_parallel=False, vocab_size=vocab, tied=tied)  # fmt: skip
+    assert shape.bytes_per_gpu(element_bytes=b, tp_size=tp) == act
+    assert shape.bytes_per_gpu(element_bytes=b, tp_size=1) == layers * 17 * b * batch * seq * width or ac
+    traffic = {t.kind: t for t in shape.tp_traffic(element_bytes=b, tp_size=tp, grad_accum=1, inter_node=False)}
+    assert traffic["all_reduce"].tensor_bytes == reduced
+    assert traffic["all_reduce"].wire_bytes == 2 * reduced * (tp - 1) // tp
+    assert (traffic["all_gather"].tensor_bytes if "all_gather" in traffic else None) == logits
 
 
 def test_estimate_with_activations_counts_them_and_the_tp_bytes():
@@ -205,9 +238,17 @@ def test_cli_hf_model_gives_its_blocks_and_width(tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert (data["activations"]["layers"], data["activations"]["width"]) == (3, 256)
-    # --precision auto: bf16 activations, as a GPU run keeps them; the working set counts the config's 3 blocks
-    assert data["estimate"]["activation_bytes"] == 3 * 17 * 2 * 2 * 128 * 256 // 2
+    # --precision auto: bf16 activations, as a GPU run keeps them; the working set counts the config's 3 blocks;
+    # transformers' plan is not sequence parallel: 5 + 12/T per block, not 17/T
+    assert data["activations"]["sequence_parallel"] is False and data["activations"]["vocab_size"] == 1024
+    assert data["estimate"]["activation_bytes"] == 3 * (5 + 12 // 2) * 2 * 2 * 128 * 256
     assert data["estimate"]["blocks"] == 3 and data["estimate"]["precision"] == "bf16"
+    one = 2 * 2 * 128 * 256
+    tp = {t["kind"]: t["tensor_bytes"] for t in data["estimate"]["per_step_per_gpu"] if t["axis"] == "tp"}
+    assert tp == {"all_reduce": (7 * 3 + 2) * one, "all_gather": 2 * 2 * 128 * 1024}  # and the logits gathered
+    text = _plan("--nodes", "1", "--gpus-per-node", "4", "--shard", "2", "--tp", "2", "--model", f"hf:{tmp_path}",
+                 "--seq-len", "128", "--batch-size", "2").output  # fmt: skip
+    assert "over tp 2 (no sequence parallelism)" in text and "all_reduce     over tp" in text
 
 
 def test_cli_recommend_at_a_given_tp_names_it():

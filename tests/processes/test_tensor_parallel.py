@@ -314,3 +314,39 @@ def test_the_straggler_probe_names_a_slow_rank_not_its_tp_peer(tmp_path):
     named = [e for e in entries if e["slowest_rank"] == 3 and e["spread"] >= SLOW_THRESHOLD]
     assert len(named) >= 3, entries
     assert all(e["own_time_s"][2] < e["own_time_s"][3] / 2 for e in named), entries  # its TP peer: its own time
+
+
+@pytest.mark.parametrize(
+    ("model", "tied", "checkpointing"),
+    [("builtin", False, True), ("llama", False, False), ("llama", True, True)],
+    ids=["built-in, checkpointed", "transformers Llama", "transformers Llama, tied, checkpointed"],
+)
+def test_comm_stats_measure_the_tp_bytes_plan_estimates(tmp_path, model, tied, checkpointing):
+    """The TP group's tensor bytes per step, as --comm-stats measures them, are plan's estimate
+    (plan.estimates.ActivationShape.tp_traffic): the built-in model's sequence-parallel gathers and
+    reduce-scatters with a checkpointed forward again, a transformers Llama's all-reduces and gathered
+    logits (its plan is not sequence parallel)."""
+    from hf_helpers import TINY_LLAMA, write_config
+
+    from hpc_hsdp.plan.estimates import ActivationShape
+
+    training = dataclasses.replace(TRAIN, steps=2, eval_every=0, activation_checkpointing=checkpointing)
+    style = {}
+    if model == "llama":
+        path = write_config(tmp_path / "llama", dict(TINY_LLAMA, tie_word_embeddings=tied))
+        training = dataclasses.replace(training, model=f"hf:{path}", vocab_size=96, width=64)
+        style = {"sequence_parallel": False, "vocab_size": 96, "tied": tied}
+    spec = RunSpec(
+        shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), comm_stats=True, training=training
+    )
+    launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=240)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    measured = rows[-1]["comm"]["tp"]
+    rows_per_rank = TRAIN.global_batch_size // 2  # the data-parallel ranks: R x S = 2
+    shape = ActivationShape(layers=TRAIN.layers, width=training.width, seq_len=TRAIN.seq_len, batch_size=rows_per_rank,
+                            checkpointing=checkpointing, **style)  # fmt: skip
+    for t in shape.tp_traffic(element_bytes=4, tp_size=2, grad_accum=1, inter_node=False):
+        got = measured[t.kind]["tensor_bytes"]
+        if model == "builtin":  # and the positions' (seq_len, width), once each way
+            got -= TRAIN.seq_len * TRAIN.width * 4
+        assert got == t.tensor_bytes, (t.kind, measured)
