@@ -139,7 +139,6 @@ class HFAdapter:
         self.config = load_config(self.config_path, model=self.name)
         self.vocab_size = int(self.config.vocab_size)
         self.shard_unit_option = training.shard_unit
-        self.seq_len = training.seq_len
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
         check_data_vocabulary(
