@@ -777,9 +777,15 @@ def recommend_tp(
     chosen_tp = fitting[0] if fitting else None
     reasons = []
     if chosen_tp is None:
+        # only what the user has not done already
+        ways = ["more GPUs"]
+        ways += ["--precision bf16"] if PRECISION_BYTES[precision].activation > 2 else []
+        ways += ["--activation-checkpointing"] if activations is not None and not activations.checkpointing else []
+        ways += ["a shorter sequence"]
+        ways += ["a smaller micro-batch"] if activations is not None and activations.batch_size > 1 else []
         reasons.append(
-            f"no TP size fits: even --tp {by_tp[-1][0]} needs more than the budget at every shard size; use more "
-            f"GPUs, bf16, activation checkpointing, a shorter sequence or a smaller micro-batch"
+            f"no TP size fits: even --tp {by_tp[-1][0]} needs more than the budget at every shard size; use "
+            f"{', '.join(ways[:-1])} or {ways[-1]}"
         )
     else:
         too_small = [t for t, rec in by_tp if t < chosen_tp]

@@ -172,6 +172,33 @@ def test_recommend_chooses_the_smallest_tp_that_fits(nodes_gpus, params, precisi
         assert rec.to_dict()["recommended_tp_size"] == expected[0]
 
 
+@pytest.mark.parametrize(
+    ("precision", "batch", "ac", "ways"),
+    [
+        (
+            "fp32",
+            4,
+            False,
+            "more GPUs, --precision bf16, --activation-checkpointing, a shorter sequence or a smaller micro-batch",
+        ),
+        ("bf16", 4, False, "more GPUs, --activation-checkpointing, a shorter sequence or a smaller micro-batch"),
+        ("bf16", 1, True, "more GPUs or a shorter sequence"),
+    ],
+)
+def test_when_no_tp_fits_it_names_only_what_is_not_done_already(precision, batch, ac, ways):
+    plan = plan_for(nodes=1, gpus_per_node=8, shard_size=1)
+    shape = llama_like_shape(405 * 10**9, seq_len=131072, batch_size=batch, checkpointing=ac)
+    rec = recommend_tp(
+        plan,
+        gpu_memory=80 * 2**30,
+        precision=precision,
+        params_for_shard=lambda _s: (405 * 10**9, 0),
+        activations=shape,
+    )
+    assert rec.chosen is None
+    assert rec.reasons[0].endswith(f"at every shard size; use {ways}")
+
+
 def test_recommend_and_smallest_shard_at_a_given_tp():
     plan = plan_for(nodes=2, gpus_per_node=8, shard_size=1, tp_size=4)
     rec = recommend(plan, model_params=P, gpu_memory=40 * GiB)
