@@ -72,8 +72,9 @@ def tp_line(plan: TopologyPlan) -> str:
     more = f", ... {len(groups) - LISTED_COPIES} more" if len(groups) > LISTED_COPIES else ""
     where = "cross nodes" if plan.tp_groups_cross_nodes else "each inside one node"
     return (
-        f"TP groups: {len(groups)} of {t} consecutive ranks ({shown}{more}), {where}: every block's all-gathers "
-        f"and reduce-scatters of activations (sequence parallelism) stay on the node's links"
+        f"TP groups: {len(groups)} of {t} consecutive ranks ({shown}{more}), {where}: every block's collectives "
+        f"of activations (all-gathers and reduce-scatters under sequence parallelism, all-reduces under an hf: "
+        f"model's plan) stay on the node's links"
     )
 
 

@@ -71,6 +71,8 @@ def test_group_labels_index_the_plans_groups(shape):
             [
                 "hybrid shard (HSDP) + tensor parallel (TP): mesh (replicate=2, shard=2, tp=4) over 2 node(s), 16 ranks",
                 "TP groups: 4 of 4 consecutive ranks ([0-3], [4-7], [8-11], [12-15]), each inside one node",
+                # not only sequence parallelism: an hf: model's plan all-reduces
+                "all-reduces under an hf: model's plan) stay on the node's links",
                 "replicate groups: the all-reduce of 1/8 of the gradients crosses nodes",
             ],
         ),
