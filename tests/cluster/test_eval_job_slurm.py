@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc, status, wait_ended, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
@@ -37,28 +38,6 @@ print(json.dumps({"eval_acc": step / 100, "job": os.environ["SLURM_JOB_ID"]}))
 """
 
 
-def hpc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def status(run: Path) -> dict:
-    shown = hpc("status", str(run), "--json")
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
-
-
-def wait_until(what: str, check, timeout_s: float, run: Path):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted((run / "logs").glob("*_log.*")))
-            pytest.fail(f"{what} not reached in {timeout_s} s; status {status(run)}\n{logs}")
-        time.sleep(0.2)
-
-
 def results(run: Path) -> list[dict]:
     log = run / "evals.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -80,12 +59,7 @@ def test_three_checkpoints_three_eval_jobs_once_each_across_a_requeue(slurm_clus
     assert not (run / "evals" / "step-4.json").exists(), "too late: step 4 was saved before the requeue"
     assert subprocess.run(["scontrol", "requeue", job_id]).returncode == 0
     wait_until("restart 1", lambda: status(run)["restarts"] >= 1, 120, run)
-    final = wait_until(
-        "end of the job",
-        lambda: (lambda s: s if s["state"].split()[0] in ("COMPLETED", "FAILED") else None)(status(run)),
-        240,
-        run,
-    )
+    final = wait_ended(run)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     done = wait_until("3 eval results", lambda: (lambda r: r if len(r) >= 3 else None)(results(run)), 180, run)
     time.sleep(2)

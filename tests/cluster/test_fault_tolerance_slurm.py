@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_helpers import hpc
 from dist_helpers import wait_until
 
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
@@ -22,10 +22,6 @@ from hpc_hsdp.rundir.membership import read_membership
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
 GLOBAL_BATCH = 8
-
-
-def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _jsonl(path: Path) -> list[dict]:

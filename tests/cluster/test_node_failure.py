@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 from dist_helpers import wait_until
 
 from hpc_hsdp.rundir import attempts
@@ -46,10 +46,6 @@ JOB = [
     "2",
 ]
 EVERY = 4
-
-
-def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _steps(run: Path) -> list[dict]:

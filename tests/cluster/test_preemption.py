@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc, log_tails, status, wait_ended, wait_until
 from dist_helpers import in_child
 
 from hpc_hsdp.rundir.files import read_jsonl
@@ -30,57 +30,14 @@ STEPS = 30
 SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough to be signalled mid-training
 
 
-def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def submit(run: Path, *args: str) -> str:
     out = hpc("submit", *JOB, "--run-dir", str(run), *args)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads((run / "job.json").read_text())["job_id"]
 
 
-def status(run: Path) -> dict:
-    out = hpc("status", str(run), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def wait_until(what: str, check, timeout_s: float, run: Path):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not reached in {timeout_s} s; status {status(run)}\n{_logs(run)}")
-        time.sleep(0.5)
-
-
-def wait_finished(run: Path, timeout_s: float = 240) -> dict:
-    return wait_until(
-        "end of the job",
-        lambda: (
-            lambda s: (
-                s
-                if s["state"].split()[0]
-                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-                else None
-            )
-        )(status(run)),
-        timeout_s,
-        run,
-    )
-
-
 def all_logs(run: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("*_log.*")))
-
-
-def _logs(run: Path) -> str:
-    return "\n".join(
-        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted((run / "logs").glob("*_log.err"))
-    )
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +83,7 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
 
     # SLURM itself ends the run (SIGTERM, SIGKILL after KillWait=5 s): every rank saves in time
     assert subprocess.run(["scontrol", "requeue", job_id]).returncode == 0
-    final = wait_finished(run)
+    final = wait_ended(run)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 2, final
     logs = all_logs(run)
     assert "stopped after step" in logs and "on USR2: requeued job" in logs
@@ -136,7 +93,7 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
     shown = hpc("status", str(run)).stdout
     assert f"restarts {final['restarts']}" in shown
 
-    ref = wait_finished(reference_run)
+    ref = wait_ended(reference_run)
     assert ref["state"] == "COMPLETED" and ref["restarts"] == 0
     diffs = in_child(
         compare_checkpoints,
@@ -162,7 +119,7 @@ def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_clust
     job_id = submit(run, *TWO_BY_TWO, "--launcher", "torchrun", "--steps", str(STEPS), "--env", f"{SLOW}=0.15")
     wait_until("step 4", lambda: len(steps(run)) >= 4, 180, run)
     assert subprocess.run(["scancel", "--signal=USR2", job_id]).returncode == 0
-    final = wait_finished(run)
+    final = wait_ended(run)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     logs = all_logs(run)
     assert "on USR2: requeued job" in logs and "(restart 1)" in logs
@@ -171,7 +128,7 @@ def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_clust
     assert "torchrun on this node: SIGUSR2 received; the workers stop and save" in logs
     assert "torchrun on this node exited with code" not in logs
     assert steps(run) == list(range(1, STEPS + 1))
-    ref = wait_finished(reference_run)
+    ref = wait_ended(reference_run)
     assert ref["state"] == "COMPLETED"
     diffs = in_child(
         compare_checkpoints,
@@ -212,15 +169,15 @@ def test_a_rank_killed_with_sigkill_fails_the_job_fast_and_names_the_rank(slurm_
 def test_killed_while_saving_resumes_from_the_previous_checkpoint_on_another_node_count(slurm_cluster, tmp_path):
     run = tmp_path / "run"
     submit(run, *TWO_BY_TWO, "--steps", "6", "--checkpoint-every", "2", "--env", "HPC_HSDP_FAULT_KILL_IN_SAVE=1:4")
-    assert wait_finished(run)["state"] == "FAILED"
+    assert wait_ended(run)["state"] == "FAILED"
     assert [s for s, _ in complete_checkpoints(run)] == [2]
     partial = run / "checkpoints" / "step-000004.tmp"
     assert partial.is_dir() and not (partial / "COMPLETE").exists()  # written in part, never marked complete
 
     # the same run directory on one node x 4 (shard 4): resumes from step 2, resharded
     submit(run, "--nodes", "1", "--gpus-per-node", "4", "--shard", "4", "--steps", "6", "--checkpoint-every", "2")
-    final = wait_finished(run)
-    assert final["state"] == "COMPLETED", _logs(run)
+    final = wait_ended(run)
+    assert final["state"] == "COMPLETED", log_tails(run)
     assert "resumed from step 2 (restart 0)" in all_logs(run) and "saved on mesh [2, 2], now [1, 4]" in all_logs(run)
     assert steps(run) == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in complete_checkpoints(run)] == [4, 6] and not partial.exists()
@@ -229,7 +186,7 @@ def test_killed_while_saving_resumes_from_the_previous_checkpoint_on_another_nod
 @pytest.mark.slurm
 @pytest.mark.timeout(400)
 def test_a_job_reaching_its_time_limit_saves_on_the_warning_requeues_and_finishes(slurm_cluster, time_limit_run):
-    final = wait_finished(time_limit_run, timeout_s=380)
-    assert final["state"] == "COMPLETED" and final["restarts"] >= 1, (final, _logs(time_limit_run))
+    final = wait_ended(time_limit_run, timeout_s=380)
+    assert final["state"] == "COMPLETED" and final["restarts"] >= 1, (final, log_tails(time_limit_run))
     assert steps(time_limit_run) == list(range(1, 101))
     assert "on USR2: requeued job" in all_logs(time_limit_run)

@@ -12,12 +12,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 
 from hpc_hsdp.job.backends.slurm_command import config_value, controller_host, slurm_config
 
@@ -25,16 +25,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
 TINY = ["--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
 TIMEOUT_S = 3
-
-
-def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def timed(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 
-from tests.cluster.test_slurm import TINY, _logs, _ranks, hpc, sbatch_wait
+from tests.cluster.test_slurm import TINY, _logs, _ranks, sbatch_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

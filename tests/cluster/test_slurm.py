@@ -8,29 +8,19 @@ the job itself and recorded in layout.json.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
 THREAD_SHARD = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
 THREAD_REPLICATE = [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
 TINY = ["--device", "cpu", "--steps", "2", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
-
-
-def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def job_fields(job_id: str) -> dict[str, str]:

@@ -4,46 +4,16 @@ the queue while its code is edited on disk runs the code of its submit, and so d
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc, status, wait_until
 
 from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
 from tests.processes.test_snapshot_code import package
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]
-
-
-def hpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def status(run: Path) -> dict:
-    shown = hpc("status", str(run), "--json")
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
-
-
-def wait_until(what: str, check, timeout_s: float, run: Path):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted((run / "logs").glob("*_log.err")))
-            pytest.fail(f"{what} not reached in {timeout_s} s; status {status(run)}\n{logs}")
-        time.sleep(0.5)
 
 
 def markers(run: Path) -> list[str]:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_helpers import hpc
 
 from hpc_hsdp.data.tokens import write_dataset_manifest, write_token_file
 from hpc_hsdp.rundir.files import read_jsonl
-from tests.cluster.test_slurm import hpc
 
 pytestmark = pytest.mark.slurm
 

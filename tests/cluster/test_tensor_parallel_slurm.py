@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from cluster_helpers import hpc
 
-from tests.cluster.test_slurm import TINY, _ranks, hpc
+from tests.cluster.test_slurm import TINY, _ranks
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
