@@ -7,6 +7,7 @@ SLURMD_NODENAME)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,3 +100,17 @@ class Throttle:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+def check_figures(check: dict) -> dict:
+    """What a failed assertion on a check shows: each node's and link's figures, short."""
+    return {
+        name: {key: round(value, 4) for key, value in figures.items() if isinstance(value, float)}
+        for name, figures in {**check["nodes"], **check["links"]}.items()
+    }
+
+
+def trained_nodes(run_dir: Path) -> list[str]:
+    """The nodes a run's ranks trained on (layout.json), in rank order."""
+    layout = json.loads((run_dir / "layout.json").read_text())
+    return list(dict.fromkeys(r["node"] for r in layout["ranks"]))

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from dist_helpers import wait_until
-from throttle import Throttle
+from cluster_helpers import hpc, status, wait_ended, wait_until
+from throttle import Throttle, check_figures, trained_nodes
 
 # the throttled node runs about 5% of the time (20x slower); a healthy one on this shared 2-core
 # machine swings by up to ~3x, so the threshold sits between with room on both sides
@@ -24,32 +23,25 @@ JOB = (
 )
 
 
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-
-
-def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def _three_nodes() -> None:
     nodes = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%D"], capture_output=True, text=True).stdout.split()
     if sum(int(n) for n in nodes if n.isdigit()) < 3:
         pytest.skip("needs a dev cluster of 3 nodes")
 
 
-def _state(run: Path) -> dict:
-    return json.loads(hpc("status", str(run), "--json").stdout)
+SLOW = "n2"
+"""The node slowed: SLURM gives a two-node job n1 and n2 (under one leaf switch), a three-node job all."""
 
 
-def _throttled_check(run: Path, job_id: str, node: str) -> None:
-    """``node``'s processes stopped 95% of the time from the check's start until check.json is written."""
-    with Throttle(job_id, node, stopped=0.95, needle=b"fabric_check"):
-        wait_until("the check's result", lambda: (run / "check.json").exists(), 240)
-
-
-def _trained_nodes(run: Path) -> list[str]:
-    layout = json.loads((run / "layout.json").read_text())
-    return list(dict.fromkeys(r["node"] for r in layout["ranks"]))
+def _throttled_check(run: Path, job_id: str) -> None:
+    """:data:`SLOW`'s check processes stopped 95% of the time from their start until check.json is
+    written. The throttle runs before the job does: on a loaded machine a check can be over before
+    a test that waits to see the job running has started throttling it."""
+    with Throttle(job_id, SLOW, stopped=0.95, needle=b"fabric_check"):
+        wait_until("the job's start", lambda: status(run)["state"] == "RUNNING", 120, run)
+        nodes = _job_nodes(job_id)
+        assert SLOW in nodes, f"SLURM gave job {job_id} {nodes}; the test slows {SLOW}"
+        wait_until("the check's result", lambda: (run / "check.json").exists(), 240, run)
 
 
 @pytest.mark.slurm
@@ -61,19 +53,17 @@ def test_check_names_a_slow_node_and_a_spare_trains_in_its_place(slurm_cluster, 
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     try:
-        wait_until("the job's nodes", lambda: _state(run)["state"] == "RUNNING", 120)
-        slow = _job_nodes(job_id)[1]
-        _throttled_check(run, job_id, slow)
-        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] in ENDED and s, 300)
+        _throttled_check(run, job_id)
+        final = wait_ended(run, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     assert final["state"] == "COMPLETED", hpc("logs", str(run), "--tail", "30").stdout
     check = json.loads((run / "check.json").read_text())
-    assert check["bad_nodes"] == [slow], check
+    assert check["bad_nodes"] == [SLOW], check_figures(check)
     decision = json.loads((run / "checks.jsonl").read_text().splitlines()[-1])
-    assert decision["excluded"] == [slow] and len(decision["spares_used"]) == 1
-    assert slow not in _trained_nodes(run) and len(_trained_nodes(run)) == 2
-    assert f"check: {slow} left out, spare" in hpc("status", str(run)).stdout
+    assert decision["excluded"] == [SLOW] and len(decision["spares_used"]) == 1
+    assert SLOW not in trained_nodes(run) and len(trained_nodes(run)) == 2
+    assert f"check: {SLOW} left out, spare" in hpc("status", str(run)).stdout
 
 
 @pytest.mark.slurm
@@ -85,18 +75,16 @@ def test_without_a_spare_the_job_requeues_once_without_the_slow_node(slurm_clust
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     try:
-        wait_until("the job's start", lambda: _state(run)["state"] == "RUNNING", 120)
-        slow = _job_nodes(job_id)[1]  # the second of its two nodes, slowed during the first check
-        _throttled_check(run, job_id, slow)
+        _throttled_check(run, job_id)  # during the first check
         # the requeue passes through held and requeued states: the end is a final state
-        final = wait_until("the end of the job", lambda: (s := _state(run))["state"] in ENDED and s, 300)
+        final = wait_ended(run, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     decisions = [json.loads(line) for line in (run / "checks.jsonl").read_text().splitlines()]
-    assert decisions[0]["action"] == "requeue" and decisions[0]["excluded"] == [slow], decisions
-    assert decisions[-1]["action"] == "train" and slow not in decisions[-1]["nodes"], decisions
+    assert decisions[0]["action"] == "requeue" and decisions[0]["excluded"] == [SLOW], decisions
+    assert decisions[-1]["action"] == "train" and SLOW not in decisions[-1]["nodes"], decisions
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
-    assert slow not in _trained_nodes(run)
+    assert SLOW not in trained_nodes(run)
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from throttle import Throttle
+from throttle import Throttle, check_figures, trained_nodes
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
@@ -47,19 +47,6 @@ def _launch(spec):
     )
 
 
-def _trained_nodes(run_dir: Path) -> list[str]:
-    layout = json.loads((run_dir / "layout.json").read_text())
-    return list(dict.fromkeys(r["node"] for r in layout["ranks"]))
-
-
-def _figures(check: dict) -> dict:
-    """What a failed assertion shows: each node's and link's figures, short."""
-    return {
-        name: {k: round(v, 4) for k, v in f.items() if isinstance(v, float)}
-        for name, f in {**check["nodes"], **check["links"]}.items()
-    }
-
-
 def _hpc(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True)
 
@@ -91,12 +78,12 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
         _hpc("cancel", str(run_dir), "--no-wait")
     assert state == "COMPLETED", _hpc("logs", str(run_dir), "--tail", "20").stdout
     check = json.loads((run_dir / "check.json").read_text())
-    assert check["bad_nodes"] == ["n2"], _figures(check)
+    assert check["bad_nodes"] == ["n2"], check_figures(check)
     assert any(f["name"] == "n2" and f["kind"] == "node" for f in check["findings"])
     assert sorted(check["nodes"]) == ["n1", "n2", "n3"] and check["threshold"] == float(THRESHOLD)
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["action"] == "train" and decision["excluded"] == ["n2"] and decision["spares_used"] == ["n3"]
-    assert _trained_nodes(run_dir) == ["n1", "n3"]
+    assert trained_nodes(run_dir) == ["n1", "n3"]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
     shown = _hpc("status", str(run_dir))
@@ -112,10 +99,10 @@ def test_a_healthy_allocation_trains_on_its_own_nodes(tmp_path: Path) -> None:
         job.cancel()
     assert state == "COMPLETED"
     check = json.loads((run_dir / "check.json").read_text())
-    assert check["bad_nodes"] == [] and len(check["links"]) == 3, _figures(check)
+    assert check["bad_nodes"] == [] and len(check["links"]) == 3, check_figures(check)
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["spares_used"] == [] and decision["nodes"] == ["n1", "n2"]
-    assert _trained_nodes(run_dir) == ["n1", "n2"]
+    assert trained_nodes(run_dir) == ["n1", "n2"]
 
 
 def test_check_command_measures_its_own_job_and_prints_the_table(tmp_path: Path) -> None:
