@@ -292,7 +292,7 @@ def status(job, as_json) -> None:
 
 def _sweep_status(sweep_dir: str, as_json: bool) -> None:
     """``status`` of a sweep: the array, then one line per point (task order)."""
-    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.job.sweep_handle import SweepHandle, arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
 
     handle = SweepHandle.find(sweep_dir)
     results = handle.results()
@@ -300,7 +300,8 @@ def _sweep_status(sweep_dir: str, as_json: bool) -> None:
     if as_json:
         data = {
             "sweep_dir": record.sweep_dir,
-            "job_id": record.job_id,
+            "job_id": record.job_ids[0],
+            "job_ids": list(record.job_ids),
             "cluster": record.cluster,
             "mode": record.mode,
             "parallelism": record.parallelism,
@@ -311,9 +312,8 @@ def _sweep_status(sweep_dir: str, as_json: bool) -> None:
     counts: dict[str, int] = {}
     for r in results:
         counts[r.state.split()[0]] = counts.get(r.state.split()[0], 0) + 1
-    at_once = f", at most {record.parallelism} at once" if record.parallelism else ""
     _say(
-        f"sweep {record.sweep_dir}: job array {record.job_id} ({record.cluster}), {len(results)} points{at_once}: "
+        f"sweep {record.sweep_dir}: {arrays_text(record)}, {len(results)} points{at_once_text(record)}: "
         + ", ".join(f"{n} {state}" for state, n in counts.items())
     )
     for line in handle.lines(results, ranked_by=False):
@@ -405,7 +405,7 @@ CANCEL_WAIT_S = 120
 def cancel(job, no_wait) -> None:
     """Cancel a submitted job (scancel, or the local emulator's equivalent): every rank gets SIGTERM,
     agrees to stop after its step, saves a checkpoint and ends, on SLURM and on the emulator alike.
-    A sweep's directory cancels every point not ended (one scancel of the array); a point's own
+    A sweep's directory cancels every point not ended (one scancel per job array); a point's own
     run directory (or its task id, 123_4) that point alone."""
     if is_sweep_dir(job):
         _cancel_sweep(job, no_wait)
@@ -450,7 +450,8 @@ def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
     if not cancelled:
         _say(f"sweep {sweep_dir}: every point already ended; nothing to cancel")
         return
-    _say(f"cancelled {len(cancelled)} point(s) of job array {handle.job_id}: {' '.join(cancelled)}")
+    arrays = "job array" if len(handle.job_ids) == 1 else "job arrays"
+    _say(f"cancelled {len(cancelled)} point(s) of {arrays} {' '.join(handle.job_ids)}: {' '.join(cancelled)}")
     if no_wait:
         return
     deadline = time.monotonic() + CANCEL_WAIT_S

@@ -49,7 +49,9 @@ def submit(cluster, wait, dry_run, **options) -> None:
 
     With --sweep, one job array: each point a whole job with its own run directory
     (<run-dir>/lr=3e-4,seed=0), requeued and resumed alone; status, runs, report and
-    cancel take the sweep's directory (docs/sweeps.md).
+    cancel take the sweep's directory (docs/sweeps.md). Points that differ in their
+    #SBATCH header (--sweep nodes=1,2, --time, --partition ...) are one job array per
+    distinct header, each with its own --array-parallelism K.
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 
@@ -86,18 +88,17 @@ def submit(cluster, wait, dry_run, **options) -> None:
 
 
 def _submit_sweep(options, *, cluster, wait, dry_run) -> None:
-    """``submit --sweep``: one job array, or with ``--dry-run`` its points and scripts."""
+    """``submit --sweep``: its job arrays, or with ``--dry-run`` its points and scripts."""
+    from hpc_hsdp.job.sweep_handle import arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
     from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
 
     plan = plan_sweep(given_options(options), resolve=job_spec_resolver())
-    parallelism = plan.parallelism
     if dry_run:
         click.echo(dry_run_text(plan), nl=False)
         return
     record, said = submit_sweep(plan, cluster=cluster)
     click.echo(said, err=True)
-    at_once = f", at most {parallelism} at once" if parallelism else ""
-    click.echo(f"submitted job array {record.job_id} ({record.cluster}): {len(record.points)} points{at_once}")
+    click.echo(f"submitted {arrays_text(record)}: {len(record.points)} points{at_once_text(record)}")
     for point in record.points:
         click.echo(f"  {record.task_id(point)}  {point.name}")
     sweep_dir = shlex.quote(record.sweep_dir)

@@ -292,7 +292,8 @@ OPTIONS: tuple[JobOption, ...] = (
         metavar="OPTION=V1,V2",
         help="Sweep a job option over these values (repeatable): one SLURM job array, each point a whole job "
         "in <run-dir>/<OPTION=V,...> (e.g. --sweep lr=3e-4,1e-3 --sweep seed=0,1: 4 points); render prints "
-        "the array's script.",
+        "the array's script. Options of the #SBATCH header (--sweep nodes=1,2, --time, --partition) can be "
+        "swept too: one job array per distinct header.",
     ),
     JobOption(
         key="sweep_mode",
@@ -310,7 +311,8 @@ OPTIONS: tuple[JobOption, ...] = (
         reaches=SUBMIT_SIDE,
         positive=True,
         metavar="K",
-        help="With --sweep: at most K points run at once (#SBATCH --array=0-N%K).",
+        help="With --sweep: at most K points of each job array run at once (#SBATCH --array=0-N%K); a sweep "
+        "whose points differ in their #SBATCH header is one array per header, so up to K per header run at once.",
         default_text="all",
     ),
     JobOption(

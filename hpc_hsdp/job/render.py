@@ -514,25 +514,42 @@ def render_point(spec: JobSpec) -> str:
     return render_sbatch(spec, log_job=POINT_LOG_JOB)
 
 
-def render_sweep(specs, points, *, sweep_dir: str, mode: str, sweep, parallelism: int | None, indices=None) -> str:
-    """The job array's script: the points' shared ``#SBATCH`` header with ``--array``, its own batch
+def render_sweep(
+    specs,
+    points,
+    *,
+    sweep_dir: str,
+    mode: str,
+    sweep,
+    parallelism: int | None,
+    indices=None,
+    tasks=None,
+    array: dict | None = None,
+) -> str:
+    """One job array's script: its points' shared ``#SBATCH`` header with ``--array``, its own batch
     logs in ``<sweep-dir>/logs``, and a map from ``SLURM_ARRAY_TASK_ID`` to the point whose
-    script (:data:`POINT_SCRIPT`) the task runs. ``indices``: the tasks of the array (None: every point;
-    a resubmitted sweep leaves out the points that completed)."""
-    from hpc_hsdp.job.sweep import HEADER_OF_RUN_DIR, array_range  # noqa: PLC0415  (sweeps only)
+    script (:data:`POINT_SCRIPT`) the task runs. ``tasks``: each point's task id in the array (None:
+    its index in the sweep); ``indices``: the tasks of the array (None: every point; a resubmitted
+    sweep leaves out the points that completed). ``array``: where the sweep has one array per
+    distinct header, which one this is (``number``, ``count``, ``total`` points, what ``differs``)."""
+    from hpc_hsdp.job.sweep import array_range, shared_header  # noqa: PLC0415  (sweeps only)
 
-    header = [line for line in sbatch_options(specs[0]) if line[0] not in HEADER_OF_RUN_DIR]
+    tasks = [point.index for point in points] if tasks is None else list(tasks)
+    header = list(shared_header(sbatch_options(specs[0])))
     logs = f"{sweep_dir}/logs"
     header += [("array", array_range(len(points) if indices is None else indices, parallelism))]
     header += [("output", f"{logs}/%A_%a_batch.out"), ("error", f"{logs}/%A_%a_batch.err")]
     context = {
         "points": list(points),
-        "point_dirs": {point.index: spec.run.run_dir for point, spec in zip(points, specs)},
+        "entries": [
+            {"task": task, "point": point, "dir": spec.run.run_dir} for task, point, spec in zip(tasks, points, specs)
+        ],
         "sbatch_options": header,
         "mode": mode,
         "sweep": list(sweep),
         "parallelism": parallelism,
         "point_script": POINT_SCRIPT,
+        "array": array,
     }
     text = template_environment().get_template(SWEEP_TEMPLATE).render(context)
     return text if text.endswith("\n") else text + "\n"

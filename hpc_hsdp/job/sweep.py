@@ -5,9 +5,11 @@ points are their cross product (``--sweep-mode grid``) or the values paired in o
 (``zip``). Each value is read as the option's command line would read it (its kind, its
 choices), then the point's whole JobSpec is made and checked as one submission's is: a bad
 value is refused, naming the point, before anything is written. Every point is a whole job
-of its own (its run directory ``<sweep-dir>/<point name>``), and all of them are the tasks of
-one SLURM job array, which shares one ``#SBATCH`` header: an option that changes the header
-(``--nodes``, ``--time``, ``--partition`` ...) cannot be swept.
+of its own (its run directory ``<sweep-dir>/<point name>``), and a task of a SLURM job array.
+One job array has one ``#SBATCH`` header: the points are grouped by theirs (:func:`group_by_header`),
+one array per distinct header, so that an option that changes it (``--nodes``, ``--time``,
+``--partition`` ...) can be swept too. Within its array a point's task id is its place among the
+points of that header (0, 1, ...): where every point shares one header, its index in the sweep.
 """
 
 from __future__ import annotations
@@ -188,11 +190,13 @@ def expand(axes: Sequence[Axis], mode: str = "grid") -> list[Point]:
     return points
 
 
-def check_array_size(count: int, max_array_size: int | None) -> None:
-    """More points than SLURM's ``MaxArraySize`` (task ids 0..N-1 must stay below it): SpecError."""
+def check_array_size(count: int, max_array_size: int | None, *, array: str = "") -> None:
+    """More points than SLURM's ``MaxArraySize`` in one job array (task ids 0..N-1 must stay below
+    it): SpecError. ``array``: which of the sweep's arrays, where it has several."""
     if max_array_size is not None and count > max_array_size:
+        which = f"job array {array} of the sweep" if array else "the sweep"
         raise SpecError(
-            f"the sweep has {count} points, more than this cluster's MaxArraySize ({max_array_size}: array task "
+            f"{which} has {count} points, more than this cluster's MaxArraySize ({max_array_size}: array task "
             f"ids 0-{max_array_size - 1}); sweep fewer values, or split the sweep"
         )
 
@@ -234,17 +238,58 @@ def point_specs(points: Sequence[Point], given: Mapping[str, Any], sweep_dir: st
 HEADER_OF_RUN_DIR = ("output", "error")
 """#SBATCH lines that name the run directory: the array's own point to the sweep directory."""
 
+Header = tuple[tuple[str, str | None], ...]
 
-def check_one_header(points: Sequence[Point], headers: Sequence[list[tuple[str, str | None]]]) -> None:
-    """Every point's ``#SBATCH`` lines (but those of its run directory) the same: one job array has
-    one header. SpecError naming the swept option and the line it changes."""
-    first = [line for line in headers[0] if line[0] not in HEADER_OF_RUN_DIR]
-    for point, header in zip(points[1:], headers[1:]):
-        lines = [line for line in header if line[0] not in HEADER_OF_RUN_DIR]
-        if lines != first:
-            differ = sorted({k for k, _ in set(lines) ^ set(first)})
-            swept = ", ".join(f"--{key.replace('_', '-')}" for key, _ in point.texts)
+
+@dataclass(frozen=True)
+class ArrayGroup:
+    """The points that share one ``#SBATCH`` header: one job array of the sweep."""
+
+    header: Header
+    """The shared ``#SBATCH`` lines, but those of the run directory (:data:`HEADER_OF_RUN_DIR`)."""
+    members: tuple[int, ...]
+    """The points' positions in the sweep, in its order; a point's task id in the array is its place here."""
+
+
+def shared_header(lines: Sequence[tuple[str, str | None]]) -> Header:
+    """A point's ``#SBATCH`` lines without those of its run directory: what its array shares."""
+    return tuple(line for line in lines if line[0] not in HEADER_OF_RUN_DIR)
+
+
+def group_by_header(headers: Sequence[Sequence[tuple[str, str | None]]]) -> list[ArrayGroup]:
+    """The points (``headers[i]``: point i's ``#SBATCH`` lines) grouped by their shared header, one
+    job array per distinct one, in the order each header first appears (pure)."""
+    groups: dict[Header, list[int]] = {}
+    for position, lines in enumerate(headers):
+        groups.setdefault(shared_header(lines), []).append(position)
+    return [ArrayGroup(header, tuple(members)) for header, members in groups.items()]
+
+
+def header_differences(groups: Sequence[ArrayGroup]) -> list[str]:
+    """What sets each array's header apart from the others' (``--nodes=2 --time=1:00:00``): its lines
+    that not every array has, in its header's order, else the lines it lacks (``without --exclusive``);
+    '' for a sweep of one array."""
+    if len(groups) < 2:
+        return [""] * len(groups)
+    common = set(groups[0].header).intersection(*(set(g.header) for g in groups[1:]))
+
+    def flags(lines) -> str:
+        return " ".join(f"--{key}" + ("" if value is None else f"={value}") for key, value in lines)
+
+    out = []
+    for group in groups:
+        own = [line for line in group.header if line not in common]
+        lacks = dict.fromkeys(line for g in groups for line in g.header if line not in set(group.header))
+        out.append(flags(own) if own else f"without {flags(lacks)}" if lacks else "(the same lines, in another order)")
+    return out
+
+
+def check_no_array(points: Sequence[Point], extras: Sequence[Sequence[tuple[str, str]]]) -> None:
+    """An ``--sbatch array=...`` of the command line or of a point (``--sweep sbatch=array=...``):
+    SpecError, the sweep makes the job arrays itself."""
+    for point, extra in zip(points, extras):
+        if any(key == "array" for key, _ in extra):
+            where = "" if not any(key == "sbatch" for key, _ in point.texts) else f" (sweep point {point.name})"
             raise SpecError(
-                f"sweep point {point.name}: the swept {swept} changes #SBATCH --{differ[0] if differ else '?'}, which "
-                f"the points of one job array share; sweep options of the training instead, or submit a sweep per value"
+                f"--sbatch array=... and --sweep{where}: the sweep makes the job arrays itself; drop --sbatch array"
             )

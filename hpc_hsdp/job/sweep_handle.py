@@ -65,8 +65,22 @@ def ranked(results: list[PointResult]) -> list[PointResult]:
     return sorted(results, key=key)
 
 
+def arrays_text(record: SweepRecord) -> str:
+    """``job array 123 (slurm)``, or ``2 job arrays 123 124 (slurm, one per #SBATCH header)``."""
+    if len(record.job_ids) == 1:
+        return f"job array {record.job_ids[0]} ({record.cluster})"
+    return f"{len(record.job_ids)} job arrays {' '.join(record.job_ids)} ({record.cluster}, one per #SBATCH header)"
+
+
+def at_once_text(record: SweepRecord) -> str:
+    """``, at most 2 at once`` (of each array, where there are several); '' without a bound."""
+    if not record.parallelism:
+        return ""
+    return f", at most {record.parallelism} at once" + (" in each array" if len(record.job_ids) > 1 else "")
+
+
 class SweepHandle:
-    """A sweep's points, each a job of its own (a task of one job array)."""
+    """A sweep's points, each a job of its own (a task of its header's job array)."""
 
     def __init__(self, record: SweepRecord) -> None:
         self.record = record
@@ -77,7 +91,12 @@ class SweepHandle:
 
     @property
     def job_id(self) -> str:
+        """The job arrays, comma-separated (one id where the points share one header)."""
         return self.record.job_id
+
+    @property
+    def job_ids(self) -> tuple[str, ...]:
+        return self.record.job_ids
 
     def point(self, ref: str) -> SweepPoint:
         """A point by name, index or array task id (``123_4``)."""
@@ -146,18 +165,26 @@ class SweepHandle:
         return ranked(self.results())
 
     def cancel(self, point: str | None = None) -> list[str]:
-        """Cancel the sweep (every point not ended), or one point; the task ids cancelled."""
+        """Cancel the sweep (every point not ended: each job array of them at once), or one point;
+        the task ids cancelled."""
         if point is not None:
             chosen = self.point(point)
             JobHandle(JobRecord.load(str(self.record.point_dir(chosen)))).cancel()
             return [self.record.task_id(chosen)]
-        statuses = self.statuses()
-        live = [p for p in self.record.points if statuses.get(p.index) is not None and not statuses[p.index].finished]
-        if not live:
-            return []
-        records = [JobRecord.load(str(self.record.point_dir(p))) for p in live]
-        backend(self.record.cluster).cancel_array(self.record.job_id, records)
-        return [self.record.task_id(p) for p in live]
+        pairs = self.job_records()
+        statuses = self._statuses(pairs)
+        live = [
+            (point, record)
+            for point, record in pairs
+            if record is not None and statuses.get(point.index) is not None and not statuses[point.index].finished
+        ]
+        # by the job array each point's job.json names (a point submitted again alone: its own job)
+        arrays: dict[tuple[str, str], list[JobRecord]] = {}
+        for _, record in live:
+            arrays.setdefault((record.cluster, record.job_id.partition("_")[0]), []).append(record)
+        for (cluster, array_id), records in arrays.items():
+            backend(cluster).cancel_array(array_id, records)
+        return [record.job_id for _, record in live]
 
     @staticmethod
     def lines(results: list[PointResult], *, ranked_by: bool = True) -> list[str]:

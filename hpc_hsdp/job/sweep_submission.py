@@ -1,10 +1,12 @@
-"""Submission of a sweep: its points checked, their run directories claimed, one job array submitted.
+"""Submission of a sweep: its points checked, their run directories claimed, its job arrays submitted.
 
 Every point is checked as one submission of its own is (its spec, its inputs, its run
 directory: a point that resumes says so), and nothing is written before all of them pass.
+The points are one job array per distinct ``#SBATCH`` header (one, where they share it).
 Then each point's run directory gets its script (``point.sbatch``, what ``render`` writes for
-its options) and, once the array was submitted, its ``job.json`` (job id ``<array>_<index>``);
-the sweep's directory gets ``sweep.sbatch`` (the array's script) and ``sweep.json``.
+its options) and, once its array was submitted, its ``job.json`` (job id ``<array>_<task>``);
+the sweep's directory gets each array's script (``sweep.sbatch``; ``sweep-1.sbatch``,
+``sweep-2.sbatch`` ... where there are several) and ``sweep.json``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.backends import backend, resolve_cluster
+from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.job.backends import SchedulerError, backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.preflight import (
     check_fp8_gpus,
@@ -28,16 +30,32 @@ from hpc_hsdp.job.preflight import (
 )
 from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, user_modules
 from hpc_hsdp.job.render import POINT_SCRIPT, render_point, render_sweep, sbatch_options
-from hpc_hsdp.job.sweep import Point, check_array_size, check_one_header, expand, parse_axes, point_specs
+from hpc_hsdp.job.sweep import (
+    ArrayGroup,
+    Point,
+    check_array_size,
+    check_no_array,
+    expand,
+    group_by_header,
+    header_differences,
+    parse_axes,
+    point_specs,
+)
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.sweep_record import SWEEP_RECORD, SweepPoint, SweepRecord
 
 SWEEP_SCRIPT = "sweep.sbatch"
 
 
+def script_name(number: int, count: int) -> str:
+    """The file of job array ``number`` (from 1) of ``count``: ``sweep.sbatch`` where there is one."""
+    return SWEEP_SCRIPT if count == 1 else f"sweep-{number}.sbatch"
+
+
 @dataclass(frozen=True)
 class SweepPlan:
-    """A sweep made and checked, nothing written: its points, their specs and the array's script."""
+    """A sweep made and checked, nothing written: its points, their specs, their job arrays (one
+    per distinct ``#SBATCH`` header) and each array's script."""
 
     sweep_dir: str
     mode: str
@@ -45,10 +63,50 @@ class SweepPlan:
     parallelism: int | None
     points: tuple[Point, ...]
     specs: tuple
-    script: str
+    groups: tuple[ArrayGroup, ...]
+    scripts: tuple[str, ...]
+    """Each array's script, in the order of ``groups``."""
 
     def point_script(self, index: int = 0) -> str:
         return render_point(self.specs[index])
+
+    @property
+    def script(self) -> str:
+        """The job array's script, where the points share one header (the only array)."""
+        if len(self.scripts) != 1:
+            raise ValueError(f"this sweep is {len(self.scripts)} job arrays; see scripts")
+        return self.scripts[0]
+
+    def task_of(self, position: int) -> tuple[int, int]:
+        """(its array's place in ``groups``, its task id there) of the point at ``position``."""
+        for number, group in enumerate(self.groups):
+            if position in group.members:
+                return number, group.members.index(position)
+        raise ValueError(f"no point at {position}")
+
+    def script_names(self) -> list[str]:
+        return [script_name(number, len(self.groups)) for number in range(1, len(self.groups) + 1)]
+
+    def render(self, number: int, positions=None) -> str:
+        """The script of array ``number`` (its place in ``groups``), of its points at ``positions``
+        (None: all of them; a sweep submitted again leaves out the completed ones)."""
+        group = self.groups[number]
+        array = None
+        if len(self.groups) > 1:
+            differs = header_differences(self.groups)[number]
+            array = {"number": number + 1, "count": len(self.groups), "total": len(self.points), "differs": differs}
+        members = list(group.members)
+        return render_sweep(
+            [self.specs[i] for i in members],
+            [self.points[i] for i in members],
+            sweep_dir=self.sweep_dir,
+            mode=self.mode,
+            sweep=self.sweep,
+            parallelism=self.parallelism,
+            tasks=range(len(members)),
+            indices=None if positions is None else [members.index(i) for i in positions],
+            array=array,
+        )
 
 
 def plan_sweep(
@@ -71,23 +129,40 @@ def plan_sweep(
     sweep_dir = str(base.run.run_dir)
     unswept = {**given, "sweep": (), "sweep_mode": None, "array_parallelism": None}  # each point is one job
     specs = point_specs(points, unswept, sweep_dir, lambda options: resolve(options, False))
-    if any(key == "array" for key, _ in base.scheduler.extra):
-        raise SpecError("--sbatch array=... and --sweep: the sweep makes the job array itself; drop --sbatch array")
-    check_one_header(points, [sbatch_options(spec) for spec in specs])
+    check_no_array(points, [spec.scheduler.extra for spec in specs])  # the command line's are every point's
+    groups = tuple(group_by_header([sbatch_options(spec) for spec in specs]))
     texts = tuple(sweep) if not isinstance(sweep, Mapping) else tuple(f"{a.key}={','.join(a.texts)}" for a in axes)
-    script = render_sweep(specs, points, sweep_dir=sweep_dir, mode=mode, sweep=texts, parallelism=parallelism)
-    return SweepPlan(sweep_dir, mode, texts, parallelism, tuple(points), tuple(specs), script)
+    made = SweepPlan(sweep_dir, mode, texts, parallelism, tuple(points), tuple(specs), groups, ())
+    scripts = tuple(made.render(number) for number in range(len(groups)))
+    return SweepPlan(sweep_dir, mode, texts, parallelism, tuple(points), tuple(specs), groups, scripts)
 
 
 def dry_run_text(plan: SweepPlan) -> str:
     """What ``submit --sweep --dry-run`` (and ``render --sweep``) prints: the job array's script,
     which lists every point, its values and its run directory (each point's own script is what
-    ``hpc-hsdp render`` prints for the point's options)."""
-    return plan.script
+    ``hpc-hsdp render`` prints for the point's options). Where the points differ in their
+    ``#SBATCH`` header: which arrays, then each array's script under its file's name."""
+    if len(plan.scripts) == 1:
+        return plan.scripts[0]
+    at_once = f"at most {plan.parallelism} points of each array at once" if plan.parallelism else "all at once"
+    lines = [
+        f"# hpc-hsdp submit --sweep: {len(plan.points)} points in {len(plan.groups)} job arrays, one per distinct "
+        f"#SBATCH header ({at_once})"
+    ]
+    for name, group, differs in zip(plan.script_names(), plan.groups, header_differences(plan.groups)):
+        names = ", ".join(plan.points[i].name for i in group.members)
+        lines.append(f"#   {name}: {differs}: {len(group.members)} point(s): {names}")
+    out = "\n".join(lines) + "\n"
+    for name, script in zip(plan.script_names(), plan.scripts):
+        out += f"\n# ==================== {name}\n{script}"
+    return out
 
 
 def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord, str]:
-    """Submit ``plan`` as one job array; its record and what to say first (resumed points, why this cluster)."""
+    """Submit ``plan``: one job array per distinct ``#SBATCH`` header (one, where the points share
+    it); its record and what to say first (resumed points, why this cluster). Every array is
+    checked before any is submitted; when the scheduler refuses a later one, those already
+    submitted are cancelled and nothing is recorded."""
     from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (read on a submission only)
 
     for spec in plan.specs:
@@ -97,60 +172,74 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         check_trackers(spec.run.training)
     target, reason = resolve_cluster(cluster)
     scheduler = backend(target)
-    check_array_size(len(plan.points), scheduler.max_array_size())
-    check_partition(plan.specs[0], scheduler)  # every point's header is the same (check_one_header)
-    check_fp8_gpus(plan.specs[0], scheduler)
+    most = scheduler.max_array_size()
+    several = len(plan.groups) > 1
+    for number, (group, differs) in enumerate(zip(plan.groups, header_differences(plan.groups)), 1):
+        check_array_size(len(group.members), most, array=f"{number} ({differs})" if several else "")
+    for group in plan.groups:  # each header's partition, its GPUs and --gpus-per-node
+        check_partition(plan.specs[group.members[0]], scheduler)
+        check_fp8_gpus(plan.specs[group.members[0]], scheduler)
     _room_for_locks(len(plan.points))
     said = [reason]
     # a sweep submitted again into its directory: the points whose run completed are not submitted again
-    done = [p for p, spec in zip(plan.points, plan.specs) if _completed(spec, run_dir_state(spec.run.run_dir))]
-    todo = [(p, spec) for p, spec in zip(plan.points, plan.specs) if p not in done]
+    states = [run_dir_state(spec.run.run_dir) for spec in plan.specs]
+    done = {i for i, (spec, state) in enumerate(zip(plan.specs, states)) if _completed(spec, state)}
+    todo = [i for i in range(len(plan.points)) if i not in done]
     if not todo:
         raise SpecError(
             f"every point of the sweep in {plan.sweep_dir} already completed its --steps; nothing submitted: "
             f"extend them with --steps N, or choose a new --run-dir"
         )
     if done:
-        said.append(f"{len(done)} point(s) already completed, not submitted again: {', '.join(p.name for p in done)}")
-    script = plan.script
-    if done:
-        script = render_sweep(
-            plan.specs,
-            plan.points,
-            sweep_dir=plan.sweep_dir,
-            mode=plan.mode,
-            sweep=plan.sweep,
-            parallelism=plan.parallelism,
-            indices=[p.index for p, _ in todo],
-        )
+        names = ", ".join(plan.points[i].name for i in sorted(done))
+        said.append(f"{len(done)} point(s) already completed, not submitted again: {names}")
+    # the arrays to submit: (place in plan.groups, the positions of its points to submit)
+    arrays = [(n, [i for i in g.members if i not in done]) for n, g in enumerate(plan.groups)]
+    arrays = [(n, positions) for n, positions in arrays if positions]
     with ExitStack() as stack:
-        recorders = []
-        for point, spec in todo:
+        recorders = {}
+        for i in todo:
+            spec, point = plan.specs[i], plan.points[i]
             takeover, claim_job = stack.enter_context(claimed(spec.run.run_dir, cluster=target))
             state = run_dir_state(spec.run.run_dir)
             resumes = check_run_dir(spec, own_function=False, state=state, writers=False)
             note = check_job_inputs(spec, own_function=False, state=state)
             said += [f"{point.name}: {line}" for line in (takeover, resumes, note) if line]
-            recorders.append(claim_job)
+            recorders[i] = claim_job
         sweep_dir = Path(plan.sweep_dir)
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
-        provenances = _provenances([spec for _, spec in todo])  # before the job exists: the code as it is now
-        for _, spec in todo:
+        provenances = dict(zip(todo, _provenances([plan.specs[i] for i in todo])))  # the code as it is now
+        for i in todo:
+            spec = plan.specs[i]
             Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
             (Path(spec.run.run_dir) / POINT_SCRIPT).write_text(render_point(spec))
-        script_path = sweep_dir / SWEEP_SCRIPT
-        script_path.write_text(script)
-        job_id = scheduler.submit_array(
-            [spec for _, spec in todo],
-            script,
-            script_path,
-            parallelism=plan.parallelism,
-            indices=[point.index for point, _ in todo],
-        )
+        job_of: dict[int, str] = {}  # position -> its array task
+        submitted: list[tuple[str, list[int]]] = []
+        names = plan.script_names()
+        for number, positions in arrays:
+            script = plan.scripts[number] if not done else plan.render(number, positions)
+            script_path = sweep_dir / names[number]
+            script_path.write_text(script)
+            members = plan.groups[number].members
+            try:
+                array_id = scheduler.submit_array(
+                    [plan.specs[i] for i in positions],
+                    script,
+                    script_path,
+                    parallelism=plan.parallelism,
+                    indices=[members.index(i) for i in positions],
+                )
+            except HsdpError as exc:
+                if not submitted:
+                    raise
+                raise SchedulerError(_withdrawn(scheduler, submitted, plan, exc)) from None
+            submitted.append((array_id, positions))
+            job_of.update({i: f"{array_id}_{members.index(i)}" for i in positions})
         now = time.time()
-        for (point, spec), claim_job, provenance in zip(todo, recorders, provenances):
+        for i in todo:
+            spec = plan.specs[i]
             record = JobRecord(
-                job_id=f"{job_id}_{point.index}",
+                job_id=job_of[i],
                 cluster=scheduler.name,
                 run_dir=str(spec.run.run_dir),
                 logs_dir=str(spec.log_dir),
@@ -159,27 +248,68 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
                 launcher=spec.launch.launcher,
                 submitted_at=now,
             )
-            claim_job(record)
+            recorders[i](record)
             record.save()
             record_submission(
                 spec.run.run_dir,
-                provenance,
+                provenances[i],
                 job_id=record.job_id,
                 script=render_point(spec),
                 logs_dir=Path(spec.log_dir),
             )
+        for i in done:  # a completed point keeps the job that ran it
+            job_of[i] = _recorded_job(plan.specs[i].run.run_dir)
         sweep_record = SweepRecord(
             sweep_dir=plan.sweep_dir,
-            job_id=job_id,
+            job_ids=tuple(array_id for array_id, _ in submitted),
             cluster=scheduler.name,
             mode=plan.mode,
             parallelism=plan.parallelism,
             sweep=plan.sweep,
-            points=tuple(SweepPoint(index=p.index, name=p.name, values=p.texts) for p in plan.points),
+            points=tuple(
+                SweepPoint(index=p.index, name=p.name, values=p.texts, job_id=job_of.get(i))
+                for i, p in enumerate(plan.points)
+            ),
             submitted_at=now,
         )
         sweep_record.save()
     return sweep_record, "\n".join(line for line in said if line)
+
+
+def _withdrawn(scheduler, submitted: list[tuple[str, list[int]]], plan: SweepPlan, exc: Exception) -> str:
+    """The scheduler refused a later array of the sweep: cancel those already submitted (their
+    points never ran: nothing was recorded), and say so with the refusal."""
+    left = []
+    for array_id, positions in submitted:
+        records = [
+            JobRecord(
+                job_id=f"{array_id}_{n}",
+                cluster=scheduler.name,
+                run_dir=str(plan.specs[i].run.run_dir),
+                logs_dir=str(plan.specs[i].log_dir),
+                job_name=plan.specs[i].scheduler.job_name,
+                ntasks=plan.specs[i].world_size,
+                launcher=plan.specs[i].launch.launcher,
+                submitted_at=0.0,
+            )
+            for n, i in enumerate(positions)
+        ]
+        try:
+            scheduler.cancel_array(array_id, records)
+        except HsdpError:
+            left.append(array_id)
+    ids = ", ".join(array_id for array_id, _ in submitted)
+    if left:
+        return f"{exc}; job array(s) {ids} of the sweep were submitted, and {', '.join(left)} could not be cancelled: scancel it"
+    return f"{exc}; the sweep's job array(s) submitted before it ({ids}) were cancelled: nothing of the sweep runs"
+
+
+def _recorded_job(run_dir: str) -> str | None:
+    """The job ``<run-dir>/job.json`` names (None: none readable)."""
+    try:
+        return JobRecord.load(run_dir).job_id
+    except HsdpError:
+        return None
 
 
 def _provenances(specs) -> list[dict]:

@@ -3,7 +3,9 @@
 ``submit --sweep`` writes it once the job array was submitted; ``status``, ``runs``, ``report``
 and ``cancel`` of the sweep's directory read it. Each point is a run directory of its own
 (``<sweep-dir>/<name>``, named relative to the sweep's directory, which may be moved), with its
-own ``job.json`` naming its array task (``<array job id>_<index>``).
+own ``job.json`` naming its array task (``<array job id>_<task id>``). A sweep whose points
+differ in their ``#SBATCH`` header is one job array per distinct header: ``job_ids`` lists them,
+each point names its own array task (``job_id``).
 """
 
 from __future__ import annotations
@@ -35,35 +37,50 @@ class SweepPoint:
     name: str
     values: tuple[tuple[str, str], ...]
     """(option key, value as given)."""
+    job_id: str | None = None
+    """Its array task as submitted (``<array>_<task>``); None in a record older than this field
+    (then ``<the array>_<index>``), or for a point not submitted (it completed before)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepRecord:
     sweep_dir: str
-    job_id: str
-    """The array's job id (SLURM's, or the emulator's); point i is task ``<job_id>_<i>``."""
+    job_ids: tuple[str, ...]
+    """The job arrays' ids (SLURM's, or the emulator's): one per distinct ``#SBATCH`` header of the
+    points submitted (one, where they share it)."""
     cluster: str
     mode: str
     parallelism: int | None
+    """``--array-parallelism``: at most this many points of each job array at once."""
     sweep: tuple[str, ...]
     """The ``--sweep`` texts as given."""
     points: tuple[SweepPoint, ...]
     submitted_at: float = 0.0
 
+    @property
+    def job_id(self) -> str:
+        """The job arrays, comma-separated as ``squeue -j`` and ``sacct -j`` take them (one id where
+        the points share one header)."""
+        return ",".join(self.job_ids)
+
     def point_dir(self, point: SweepPoint) -> Path:
         return Path(self.sweep_dir) / point.name
 
     def task_id(self, point: SweepPoint) -> str:
-        return f"{self.job_id}_{point.index}"
+        return point.job_id or f"{self.job_ids[0]}_{point.index}"
 
     def save(self) -> None:
         data = {
-            "job_id": self.job_id,
+            "job_id": self.job_ids[0],  # the first array's, as a record of one array has it
+            "job_ids": list(self.job_ids),
             "cluster": self.cluster,
             "mode": self.mode,
             "parallelism": self.parallelism,
             "sweep": list(self.sweep),
-            "points": [{"index": p.index, "name": p.name, "values": [list(v) for v in p.values]} for p in self.points],
+            "points": [
+                {"index": p.index, "name": p.name, "values": [list(v) for v in p.values], "job_id": p.job_id}
+                for p in self.points
+            ],
             "submitted_at": self.submitted_at or time.time(),
         }
         write_atomically(sweep_record_path(self.sweep_dir), json.dumps(data, indent=1))
@@ -84,12 +101,16 @@ class SweepRecord:
                     index=int(p["index"]),
                     name=_safe_name(p["name"]),
                     values=tuple((str(k), str(v)) for k, v in p["values"]),
+                    job_id=None
+                    if p.get("job_id") is None
+                    else check_job_id(p["job_id"], where=f"{path}: a point's job_id"),
                 )
                 for p in data["points"]
             )
+            job_ids = data.get("job_ids") or [data["job_id"]]
             return cls(
                 sweep_dir=str(sweep_dir),
-                job_id=check_job_id(data["job_id"], where=f"{path}: job_id"),
+                job_ids=tuple(check_job_id(j, where=f"{path}: job_ids") for j in job_ids),
                 cluster=str(data["cluster"]),
                 mode=str(data["mode"]),
                 parallelism=None if data.get("parallelism") is None else int(data["parallelism"]),

@@ -21,18 +21,21 @@ from hpc_hsdp.cli.job_options import job_spec_resolver
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends.local import expand_pattern
 from hpc_hsdp.job.backends.slurm import SlurmBackend
+from hpc_hsdp.job.backends.slurm_command import SchedulerError
 from hpc_hsdp.job.failure import task_index
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.sweep import (
     array_range,
     check_array_size,
     expand,
+    group_by_header,
+    header_differences,
     parse_axes,
     parse_axis,
     parse_max_array_size,
 )
 from hpc_hsdp.job.sweep_handle import PointResult, ranked
-from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep
+from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep
 from hpc_hsdp.plan.slurm_facts import own_job_id
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.provenance_record import read_provenance
@@ -173,9 +176,8 @@ def test_every_point_is_a_whole_job_in_its_own_run_directory(tmp_path):
 @pytest.mark.parametrize(
     ("sweep", "refusal"),
     [
-        (["nodes=1,2"], r"sweep point nodes=2: the swept --nodes changes #SBATCH --nodes"),
-        (["partition=a,b"], r"changes #SBATCH --partition"),
         (["lr=-1,1"], r"sweep point lr=-1: "),
+        (["nodes=1,0"], r"sweep point nodes=0: "),
         (["steps=0,5"], r"sweep point steps=0: "),
     ],
 )
@@ -221,9 +223,10 @@ def run_cli(argv, capsys):
         (["--sweep", "learning_rate=1,2"], "'learning_rate' is not an option of hpc-hsdp submit"),
         (["--sweep", "lr="], "empty value list"),
         (["--sweep", "steps=1,two"], "'two' is not an integer"),
-        (["--sweep", "nodes=1,2"], "changes #SBATCH --nodes"),
+        (["--sweep", "nodes=1,x"], "sweep point nodes=x: "),
+        (["--sweep", "sbatch=array=0-1,comment=x"], "(sweep point sbatch=array=0-1): the sweep makes the job arrays"),
         (["--sweep", "sweep_mode=grid,zip"], "--sweep-mode cannot be swept"),
-        (["--sweep", "seed=0,1", "--sbatch", "array=0-9"], "the sweep makes the job array itself"),
+        (["--sweep", "seed=0,1", "--sbatch", "array=0-9"], "the sweep makes the job arrays itself"),
         (["--sweep", "lr=1e-3", "--array-parallelism", "0"], "array-parallelism"),
     ],
 )
@@ -300,32 +303,42 @@ def test_logs_of_an_array_task_are_named_and_ordered_by_it():
     assert task_index(Path("77_5_log.err")) == 5
 
 
-def test_slurm_says_a_point_writes_its_own_run_directory(tmp_path):
+@pytest.mark.parametrize(
+    ("job_ids", "point_jobs", "task"),
+    [
+        (("100",), (None, None), "100_1"),  # one array (a record without the points' job ids, as older ones)
+        (("100", "200"), ("100_0", "200_0"), "200_0"),  # one array per header: task 0 of the second
+    ],
+)
+def test_slurm_says_a_point_writes_its_own_run_directory(job_ids, point_jobs, task, tmp_path):
     sweep = SweepRecord(
         sweep_dir=str(tmp_path),
-        job_id="100",
+        job_ids=job_ids,
         cluster="slurm",
         mode="grid",
         parallelism=None,
-        sweep=("seed=0,1",),
-        points=(
-            SweepPoint(index=0, name="seed=0", values=(("seed", "0"),)),
-            SweepPoint(index=1, name="seed=1", values=(("seed", "1"),)),
+        sweep=("nodes=1,2",),
+        submitted_at=5.0,
+        points=tuple(
+            SweepPoint(index=i, name=f"nodes={i + 1}", values=(("nodes", str(i + 1)),), job_id=job)
+            for i, job in enumerate(point_jobs)
         ),
     )
     sweep.save()
-    shown = f"JobId=101 ArrayJobId=100 ArrayTaskId=1 StdOut={tmp_path}/logs/100_1_batch.out\n"
+    array, _, index = task.partition("_")
+    shown = f"JobId=301 ArrayJobId={array} ArrayTaskId={index} StdOut={tmp_path}/logs/{task}_batch.out\n"
     point = JobRecord(
-        job_id="100_1",
+        job_id=task,
         cluster="slurm",
-        run_dir=str(tmp_path / "seed=1"),
-        logs_dir=str(tmp_path / "seed=1" / "logs"),
+        run_dir=str(tmp_path / "nodes=2"),
+        logs_dir=str(tmp_path / "nodes=2" / "logs"),
         job_name="t",
         ntasks=2,
         launcher="srun",
         submitted_at=0.0,
     )
-    assert SlurmBackend(runner=_Canned(scontrol=shown)).works_in(point) == tmp_path / "seed=1" / "logs"
+    assert SlurmBackend(runner=_Canned(scontrol=shown)).works_in(point) == tmp_path / "nodes=2" / "logs"
+    assert SweepRecord.load(tmp_path) == sweep
 
 
 def test_a_sweep_record_names_points_inside_its_directory(tmp_path):
@@ -360,7 +373,7 @@ def test_the_sweep_commands_import_no_torch(tmp_path):
     sweep.mkdir()
     SweepRecord(
         sweep_dir=str(sweep),
-        job_id="9",
+        job_ids=("9",),
         cluster="local",
         mode="grid",
         parallelism=None,
@@ -468,3 +481,166 @@ def test_an_emulated_point_whose_array_runner_died_before_starting_it_failed(tmp
     assert waiting.info()["state"] == "PENDING"  # its runner starts it when a slot is free
     orphan = LocalJob(logs_dir=tmp_path, job_id="1_0", alive=lambda pid: False).info()
     assert orphan["state"] == "FAILED" and "runner of its job array ended" in orphan["reason"]
+
+
+# ----------------------------------------------------------------------------- one job array per #SBATCH header
+
+A1 = ("nodes", "1")
+A2 = ("nodes", "2")
+OUT = ("output", "/sw/p/logs/%j.out")
+
+
+@pytest.mark.parametrize(
+    ("headers", "groups", "differs"),
+    [
+        ([[A1, OUT], [A1, ("output", "/sw/q/logs/%j.out")]], [((A1,), (0, 1))], [""]),  # run-dir lines apart: one
+        ([[A1], [A2], [A1], [A2]], [((A1,), (0, 2)), ((A2,), (1, 3))], ["--nodes=1", "--nodes=2"]),
+        ([[A2], [A1]], [((A2,), (0,)), ((A1,), (1,))], ["--nodes=2", "--nodes=1"]),  # in order of first appearance
+        (
+            [[A1, ("time", "1:00:00"), ("exclusive", None)], [A1, ("time", "2:00:00"), ("exclusive", None)]],
+            [
+                ((A1, ("time", "1:00:00"), ("exclusive", None)), (0,)),
+                ((A1, ("time", "2:00:00"), ("exclusive", None)), (1,)),
+            ],
+            ["--time=1:00:00", "--time=2:00:00"],
+        ),
+        (
+            [[A1], [A1, ("exclusive", None)]],
+            [((A1,), (0,)), ((A1, ("exclusive", None)), (1,))],
+            ["without --exclusive", "--exclusive"],
+        ),
+        ([[A1, A2], [A2, A1]], [((A1, A2), (0,)), ((A2, A1), (1,))], ["(the same lines, in another order)"] * 2),
+    ],
+)
+def test_points_group_by_their_header_but_its_run_directory_lines(headers, groups, differs):
+    found = group_by_header(headers)
+    assert [(g.header, g.members) for g in found] == groups
+    assert header_differences(found) == differs
+
+
+def test_a_sweep_of_header_options_is_one_job_array_per_header(tmp_path):
+    made = plan(["nodes=1,2", "seed=0,1"], parallelism=2, run_dir=str(tmp_path / "sw"))
+    assert [p.name for p in made.points] == ["nodes=1,seed=0", "nodes=1,seed=1", "nodes=2,seed=0", "nodes=2,seed=1"]
+    assert [s.nodes for s in made.specs] == [1, 1, 2, 2]
+    assert [g.members for g in made.groups] == [(0, 1), (2, 3)] and len(made.scripts) == 2
+    assert [made.task_of(i) for i in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert made.script_names() == ["sweep-1.sbatch", "sweep-2.sbatch"]
+    for nodes, script in zip((1, 2), made.scripts):
+        assert f"#SBATCH --nodes={nodes}\n" in script and "#SBATCH --array=0-1%2\n" in script
+        assert f"this one's: --nodes={nodes} (task ids count within each array)" in script
+        # task 0 and 1 of each array: its own points' directories, as bash reads the case back
+        case = script.split("case ", 1)[1].split("esac", 1)[0]
+        for task, seed in ((0, 0), (1, 1)):
+            shown = subprocess.run(
+                ["bash", "-c", f'SLURM_ARRAY_TASK_ID={task}; case {case} esac; printf %s "$point_dir"'],
+                capture_output=True,
+                text=True,
+            )
+            assert shown.stdout == str(tmp_path / "sw" / f"nodes={nodes},seed={seed}"), shown.stderr
+    assert "--array" not in made.point_script(2) and "--nodes=2" in made.point_script(2)
+    with pytest.raises(ValueError, match="2 job arrays"):
+        _ = made.script
+    # a sweep submitted again: the arrays of the points left, their task ids as before
+    assert "#SBATCH --array=1%2\n" in made.render(1, [3])
+    text = dry_run_text(made)
+    assert text.startswith("# hpc-hsdp submit --sweep: 4 points in 2 job arrays, one per distinct #SBATCH header")
+    assert "#   sweep-2.sbatch: --nodes=2: 2 point(s): nodes=2,seed=0, nodes=2,seed=1\n" in text
+    assert text.count("#!/bin/bash") == 2 and "# ==================== sweep-2.sbatch\n#!/bin/bash" in text
+
+
+def _slurm_sweep(tmp_path, monkeypatch, runner):
+    from hpc_hsdp.job import sweep_submission
+
+    monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "submitting to SLURM"))
+    monkeypatch.setattr(sweep_submission, "backend", lambda name: SlurmBackend(runner=runner))
+    from hpc_hsdp.job import sweep_handle
+
+    monkeypatch.setattr(sweep_handle, "backend", lambda name: SlurmBackend(runner=runner))
+    from hpc_hsdp.job import handle
+
+    monkeypatch.setattr(handle, "backend", lambda name: SlurmBackend(runner=runner))
+
+
+class _Arrays(_Canned):
+    """SLURM's answers: each sbatch a new array id (100, 200 ...; ``refuse``: the n-th is refused)."""
+
+    def __init__(self, refuse: int | None = None, **answers) -> None:
+        super().__init__(**{"scontrol": "MaxArraySize = 1001\n", "squeue": "", "sacct": "", "scancel": "", **answers})
+        self.refuse = refuse
+
+    def __call__(self, argv, **kwargs):
+        if argv[0] != "sbatch":
+            return super().__call__(argv, **kwargs)
+        self.calls.append(list(argv))
+        n = self.commands.count("sbatch")
+        if n == self.refuse:
+            return subprocess.CompletedProcess(list(argv), 1, "", "sbatch: error: Invalid partition name specified")
+        return subprocess.CompletedProcess(list(argv), 0, f"{100 * n};c\n", "")
+
+
+def test_a_slurm_sweep_of_two_headers_is_two_arrays_each_point_its_task_status_and_cancel_all(tmp_path, monkeypatch):
+    from hpc_hsdp.job.sweep_handle import SweepHandle
+
+    runner = _Arrays(
+        squeue="100_0|RUNNING|None\n100_1|PENDING|JobArrayTaskLimit\n200_0|RUNNING|None\n",
+        sacct="200_1|COMPLETED|0:0\n",
+    )
+    _slurm_sweep(tmp_path, monkeypatch, runner)
+    made = plan(["nodes=1,2", "seed=0,1"], parallelism=1, run_dir=str(tmp_path / "sw"))
+    record, _ = submit_sweep(made, cluster="slurm")
+    sweep = tmp_path / "sw"
+    assert [c for c in runner.calls if c[0] == "sbatch"] == [
+        ["sbatch", "--parsable", str(sweep / "sweep-1.sbatch")],
+        ["sbatch", "--parsable", str(sweep / "sweep-2.sbatch")],
+    ]
+    assert [(sweep / n).read_text() for n in made.script_names()] == list(made.scripts)
+    assert not (sweep / "sweep.sbatch").exists()
+    tasks = ["100_0", "100_1", "200_0", "200_1"]
+    again = SweepRecord.load(sweep)
+    assert again == record and again.job_ids == ("100", "200") and record.job_id == "100,200"
+    assert [again.task_id(p) for p in again.points] == tasks
+    assert json.loads((sweep / "sweep.json").read_text())["job_id"] == "100"  # as one array's record has it
+    for task, spec in zip(tasks, made.specs):
+        assert JobRecord.load(spec.run.run_dir).job_id == task
+        assert read_provenance(spec.run.run_dir)["job_id"] == task
+
+    handle = SweepHandle.find(sweep)
+    runner.calls.clear()
+    states = [r.state for r in handle.results()]
+    assert states == ["RUNNING", "PENDING", "RUNNING", "COMPLETED"], states
+    assert runner.commands == ["squeue", "sacct"]  # every point of both arrays in one question each
+    assert [r.job_id for r in handle.results(states=False)] == tasks
+    assert handle.point("200_0").name == "nodes=2,seed=0"
+
+    runner.calls.clear()
+    assert handle.cancel() == tasks[:3]  # the points not ended
+    assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "100"], ["scancel", "200"]]
+    runner.calls.clear()
+    assert handle.cancel("nodes=2,seed=0") == ["200_0"]
+    assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "200_0"]]
+
+
+def test_a_later_array_refused_cancels_the_arrays_submitted_before_it_and_records_nothing(tmp_path, monkeypatch):
+    runner = _Arrays(refuse=2)
+    _slurm_sweep(tmp_path, monkeypatch, runner)
+    made = plan(["nodes=1,2"], run_dir=str(tmp_path / "sw"))
+    with pytest.raises(SchedulerError, match=r"Invalid partition.*\(100\) were cancelled: nothing of the sweep runs"):
+        submit_sweep(made, cluster="slurm")
+    assert ["scancel", "100"] in runner.calls
+    assert not (tmp_path / "sw" / "sweep.json").exists()
+    assert not any((tmp_path / "sw").glob("*/job.json"))
+
+
+def test_max_array_size_bounds_each_array_of_the_sweep(tmp_path, monkeypatch):
+    runner = _Arrays()
+    runner.answers["scontrol"] = "MaxArraySize = 3\n"
+    _slurm_sweep(tmp_path, monkeypatch, runner)
+    made = plan(["nodes=1,2", "seed=0,1,2"], run_dir=str(tmp_path / "sw"))  # 6 points: 2 arrays of 3
+    record, _ = submit_sweep(made, cluster="slurm")
+    assert record.job_ids == ("100", "200") and max(int(record.task_id(p).split("_")[1]) for p in record.points) == 2
+    runner.answers["scontrol"] = "MaxArraySize = 2\n"
+    with pytest.raises(
+        SpecError, match=r"job array 1 \(--nodes=1\) of the sweep has 3 points, more than .*MaxArraySize \(2"
+    ):
+        submit_sweep(plan(["nodes=1,2", "seed=0,1,2"], run_dir=str(tmp_path / "other")), cluster="slurm")
+    assert not (tmp_path / "other").exists()

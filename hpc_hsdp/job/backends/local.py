@@ -127,9 +127,17 @@ def _reservation_live(reservation: dict) -> bool:
     return time.time() - float(reservation.get("at") or 0) < 60
 
 
-def new_job_id() -> str:
-    """A numeric id like SLURM's (ports and file names derive from it), unique enough locally."""
-    return str(int(time.time() * 1000) % 90_000_000 + 10_000_000)
+_TAKEN_IDS = [0]
+"""The highest job id this process gave out (a job array's tasks' included)."""
+
+
+def new_job_id(tasks: int = 0) -> str:
+    """A numeric id like SLURM's (ports and file names derive from it), unique enough locally; in
+    one process always above every id given before, and above the ``tasks`` ids after it (a job
+    array's tasks' own job ids: a sweep of several arrays submits them one after the other)."""
+    found = max(int(time.time() * 1000) % 90_000_000 + 10_000_000, _TAKEN_IDS[0] + 1)
+    _TAKEN_IDS[0] = found + tasks
+    return str(found)
 
 
 def state_path(logs_dir: Path, job_id: str) -> Path:
@@ -399,9 +407,9 @@ def submit_local_array(
     """A sweep's job array on the emulator: every point a PENDING emulated job (``<array>_<i>``, in its
     own run directory's logs, with the variables SLURM gives an array task), and a detached runner
     that starts them in order, at most ``parallelism`` at once. The array's id."""
-    array_id = new_job_id()
-    points = []
     indices = list(range(len(specs))) if indices is None else list(indices)
+    array_id = new_job_id(tasks=1 + max(indices))  # its tasks' SLURM_JOB_IDs follow it
+    points = []
     array_dir = _private(Path(array_dir).resolve(), mode=0o777)
     runner_state = array_dir / f"{array_id}_array_local.json"
     for index, spec in zip(indices, specs):

@@ -179,10 +179,10 @@ def slurm_gpu_nodes(spec, *, runner: Runner = run_slurm) -> tuple[list[NodeGpus]
 
 
 def point_logs(job_id: str, logs: Path) -> Path:
-    """Where a sweep point writes: its batch log is the sweep's (``<sweep-dir>/logs``, the array's
-    one ``--output``), its own logs are in the point's run directory, which the sweep's record names."""
-    array_job, _, index = job_id.partition("_")
-    if not index or not (logs.parent / "sweep.json").is_file():
+    """Where a sweep point (``job_id``: its array task) writes: its batch log is the sweep's
+    (``<sweep-dir>/logs``, its array's one ``--output``), its own logs are in the point's run
+    directory, which the sweep's record names."""
+    if "_" not in job_id or not (logs.parent / "sweep.json").is_file():
         return logs
     from hpc_hsdp.rundir.sweep_record import SweepRecord  # noqa: PLC0415  (sweeps only)
 
@@ -191,7 +191,7 @@ def point_logs(job_id: str, logs: Path) -> Path:
     except HsdpError:
         return logs
     for point in sweep.points:
-        if sweep.job_id == array_job and str(point.index) == index:
+        if sweep.task_id(point) == job_id:
             return sweep.point_dir(point) / "logs"
     return logs
 
