@@ -49,7 +49,7 @@ def render(output_path, make_log_dir, **kwargs) -> None:
         from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep  # noqa: PLC0415  (sweeps only)
 
         if output_path is not None:
-            raise SpecError("render --sweep prints the job array's script; submit --sweep writes every point's script")
+            raise SpecError("render --sweep prints the job arrays' scripts; submit --sweep writes every point's script")
         click.echo(
             dry_run_text(plan_sweep(given_options(kwargs), resolve=job_spec_resolver(), new_run_dir=False)), nl=False
         )

@@ -51,7 +51,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
     (<run-dir>/lr=3e-4,seed=0), requeued and resumed alone; status, runs, report and
     cancel take the sweep's directory (docs/sweeps.md). Points that differ in their
     #SBATCH header (--sweep nodes=1,2, --time, --partition ...) are one job array per
-    distinct header, each with its own --array-parallelism K.
+    distinct header; --array-parallelism K then bounds each array (SLURM's %K).
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 

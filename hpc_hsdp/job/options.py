@@ -292,7 +292,7 @@ OPTIONS: tuple[JobOption, ...] = (
         metavar="OPTION=V1,V2",
         help="Sweep a job option over these values (repeatable): one SLURM job array, each point a whole job "
         "in <run-dir>/<OPTION=V,...> (e.g. --sweep lr=3e-4,1e-3 --sweep seed=0,1: 4 points); render prints "
-        "the array's script. Options of the #SBATCH header (--sweep nodes=1,2, --time, --partition) can be "
+        "the job arrays' scripts. Options of the #SBATCH header (--sweep nodes=1,2, --time, --partition) can be "
         "swept too: one job array per distinct header.",
     ),
     JobOption(

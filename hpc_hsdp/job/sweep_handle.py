@@ -188,9 +188,11 @@ class SweepHandle:
 
     @staticmethod
     def lines(results: list[PointResult], *, ranked_by: bool = True) -> list[str]:
-        """A table, one line per point: rank (or task), point, state (where known), step, loss, eval loss, job."""
+        """A table, one line per point: rank (or index), point, state (where known), step, loss, eval loss, job."""
         with_state = any(r.state != "-" for r in results)
-        rows = [["RANK" if ranked_by else "TASK", "POINT", "STATE", "STEP", "LOSS", "EVAL LOSS", "JOB"]]
+        # unranked: the point's place in the sweep (its array task is the JOB column's: where the points
+        # differ in their #SBATCH header, each array counts its own tasks)
+        rows = [["RANK" if ranked_by else "#", "POINT", "STATE", "STEP", "LOSS", "EVAL LOSS", "JOB"]]
         for i, r in enumerate(results, 1):
             rows.append(
                 [

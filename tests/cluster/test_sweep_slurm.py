@@ -1,6 +1,8 @@
 """Sweeps on the real dev SLURM cluster (submit --sweep --cluster slurm): one job array of
 multi-node points, K at a time; a point requeued mid-run (scontrol requeue ARRAY_TASK) and one
-preempted (the warning signal) resume exactly while the others finish; more points than MaxArraySize is refused before anything is written."""
+preempted (the warning signal) resume exactly while the others finish; a sweep over --nodes, one
+job array per #SBATCH header, completes, and cancelling such a sweep cancels every array; more
+points than MaxArraySize is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -134,6 +136,75 @@ def test_a_2x2_sweep_of_two_node_points_runs_two_at_a_time_and_a_requeued_point_
 
     report = hpc("report", str(sweep))
     assert report.returncode == 0 and "best first by their last loss" in report.stdout, report.stdout + report.stderr
+
+
+def one_node_each(nodes: int) -> list[str]:
+    return ["--nodes", str(nodes), "--gpus-per-node", "1", "--shard", "1", "--no-exclusive"]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_sweep_over_nodes_is_two_arrays_that_complete_and_cancelling_a_sweep_cancels_both(slurm_cluster, tmp_path):
+    done, cancelled = tmp_path / "done", tmp_path / "cancelled"
+    try:
+        for sweep, count, delay in ((done, 3, 0), (cancelled, 200, 0.5)):
+            out = hpc(
+                "submit", *JOB, *one_node_each(1), "--steps", str(count), "--env", f"{SLOW}={delay}",
+                "--run-dir", str(sweep), "--sweep", "nodes=1,2", "--array-parallelism", "1",
+            )  # fmt: skip
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert "2 job arrays" in out.stdout, out.stdout
+        arrays = json.loads((cancelled / "sweep.json").read_text())["job_ids"]
+        assert len(arrays) == 2 and [
+            json.loads((cancelled / n).read_text())["job_id"] for n in ("nodes=1/job.json", "nodes=2/job.json")
+        ] == [f"{a}_0" for a in arrays]
+        for nodes, array in zip((1, 2), arrays):
+            shown = subprocess.run(
+                ["scontrol", "-o", "show", "job", f"{array}_0"], capture_output=True, text=True
+            ).stdout
+            assert re.search(rf"NumNodes={nodes}(-{nodes})? ", shown), shown  # each array its own header's node count
+
+        # the long sweep: both points running, then one cancel of the sweep's directory ends both arrays
+        wait_until("both points training", lambda: all(steps(cancelled / f"nodes={n}") for n in (1, 2)), 120, cancelled)
+        out = hpc("cancel", str(cancelled))
+        assert out.returncode == 0, out.stderr
+        assert (
+            f"cancelled 2 point(s) of job arrays {arrays[0]} {arrays[1]}: {arrays[0]}_0 {arrays[1]}_0" in out.stdout
+        ), out.stdout
+        states = [p["state"].split()[0] for p in sweep_status(cancelled)["points"]]
+        assert states == ["CANCELLED", "CANCELLED"], states
+        acct = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", ",".join(arrays), "-o", "JobID,State"], capture_output=True, text=True
+        ).stdout
+        assert sorted(line.split("|")[0] for line in acct.splitlines()) == sorted(f"{a}_0" for a in arrays), acct
+        assert all(line.split("|")[1].startswith("CANCELLED") for line in acct.splitlines()), acct
+
+        # the short sweep: both arrays complete, each point on its own number of nodes
+        final = wait_until(
+            "the end of both points",
+            lambda: (lambda s: s if all(p["state"].split()[0] in ENDED for p in s["points"]) else None)(
+                sweep_status(done)
+            ),
+            180,
+            done,
+        )
+        assert (
+            final["job_ids"] == json.loads((done / "sweep.json").read_text())["job_ids"] and len(final["job_ids"]) == 2
+        )
+        assert [(p["name"], p["state"]) for p in final["points"]] == [
+            ("nodes=1", "COMPLETED"),
+            ("nodes=2", "COMPLETED"),
+        ]
+        for nodes in (1, 2):
+            run = done / f"nodes={nodes}"
+            assert steps(run) == [1, 2, 3]
+            layout = json.loads((run / "layout.json").read_text())
+            assert len({r["node"] for r in layout["ranks"]}) == nodes, layout
+    finally:  # whatever failed, none of the test's jobs is left behind
+        records = [sweep / "sweep.json" for sweep in (done, cancelled) if (sweep / "sweep.json").is_file()]
+        ids = [i for record in records for i in json.loads(record.read_text())["job_ids"]]
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
 
 
 @pytest.mark.slurm

@@ -131,3 +131,30 @@ def test_the_python_api_submits_a_sweep_and_waits_for_its_ranked_results(tmp_pat
         assert read_task_provenance(r.run_dir)["snapshot_used"] is True
         assert (Path(r.run_dir) / "code" / "hpc_hsdp").is_dir()
         assert read_provenance(r.run_dir)["job_id"] == r.job_id
+
+
+def test_a_sweep_over_nodes_is_one_job_array_per_header_and_each_point_gets_its_nodes(tmp_path, local_submit):
+    sweep = tmp_path / "sweep"
+    argv = local_submit(sweep, "--steps", "2", *TINY, nodes=1, gpus_per_node=1, shard=1)
+    out = hpc(*argv, "--sweep", "nodes=1,2", "--array-parallelism", "1", "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    record = json.loads((sweep / "sweep.json").read_text())
+    arrays = record["job_ids"]
+    assert len(arrays) == 2 and "2 job arrays" in out.stdout and "at most 1 at once in each array" in out.stdout
+    assert (sweep / "sweep-1.sbatch").is_file() and (sweep / "sweep-2.sbatch").is_file()
+    for array, nodes in zip(arrays, (1, 2)):
+        run = sweep / f"nodes={nodes}"
+        assert f"#SBATCH --nodes={nodes}\n" in (sweep / f"sweep-{nodes}.sbatch").read_text()
+        assert json.loads((run / "job.json").read_text())["job_id"] == f"{array}_0"  # task 0 of its own array
+        layout = json.loads((run / "layout.json").read_text())
+        assert sorted({r["node"] for r in layout["ranks"]}) == ["n1", "n2"][:nodes], layout
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2]
+    status = json.loads(hpc("status", str(sweep), "--json").stdout)
+    assert status["job_ids"] == arrays
+    assert [(p["name"], p["state"], p["job_id"]) for p in status["points"]] == [
+        ("nodes=1", "COMPLETED", f"{arrays[0]}_0"),
+        ("nodes=2", "COMPLETED", f"{arrays[1]}_0"),
+    ]
+    listed = hpc("runs", str(sweep)).stdout.splitlines()
+    assert len(listed) == 3 and any(line.startswith("nodes=2") for line in listed), listed
