@@ -644,3 +644,25 @@ def test_max_array_size_bounds_each_array_of_the_sweep(tmp_path, monkeypatch):
     ):
         submit_sweep(plan(["nodes=1,2", "seed=0,1,2"], run_dir=str(tmp_path / "other")), cluster="slurm")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_swept_partition_the_cluster_lacks_is_refused_before_any_array_is_submitted(tmp_path, monkeypatch):
+    class _Partitions(_Arrays):
+        def __call__(self, argv, **kwargs):
+            if argv[:3] == ["scontrol", "show", "partition"]:
+                self.calls.append(list(argv))
+                return subprocess.CompletedProcess(list(argv), int(argv[3] != "debug"), "", "")
+            if argv[0] == "sinfo":
+                self.calls.append(list(argv))
+                return subprocess.CompletedProcess(list(argv), 0, "debug\nsite\n", "")
+            return super().__call__(argv, **kwargs)
+
+    runner = _Partitions()
+    _slurm_sweep(tmp_path, monkeypatch, runner)
+    made = plan(["partition=debug,nosuch"], run_dir=str(tmp_path / "sw"))
+    assert len(made.groups) == 2  # one array per partition
+    with pytest.raises(
+        SchedulerError, match=r"--partition 'nosuch' does not exist on this cluster; choose one of debug"
+    ):
+        submit_sweep(made, cluster="slurm")
+    assert "sbatch" not in runner.commands and not (tmp_path / "sw").exists()
