@@ -43,8 +43,9 @@ def submit_sweep(
 ):
     """Python API of ``hpc-hsdp submit --sweep``: ``sweep`` maps options to their values
     (``{"lr": [3e-4, 1e-3], "seed": [0, 1]}``, each read as its command line option would read
-    it) or lists ``--sweep`` texts; the other keywords are :func:`submit`'s. One job array, every
-    point a whole job of its own. Returns the sweep's handle: ``wait()`` gives every point's
+    it) or lists ``--sweep`` texts; the other keywords are :func:`submit`'s. One job array (one per
+    distinct ``#SBATCH`` header, where ``nodes``, ``time`` ... are swept), every point a whole job of
+    its own; ``array_parallelism`` bounds each array. Returns the sweep's handle: ``wait()`` gives every point's
     result (state, last step, loss, eval loss, run directory), best first; ``results()``,
     ``statuses()``, ``cancel()``."""
     from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +133,7 @@ def plan_sweep(
     groups = tuple(group_by_header([sbatch_options(spec) for spec in specs]))
     texts = tuple(sweep) if not isinstance(sweep, Mapping) else tuple(f"{a.key}={','.join(a.texts)}" for a in axes)
     made = SweepPlan(sweep_dir, mode, texts, parallelism, tuple(points), tuple(specs), groups, ())
-    scripts = tuple(made.render(number) for number in range(len(groups)))
-    return SweepPlan(sweep_dir, mode, texts, parallelism, tuple(points), tuple(specs), groups, scripts)
+    return replace(made, scripts=tuple(made.render(number) for number in range(len(groups))))
 
 
 def dry_run_text(plan: SweepPlan) -> str:
@@ -144,7 +143,9 @@ def dry_run_text(plan: SweepPlan) -> str:
     ``#SBATCH`` header: which arrays, then each array's script under its file's name."""
     if len(plan.scripts) == 1:
         return plan.scripts[0]
-    at_once = f"at most {plan.parallelism} points of each array at once" if plan.parallelism else "all at once"
+    at_once = (
+        f"at most {plan.parallelism} points of each array at once" if plan.parallelism else "as many as fit at once"
+    )
     lines = [
         f"# hpc-hsdp submit --sweep: {len(plan.points)} points in {len(plan.groups)} job arrays, one per distinct "
         f"#SBATCH header ({at_once})"
