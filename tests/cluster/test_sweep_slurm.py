@@ -1,7 +1,8 @@
 """Sweeps on the real dev SLURM cluster (submit --sweep --cluster slurm): one job array of
 multi-node points, K at a time; a point requeued mid-run (scontrol requeue ARRAY_TASK) and one
 preempted (the warning signal) resume exactly while the others finish; a sweep over --nodes, one
-job array per #SBATCH header, completes, and cancelling such a sweep cancels every array; more
+job array per #SBATCH header, completes, a point of its second array requeued alone resumes, and
+cancelling such a sweep cancels every array; more
 points than MaxArraySize is refused before anything is written."""
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ def one_node_each(nodes: int) -> list[str]:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
-def test_a_sweep_over_nodes_is_two_arrays_that_complete_and_cancelling_a_sweep_cancels_both(slurm_cluster, tmp_path):
+def test_a_sweep_over_nodes_is_two_arrays_that_complete_a_point_requeues_alone_and_cancel_ends_both(
+    slurm_cluster, tmp_path
+):
     done, cancelled = tmp_path / "done", tmp_path / "cancelled"
     try:
         for sweep, count, delay in ((done, 3, 0), (cancelled, 200, 0.5)):
@@ -164,8 +167,17 @@ def test_a_sweep_over_nodes_is_two_arrays_that_complete_and_cancelling_a_sweep_c
             ).stdout
             assert re.search(rf"NumNodes={nodes}(-{nodes})? ", shown), shown  # each array its own header's node count
 
-        # the long sweep: both points running, then one cancel of the sweep's directory ends both arrays
+        # the long sweep: both points running; the second array's point requeued alone resumes from its
+        # checkpoint while the first array's goes on; then one cancel of the sweep's directory ends both arrays
         wait_until("both points training", lambda: all(steps(cancelled / f"nodes={n}") for n in (1, 2)), 120, cancelled)
+        assert subprocess.run(["scontrol", "requeue", f"{arrays[1]}_0"]).returncode == 0
+        wait_until(
+            "the requeued point resumed", lambda: "resumed from step" in logs(cancelled / "nodes=2"), 120, cancelled
+        )
+        restarts = [
+            json.loads(hpc("status", str(cancelled / f"nodes={n}"), "--json").stdout)["restarts"] for n in (1, 2)
+        ]
+        assert restarts == [0, 1], restarts
         out = hpc("cancel", str(cancelled))
         assert out.returncode == 0, out.stderr
         assert (
