@@ -33,15 +33,16 @@ SLOW = "n2"
 """The node slowed: SLURM gives a two-node job n1 and n2 (under one leaf switch), a three-node job all."""
 
 
-def _throttled_check(run: Path, job_id: str) -> None:
+def _throttled_check(run: Path, job_id: str) -> dict:
     """:data:`SLOW`'s check processes stopped 95% of the time from their start until check.json is
     written. The throttle runs before the job does: on a loaded machine a check can be over before
-    a test that waits to see the job running has started throttling it."""
-    with Throttle(job_id, SLOW, stopped=0.95, needle=b"fabric_check"):
+    a test that waits to see the job running has started throttling it. What the throttle did."""
+    with Throttle(job_id, SLOW, stopped=0.95, needle=b"fabric_check") as throttled:
         wait_until("the job's start", lambda: status(run)["state"] == "RUNNING", 120, run)
         nodes = _job_nodes(job_id)
         assert SLOW in nodes, f"SLURM gave job {job_id} {nodes}; the test slows {SLOW}"
         wait_until("the check's result", lambda: (run / "check.json").exists(), 240, run)
+    return throttled.report()
 
 
 @pytest.mark.slurm
@@ -53,13 +54,13 @@ def test_check_names_a_slow_node_and_a_spare_trains_in_its_place(slurm_cluster, 
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     try:
-        _throttled_check(run, job_id)
+        throttled = _throttled_check(run, job_id)
         final = wait_ended(run, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     assert final["state"] == "COMPLETED", hpc("logs", str(run), "--tail", "30").stdout
     check = json.loads((run / "check.json").read_text())
-    assert check["bad_nodes"] == [SLOW], check_figures(check)
+    assert check["bad_nodes"] == [SLOW], (check_figures(check), throttled)
     decision = json.loads((run / "checks.jsonl").read_text().splitlines()[-1])
     assert decision["excluded"] == [SLOW] and len(decision["spares_used"]) == 1
     assert SLOW not in trained_nodes(run) and len(trained_nodes(run)) == 2
@@ -75,13 +76,13 @@ def test_without_a_spare_the_job_requeues_once_without_the_slow_node(slurm_clust
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     try:
-        _throttled_check(run, job_id)  # during the first check
+        throttled = _throttled_check(run, job_id)  # during the first check
         # the requeue passes through held and requeued states: the end is a final state
         final = wait_ended(run, 300)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     decisions = [json.loads(line) for line in (run / "checks.jsonl").read_text().splitlines()]
-    assert decisions[0]["action"] == "requeue" and decisions[0]["excluded"] == [SLOW], decisions
+    assert decisions[0]["action"] == "requeue" and decisions[0]["excluded"] == [SLOW], (decisions, throttled)
     assert decisions[-1]["action"] == "train" and SLOW not in decisions[-1]["nodes"], decisions
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     assert SLOW not in trained_nodes(run)

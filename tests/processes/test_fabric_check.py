@@ -5,12 +5,12 @@ chose; one node slowed from outside (its processes stopped most of the time) dur
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from throttle import Throttle, check_figures, trained_nodes
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
@@ -47,10 +47,6 @@ def _launch(spec):
     )
 
 
-def _hpc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True)
-
-
 def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_place(tmp_path: Path) -> None:
     """Submitted as a person would (hpc-hsdp submit on the emulator), n2 throttled from outside."""
     run_dir = tmp_path / "run"
@@ -60,25 +56,25 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
         *("--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0", "--device", "cpu"),
         *("--run-dir", str(run_dir)),
     ]
-    out = _hpc("submit", *argv)
+    out = hpc("submit", *argv)
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
     try:
-        with Throttle(job_id, "n2", stopped=0.95, needle=b"fabric_check"):
+        with Throttle(job_id, "n2", stopped=0.95, needle=b"fabric_check") as throttled:
             deadline = time.monotonic() + 180
             while not (run_dir / "check.json").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            state = json.loads(_hpc("status", str(run_dir), "--json").stdout)["state"]
+            state = json.loads(hpc("status", str(run_dir), "--json").stdout)["state"]
             if state not in ("PENDING", "RUNNING"):
                 break
             time.sleep(1)
     finally:
-        _hpc("cancel", str(run_dir), "--no-wait")
-    assert state == "COMPLETED", _hpc("logs", str(run_dir), "--tail", "20").stdout
+        hpc("cancel", str(run_dir), "--no-wait")
+    assert state == "COMPLETED", hpc("logs", str(run_dir), "--tail", "20").stdout
     check = json.loads((run_dir / "check.json").read_text())
-    assert check["bad_nodes"] == ["n2"], check_figures(check)
+    assert check["bad_nodes"] == ["n2"], (check_figures(check), throttled.report())
     assert any(f["name"] == "n2" and f["kind"] == "node" for f in check["findings"])
     assert sorted(check["nodes"]) == ["n1", "n2", "n3"] and check["threshold"] == float(THRESHOLD)
     decision = json.loads((run_dir / "checks.jsonl").read_text().splitlines()[-1])
@@ -86,7 +82,7 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
     assert trained_nodes(run_dir) == ["n1", "n3"]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
-    shown = _hpc("status", str(run_dir))
+    shown = hpc("status", str(run_dir))
     assert "check: n2 left out, spare n3 in its place" in shown.stdout, shown.stdout + shown.stderr
 
 
@@ -108,7 +104,7 @@ def test_a_healthy_allocation_trains_on_its_own_nodes(tmp_path: Path) -> None:
 def test_check_command_measures_its_own_job_and_prints_the_table(tmp_path: Path) -> None:
     """hpc-hsdp check: a job of its own on 4 emulated nodes, the table, exit 0 when none is slow."""
     run_dir = tmp_path / "check"
-    out = _hpc(
+    out = hpc(
         "check", "--cluster", "local", "--nodes", "4", "--gpus-per-node", "1", "--device", "cpu",
         "--check-threshold", "0.2", "--run-dir", str(run_dir),
     )  # fmt: skip
