@@ -1,10 +1,30 @@
-"""Run CLI commands in a fresh interpreter and check that none of them imported torch or
-transformers (the CLI path must stay free of them)."""
+"""hpc-hsdp's CLI in a fresh interpreter: :func:`hpc` runs one command as a user would, and
+:func:`assert_cli_imports_no_torch` checks that commands import neither torch nor transformers (the
+CLI path must stay free of them)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+JOB_VARIABLES = ("SLURM", "MASTER_", "HPC_HSDP_NODE_SWITCHES")
+"""Variables of a job (SLURM's, the switches its batch script hands its tasks) and of torch.distributed's
+rendezvous: a test run inside an allocation must not hand its own to the commands it runs."""
+
+
+def hpc(*args: str, env: dict | None = None, timeout: float = 300, slurm: bool = False) -> subprocess.CompletedProcess:
+    """``hpc-hsdp ARGS`` in a new interpreter, outside any job (no :data:`JOB_VARIABLES`), ``env``
+    added. ``slurm``: the dev cluster's tests keep ``SLURM_CONF`` (which cluster the commands ask)."""
+    base = {k: v for k, v in os.environ.items() if (slurm and k == "SLURM_CONF") or not k.startswith(JOB_VARIABLES)}
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**base, **(env or {})},
+    )
+
 
 _SCRIPT = """
 import sys

@@ -4,27 +4,20 @@ JSON, the tails of its logs, and waits that fail showing both."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc as cli_hpc
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 """A job's final states (held, requeued and pending ones pass on the way back from a requeue)."""
 
 
 def hpc(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``hpc-hsdp ARGS`` in a new interpreter (``env``: variables added to this one's)."""
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=None if env is None else {**os.environ, **env},
-    )
+    """:func:`cli_helpers.hpc` against the dev cluster (its ``SLURM_CONF``)."""
+    return cli_hpc(*args, env=env, timeout=timeout, slurm=True)
 
 
 def status(run: Path) -> dict:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 
 from hpc_hsdp.rundir.files import read_jsonl
 
@@ -26,10 +26,6 @@ SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough 
 # requeued one must end with its twin's every loss
 POINTS = ["seed=0,max_restarts=2", "seed=0,max_restarts=3", "seed=1,max_restarts=2", "seed=1,max_restarts=3"]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
-
-
-def hpc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def sweep_status(sweep: Path) -> dict:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.rundir.evals import read_evals
 
@@ -27,17 +28,6 @@ print("evaluating", checkpoint)
 print(json.dumps({"eval_acc": step / 100, "seen_step": step}))
 print("done")
 """
-
-
-def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**base, **(env or {})},
-    )
 
 
 def wait_results(run: Path, count: int, timeout_s: float = 60) -> list[dict]:

@@ -11,24 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import assert_cli_imports_no_torch
+from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.job.backends.local import expand_pattern
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
-
-
-def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**base, **(env or {})},
-    )
 
 
 def test_submit_local_runs_the_job_with_node_local_groups(tmp_path, local_submit):

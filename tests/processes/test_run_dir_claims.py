@@ -18,22 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from tests.fast.test_run_dir_claims import _local_job, _tree
 
 TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
 LOCAL_JOB = ["--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--device", "cpu", *TINY]
-
-
-def hpc(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_PROCID", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**base, **(env or {})},
-    )
 
 
 _AT_THE_BARRIER = """

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.job import provenance as gather
 from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
@@ -60,17 +61,6 @@ def package(root: Path) -> str:
     git(root, "add", ".")
     git(root, "commit", "-q", "-m", "first")
     return git(root, "rev-parse", "HEAD").strip()
-
-
-def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**base, **(env or {})},
-    )
 
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc as cli_hpc
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -21,15 +22,7 @@ INTERLEAVED = "spine.a:n[1,3];spine.b:n[2,4]"
 
 
 def hpc(*args: str, env: dict | None = None, timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_", "HPC_HSDP_NODE"))}
-    base["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**base, **(env or {})},
-    )
+    return cli_hpc(*args, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
 
 
 def _batch_log(run: Path) -> str:
