@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import hpc
+from cluster_helpers import (
+    hpc,
+)  # SLURM_CONF kept: tests/cluster/test_run_dir_claims runs these helpers on the dev cluster
 
 from tests.fast.test_run_dir_claims import _local_job, _tree
 
