@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import (
     hpc,
-)  # SLURM_CONF kept: tests/cluster/test_run_dir_claims runs these helpers on the dev cluster
+)  # SLURM_CONF kept: tests/cluster/test_run_dir_claims.py runs these helpers on the dev cluster
 
 from tests.fast.test_run_dir_claims import _local_job, _tree
 
