@@ -16,7 +16,7 @@ from hpc_hsdp.rundir.check_record import check_lines, read_check
 
 
 @click.command()
-@command_options("submit")
+@command_options("submit", leaving_out=("sweep", "sweep_mode", "array_parallelism", "check"))
 @cluster_option
 def check(cluster, **options) -> None:
     """Submit a job that only measures its nodes and prints what it found: each GPU's matmul,
@@ -35,10 +35,13 @@ def check(cluster, **options) -> None:
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
     from hpc_hsdp.job.submission import submit_spec  # noqa: PLC0415  (as submit)
 
-    if options.get("sweep"):
-        raise SpecError("check measures one allocation: drop --sweep (check the nodes first, then sweep)")
     options = {**options, "entry": CHECK_ENTRY, "shard_size": 1, "tp_size": 1, "topology": "off", "check": False}
     spec = job_spec_from_options(options, new_run_dir=True)
+    if spec.sweep:
+        raise SpecError(
+            "check measures one allocation, and the config file sweeps: check without it (--config, --profile), "
+            "then sweep"
+        )
     handle, _, said = submit_spec(spec, cluster=cluster)
     click.echo(said, err=True)
     click.echo(

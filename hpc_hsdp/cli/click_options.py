@@ -78,11 +78,12 @@ def click_option(declared: JobOption, command: str):
     )
 
 
-def command_options(command: str):
-    """A decorator adding every option that ``command`` takes, in the order of its ``--help``."""
+def command_options(command: str, *, leaving_out: tuple[str, ...] = ()):
+    """A decorator adding every option that ``command`` takes, in the order of its ``--help``; a
+    command that borrows another's options (``check`` takes ``submit``'s) leaves out the keys it refuses."""
 
     def decorate(function):
-        for declared in reversed(options_of(command)):
+        for declared in reversed([o for o in options_of(command) if o.key not in leaving_out]):
             function = click_option(declared, command)(function)
         return function
 

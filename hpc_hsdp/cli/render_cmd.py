@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.job.sweep import check_sweep_given
 
 
 @click.command()
@@ -44,6 +46,7 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     hpc-hsdp render --config cluster.toml --profile dev --nodes 2 --shard 4
     """
     spec = job_spec_from_options(kwargs)
+    check_sweep_given(spec, kwargs)
     if spec.sweep:  # the job array's script and its first point's
         from hpc_hsdp.cli.job_options import given_options, job_spec_resolver  # noqa: PLC0415
         from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep  # noqa: PLC0415  (sweeps only)
@@ -66,12 +69,24 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     if output_path is None:
         click.echo(text, nl=False)
         return
-    if make_log_dir:
-        try:
-            os.makedirs(spec.log_dir, exist_ok=True)
-        except OSError as exc:
-            raise SpecError(
-                f"cannot create the log directory {spec.log_dir!r} ({exc.strerror}); "
-                f"choose another --run-dir, or pass --no-mkdir and create it where the job runs"
-            ) from None
-    write_atomically(Path(output_path), text)
+    made = _make_log_dir(spec.log_dir) if make_log_dir else []
+    try:
+        write_atomically(Path(output_path), text)
+    except SpecError:
+        for directory in reversed(made):  # a script not written leaves no log directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
+
+
+def _make_log_dir(log_dir: str) -> list[Path]:
+    """Create ``log_dir`` and its missing parents; the directories made, outermost first."""
+    missing = [path for path in (Path(log_dir), *Path(log_dir).parents) if not path.exists()][::-1]
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(
+            f"cannot create the log directory {log_dir!r} ({exc.strerror}); "
+            f"choose another --run-dir, or pass --no-mkdir and create it where the job runs"
+        ) from None
+    return missing

@@ -11,6 +11,7 @@ from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
 from hpc_hsdp.job.backends import CLUSTERS
 from hpc_hsdp.job.submission import submission_script, submit_spec
+from hpc_hsdp.job.sweep import check_sweep_given
 
 cluster_option = click.option(
     "--cluster",
@@ -56,6 +57,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
 
     spec = job_spec_from_options(options, new_run_dir=True)
+    check_sweep_given(spec, options)
     if spec.sweep:
         _submit_sweep(options, cluster=cluster, wait=wait, dry_run=dry_run)
         return

@@ -19,6 +19,7 @@ from hpc_hsdp.job.config import (
 )
 from hpc_hsdp.job.options import OPTIONS
 from hpc_hsdp.job.submission import submit_spec
+from hpc_hsdp.job.sweep import check_sweep_given
 
 
 def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
@@ -29,6 +30,7 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     spec = api_job_spec(options, environ=os.environ, cwd=os.getcwd(), default_venv=running_venv(), new_run_dir=True)
     if spec.sweep:
         raise SpecError("submit() submits one job; a sweep goes through hpc_hsdp.submit_sweep(sweep=..., ...)")
+    check_sweep_given(spec, options)
     _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
     return job
 

@@ -472,7 +472,7 @@ OPTIONS: tuple[JobOption, ...] = (
         kind="str",
         default_text="0 with --exclusive",
         sbatch=(SbatchKey("mem", attrgetter("scheduler.mem_per_node"), place=60),),
-        help="Memory per node, e.g. 512G (0: all of it).",
+        help="Memory per node with its unit, e.g. 512G or 4000M (0: all of it); a bare number is refused.",
     ),
     JobOption(
         key="cpus_per_task",

@@ -317,7 +317,9 @@ class RunSpec:
 
 # ----------------------------------------------------------------------------- the job (render, submit)
 
-_MEM = r"^[0-9]+[KMGT]?$"
+_MEM = r"^(0|[0-9]+[KMGT])$"
+"""``--mem``: a number with its unit, or 0 (all of the node's memory). SLURM reads a bare number
+as megabytes, which nobody means by ``--mem 512``: a unit is asked for, as ``--gpu-memory`` does."""
 _IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _SBATCH_KEY = r"^[a-z][a-z0-9-]*$"
 
@@ -390,9 +392,14 @@ class SchedulerSpec:
     def __post_init__(self) -> None:
         if self.time is not None:
             check_time(self.time)
+        if self.mem is not None and re.fullmatch(r"[0-9]+", self.mem) and int(self.mem) != 0:
+            raise SpecError(
+                f"--mem {self.mem!r} has no unit, and SLURM would read it as {self.mem} megabytes; write "
+                f"{self.mem}G or {self.mem}M (or 0 for all of the node's memory)"
+            )
         if self.mem is not None and not re.match(_MEM, self.mem, re.IGNORECASE):
             raise SpecError(
-                f"--mem {self.mem!r} is not a SLURM size; write a number with an optional K, M, G or T "
+                f"--mem {self.mem!r} is not a SLURM size; write a number with its unit, K, M, G or T "
                 f"(e.g. 512G, or 0 for all)"
             )
         if self.signal is not None:

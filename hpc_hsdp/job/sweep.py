@@ -63,6 +63,21 @@ def sweepable() -> dict[str, JobOption]:
     return {o.key: o for o in options_of("submit") if o.in_config and o.key not in UNSWEPT}
 
 
+def check_sweep_given(spec, given: Mapping[str, Any]) -> None:
+    """``--array-parallelism`` or ``--sweep-mode`` on a command line (or as keywords) without a sweep
+    bounds nothing: SpecError, rather than a job that quietly ignores them. A config file's value
+    may stand for the sweeps its jobs make, so only what this call gave is refused."""
+    if spec.sweep:
+        return
+    for key in ("array_parallelism", "sweep_mode"):
+        if given.get(key) is not None:
+            flag = OPTION_BY_KEY[key].flag
+            raise SpecError(
+                f"{flag} {given[key]} applies to a sweep, and this job has none: drop {flag}, or sweep an "
+                f"option (--sweep lr=3e-4,1e-3)"
+            )
+
+
 def parse_value(declared: JobOption, text: str, *, given: str) -> Any:
     """``text`` as ``declared``'s command line option reads it (its kind and choices); SpecError, one line."""
     flag = f"--sweep {given}"

@@ -35,6 +35,8 @@ PLACEHOLDERS = ("checkpoint", "step", "run_dir", "result")
 """``{checkpoint}`` (the step's checkpoint directory), ``{step}``, ``{run_dir}``, ``{result}`` (a
 file the command may write its JSON result to instead of printing it)."""
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+_BRACED_NAME = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""``{name}`` not written as the shell's ``${name}``: a placeholder, or a misspelt one."""
 _RECORD = re.compile(r"^step-(\d{1,12})\.json$")
 MAX_RECORD_BYTES = 64 << 10
 """A submission or result record larger than this was not written by hpc-hsdp."""
@@ -60,6 +62,17 @@ def check_eval_command(command: str | None) -> None:
         )
     if "\0" in command or len(command) > MAX_COMMAND_CHARS:
         raise SpecError(f"--eval-job must be one shell command of at most {MAX_COMMAND_CHARS} characters, without NUL")
+    unknown = [name for name in _BRACED_NAME.findall(command) if name not in PLACEHOLDERS]
+    if unknown:
+        import difflib  # noqa: PLC0415 - only for a misspelt placeholder
+
+        close = difflib.get_close_matches(unknown[0], PLACEHOLDERS, n=1, cutoff=0.6)
+        raise SpecError(
+            f"--eval-job: {{{unknown[0]}}} is not a placeholder"
+            + (f" (did you mean {{{close[0]}}}?)" if close else "")
+            + f"; the placeholders are {', '.join('{' + name + '}' for name in PLACEHOLDERS)} "
+            f"(write ${{{unknown[0]}}} for the shell's variable)"
+        )
 
 
 def substitute(command: str, *, checkpoint: str, step: int, run_dir: str, result: str) -> str:

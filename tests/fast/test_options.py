@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+import click.testing
 import pytest
 
 from hpc_hsdp.cli.click_options import run_spec_from_options
@@ -61,6 +62,17 @@ def test_every_option_of_a_command_is_a_click_option_with_its_flag(name: str) ->
         registry_params = {declared.click_param for declared in taken}
         assert set(params) - registry_params == OWN_OPTIONS[name]
         assert [p for p in params if p in registry_params] == [declared.click_param for declared in taken]
+
+
+def test_check_takes_submits_options_but_the_ones_it_refuses() -> None:
+    from hpc_hsdp.cli.check_cmd import check  # noqa: PLC0415
+
+    params = _params(check)
+    refused = {"sweep", "sweep_mode", "array_parallelism", "check"}
+    assert {option(key).click_param for key in refused}.isdisjoint(params)
+    assert {declared.click_param for declared in options_of("submit") if declared.key not in refused} <= set(params)
+    shown = click.testing.CliRunner().invoke(check, ["--help"]).output
+    assert "--sweep" not in shown and "--array-parallelism" not in shown
 
 
 def test_render_and_submit_take_the_same_options_and_every_option_has_a_command() -> None:

@@ -498,6 +498,11 @@ REJECTED = [
     (["--shard", "4", "--config", "/nonexistent/job.toml"], ["config file", "does not exist"]),
     (["--shard", "4", "--profile", "dev"], ["profile 'dev'", "--config"]),
     (["--shard", "4", "--bogus"], ["--bogus"]),
+    (["--shard", "4", "--mem", "512"], ["--mem '512' has no unit", "512 megabytes", "512G"]),
+    (["--shard", "4", "--eval-job", "python e.py {chekpoint}"], ["{chekpoint}", "did you mean {checkpoint}?"]),
+    (["--shard", "4", "--eval-job", "e {ckpt} ${HOME}"], ["{ckpt} is not a placeholder", "{run_dir}"]),
+    (["--shard", "4", "--array-parallelism", "2"], ["--array-parallelism 2 applies to a sweep", "--sweep"]),
+    (["--shard", "4", "--sweep-mode", "zip"], ["--sweep-mode zip applies to a sweep"]),
 ]
 
 
@@ -510,6 +515,23 @@ def test_rejected_inputs_exit_2_with_one_line(argv: list[str], words: list[str],
     for word in words:
         assert word in err, err
     assert out == "" and not target.exists() and not (tmp_path / "run").exists()
+
+
+def test_a_script_that_cannot_be_written_leaves_no_log_directory(capsys, tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "one"
+    target = tmp_path / "missing" / "dir" / "x.sbatch"
+    code, out, err = run_main(["render", "--shard", "4", "--run-dir", str(run_dir), "-o", str(target)], capsys)
+    assert code == 2 and "cannot write" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()  # a directory that was there before stays
+    code, _, _ = run_main(["render", "--shard", "4", "--run-dir", str(run_dir), "-o", str(target)], capsys)
+    assert code == 2 and [p.name for p in tmp_path.iterdir()] == ["runs"] and not run_dir.exists()
+
+
+def test_memory_with_its_unit_or_zero_is_taken(capsys, tmp_path: Path) -> None:
+    for mem in ("0", "512G", "4000M", "1T"):
+        code, out, err = run_main(["render", "--shard", "4", "--run-dir", str(tmp_path), "--mem", mem], capsys)
+        assert code == 0 and f"#SBATCH --mem={mem}\n" in out, err
 
 
 @pytest.mark.parametrize(
