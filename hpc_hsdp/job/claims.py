@@ -147,7 +147,7 @@ def claim_for_task(run_dir: str | Path, env: Mapping[str, str]) -> tuple[str | N
     kept as it is; one of another job pending or running, or of a live run, refuses
     (SpecError, one line). Returns what to say of a claim taken over, and whether the claim
     is this process's own (to release with :func:`release_task_claim` when it ends)."""
-    from hpc_hsdp.job.backends.local import process_start_time  # noqa: PLC0415  (a process's identity, for a claim without a job)
+    from hpc_hsdp.job.emulator.processes import process_start_time  # noqa: PLC0415  (a process's identity, for a claim without a job)
 
     run_dir = Path(run_dir)
     _make_dirs(run_dir)

@@ -4,7 +4,7 @@ SLURM jobs go through submitit, whose sbatch text is replaced by the script ``re
 produces for the same spec: only the command each task runs differs (submitit's job
 runner, ``python -u -m hpc_hsdp.runtime.submitit_job <folder>``, in place of
 ``python -m hpc_hsdp run``), so ``hpc-hsdp render`` shows what runs. Without SLURM the
-local emulator (:mod:`hpc_hsdp.job.backends.local`) runs that same script.
+local emulator (:mod:`hpc_hsdp.job.emulator`) runs that same script.
 
 Every job leaves ``<run-dir>/job.json``; a handle is rebuilt from it (or from the job id,
 through a small index in the user's state directory) in any new shell.

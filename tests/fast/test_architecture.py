@@ -134,6 +134,7 @@ def test_what_a_task_runs_is_named_by_a_path_that_exists(call):
 
 SAME_ROLE = {
     "__init__.py": "a package's face",
+    "__main__.py": "a package run as a program (python -m: the package face's CLI, the emulator's processes)",
     "base.py": "the interface of a family behind it (job/backends: the schedulers; models: the adapters)",
     "files.py": "file helpers: the package's atomic writes and hostile-file reader, and the run directory's on them",
 }

@@ -138,7 +138,7 @@ def test_groups_cross_nodes_agrees_with_the_groups_themselves(tasks_per_node, sh
 
 
 def test_plan_the_emulator_and_the_readme_name_nodes_alike():
-    from hpc_hsdp.job.backends.local import allocation_for
+    from hpc_hsdp.job.emulator.allocation import allocation_for
 
     assert plan_for(nodes=3, gpus_per_node=2, shard_size=2).node_names == ("n1", "n2", "n3")
     assert allocation_for(tasks_per_node=(2, 2, 2), gpus_per_node=2, job_name="x").node_names == ("n1", "n2", "n3")
@@ -229,6 +229,7 @@ def test_the_runtime_does_not_import_the_submitting_side():
         "hpc_hsdp.job.backends.submitit_slurm",
         "hpc_hsdp.cli",
         "hpc_hsdp.job.backends.local",
+        "hpc_hsdp.job.emulator",
         "hpc_hsdp.job.render",
     )
     packages = tuple(f"{name}." for name in submitting_side)

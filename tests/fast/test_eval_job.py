@@ -270,9 +270,9 @@ def test_a_run_without_evals_has_no_eval_chart(tmp_path):
 def test_the_emulator_reads_a_quoted_output_path_as_sbatch_does(run):
     """The emulator's batch output goes where ``#SBATCH --output`` says, a quoted path with spaces
     too (before, it fell back to slurm-JOB.out in the submitting directory)."""
-    from hpc_hsdp.job.backends.local import _sbatch_value  # noqa: PLC0415
+    from hpc_hsdp.job.emulator.slurm_patterns import sbatch_value  # noqa: PLC0415
     from hpc_hsdp.job.render import sbatch_quote  # noqa: PLC0415
 
     script = f"#!/bin/bash\n#SBATCH --output={sbatch_quote(run + '/logs/%j.out')}\n#SBATCH --nodes=1\n"
-    assert _sbatch_value(script, "output") == run + "/logs/%j.out"
-    assert _sbatch_value(script, "nodes") == "1" and _sbatch_value(script, "error") is None
+    assert sbatch_value(script, "output") == run + "/logs/%j.out"
+    assert sbatch_value(script, "nodes") == "1" and sbatch_value(script, "error") is None

@@ -18,7 +18,7 @@ from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.api import api_job_spec
 from hpc_hsdp.job.backends import backend
-from hpc_hsdp.job.backends.local import DRIVER_MARKERS, local_gpus
+from hpc_hsdp.job.emulator.allocation import DRIVER_MARKERS, local_gpus
 from hpc_hsdp.job.preflight import check_fp8_gpus
 from hpc_hsdp.plan.float8_support import NodeGpus, can_train_fp8, fp8_local_refusal, fp8_slurm_refusal, gpu_capability
 from hpc_hsdp.plan.slurm_facts import parse_gpu_gres, parse_sinfo_nodes, satisfies_constraint

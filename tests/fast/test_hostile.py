@@ -337,7 +337,9 @@ def test_report_and_status_on_garbage_metrics_never_trace_back(tmp_path, capsys,
 
 
 def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
-    from hpc_hsdp.job.backends.local import LocalJob, process_start_time, state_path
+    from hpc_hsdp.job.emulator.emulated_job import LocalJob
+    from hpc_hsdp.job.emulator.processes import process_start_time
+    from hpc_hsdp.job.emulator.state_files import state_path
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -370,7 +372,9 @@ def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
 def test_the_emulator_signals_the_process_started_for_that_state_file_only(tmp_path):
     """The supervisor's environment names its state file (set at launch, readable by its owner
     alone): a process started with another job's mark is not this job's."""
-    from hpc_hsdp.job.backends.local import SUPERVISOR_MARK, LocalJob, process_start_time, state_path
+    from hpc_hsdp.job.emulator.emulated_job import LocalJob
+    from hpc_hsdp.job.emulator.processes import SUPERVISOR_MARK, process_start_time
+    from hpc_hsdp.job.emulator.state_files import state_path
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -434,7 +438,8 @@ def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
 
 
 def test_the_emulators_port_reservations_are_private(tmp_path, monkeypatch):
-    from hpc_hsdp.job.backends.local import emulator_state_dir, reserve_port
+    from hpc_hsdp.job.emulator.ports import reserve_port
+    from hpc_hsdp.job.emulator.state_files import emulator_state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     reserve_port("4242", tmp_path / "state.json", is_free=lambda port: True)
@@ -619,7 +624,7 @@ def _valid_manifest(run: Path) -> None:
 def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
     """file -> (its path in the run directory, bytes hpc-hsdp would write, reader(run) -> what it read,
     falsy when nothing was taken from the file)."""
-    from hpc_hsdp.job.backends.local import LocalJob
+    from hpc_hsdp.job.emulator.emulated_job import LocalJob
     from hpc_hsdp.rundir.attempts import read_attempt, read_restarts
     from hpc_hsdp.rundir.claim import read_claim
     from hpc_hsdp.rundir.flight_recorder import read_dumps
@@ -1229,8 +1234,8 @@ def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(
 
 
 def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(tmp_path):
-    from hpc_hsdp.job.backends.local import process_start_time
     from hpc_hsdp.job.claims import check_writer, claim_for_task, release_task_claim
+    from hpc_hsdp.job.emulator.processes import process_start_time
     from hpc_hsdp.rundir.claim import who, write_claim
 
     run = tmp_path / "run"

@@ -397,7 +397,7 @@ def test_layout_hands_the_first_free_port_to_the_batch_script(tmp_path):
 _RESERVE = """
 import json, sys, time
 from pathlib import Path
-from hpc_hsdp.job.backends.local import reserve_port
+from hpc_hsdp.job.emulator.ports import reserve_port
 state = Path(sys.argv[1])
 state.write_text(json.dumps({"state": "PENDING", "supervisor_pid": None}))
 while time.time() < float(sys.argv[3]):

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hpc_hsdp.cli import cli
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.job.backends.local import EMULATOR_VARIABLE
+from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE
 from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.plan import address
 from hpc_hsdp.plan.address import hostfile_lines, node_address, reachable_address

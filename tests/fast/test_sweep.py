@@ -19,9 +19,9 @@ import pytest
 from hpc_hsdp.cli import main
 from hpc_hsdp.cli.job_options import job_spec_resolver
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.backends.local import expand_pattern
 from hpc_hsdp.job.backends.slurm import SlurmBackend
 from hpc_hsdp.job.backends.slurm_command import SchedulerError
+from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
 from hpc_hsdp.job.failure import task_index
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.sweep import (
@@ -470,7 +470,8 @@ def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
 
 
 def test_an_emulated_point_whose_array_runner_died_before_starting_it_failed(tmp_path):
-    from hpc_hsdp.job.backends.local import LocalJob, state_path
+    from hpc_hsdp.job.emulator.emulated_job import LocalJob
+    from hpc_hsdp.job.emulator.state_files import state_path
 
     runner = tmp_path / "1_array_local.json"
     runner.write_text(json.dumps({"job_id": "1", "points": [], "parallelism": 1, "runner_pid": 4242}))

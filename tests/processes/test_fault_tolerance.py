@@ -19,7 +19,8 @@ from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.job.backends.local import allocation_for, launch_local
+from hpc_hsdp.job.emulator.allocation import allocation_for
+from hpc_hsdp.job.emulator.launch import launch_local
 from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.rundir.membership import membership_path, read_membership
 from hpc_hsdp.rundir.state import complete_checkpoints

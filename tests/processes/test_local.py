@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_cli_imports_no_torch, hpc
 
-from hpc_hsdp.job.backends.local import expand_pattern
+from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 

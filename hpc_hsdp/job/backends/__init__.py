@@ -40,7 +40,7 @@ def backend(name: str) -> Backend:
 def task_backend(env: Mapping[str, str]) -> Backend:
     """The backend whose job this task (with environment ``env``) runs in: the emulator's where it
     marked the job's environment as its own, else SLURM's."""
-    from hpc_hsdp.job.backends.local import EMULATOR_VARIABLE  # noqa: PLC0415  (the emulator names its own mark)
+    from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE  # noqa: PLC0415  (the emulator names its own mark)
 
     return backend("local" if env.get(EMULATOR_VARIABLE) == "1" else "slurm")
 

@@ -1,0 +1,60 @@
+"""An emulated job's state file (``<logs>/<job id>_local.json``), the emulator's own state folder,
+and the job ids it gives out."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.files import private_dir, read_json, user_state_dir, write_atomically
+
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_state(path: str | Path) -> dict:
+    """A JSON object the emulator wrote (a job's ``<logs>/<id>_local.json``, the port
+    reservations), read as data that may be hostile (:func:`hpc_hsdp.files.read_json`: a regular
+    file, at most 1 MiB). OSError (FileNotFoundError when missing) or ValueError, one line."""
+    data = read_json(path, max_bytes=MAX_STATE_BYTES)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def write_state(path: Path, data: dict) -> None:
+    write_atomically(path, json.dumps(data, indent=1))
+
+
+def emulator_state_dir() -> Path:
+    """The emulator's own state on this machine (the ports it reserved, and their lock)."""
+    return user_state_dir("emulator")
+
+
+def emulator_private_dir(path: Path, *, mode: int = 0o700) -> Path:
+    """:func:`~hpc_hsdp.files.private_dir`, refusing a symlink or another user's directory as a user error."""
+    try:
+        return private_dir(path, mode=mode)
+    except PermissionError as exc:
+        raise SpecError(f"the local emulator cannot use {exc}") from None
+
+
+_TAKEN_IDS = [0]
+"""The highest job id this process gave out (a job array's tasks' included)."""
+
+
+def new_job_id(tasks: int = 0) -> str:
+    """A numeric id like SLURM's (ports and file names derive from it), unique enough locally; in
+    one process always above every id given before, and above the ``tasks`` ids after it (a job
+    array's tasks' own job ids: a sweep of several arrays submits them one after the other)."""
+    found = max(int(time.time() * 1000) % 90_000_000 + 10_000_000, _TAKEN_IDS[0] + 1)
+    _TAKEN_IDS[0] = found + tasks
+    return str(found)
+
+
+def state_path(logs_dir: Path, job_id: str) -> Path:
+    return Path(logs_dir) / f"{job_id}_local.json"
