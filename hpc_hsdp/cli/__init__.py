@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("jobs_cmd", "status", "State of a submitted job (from its run directory or job id)."),
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
+    "stacks": ("stacks_cmd", "stacks", "Every rank's stack of a running job, grouped, without stopping it."),
     "export": (
         "export_cmd",
         "export",

@@ -24,8 +24,10 @@ RANK_FIELDS = (
     "replicate_group",
     "tp_group",
     "node_switch",
+    "pid",
 )
-"""What each rank's entry holds (``tp_group`` only with tensor parallelism; ``node_switch``, its node's
+"""What each rank's entry holds (``pid``: its process on its node, for ``hpc-hsdp stacks``; ``tp_group``
+only with tensor parallelism; ``node_switch``, its node's
 leaf switch, only where SLURM's topology says it)."""
 MAX_LAYOUT_BYTES = 64 << 20
 """A layout of 100,000 ranks is about 20 MB."""

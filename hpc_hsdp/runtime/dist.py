@@ -11,6 +11,7 @@ its log, and the rank goes on. Which device a task gets: :func:`hpc_hsdp.runtime
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import faulthandler
 import os
@@ -90,6 +91,23 @@ def _require_numpy() -> None:
             "numpy is not installed; torch.distributed's object collectives (the group check, "
             "torch.distributed.checkpoint) need it: pip install numpy"
         ) from None
+
+
+PR_SET_PTRACER = 0x59616D61
+PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+
+def allow_same_user_tracer() -> bool:
+    """Let a debugger or py-spy of this user attach to this rank (``hpc-hsdp stacks``) where
+    yama's ``ptrace_scope=1`` allows only a parent to: ``prctl(PR_SET_PTRACER_ANY)``. The kernel
+    still refuses other users (and everyone at ``ptrace_scope`` 2 or 3). Whether it was set."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(PR_SET_PTRACER_ANY), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def node_name(env: Mapping[str, str]) -> str:
@@ -237,6 +255,7 @@ def init(
 
     faulthandler.enable()
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True, chain=False)
+    allow_same_user_tracer()
 
     saved = {name: os.environ.get(name) for name in torch_env}
     os.environ.update(torch_env)
@@ -248,6 +267,7 @@ def init(
         "device": str(torch_device),
         "launch_mode": layout.launch_mode,
         "node_switch": layout.node_switch,
+        "pid": os.getpid(),
     }
     note(
         f"rank {torch_rank}/{layout.world_size} node {me['node']} procid {layout.slurm_procid} "

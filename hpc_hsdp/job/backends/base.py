@@ -114,10 +114,36 @@ class Backend(ABC):
         process of this machine (the emulator's way, and any scheduler's outside a job)."""
         return start_detached(argv, output=output, env=env)
 
+    def run_on_nodes(
+        self, record: JobRecord, nodes: Sequence[str], argv: Sequence[str], *, timeout_s: float
+    ) -> tuple[str, str]:
+        """Run ``argv`` once on each of ``nodes`` of the running job, beside its tasks and as its user
+        (``hpc-hsdp stacks``): (stdout, stderr), the nodes' output together. Here: once, on this
+        machine (the emulator's nodes are its processes). SchedulerError when it cannot run."""
+        return run_here(argv, timeout_s=timeout_s)
+
+    def on_node_command(self, record: JobRecord, node: str, argv: Sequence[str]) -> list[str]:
+        """The command that runs ``argv`` interactively (stdin and stdout passed through) on ``node``
+        of the running job (``hpc-hsdp debug``). Here: ``argv`` itself."""
+        return list(argv)
+
     def reachable_here(self) -> bool:
         """Whether this machine can ask the scheduler about its jobs (a job it did not answer
         about may well still run)."""
         return True
+
+
+def run_here(argv: Sequence[str], *, timeout_s: float) -> tuple[str, str]:
+    """``argv`` on this machine for at most ``timeout_s`` seconds: (stdout, stderr)."""
+    from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
+
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"{Path(argv[0]).name} did not end within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise SchedulerError(f"{argv[0]} could not be run ({exc.strerror or exc})") from None
+    return proc.stdout, proc.stderr
 
 
 DETACHED: list[subprocess.Popen] = []

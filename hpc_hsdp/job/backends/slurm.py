@@ -9,6 +9,7 @@ another (canned answers).
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -178,6 +179,13 @@ def slurm_gpu_nodes(spec, *, runner: Runner = run_slurm) -> tuple[list[NodeGpus]
     return [NodeGpus(row.node, row.gpus, row.features) for row in rows], where
 
 
+def check_node_name(node: str) -> str:
+    """A node name read from a run directory, refused unless it is one (it becomes an argument of srun)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", node or ""):
+        raise SchedulerError(f"{node!r} is not a node name (layout.json damaged?)")
+    return node
+
+
 def point_logs(job_id: str, logs: Path) -> Path:
     """Where a sweep point (``job_id``: its array task) writes: its batch log is the sweep's
     (``<sweep-dir>/logs``, its array's one ``--output``), its own logs are in the point's run
@@ -309,6 +317,42 @@ class SlurmBackend(Backend):
         if not job_id.isdigit():
             return None, f"sbatch failed: {said or f'exit code {done.returncode}'}"
         return job_id, None
+
+    def run_on_nodes(self, record: JobRecord, nodes, argv, *, timeout_s: float) -> tuple[str, str]:
+        """One task per node of ``nodes`` in a step of the running job beside its tasks
+        (``srun --overlap --jobid``, which SLURM allows the job's user and root only)."""
+        nodes = [check_node_name(node) for node in nodes]
+        done = self.runner(
+            [
+                "srun",
+                "--overlap",
+                f"--jobid={check_job_id(record.job_id)}",
+                f"--nodelist={','.join(nodes)}",
+                f"--nodes={len(nodes)}",
+                f"--ntasks={len(nodes)}",
+                "--ntasks-per-node=1",
+                "--kill-on-bad-exit=0",
+                "--quiet",
+                *argv,
+            ],
+            timeout_s=timeout_s,
+        )
+        return done.stdout, done.stderr
+
+    def on_node_command(self, record: JobRecord, node: str, argv) -> list[str]:
+        """``srun --overlap --jobid=J --nodelist=NODE --unbuffered``: one task, its stdin and stdout
+        passed through as they come."""
+        return [
+            "srun",
+            "--overlap",
+            f"--jobid={check_job_id(record.job_id)}",
+            f"--nodelist={check_node_name(node)}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--unbuffered",
+            "--quiet",
+            *argv,
+        ]
 
     def check_partition(self, spec) -> None:
         """``scontrol show partition``; where it does not know it, ``sinfo`` for the ones there are."""
