@@ -195,7 +195,22 @@ def test_check_of_a_sweep_is_refused_before_anything_is_submitted(tmp_path):
     import subprocess
     import sys
 
-    argv = ["check", "--cluster", "local", "--nodes", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(tmp_path / "r")]
+    run_dir = tmp_path / "r"
+    argv = ["check", "--cluster", "local", "--nodes", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(run_dir)]
     out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
-    assert out.returncode == 2 and "drop --sweep" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "r").exists()
+    assert out.returncode == 2 and "No such option '--sweep'" in out.stderr and out.stderr.count("\n") == 1
+    (tmp_path / "job.toml").write_text('sweep = ["lr=1e-3,3e-4"]\n')
+    argv = [
+        "check",
+        "--cluster",
+        "local",
+        "--nodes",
+        "2",
+        "--config",
+        str(tmp_path / "job.toml"),
+        "--run-dir",
+        str(run_dir),
+    ]
+    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    assert out.returncode == 2 and "the config file sweeps" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert not run_dir.exists()
