@@ -1,4 +1,5 @@
-"""Atomic file writes, and the one reader of files that may be hostile (a run directory's, a
+"""The one writer of files others may reach (atomic writes and appends that refuse symlinks,
+FIFOs and devices), and the one reader of files that may be hostile (a run directory's, a
 checkpoint's, the emulator's state), shared by the CLI, the scheduler records and the on-node runtime."""
 
 from __future__ import annotations
@@ -11,30 +12,114 @@ import stat
 from pathlib import Path
 
 
-def write_atomically(path: str | os.PathLike, text: str, *, mode: int | None = None, durable: bool = False) -> None:
+class UnsafeTarget(OSError):
+    """A file hpc-hsdp was to write is a symlink, a FIFO, a device or a directory (planted by
+    whoever else can write the run directory): nothing was written; the message is one line
+    naming it. An OSError, so that a writer that gives up on a failed write gives up here too
+    (the CLI says it in one line, exit 2)."""
+
+
+def _refused(path: str, what: str) -> UnsafeTarget:
+    return UnsafeTarget(
+        f"{path} is {what}; hpc-hsdp writes into a run directory only regular files it can reach without "
+        f"a symlink (someone who can write the directory may have put it there): remove it, or use another run directory"
+    )
+
+
+def check_write_target(path: str | os.PathLike) -> None:
+    """Refuse (:class:`UnsafeTarget`) when ``path`` exists and is not a regular file: a symlink
+    (which a write would follow to whatever it names), a FIFO, a device, a directory."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise _refused(os.fspath(path), "a symlink")
+    if not stat.S_ISREG(info.st_mode):
+        raise _refused(os.fspath(path), "not a regular file (a FIFO, device or directory)")
+
+
+PRIVATE_FILE = 0o600
+"""What :func:`write_atomically` and :func:`open_for_writing` make a ``private`` file, whatever
+the umask: the scripts and code a job runs, which nobody else may change or read."""
+
+
+def open_for_writing(
+    path: str | os.PathLike,
+    *,
+    append: bool = False,
+    exclusive: bool = False,
+    mode: int = 0o666,
+    private: bool = False,
+):
+    """``path`` opened for binary writing (``append``: at its end; ``exclusive``: only when it does
+    not exist; else truncated), the one way hpc-hsdp opens a run directory's file to write in
+    place: ``O_NOFOLLOW`` and ``O_NONBLOCK`` (a symlink is never followed, a FIFO does not block),
+    then refused unless it is a regular file, with nothing written (:class:`UnsafeTarget`).
+    ``mode`` less the umask when created; ``private`` makes it 0600 whatever the umask."""
+    path = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= os.O_APPEND if append else 0
+    flags |= os.O_EXCL if exclusive else 0
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE if private else mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refused(path, "a symlink") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO nobody reads, a directory
+            raise _refused(path, "not a regular file (a FIFO, device or directory)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(path, "not a regular file (a FIFO, device or directory)")
+        if not append and not exclusive:
+            os.ftruncate(fd, 0)
+        if private and stat.S_IMODE(info.st_mode) != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab" if append else "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Append ``text`` to ``path`` (created when missing) through :func:`open_for_writing`: a
+    symlink, FIFO or device there is refused (:class:`UnsafeTarget`), nothing appended."""
+    with open_for_writing(path, append=True) as f:
+        f.write(text.encode("utf-8"))
+
+
+def write_atomically(
+    path: str | os.PathLike, text: str | bytes, *, mode: int | None = None, durable: bool = False, private: bool = False
+) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a
     rename: readers see the old file or the whole new one, never a partial one.
-    ``mode``: the permission bits before the umask (0o755 for a script: 0o700 under umask 077).
+    ``mode``: the permission bits before the umask (0o755 for a script: 0o700 under umask 077);
+    ``private``: 0600 whatever the umask (what a job runs).
     ``durable`` also fsyncs the data before the rename (checkpoint markers, layout.json).
-    Raises OSError; nothing is left behind on failure."""
+    A symlink, FIFO, device or directory at ``path`` is refused (:class:`UnsafeTarget`), not
+    replaced: someone else put it there. Raises OSError; nothing is left behind on failure."""
     path = Path(path)
+    check_write_target(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     # ``mode`` (default 0o666) less the umask, as a plain open() would create it (mkstemp would
     # make it 0o600): under umask 077 a script is 0o700, never world-readable
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+    with open_for_writing(tmp, exclusive=True, mode=0o666 if mode is None else mode, private=private) as f:
+        try:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            f.close()
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
 
 def private_dir(path: str | os.PathLike, *, mode: int = 0o700) -> Path:

@@ -17,6 +17,7 @@ import click
 
 from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import UnsafeTarget
 from hpc_hsdp.files import write_atomically as write
 
 EXIT_USAGE = 2
@@ -108,6 +109,8 @@ def write_atomically(path: Path, text: str, *, mode: int = 0o755) -> None:
     """:func:`hpc_hsdp.files.write_atomically`, with a failure as a one-line user error."""
     try:
         write(path, text, mode=mode)
+    except UnsafeTarget:
+        raise
     except OSError as exc:
         raise SpecError(
             f"cannot write {str(path)!r} ({exc.strerror}); check that its directory exists and is writable"
@@ -124,6 +127,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         fail(" ".join(exc.format_message().split()))
-    except HsdpError as exc:
+    except (HsdpError, UnsafeTarget) as exc:
         fail(" ".join(str(exc).split()))
     sys.exit(code if isinstance(code, int) else 0)

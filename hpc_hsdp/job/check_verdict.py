@@ -13,7 +13,6 @@ Every decision is appended to ``checks.jsonl`` in the run directory. No torch.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.check_record import CHECK_HISTORY, CHECK_RECORD, read_check, read_decisions
+from hpc_hsdp.rundir.files import append_jsonl
 
 REQUEUED = 3
 
@@ -65,8 +65,7 @@ def _requeued_before(run_dir: Path, job_id: str) -> bool:
 
 
 def _append(run_dir: Path, entry: dict) -> None:
-    with open(run_dir / CHECK_HISTORY, "a") as history:
-        history.write(json.dumps(entry) + "\n")
+    append_jsonl(run_dir / CHECK_HISTORY, entry)
 
 
 def main(argv: list[str] | None = None) -> int:

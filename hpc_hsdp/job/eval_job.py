@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc_hsdp.files import UnreadableFile, read_json, write_atomically
+from hpc_hsdp.files import UnreadableFile, open_for_writing, read_json, write_atomically
 from hpc_hsdp.job.backends import task_backend
 from hpc_hsdp.rundir.evals import (
     DONE,
@@ -202,6 +202,18 @@ def _finish(run_dir: str, step: int, record: dict) -> dict:
     return record
 
 
+def _output_to(path: Path) -> None:
+    """This process's stdout and stderr (and so its command's) appended to ``evals/step-N.out``,
+    opened here without following a symlink (the scheduler was told ``/dev/null``: its
+    ``--output`` would follow one planted there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_for_writing(path, append=True) as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+
+
 USAGE = "usage: python -m hpc_hsdp.job.eval_job RUN_DIR STEP -- COMMAND"
 
 
@@ -211,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     run_dir, step, command = argv[0], int(argv[1]), shlex.join(argv[3:]) if len(argv) > 4 else argv[3]
-    record = run_eval(run_dir, step, command)
+    try:
+        _output_to(output_path(run_dir, step))
+        record = run_eval(run_dir, step, command)
+    except OSError as exc:  # a symlink or FIFO planted in evals/ (UnsafeTarget), a full disk
+        print(f"[hpc-hsdp] eval of step {step}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     print(
         f"[hpc-hsdp] eval of step {step}: {record['state']}"
         + (f" ({record['reason']})" if record.get("reason") else ""),

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import is_time
+from hpc_hsdp.files import is_time, write_atomically
 from hpc_hsdp.rundir.provenance_record import (
     MAX_DIFF_BYTES,
     SNAPSHOT_DIR,
@@ -300,8 +300,7 @@ def record_submission(run_dir: str | Path, provenance: dict, *, job_id: str, scr
     script_file = logs_dir / f"{job_id}_submission.sh"
     try:
         if not script_file.is_file() or script_file.is_symlink():
-            script_file.unlink(missing_ok=True)
-            script_file.write_text(script)
+            write_atomically(script_file, script)  # a symlink there is refused, never followed
         name = str(script_file.relative_to(run_dir)) if script_file.is_relative_to(run_dir) else str(script_file)
         write_provenance(
             run_dir,

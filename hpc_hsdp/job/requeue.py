@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
+from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm
 
 REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
@@ -40,7 +40,7 @@ def requeue_job(job_id: str, *, timeout_s: float = 30.0, exclude: tuple[str, ...
     request = env.get(REQUEUE_FILE_VARIABLE, "").strip()
     if request and shutil.which("scontrol", path=env.get("PATH")) is None:
         try:
-            Path(request).write_text(f"{job_id}\n")
+            write_atomically(request, f"{job_id}\n")
         except OSError as exc:
             return False, f"no scontrol here and the requeue request {request} cannot be written ({exc})"
         return True, f"no scontrol here: asked the batch shell to requeue job {job_id} when the step ends ({request})"

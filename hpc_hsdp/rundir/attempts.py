@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import is_time, read_json, read_json_lines, write_atomically
+from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.metrics import last_step_written
 
 ATTEMPT = "attempt.json"
@@ -166,8 +167,7 @@ def begin_attempt(
             "detail": detail,
         }
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / RESTARTS, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        append_jsonl(run_dir / RESTARTS, line)
     attempt = {
         "format": "hpc-hsdp-attempt",
         "version": 1,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import UnreadableFile, parse_json, read_json, write_atomically
+from hpc_hsdp.files import UnreadableFile, open_for_writing, parse_json, read_json, write_atomically
 
 EVALS_DIR = "evals"
 EVALS_LOG = "evals.jsonl"
@@ -119,11 +119,15 @@ def claim(run_dir, step: int, *, now: float | None = None) -> bool:
     path = record_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        f = open_for_writing(path, exclusive=True, mode=0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, "state": SUBMITTING, "time": time.time() if now is None else now}) + "\n")
+    with f:
+        f.write(
+            (
+                json.dumps({"step": step, "state": SUBMITTING, "time": time.time() if now is None else now}) + "\n"
+            ).encode()
+        )
     return True
 
 

@@ -6,21 +6,21 @@ import json
 import os
 from pathlib import Path
 
-from hpc_hsdp.files import UnreadableFile, open_regular, parse_json, write_atomically
+from hpc_hsdp.files import UnreadableFile, append_text, open_regular, parse_json, write_atomically
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` durably to ``path`` (creating its directory): a reader sees the old
-    file or the whole new one."""
+    file or the whole new one; a symlink or FIFO at ``path`` is refused (:func:`hpc_hsdp.files.write_atomically`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, text, durable=True)
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-        fh.flush()
+    """Append ``record`` as one line (:func:`hpc_hsdp.files.append_text`: a symlink, FIFO or
+    device at ``path`` is refused, nothing appended)."""
+    append_text(path, json.dumps(record) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

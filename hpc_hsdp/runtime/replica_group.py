@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from hpc_hsdp.files import open_for_writing
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.runtime.log import note, say
@@ -453,7 +454,7 @@ class ReplicaGroup:
             return False
         root = checkpoint_root(self.ctx.run_dir)
         root.mkdir(parents=True, exist_ok=True)
-        self._lock = open(root / FALLBACK_LOCK, "a")  # noqa: SIM115 - held to the end of the process
+        self._lock = open_for_writing(root / FALLBACK_LOCK, append=True)  # held to the end of the process
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

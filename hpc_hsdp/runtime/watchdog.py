@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.rundir.attempts import read_restarts
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
@@ -395,7 +396,7 @@ class Watchdog:
             return
         path = Path(run_dir) / HANG_DIR / f"{TRACE_PREFIX}{rank}.pkl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(trace)
+        write_atomically(path, trace)
         note(f"watchdog: rank {rank}: NCCL flight recorder trace in {path}")
 
     def _requeue_and_record(self, verdict: str) -> str:

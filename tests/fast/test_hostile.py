@@ -24,7 +24,7 @@ import pytest
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.files import private_dir
+from hpc_hsdp.files import UnreadableFile, UnsafeTarget, private_dir
 from hpc_hsdp.plan.slurm_facts import check_job_id
 
 # ----------------------------------------------------------------------------- helpers
@@ -756,8 +756,9 @@ def test_a_failed_submission_never_copies_what_claim_json_links_to(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "claim.json").symlink_to(secret)
-    with pytest.raises(RuntimeError), claimed(run, cluster="local"):
+    with pytest.raises(UnsafeTarget, match="claim.json is a symlink"), claimed(run, cluster="local"):
         raise RuntimeError("sbatch failed")
+    assert secret.read_text() == '{"state": "released", "key": "SECRET"}'
     assert not any(b"SECRET" in p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink())
 
 
@@ -769,9 +770,10 @@ def test_a_tracker_entry_never_copies_what_trackers_json_links_to(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "trackers.json").symlink_to(secret)
-    record_progress(run, {"tensorboard": 4})
-    assert b"SECRET" not in (run / "trackers.json").read_bytes()
-    assert stat.S_ISREG(os.lstat(run / "trackers.json").st_mode)
+    with pytest.raises(UnsafeTarget, match="trackers.json is a symlink"):
+        record_progress(run, {"tensorboard": 4})
+    assert secret.read_text() == '{"tensorboard": {"token": "SECRET"}}'
+    assert os.path.islink(run / "trackers.json")
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -1269,3 +1271,98 @@ def test_an_integer_past_a_floats_range_in_a_record_is_no_scalar():
     scalars = record_scalars(record)
     assert 5.0 in scalars.values()
     assert not any("loss" in tag or "wire" in tag or "spread" in tag for tag in scalars), scalars
+
+
+# ----------------------------------------------------------------------------- issue 43: every write refuses a planted link
+
+
+def _evals_log(run):
+    from hpc_hsdp.rundir.files import append_jsonl
+
+    append_jsonl(run / "evals.jsonl", {"step": 2, "metrics": {"ppl": 1.0}})
+
+
+def _checks_log(run):
+    from hpc_hsdp.job.check_verdict import _append
+
+    _append(run, {"job_id": "7", "action": "train"})
+
+
+def _metrics_line(run):
+    from hpc_hsdp.rundir.metrics import MetricsLog
+
+    MetricsLog(run, start_step=0, replacing=True).write({"step": 1, "loss": 2.0})
+
+
+def _restarts_log(run):
+    from hpc_hsdp.rundir.attempts import begin_attempt
+
+    begin_attempt(run, restart=1, job_id="7", start_step=3, total_steps=9)
+
+
+def _eval_claim(run):
+    from hpc_hsdp.rundir.evals import record_submission
+
+    record_submission(run, 4, job_id="12")
+
+
+def _atomic(run):
+    from hpc_hsdp.rundir.files import atomic_write_text
+
+    atomic_write_text(run / "layout.json", "{}")
+
+
+WRITERS = {
+    "evals.jsonl (append_jsonl)": ("evals.jsonl", _evals_log),
+    "checks.jsonl (check_verdict)": ("checks.jsonl", _checks_log),
+    "metrics.jsonl": ("metrics.jsonl", _metrics_line),
+    "restarts.jsonl": ("restarts.jsonl", _restarts_log),
+    "evals/step-N.result.json": ("evals/step-4.json", _eval_claim),
+    "a replaced record": ("layout.json", _atomic),
+}
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_no_write_into_a_run_directory_follows_a_planted_symlink_or_blocks_on_a_fifo(tmp_path, writer, planted):
+    """Issue 43: appends followed symlinks (an eval's metrics went verbatim into the file the link
+    named); each writer now refuses a symlink or FIFO at its file in one line, nothing written."""
+    name, write = WRITERS[writer]
+    run = tmp_path / "run"
+    (run / "evals").mkdir(parents=True)
+    secret = tmp_path / "bashrc"
+    secret.write_text("# mine\n")
+    target = run / name
+    if planted == "symlink":
+        target.symlink_to(secret)
+    else:
+        os.mkfifo(target)
+    try:
+        write(run)
+    except (UnsafeTarget, UnreadableFile) as exc:  # refused writing, or reading what it would rewrite
+        assert str(exc).startswith(f"{target} is ") and "\n" not in str(exc)
+    else:
+        # a writer that owns its file may replace it whole (never through it): the link is gone
+        assert stat.S_ISREG(os.lstat(target).st_mode), writer
+    assert secret.read_text() == "# mine\n"
+
+
+def test_the_one_writer_makes_private_files_0600_whatever_the_umask(tmp_path):
+    from hpc_hsdp.files import append_text, open_for_writing, write_atomically
+
+    old = os.umask(0)
+    try:
+        write_atomically(tmp_path / "point.sbatch", "echo hi\n", private=True)
+        with open_for_writing(tmp_path / "x", private=True) as f:
+            f.write(b"x")
+        append_text(tmp_path / "log", "a\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "point.sbatch").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "x").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "log").st_mode) == 0o666  # an ordinary record honours the umask
+    (tmp_path / "dev").symlink_to("/dev/null")
+    with pytest.raises(UnsafeTarget, match="is a symlink"):
+        append_text(tmp_path / "dev", "a\n")
+    with pytest.raises(UnsafeTarget, match="not a regular file"):
+        append_text("/dev/null", "a\n")

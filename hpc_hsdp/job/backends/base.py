@@ -109,9 +109,11 @@ class Backend(ABC):
         self, argv: Sequence[str], *, name: str, output: Path, env: Mapping[str, str], job_env: Mapping[str, str]
     ) -> tuple[str | None, str | None]:
         """From inside a job (its environment ``job_env``), start ``argv`` as a small job of its own
-        that the training never waits for (an eval job), its output appended to ``output``, with
-        environment ``env``: (job id, None) or (None, why not). Never raises. Here: a detached
-        process of this machine (the emulator's way, and any scheduler's outside a job)."""
+        that the training never waits for (an eval job), with environment ``env``: (job id, None) or
+        (None, why not). Never raises. ``argv`` writes its own output into ``output`` (a file of the
+        run directory, opened without following a symlink): the scheduler's own output file is
+        ``/dev/null``, as sbatch's ``--output`` would follow a symlink planted there. Here: a
+        detached process of this machine (the emulator's way, and any scheduler's outside a job)."""
         return start_detached(argv, output=output, env=env)
 
     def run_on_nodes(
@@ -152,18 +154,18 @@ DETACHED: list[subprocess.Popen] = []
 
 def start_detached(argv: Sequence[str], *, output: Path, env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """``argv`` as a process of a session of its own (a job's end, its process group killed, does
-    not end it), output appended to ``output``: (``local-PID``, None) or (None, why not)."""
+    not end it), in the directory of ``output``, which it writes itself (its own output goes to
+    ``/dev/null``): (``local-PID``, None) or (None, why not)."""
     try:
-        with open(output, "ab") as out:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                cwd=output.parent,
-                start_new_session=True,
-            )
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=output.parent,
+            start_new_session=True,
+        )
     except OSError as exc:
         return None, f"{argv[0]} could not be started ({exc.strerror or exc})"
     DETACHED.append(proc)

@@ -204,11 +204,12 @@ def point_logs(job_id: str, logs: Path) -> Path:
     return logs
 
 
-def side_job_sbatch(argv: Sequence[str], *, name: str, output: Path, job_env) -> list[str]:
+def side_job_sbatch(argv: Sequence[str], *, name: str, job_env) -> list[str]:
     """The ``sbatch`` of a side job (:meth:`SlurmBackend.submit_side_job`): one task on one node,
-    the partition and account of the job whose environment is ``job_env``, ``argv`` wrapped."""
+    the partition and account of the job whose environment is ``job_env``, ``argv`` wrapped (it
+    writes its own output)."""
     sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name={name}"]
-    sbatch.append("--output=" + str(output).replace("%", "%%"))  # a % of the path is no pattern of sbatch's
+    sbatch.append("--output=/dev/null")  # ``argv`` writes ``output`` itself: sbatch's would follow a symlink there
     for variable, flag in (("SLURM_JOB_PARTITION", "--partition"), ("SLURM_JOB_ACCOUNT", "--account")):
         if job_env.get(variable):
             sbatch.append(f"{flag}={job_env[variable]}")
@@ -309,7 +310,7 @@ class SlurmBackend(Backend):
         if not job_env.get("SLURM_JOB_ID") or shutil.which("sbatch", path=job_env.get("PATH")) is None:
             return start_detached(argv, output=output, env=env)
         try:
-            done = self.runner(side_job_sbatch(argv, name=name, output=output, job_env=job_env), env=env)
+            done = self.runner(side_job_sbatch(argv, name=name, job_env=job_env), env=env)
         except SchedulerError as exc:
             return None, " ".join(str(exc).split())[:300]
         said = " ".join((done.stdout + done.stderr).split())[:300]

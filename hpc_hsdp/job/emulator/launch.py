@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_hsdp.files import open_for_writing, write_atomically
 from hpc_hsdp.job.emulator.allocation import LocalAllocation, job_environment
 from hpc_hsdp.job.emulator.emulated_job import LocalJob
 from hpc_hsdp.job.emulator.ports import reserve_port
@@ -69,7 +70,7 @@ def prepare_local(
     shim.write_text(f'#!/bin/sh\nexec {sys.executable!s} -m {EMULATOR_MODULE} srun "$@"\n')
     shim.chmod(0o755)
     script_path = logs_dir / f"{job_id}_submission.sh"
-    script_path.write_text(script)
+    write_atomically(script_path, script)
     state = {
         "job_id": job_id,
         "state": "PENDING",
@@ -120,7 +121,7 @@ def start_local(path: Path) -> bool:
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=open(logs_dir / f"{job_id}_supervisor.log", "ab"),
+        stderr=open_for_writing(logs_dir / f"{job_id}_supervisor.log", append=True),
     )
     # the supervisor rewrites the file when it starts; keep the pid if it has not yet
     current = read_state(path)
@@ -176,7 +177,7 @@ def launch_array(script: str, points: Sequence[ArrayPoint], *, parallelism: int 
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=open(array_dir / f"{array_id}_array_runner.log", "ab"),
+        stderr=open_for_writing(array_dir / f"{array_id}_array_runner.log", append=True),
     )
     runner_info = {"runner_pid": runner.pid, "runner_started": process_start_time(runner.pid)}
     write_state(runner_state, {**read_state(runner_state), **runner_info})

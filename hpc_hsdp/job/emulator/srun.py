@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_hsdp.files import open_for_writing
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
 from hpc_hsdp.plan.address import hostfile_lines
 from hpc_hsdp.plan.slurm_env import DISTRIBUTIONS, task_environments
@@ -127,8 +128,8 @@ def srun(argv: Sequence[str]) -> int:
             "array_job": env.get("SLURM_ARRAY_JOB_ID"),
             "array_task": env.get("SLURM_ARRAY_TASK_ID"),
         }
-        out = open(expand_pattern(args.output, **names), "ab") if args.output else None
-        err = open(expand_pattern(args.error, **names), "ab") if args.error else out
+        out = open_for_writing(expand_pattern(args.output, **names), append=True) if args.output else None
+        err = open_for_writing(expand_pattern(args.error, **names), append=True) if args.error else out
         files += [f for f in (out, err) if f is not None]
         job_level = {k: env[k] for k in ("SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES") if k in env}
         task_env = {**env, **task, **job_level, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}

@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hpc_hsdp.files import open_for_writing
 from hpc_hsdp.job.emulator.emulated_job import LocalJob
 from hpc_hsdp.job.emulator.launch import start_local
 from hpc_hsdp.job.emulator.processes import process_start_time
@@ -43,7 +44,7 @@ def supervise(state_file: str) -> int:
     )
     write_state(path, state)
     cancelled = False
-    with open(out, "ab") as stdout, open(err, "ab") as stderr:
+    with open_for_writing(out, append=True) as stdout, open_for_writing(err, append=True) as stderr:
         batch = subprocess.Popen(
             ["bash", state["script"]], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
         )
