@@ -40,6 +40,7 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import shlex
 from pathlib import Path
@@ -509,6 +510,15 @@ POINT_LOG_JOB = "%A_%a"
 """A point's logs are named by its array task (``<array job id>_<index>``), as its job record is."""
 
 
+MAX_POINT_SCRIPT_BYTES = 4 << 20
+"""The most of a point's script a sweep's task reads (SLURM's own default cap of a batch script)."""
+
+
+def script_sha256(text: str) -> str:
+    """The SHA-256 (hex) of a script as written (UTF-8): what a job checks before it runs it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def render_point(spec: JobSpec) -> str:
     """The script of one sweep point: its job's, logs named by its array task."""
     return render_sbatch(spec, log_job=POINT_LOG_JOB)
@@ -525,16 +535,20 @@ def render_sweep(
     indices=None,
     tasks=None,
     array: dict | None = None,
+    point_scripts=None,
 ) -> str:
     """One job array's script: its points' shared ``#SBATCH`` header with ``--array``, its own batch
     logs in ``<sweep-dir>/logs``, and a map from ``SLURM_ARRAY_TASK_ID`` to the point whose
     script (:data:`POINT_SCRIPT`) the task runs. ``tasks``: each point's task id in the array (None:
     its index in the sweep); ``indices``: the tasks of the array (None: every point; a resubmitted
     sweep leaves out the points that completed). ``array``: where the sweep has one array per
-    distinct header, which one this is (``number``, ``count``, ``total`` points, what ``differs``)."""
+    distinct header, which one this is (``number``, ``count``, ``total`` points, what ``differs``).
+    ``point_scripts``: each point's script as submit writes it (None: :func:`render_point`'s); the
+    array's script carries each one's SHA-256 and runs a point's only when its file still has it."""
     from hpc_hsdp.job.sweep import array_range, shared_header  # noqa: PLC0415  (sweeps only)
 
     tasks = [point.index for point in points] if tasks is None else list(tasks)
+    point_scripts = [render_point(spec) for spec in specs] if point_scripts is None else list(point_scripts)
     header = list(shared_header(sbatch_options(specs[0])))
     logs = f"{sweep_dir}/logs"
     header += [("array", array_range(len(points) if indices is None else indices, parallelism))]
@@ -542,13 +556,15 @@ def render_sweep(
     context = {
         "points": list(points),
         "entries": [
-            {"task": task, "point": point, "dir": spec.run.run_dir} for task, point, spec in zip(tasks, points, specs)
+            {"task": task, "point": point, "dir": spec.run.run_dir, "sha256": script_sha256(text)}
+            for task, point, spec, text in zip(tasks, points, specs, point_scripts)
         ],
         "sbatch_options": header,
         "mode": mode,
         "sweep": list(sweep),
         "parallelism": parallelism,
         "point_script": POINT_SCRIPT,
+        "max_point_script_bytes": MAX_POINT_SCRIPT_BYTES,
         "array": array,
     }
     text = template_environment().get_template(SWEEP_TEMPLATE).render(context)

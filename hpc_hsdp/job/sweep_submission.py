@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.backends import SchedulerError, backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.preflight import (
@@ -213,14 +214,15 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         for i in todo:
             spec = plan.specs[i]
             Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(spec.run.run_dir) / POINT_SCRIPT).write_text(render_point(spec))
+            # 0600, never through a symlink planted there; the array's script carries its SHA-256
+            write_atomically(Path(spec.run.run_dir) / POINT_SCRIPT, render_point(spec), private=True)
         job_of: dict[int, str] = {}  # position -> its array task
         submitted: list[tuple[str, list[int]]] = []
         names = plan.script_names()
         for number, positions in arrays:
             script = plan.scripts[number] if not done else plan.render(number, positions)
             script_path = sweep_dir / names[number]
-            script_path.write_text(script)
+            write_atomically(script_path, script, private=True)
             members = plan.groups[number].members
             try:
                 array_id = scheduler.submit_array(

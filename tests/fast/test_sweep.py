@@ -260,9 +260,9 @@ def test_a_slurm_sweep_is_one_sbatch_of_the_array_and_a_record_per_point(tmp_pat
     made = plan(["lr=3e-4,1e-3", "seed=0,1"], parallelism=2, run_dir=str(tmp_path / "sw"))
     record, said = submit_sweep(made, cluster="slurm")
     assert said == "submitting to SLURM"
-    assert [c for c in runner.calls if c[0] == "sbatch"] == [
-        ["sbatch", "--parsable", str(tmp_path / "sw" / "sweep.sbatch")]
-    ]
+    # the script goes to sbatch on its stdin, as checked: never read back from a directory others may write
+    assert [c for c in runner.calls if c[0] == "sbatch"] == [["sbatch", "--parsable"]]
+    assert runner.inputs == [made.script]
     assert (tmp_path / "sw" / "sweep.sbatch").read_text() == made.script
     assert record.job_id == "4242" and [p.name for p in record.points] == [p.name for p in made.points]
     for point, spec in zip(made.points, made.specs):
@@ -424,9 +424,12 @@ class _Canned:
     def __init__(self, **answers) -> None:
         self.answers = answers
         self.calls: list[list[str]] = []
+        self.inputs: list[str | None] = []  # what each sbatch was sent on its stdin
 
     def __call__(self, argv, **kwargs):
         self.calls.append(list(argv))
+        if argv[0] == "sbatch":
+            self.inputs.append(kwargs.get("input"))
         return subprocess.CompletedProcess(list(argv), 0, self.answers[argv[0]], "")
 
     @property
@@ -465,7 +468,7 @@ def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert f"#   task 3: lr=1e-3 seed=1 -> {tmp_path}/sw/lr=1e-3,seed=1\n" in out.stdout
-    assert "#SBATCH --array=0-3%2" in out.stdout and 'exec bash "$point_dir/point.sbatch"' in out.stdout
+    assert "#SBATCH --array=0-3%2" in out.stdout and 'exec bash /dev/fd/3' in out.stdout
     assert not (tmp_path / "sw").exists()
 
 
@@ -573,6 +576,7 @@ class _Arrays(_Canned):
         if argv[0] != "sbatch":
             return super().__call__(argv, **kwargs)
         self.calls.append(list(argv))
+        self.inputs.append(kwargs.get("input"))
         n = self.commands.count("sbatch")
         if n == self.refuse:
             return subprocess.CompletedProcess(list(argv), 1, "", "sbatch: error: Invalid partition name specified")
@@ -590,10 +594,8 @@ def test_a_slurm_sweep_of_two_headers_is_two_arrays_each_point_its_task_status_a
     made = plan(["nodes=1,2", "seed=0,1"], parallelism=1, run_dir=str(tmp_path / "sw"))
     record, _ = submit_sweep(made, cluster="slurm")
     sweep = tmp_path / "sw"
-    assert [c for c in runner.calls if c[0] == "sbatch"] == [
-        ["sbatch", "--parsable", str(sweep / "sweep-1.sbatch")],
-        ["sbatch", "--parsable", str(sweep / "sweep-2.sbatch")],
-    ]
+    assert [c for c in runner.calls if c[0] == "sbatch"] == [["sbatch", "--parsable"]] * 2
+    assert runner.inputs == list(made.scripts)
     assert [(sweep / n).read_text() for n in made.script_names()] == list(made.scripts)
     assert not (sweep / "sweep.sbatch").exists()
     tasks = ["100_0", "100_1", "200_0", "200_1"]

@@ -235,8 +235,10 @@ class SlurmBackend(Backend):
         return str(job.job_id), job
 
     def submit_array(self, specs, script, script_path, *, parallelism, indices):
-        """``sbatch --parsable`` of the array's script (bounded, as every SLURM command is)."""
-        done = self.runner(["sbatch", "--parsable", str(script_path)])
+        """``sbatch --parsable`` of the array's script, sent on its stdin: the text submit checked, not
+        the file ``script_path``, which another user who can write the sweep's directory could
+        swap before sbatch reads it (bounded, as every SLURM command is)."""
+        done = self.runner(["sbatch", "--parsable"], input=script)
         said = " ".join((done.stderr or "").split())
         job_id = (done.stdout or "").strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():

@@ -63,9 +63,13 @@ def slurm_timeout_s(env: Mapping[str, str] | None = None) -> float:
 
 
 def run_slurm(
-    argv: Sequence[str], *, timeout_s: float | None = None, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run one SLURM command (text output captured) for at most ``timeout_s`` seconds (default:
+    """Run one SLURM command (text output captured; ``input`` on its stdin) for at most ``timeout_s`` seconds (default:
     :func:`slurm_timeout_s`). Past that, the command and everything it started are killed and
     :class:`SchedulerTimeout` is raised; a command that cannot be started raises
     :class:`SchedulerError`. A non-zero exit is returned, not raised: callers read what it said."""
@@ -74,7 +78,7 @@ def run_slurm(
     try:
         proc = subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -84,7 +88,7 @@ def run_slurm(
     except OSError as exc:
         raise SchedulerError(f"{name} could not be run ({exc.strerror or exc}); is SLURM installed here?") from None
     try:
-        out, err = proc.communicate(timeout=limit)
+        out, err = proc.communicate(input=input, timeout=limit)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise SchedulerTimeout(

@@ -22,6 +22,7 @@ from hpc_hsdp.job.emulator.state_files import (
     emulator_state_dir,
     new_job_id,
     read_state,
+    spool_path,
     state_path,
     write_state,
 )
@@ -91,6 +92,8 @@ def prepare_local(
         "array_runner": array_runner,  # a job array's point: the state file of the runner that starts it
     }
     path = state_path(logs_dir, job_id)
+    emulator_private_dir(spool_path(path).parent)
+    write_atomically(spool_path(path), script, private=True)
     write_state(path, state)
     return path
 

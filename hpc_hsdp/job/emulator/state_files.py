@@ -3,6 +3,7 @@ and the job ids it gives out."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -33,6 +34,19 @@ def write_state(path: Path, data: dict) -> None:
 def emulator_state_dir() -> Path:
     """The emulator's own state on this machine (the ports it reserved, and their lock)."""
     return user_state_dir("emulator")
+
+
+MAX_SPOOLED_SCRIPT_BYTES = 4 << 20
+"""SLURM's default cap of a batch script (``max_script_size``)."""
+
+
+def spool_path(state_file: Path) -> Path:
+    """Where the emulator keeps its own copy of the batch script of the job whose state file is
+    ``state_file`` (SLURM's spool: private to this user, named from the state file's path, which
+    the supervisor is given on its command line): the supervisor runs that copy, never a script a
+    file of the logs directory names, which whoever can write that directory could change."""
+    name = hashlib.sha256(str(Path(state_file).absolute()).encode()).hexdigest()[:32]
+    return emulator_state_dir() / "scripts" / f"{name}.sh"
 
 
 def emulator_private_dir(path: Path, *, mode: int = 0o700) -> Path:

@@ -7,15 +7,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from hpc_hsdp.files import open_for_writing
+from hpc_hsdp.files import open_for_writing, read_capped
 from hpc_hsdp.job.emulator.emulated_job import LocalJob
 from hpc_hsdp.job.emulator.launch import start_local
 from hpc_hsdp.job.emulator.processes import process_start_time
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern, sbatch_value
-from hpc_hsdp.job.emulator.state_files import read_state, write_state
+from hpc_hsdp.job.emulator.state_files import MAX_SPOOLED_SCRIPT_BYTES, read_state, spool_path, write_state
 from hpc_hsdp.rundir.claim import release_claim
 
 CANCEL_KILL_WAIT_S = 30
@@ -28,7 +29,16 @@ def supervise(state_file: str) -> int:
     state = read_state(path)
     if state.get("state") != "PENDING":  # a job array's point cancelled just as it was started
         return 0
-    script = Path(state["script"]).read_text()
+    spooled = spool_path(path)
+    try:
+        script = read_capped(spooled, max_bytes=MAX_SPOOLED_SCRIPT_BYTES).decode("utf-8")
+    except (OSError, ValueError) as exc:
+        print(f"hpc-hsdp: the emulator's copy of this job's script cannot be read ({exc})", file=sys.stderr)
+        state.update(state="FAILED", exit_code=2, ended_at=time.time())
+        write_state(path, state)
+        if state.get("run_dir"):
+            release_claim(state["run_dir"], state["job_id"], ended=state["state"])
+        return 2
     job_id = state["job_id"]
     array_env = state.get("array_env") or {}
     array = {"array_job": array_env.get("SLURM_ARRAY_JOB_ID"), "array_task": array_env.get("SLURM_ARRAY_TASK_ID")}
@@ -46,7 +56,7 @@ def supervise(state_file: str) -> int:
     cancelled = False
     with open_for_writing(out, append=True) as stdout, open_for_writing(err, append=True) as stderr:
         batch = subprocess.Popen(
-            ["bash", state["script"]], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
+            ["bash", str(spooled)], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
         )
 
         def on_cancel(signum, frame):
@@ -77,6 +87,7 @@ def supervise(state_file: str) -> int:
         ended_at=time.time(),
     )
     write_state(path, state)
+    spooled.unlink(missing_ok=True)
     if state.get("run_dir"):  # as SLURM ends a job: the run directory is free again
         release_claim(state["run_dir"], state["job_id"], ended=state["state"])
     return 0
