@@ -468,7 +468,7 @@ def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert f"#   task 3: lr=1e-3 seed=1 -> {tmp_path}/sw/lr=1e-3,seed=1\n" in out.stdout
-    assert "#SBATCH --array=0-3%2" in out.stdout and 'exec bash /dev/fd/3' in out.stdout
+    assert "#SBATCH --array=0-3%2" in out.stdout and "exec bash /dev/fd/3" in out.stdout
     assert not (tmp_path / "sw").exists()
 
 

@@ -15,6 +15,7 @@ from tests.fast.test_hostile import MarkerPickle, _poison_bytes_entry, one_error
 # ----------------------------------------------------------------------------- checkpoints in a run (gloo)
 
 TINY = dict(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=4, seed=3)
+TINY_ARGS = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,61 @@ def test_the_store_listens_on_the_job_address_only(tmp_path):
     outcomes = launch(spec, tasks_per_node=[2], fn=report_store_address, timeout_s=120)
     seen = {o.value["rank"]: o.value["listening"] for o in outcomes}
     assert seen[0] == ["0100007F"], seen  # 127.0.0.1, little-endian hex; not 00000000 (every interface)
+
+
+# ----------------------------------------------------------------------------- issue 43: what a job runs (emulator)
+
+
+def _hpc(*args: str, timeout: float = 240):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def _point_states(sweep: Path) -> dict[str, dict]:
+    return {p.parent.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/logs/*_local.json")}
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_unrun(tmp_path, local_submit):
+    """Issue 43: a point ran ``exec bash "$point_dir/point.sbatch"``: whoever could write a pending
+    point's directory replaced that file and it ran as the submitting user (COMPLETED). Now the
+    array's script carries the SHA-256 submit wrote: the swapped point FAILS, its script unrun."""
+    import os
+    import time
+
+    sweep = tmp_path / "sweep"
+    argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
+    out = _hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    marker = tmp_path / "pwned"
+    pending = sweep / "seed=1"
+    planted = pending / ".planted"
+    planted.write_text(f"#!/bin/bash\ntouch {marker}\n")
+    os.replace(planted, pending / "point.sbatch")  # what another user with write access to the directory can do
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        states = _point_states(sweep)
+        if len(states) == 2 and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
+            break
+        time.sleep(1)
+    states = _point_states(sweep)
+    assert states["seed=0"]["state"] == "COMPLETED", states
+    assert states["seed=1"]["state"] == "FAILED" and states["seed=1"]["exit_code"] == 2, states
+    assert not marker.exists()
+    said = [
+        line
+        for p in (pending / "logs").glob("*_0_log.err")
+        for line in p.read_text().splitlines()
+        if "submit wrote" in line
+    ]
+    assert len(said) == 1 and "point.sbatch is not the script submit wrote" in said[0], said
+    # the point's script is private whatever the umask, and so is the array's
+    assert oct(os.stat(sweep / "seed=0" / "point.sbatch").st_mode & 0o777) == "0o600"
+    assert oct(os.stat(sweep / "sweep.sbatch").st_mode & 0o777) == "0o600"
