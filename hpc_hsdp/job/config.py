@@ -305,11 +305,11 @@ def build_job_spec(
         o["venv"] = default_venv if o["conda_env"] is None else None
     o["model"] = model_with_absolute_path(o["model"], cwd)
 
-    def fields(part: str) -> dict[str, Any]:
-        """The spec fields of ``part``'s options (:data:`~hpc_hsdp.job.options.PARTS`): the other
-        paths made absolute against ``cwd`` (a config file's already are), tables and lists as tuples."""
+    def fields(place: str) -> dict[str, Any]:
+        """The fields of the section at ``place`` in a JobSpec (:func:`~hpc_hsdp.job.options.options_in`):
+        the other paths made absolute against ``cwd`` (a config file's already are), tables and lists as tuples."""
         values = {}
-        for declared in options_in(part):
+        for declared in options_in(place):
             value = o[declared.key]
             if isinstance(value, str) and declared.off_word is not None and value.lower() == declared.off_word:
                 value = None
@@ -326,12 +326,12 @@ def build_job_spec(
         return values
 
     # built in this order so that, of several bad options, the same one is reported as before
-    run = RunSpec(**fields("run"), training=TrainingSpec(**fields("training")))
+    run = RunSpec(**fields("run"), training=TrainingSpec(**fields("run.training")))
     scheduler = SchedulerSpec(**fields("scheduler"))
     environment, launch = EnvironmentSpec(**fields("environment")), LaunchSpec(**fields("launch"))
     min_nodes, o["nodes"] = parse_nodes(o["nodes"])
     return JobSpec(
-        **fields("job"),
+        **fields(""),
         min_nodes=min_nodes if min_nodes != o["nodes"] else None,
         run=run,
         scheduler=scheduler,

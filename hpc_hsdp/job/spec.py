@@ -3,40 +3,54 @@
 The same spec feeds ``render`` (the sbatch text), ``submit`` and, on each task,
 ``hpc-hsdp run``; nothing downstream re-validates or re-defaults a value.
 
-Each spec class has a field for every option declared for it in :mod:`hpc_hsdp.job.options`
-(``JobOption.part``; its ``attribute``, default and ``metadata["option"]``), checked against
-its declaration (:func:`check_option_value`), then the fields and checks of its own that tie
-options together (:func:`option_spec`).
+Each spec class is a :func:`~hpc_hsdp.job.option_fields.section`: its job options are fields
+written out here (type, default, docstring; the flag, config key, help and ``#SBATCH`` lines
+as the field's ``metadata["option"]``), each checked against its declaration
+(:func:`~hpc_hsdp.job.option_fields.check_option_value`), then the fields and checks of its
+own that tie options together. :mod:`hpc_hsdp.job.options` lists the options from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import posixpath
 import re
-from dataclasses import field
 from math import gcd as _gcd
+from operator import attrgetter
 
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.options import (
+from hpc_hsdp.job.option_fields import (
+    DECLARED,
     DEVICES,  # noqa: F401  (hpc_hsdp.runtime.dist imports it from here)
+    ENVIRONMENT,
+    FAULT_TOLERANCE,
+    LAUNCHERS,
+    LR_SCHEDULES,
     MODULE_FUNCTION,
     NO_TRACKER,
-    RUN_ARGUMENTS,
+    ON_EVERY_TASK,
+    PRECISIONS,
+    RENDER_SUBMIT,
+    RESHARD_CHOICES,
+    RUN_ARGUMENT,
+    SBATCH_LINE,
+    SCRIPT_LINE,
+    SUBMIT_SIDE,
     TRACKERS,
-    TRAINING_OPTIONS,
-    JobOption,
-    option,
-    options_in,
+    SbatchKey,
+    Shown,
+    option_field,
     owned_sbatch_keys,
+    run_arguments,
+    section,
+    section_options,
 )
 from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
-from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
+    DISTRIBUTIONS,
     check_segment,
     check_signal,
     check_switches,
@@ -45,8 +59,13 @@ from hpc_hsdp.plan.slurm_facts import (
     signal_lead_seconds,
     time_limit_seconds,
 )
-from hpc_hsdp.plan.stage_dir import check_stage_value
+from hpc_hsdp.plan.stage_dir import STAGE_AUTO, check_stage_value
+from hpc_hsdp.plan.switches import TOPOLOGY_MODES
 from hpc_hsdp.plan.topology import TopologyPlan, check_sizes, format_tasks_per_node, plan_for
+
+NO_STAGE = "none"
+"""``--stage-data none``: read ``--data`` where it lies (the field holds None)."""
+_LOGS_IN_RUN_DIR = "--run-dir (logs go to <run-dir>/logs)"
 
 MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) or MODULE:FUNCTION (your factory)"
 
@@ -75,11 +94,6 @@ def model_with_absolute_path(model: str, base_dir: str | os.PathLike) -> str:
     return "hf:" + os.path.normpath(os.path.join(base_dir, path))
 
 
-def _flag(option: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise SpecError(f"{option} {value!r} must be true or false")
-
-
 TORCHFT_PIN = "torchft==0.2.0"
 
 
@@ -99,63 +113,7 @@ def require_torchft() -> None:
         )
 
 
-_ANNOTATIONS = {
-    "int": "int",
-    "nodes": "int",
-    "float": "float",
-    "bool": "bool",
-    "str": "str",
-    "path": "str",
-    "data": "str",
-    "list": "tuple[str, ...]",
-    "table": "tuple[tuple[str, str | None], ...]",
-}
-"""A field's annotation by the kind of its option's value (``X | None`` where the default is None)."""
-
-
-def option_spec(part: str):
-    """Class decorator: ``cls`` as a :func:`~hpc_hsdp.plan.records.record` (a frozen, keyword-only
-    dataclass) whose fields are, first, one per option declared for ``part`` in
-    :mod:`hpc_hsdp.job.options` (named by its ``attribute``, its default the declared one, the
-    declaration in ``metadata["option"]``), then the class's own. Every option field's value is
-    checked against its declaration (:func:`check_option_value`) before the class's own
-    ``__post_init__`` runs. The class's docstring gets a line naming the option fields."""
-
-    def decorate(cls: type) -> type:
-        declared = options_in(part)
-        own = cls.__dict__.get("__annotations__", {})
-        annotations = {}
-        for each in declared:
-            annotation = _ANNOTATIONS[each.kind]
-            no_default = each.spec_required
-            annotations[each.attribute] = (
-                annotation if no_default or each.default is not None else f"{annotation} | None"
-            )
-            metadata = {"option": each}
-            setattr(
-                cls,
-                each.attribute,
-                field(metadata=metadata) if no_default else field(default=each.default, metadata=metadata),
-            )
-        cls.__annotations__ = {**annotations, **own}
-        names = ", ".join(f"``{each.attribute}`` ({each.flag})" for each in declared)
-        cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    Option fields: {names}.\n"
-        own_post_init = cls.__dict__.get("__post_init__")
-
-        def __post_init__(self) -> None:
-            for each in declared:
-                check_option_value(each, getattr(self, each.attribute))
-            if own_post_init is not None:
-                own_post_init(self)
-
-        __post_init__.__qualname__ = f"{cls.__qualname__}.__post_init__"
-        cls.__post_init__ = __post_init__
-        return record(cls)
-
-    return decorate
-
-
-@option_spec("training")
+@section("run.training", reaches=RUN_ARGUMENT, commands=ON_EVERY_TASK)
 class TrainingSpec:
     """The training loop's options (``hpc-hsdp run``, ``render``, ``submit``, config files).
 
@@ -163,6 +121,348 @@ class TrainingSpec:
     ``--seq-len`` on the command line, ``seq_len`` (or ``seq-len``) in a config file, the same
     keyword in the Python API.
     """
+
+    model: str = option_field(
+        default="builtin",
+        kind="str",
+        metavar="MODEL",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Estimates for this model: builtin, hf:PATH (parameter counts from its config.json; no "
+                "torch for the Llama and GPT-2 families) or MODULE:FUNCTION (built on the meta device: imports "
+                "torch).",
+                default=None,
+            )
+        },
+        help="builtin (the demo transformer), hf:PATH (a local Hugging Face causal LM directory or "
+        "config.json) or MODULE:FUNCTION (your factory).",
+    )
+    """``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``: the model the job trains."""
+    shard_unit: str | None = option_field(
+        default=None,
+        kind="str",
+        default_text="none",
+        metavar="CLASS",
+        help="Class name of the blocks wrapped with fully_shard (comma-separated); default: the model's own "
+        "(_no_split_modules, or the factory's).",
+    )
+    """Class names of the blocks wrapped with fully_shard, comma-separated (None: the model's own)."""
+    layers: int = option_field(
+        default=2,
+        kind="int",
+        minimum=1,
+        help="Built-in model: transformer blocks (each wrapped with fully_shard).",
+    )
+    """Transformer blocks of the built-in model."""
+    width: int = option_field(
+        default=64,
+        kind="int",
+        minimum=1,
+        help="Built-in model: width (embedding dimension).",
+    )
+    """Embedding dimension of the built-in model."""
+    heads: int = option_field(
+        default=4,
+        kind="int",
+        minimum=1,
+        help="Built-in model: attention heads; must divide --width.",
+    )
+    """Attention heads of the built-in model; they divide ``width``."""
+    vocab_size: int = option_field(
+        default=256,
+        kind="int",
+        minimum=1,
+        help="Vocabulary of the synthetic tokens (without --data); with --data the model takes the dataset's.",
+    )
+    """Vocabulary of the synthetic tokens (with ``data``, the dataset's is used)."""
+    data: str | None = option_field(
+        default=None,
+        kind="data",
+        default_text="none",
+        metavar="PATH|NAME=PATH:W,...",
+        help="Token dataset from `hpc-hsdp prepare-data` (a directory, or one .bin file with its .json "
+        "sidecar), or a weighted mixture of them, e.g. web=data/web:0.7,code=data/code:0.3 (every "
+        "step's batch drawn from the sources by the weights); default: synthetic tokens.",
+    )
+    """Token dataset (a directory or .bin file) or a mixture ``NAME=PATH:WEIGHT,...`` (None: synthetic)."""
+    val_data: str | None = option_field(
+        default=None,
+        kind="path",
+        default_text="none",
+        metavar="PATH",
+        help="Held-out token data for --eval-every; default: the dataset's val split.",
+    )
+    """Held-out token data for evaluation (None: the dataset's val split)."""
+    stage_data: str | None = option_field(
+        default=None,
+        kind="str",
+        default_text="none: read --data where it lies",
+        off_word=NO_STAGE,
+        flag_value=STAGE_AUTO,
+        metavar="[DIR]",
+        help="Copy the token files of --data (and --val-data) to node-local disk, once per node, verified by "
+        "their SHA-256, and read them there (the same samples in the same order); a later job on the node "
+        "reuses a copy that verifies. DIR (absolute; $VARS are the node's), or alone (auto) the job's "
+        "node-local temporary directory: $SLURM_TMPDIR, $TMPDIR, else /tmp. A node with too little free "
+        "space reads the shared copy and says so; the copy's time is in RUN_DIR/staging.json.",
+    )
+    """Node-local directory the token files are copied to, or ``auto`` (None: read in place)."""
+    seq_len: int = option_field(
+        default=32,
+        kind="int",
+        minimum=1,
+        help="Tokens per sample.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Tokens per sample: adds the activations per GPU and, with --tp, the TP bytes per step; "
+                "with --recommend, chooses --tp too.  [default: the built-in model's, else none]",
+                default=None,
+            )
+        },
+    )
+    """Tokens per sample."""
+    batch_size: int = option_field(
+        default=4,
+        kind="int",
+        minimum=1,
+        help="Samples per rank per micro-batch (or give --global-batch-size).",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Samples per micro-batch of a TP group (its ranks read the same rows), for the activations.",
+                default=DECLARED,
+            )
+        },
+    )
+    """Samples per rank per micro-batch (unless ``global_batch_size`` is given)."""
+    global_batch_size: int | None = option_field(
+        default=None,
+        kind="int",
+        default_text="none",
+        minimum=1,
+        help="Samples per optimizer step over all ranks; sets --batch-size to it / (ranks x --grad-accum), "
+        "which must divide.",
+    )
+    """Samples per optimizer step over all ranks (None: from ``batch_size``)."""
+    grad_accum: int = option_field(
+        default=1,
+        kind="int",
+        minimum=1,
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="Micro-batches per optimizer step for the traffic estimate: the shard group gathers and "
+                "reduce-scatters on each, the replicas all-reduce once.",
+                default=DECLARED,
+            )
+        },
+        help="Micro-batches per optimizer step (replicas all-reduce once per step).",
+    )
+    """Micro-batches per optimizer step."""
+    steps: int = option_field(
+        default=20,
+        kind="int",
+        minimum=1,
+        help="Optimizer steps in total, across restarts.",
+    )
+    """Optimizer steps in total, across restarts."""
+    seed: int = option_field(
+        default=0,
+        kind="int",
+        minimum=0,
+        help="Seed of the initialisation and of the data order.",
+    )
+    """Seed of the initialisation and of the data order."""
+    lr: float = option_field(
+        default=0.003,
+        kind="float",
+        positive=True,
+        help="Peak AdamW learning rate.",
+    )
+    """Peak AdamW learning rate."""
+    weight_decay: float = option_field(
+        default=0.0,
+        kind="float",
+        minimum=0.0,
+        help="AdamW weight decay.",
+    )
+    """AdamW weight decay."""
+    lr_schedule: str = option_field(
+        default="constant",
+        kind="str",
+        choices=LR_SCHEDULES,
+        help="Learning-rate schedule after the warm-up.",
+    )
+    """The learning-rate schedule after the warm-up: ``constant``, ``cosine`` or ``linear``."""
+    warmup_steps: int = option_field(
+        default=0,
+        kind="int",
+        minimum=0,
+        help="Linear warm-up steps from 0 to --lr.",
+    )
+    """Steps of the linear warm-up from 0 to ``lr``."""
+    min_lr: float = option_field(
+        default=0.0,
+        kind="float",
+        minimum=0.0,
+        help="Learning rate at the last step for cosine and linear schedules.",
+    )
+    """Learning rate at the last step of a cosine or linear schedule."""
+    clip_grad: float = option_field(
+        default=0.0,
+        kind="float",
+        minimum=0.0,
+        help="Clip the global gradient norm (over the whole mesh) to this; 0: no clipping.",
+    )
+    """The global gradient norm is clipped to this (0: no clipping)."""
+    precision: str = option_field(
+        default="auto",
+        kind="str",
+        choices=PRECISIONS,
+        help="bf16: bf16 parameters and compute, fp32 gradient reduction; fp32; fp8: bf16 with the large Linear "
+        "layers in Float8 (torchao, hpc-hsdp[fp8]; GPUs of compute capability >= 8.9); auto: bf16 on GPU, "
+        "fp32 on CPU.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={
+            "plan": Shown(
+                help="What the estimates count as the trainer keeps it: fp32 sharded parameters, gradients and "
+                "optimizer state in every precision; bf16 and fp8 gather parameters and keep activations in bf16 "
+                "and reduce gradients in fp32; auto: bf16 (a GPU run).",
+                default=DECLARED,
+            )
+        },
+    )
+    """``auto``, ``bf16``, ``fp32`` or ``fp8`` (bf16 with Float8 Linear layers)."""
+    activation_checkpointing: bool = option_field(
+        default=False,
+        kind="bool",
+        help="Recompute each sharded block's activations in backward.",
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
+    )
+    """Recompute each sharded block's activations in backward."""
+    compile: bool = option_field(
+        default=False,
+        kind="bool",
+        help="torch.compile each shard unit (its forward and backward; FSDP2's hooks stay outside the graphs), "
+        "before sharding; the compile cache lives in the run directory, so a resumed attempt reuses it.",
+    )
+    """torch.compile each shard unit before sharding."""
+    reshard_after_forward: str = option_field(
+        default="auto",
+        kind="str",
+        choices=RESHARD_CHOICES,
+        help="always: free each block's gathered parameters after its forward and gather them again in "
+        "backward (the least memory); never: keep them to backward (no re-gather, a faster step, the "
+        "whole model unsharded in memory); auto: never when that fits beside the sharded state in the "
+        "device's memory (plan --recommend's rule), else always.",
+    )
+    """Free a block's gathered parameters after its forward: ``always``, ``never`` or ``auto``."""
+    eval_every: int = option_field(
+        default=0,
+        kind="int",
+        minimum=0,
+        help="Mean loss on the held-out split every K steps (0: never).",
+    )
+    """Evaluate the held-out loss every this many steps (0: never)."""
+    eval_batches: int = option_field(
+        default=8,
+        kind="int",
+        minimum=1,
+        help="Global batches of held-out data per evaluation.",
+    )
+    """Global batches of held-out data per evaluation."""
+    checkpoint_every: int = option_field(
+        default=0,
+        kind="int",
+        minimum=0,
+        help="Save a distributed checkpoint every K steps (0: only at the end).",
+    )
+    """Save a distributed checkpoint every this many steps (0: only at the end)."""
+    eval_job: str | None = option_field(
+        default=None,
+        kind="str",
+        metavar="COMMAND",
+        help="A shell command run as a job of its own for every saved checkpoint (and after the final save), "
+        "once per step across requeues, while training goes on: {checkpoint}, {step}, {run_dir} and {result} "
+        "are replaced by the step's checkpoint directory, its step, the run directory and a file it may write "
+        "its JSON result to (shell-quoted); else its last printed JSON object line is its result. On SLURM "
+        "one node in the job's partition and account; results in RUN_DIR/evals/, shown by status and report.",
+    )
+    """A shell command run as a job of its own for every saved checkpoint (None: none)."""
+    keep_checkpoints: int = option_field(
+        default=2,
+        kind="int",
+        minimum=1,
+        help="Complete checkpoints to keep.",
+    )
+    """Complete checkpoints kept."""
+    straggler_every: int = option_field(
+        default=10,
+        kind="int",
+        minimum=0,
+        help="Every K steps the ranks share their own compute time of the step (one small all-gather) and "
+        "metrics.jsonl names the slowest rank (0: never).",
+    )
+    """Name the slowest rank in metrics.jsonl every this many steps (0: never)."""
+    tracker: str = option_field(
+        default="tensorboard",
+        kind="str",
+        metavar="NAMES",
+        help="Where rank 0 sends every metrics row and the job's options besides metrics.jsonl, comma-separated: "
+        "tensorboard (RUN_DIR/tb), wandb (offline under RUN_DIR unless WANDB_MODE says otherwise), mlflow "
+        "(MLFLOW_TRACKING_URI, else a store in RUN_DIR/mlruns); none: metrics.jsonl only. One tracker run "
+        "per run directory: a resumed or resubmitted job continues it.",
+    )
+    """Trackers that get every metrics row, comma-separated, or ``none``."""
+    hang_timeout: float = option_field(
+        default=0.0,
+        kind="float",
+        minimum=0.0,
+        help="Seconds without a completed step after which every rank dumps its stacks and the job ends (and "
+        "requeues within --max-restarts); 0: 20x the median step time, at least 120 s.",
+    )
+    """Seconds without a completed step before the ranks dump stacks and end (0: from the step time)."""
+    fault_tolerance: str = option_field(
+        default="none",
+        kind="str",
+        choices=FAULT_TOLERANCE,
+        sbatch=(SbatchKey("no-kill", lambda job: job.replicas is not None, place=100, owned=False),),
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
+        help="replica: each replica group (the whole nodes holding one copy of the model) runs as its own job "
+        "step under torchft; a lost group costs the others one quorum, not a requeue (needs hpc-hsdp[ft]).",
+    )
+    """``none`` (a lost node requeues the job) or ``replica`` (torchft replica groups)."""
+    min_replicas: int = option_field(
+        default=1,
+        kind="int",
+        minimum=1,
+        commands=(*ON_EVERY_TASK, "plan"),
+        shown={"plan": Shown(default=DECLARED)},
+        help="With --fault-tolerance replica: the fewest live replica groups that train on; below it every "
+        "survivor saves and the job requeues (as without fault tolerance).",
+    )
+    """The fewest live replica groups that train on (``fault_tolerance`` replica)."""
+    quorum_timeout: float = option_field(
+        default=60.0,
+        kind="float",
+        positive=True,
+        metavar="SECONDS",
+        help="With --fault-tolerance replica: how long a step waits for the replica groups' quorum (and a "
+        "group's collectives for a lost peer) before it goes on without the missing ones.",
+    )
+    """Seconds a step waits for the replica groups' quorum (``fault_tolerance`` replica)."""
+    max_restarts: int = option_field(
+        default=2,
+        kind="int",
+        minimum=0,
+        help="Requeues after failures (a hang, a node failure) before the job gives up; preemption and "
+        "time-limit requeues do not count.",
+    )
+    """Requeues after failures before the job gives up (preemption and time limits do not count)."""
 
     def __post_init__(self) -> None:
         check_model(self.model)
@@ -172,7 +472,7 @@ class TrainingSpec:
             )
         if self.val_data is not None and self.data is None:
             raise SpecError("--val-data without --data: give the training data too (--data PATH)")
-        if self.stage_data is not None and self.stage_data.lower() == option("stage_data").off_word:
+        if self.stage_data is not None and self.stage_data.lower() == NO_STAGE:
             object.__setattr__(self, "stage_data", None)
         if self.stage_data is not None:
             check_stage_value(self.stage_data)
@@ -211,7 +511,11 @@ class TrainingSpec:
 
     def to_args(self) -> list[str]:
         """The options that reproduce this spec on ``hpc-hsdp run``; defaults are left out."""
-        return [arg for declared in TRAINING_OPTIONS for arg in run_arguments(declared, getattr(self, declared.key))]
+        return [
+            arg
+            for declared in section_options(TrainingSpec)
+            for arg in run_arguments(declared, getattr(self, declared.attribute))
+        ]
 
     def rank_batch_size(self, world_size: int) -> int:
         """Samples per rank per micro-batch: ``--batch-size``, or ``--global-batch-size`` split
@@ -245,59 +549,145 @@ def tracker_names(value: str) -> tuple[str, ...]:
     return names
 
 
-def run_arguments(declared: JobOption, value: object) -> list[str]:
-    """The ``hpc-hsdp run`` arguments that give an option this value; none for its default."""
-    if value == declared.default:
-        return []
-    if isinstance(value, bool):
-        return [declared.flag if value else f"--no-{declared.flag[2:]}"]
-    return [declared.flag, repr(value) if isinstance(value, float) else str(value)]
-
-
-def check_option_value(declared: JobOption, value: object) -> None:
-    """Check one value against its option's kind, bound, choices and pattern: the one check of every
-    option field of every spec (:func:`option_spec`)."""
-    flag, kind = declared.flag, declared.kind
-    if value is None and (declared.default is None or declared.off_word is not None) and not declared.spec_required:
-        return
-    if kind == "bool":
-        _flag(flag, value)
-        return
-    if kind in ("int", "nodes"):
-        if declared.positive and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise SpecError(f"{flag} {value!r} {declared.refusal or 'must be a positive integer'}")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(f"{flag} {value!r} must be an integer")
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise SpecError(f"{flag} {value!r} must be a finite number, e.g. {declared.default!r}")
-    if declared.pattern is not None and not (isinstance(value, str) and re.match(declared.pattern, value)):
-        raise SpecError(f"{flag} {value!r} {declared.refusal}")
-    if kind in ("str", "path", "data"):
-        check_text(flag, value)
-    if kind == "list":
-        for item in value:
-            check_text(flag, item)
-    if kind == "data" and is_mixture(value):
-        parse_mixture(value, flag=flag)
-    if declared.choices and value not in declared.choices:
-        raise SpecError(f"{flag} {value!r} is unknown; choose {', '.join(declared.choices)}")
-    if declared.minimum is not None and value < declared.minimum:
-        raise SpecError(f"{flag} {value} must be at least {declared.minimum}")
-    if declared.maximum is not None and value > declared.maximum:
-        raise SpecError(f"{flag} {value} must be at most {declared.maximum:g}")
-    if kind == "int" and abs(value) >= 2**63:
-        raise SpecError(f"{flag} {value} is out of range (at most {2**63 - 1})")
-    if declared.positive and not value > 0:
-        raise SpecError(
-            f"{flag} {value!r} {declared.refusal or f'must be a positive number, e.g. {declared.default!r}'}"
-        )
-
-
-@option_spec("run")
+@section("run", reaches=RUN_ARGUMENT, commands=ON_EVERY_TASK)
 class RunSpec:
     """What ``hpc-hsdp run`` needs on each task besides its SLURM environment: the options that
     reach the tasks as its arguments (``shard_size`` is S, the inner "shard" mesh axis; ``run_dir``
     holds layout.json, metrics.jsonl, checkpoints/ and the logs) and the training options."""
+
+    shard_size: int = option_field(
+        key="shard",
+        kind="int",
+        positive=True,
+        refusal="must be a positive integer such as 4",
+        param="shard_size",
+        commands=(*ON_EVERY_TASK, "plan"),
+        help="Shard-group size S (required here or in the config): divides a node or is a multiple of it.",
+        shown={
+            "run": Shown(help="Shard-group size S (inner mesh axis).", default=1),
+            "plan": Shown(
+                help="Shard-group size S: ranks that shard one model copy. Divides a node, or is a multiple "
+                "of it. Required unless --recommend."
+            ),
+        },
+    )
+    """S, the size of a shard group: the ranks that shard one model copy (the inner mesh axis)."""
+    tp_size: int = option_field(
+        default=1,
+        key="tp",
+        kind="int",
+        positive=True,
+        refusal="must be a positive integer such as 2",
+        param="tp_size",
+        commands=(*ON_EVERY_TASK, "plan"),
+        metavar="T",
+        help="Tensor-parallel size T: each layer split over T consecutive ranks of one node (the innermost "
+        'mesh axis, "tp"); divides the GPUs per node and the model\'s heads, key/value heads, feed-forward '
+        "width and vocabulary, and the built-in model's sequence length (checked before submitting; a "
+        "--model MODULE:FUNCTION's own "
+        "plan is checked on the tasks). A shard group is then S x T ranks.",
+        shown={
+            "run": Shown(default=1),
+            "plan": Shown(default=DECLARED),
+        },
+    )
+    """T, the tensor-parallel size: ranks of one node that split each layer (the innermost mesh axis)."""
+    run_dir: str = option_field(
+        kind="path",
+        metavar="DIR",
+        sbatch=(  # %t is 0 for the batch step, as submitit writes it
+            SbatchKey("output", lambda job: f"{job.log_dir}/%j_0_log.out", place=110, instead=_LOGS_IN_RUN_DIR),
+            SbatchKey("error", lambda job: f"{job.log_dir}/%j_0_log.err", place=110, instead=_LOGS_IN_RUN_DIR),
+            SbatchKey(
+                "open-mode",
+                lambda job: "append",
+                place=110,
+                instead="nothing: the script appends so requeued runs keep their logs",
+            ),
+            SbatchKey("chdir", None, instead="--run-dir (every path in the script is absolute)"),
+        ),
+        default_text="render: ./hpc-hsdp-runs/<job-name>; submit: a new ./hpc-hsdp-runs/<job-name>-<date-time>",
+        help="Run directory (made absolute); logs in DIR/logs; an existing one resumes.",
+        shown={
+            "run": Shown(
+                help="Run directory: layout.json, metrics.jsonl, checkpoints/.",
+                default=DECLARED,
+                metavar=None,
+                required=True,
+                directory=True,
+            )
+        },
+    )
+    """Absolute run directory: layout.json, metrics.jsonl, checkpoints/ and logs/."""
+    device: str = option_field(
+        default="auto",
+        kind="str",
+        choices=DEVICES,
+        help="Device of each rank.",
+        shown={"run": Shown(help="auto: this task's GPU when CUDA is usable, else CPU.", default=DECLARED)},
+    )
+    """Each rank's device: ``auto`` (its GPU when CUDA is usable, else CPU), ``cpu`` or ``cuda``."""
+    entry: str | None = option_field(
+        default=None,
+        kind="str",
+        pattern=MODULE_FUNCTION,
+        refusal="is not module:function; write e.g. 'mypkg.train:main'",
+        metavar="MODULE:FUNCTION",
+        default_text="the built-in payload",
+        help="Your training function, called on every rank.",
+        shown={
+            "run": Shown(
+                help="module:function called with the run context on every rank instead of the built-in "
+                "payload, e.g. mypkg.train:main.",
+                default=DECLARED,
+                metavar=None,
+            )
+        },
+    )
+    """The user's ``module:function`` called on every rank (None: the built-in loop)."""
+    timeout_s: int = option_field(
+        default=300,
+        key="timeout",
+        kind="int",
+        positive=True,
+        refusal="must be a positive number of seconds",
+        maximum=7 * 24 * 3600,
+        metavar="SECONDS",
+        help="Process-group timeout.",
+        shown={"run": Shown(help="Process-group timeout for collectives, in seconds.", default=DECLARED, metavar=None)},
+    )
+    """Seconds a collective may wait (the process group's timeout)."""
+    comm_stats: bool = option_field(
+        default=False,
+        kind="bool",
+        help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl.",
+        shown={
+            "run": Shown(
+                help="Record each step's collectives (bytes per mesh axis, intra-/inter-node) in metrics.jsonl "
+                "as 'comm'.",
+                default=DECLARED,
+            )
+        },
+    )
+    """Record each step's collectives per mesh axis in metrics.jsonl."""
+    topology: str = option_field(
+        default="auto",
+        kind="str",
+        choices=TOPOLOGY_MODES,
+        commands=(*ON_EVERY_TASK, "plan"),
+        help="auto: where SLURM gives the nodes' switches, order the nodes by them (a shard group spanning "
+        "nodes under one leaf switch, replicate groups across switches); off: the node-list order; strict: "
+        "as auto, and refuse a job whose shard groups must cross leaf switches.",
+        shown={
+            "run": Shown(default=DECLARED),
+            "plan": Shown(
+                help="As the job would run (auto, off, strict): with --node-switches, the node order and "
+                "strict's refusal.",
+                default=DECLARED,
+            ),
+        },
+    )
+    """How the nodes' switches order the mesh: ``auto``, ``off`` or ``strict``."""
 
     training: TrainingSpec = TrainingSpec()
     """Options of the built-in payload."""
@@ -311,7 +701,11 @@ class RunSpec:
 
     def to_args(self) -> list[str]:
         """Arguments of ``hpc-hsdp run`` that reproduce this spec."""
-        own = [arg for key in RUN_ARGUMENTS for arg in run_arguments(option(key), getattr(self, option(key).attribute))]
+        own = [
+            arg
+            for declared in section_options(RunSpec)
+            for arg in run_arguments(declared, getattr(self, declared.attribute))
+        ]
         return own + self.training.to_args()
 
 
@@ -345,7 +739,7 @@ def check_sbatch_key(key: str) -> str:
             f"--sbatch key {key!r} is not a long sbatch option name; write KEY=VALUE with KEY like 'mail-type' "
             f"(lowercase letters, digits, '-', no leading dashes)"
         )
-    owned = owned_sbatch_keys()
+    owned = owned_sbatch_keys(option for each in SECTIONS for option in section_options(each))
     if key in owned:
         raise SpecError(f"--sbatch {key}=... is written by hpc-hsdp itself; use {owned[key]} instead")
     abbreviated = sorted(name for name in owned if name.startswith(key))
@@ -372,7 +766,7 @@ def _pairs(value: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(merged.items()))
 
 
-@option_spec("scheduler")
+@section("scheduler", reaches=SBATCH_LINE)
 class SchedulerSpec:
     """The #SBATCH header besides the topology: what SLURM allocates and how it treats the job.
 
@@ -381,6 +775,125 @@ class SchedulerSpec:
     None sends no warning signal. ``extra`` is the ``--sbatch KEY=VALUE`` passthrough, sorted by
     key; a None value writes ``--KEY`` alone.
     """
+
+    job_name: str = option_field(
+        default="hpc-hsdp",
+        kind="str",
+        sbatch=(SbatchKey("job-name", place=10),),
+        help="#SBATCH --job-name.",
+    )
+    """``#SBATCH --job-name``."""
+    partition: str | None = option_field(
+        default=None,
+        kind="str",
+        help="#SBATCH --partition.",
+    )
+    """``#SBATCH --partition`` (None: the cluster's default)."""
+    account: str | None = option_field(
+        default=None,
+        kind="str",
+        help="#SBATCH --account.",
+    )
+    """``#SBATCH --account`` (None: the user's default)."""
+    qos: str | None = option_field(
+        default=None,
+        kind="str",
+        help="#SBATCH --qos.",
+    )
+    """``#SBATCH --qos`` (None: the default)."""
+    time: str | None = option_field(
+        default=None,
+        kind="str",
+        param="time_limit",
+        metavar="TIME",
+        sbatch=(SbatchKey("time", place=70),),
+        help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.",
+    )
+    """``#SBATCH --time``, the job's time limit (None: the partition's)."""
+    constraint: str | None = option_field(
+        default=None,
+        kind="str",
+        help="#SBATCH --constraint (node features, e.g. 'h100&ib').",
+    )
+    """``#SBATCH --constraint``: node features the job needs."""
+    switches: str | None = option_field(
+        default=None,
+        kind="str",
+        metavar="N[@TIME]",
+        help="#SBATCH --switches (topology/tree): the job's nodes under at most N leaf switches, SLURM waiting "
+        "up to TIME for them (e.g. 1, or 1@30:00).",
+    )
+    """``#SBATCH --switches``: at most N leaf switches, waited for up to TIME (``N[@TIME]``)."""
+    segment: int | None = option_field(
+        default=None,
+        kind="int",
+        positive=True,
+        refusal="is not a node count; give the nodes per block segment, e.g. --segment 2",
+        metavar="N",
+        help="#SBATCH --segment (topology/block): the job's nodes in segments of N, each segment within one block.",
+    )
+    """``#SBATCH --segment``: nodes per block segment (topology/block)."""
+    exclusive: bool = option_field(
+        default=True,
+        kind="bool",
+        sbatch=(SbatchKey("exclusive", place=90),),
+        help="Whole nodes (#SBATCH --exclusive): every rank gets an equal share of its node's CPUs and memory.",
+    )
+    """``#SBATCH --exclusive``: whole nodes."""
+    mem: str | None = option_field(
+        default=None,
+        kind="str",
+        default_text="0 with --exclusive",
+        sbatch=(SbatchKey("mem", attrgetter("scheduler.mem_per_node"), place=60),),
+        help="Memory per node with its unit, e.g. 512G or 4000M (0: all of it); a bare number is refused.",
+    )
+    """``#SBATCH --mem``, memory per node (None: 0, all of it, with ``exclusive``)."""
+    cpus_per_task: int | None = option_field(
+        default=None,
+        kind="int",
+        positive=True,
+        sbatch=(SbatchKey("cpus-per-task", place=50),),
+        default_text="the node's CPUs / its tasks, at run time",
+        help="CPUs per task (also passed to srun).",
+    )
+    """``#SBATCH --cpus-per-task`` (None: the node's CPUs over its tasks, at run time)."""
+    signal: str = option_field(
+        default=DEFAULT_SIGNAL,
+        kind="str",
+        off_word="none",
+        metavar="SIG@SECONDS",
+        commands=(*RENDER_SUBMIT, "plan"),
+        sbatch=(SbatchKey("signal", place=120),),
+        help="Signal sent before the time limit; 'none' for no signal.",
+        shown={
+            "plan": Shown(
+                help="The job's warning signal (as for submit): the save on it must finish within SECONDS.",
+                default=DECLARED,
+            )
+        },
+    )
+    """The warning signal before the time limit, ``SIG@SECONDS`` (None: none)."""
+    requeue: bool = option_field(
+        default=True,
+        kind="bool",
+        default_text="requeue",
+        sbatch=(
+            SbatchKey("requeue", place=130, instead="--requeue/--no-requeue"),
+            SbatchKey("no-requeue", lambda job: not job.scheduler.requeue, place=130, instead="--requeue/--no-requeue"),
+        ),
+        help="Let SLURM requeue the job.",
+    )
+    """Whether SLURM may requeue the job (``--requeue`` or ``--no-requeue``)."""
+    extra: tuple[tuple[str, str | None], ...] = option_field(
+        default=(),
+        key="sbatch",
+        kind="table",
+        param="sbatch_options",
+        metavar="KEY=VALUE",
+        sbatch=(),
+        help="Extra '#SBATCH --KEY=VALUE' (KEY alone: a flag); repeatable.",
+    )
+    """The ``--sbatch KEY=VALUE`` passthrough, sorted by key (a None value writes ``--KEY`` alone)."""
 
     @property
     def mem_per_node(self) -> str | None:
@@ -425,12 +938,80 @@ class SchedulerSpec:
         object.__setattr__(self, "extra", extra)
 
 
-@option_spec("environment")
+@section("environment", reaches=SCRIPT_LINE)
 class EnvironmentSpec:
     """The setup section of the script: what runs before the rendezvous and launch. ``setup``
     lines run first, in order (the one unquoted input); ``env`` is sorted by name and exported
     after the NCCL/torch defaults, so it wins; ``pass_env`` is sorted, its values are never
     written; ``venv`` is an absolute path (None: no activation)."""
+
+    setup: tuple[str, ...] = option_field(
+        default=(),
+        kind="list",
+        metavar="LINE",
+        help="A raw shell line run before launch (module load ...); repeatable; not quoted.",
+    )
+    """Raw shell lines run before launch, in order (the one unquoted input)."""
+    env: tuple[tuple[str, str | None], ...] = option_field(
+        default=(),
+        kind="table",
+        param="env_vars",
+        metavar="KEY=VALUE",
+        reaches=ENVIRONMENT,
+        sbatch=(
+            SbatchKey(
+                "export",
+                lambda job: "ALL",
+                place=140,
+                instead="--env KEY=VALUE or --pass-env NAME (the script keeps --export=ALL)",
+            ),
+        ),
+        help="Export a variable (value quoted); repeatable.",
+    )
+    """Variables exported to every task, sorted by name (after the NCCL/torch defaults, so they win)."""
+    pass_env: tuple[str, ...] = option_field(
+        default=(),
+        kind="list",
+        metavar="NAME",
+        reaches=ENVIRONMENT,
+        help="Pass a variable by name from the submitting environment (never written); repeatable.",
+    )
+    """Variables passed by name from the submitting environment, sorted (values never written)."""
+    debug: bool = option_field(
+        default=False,
+        kind="bool",
+        reaches=ENVIRONMENT,
+        help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, ...",
+    )
+    """Export NCCL and torch.distributed debugging variables."""
+    venv: str | None = option_field(
+        default=None,
+        kind="path",
+        metavar="PATH",
+        default_text="the running interpreter's venv",
+        help="Virtualenv to activate ('none': no activation).",
+    )
+    """Absolute path of the virtualenv to activate (None: no activation)."""
+    conda_env: str | None = option_field(
+        default=None,
+        kind="str",
+        metavar="NAME",
+        help="Conda environment to activate instead of a venv.",
+    )
+    """Conda environment to activate instead of a venv."""
+    python: str = option_field(
+        default="python",
+        kind="str",
+        help="Interpreter name the script calls.",
+    )
+    """The interpreter the script calls."""
+    snapshot_code: bool = option_field(
+        default=False,
+        kind="bool",
+        help="Copy the code the job runs (hpc-hsdp and the --entry or --model module's package) into RUN_DIR/code at "
+        "submit; every attempt, requeues included, runs that copy, whatever changes on disk afterwards.",
+    )
+    """Copy the job's code into RUN_DIR/code at submit; every attempt runs that copy."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "setup", tuple(self.setup))
@@ -465,10 +1046,58 @@ torch >= 2.9). Its default adds SIGQUIT, with which ``scancel --signal=QUIT`` wo
 job instead of printing stacks; older agents ignore the variable and still do."""
 
 
-@option_spec("launch")
+@section("launch", reaches=SCRIPT_LINE)
 class LaunchSpec:
     """How the job step starts the ranks: srun or torchrun, srun's distribution (``cyclic``
     scrambles SLURM_PROCID, which the node-major layout ignores), pyxis's container (None: none)."""
+
+    launcher: str = option_field(
+        default="srun",
+        kind="str",
+        choices=LAUNCHERS,
+        help="srun: one task per GPU; torchrun: one task per node, static rendezvous.",
+    )
+    """How the step starts the ranks: ``srun`` (one task per GPU) or ``torchrun`` (one per node)."""
+    distribution: str = option_field(
+        default="block",
+        kind="str",
+        choices=DISTRIBUTIONS,
+        sbatch=(SbatchKey("distribution", None),),
+        help="srun --distribution; the layout is node-major either way.",
+    )
+    """srun's ``--distribution`` (the layout is node-major either way)."""
+    container_image: str | None = option_field(
+        default=None,
+        kind="str",
+        help="Pyxis container image for srun.",
+    )
+    """Pyxis container image of the job step (None: no container)."""
+    container_mounts: str | None = option_field(
+        default=None,
+        kind="str",
+        help="Pyxis container mounts for srun (/src:/dst,...).",
+    )
+    """Pyxis container mounts, ``/src:/dst,...``."""
+    check: bool = option_field(
+        default=False,
+        kind="bool",
+        help="Measure every node and link before training (the job's first step, a few seconds): each GPU's "
+        "matmul, host-to-device copy and free memory, the all-reduce inside each node and between pairs "
+        "of nodes; a node below its peers is left out (a spare node, --spare-nodes, takes its place; "
+        "without one the job is requeued once without it). check.json in the run directory.",
+    )
+    """Measure every node and link before training and leave out one below its peers."""
+    check_threshold: float = option_field(
+        default=0.7,
+        kind="float",
+        positive=True,
+        maximum=0.99,
+        refusal="must be a share of the median between 0 and 1, e.g. 0.7",
+        reaches=ENVIRONMENT,
+        metavar="SHARE",
+        help="--check: a node or link below this share of its peers' median is named (and left out).",
+    )
+    """The share of its peers' median below which the check names a node or link."""
 
     def __post_init__(self) -> None:
         if self.container_mounts is not None and self.container_image is None:
@@ -526,7 +1155,7 @@ def parse_nodes(value: object, *, option: str = "--nodes") -> tuple[int, int]:
     return low, high
 
 
-@option_spec("job")
+@section("", reaches=SUBMIT_SIDE)
 class JobSpec:
     """A whole job: topology, what runs on each task, the #SBATCH header, setup and launcher.
 
@@ -534,6 +1163,105 @@ class JobSpec:
     option fields, ``nodes`` is the most SLURM may grant (see ``min_nodes``), ``ntasks`` None
     means nodes x GPUs, ``template`` is an absolute path (None: the packaged ``job.sbatch.j2``).
     """
+
+    sweep: tuple[str, ...] = option_field(
+        default=(),
+        kind="list",
+        metavar="OPTION=V1,V2",
+        help="Sweep a job option over these values (repeatable): one SLURM job array, each point a whole job "
+        "in <run-dir>/<OPTION=V,...> (e.g. --sweep lr=3e-4,1e-3 --sweep seed=0,1: 4 points); render prints "
+        "the job arrays' scripts. Options of the #SBATCH header (--sweep nodes=1,2, --time, --partition) can be "
+        "swept too: one job array per distinct header.",
+    )
+    """``OPTION=V1,V2`` texts: the options a sweep varies and their values (empty: one job)."""
+    sweep_mode: str = option_field(
+        default="grid",
+        kind="str",
+        choices=("grid", "zip"),
+        help="With --sweep: grid, every combination of the values; zip, the values paired in order.",
+    )
+    """How the swept values combine: ``grid`` (every combination) or ``zip`` (paired in order)."""
+    array_parallelism: int | None = option_field(
+        default=None,
+        kind="int",
+        positive=True,
+        metavar="K",
+        help="With --sweep: at most K points of each job array run at once (#SBATCH --array=0-N%K); a sweep "
+        "whose points differ in their #SBATCH header is one array per header, so up to K per header run at once.",
+        default_text="all",
+    )
+    """At most this many points of each job array at once (None: all)."""
+    nodes: int = option_field(
+        default=1,
+        kind="nodes",
+        positive=True,
+        metavar="N|MIN-MAX",
+        commands=(*RENDER_SUBMIT, "plan"),
+        sbatch=(SbatchKey("nodes", attrgetter("requested_nodes"), place=20),),
+        help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, the mesh follows the nodes "
+        "SLURM grants and the global batch stays the same.",
+        shown={
+            "plan": Shown(
+                help="Nodes in the job; MIN-MAX (e.g. 1-2): a flexible allocation, shown at both ends.",
+                default_text="1, or as many as --nodelist names",
+            )
+        },
+        reaches=SBATCH_LINE,
+    )
+    """The most nodes SLURM may grant (see ``min_nodes`` for a flexible allocation)."""
+    gpus_per_node: int = option_field(
+        default=8,
+        kind="int",
+        positive=True,
+        commands=(*RENDER_SUBMIT, "plan"),
+        sbatch=(
+            SbatchKey(
+                "ntasks-per-node",
+                attrgetter("task_slots_per_node"),
+                place=30,
+                instead="--gpus-per-node (one task per GPU) or --ntasks",
+            ),
+            SbatchKey("gpus-per-node", place=40),
+            SbatchKey("gpus", None),
+            SbatchKey("gres", None),
+            SbatchKey(
+                "gpus-per-task", None, instead="--gpus-per-node (every task sees its node's GPUs; the layout picks one)"
+            ),
+        ),
+        help="GPUs per node; one task (srun) or torchrun worker each.",
+        shown={"plan": Shown(help="GPUs (one task each) per node.", default=DECLARED)},
+        reaches=SBATCH_LINE,
+    )
+    """GPUs per node: one task (srun) or torchrun worker each."""
+    ntasks: int | None = option_field(
+        default=None,
+        kind="int",
+        positive=True,
+        reaches=SCRIPT_LINE,
+        sbatch=(SbatchKey("ntasks", None),),
+        help="Total tasks for an uneven allocation (e.g. 12 on 2 nodes: 8,4); replaces --ntasks-per-node.",
+    )
+    """Total tasks of an uneven allocation (None: ``nodes`` x ``gpus_per_node``)."""
+    template: str | None = option_field(
+        default=None,
+        kind="path",
+        metavar="PATH",
+        help="Your own Jinja2 template (gets the same variables; may extend job.sbatch.j2).",
+    )
+    """Absolute path of the user's Jinja2 template (None: the packaged ``job.sbatch.j2``)."""
+    spare_nodes: int = option_field(
+        default=0,
+        kind="int",
+        minimum=0,
+        commands=(*RENDER_SUBMIT, "plan"),
+        sbatch=(),
+        help="Nodes allocated beyond --nodes that wait: with --fault-tolerance replica a lost replica group "
+        "is started again on them and joins from a live peer; with --check one takes the place of a node "
+        "the check finds below its peers.",
+        shown={"plan": Shown(default=DECLARED)},
+        reaches=SBATCH_LINE,
+    )
+    """Nodes allocated beyond ``nodes`` that wait to replace a lost or slow one."""
 
     min_nodes: int | None = None
     """The fewest nodes of a flexible allocation (``--nodes MIN-MAX``, sbatch ``--nodes=MIN-MAX``);
@@ -765,3 +1493,9 @@ class JobSpec:
     def log_dir(self) -> str:
         """``<run_dir>/logs``: the #SBATCH and srun log files, and submitit's job folder."""
         return self.run.run_dir.rstrip("/") + "/logs"
+
+
+SECTIONS: tuple[type, ...] = (JobSpec, RunSpec, TrainingSpec, SchedulerSpec, EnvironmentSpec, LaunchSpec)
+"""Every section with option fields, in the order of ``render --help`` (a JobSpec's own, what runs
+on each task, the training loop's, the #SBATCH header, the script's environment, the launch):
+:mod:`hpc_hsdp.job.options` lists the options from them."""

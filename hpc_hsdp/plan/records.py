@@ -14,7 +14,15 @@ they do there.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import MISSING, FrozenInstanceError
+from dataclasses import MISSING, FrozenInstanceError, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+
+    def dataclass_transform(**_facts):
+        return lambda function: function
 
 
 class _Layout:
@@ -93,6 +101,7 @@ def _delattr(self, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(field,))
 def record(cls: type | None = None, /, *, kw_only: bool = True):
     """``cls`` as a frozen dataclass whose methods are shared (see the module docstring).
 

@@ -1,6 +1,7 @@
-"""The option registry (hpc_hsdp.job.options) and what is derived from it agree: the click
-options of every command that takes an option, the config keys and kinds, the spec fields'
-defaults, the Python API keywords and the `hpc-hsdp run` arguments of the rendered script."""
+"""The option registry (hpc_hsdp.job.options, read from the typed sections' fields) and what is
+derived from it agree: the click options of every command that takes an option, the config keys
+and kinds, the spec fields' types and defaults, the Python API keywords and the `hpc-hsdp run`
+arguments of the rendered script."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ from hpc_hsdp.cli.submit_cmd import submit
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.api import api_options
 from hpc_hsdp.job.config import OPTION_KINDS, build_job_spec
+from hpc_hsdp.job.option_fields import section_options
 from hpc_hsdp.job.options import (
     OPTIONS,
-    PARTS,
     RUN_ARGUMENT,
     RUN_ARGUMENTS,
     SBATCH_LINE,
+    SECTIONS,
     TRAINING_OPTIONS,
     option,
     options_in,
@@ -250,35 +252,71 @@ def test_the_job_layer_imports_no_cli_and_the_plan_layer_no_job() -> None:
     assert done.returncode == 0, done.stderr
 
 
-# ----------------------------------------------------------------------------- the spec classes come from the registry
+# ----------------------------------------------------------------------------- the registry comes from the sections
 
 SPEC_CLASSES = {
-    "job": JobSpec,
+    "": JobSpec,
     "run": RunSpec,
-    "training": TrainingSpec,
+    "run.training": TrainingSpec,
     "scheduler": SchedulerSpec,
     "environment": EnvironmentSpec,
     "launch": LaunchSpec,
 }
 OWN_FIELDS = {  # what a spec class has besides its options' fields
-    "job": ["min_nodes", "run", "scheduler", "environment", "launch"],
+    "": ["min_nodes", "run", "scheduler", "environment", "launch"],
     "run": ["training"],
 }
 
 
-def test_every_option_in_a_config_is_the_field_of_one_spec_class_and_nothing_else_is() -> None:
-    assert set(PARTS) == set(SPEC_CLASSES)
+def _nested_sections(cls: type, place: str = "") -> dict[str, type]:
+    """The sections of a JobSpec by their place in it: its own, then each field that is a section."""
+    found = {place: cls}
+    for each in dataclasses.fields(cls):
+        if isinstance(each.type, str) and each.type in {c.__name__ for c in SPEC_CLASSES.values()}:
+            nested = next(c for c in SPEC_CLASSES.values() if c.__name__ == each.type)
+            found.update(_nested_sections(nested, ".".join(filter(None, (place, each.name)))))
+    return found
+
+
+def test_every_option_in_a_config_is_the_field_of_one_section_and_nothing_else_is() -> None:
+    assert _nested_sections(JobSpec) == SPEC_CLASSES
+    assert list(SECTIONS) == list(SPEC_CLASSES.values())  # render --help's order: the JobSpec's, then nested
     in_some_part = []
-    for part, spec_class in SPEC_CLASSES.items():
+    for place, spec_class in SPEC_CLASSES.items():
         fields = dataclasses.fields(spec_class)
-        declared = options_in(part)
-        assert [f.metadata.get("option") for f in fields[: len(declared)]] == list(declared), part
-        assert [f.name for f in fields[: len(declared)]] == [each.attribute for each in declared], part
-        assert [f.name for f in fields[len(declared) :]] == OWN_FIELDS.get(part, []), part
+        declared = options_in(place)
+        assert section_options(spec_class) == declared, place
+        assert [f.metadata.get("option") for f in fields[: len(declared)]] == list(declared), place
+        assert [f.name for f in fields[: len(declared)]] == [each.attribute for each in declared], place
+        assert [f.name for f in fields[len(declared) :]] == OWN_FIELDS.get(place, []), place
+        assert all(each.section == place for each in declared), place
         in_some_part += declared
     assert sorted(each.key for each in in_some_part) == sorted(
         declared.key for declared in OPTIONS if declared.in_config
     )
+
+
+_ANNOTATION_OF_KIND = {
+    "int": "int",
+    "nodes": "int",
+    "float": "float",
+    "bool": "bool",
+    "str": "str",
+    "path": "str",
+    "data": "str",
+    "list": "tuple[str, ...]",
+    "table": "tuple[tuple[str, str | None], ...]",
+}
+
+
+@pytest.mark.parametrize("declared", [d for d in OPTIONS if d.in_config], ids=lambda declared: declared.key)
+def test_every_option_field_is_typed_by_its_kind_and_defaults_to_its_declaration(declared) -> None:
+    (field,) = [f for f in dataclasses.fields(SPEC_CLASSES[declared.section]) if f.name == declared.attribute]
+    optional = declared.default is None and not declared.spec_required
+    assert field.type == _ANNOTATION_OF_KIND[declared.kind] + (" | None" if optional else "")
+    assert (field.default is dataclasses.MISSING) == declared.spec_required
+    if not declared.spec_required:
+        assert field.default == declared.default
 
 
 _BAD_VALUES = {
@@ -294,19 +332,19 @@ _BAD_VALUES = {
 }
 
 
-def _spec_with(part: str, attribute: str, value: object):
+def _spec_with(place: str, attribute: str, value: object):
     run = {"shard_size": 1, "run_dir": "/runs/checked"}
-    if part == "job":
+    if place == "":
         return JobSpec(run=RunSpec(**run), **{attribute: value})
-    if part == "run":
+    if place == "run":
         return RunSpec(**{**run, attribute: value})
-    return SPEC_CLASSES[part](**{attribute: value})
+    return SPEC_CLASSES[place](**{attribute: value})
 
 
 @pytest.mark.parametrize("declared", [d for d in OPTIONS if d.in_config], ids=lambda declared: declared.key)
 def test_every_option_field_is_checked_against_its_declaration(declared) -> None:
     with pytest.raises(SpecError) as info:
-        _spec_with(declared.part, declared.attribute, _BAD_VALUES[declared.kind])
+        _spec_with(declared.section, declared.attribute, _BAD_VALUES[declared.kind])
     said = str(info.value)
     assert declared.flag in said and "\n" not in said
 
@@ -316,7 +354,7 @@ def test_a_required_option_field_refuses_none_and_an_off_word_makes_none_valid()
         declared = option(key)
         assert declared.spec_required
         with pytest.raises(SpecError, match=declared.flag):
-            _spec_with(declared.part, declared.attribute, None)
+            _spec_with(declared.section, declared.attribute, None)
     assert option("signal").off_word == "none" and SchedulerSpec(signal=None).signal is None
     with pytest.raises(SpecError, match="--job-name None must be a string"):
         SchedulerSpec(job_name=None)
@@ -397,21 +435,24 @@ def test_the_passthrough_may_not_write_what_an_option_owns() -> None:
     assert SchedulerSpec(extra={"no-kill": None}).extra == (("no-kill", None),)
 
 
-_NEW_SBATCH_OPTION = 'JobOption(key="reservation", kind="str", help="#SBATCH --reservation."),'
+_NEW_SBATCH_OPTION = (
+    '    reservation: str | None = option_field(default=None, kind="str", help="#SBATCH --reservation.")\n'
+    '    """``#SBATCH --reservation``: the reservation the job runs in."""\n'
+)
 
 
 def test_a_new_sbatch_option_is_one_declaration(tmp_path) -> None:
-    """Add one JobOption to a copy of options.py, as the module docstring says: the spec field,
-    the config key, the command-line flag, the #SBATCH line and the passthrough's refusal follow."""
-    options_path = Path(option.__code__.co_filename)
-    source = options_path.read_text()
-    end_of_options = "\n)\n\nOPTION_BY_KEY"
-    assert source.count(end_of_options) == 1
+    """Add one field to SchedulerSpec in a copy of spec.py, as hpc_hsdp.job.options says: the config
+    key, the command-line flag, the #SBATCH line and the passthrough's refusal follow."""
+    spec_path = Path(sys.modules[JobSpec.__module__].__file__)
+    source = spec_path.read_text()
+    end_of_fields = "\n    @property\n    def mem_per_node(self)"
+    assert source.count(end_of_fields) == 1
     code = f"""
 import json, sys, types
-source = {source!r}.replace({end_of_options!r}, "\\n    " + {_NEW_SBATCH_OPTION!r} + {end_of_options!r})
-module = types.ModuleType("hpc_hsdp.job.options")
-module.__file__ = {str(options_path)!r}
+source = {source!r}.replace({end_of_fields!r}, {_NEW_SBATCH_OPTION!r} + {end_of_fields!r})
+module = types.ModuleType("hpc_hsdp.job.spec")
+module.__file__ = {str(spec_path)!r}
 sys.modules[module.__name__] = module
 exec(compile(source, module.__file__, "exec"), module.__dict__)
 
