@@ -36,12 +36,15 @@ from hpc_hsdp.rundir.provenance_record import (
     task_words,
 )
 from hpc_hsdp.rundir.runs import find_run_dirs
+from hpc_hsdp.rundir.stacks import read_hang_stacks, stack_lines
 from hpc_hsdp.rundir.staging_record import staging_status_lines
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.stragglers import persistent
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
 from hpc_hsdp.rundir.tracker_runs import trackers_off
 
+HANG_FRAMES_SHOWN = 4
+"""Frames of each group's stack that ``status`` shows of the watchdog's (``hang/stacks.json`` has them all)."""
 MEMBERSHIP_SHOWN = 8
 """The newest membership changes of a fault-tolerant run that ``status`` shows."""
 
@@ -227,6 +230,7 @@ def status(job, as_json) -> None:
         "versions": read_task_provenance(handle.record.run_dir),
         "evals": [dataclasses.asdict(entry) for entry in evals],
         "staging": staging_status_lines(handle.record.run_dir),
+        "hang_stacks": read_hang_stacks(handle.record.run_dir),
         **st.to_dict(),
     }
     if as_json:
@@ -278,6 +282,11 @@ def status(job, as_json) -> None:
             _say(terminal_safe(f"  {entry.words()}"))
     if facts["hang"]:
         _say(f"last hang: {facts['hang']}")
+    hang_stacks = data["hang_stacks"]
+    if hang_stacks and hang_stacks["groups"]:
+        _say(f"stacks the watchdog took after step {hang_stacks['step']} (hpc-hsdp stacks: the ranks' stacks now):")
+        for line in stack_lines(hang_stacks["groups"], hang_stacks["world_size"], frames_shown=HANG_FRAMES_SHOWN):
+            _say(terminal_safe(f"  {line}"))
     for off in facts["trackers_off"]:
         _say(terminal_safe(off))
     if data["failure"]:

@@ -8,7 +8,9 @@ every step; when no step completes within the hang timeout (``--hang-timeout``; 
 the median step time seen so far, at least ``HANG_TIMEOUT_FLOOR_S``), every rank, from its
 watchdog thread:
 
-1. writes the Python stacks of all its threads to its log (faulthandler; on GPU also the
+1. writes the Python stacks of all its threads to its log (faulthandler), and sends them to rank 0
+   in its report (below), which writes every rank's, grouped, to ``<run_dir>/hang/stacks.json``
+   (:mod:`hpc_hsdp.rundir.stacks`: ``status`` shows the groups, the odd ones out first); on GPU also the
    NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl``: ``init``
    turns the recorder on for NCCL groups unless the job sets ``TORCH_FR_BUFFER_SIZE``);
 2. publishes where it is through the job's TCP store (which works while every collective
@@ -45,6 +47,7 @@ from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.requeue import requeue_job
 from hpc_hsdp.rundir.attempts import read_restarts
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
+from hpc_hsdp.rundir.stacks import frame, write_hang_stacks
 from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
 from hpc_hsdp.runtime.collectives import COLLECTIVES, Listening, listen
 from hpc_hsdp.runtime.log import note
@@ -148,6 +151,22 @@ def main_thread_position() -> tuple[bool, str | None]:
             break
         frame = frame.f_back
     return waiting, where
+
+
+def python_threads() -> list[dict]:
+    """Every thread's Python stack in this process, innermost frame first, the main thread marked
+    (the format of :mod:`hpc_hsdp.rundir.stacks`)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, top in sys._current_frames().items():
+        frames, current = [], top
+        while current is not None:
+            code = current.f_code
+            frames.append(frame(getattr(code, "co_qualname", code.co_name), code.co_filename, current.f_lineno))
+            current = current.f_back
+        threads.append({"name": names.get(ident, str(ident)), "main": ident == main, "frames": frames})
+    return threads
 
 
 def hang_timeout(configured: float, step_times: list[float]) -> float:
@@ -285,6 +304,7 @@ class Watchdog:
             "where": where,
             "node": getattr(self.ctx.layout, "node", None),
             "pid": os.getpid(),
+            "threads": python_threads(),
         }
 
     def _hung(self) -> None:
@@ -309,6 +329,7 @@ class Watchdog:
         verdict = None
         if rank == 0:
             reports.update(self._collect(store, world, rank))  # a rank reports after it wrote its NCCL trace
+            self._record_stacks(reports, world)
             verdict = describe_hang(reports, world, timeout_s=timeout)
             recorded = self._flight_recorder_finding()
             if recorded:
@@ -355,6 +376,20 @@ class Watchdog:
                     return found
             time.sleep(0.2)
         return found
+
+    def _record_stacks(self, reports: Mapping[int, dict], world: int) -> None:
+        """Every reporting rank's stack, grouped, in ``<run_dir>/hang/stacks.json`` (for ``status``)."""
+        if self.ctx.run_dir is None:
+            return
+        stacks = [
+            {"rank": rank, "node": r.get("node"), "pid": r.get("pid"), "how": "watchdog", "threads": r.get("threads")}
+            for rank, r in reports.items()
+            if r.get("threads")
+        ]
+        try:
+            write_hang_stacks(self.ctx.run_dir, stacks, world_size=world, step=self.last_step)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must still end the job
+            note(f"watchdog: the ranks' stacks could not be written ({exc})")
 
     def _wait_verdict(self, store) -> str | None:
         deadline = time.monotonic() + GATHER_S + 10

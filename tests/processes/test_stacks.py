@@ -30,10 +30,10 @@ def wait_for_step(run, step: int, limit_s: float = 120) -> None:
         time.sleep(0.3)
 
 
-def test_a_frozen_rank_is_the_odd_one_out(tmp_path, local_submit):
+def test_a_frozen_rank_is_the_odd_one_out_now_and_in_the_stacks_the_watchdog_took(tmp_path, local_submit):
     run = tmp_path / "run"
     sub = hpc(
-        *local_submit(run, "--steps", "1000", "--hang-timeout", "600", *TINY, nodes=2),
+        *local_submit(run, "--steps", "1000", "--hang-timeout", "40", *TINY, nodes=2),
         env={"HPC_HSDP_FAULT_FREEZE_AT": "1:3"},
     )
     assert sub.returncode == 0, sub.stderr
@@ -57,12 +57,19 @@ def test_a_frozen_rank_is_the_odd_one_out(tmp_path, local_submit):
         lines = text.stdout.splitlines()
         assert lines[0].startswith("rank 1 (1 of 4): at_step in hpc_hsdp/runtime/injected_faults.py:"), lines
         assert lines[-1].startswith("(4 ranks in ") and lines[-1].endswith("; faulthandler)"), lines[-1]
-        assert (
-            "Current thread 0x"
-            in (run / "logs").joinpath(next(p.name for p in (run / "logs").glob("*_1_log.err"))).read_text()
-        )
+        assert "Current thread 0x" in next((run / "logs").glob("*_1_log.err")).read_text()
+        deadline = time.monotonic() + 120  # the watchdog ends the job 40 s after the last step
+        while json.loads(hpc("status", str(run), "--json").stdout)["state"] == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(2)
     finally:
         hpc("cancel", str(run), "--no-wait")
+    status = hpc("status", str(run))
+    lines = status.stdout.splitlines()
+    at = lines.index("stacks the watchdog took after step 2 (hpc-hsdp stacks: the ranks' stacks now):")
+    assert lines[at + 1].startswith("  rank 1 (1 of 4): at_step in hpc_hsdp/runtime/injected_faults.py:"), lines
+    shown = json.loads(hpc("status", str(run), "--json").stdout)["hang_stacks"]
+    assert [g["ranks"] for g in shown["groups"]][0] == [1] and sum(len(g["ranks"]) for g in shown["groups"]) == 4
 
 
 def test_the_job_keeps_training_across_ten_calls(tmp_path, local_submit):
