@@ -69,7 +69,7 @@ def _append(run_dir: Path, entry: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpc_hsdp.job.requeue import requeue_job  # noqa: PLC0415 - only when the check found bad nodes
+    from hpc_hsdp.job.backends.slurm_task import requeue_job  # noqa: PLC0415 - only when the check found bad nodes
 
     args = sys.argv[1:] if argv is None else argv
     run_dir, nodes = Path(args[0]), int(args[1])

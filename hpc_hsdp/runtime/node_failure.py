@@ -26,7 +26,7 @@ from hpc_hsdp.job.backends.slurm_command import (  # noqa: F401 - re-exported: t
     slurmd_address,
     unreachable_nodes,
 )
-from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.job.backends.slurm_task import requeue_job
 from hpc_hsdp.rundir.state import failure_restarts, record_restart
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.preemption import in_slurm, restart_count

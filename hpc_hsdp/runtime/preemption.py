@@ -22,7 +22,7 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.job.requeue.requeue_job`) and tells the others the outcome; on
+   through :func:`hpc_hsdp.job.backends.slurm_task.requeue_job`) and tells the others the outcome; on
    SIGTERM nothing is asked of SLURM, which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
 5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
@@ -42,9 +42,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_hsdp.job import requeue
+from hpc_hsdp.job.backends import slurm_task as requeue
 from hpc_hsdp.job.backends import task_backend
-from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE
+from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE
 from hpc_hsdp.runtime.log import note
 
 WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
@@ -239,7 +239,7 @@ class Preemption:
 class NodeRangeKeeper:
     """For a flexible allocation (``HPC_HSDP_REQUEUE_REQUEST``): when SLURM requeues the job itself
     (a node died, the job was preempted) it pins it to the nodes it had; on the SIGTERM that comes
-    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.job.requeue.restore_request`).
+    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.job.backends.slurm_task.restore_request`).
 
     A thread does it, woken by the signal's byte on a wakeup fd (``signal.set_wakeup_fd``), which
     the interpreter writes at once even while the main thread is stuck in a collective with a dead

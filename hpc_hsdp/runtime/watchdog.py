@@ -44,7 +44,7 @@ from torch.distributed.distributed_c10d import _get_default_store
 
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.files import write_atomically
-from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.job.backends.slurm_task import requeue_job
 from hpc_hsdp.rundir.attempts import read_restarts
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
 from hpc_hsdp.rundir.stacks import frame, write_hang_stacks

@@ -218,7 +218,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_runtime_does_not_import_the_submitting_side():
     """The submitting side hands the runtime's task function to submitit; the runtime asks for
-    a requeue through hpc_hsdp.job.requeue. Anywhere in a file, function-level imports included."""
+    a requeue through hpc_hsdp.job.backends.slurm_task. Anywhere in a file, function-level imports included."""
     package = ROOT / "hpc_hsdp"
     submitting_side = (
         "hpc_hsdp.job.submission",
@@ -237,7 +237,7 @@ def test_the_runtime_does_not_import_the_submitting_side():
         wrong = sorted(name for name in _imports(path) if name in submitting_side or name.startswith(packages))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
     # the requeue runs on the task: the one bounded runner, nothing of the submitting side
-    assert _imports(package / "job" / "requeue.py") == {"hpc_hsdp.files", "hpc_hsdp.job.backends.slurm_command"}
+    assert _imports(package / "job" / "backends" / "slurm_task.py") == {"hpc_hsdp.files", "hpc_hsdp.job.backends.slurm_command"}
     assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
     assert _imports(package / "rundir" / "state.py") == {
         "hpc_hsdp.errors",

@@ -151,7 +151,7 @@ def test_status_shows_each_restart_with_its_cause(tmp_path):
 
 
 def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
-    from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, requeue_job
+    from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE, requeue_job
 
     env = {REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2", "PATH": os.environ["PATH"]}
     assert requeue_job("41", env=env) == (True, "")
@@ -192,7 +192,7 @@ def test_a_flexible_jobs_range_is_restored_on_slurms_sigterm_while_the_main_thre
     """SLURM pins a job it requeues itself (node failure) to the nodes it had; a ``--nodes 1-2``
     job would wait for two. On SLURM's SIGTERM a thread of local rank 0 updates the pending job,
     before SLURM's SIGKILL (KillWait), even while the main thread never returns to Python."""
-    from hpc_hsdp.job.requeue import REQUEST_FIELDS_VARIABLE, restore_request
+    from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE, restore_request
 
     (tmp_path / "restarts").write_text(restarts)
     env = {

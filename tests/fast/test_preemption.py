@@ -82,7 +82,7 @@ def test_requeue_is_skipped_outside_slurm(capsys):
 
 
 def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
-    import hpc_hsdp.job.requeue as requeue
+    import hpc_hsdp.job.backends.slurm_task as requeue
 
     calls = []
     monkeypatch.setattr(requeue, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
@@ -97,7 +97,7 @@ def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
 
 
 def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
-    from hpc_hsdp.job.requeue import requeue_job
+    from hpc_hsdp.job.backends.slurm_task import requeue_job
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\nexit 1\n")

@@ -302,7 +302,7 @@ def test_container_without_the_run_dir_mounted_is_refused(argv, message):
 
 
 def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
-    from hpc_hsdp.job.requeue import requeue_job
+    from hpc_hsdp.job.backends.slurm_task import requeue_job
 
     request = tmp_path / "requeue.77"
     ok, said = requeue_job("77", env={"PATH": str(tmp_path), "HPC_HSDP_REQUEUE_FILE": str(request)})

@@ -21,7 +21,7 @@ from pathlib import Path
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.job.backends.base import Backend, start_detached
 from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller, run_slurm
-from hpc_hsdp.job.requeue import requeue_job
+from hpc_hsdp.job.backends.slurm_task import requeue_job
 from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
 from hpc_hsdp.plan.float8_support import NodeGpus, fp8_slurm_refusal
 from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint

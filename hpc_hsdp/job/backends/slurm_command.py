@@ -8,7 +8,7 @@ reported as :class:`SchedulerTimeout`, which names the daemon that did not answe
 
 A module of its own, standard library only, so that the SLURM backend
 (:mod:`hpc_hsdp.job.backends.slurm`), submitit's side of it (:mod:`hpc_hsdp.job.backends.submitit_hooks`),
-the requeue (:mod:`hpc_hsdp.job.requeue`, run on the task) and the replica supervisor all use
+the requeue (:mod:`hpc_hsdp.job.backends.slurm_task`, run on the task) and the replica supervisor all use
 the one runner without importing one another.
 """
 

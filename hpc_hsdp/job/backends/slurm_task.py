@@ -1,10 +1,10 @@
-"""``scontrol requeue`` from inside a job: the one scheduler call a running task makes.
+"""SLURM from inside a running job: ``scontrol requeue`` (held, updated and released where the
+job must avoid nodes or keep its node range), and the node range put back after SLURM's own requeue.
 
-A module of its own so that dependencies point one way: the submission
-(:mod:`hpc_hsdp.job.submission`) hands the runtime's task function to submitit, and the runtime
-(:mod:`hpc_hsdp.runtime.preemption`, the watchdog) asks for a requeue through this module,
-never through the submitting side (the SLURM backend's ``requeue`` is this one). Its scontrol calls go through the one bounded runner,
-:func:`hpc_hsdp.job.backends.slurm_command.run_slurm` (standard library only, as this module).
+Run on the task and in the batch shell, never on the submitting side: it imports only the
+package's atomic write and the one bounded runner,
+:func:`hpc_hsdp.job.backends.slurm_command.run_slurm`, so that the runtime asks for a requeue
+without loading the submission's code.
 """
 
 from __future__ import annotations
