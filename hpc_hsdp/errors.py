@@ -26,3 +26,7 @@ class SpecError(HsdpError):
 class DataError(SpecError):
     """Token data that cannot be trained on, or not continued from a checkpoint: what is
     wrong with which file, and the fix."""
+
+
+class SchedulerError(HsdpError):
+    """The scheduler refused or could not be reached (every backend's: SLURM's, the emulator's)."""

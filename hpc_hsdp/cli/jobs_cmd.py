@@ -12,9 +12,8 @@ from pathlib import Path
 
 import click
 
-from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.errors import HsdpError, SchedulerError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
-from hpc_hsdp.job.backends.slurm_command import SchedulerError
 from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run

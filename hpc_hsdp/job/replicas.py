@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_hsdp.errors import SlurmEnvError
+from hpc_hsdp.errors import SchedulerError, SlurmEnvError
 from hpc_hsdp.job.backends import task_backend
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm, slurmd_address
+from hpc_hsdp.job.backends.slurm_command import run_slurm, slurmd_address
 from hpc_hsdp.plan.address import FALLBACK_PORT_BASE, pick_port, reachable_address
 from hpc_hsdp.plan.replica_groups import (
     ATTEMPT_ENV,

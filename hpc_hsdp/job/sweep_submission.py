@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.errors import HsdpError, SchedulerError, SpecError
 from hpc_hsdp.files import write_atomically
-from hpc_hsdp.job.backends import SchedulerError, backend, resolve_cluster
+from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.preflight import (
     check_fp8_gpus,

@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from hpc_hsdp.errors import SchedulerError
 from hpc_hsdp.job.backends.slurm_command import (  # noqa: F401 - re-exported: the node probe lives beside run_slurm
     PROBE_TIMEOUT_S,
-    SchedulerError,
     run_slurm,
     slurmd_address,
     unreachable_nodes,

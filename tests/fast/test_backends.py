@@ -18,13 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import SchedulerError, SpecError
 from hpc_hsdp.job import handle as handle_module
 from hpc_hsdp.job.backends import BACKEND_NAMES, CLUSTERS, backend, task_backend
 from hpc_hsdp.job.backends.base import Backend
 from hpc_hsdp.job.backends.local import LocalBackend
 from hpc_hsdp.job.backends.slurm import SlurmBackend
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout
+from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout
 from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE
 from hpc_hsdp.job.emulator.state_files import state_path
 from hpc_hsdp.job.handle import JobHandle, job_statuses

@@ -161,7 +161,8 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
 
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
-    from hpc_hsdp.job.backends import SchedulerError, resolve_cluster
+    from hpc_hsdp.errors import SchedulerError
+    from hpc_hsdp.job.backends import resolve_cluster
 
     said = (
         "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
@@ -237,7 +238,11 @@ def test_the_runtime_does_not_import_the_submitting_side():
         wrong = sorted(name for name in _imports(path) if name in submitting_side or name.startswith(packages))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
     # the requeue runs on the task: the one bounded runner, nothing of the submitting side
-    assert _imports(package / "job" / "backends" / "slurm_task.py") == {"hpc_hsdp.files", "hpc_hsdp.job.backends.slurm_command"}
+    assert _imports(package / "job" / "backends" / "slurm_task.py") == {
+        "hpc_hsdp.errors",
+        "hpc_hsdp.files",
+        "hpc_hsdp.job.backends.slurm_command",
+    }
     assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
     assert _imports(package / "rundir" / "state.py") == {
         "hpc_hsdp.errors",

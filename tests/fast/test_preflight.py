@@ -229,8 +229,8 @@ def test_a_partition_the_cluster_lacks_is_refused_before_anything_is_written(tmp
     directory is claimed: it was asked by the backend's submit, after the claim, the logs
     directory and the provenance, and left a run directory with logs/ in it."""
     from hpc_hsdp.cli.job_options import job_spec_resolver  # noqa: PLC0415
+    from hpc_hsdp.errors import SchedulerError  # noqa: PLC0415
     from hpc_hsdp.job import submission, sweep_submission  # noqa: PLC0415
-    from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
     from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep  # noqa: PLC0415
 
     asked = _slurm_without_the_partition(monkeypatch, submission, sweep_submission)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.errors import SlurmEnvError, SpecError
+from hpc_hsdp.errors import SchedulerError, SlurmEnvError, SpecError
 from hpc_hsdp.job.backends import resolve_cluster, slurm_command
 from hpc_hsdp.job.backends.slurm import parse_sacct_rows, parse_squeue_rows
-from hpc_hsdp.job.backends.slurm_command import Ping, SchedulerError, SchedulerTimeout, run_slurm, slurm_timeout_s
+from hpc_hsdp.job.backends.slurm_command import Ping, SchedulerTimeout, run_slurm, slurm_timeout_s
 from hpc_hsdp.job.handle import job_statuses
 from hpc_hsdp.plan.address import pick_port, port_candidates, port_is_free
 from hpc_hsdp.rundir.job_record import JobRecord

@@ -18,9 +18,8 @@ import pytest
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.cli.job_options import job_spec_resolver
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import SchedulerError, SpecError
 from hpc_hsdp.job.backends.slurm import SlurmBackend
-from hpc_hsdp.job.backends.slurm_command import SchedulerError
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
 from hpc_hsdp.job.failure import task_index
 from hpc_hsdp.job.handle import JobHandle

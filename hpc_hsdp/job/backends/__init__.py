@@ -13,8 +13,8 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller
+from hpc_hsdp.errors import SchedulerError, SpecError
+from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout, ping_controller
 
 if TYPE_CHECKING:
     from hpc_hsdp.job.backends.base import Backend

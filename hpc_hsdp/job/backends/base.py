@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hpc_hsdp.errors import SchedulerError
 from hpc_hsdp.job.failure import task_index
 from hpc_hsdp.job.status import JobStatus
 from hpc_hsdp.rundir.job_record import JobRecord
@@ -43,8 +44,6 @@ class Backend(ABC):
     ) -> str:
         """Submit a sweep's job array (``script``, written at ``script_path``): task ``indices[k]`` runs
         the point of ``specs[k]``, at most ``parallelism`` at once; the array's job id (point i: ``<id>_<i>``)."""
-        from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
-
         raise SchedulerError(f"the {self.title} runs no job arrays; submit each point of the sweep on its own")
 
     def max_array_size(self) -> int | None:
@@ -62,7 +61,7 @@ class Backend(ABC):
 
     @abstractmethod
     def cancel(self, record: JobRecord) -> None:
-        """Cancel the job (:class:`~hpc_hsdp.job.backends.slurm_command.SchedulerError` when the scheduler refused)."""
+        """Cancel the job (:class:`~hpc_hsdp.errors.SchedulerError` when the scheduler refused)."""
 
     def cancel_array(self, job_id: str, records: list[JobRecord]) -> None:
         """Cancel a job array (``job_id``), of which ``records`` are the tasks not ended: each one."""
@@ -96,7 +95,7 @@ class Backend(ABC):
 
     def check_partition(self, spec) -> None:
         """A ``--partition`` this scheduler does not have: a
-        :class:`~hpc_hsdp.job.backends.slurm_command.SchedulerError` naming the ones it has (here:
+        :class:`~hpc_hsdp.errors.SchedulerError` naming the ones it has (here:
         a scheduler without partitions, which has nothing to check)."""
         return None
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hpc_hsdp.errors import HsdpError
+from hpc_hsdp.errors import HsdpError, SchedulerError
 from hpc_hsdp.job.backends.base import Backend, start_detached
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, SchedulerTimeout, ping_controller, run_slurm
+from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout, ping_controller, run_slurm
 from hpc_hsdp.job.backends.slurm_task import requeue_job
 from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
 from hpc_hsdp.plan.float8_support import NodeGpus, fp8_slurm_refusal

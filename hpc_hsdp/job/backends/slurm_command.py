@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.errors import SchedulerError, SpecError
 from hpc_hsdp.job.options import DEFAULT_SLURM_TIMEOUT_S, SLURM_TIMEOUT_ENV
 
 CONFIG_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
@@ -32,10 +32,6 @@ CONFIG_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slu
 the upstream default, the old Debian one, and the cache of a configless node's slurmd/sackd)."""
 ACCOUNTING_COMMANDS = ("sacct", "sacctmgr", "sreport")
 """Commands answered by the accounting daemon (slurmdbd), not the controller."""
-
-
-class SchedulerError(HsdpError):
-    """The scheduler refused or could not be reached."""
 
 
 class SchedulerTimeout(SchedulerError):

@@ -2,7 +2,7 @@
 job must avoid nodes or keep its node range), and the node range put back after SLURM's own requeue.
 
 Run on the task and in the batch shell, never on the submitting side: it imports only the
-package's atomic write and the one bounded runner,
+package's errors, its atomic write and the one bounded runner,
 :func:`hpc_hsdp.job.backends.slurm_command.run_slurm`, so that the runtime asks for a requeue
 without loading the submission's code.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 
+from hpc_hsdp.errors import SchedulerError
 from hpc_hsdp.files import write_atomically
-from hpc_hsdp.job.backends.slurm_command import SchedulerError, run_slurm
+from hpc_hsdp.job.backends.slurm_command import run_slurm
 
 REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
 """Set by the rendered script of a container job: where no ``scontrol`` exists (inside the
