@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from hpc_hsdp.errors import SchedulerError
 from hpc_hsdp.job import live_stacks
 from hpc_hsdp.job.backends.slurm import SlurmBackend
-from hpc_hsdp.job.backends.slurm_command import SchedulerError
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.stacks import (
     group_stacks,

@@ -136,8 +136,6 @@ class Backend(ABC):
 
 def run_here(argv: Sequence[str], *, timeout_s: float) -> tuple[str, str]:
     """``argv`` on this machine for at most ``timeout_s`` seconds: (stdout, stderr)."""
-    from hpc_hsdp.job.backends.slurm_command import SchedulerError  # noqa: PLC0415
-
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
