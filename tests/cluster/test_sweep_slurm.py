@@ -227,3 +227,42 @@ def test_more_points_than_max_array_size_is_refused_in_one_line_and_nothing_is_w
     assert f"more than this cluster's MaxArraySize ({most}" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
     assert not sweep.exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_swapped_script_of_a_pending_point_fails_that_point_in_one_line_and_does_not_run(slurm_cluster, tmp_path):
+    """Issue 43: the array's script, which SLURM keeps its own copy of, carries each point's SHA-256;
+    another user who replaces a pending point's point.sbatch gets the point FAILED, their script unrun."""
+    import os
+
+    sweep, marker = tmp_path / "sweep", tmp_path / "pwned"
+    try:
+        out = hpc(
+            "submit", *JOB, *one_node_each(1), "--steps", "3", "--run-dir", str(sweep),
+            "--sweep", "seed=0,1", "--array-parallelism", "1",
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        pending = sweep / "seed=1"
+        planted = pending / ".planted"
+        planted.write_text(f"#!/bin/bash\ntouch {marker}\n")
+        os.replace(planted, pending / "point.sbatch")  # the rename another user with write access can do
+        final = wait_until(
+            "the end of both points",
+            lambda: (lambda s: s if all(p["state"].split()[0] in ENDED for p in s["points"]) else None)(
+                sweep_status(sweep)
+            ),
+            180,
+            sweep,
+        )
+        assert [(p["name"], p["state"].split()[0]) for p in final["points"]] == [
+            ("seed=0", "COMPLETED"),
+            ("seed=1", "FAILED"),
+        ], final
+        assert not marker.exists()
+        said = [line for line in logs(pending).splitlines() if "submit wrote" in line]
+        assert len(said) == 1 and "point.sbatch is not the script submit wrote" in said[0], logs(pending)
+        assert steps(sweep / "seed=0") == [1, 2, 3]
+    finally:
+        if (sweep / "sweep.json").is_file():
+            subprocess.run(["scancel", *json.loads((sweep / "sweep.json").read_text())["job_ids"]], capture_output=True)
