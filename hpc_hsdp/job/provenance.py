@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import is_time, write_atomically
+from hpc_hsdp.job.code_snapshot import MAX_SNAPSHOT_BYTES, copy_code
 from hpc_hsdp.rundir.provenance_record import (
     MAX_DIFF_BYTES,
     SNAPSHOT_DIR,
@@ -34,10 +35,7 @@ from hpc_hsdp.rundir.provenance_record import (
 GIT_TIMEOUT_S = 10.0
 MAX_UNTRACKED = 50
 """Untracked files named per checkout (their count is always kept)."""
-MAX_SNAPSHOT_BYTES = 256 << 20
-"""``--snapshot-code`` refuses code larger than this (a package that holds data, or a whole tree)."""
 INSTALLED = ("site-packages", "dist-packages")
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 
 
 # ----------------------------------------------------------------------------- which code runs
@@ -214,25 +212,13 @@ def gather_provenance(spec, fn=None) -> dict:
 # ----------------------------------------------------------------------------- --snapshot-code
 
 
-def _size(paths: list[Path]) -> int:
-    total = 0
-    for path in paths:
-        if path.is_file():
-            total += path.stat().st_size
-            continue
-        for root, dirs, files in os.walk(path):
-            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")]
-            total += sum((Path(root) / f).stat().st_size for f in files if not f.endswith(".pyc"))
-            if total > MAX_SNAPSHOT_BYTES:
-                return total
-    return total
-
-
 def snapshot_code(run_dir: str | Path, spec, fn=None) -> dict:
-    """Copy the code the job runs into ``<run_dir>/code``: hpc-hsdp's package and the user's
-    module (its top-level package, or its file), replacing an earlier copy; the rendered script
-    puts that directory first on ``PYTHONPATH``. :class:`SpecError` when a module cannot be found
-    or the code is larger than :data:`MAX_SNAPSHOT_BYTES`; nothing is left half-copied."""
+    """Copy the code the job runs into ``<run_dir>/code`` (:func:`~hpc_hsdp.job.code_snapshot.copy_code`:
+    hpc-hsdp's package and the user's module, its top-level package or its file; regular files only,
+    private, counted against the cap as copied), replacing an earlier copy; its SHA-256, which the
+    rendered script carries and the job checks before it imports anything of it, is the record's
+    ``sha256``. :class:`SpecError` when a module cannot be found or the code is larger than
+    :data:`~hpc_hsdp.job.code_snapshot.MAX_SNAPSHOT_BYTES`; nothing is left half-copied."""
     sources: list[tuple[str, list[Path]]] = [("hpc_hsdp", [own_package()])]
     for name in user_modules(spec, fn):
         paths = module_paths(name)
@@ -242,23 +228,11 @@ def snapshot_code(run_dir: str | Path, spec, fn=None) -> dict:
                 f"(pip install -e, or PYTHONPATH) or submit without --snapshot-code; nothing submitted"
             )
         sources.append((name, paths))
-    size = sum(_size(paths) for _, paths in sources)
-    if size > MAX_SNAPSHOT_BYTES:
-        raise SpecError(
-            f"--snapshot-code: the code to copy ({', '.join(n for n, _ in sources)}) is {size >> 20} MiB, more than "
-            f"{MAX_SNAPSHOT_BYTES >> 20} MiB; keep data out of the package or submit without --snapshot-code"
-        )
     target = snapshot_path(run_dir)
-    staging = target.with_name(f".{SNAPSHOT_DIR}.{os.getpid()}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = target.with_name(f".{SNAPSHOT_DIR}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     try:
-        staging.mkdir(parents=True)
-        for name, paths in sources:
-            for path in paths:
-                if path.is_dir():
-                    shutil.copytree(path, staging / name, ignore=_SKIP, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(path, staging / path.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copied = copy_code(sources, staging, max_bytes=MAX_SNAPSHOT_BYTES, within={"hpc_hsdp": own_package().parent})
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.exists():
@@ -266,10 +240,30 @@ def snapshot_code(run_dir: str | Path, spec, fn=None) -> dict:
             os.replace(target, old)
             shutil.rmtree(old, ignore_errors=True)
         os.replace(staging, target)
+    except SpecError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     except (OSError, RecursionError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise SpecError(f"--snapshot-code: could not copy the code into {target} ({exc}); nothing submitted") from None
-    return {"dir": SNAPSHOT_DIR, "modules": [n for n, _ in sources], "bytes": size}
+    return {
+        "dir": SNAPSHOT_DIR,
+        "modules": [n for n, _ in sources],
+        "bytes": copied.bytes,
+        "files": copied.files,
+        "skipped": copied.skipped,
+        "sha256": copied.sha256,
+    }
+
+
+def snapshot_note(snapshot: dict | None) -> str | None:
+    """What submit says of a snapshot that left files out (symlinks leaving their tree, FIFOs, devices)."""
+    if not snapshot or not snapshot.get("skipped"):
+        return None
+    return (
+        f"--snapshot-code: {snapshot['skipped']} entr{'y' if snapshot['skipped'] == 1 else 'ies'} not copied into "
+        f"code/ (symlinks that leave their tree or name a directory, FIFOs, devices): only regular files are"
+    )
 
 
 MAX_EARLIER = 100

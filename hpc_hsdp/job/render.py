@@ -30,7 +30,8 @@ Variables every template gets (a ``--template`` of your own gets the same; it ma
 ``switches_command`` the batch shell's ``python -m hpc_hsdp layout --field node_switches ...``
                      (every node's switches; with ``--topology strict`` the check), or None
                      where the job orders no nodes by switch (one node, ``--topology off``)
-``snapshot_dir``     ``<run_dir>/code`` with ``--snapshot-code`` (put first on ``PYTHONPATH``), else None
+``snapshot_dir``     ``<run_dir>/code`` with ``--snapshot-code`` (checked, then its private copy first on ``PYTHONPATH``), else None
+``snapshot_sha256``  the SHA-256 of that copy submit recorded ("" where render made no copy)
 ``launch_command``   the shell text srun runs, ready (already quoted): the default
                      ``python -m hpc_hsdp run ...`` / ``bash -c 'exec torchrun ...'``, or
                      the override given to :func:`render_sbatch`
@@ -419,7 +420,9 @@ UNSET_ON_ENTRY = (*RENDEZVOUS_VARIABLES, NODE_SWITCHES_ENV)
 ``--export=ALL``); ``--env``, ``--pass-env`` and ``--setup`` lines may set them on purpose."""
 
 
-def template_context(spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j") -> dict:
+def template_context(
+    spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j", snapshot_sha256: str | None = None
+) -> dict:
     """The variables a template gets (see the module docstring)."""
     if launch_command is not None:
         if not isinstance(launch_command, str) or not launch_command.strip():
@@ -450,13 +453,18 @@ def template_context(spec: JobSpec, *, launch_command: str | None = None, log_jo
         "replicas": spec.replicas,
         "replica_command": replica_command(spec),
         "snapshot_dir": snapshot_dir(spec),
+        "snapshot_sha256": snapshot_sha256 or "",
         "check": check_step(spec),
         "launch_command": launch_command if launch_command is not None else default_launch_command(spec),
     }
 
 
-def render_sbatch(spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j") -> str:
-    """The sbatch script of ``spec``.
+def render_sbatch(
+    spec: JobSpec, *, launch_command: str | None = None, log_job: str = "%j", snapshot_sha256: str | None = None
+) -> str:
+    """The sbatch script of ``spec``. ``snapshot_sha256``: of the ``--snapshot-code`` copy submit
+    made, which the job checks before it imports it (without it, as ``render`` has none, the job
+    refuses to import ``code/``).
 
     ``launch_command``: ready shell text (already quoted) that replaces what srun runs on
     each task: the default ``python -m hpc_hsdp run ...`` (srun launcher) or the whole
@@ -466,7 +474,7 @@ def render_sbatch(spec: JobSpec, *, launch_command: str | None = None, log_job: 
     """
     if not isinstance(spec, JobSpec):
         raise TypeError(f"render_sbatch takes a JobSpec, got {type(spec).__name__}")
-    context = template_context(spec, launch_command=launch_command, log_job=log_job)
+    context = template_context(spec, launch_command=launch_command, log_job=log_job, snapshot_sha256=snapshot_sha256)
     if spec.template is not None:
         path = Path(spec.template)
         if not path.is_file():
@@ -519,9 +527,9 @@ def script_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def render_point(spec: JobSpec) -> str:
+def render_point(spec: JobSpec, snapshot_sha256: str | None = None) -> str:
     """The script of one sweep point: its job's, logs named by its array task."""
-    return render_sbatch(spec, log_job=POINT_LOG_JOB)
+    return render_sbatch(spec, log_job=POINT_LOG_JOB, snapshot_sha256=snapshot_sha256)
 
 
 def render_sweep(

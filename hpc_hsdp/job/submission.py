@@ -31,7 +31,7 @@ from hpc_hsdp.job.preflight import (
     check_tensor_parallel,
     check_trackers,
 )
-from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code
+from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, snapshot_note
 from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
 from hpc_hsdp.rundir.job_record import JobRecord
 
@@ -49,11 +49,12 @@ def _submitit_command(logs_dir: Path) -> str:
     return " ".join([shlex.quote(sys.executable), "-u -m hpc_hsdp.runtime.submitit_job", shlex.quote(str(logs_dir))])
 
 
-def submission_script(spec) -> str:
-    """The exact text that ``submit`` hands to sbatch (and to the emulator) for ``spec``."""
+def submission_script(spec, snapshot_sha256: str | None = None) -> str:
+    """The exact text that ``submit`` hands to sbatch (and to the emulator) for ``spec`` (with the
+    SHA-256 of its ``--snapshot-code`` copy, which the job checks)."""
     from hpc_hsdp.job.render import render_sbatch  # noqa: PLC0415  (jinja2: status, logs and cancel load this module and render nothing)
 
-    return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)))
+    return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)), snapshot_sha256=snapshot_sha256)
 
 
 def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
@@ -97,7 +98,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         provenance = gather_provenance(spec, fn)  # before the job exists: the code as it is now
         if spec.environment.snapshot_code:
             provenance["snapshot"] = snapshot_code(spec.run.run_dir, spec, fn)
-        script = submission_script(spec)
+        script = submission_script(spec, (provenance["snapshot"] or {}).get("sha256"))
         job_id, job = scheduler.submit(spec, script, func, args, kwargs)
         record_submission(spec.run.run_dir, provenance, job_id=job_id, script=script, logs_dir=logs_dir)
         record = JobRecord(
@@ -112,4 +113,5 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
         )
         claim_job(record)
         record.save()
-    return JobHandle(record), job, "\n".join(line for line in (takeover, resumes, mixture_note, reason) if line)
+    said = (takeover, resumes, mixture_note, snapshot_note(provenance["snapshot"]), reason)
+    return JobHandle(record), job, "\n".join(line for line in said if line)

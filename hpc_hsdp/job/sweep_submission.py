@@ -29,7 +29,7 @@ from hpc_hsdp.job.preflight import (
     check_tensor_parallel,
     check_trackers,
 )
-from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, user_modules
+from hpc_hsdp.job.provenance import gather_provenance, record_submission, snapshot_code, snapshot_note, user_modules
 from hpc_hsdp.job.render import POINT_SCRIPT, render_point, render_sweep, sbatch_options
 from hpc_hsdp.job.sweep import (
     ArrayGroup,
@@ -88,9 +88,10 @@ class SweepPlan:
     def script_names(self) -> list[str]:
         return [script_name(number, len(self.groups)) for number in range(1, len(self.groups) + 1)]
 
-    def render(self, number: int, positions=None) -> str:
+    def render(self, number: int, positions=None, point_scripts: Mapping[int, str] | None = None) -> str:
         """The script of array ``number`` (its place in ``groups``), of its points at ``positions``
-        (None: all of them; a sweep submitted again leaves out the completed ones)."""
+        (None: all of them; a sweep submitted again leaves out the completed ones); ``point_scripts``:
+        the point scripts submit writes, by position (their SHA-256 goes into the array's script)."""
         group = self.groups[number]
         array = None
         if len(self.groups) > 1:
@@ -107,6 +108,7 @@ class SweepPlan:
             tasks=range(len(members)),
             indices=None if positions is None else [members.index(i) for i in positions],
             array=array,
+            point_scripts=None if point_scripts is None else [point_scripts[i] for i in members],
         )
 
 
@@ -211,16 +213,23 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
         sweep_dir = Path(plan.sweep_dir)
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
         provenances = dict(zip(todo, _provenances([plan.specs[i] for i in todo])))  # the code as it is now
+        notes = [(plan.points[i].name, snapshot_note(provenances[i].get("snapshot"))) for i in todo]
+        said += [f"{name}: {note}" for name, note in notes if note]
+        # each point's script, with the SHA-256 of its --snapshot-code copy where it has one
+        point_scripts = {
+            i: render_point(spec, (provenances.get(i, {}).get("snapshot") or {}).get("sha256"))
+            for i, spec in enumerate(plan.specs)
+        }
         for i in todo:
             spec = plan.specs[i]
             Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
             # 0600, never through a symlink planted there; the array's script carries its SHA-256
-            write_atomically(Path(spec.run.run_dir) / POINT_SCRIPT, render_point(spec), private=True)
+            write_atomically(Path(spec.run.run_dir) / POINT_SCRIPT, point_scripts[i], private=True)
         job_of: dict[int, str] = {}  # position -> its array task
         submitted: list[tuple[str, list[int]]] = []
         names = plan.script_names()
         for number, positions in arrays:
-            script = plan.scripts[number] if not done else plan.render(number, positions)
+            script = plan.render(number, positions if done else None, point_scripts)
             script_path = sweep_dir / names[number]
             write_atomically(script_path, script, private=True)
             members = plan.groups[number].members
@@ -257,7 +266,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
                 spec.run.run_dir,
                 provenances[i],
                 job_id=record.job_id,
-                script=render_point(spec),
+                script=point_scripts[i],
                 logs_dir=Path(spec.log_dir),
             )
         for i in done:  # a completed point keeps the job that ran it

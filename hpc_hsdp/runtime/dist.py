@@ -29,13 +29,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpc_hsdp.errors import HsdpError, SlurmEnvError
+from hpc_hsdp.job.code_snapshot import SNAPSHOT_VARIABLE
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
-from hpc_hsdp.rundir.provenance_record import snapshot_path, write_task_provenance
+from hpc_hsdp.rundir.provenance_record import write_task_provenance
 from hpc_hsdp.runtime.comm_stats import for_context
 from hpc_hsdp.runtime.device import pick_device
 from hpc_hsdp.runtime.log import note
@@ -463,8 +464,9 @@ def task_versions(run_dir: Path | None = None) -> dict:
         "nccl": nccl,
         "hpc_hsdp_from": str(package),
     }
-    if run_dir is not None:
-        record["snapshot_used"] = package.parent == snapshot_path(run_dir).resolve()
+    if run_dir is not None:  # the checked private copy of code/ the batch script put first on PYTHONPATH
+        verified = os.environ.get(SNAPSHOT_VARIABLE)
+        record["snapshot_used"] = bool(verified) and package.parent == Path(verified).resolve()
     return record
 
 

@@ -1366,3 +1366,98 @@ def test_the_one_writer_makes_private_files_0600_whatever_the_umask(tmp_path):
         append_text(tmp_path / "dev", "a\n")
     with pytest.raises(UnsafeTarget, match="not a regular file"):
         append_text("/dev/null", "a\n")
+
+
+# ----------------------------------------------------------------------------- issue 43: --snapshot-code
+
+
+def _package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "src" / "mypkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "sub" / "mod.py").write_text("Y = 2\n")
+    return pkg
+
+
+def test_the_snapshot_copies_regular_files_inside_the_tree_only_private_and_counted_as_it_copies(tmp_path):
+    """Issue 43: the copy followed symlinks (a file outside the tree that others cannot read was copied
+    readable into the run directory), did not count symlinked directories against its cap, copied
+    /dev/zero until the disk was full, and took the umask (0777 under umask 000)."""
+    from hpc_hsdp.job.code_snapshot import SnapshotTooLarge, copy_code
+
+    pkg = _package(tmp_path)
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY")
+    secret.chmod(0o600)
+    (pkg / "key.py").symlink_to(secret)  # leaves the tree
+    (pkg / "outside").symlink_to(tmp_path)  # a directory outside: never walked
+    (pkg / "zero").symlink_to("/dev/zero")
+    os.mkfifo(pkg / "fifo")
+    (pkg / "alias.py").symlink_to(pkg / "sub" / "mod.py")  # inside the tree: its content is copied
+    old = os.umask(0)
+    try:
+        copied = copy_code([("mypkg", [pkg])], tmp_path / "code")
+    finally:
+        os.umask(old)
+    code = tmp_path / "code"
+    assert sorted(str(p.relative_to(code)) for p in code.rglob("*")) == [
+        "mypkg",
+        "mypkg/__init__.py",
+        "mypkg/alias.py",
+        "mypkg/sub",
+        "mypkg/sub/mod.py",
+    ]
+    assert copied.skipped == 4 and copied.files == 3 and copied.bytes == len("X = 1\n") + 2 * len("Y = 2\n")
+    assert b"PRIVATE" not in b"".join(p.read_bytes() for p in code.rglob("*") if p.is_file())
+    for path in [code, *code.rglob("*")]:
+        assert stat.S_IMODE(os.lstat(path).st_mode) == (0o700 if path.is_dir() else 0o600), path
+        assert not path.is_symlink()
+    # the cap is counted as files are copied: a large file inside the tree stops the copy there
+    (pkg / "data.bin").write_bytes(b"x" * 5000)
+    with pytest.raises(SnapshotTooLarge, match="passed 0 MiB"):
+        copy_code([("mypkg", [pkg])], tmp_path / "code2", max_bytes=4096)
+
+
+def test_a_changed_snapshot_is_refused_before_import_and_the_checked_copy_is_what_is_imported(tmp_path):
+    """Issue 43: RUN_DIR/code was first on PYTHONPATH of every attempt and nothing checked it. The
+    job now checks it against the SHA-256 submit put into its script, into a private copy."""
+    from hpc_hsdp.job.code_snapshot import SnapshotMismatch, copy_code, main, verified_copy
+
+    pkg = _package(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    digest = copy_code([("mypkg", [pkg])], run / "code").sha256
+    cache = tmp_path / "cache"
+    good = verified_copy(run / "code", digest, cache=cache)
+    assert good == cache / digest and (good / "mypkg" / "sub" / "mod.py").read_text() == "Y = 2\n"
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    # another user swaps code/ for their own (a rename needs only write access to the run directory)
+    os.rename(run / "code", run / "code.old")
+    evil = run / "code" / "mypkg"
+    evil.mkdir(parents=True)
+    (evil / "__init__.py").write_text("import os; os.system('touch pwned')\n")
+    fresh = tmp_path / "cache2"
+    with pytest.raises(SnapshotMismatch, match="is not the code submit copied"):
+        verified_copy(run / "code", digest, cache=fresh)
+    assert [p.name for p in fresh.iterdir()] == []  # nothing of it kept
+    (run / "code").rename(run / "code.evil")
+    (run / "code").symlink_to(run / "code.old")
+    with pytest.raises(SnapshotMismatch, match="symlink"):
+        verified_copy(run / "code", digest, cache=fresh)
+    # a file inside changed in place, or one added: the same refusal
+    shutil.rmtree(fresh)
+    (run / "code").unlink()
+    (run / "code.old").rename(run / "code")
+    (run / "code" / "mypkg" / "extra.py").write_text("")
+    with pytest.raises(SnapshotMismatch):
+        verified_copy(run / "code", digest, cache=fresh)
+    # the job's step: one line, exit 2
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HPC_HSDP_CODE_CACHE", str(fresh))
+        mp.setattr(sys, "stderr", err)
+        assert main([str(run / "code"), digest]) == 2
+        assert main([str(run / "code"), ""]) == 2
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2 and all(line.startswith("hpc-hsdp: error: --snapshot-code: ") for line in lines), lines
+    assert "only submit copies the code" in lines[1]

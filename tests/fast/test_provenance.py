@@ -221,7 +221,7 @@ def test_snapshot_refuses_a_module_it_cannot_find_and_code_too_large(tmp_path, m
     with pytest.raises(SpecError, match=r"--snapshot-code: module 'no_such_mod_xyz' cannot be found here"):
         gather.snapshot_code(tmp_path / "run", spec("--entry", "no_such_mod_xyz:main"))
     monkeypatch.setattr(gather, "MAX_SNAPSHOT_BYTES", 1000)
-    with pytest.raises(SpecError, match=r"is 0 MiB, more than 0 MiB; keep data out of the package"):
+    with pytest.raises(SpecError, match=r"the code to copy passed 0 MiB; keep data out of the package"):
         gather.snapshot_code(tmp_path / "run", spec())
     assert not (tmp_path / "run" / "code").exists()
 
@@ -229,9 +229,12 @@ def test_snapshot_refuses_a_module_it_cannot_find_and_code_too_large(tmp_path, m
 def test_the_script_runs_the_copy_first_on_every_attempt():
     plain = render_sbatch(spec())
     assert "PYTHONPATH" not in plain and "PYTHONSAFEPATH" not in plain
-    script = render_sbatch(spec("--snapshot-code"))
-    line = 'export PYTHONPATH=/runs/a/code"${PYTHONPATH:+:$PYTHONPATH}:$PWD"'
-    assert line in script and "export PYTHONSAFEPATH=1" in script
+    script = render_sbatch(spec("--snapshot-code"), snapshot_sha256="ab" * 32)
+    # checked by the installed hpc-hsdp (from /, not the working directory) into a private copy, which is imported
+    check = f"HPC_HSDP_CODE_SNAPSHOT=$(cd / && python -m hpc_hsdp.job.code_snapshot /runs/a/code {'ab' * 32})"
+    line = 'export PYTHONPATH="$HPC_HSDP_CODE_SNAPSHOT${PYTHONPATH:+:$PYTHONPATH}:$PWD"'
+    assert check in script and line in script and "export PYTHONSAFEPATH=1" in script
+    assert script.index(check) < script.index(line)
     # before the batch shell's first python (the rendezvous) and the launch
     assert script.index(line) < script.index("rendezvous=") < script.index("srun \\")
 
@@ -243,7 +246,8 @@ def test_snapshot_code_is_an_option_of_render_submit_config_and_the_api():
     assert declared.kind == "bool" and declared.default is False
     assert declared in options_of("render") and declared in options_of("submit")
     got = CliRunner().invoke(cli, ["render", "--nodes", "1", "--shard", "8", "--run-dir", "/r", "--snapshot-code"])
-    assert got.exit_code == 0 and "export PYTHONPATH=/r/code" in got.output, got.output
+    # render copies no code: its script names code/ with no SHA-256, which the job refuses to import
+    assert got.exit_code == 0 and "python -m hpc_hsdp.job.code_snapshot /r/code ''" in got.output, got.output
 
 
 # ----------------------------------------------------------------------------- runs: where runs differ

@@ -81,7 +81,7 @@ def submit_edit_and_go(tmp_path: Path, src: Path, name: str, *extra: str, local_
     run, go = tmp_path / name, tmp_path / f"{name}.go"
     out = hpc(
         *local_submit(run, "--entry", "snapmod.entry:main", *extra, gpus_per_node=1, shard=1, device=None),
-        env={"PYTHONPATH": str(src), "SNAP_GO": str(go)},
+        env={"PYTHONPATH": str(src), "SNAP_GO": str(go), "HPC_HSDP_CODE_CACHE": str(tmp_path / "code-cache")},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     (src / "snapmod" / "marker.py").write_text('MARKER = "new"\n')  # after submit, before the code is imported
@@ -98,15 +98,17 @@ def test_a_snapshot_runs_the_code_of_the_submit_and_the_run_records_it(tmp_path,
 
     snap = submit_edit_and_go(tmp_path, src, "snap", "--snapshot-code", local_submit=local_submit)
     marker = (snap / "markers.txt").read_text()
-    assert marker.startswith("MARKER=old restart=0 ") and f"from={snap / 'code' / 'hpc_hsdp'}" in marker, marker
+    record = read_provenance(snap)
+    checked = tmp_path / "code-cache" / record["snapshot"]["sha256"]  # the private copy the job checked code/ into
+    assert marker.startswith("MARKER=old restart=0 ") and f"from={checked / 'hpc_hsdp'}" in marker, marker
     assert (snap / "code" / "snapmod" / "marker.py").read_text() == 'MARKER = "old"\n'
     task = read_task_provenance(snap)
     assert task["snapshot_used"] is True and task["torch"] and task["python"]
-    record = read_provenance(snap)
     mine = next(c for c in record["code"] if c["name"] == "snapmod")
     assert mine["commit"] == commit and mine["dirty"] is False and mine["checkout"] == str(src)
     assert record["snapshot"]["modules"] == ["hpc_hsdp", "snapmod"]
-    assert (snap / record["script"]).read_text().count(f"export PYTHONPATH={snap / 'code'}") == 1
+    check = f"python -m hpc_hsdp.job.code_snapshot {snap / 'code'} {record['snapshot']['sha256']})"
+    assert (snap / record["script"]).read_text().count(check) == 1
     shown = hpc("status", str(snap))
     assert f"\ncode: {commit[:10]} ({src}: snapmod)" in shown.stdout, shown.stdout
     assert "runs the snapshot in code/" in shown.stdout and "\nran with: torch " in shown.stdout
@@ -197,3 +199,27 @@ def test_the_python_api_snapshots_the_module_of_its_function(tmp_path):
     assert wait_done(run)["state"] == "COMPLETED", hpc("status", str(run)).stdout
     assert (run / "markers.txt").read_text().startswith("MARKER=old restart=0 ")
     assert [c["name"] for c in read_provenance(run)["code"]] == ["hpc_hsdp", "snapmod"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_snapshot_swapped_before_the_job_starts_fails_the_job_in_one_line_and_is_not_imported(tmp_path, local_submit):
+    """Issue 43: code/ was first on PYTHONPATH and nothing checked it; renaming it needs only write
+    access to the run directory. The job checks it against the SHA-256 its script carries."""
+    src, run, go, marker = tmp_path / "src", tmp_path / "run", tmp_path / "go", tmp_path / "pwned"
+    package(src)
+    hold = f"while [ ! -e {go} ]; do sleep 0.2; done"  # the job waits here, before its code is checked
+    argv = local_submit(run, "--entry", "snapmod.entry:main", "--snapshot-code", "--setup", hold,
+                        gpus_per_node=1, shard=1, device=None)  # fmt: skip
+    env = {"PYTHONPATH": str(src), "SNAP_GO": str(go), "HPC_HSDP_CODE_CACHE": str(tmp_path / "code-cache")}
+    out = hpc(*argv, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert oct((run / "code").stat().st_mode & 0o777) == "0o700"
+    (run / "code").rename(run / "code.submitted")  # another user with write access to the run directory
+    shutil.copytree(run / "code.submitted", run / "code")
+    (run / "code" / "snapmod" / "entry.py").write_text(f"def main(ctx):\n    open({str(marker)!r}, 'w').close()\n")
+    go.touch()
+    assert wait_done(run)["state"] == "FAILED"
+    assert not marker.exists() and not (run / "markers.txt").exists()
+    said = [line for p in (run / "logs").glob("*.err") for line in p.read_text().splitlines() if "snapshot" in line]
+    assert len(said) == 1 and "is not the code submit copied" in said[0], said
