@@ -9,7 +9,6 @@ import click
 
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.cli.submit_cmd import cluster_option
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import CHECK_ENTRY
 from hpc_hsdp.rundir.check_record import check_lines, read_check
@@ -17,8 +16,7 @@ from hpc_hsdp.rundir.check_record import check_lines, read_check
 
 @click.command()
 @command_options("submit", leaving_out=("sweep", "sweep_mode", "array_parallelism", "check"))
-@cluster_option
-def check(cluster, **options) -> None:
+def check(**options) -> None:
     """Submit a job that only measures its nodes and prints what it found: each GPU's matmul,
     host-to-device copy and free memory, the all-reduce inside each node and between pairs of
     nodes (two or three rounds of pairs, whatever the node count), over the backend training
@@ -42,7 +40,7 @@ def check(cluster, **options) -> None:
             "check measures one allocation, and the config file sweeps: check without it (--config, --profile), "
             "then sweep"
         )
-    handle, _, said = submit_spec(spec, cluster=cluster)
+    handle, _, said = submit_spec(spec)
     click.echo(said, err=True)
     click.echo(
         f"submitted check job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s))"

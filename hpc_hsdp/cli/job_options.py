@@ -40,8 +40,9 @@ def job_spec_from_options(
 
 
 def given_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The job options of a command's kwargs, by config key (None: not given)."""
-    return {declared.key: kwargs.get(declared.click_param) for declared in options_of("render")}
+    """The job options of a command's kwargs, by config key (None: not given; submit's are render's
+    and --cluster)."""
+    return {declared.key: kwargs.get(declared.click_param) for declared in options_of("submit")}
 
 
 def job_spec_resolver(

@@ -9,26 +9,15 @@ import click
 
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
-from hpc_hsdp.job.backends import CLUSTERS
 from hpc_hsdp.job.submission import submission_script, submit_spec
 from hpc_hsdp.job.sweep import check_sweep_given
-
-cluster_option = click.option(
-    "--cluster",
-    type=click.Choice(CLUSTERS),
-    default="auto",
-    show_default=True,
-    help="auto: SLURM where sbatch is installed and configured (a controller that does not answer refuses the "
-    "job: exit 2), the local emulator only where SLURM is not.",
-)
 
 
 @click.command()
 @command_options("submit")
-@cluster_option
 @click.option("--wait", is_flag=True, help="Follow the job (state, step, loss, tokens/s); exit 0 only if it succeeded.")
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
-def submit(cluster, wait, dry_run, **options) -> None:
+def submit(wait, dry_run, **options) -> None:
     """Render the job's sbatch script and submit it: to SLURM through submitit, or to the
     local emulator (every task a process on this machine, CPU and gloo) without SLURM.
 
@@ -59,12 +48,12 @@ def submit(cluster, wait, dry_run, **options) -> None:
     spec = job_spec_from_options(options, new_run_dir=True)
     check_sweep_given(spec, options)
     if spec.sweep:
-        _submit_sweep(options, cluster=cluster, wait=wait, dry_run=dry_run)
+        _submit_sweep(options, wait=wait, dry_run=dry_run)
         return
     if dry_run:
         click.echo(submission_script(spec), nl=False)
         return
-    handle, _, said = submit_spec(spec, cluster=cluster)  # from which step it resumes, and why this cluster
+    handle, _, said = submit_spec(spec)  # from which step it resumes, and why this cluster
     click.echo(said, err=True)
     click.echo(
         f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)"
@@ -89,7 +78,7 @@ def submit(cluster, wait, dry_run, **options) -> None:
     sys.exit(code)
 
 
-def _submit_sweep(options, *, cluster, wait, dry_run) -> None:
+def _submit_sweep(options, *, wait, dry_run) -> None:
     """``submit --sweep``: its job arrays, or with ``--dry-run`` its points and scripts."""
     from hpc_hsdp.job.sweep_handle import arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
     from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
@@ -98,7 +87,7 @@ def _submit_sweep(options, *, cluster, wait, dry_run) -> None:
     if dry_run:
         click.echo(dry_run_text(plan), nl=False)
         return
-    record, said = submit_sweep(plan, cluster=cluster)
+    record, said = submit_sweep(plan)
     click.echo(said, err=True)
     click.echo(f"submitted {arrays_text(record)}: {len(record.points)} points{at_once_text(record)}")
     for point in record.points:

@@ -22,7 +22,7 @@ from hpc_hsdp.job.submission import submit_spec
 from hpc_hsdp.job.sweep import check_sweep_given
 
 
-def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
+def submit(fn: Callable | None = None, **options):
     """Python API: submit a job with the options of ``hpc-hsdp submit`` (as keyword
     arguments, ``nodes=2, shard=4, ...``); ``fn(ctx)``, when given, runs on every rank
     after the mesh is built. Returns submitit's Job (SLURM) or a LocalJob with the same
@@ -31,7 +31,7 @@ def submit(fn: Callable | None = None, *, cluster: str = "auto", **options):
     if spec.sweep:
         raise SpecError("submit() submits one job; a sweep goes through hpc_hsdp.submit_sweep(sweep=..., ...)")
     check_sweep_given(spec, options)
-    _, job, _ = submit_spec(spec, cluster=cluster, fn=fn)
+    _, job, _ = submit_spec(spec, fn=fn)
     return job
 
 
@@ -40,7 +40,6 @@ def submit_sweep(
     *,
     mode: str | None = None,
     array_parallelism: int | None = None,
-    cluster: str = "auto",
     **options,
 ):
     """Python API of ``hpc-hsdp submit --sweep``: ``sweep`` maps options to their values
@@ -73,7 +72,7 @@ def submit_sweep(
         )
 
     plan = plan_sweep(given, resolve=resolve, sweep=sweep if isinstance(sweep, Mapping) else list(sweep))
-    record, _ = submit_plan(plan, cluster=cluster)
+    record, _ = submit_plan(plan)
     return SweepHandle(record)
 
 

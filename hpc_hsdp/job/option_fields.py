@@ -72,6 +72,8 @@ MODULE_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_]
 """``--entry`` and ``--model MODULE:FUNCTION``: a dotted module path, a colon, a function name."""
 
 RENDER_SUBMIT = ("render", "submit")
+CLUSTERS = ("auto", "slurm", "local")
+"""``--cluster``: ``auto`` or one of the backends (``hpc_hsdp.job.backends.BACKEND_NAMES``)."""
 ON_EVERY_TASK = ("render", "submit", "run")
 
 KINDS = ("int", "float", "str", "path", "data", "bool", "nodes", "list", "table")

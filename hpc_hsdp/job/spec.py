@@ -21,6 +21,7 @@ from operator import attrgetter
 
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.option_fields import (
+    CLUSTERS,
     DECLARED,
     DEVICES,  # noqa: F401  (hpc_hsdp.runtime.dist imports it from here)
     ENVIRONMENT,
@@ -1164,6 +1165,15 @@ class JobSpec:
     means nodes x GPUs, ``template`` is an absolute path (None: the packaged ``job.sbatch.j2``).
     """
 
+    cluster: str = option_field(
+        default="auto",
+        kind="str",
+        commands=("submit",),
+        choices=CLUSTERS,
+        help="auto: SLURM where sbatch is installed and configured (a controller that does not answer refuses the "
+        "job: exit 2), the local emulator only where SLURM is not.",
+    )
+    """Where ``submit`` sends the job: ``auto``, ``slurm`` or ``local`` (the emulator); a config key too."""
     sweep: tuple[str, ...] = option_field(
         default=(),
         kind="list",

@@ -57,8 +57,8 @@ def submission_script(spec, snapshot_sha256: str | None = None) -> str:
     return render_sbatch(spec, launch_command=_submitit_command(Path(spec.log_dir)), snapshot_sha256=snapshot_sha256)
 
 
-def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
-    """Submit ``spec``; returns the handle, the submitit-style job object and what to say
+def submit_spec(spec, *, cluster: str | None = None, fn: Callable | None = None) -> tuple[JobHandle, Any, str]:
+    """Submit ``spec`` (to ``cluster``, else the one it names); returns the handle, the submitit-style job object and what to say
     before the job's own line: from which step it resumes (when it does), then why this
     cluster. Nothing is submitted when the spec or cluster is invalid, when a job still runs
     in its run directory, the run there already completed, the tasks could not use the
@@ -82,7 +82,7 @@ def submit_spec(spec, *, cluster: str = "auto", fn: Callable | None = None) -> t
     check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
     check_stage_dir(spec.run.training)  # --stage-data DIR that is a file or not writable here: nothing submitted
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
-    target, reason = resolve_cluster(cluster)
+    target, reason = resolve_cluster(cluster or spec.cluster)
     scheduler = backend(target)
     check_partition(spec, scheduler)  # a --partition the cluster does not have: nothing written
     check_fp8_gpus(spec, scheduler)  # --precision fp8 where the job's GPUs are known to lack it: nothing written

@@ -25,7 +25,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import OPTION_BY_KEY, JobOption, options_of
 
 SWEEP_MODES = ("grid", "zip")
-UNSWEPT = ("config", "profile", "run_dir", "sweep", "sweep_mode", "array_parallelism")
+UNSWEPT = ("config", "profile", "run_dir", "cluster", "sweep", "sweep_mode", "array_parallelism")
 """Options no sweep varies: the config file and its profile (read once, for every point), the
 run directory (each point's is ``<sweep-dir>/<point name>``) and the sweep's own."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -154,6 +154,7 @@ def parse_axes(specs: Sequence[str] | Mapping[str, Sequence[Any]]) -> list[Axis]
                     "run_dir": "the run directory of each point is <sweep-dir>/<point>",
                     "config": "it is read once",
                     "profile": "it is read once",
+                    "cluster": "a sweep goes to one scheduler",
                 }.get(key, "it shapes the sweep itself")
                 raise SpecError(f"--sweep {given}: {OPTION_BY_KEY[key].flag} cannot be swept ({why})")
             raise SpecError(

@@ -162,7 +162,7 @@ def dry_run_text(plan: SweepPlan) -> str:
     return out
 
 
-def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord, str]:
+def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepRecord, str]:
     """Submit ``plan``: one job array per distinct ``#SBATCH`` header (one, where the points share
     it); its record and what to say first (resumed points, why this cluster). Every array is
     checked before any is submitted; when the scheduler refuses a later one, those already
@@ -174,7 +174,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str = "auto") -> tuple[SweepRecord
             raise SpecError("submit --sweep --container-image: render each point's script and sbatch it instead")
         check_tensor_parallel(spec, own_function=False)
         check_trackers(spec.run.training)
-    target, reason = resolve_cluster(cluster)
+    target, reason = resolve_cluster(cluster or plan.specs[0].cluster)  # every point names the same: not swept
     scheduler = backend(target)
     most = scheduler.max_array_size()
     several = len(plan.groups) > 1

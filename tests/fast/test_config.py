@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -149,6 +150,28 @@ def test_bad_config_through_the_command_is_one_line(tmp_path: Path, capsys) -> N
     assert exc.value.code == 2 and err.count("\n") == 1 and "bogus" in err and str(path) in err
 
 
+def test_the_cluster_is_a_config_key_a_profile_may_set_and_the_command_line_overrides(tmp_path: Path) -> None:
+    from hpc_hsdp.cli.submit_cmd import submit  # noqa: PLC0415
+
+    path = tmp_path / "job.toml"
+    path.write_text('shard = 1\ncluster = "slurm"\n[profiles.laptop]\ncluster = "local"\n')
+
+    def chosen(*argv: str) -> str:
+        params = submit.make_context("submit", ["--run-dir", "/r", "--config", str(path), *argv]).params
+        return job_spec_from_options(params, environ={}, cwd=tmp_path, default_venv=None).cluster
+
+    assert chosen() == "slurm"
+    path.write_text('shard = 1\n[profiles.laptop]\ncluster = "local"\n')
+    assert (chosen(), chosen("--profile", "laptop"), chosen("--profile", "laptop", "--cluster", "auto")) == (
+        "auto",
+        "local",
+        "auto",
+    )
+    path.write_text('shard = 1\ncluster = "mars"\n')
+    with pytest.raises(SpecError, match="--cluster 'mars' is unknown; choose auto, slurm, local"):
+        chosen()
+
+
 def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
     """One config setting each option; the result equals the same options on the command line."""
     path = tmp_path / "all.toml"
@@ -199,6 +222,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         sweep = ["seed=0,1", "lr=1e-3,3e-3"]
         sweep_mode = "zip"
         array_parallelism = 2
+        cluster = "local"
         """)
     )
     missing = set(OPTION_KINDS) - set(load_config(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
@@ -291,7 +315,8 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         ],
         cwd=tmp_path,
     )
-    assert from_file == from_cli
+    assert from_file.cluster == "local"  # submit's own: render's command line has no --cluster
+    assert dataclasses.replace(from_file, cluster="auto") == from_cli
 
 
 _SAMPLE_BY_KIND = {

@@ -161,3 +161,16 @@ def test_every_repository_path_named_exists(path):
     assert not missing_paths(path.read_text(errors="replace")), (
         f"{path.relative_to(ROOT)} names paths that do not exist: {missing_paths(path.read_text(errors='replace'))}"
     )
+
+
+def test_the_readme_installs_from_an_index_and_from_a_checkout_with_extras_that_exist():
+    import tomllib  # noqa: PLC0415
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    lines = [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()]
+    installs = [line for line in lines if line.startswith("pip install ")]
+    assert any("'hpc-hsdp[" in line for line in installs), installs  # from the package index
+    assert any(line.startswith("pip install -e '.[") for line in installs), installs  # from a checkout
+    for line in installs:
+        named = re.search(r"\[([a-z0-9,-]+)\]'", line)
+        assert named and set(named.group(1).split(",")) <= extras, line

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 
 from hpc_hsdp.errors import SchedulerError, SpecError
 from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout, ping_controller
+from hpc_hsdp.job.option_fields import CLUSTERS as OPTION_CLUSTERS
 
 if TYPE_CHECKING:
     from hpc_hsdp.job.backends.base import Backend
 
 BACKEND_NAMES = ("slurm", "local")
 """What a job record's ``cluster`` may say."""
-CLUSTERS = ("auto", *BACKEND_NAMES)
+CLUSTERS = OPTION_CLUSTERS
+"""``--cluster`` (a config key and an ``hpc_hsdp.submit`` keyword too): ``auto`` and the backends."""
 
 
 def backend(name: str) -> Backend:
