@@ -13,7 +13,9 @@ JOB_VARIABLES = ("SLURM", "MASTER_", "HPC_HSDP_NODE_SWITCHES")
 rendezvous: a test run inside an allocation must not hand its own to the commands it runs."""
 
 
-def hpc(*args: str, env: dict | None = None, timeout: float = 300, slurm: bool = False) -> subprocess.CompletedProcess:
+def hpc(
+    *args: str, env: dict | None = None, timeout: float = 300, slurm: bool = False, input: str | None = None
+) -> subprocess.CompletedProcess:
     """``hpc-hsdp ARGS`` in a new interpreter, outside any job (no :data:`JOB_VARIABLES`), ``env``
     added. ``slurm``: the dev cluster's tests keep ``SLURM_CONF`` (which cluster the commands ask)."""
     base = {k: v for k, v in os.environ.items() if (slurm and k == "SLURM_CONF") or not k.startswith(JOB_VARIABLES)}
@@ -23,6 +25,7 @@ def hpc(*args: str, env: dict | None = None, timeout: float = 300, slurm: bool =
         text=True,
         timeout=timeout,
         env={**base, **(env or {})},
+        input=input,
     )
 
 

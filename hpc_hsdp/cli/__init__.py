@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("jobs_cmd", "logs", "Print or follow a job's per-rank logs."),
     "cancel": ("jobs_cmd", "cancel", "Cancel a submitted job."),
     "stacks": ("stacks_cmd", "stacks", "Every rank's stack of a running job, grouped, without stopping it."),
+    "debug": ("stacks_cmd", "debug", "Stop one rank of a running job in pdb at a step boundary and attach to it."),
     "export": (
         "export_cmd",
         "export",

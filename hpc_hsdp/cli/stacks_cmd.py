@@ -1,13 +1,18 @@
-"""``hpc-hsdp stacks``: every rank's stack of a running job, grouped, the odd ones out first."""
+"""``hpc-hsdp stacks``: every rank's stack of a running job, grouped, the odd ones out first;
+``hpc-hsdp debug``: one rank in pdb at a step boundary, the others waiting."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 import time
 
 import click
 
 from hpc_hsdp.cli.jobs_cmd import JOB_HELP
+from hpc_hsdp.job.debug_attach import attach_argv, request_debugger
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.live_stacks import collect_stacks
 from hpc_hsdp.plan.units import terminal_safe
@@ -46,3 +51,36 @@ def stacks(job, as_json, native, python_only, frames, timeout_s) -> None:
         click.echo(terminal_safe(line))
     how = sorted({s.get("how") for s in taken if s.get("how")})
     click.echo(f"({len(taken)} ranks in {time.monotonic() - started:.1f} s; {', '.join(how) or 'no stacks'})")
+
+
+@click.command(epilog=JOB_HELP)
+@click.argument("job")
+@click.option("--rank", type=int, required=True, help="The node-major rank to stop in the debugger.")
+@click.option(
+    "--at-step", type=int, default=None, help="Stop at the boundary after this step (default: the next boundary)."
+)
+@click.option(
+    "--no-attach", is_flag=True, help="Print where the rank's debugger listens and the command that attaches; exit."
+)
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds to wait for the rank to stop.")
+def debug(job, rank, at_step, no_attach, timeout_s) -> None:
+    """Stop one rank of a running job in pdb at a step boundary, the other ranks waiting at the same
+    boundary (the hang watchdog paused), and attach this terminal to it (through srun --overlap on
+    SLURM). In pdb: 'c' resumes every rank, as if nothing happened; 'q' ends the job (every rank
+    saves and stops)."""
+    handle = JobHandle.find(job)
+    session = request_debugger(
+        handle, rank=rank, at_step=at_step, timeout_s=timeout_s, say=lambda line: click.echo(line, err=True)
+    )
+    command = handle.backend.on_node_command(handle.record, session["node"], attach_argv(session["socket"]))
+    click.echo(
+        terminal_safe(
+            f"rank {rank} stopped after step {session['step']} on node {session['node']}; "
+            f"its pdb listens on {session['socket']}"
+        ),
+        err=True,
+    )
+    if no_attach:
+        click.echo(shlex.join(command))
+        return
+    sys.exit(subprocess.call(command))

@@ -73,6 +73,10 @@ class StepCoordinator(Protocol):
         """This job (or group) writes the step's record and saves the checkpoints."""
 
     @property
+    def debuggable(self) -> bool:
+        """``hpc-hsdp debug`` may stop a rank at the step boundaries (every rank meets at each one)."""
+
+    @property
     def prints_step_lines(self) -> bool:
         """This rank prints the step's line."""
 
@@ -91,6 +95,7 @@ class OneGroup:
     """The ordinary job: every rank trains every step, each with its own rows (see the module docstring)."""
 
     leads = True
+    debuggable = True
 
     def __init__(self, ctx: RunContext, training: TrainingSpec) -> None:
         self.ctx, self.training = ctx, training

@@ -48,6 +48,7 @@ from hpc_hsdp.plan.mixture import rows_after, rows_of_step
 from hpc_hsdp.runtime import checkpoint, injected_faults
 from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
 from hpc_hsdp.runtime.coordinator import StepCoordinator, coordinator_for
+from hpc_hsdp.runtime.debugger import QUIT, DebugPoint
 from hpc_hsdp.runtime.device import (
     check_training_device,
     configure_device,
@@ -61,6 +62,7 @@ from hpc_hsdp.runtime.log import note, say
 from hpc_hsdp.runtime.metrics_writer import metrics_log
 from hpc_hsdp.runtime.model import build_model, make_optimizer, record_model
 from hpc_hsdp.runtime.observer import RunObserver
+from hpc_hsdp.runtime.preemption import join_stop_code, split_stop_code
 from hpc_hsdp.runtime.run_data import (
     TrainData,
     check_data,
@@ -101,14 +103,21 @@ def control_group(ctx: RunContext):
 
 
 def should_stop(
-    ctx: RunContext, last_step: int, *, stop_requested: Callable[[], bool] | None = None, group=None
+    ctx: RunContext,
+    last_step: int,
+    *,
+    stop_requested: Callable[[], bool] | None = None,
+    group=None,
+    debug_code: int = 0,
 ) -> str | None:
     """Collective, at a step boundary: the agreed reason to stop (``"USR2"``, ``"TERM"``,
-    ``"requested"``) or None. Every rank must call it at the same boundaries."""
+    ``"requested"``) or None. Every rank must call it at the same boundaries. ``debug_code``:
+    rank 0's request of ``hpc-hsdp debug``, agreed in the same collective
+    (``ctx.preemption.agreed_debug``)."""
     preemption = ctx.preemption
     if preemption is not None:
         device = torch.device("cpu") if group is not None else ctx.device
-        if preemption.should_stop(last_step, device=device, group=group):
+        if preemption.should_stop(last_step, device=device, group=group, debug_code=debug_code):
             return preemption.stop_reason
     if stop_requested is not None and stop_requested():
         return "requested"
@@ -176,6 +185,12 @@ class Engine:
         self.began = time.time()
         self.periodic = checkpoint.AsyncSaver.for_run(ctx, self.training)  # None without --checkpoint-every
         self.watchdog: Watchdog | None = None
+        self.debug_point = DebugPoint(ctx) if getattr(self.coordinator, "debuggable", False) else None
+        """``hpc-hsdp debug``'s side on the ranks, agreed at the step boundaries (where the coordinator allows)."""
+        self._debug_due: int | None = None
+        self.quit_reason: str | None = None
+        """``"debugger"`` once a debugger session ended with quit: every rank stops after this step."""
+        self._number = self.start_step
         self._stop_group = None
         self._agreement_ready = False
         self._finished = False
@@ -219,6 +234,7 @@ class Engine:
     def begin_step(self, number: int) -> Step:
         """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
         injected_faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
+        self._number = number
         seed_step(self.training.seed, number, self.ctx.data_rank)  # a tp group draws alike
         started, cpu_started = time.perf_counter(), time.process_time()
         self.observer.step_begins(number)
@@ -368,6 +384,9 @@ class Engine:
         injected_faults.after_step(self.coordinator.rank_label, self.ctx.world_size, step.number, step.batches)
         if self.watchdog is not None:
             self.watchdog.step_done(step.number)
+        if self._debug_due is not None:  # agreed in the step's all_reduce
+            rank, self._debug_due = self._debug_due, None
+            self._debug(step.number, rank)
         if self.saved_step != self._evals_checked and (self.periodic is None or self.periodic.in_flight is None):
             self.submit_evals()  # a background save was committed since
 
@@ -375,21 +394,44 @@ class Engine:
 
     @property
     def stop_code(self) -> Callable[[], int] | None:
-        """This rank's signal code, for a fused agreement (``train_step(..., stop_code=)``)."""
+        """This rank's code for a fused agreement (``train_step(..., stop_code=)``): its signals',
+        and on rank 0 a debugger request due after the step (:mod:`hpc_hsdp.runtime.debugger`)."""
         preemption = self.ctx.preemption
-        return (lambda: preemption.local_code) if preemption is not None else None
+        if preemption is None:
+            return None
+        debug_point = self.debug_point
+        if debug_point is None:
+            return lambda: preemption.local_code
+        return lambda: join_stop_code(preemption.local_code, debug_point.request_code(self._number))
 
     def agreed_stop(self, code: float, number: int) -> bool:
         """Whether the code the ranks agreed on in the step's all_reduce stops them after step
-        ``number`` (after the last one the run is done: nothing to stop or requeue)."""
+        ``number`` (after the last one the run is done: nothing to stop or requeue). A debugger
+        request in it stops its rank in :meth:`step_done`."""
         preemption = self.ctx.preemption
+        debug_code = split_stop_code(int(code))[1]
+        if debug_code and self.debug_point is not None:
+            self._debug_due = debug_code - 1
         return preemption is not None and number < self.training.steps and preemption.agree(int(code), number)
 
     def agree_stop(self, done: int, stop_requested: Callable[[], bool] | None = None) -> str | None:
-        """Collective, at the boundary after step ``done``: the agreed reason to stop or None."""
+        """Collective, at the boundary after step ``done``: the agreed reason to stop or None
+        (``"debugger"``: a debugger session at this boundary ended with quit)."""
         if not self._agreement_ready:
             self._stop_group, self._agreement_ready = control_group(self.ctx), True
-        return should_stop(self.ctx, done, stop_requested=stop_requested, group=self._stop_group)
+        debug_code = self.debug_point.request_code(done) if self.debug_point is not None else 0
+        reason = should_stop(
+            self.ctx, done, stop_requested=stop_requested, group=self._stop_group, debug_code=debug_code
+        )
+        preemption = self.ctx.preemption
+        if reason is None and preemption is not None and preemption.agreed_debug and self.debug_point is not None:
+            self._debug(done, preemption.agreed_debug - 1)
+        return reason or self.quit_reason
+
+    def _debug(self, step: int, rank: int) -> None:
+        """Every rank, at the boundary after ``step``: rank ``rank`` in the debugger, the others waiting."""
+        if self.debug_point.pause(step, rank, self.watchdog) == QUIT:
+            self.quit_reason = "debugger"
 
     def announce_stop(self, reason: str, number: int) -> None:
         if self.ctx.is_rank0 and self.verbose:

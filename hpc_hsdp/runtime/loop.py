@@ -129,7 +129,10 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
     engine.publish(record, step_line(record, engine.training.steps))
     if on_step is not None:
         on_step(number, dict(record, sample_ids=[b.sample_ids.tolist() for b in step.batches]))
-    engine.step_done(step)
+    engine.step_done(step)  # where a debugger session agreed in the step runs
+    if engine.quit_reason is not None and not stopping:
+        result.stopped, result.stop_reason = True, engine.quit_reason
+        return True
     if stopping:
         result.stopped, result.stop_reason = True, engine.ctx.preemption.stop_reason
         engine.announce_stop(result.stop_reason, number)

@@ -53,6 +53,21 @@ DEFAULT_WARNING_SIGNAL = "USR2"
 
 NONE, WARNING, TERMINATE = 0, 1, 2
 """Stop codes agreed with all_reduce(MAX): SIGTERM outranks the warning."""
+STOP_CODE_SPAN = 4
+"""A stop code above the signals' carries a request of ``hpc-hsdp debug`` agreed at the same
+boundary: ``signal + STOP_CODE_SPAN * (debugged rank + 1)``, sent by rank 0 alone
+(:mod:`hpc_hsdp.runtime.debugger`)."""
+
+
+def split_stop_code(code: int) -> tuple[int, int]:
+    """(the signals' code, the debugger's: 0, or the rank to stop + 1) of an agreed stop code."""
+    code = int(code)
+    return code % STOP_CODE_SPAN, code // STOP_CODE_SPAN
+
+
+def join_stop_code(signal_code: int, debug_code: int) -> int:
+    return signal_code + STOP_CODE_SPAN * debug_code
+
 
 EXIT_STOPPED_NOT_REQUEUED = 75
 """Exit status of a task that saved and stopped on the warning signal but could not requeue
@@ -111,6 +126,8 @@ class Preemption:
         self._local = NONE
         self.agreed = NONE
         self.agreed_step: int | None = None
+        self.agreed_debug = 0
+        """The debugger's part of the last agreed code: 0, or the rank to stop + 1."""
         self.outcome: StopOutcome | None = None
         self._previous: dict[signal.Signals, object] = {}
         self._tensor = None
@@ -155,18 +172,23 @@ class Preemption:
     # ------------------------------------------------------------------ agreement (all ranks)
 
     def agree(self, code: int, step: int | None = None) -> bool:
-        """Record the code the ranks agreed on in a collective (the highest any rank had);
-        ``step``: the last completed step. True when it says stop."""
+        """Record the code the ranks agreed on in a collective (the highest any rank had; its
+        debugger part in :attr:`agreed_debug`); ``step``: the last completed step. True when it
+        says stop."""
+        code, self.agreed_debug = split_stop_code(code)
         if code > self.agreed:
             self.agreed = code
             self.agreed_step = step
         return code != NONE
 
-    def should_stop(self, step: int | None = None, *, device=None, group=None) -> bool:
+    def should_stop(self, step: int | None = None, *, device=None, group=None, debug_code: int = 0) -> bool:
         """Collective, at a step boundary: True on every rank when any rank got a signal.
         ``step``: the last completed step (for the log and ``finish``); ``group``: the
         process group to agree in (default: the world), e.g. a gloo group on GPU runs so
-        that the agreement costs no device sync (then ``device`` is the CPU)."""
+        that the agreement costs no device sync (then ``device`` is the CPU). ``debug_code``:
+        rank 0's request of ``hpc-hsdp debug`` (:data:`STOP_CODE_SPAN`), agreed in the same
+        all_reduce (another rank's signal then counts at the next boundary); the agreed one in
+        :attr:`agreed_debug`."""
         import torch  # noqa: PLC0415 - the handlers go in before torch loads (module docstring)
         import torch.distributed as dist  # noqa: PLC0415 - as torch
 
@@ -177,7 +199,7 @@ class Preemption:
                 if device is None:
                     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
                 self._tensor = torch.zeros((), dtype=torch.int32, device=device)
-            self._tensor.fill_(self._local)
+            self._tensor.fill_(join_stop_code(self._local, debug_code))
             dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX, group=group)
             code = int(self._tensor.item())
         return self.agree(code, step)

@@ -298,7 +298,7 @@ class ReplicaGroup:
         mean, whatever each group's share of it. The loss, the row count and the stop codes are
         summed over the group, then over the live groups (torchft); the squared gradient norm
         (the gradients are the same in every group by then) over the group only."""
-        from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING  # noqa: PLC0415 - beside step.py's
+        from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING, split_stop_code  # noqa: PLC0415 - beside step.py's
 
         model, adapter, ctx = self.model, self.adapter, self.ctx
         device = batches[0].inputs.device
@@ -314,7 +314,7 @@ class ReplicaGroup:
                 (loss * (rows * scale)).backward()
             loss_sum += local_value(loss.detach()).float() * (rows / ctx.tp_size)  # T ranks add each row
         grads, squared = local_grads(model, device, tp_size=ctx.tp_size)
-        code = stop_code() if stop_code is not None else NONE
+        code = split_stop_code(stop_code())[0] if stop_code is not None else NONE  # no debugger here
         rows_here = float(sum(len(b.sample_ids) for b in batches)) / ctx.tp_size
         fused = torch.stack(
             [
@@ -354,6 +354,9 @@ class ReplicaGroup:
 
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
         return tensor
+
+    debuggable = False
+    """``hpc-hsdp debug`` is not offered: the groups meet at a step through the quorum, not at one boundary."""
 
     @property
     def leads(self) -> bool:

@@ -13,7 +13,7 @@ from torch import nn
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch, read_rows
 from hpc_hsdp.runtime.optimizer import local_shard
-from hpc_hsdp.runtime.preemption import NONE, TERMINATE, WARNING
+from hpc_hsdp.runtime.preemption import NONE, STOP_CODE_SPAN, TERMINATE, WARNING, split_stop_code
 from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context, norm_weights
 
 
@@ -68,7 +68,9 @@ def train_step(
     rank's local gradient shards cover the model once per replica, so the sum over all ranks
     is ``num_replicas`` times the squared norm; ``stop_code()``, this rank's signal code
     (:data:`hpc_hsdp.runtime.preemption.WARNING`, ``TERMINATE``), read after the backward,
-    is summed as one count per code, so the agreed code is the highest any rank had.
+    is summed as one count per code, so the agreed code is the highest any rank had; the code's
+    debugger part (:func:`~hpc_hsdp.runtime.preemption.split_stop_code`: ``hpc-hsdp debug``'s
+    request, which rank 0 alone sends) is summed apart and comes back in the agreed code.
 
     With a mixture of ``num_sources`` sources (each batch's ``sources``), the same all_reduce
     carries each source's sum of row losses and its rows, and the result goes on with each
@@ -102,13 +104,16 @@ def train_step(
         loss_sum += local_value(loss.detach()).float()
     grads, squared = local_grads(model, device, tp_size=tp_size)
     code = stop_code() if stop_code is not None else NONE
-    warned = torch.full((), float(code == WARNING), device=device)  # a fill kernel: no host-to-device copy
-    terminated = torch.full((), float(code == TERMINATE), device=device)
-    fused = torch.cat([torch.stack([loss_sum, squared, warned, terminated]), by_source])
+    signal_code, debug_code = split_stop_code(code)
+    warned = torch.full((), float(signal_code == WARNING), device=device)  # a fill kernel: no host-to-device copy
+    terminated = torch.full((), float(signal_code == TERMINATE), device=device)
+    debug = torch.full((), float(debug_code), device=device)  # one rank (0) asks: the sum is its request
+    fused = torch.cat([torch.stack([loss_sum, squared, warned, terminated, debug]), by_source])
     dist.all_reduce(fused, op=dist.ReduceOp.SUM)
     mean_loss = fused[0] / (dist.get_world_size() * accum)
     grad_norm = (fused[1] / num_replicas).sqrt()
     agreed = torch.where(fused[3] > 0, float(TERMINATE), torch.where(fused[2] > 0, float(WARNING), float(NONE)))
+    agreed = agreed + STOP_CODE_SPAN * fused[4]
     if clip_grad > 0 and grads:
         torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
     for group in optimizer.param_groups:
@@ -118,7 +123,7 @@ def train_step(
     head = torch.stack([mean_loss, grad_norm, agreed])
     if not num_sources:
         return head
-    sums, rows_seen = fused[4 : 4 + num_sources], fused[4 + num_sources :]
+    sums, rows_seen = fused[5 : 5 + num_sources], fused[5 + num_sources :]
     return torch.cat([head, sums / rows_seen])  # 0/0: nan, a source without rows
 
 

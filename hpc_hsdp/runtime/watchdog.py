@@ -236,6 +236,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._store = None
         self._prefix = ""
+        self.paused = False
+        """True while every rank waits at a boundary on purpose (``hpc-hsdp debug``): no hang."""
         self.busy: Callable[[], bool] | None = None
         """While this answers True the rank is legitimately busy (``--compile``'s compiler
         running): no hang, and the time does not count toward the timeout."""
@@ -287,7 +289,7 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 10))):
             busy = self.busy
-            if busy is not None and busy():
+            if self.paused or (busy is not None and busy()):
                 self.last_progress = max(self.last_progress, time.monotonic())
                 continue
             if time.monotonic() - self.last_progress > self.timeout_s:
