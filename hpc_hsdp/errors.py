@@ -28,5 +28,14 @@ class DataError(SpecError):
     wrong with which file, and the fix."""
 
 
+class InputNotFound(SpecError):
+    """A file, directory or module the job names is not found on the machine that looked (submit's
+    checks look on the submitting machine: a path only the compute nodes see is not found there)."""
+
+
+class DataNotFound(DataError, InputNotFound):
+    """Token data that is not there."""
+
+
 class SchedulerError(HsdpError):
     """The scheduler refused or could not be reached (every backend's: SLURM's, the emulator's)."""

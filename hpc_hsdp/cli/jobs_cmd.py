@@ -168,7 +168,8 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     if tty:
         _say("", err=True)
     if status.state == "COMPLETED":
-        _say(f"job {handle.job_id} completed; metrics: {Path(handle.record.run_dir) / 'metrics.jsonl'}", err=True)
+        metrics = Path(handle.record.run_dir) / "metrics.jsonl"
+        _say(f"job {handle.job_id} completed" + (f"; metrics: {metrics}" if metrics.is_file() else ""), err=True)
         return 0
     _say(
         f"job {handle.job_id} ended {status.state}" + (f" (exit {status.exit_code})" if status.exit_code else ""),
@@ -490,7 +491,12 @@ def _run_row(path: Path, label: str, broken: str | None, st) -> tuple[float, lis
         state = f"{state} (job.json: {broken})"
     elif st is not None:
         job_state = st.state
-        state = job_state if job_state != "COMPLETED" or state == "completed" else f"{job_state} ({state})"
+        if (
+            job_state == "COMPLETED" and state != "not started"
+        ):  # not started: no training loop ran (check, fn, --entry)
+            state = job_state if state == "completed" else f"{job_state} ({state})"
+        else:
+            state = job_state
         if not st.current:
             age = st.last_known_age_s()
             state += " (last known" + (f", {duration(age)} ago)" if age is not None else ")")

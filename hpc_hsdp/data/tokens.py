@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from hpc_hsdp.data.sampler import num_samples
-from hpc_hsdp.errors import DataError
+from hpc_hsdp.errors import DataError, DataNotFound
 from hpc_hsdp.files import write_atomically
 
 TOKEN_FORMAT = "hpc-hsdp-tokens"
@@ -160,7 +160,7 @@ def read_token_file(bin_path: str | os.PathLike) -> TokenFile:
     bin_path = Path(bin_path)
     side = sidecar_path(bin_path)
     if not bin_path.is_file():
-        raise DataError(f"token file {bin_path} does not exist; check the path, or {_PREPARE_HINT}")
+        raise DataNotFound(f"token file {bin_path} does not exist; check the path, or {_PREPARE_HINT}")
     if not side.is_file():
         raise DataError(
             f"token file {bin_path} has no sidecar {side.name} beside it (dtype, vocabulary, tokenizer); "
@@ -378,7 +378,7 @@ def open_dataset(path: str | os.PathLike, split: str = "train") -> TokenDataset:
     elif path.is_file() and path.suffix == ".json" and path.with_suffix(".bin").is_file():
         path = path.with_suffix(".bin")
     if not path.exists():
-        raise DataError(
+        raise DataNotFound(
             f"token data {given} does not exist; give a directory written by `hpc-hsdp prepare-data` "
             f"or a .bin token file"
         )

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import InputNotFound, SpecError
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
@@ -56,7 +56,7 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | N
         if training.model == "builtin" and training.data is not None and spec.run.tp_size > 1:
             _check_data_vocabulary_splits(training, spec.run.tp_size)
         _check_resume(spec, num_samples, state, sources)
-    except SpecError as exc:
+    except InputNotFound as exc:  # what is not here may be on the compute nodes; other findings are the job's own
         raise SpecError(f"{exc}{AFTER}") from None
     return note
 
@@ -167,7 +167,7 @@ def check_importable(option: str, value: str, *, fix: str) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise SpecError(f"{option} {value!r}: module {module!r} cannot be imported here; {fix}")
+        raise InputNotFound(f"{option} {value!r}: module {module!r} cannot be imported here; {fix}")
 
 
 def _model_vocab_size(model: str) -> int | None:

@@ -35,7 +35,7 @@ import re
 from contextlib import nullcontext
 from pathlib import Path
 
-from hpc_hsdp.errors import SpecError
+from hpc_hsdp.errors import InputNotFound, SpecError
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
 from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config, tp_dims_from_config
 from hpc_hsdp.plan.shapes import tp_refusal
@@ -57,13 +57,14 @@ def locate(model: str) -> tuple[Path, Path | None]:
     path = Path(text).expanduser()
     if not path.exists():
         if not path.is_absolute() and not text.startswith((".", "~")) and _HUB_ID.match(text):
-            raise SpecError(
+            raise InputNotFound(
                 f"--model {model!r}: no local directory or file {text!r}; it looks like a hub model id, and nothing is "
                 f"downloaded: fetch it once (huggingface-cli download {text} --local-dir DIR) and give hf:DIR"
             )
-        raise SpecError(
+        raise InputNotFound(
             f"--model {model!r}: {str(path)!r} does not exist; give a directory written by "
-            f"save_pretrained or a config.json"
+            f"save_pretrained or a config.json (hf: reads local paths only; a hub id is not downloaded: "
+            f"huggingface-cli download ORG/NAME --local-dir DIR, then hf:DIR)"
         )
     if path.is_dir():
         config = path / "config.json"

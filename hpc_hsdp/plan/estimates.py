@@ -130,7 +130,17 @@ def parse_count(text: str, *, option: str = "--model-params") -> int:
     value = int(number)
     if value < 1:
         raise SpecError(f"{option} {text!r} must be at least 1")
+    if not match.group(2) and value < SMALLEST_BARE_COUNT:
+        given = match.group(1)
+        raise SpecError(
+            f"{option} {text!r} would be {value:,} parameters; write {given}B (billions) or {given}M (millions), "
+            f"or the whole count ({value * 10**9})"
+        )
     return value
+
+
+SMALLEST_BARE_COUNT = 10**4
+"""A count without a unit below this (``--model-params 70``) is a forgotten B or M, not a model."""
 
 
 def parse_bytes(text: str, *, option: str = "--gpu-memory") -> int:

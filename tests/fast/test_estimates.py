@@ -181,3 +181,9 @@ def test_plan_cli_takes_grad_accum():
     assert wire("--grad-accum", "4")[1] == 4 * wire()[1]
     bad = plan("--grad-accum", "0")
     assert bad.returncode == 2 and "--grad-accum 0" in bad.stderr
+
+
+def test_a_small_count_without_a_unit_is_a_forgotten_unit_not_a_model():
+    with pytest.raises(SpecError, match=r"--model-params '70' would be 70 parameters; write 70B \(billions\) or 70M"):
+        parse_count("70")
+    assert parse_count("70B") == 70 * 10**9 and parse_count("10000") == 10**4

@@ -309,3 +309,20 @@ def test_the_blocked_clock_counts_only_the_thread_that_started_it(monkeypatch):
         assert clock.stop() >= 0.05
     finally:
         clock.close()
+
+
+def test_runs_shows_a_completed_job_that_ran_no_training_loop_as_completed(tmp_path):
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from hpc_hsdp.cli.jobs_cmd import _run_row  # noqa: PLC0415
+
+    done = SimpleNamespace(state="COMPLETED", current=True)
+    check = tmp_path / "check"  # a check's (or a Python function's) run: job.json and check.json, no training records
+    check.mkdir()
+    (check / "check.json").write_text("{}")
+    assert _run_row(check, "check", None, done)[1][1] == "COMPLETED"
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    attempts.begin_attempt(trained, restart=0, job_id="1", start_step=0, total_steps=20)
+    assert _run_row(trained, "trained", None, done)[1][1] == "COMPLETED (running)"  # the loop's own view stays
+    assert _run_row(check, "check", None, SimpleNamespace(state="FAILED", current=True))[1][1] == "FAILED"

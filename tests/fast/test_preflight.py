@@ -81,6 +81,7 @@ def _spec(argv: list[str], files: dict[str, str]):
             "has a vocabulary of 64 tokens but the data's tokenizer has 100: token ids would fall outside the embedding",
         ),
         (["--model", "NO_MODEL"], "does not exist; give a directory written by save_pretrained"),
+        (["--model", "NO_MODEL"], "(hf: reads local paths only; a hub id is not downloaded: huggingface-cli download"),
         (["--model", "NOT_JSON_MODEL"], "config.json' as JSON (Expecting property name"),
         (["--model", "LIST_MODEL"], "config.json' is not a JSON object; give a config.json"),
         (["--model", "hpc_hsdp_no_such_module:build"], "module 'hpc_hsdp_no_such_module' cannot be imported here"),
@@ -92,7 +93,11 @@ def test_inputs_the_tasks_could_not_use_are_refused_in_one_line(tmp_path, data, 
         check_job_inputs(_spec(argv, files))
     text = str(info.value)
     assert message.format(**files) in text and "\n" not in text
-    assert text.endswith("render the script and sbatch it)") and "nothing submitted" in text
+    not_here = any(
+        w in message for w in ("does not exist", "cannot be imported", "hf: reads local")
+    )  # the nodes' files?
+    assert text.endswith("render the script and sbatch it)") == not_here
+    assert ("submit looks for the job's files on this machine" in text) == not_here
 
 
 @pytest.mark.parametrize(
@@ -171,7 +176,8 @@ def test_a_checkpoint_the_job_could_not_continue_is_refused(tmp_path, data, save
     spec = spec_from_argv([*RESUME, "--data", str(data), "--run-dir", str(tmp_path / "run"), *argv])
     with pytest.raises(SpecError) as info:
         check_job_inputs(spec)
-    assert message.format(samples=samples) in str(info.value) and "nothing submitted" in str(info.value)
+    assert message.format(samples=samples) in str(info.value)
+    assert "looks for the job's files on this machine" not in str(info.value)  # a mismatch, not a missing file
 
 
 @pytest.mark.parametrize("synthetic", [False, True])

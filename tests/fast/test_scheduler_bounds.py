@@ -66,6 +66,8 @@ def test_auto_runs_locally_where_slurm_is_installed_but_not_configured(tmp_path,
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     target, reason = resolve_cluster("auto")
     assert target == "local" and "not configured" in reason and "\n" not in reason
+    assert reason.endswith("(no slurm.conf and no SLURM_CONF here, and DNS names no SLURM controller)"), reason
+    assert "DNS SRV" not in reason and "fetch_config" not in reason  # scontrol's look-up errors are not the reason
     with pytest.raises(SchedulerError, match="not configured"):
         resolve_cluster("slurm")
 

@@ -217,6 +217,8 @@ def ping_controller(*, timeout_s: float | None = None, env: Mapping[str, str] | 
         return Ping(answered=True, host=host, configured=True, said="", **facts)
     said = " ".join((ping.stdout + ping.stderr).split()) or f"exit code {ping.returncode}"
     unconfigured = config is None and any(marker in said for marker in _NO_CONFIG_MARKERS)
+    if unconfigured:  # scontrol's own words are its DNS SRV look-up's errors: none of them is the reason
+        said = "no slurm.conf and no SLURM_CONF here, and DNS names no SLURM controller"
     return Ping(answered=False, host=host, configured=not unconfigured, said=said, **facts)
 
 
