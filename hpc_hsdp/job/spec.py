@@ -400,6 +400,18 @@ class TrainingSpec:
         help="Complete checkpoints to keep.",
     )
     """Complete checkpoints kept."""
+    checkpoint_store: str | None = option_field(
+        default=None,
+        kind="str",
+        default_text="none: checkpoints stay in RUN_DIR/checkpoints",
+        metavar="URL",
+        help="Also keep the checkpoints in object storage, s3://BUCKET/PREFIX (hpc-hsdp[s3]; the endpoint, keys and "
+        "region from the AWS variables and files, never written anywhere): each save goes to RUN_DIR/checkpoints "
+        "as without it, then every rank uploads its files in the background, retried, and the step is committed "
+        "there once all are in; --keep-checkpoints applies there too; a resume takes the newest committed step of "
+        "the run directory or the store.",
+    )
+    """Object storage that holds the checkpoints too, ``s3://BUCKET/PREFIX`` (None: the run directory only)."""
     straggler_every: int = option_field(
         default=10,
         kind="int",
@@ -483,6 +495,10 @@ class TrainingSpec:
                     "or leave --stage-data out"
                 )
         object.__setattr__(self, "tracker", ",".join(tracker_names(self.tracker)) or NO_TRACKER)
+        if self.checkpoint_store is not None:
+            from hpc_hsdp.rundir.checkpoint_store import parse_store_url  # noqa: PLC0415 - only with a store
+
+            object.__setattr__(self, "checkpoint_store", str(parse_store_url(self.checkpoint_store)))
         if self.eval_job is not None:
             from hpc_hsdp.rundir.evals import check_eval_command  # noqa: PLC0415 - only with --eval-job: not at render's start
 

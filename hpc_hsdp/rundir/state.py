@@ -68,7 +68,7 @@ def file_record(path: str | Path, *, checksum: bool) -> dict:
     return record
 
 
-_MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_BYTES = 64 << 20
 _FILE_NAME = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
 """The files a manifest may name: DCP's, in the checkpoint directory itself."""
 
@@ -78,9 +78,14 @@ def read_manifest(path: str | Path) -> dict | None:
     one that hpc-hsdp wrote: a file named otherwise than DCP names its files, a size or CRC-32
     that is not a small integer; then the checkpoint is damaged, see :func:`damage`)."""
     try:
-        data = read_json(Path(path) / MANIFEST, max_bytes=_MAX_MANIFEST_BYTES)
+        data = read_json(Path(path) / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, ValueError):
         return None
+    return manifest_of(data)
+
+
+def manifest_of(data: object) -> dict | None:
+    """A parsed manifest checked as :func:`read_manifest` checks it (None: not one hpc-hsdp wrote)."""
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         return None
     files, total = data.get("files", {}), data.get("total_bytes", 0)
@@ -137,7 +142,7 @@ def damage(path: str | Path, *, checksum_files: list[str] | None = None) -> str 
     return None
 
 
-_MAX_TRAIN_STATE_BYTES = 4 << 20
+MAX_TRAIN_STATE_BYTES = 4 << 20
 
 
 def _train_state_problem(path: Path) -> str | None:
@@ -161,7 +166,7 @@ def _train_state_problem(path: Path) -> str | None:
 
 
 def _read_train_state(path: Path) -> object:
-    return read_json(path / TRAIN_STATE, max_bytes=_MAX_TRAIN_STATE_BYTES)
+    return read_json(path / TRAIN_STATE, max_bytes=MAX_TRAIN_STATE_BYTES)
 
 
 def _data_position(position: object) -> bool:

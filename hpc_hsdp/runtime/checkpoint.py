@@ -32,6 +32,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +44,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.rundir.checkpoint_store import StoreError, resume_candidates, retrying, short
 from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.rundir.state import (
     COMPLETE,
@@ -52,6 +54,7 @@ from hpc_hsdp.rundir.state import (
     check_data_position,
     checkpoint_root,
     complete_checkpoints,
+    crc32_of,
     damage,
     file_record,
     read_manifest,
@@ -103,19 +106,37 @@ class CheckpointSpaceError(CheckpointError):
 # ----------------------------------------------------------------------------- load
 
 
-def latest_checkpoint(run_dir: str | Path, *, verify: bool = True) -> tuple[int, Path] | None:
+def latest_checkpoint(run_dir: str | Path, *, verify: bool = True, store=None) -> tuple[int, Path] | None:
     """Collective: the newest complete checkpoint that is whole, agreed by every rank.
 
     Rank 0 checks each candidate's file sizes against its manifest; then every rank recomputes
     the CRC-32 of its share of the files. A damaged checkpoint is skipped with a warning (rank
-    0's log); when checkpoints exist but none is whole, raises :class:`CheckpointError`."""
+    0's log); when checkpoints exist but none is whole, raises :class:`CheckpointError`. With a
+    ``store`` (:class:`~hpc_hsdp.rundir.checkpoint_store.CheckpointStore`), its committed steps are
+    candidates too (:func:`latest_whole`)."""
+    found = latest_whole(run_dir, verify=verify, store=store)
+    return None if found is None else (found[0], found[1])
+
+
+def latest_whole(run_dir: str | Path, *, verify: bool = True, store=None) -> tuple[int, Path, bool] | None:
+    """:func:`latest_checkpoint` and whether the step is committed in ``store``. A step of the
+    store newer than the run directory's, or whose local copy differs from the store's manifest,
+    is first fetched into the run directory (:func:`_fetch`: each rank its share, checked against
+    the store's manifest) and then checked and loaded as a local one."""
     rank, world = dist.get_rank(), dist.get_world_size()
     candidates = [None]
     if rank == 0:
-        candidates[0] = [(step, str(path)) for step, path in reversed(complete_checkpoints(run_dir))]
+        candidates[0] = _candidates(run_dir, store)
     dist.broadcast_object_list(candidates, src=0)
     problems = []
-    for step, path in candidates[0]:
+    for step, path, stored, fetch in candidates[0]:
+        if fetch:
+            path, problem = _fetch(store, run_dir, step)
+            if problem is not None:
+                problems.append(f"{step_dir_name(step)} in {store.url}: {problem}")
+                if rank == 0:
+                    note(f"warning: step {step} of {store.url} is not usable ({problem}); trying the one before it")
+                continue
         problem = [None]
         if rank == 0:
             # the checks of the files (accidents), then of what they hold (nothing that runs)
@@ -137,16 +158,106 @@ def latest_checkpoint(run_dir: str | Path, *, verify: bool = True) -> tuple[int,
                     f"warning: resuming from the previous whole checkpoint {path}; newer ones are "
                     f"damaged: {'; '.join(problems)}"
                 )
-            return step, Path(path)
+            return step, Path(path), stored
         problems.append(f"{Path(path).name}: {problem[0]}")
         if rank == 0:
             note(f"warning: checkpoint {path} is damaged ({problem[0]}); trying the one before it")
     if problems:
+        where = checkpoint_root(run_dir) if store is None else f"{checkpoint_root(run_dir)} or {store.url}"
         raise CheckpointError(
-            f"no whole checkpoint left in {checkpoint_root(run_dir)} ({'; '.join(problems)}); restore the files, or "
+            f"no whole checkpoint left in {where} ({'; '.join(problems)}); restore the files, or "
             f"remove {checkpoint_root(run_dir)} to start from step 0, or use a new --run-dir"
         )
     return None
+
+
+STORE_LIST_WAIT_S = 60.0
+"""How long a resume waits for the store to list its steps before it goes on with the local ones."""
+
+
+def _candidates(run_dir, store) -> list[tuple[int, str, bool, bool]]:
+    """Rank 0: (step, local path, committed in the store, fetch from the store) newest first."""
+    local = dict(complete_checkpoints(run_dir))
+    committed: list[int] = []
+    if store is not None:
+        try:
+            limit = time.monotonic() + STORE_LIST_WAIT_S
+            committed, _ = retrying(store.listing, what=f"listing {store.url}", deadline=lambda: limit)
+        except StoreError as exc:
+            note(f"warning: {exc}; resuming from the run directory's checkpoints only")
+    out = []
+    for candidate in resume_candidates(local, committed):
+        path = local.get(candidate.step)
+        if candidate.stored and (path is None or not _matches_store(path, store, candidate.step)):
+            out.append((candidate.step, str(checkpoint_root(run_dir) / step_dir_name(candidate.step)), True, True))
+        else:
+            out.append((candidate.step, str(path), candidate.stored, False))
+    return out
+
+
+def _matches_store(path: Path, store, step: int) -> bool:
+    """Whether a local copy holds what the store's manifest lists (same names, sizes, CRC-32s)."""
+    local = read_manifest(path)
+    try:
+        remote = store.manifest(step)
+    except Exception:  # noqa: BLE001 - an unreadable store manifest: the local copy is what there is
+        return True
+    return local is not None and remote is not None and local.get("files") == remote.get("files")
+
+
+def _fetch(store, run_dir, step: int) -> tuple[Path, str | None]:
+    """Collective: the store's ``step`` into ``checkpoints/step-N`` (through ``.tmp``): rank 0 reads
+    the manifest and the objects' sizes, every rank downloads its share of the files and checks
+    their CRC-32s against the manifest, rank 0 marks the copy complete. (path, problem)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    root, final, tmp = _paths(run_dir, step)
+    head = [None, None]
+    if rank == 0:
+        try:
+            manifest = store.manifest(step)
+            sizes = store.sizes(step)
+            head = [manifest, None] if manifest is not None else [None, "its manifest is missing or unreadable"]
+            for name, record in sorted((manifest or {}).get("files", {}).items()):
+                if sizes.get(name) != record["bytes"]:
+                    head = [None, f"{name} has {sizes.get(name, 0):,} bytes, {record['bytes']:,} in the manifest"]
+                    break
+            if head[1] is None:
+                root.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+        except Exception as exc:  # noqa: BLE001 - the store failed: the step is not usable now
+            head = [None, f"unreadable ({short(exc)})"]
+    dist.broadcast_object_list(head, src=0)
+    manifest, problem = head
+    if problem is not None:
+        return final, problem
+    files = manifest["files"]
+    mine = sorted(files)[rank::world] + ([TRAIN_STATE, MANIFEST] if rank == 0 else [])
+    local = None
+    try:
+        limit = time.monotonic() + STORE_LIST_WAIT_S
+        retrying(lambda: store.get(step, mine, tmp), what=f"downloading step {step}", deadline=lambda: limit)
+        for name in mine:
+            saved = files.get(name, {}).get("crc32")
+            if saved is not None and crc32_of(tmp / name) != saved:
+                local = f"{name} has the manifest's size but not its bytes (CRC-32 differs)"
+                break
+    except (StoreError, OSError) as exc:
+        local = short(exc)
+    found = [None] * world
+    dist.all_gather_object(found, local)
+    problem = next((p for p in found if p is not None), None)
+    if rank == 0:
+        if problem is None:
+            atomic_write_text(tmp / COMPLETE, f"step {step}\n")
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            say(f"fetched step {step} from {store.url} into {final}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    return final, problem
 
 
 def load(path: str | Path, model, optimizer) -> dict:
@@ -282,9 +393,11 @@ def _own_files(tmp: Path, rank: int) -> list[str]:
     return sorted(names)
 
 
-def _commit(run_dir, tmp: Path, final: Path, *, step: int, train_state: dict, keep: int, group=None) -> None:
+def _commit(
+    run_dir, tmp: Path, final: Path, *, step: int, train_state: dict, keep: int, group=None, uploads=None
+) -> None:
     """Collective over ``group``, after every rank's files are written: manifest, train state,
-    COMPLETE, rename, prune."""
+    COMPLETE, rename, prune; then each rank hands the checkpoint to its ``uploads`` (``--checkpoint-store``)."""
     rank = dist.get_rank(group)
     records = {name: file_record(tmp / name, checksum=True) for name in _own_files(tmp, dist.get_rank())}
     gathered = [None] * dist.get_world_size(group) if rank == 0 else None
@@ -304,8 +417,10 @@ def _commit(run_dir, tmp: Path, final: Path, *, step: int, train_state: dict, ke
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        prune(run_dir, keep=keep)
+        prune(run_dir, keep=keep, protect=uploads.protected() if uploads is not None else ())
     dist.barrier(group=group)  # nobody reads checkpoints/ while rank 0 renames and prunes
+    if uploads is not None:
+        uploads.enqueue(step, final)
 
 
 def _abandon(tmp: Path) -> None:
@@ -329,7 +444,7 @@ def _check_space(state, root, tmp, *, step, run_dir) -> int:
 # ----------------------------------------------------------------------------- save
 
 
-def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict, keep: int) -> Path:
+def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict, keep: int, uploads=None) -> Path:
     """Collective, synchronous: every rank writes its shards; returns the final directory.
     Raises :class:`CheckpointSpaceError` on every rank when the disk or quota has no room (the
     partial ``.tmp`` removed, earlier checkpoints untouched)."""
@@ -348,14 +463,15 @@ def save(run_dir: str | Path, model, optimizer, *, step: int, train_state: dict,
             raise _space_error(step, tmp, needed, None, run_dir) from None
         raise
     injected_faults.in_save(dist.get_rank(), step)  # test hook: a rank dies with the checkpoint half written
-    _commit(run_dir, tmp, final, step=step, train_state=train_state, keep=keep)
+    _commit(run_dir, tmp, final, step=step, train_state=train_state, keep=keep, uploads=uploads)
     return final
 
 
-def prune(run_dir: str | Path, *, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (rank 0 only)."""
+def prune(run_dir: str | Path, *, keep: int, protect=()) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (rank 0 only), except the steps in
+    ``protect`` (still uploading to ``--checkpoint-store``)."""
     found = complete_checkpoints(run_dir)
-    doomed = [path for _, path in found[: max(0, len(found) - keep)]]
+    doomed = [path for step, path in found[: max(0, len(found) - keep)] if step not in set(protect)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
@@ -370,9 +486,10 @@ class AsyncSaver:
     (every rank, e.g. before a synchronous save on a stop signal or at the end) blocks until
     the save in flight is committed and raises its error, the same on every rank."""
 
-    def __init__(self, run_dir: str | Path, *, keep: int, timeout_s: float = 300) -> None:
+    def __init__(self, run_dir: str | Path, *, keep: int, timeout_s: float = 300, uploads=None) -> None:
         self.run_dir = run_dir
         self.keep = keep
+        self.uploads = uploads
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self._pending: Future | None = None
         self._pending_step: int | None = None
@@ -381,12 +498,15 @@ class AsyncSaver:
         _open_savers.append(self)
 
     @classmethod
-    def for_run(cls, ctx, training) -> AsyncSaver | None:
+    def for_run(cls, ctx, training, *, uploads=None) -> AsyncSaver | None:
         """The saver of a run with periodic checkpoints (``--checkpoint-every``), else None."""
         if ctx.run_dir is None or not training.checkpoint_every:
             return None
         return cls(
-            ctx.run_dir, keep=training.keep_checkpoints, timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300)
+            ctx.run_dir,
+            keep=training.keep_checkpoints,
+            timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300),
+            uploads=uploads,
         )
 
     def save(self, model, optimizer, *, step: int, train_state: dict) -> None:
@@ -410,7 +530,16 @@ class AsyncSaver:
                     f"the checkpoint of step {step} could not be written to {tmp}: {' '.join(str(exc).split())[:300]}"
                 ) from None
             injected_faults.in_save(rank, step)
-            _commit(self.run_dir, tmp, final, step=step, train_state=train_state, keep=self.keep, group=self.group)
+            _commit(
+                self.run_dir,
+                tmp,
+                final,
+                step=step,
+                train_state=train_state,
+                keep=self.keep,
+                group=self.group,
+                uploads=self.uploads,
+            )
             return final
 
         self._pending, self._pending_step = self._commit_thread.submit(finish), step
@@ -468,10 +597,12 @@ def save_checkpoint(
     model_layout: str | None = None,
     extra: dict | None = None,
     background: AsyncSaver | None = None,
+    uploads=None,
 ) -> Path:
     """Collective: model, optimizer and the data position after ``step`` (plus ``extra``, any
     JSON-able state of a custom loop) into ``<run_dir>/checkpoints/step-N`` atomically; with
-    ``background``, written by it while training goes on (else before returning)."""
+    ``background``, written by it while training goes on (else before returning); with ``uploads``
+    (:class:`~hpc_hsdp.runtime.checkpoint_upload.StoreUploads`), uploaded to the store after."""
     train_state = {
         "seed": training.seed,
         "world_size": ctx.world_size,
@@ -486,7 +617,15 @@ def save_checkpoint(
     if background is not None:
         background.save(model, optimizer, step=step, train_state=train_state)
         return checkpoint_root(ctx.run_dir) / step_dir_name(step)
-    return save(ctx.run_dir, model, optimizer, step=step, train_state=train_state, keep=training.keep_checkpoints)
+    return save(
+        ctx.run_dir,
+        model,
+        optimizer,
+        step=step,
+        train_state=train_state,
+        keep=training.keep_checkpoints,
+        uploads=uploads,
+    )
 
 
 def resume(
@@ -498,17 +637,25 @@ def resume(
     training: TrainingSpec,
     verbose: bool = True,
     model_layout: str | None = None,
+    uploads=None,
 ) -> tuple[int, dict]:
     """Load the newest complete checkpoint of ``ctx.run_dir`` (collective); returns
     ``(step, train_state)``, ``(0, {})`` on a fresh start. Refuses a data position this
     run cannot continue (another global batch, seed or dataset), and a checkpoint whose model
-    lays its tensors out otherwise than ``model_layout`` (the adapter's ``layout``)."""
+    lays its tensors out otherwise than ``model_layout`` (the adapter's ``layout``). With
+    ``uploads`` (``--checkpoint-store``) the store's committed steps count too, and a step resumed
+    from the run directory that the store has not committed is uploaded again."""
     if ctx.run_dir is None:
         return 0, {}
-    found = latest_checkpoint(ctx.run_dir)
+    found = latest_whole(ctx.run_dir, store=uploads.store if uploads is not None else None)
     if found is None:
         return 0, {}
-    step, path = found
+    step, path, stored = found
+    if uploads is not None:
+        if stored:
+            uploads.noted_committed(step)
+        else:
+            uploads.enqueue(step, path, share=True)
     saved = saved_train_state(path)
     if (
         model_layout is not None

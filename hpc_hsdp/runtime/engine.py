@@ -46,6 +46,7 @@ from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
 from hpc_hsdp.runtime import checkpoint, injected_faults
+from hpc_hsdp.runtime.checkpoint_upload import StoreUploads
 from hpc_hsdp.runtime.compile import CompileClock, use_run_cache
 from hpc_hsdp.runtime.coordinator import StepCoordinator, coordinator_for
 from hpc_hsdp.runtime.debugger import QUIT, DebugPoint
@@ -150,6 +151,7 @@ class Engine:
         self._build(optimizer)  # while each node copies its token files (--stage-data)
         if staging is not None:  # collective: every node's copies ready, read from them from now on
             staging.finish(verbose=verbose)
+        self.uploads = StoreUploads.for_run(ctx, self.training)  # None without --checkpoint-store
         self.start_step, saved = checkpoint.resume(
             ctx,
             self.model,
@@ -158,6 +160,7 @@ class Engine:
             training=self.training,
             verbose=verbose,
             model_layout=getattr(self.adapter, "layout", None),
+            uploads=self.uploads,
         )
         self.state: dict = dict(saved.get("extra") or {})
         """A loop's own JSON-able state: saved in every checkpoint, restored on resume."""
@@ -183,7 +186,9 @@ class Engine:
         self.source_evaluation = source_eval_samples(self.data, self.training) if self.training.eval_every else {}
         self.tokens_per_step = self.data.layout.global_batch * self.training.seq_len
         self.began = time.time()
-        self.periodic = checkpoint.AsyncSaver.for_run(ctx, self.training)  # None without --checkpoint-every
+        self.periodic = checkpoint.AsyncSaver.for_run(
+            ctx, self.training, uploads=self.uploads
+        )  # None without --checkpoint-every
         self.watchdog: Watchdog | None = None
         self.debug_point = DebugPoint(ctx) if getattr(self.coordinator, "debuggable", False) else None
         """``hpc-hsdp debug``'s side on the ranks, agreed at the step boundaries (where the coordinator allows)."""
@@ -462,6 +467,7 @@ class Engine:
             model_layout=getattr(self.adapter, "layout", None),
             extra=json.loads(json.dumps(self.state)) if self.state else None,  # as it is now: written later
             background=background,
+            uploads=self.uploads,
         )
         self.saved_step = step
         if self.ctx.is_rank0 and self.verbose:
@@ -493,7 +499,16 @@ class Engine:
         self.save(self.last_step)
         if self.periodic is not None:
             self.periodic.close()
+        self._wait_for_uploads()
         return self.last_step
+
+    def _wait_for_uploads(self) -> None:
+        """On the way out, with ``--checkpoint-store``: the last save's upload committed, as long as SLURM leaves."""
+        if self.uploads is None:
+            return
+        preemption = self.ctx.preemption
+        term_at = preemption.received.get("TERM") if preemption is not None else None
+        self.uploads.finish(term_at=term_at, verbose=self.verbose)
 
     def save_if_due(self, number: int) -> None:
         """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not
@@ -512,6 +527,9 @@ class Engine:
         self.save()
         if self.periodic is not None:
             self.periodic.close()
+        self._wait_for_uploads()
+        if self.uploads is not None:
+            self.uploads.close()
         self.submit_evals()  # the final checkpoint's eval job (and any a background save left)
         self.observer.finish(stop_reason, self.last_step)
         self.coordinator.close()

@@ -11,6 +11,9 @@ precise way; nothing sets them in normal use. ``<rank>`` is the node-major torch
 ``HPC_HSDP_FAULT_KILL_IN_SAVE=<rank>:<step>``
     that rank sends itself SIGKILL in the middle of writing that step's checkpoint: after
     its own shards are in ``step-N.tmp``, before the checkpoint is marked COMPLETE.
+``HPC_HSDP_FAULT_KILL_IN_UPLOAD=<rank>:<step>``
+    that rank sends itself SIGKILL in the middle of uploading that step's checkpoint to
+    ``--checkpoint-store``: after its first file, before its marker.
 ``HPC_HSDP_FAULT_SKIP_SPACE_CHECK=1``
     checkpoint saves skip their free-space check, so that a test reaches the disk filling up in
     the middle of a write (ENOSPC from the writes themselves).
@@ -57,6 +60,7 @@ from dataclasses import dataclass
 RAISE_AT = "HPC_HSDP_FAULT_RAISE_AT"
 KILL_AT = "HPC_HSDP_FAULT_KILL_AT"
 KILL_IN_SAVE = "HPC_HSDP_FAULT_KILL_IN_SAVE"
+KILL_IN_UPLOAD = "HPC_HSDP_FAULT_KILL_IN_UPLOAD"
 STEP_DELAY_S = "HPC_HSDP_FAULT_STEP_DELAY_S"
 SKIP_SPACE_CHECK = "HPC_HSDP_FAULT_SKIP_SPACE_CHECK"
 FREEZE_AT = "HPC_HSDP_FAULT_FREEZE_AT"
@@ -101,6 +105,7 @@ class Faults:
     raise_at: tuple[int, int] | None = None
     kill_at: tuple[int, int] | None = None
     kill_in_save: tuple[int, int] | None = None
+    kill_in_upload: tuple[int, int] | None = None
     step_delay_s: float = 0.0
     step_delay_file: str | None = None
     skip_space_check: bool = False
@@ -118,6 +123,7 @@ class Faults:
             raise_at=_rank_step(env, RAISE_AT),
             kill_at=_rank_step(env, KILL_AT),
             kill_in_save=_rank_step(env, KILL_IN_SAVE),
+            kill_in_upload=_rank_step(env, KILL_IN_UPLOAD),
             step_delay_s=float(delay) if delay and delay_file is None else 0.0,
             step_delay_file=delay_file,
             skip_space_check=env.get(SKIP_SPACE_CHECK, "") == "1",
@@ -210,3 +216,9 @@ def in_save(rank: int, step: int) -> None:
     """Called by ``checkpoint.save`` after this rank wrote its shards, before COMPLETE."""
     if _active.kill_in_save == (rank, step):
         _kill_self(f"rank {rank} while writing the checkpoint of step {step} ({KILL_IN_SAVE})")
+
+
+def in_upload(rank: int, step: int) -> None:
+    """Called by the upload to ``--checkpoint-store`` after this rank's first file, before its marker."""
+    if _active.kill_in_upload == (rank, step):
+        _kill_self(f"rank {rank} while uploading the checkpoint of step {step} ({KILL_IN_UPLOAD})")

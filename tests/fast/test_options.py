@@ -158,6 +158,7 @@ _SAMPLES = {
     "val_data": "/data/val",
     "tracker": "wandb,mlflow",
     "stage_data": "/local/stage",
+    "checkpoint_store": "s3://ckpt/runs/round-trip",
     "eval_job": "python eval.py --ckpt {checkpoint} --name \"$(id)\" '{step}'",
 }
 
