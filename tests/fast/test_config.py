@@ -335,6 +335,7 @@ _SAMPLE = {
     "tracker": "wandb,mlflow",
     "global_batch_size": 16,
     "stage_data": "/local/stage",
+    "checkpoint_store": "s3://ckpt/runs/config",
 }
 
 
