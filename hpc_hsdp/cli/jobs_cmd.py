@@ -38,6 +38,7 @@ from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.stacks import read_hang_stacks, stack_lines
 from hpc_hsdp.rundir.staging_record import staging_status_lines
 from hpc_hsdp.rundir.state import complete_checkpoints
+from hpc_hsdp.rundir.store_record import read_store_record, store_lines
 from hpc_hsdp.rundir.stragglers import persistent
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
 from hpc_hsdp.rundir.tracker_runs import trackers_off
@@ -231,6 +232,7 @@ def status(job, as_json) -> None:
         "evals": [dataclasses.asdict(entry) for entry in evals],
         "staging": staging_status_lines(handle.record.run_dir),
         "hang_stacks": read_hang_stacks(handle.record.run_dir),
+        "checkpoint_store": read_store_record(handle.record.run_dir),
         **st.to_dict(),
     }
     if as_json:
@@ -269,6 +271,8 @@ def status(job, as_json) -> None:
         for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
             _say(f"  {line}")
     for line in data["staging"]:
+        _say(terminal_safe(line))
+    for line in store_lines(data["checkpoint_store"]):
         _say(terminal_safe(line))
     check = read_check(handle.record.run_dir)
     if check is not None:

@@ -111,6 +111,7 @@ from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp
     help="What one node writes to the checkpoints' file system per second (e.g. 2GB/s); with --model-params, "
     "plan estimates the save time.",
 )
+@job_option("upload_bandwidth", "plan")
 @job_option("signal", "plan")
 @job_option("fault_tolerance", "plan")
 @job_option("min_replicas", "plan")
@@ -152,6 +153,7 @@ def plan(
     training_batch_size,
     training_activation_checkpointing,
     write_bandwidth,
+    upload_bandwidth,
     signal,
     training_fault_tolerance,
     training_min_replicas,
@@ -267,7 +269,13 @@ def plan(
         blocks=blocks,
     )
     sizing = _sizing(
-        the_plan, model, memory=memory, write_bandwidth=write_bandwidth, signal=signal, kill_wait=kill_wait
+        the_plan,
+        model,
+        memory=memory,
+        write_bandwidth=write_bandwidth,
+        upload_bandwidth=upload_bandwidth,
+        signal=signal,
+        kill_wait=kill_wait,
     )
     replicas = _replicas(the_plan, training_fault_tolerance, training_min_replicas, spare_nodes, fewest_nodes)
     if svg_path:
@@ -410,7 +418,9 @@ class _Sizing:
     saving: object | None
 
 
-def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait) -> _Sizing:
+def _sizing(
+    the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait, upload_bandwidth=None
+) -> _Sizing:
     """Memory and traffic per GPU, the smallest shard size that fits, and the checkpoint's cost."""
     params, _ = model.params(the_plan)
     precision, optimizer = model.precision, model.optimizer
@@ -453,6 +463,9 @@ def _sizing(the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidt
             optimizer=optimizer,
             node_write_bandwidth=rate,
             signal=None if signal.strip().lower() == "none" else signal,
+            upload_bandwidth=parse_bandwidth(upload_bandwidth, option="--upload-bandwidth")
+            if upload_bandwidth
+            else None,
         )
     return _Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
 

@@ -90,10 +90,25 @@ FILE_SELECTORS: tuple[JobOption, ...] = (
 )
 """``--config`` and ``--profile``: they choose the config file and its profile, and are no key in one."""
 
-OPTIONS: tuple[JobOption, ...] = FILE_SELECTORS + tuple(
-    declared for each in SECTIONS for declared in section_options(each)
+PLAN_ONLY: tuple[JobOption, ...] = (
+    JobOption(
+        key="upload_bandwidth",
+        kind="str",
+        in_config=False,
+        default_text="none: no store",
+        metavar="BYTES/s",
+        reaches=SUBMIT_SIDE,
+        commands=("plan",),
+        help="What one node uploads to --checkpoint-store per second (e.g. 500MB/s); plan then counts the upload "
+        "after the local save in its check of the save on the warning signal.",
+    ),
 )
-"""Every job option: the file selectors, then the fields of ``spec.SECTIONS`` in order."""
+"""Facts only ``plan`` asks for (no job holds them): ``--upload-bandwidth``."""
+
+OPTIONS: tuple[JobOption, ...] = (
+    FILE_SELECTORS + PLAN_ONLY + tuple(declared for each in SECTIONS for declared in section_options(each))
+)
+"""Every job option: the file selectors, plan's own, then the fields of ``spec.SECTIONS`` in order."""
 OPTION_BY_KEY: Mapping[str, JobOption] = MappingProxyType({o.key: o for o in OPTIONS})
 TRAINING_OPTIONS: tuple[JobOption, ...] = tuple(o for o in OPTIONS if o.training)
 """The training loop's options (``TrainingSpec``'s fields), in the fields' order."""

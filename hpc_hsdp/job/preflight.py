@@ -159,6 +159,47 @@ def check_trackers(training) -> None:
             )
 
 
+def check_checkpoint_store(spec) -> str | None:
+    """``--checkpoint-store``, on the machine that submits (which reads the same AWS variables and
+    files as the tasks): the extra installed, the bucket there and writable with these credentials
+    (one small object written and deleted). SpecError (one line, exit 2) before anything is written
+    or queued; a job whose store already holds its last step is refused as its run directory
+    would be. Returns what the store holds, for the lines submit prints (None: no store)."""
+    url = spec.run.training.checkpoint_store
+    if url is None:
+        return None
+    from hpc_hsdp.rundir.checkpoint_store import CheckpointStore, StoreError  # noqa: PLC0415 - only with a store
+
+    try:
+        store = CheckpointStore.open(url, quick=True)
+        store.check_writable()
+        committed, _ = store.listing()
+    except SpecError as exc:
+        raise SpecError(f"{exc}; nothing submitted") from None
+    except (StoreError, OSError) as exc:
+        raise SpecError(f"--checkpoint-store {url} could not be listed ({exc}); nothing submitted") from None
+    steps = spec.run.training.steps
+    if committed and committed[-1] >= steps:
+        raise SpecError(
+            f"--checkpoint-store {url} already holds step {committed[-1]} committed (--steps {steps}): nothing to "
+            f"train, nothing submitted; extend the run with --steps N (N > {committed[-1]}) or give another prefix"
+        )
+    if committed:
+        return f"{url} has step {committed[-1]} committed: the job resumes from it unless the run directory has a newer one"
+    return None
+
+
+def check_stores_apart(specs) -> None:
+    """The points of a sweep never share a ``--checkpoint-store`` prefix (each would take the others'
+    checkpoints for its own)."""
+    urls = [spec.run.training.checkpoint_store for spec in specs if spec.run.training.checkpoint_store]
+    if len(set(urls)) < len(urls):
+        raise SpecError(
+            "--checkpoint-store with --sweep: the points would share one prefix and resume from each other's "
+            "checkpoints; sweep the prefix too (checkpoint_store = [...] in the sweep) or leave it out"
+        )
+
+
 def check_importable(option: str, value: str, *, fix: str) -> None:
     """``MODULE:FUNCTION``'s module can be found by this interpreter (found, not imported)."""
     module = split_import_name(option, value)[0]

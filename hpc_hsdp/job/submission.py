@@ -24,6 +24,7 @@ from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.preflight import (
+    check_checkpoint_store,
     check_fp8_gpus,
     check_job_inputs,
     check_partition,
@@ -81,6 +82,7 @@ def submit_spec(spec, *, cluster: str | None = None, fn: Callable | None = None)
     check_tensor_parallel(spec, own_function=fn is not None)  # --tp that does not split the model: nothing written
     check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
     check_stage_dir(spec.run.training)  # --stage-data DIR that is a file or not writable here: nothing submitted
+    stored = check_checkpoint_store(spec)  # --checkpoint-store: extra, bucket, credentials, a write; nothing written
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster or spec.cluster)
     scheduler = backend(target)
@@ -113,5 +115,5 @@ def submit_spec(spec, *, cluster: str | None = None, fn: Callable | None = None)
         )
         claim_job(record)
         record.save()
-    said = (takeover, resumes, mixture_note, snapshot_note(provenance["snapshot"]), reason)
+    said = (takeover, resumes, stored, mixture_note, snapshot_note(provenance["snapshot"]), reason)
     return JobHandle(record), job, "\n".join(line for line in said if line)

@@ -23,9 +23,11 @@ from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.backends import backend, resolve_cluster
 from hpc_hsdp.job.claims import check_run_dir, claimed
 from hpc_hsdp.job.preflight import (
+    check_checkpoint_store,
     check_fp8_gpus,
     check_job_inputs,
     check_partition,
+    check_stores_apart,
     check_tensor_parallel,
     check_trackers,
 )
@@ -174,6 +176,9 @@ def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepR
             raise SpecError("submit --sweep --container-image: render each point's script and sbatch it instead")
         check_tensor_parallel(spec, own_function=False)
         check_trackers(spec.run.training)
+    check_stores_apart(plan.specs)
+    for spec in plan.specs:
+        check_checkpoint_store(spec)
     target, reason = resolve_cluster(cluster or plan.specs[0].cluster)  # every point names the same: not swept
     scheduler = backend(target)
     most = scheduler.max_array_size()

@@ -886,14 +886,26 @@ class SaveEstimate:
     signal: str | None
     lead_s: int | None
     """Seconds between the warning signal and the time limit (None: no signal)."""
+    upload_bandwidth: int | None = None
+    """Bytes per second one node uploads to ``--checkpoint-store`` (None: no store)."""
+
+    @property
+    def upload_seconds(self) -> float:
+        """The upload after the local save: every node its share at ``upload_bandwidth``."""
+        return self.per_node_bytes / self.upload_bandwidth if self.upload_bandwidth else 0.0
+
+    @property
+    def total_seconds(self) -> float:
+        """The save on the warning signal until it is committed (in the store, with one)."""
+        return self.seconds + self.upload_seconds
 
     @property
     def too_slow(self) -> bool:
-        return self.lead_s is not None and self.seconds > self.lead_s
+        return self.lead_s is not None and self.total_seconds > self.lead_s
 
     @property
     def suggested_lead_s(self) -> int:
-        return int(-(-(1.5 * self.seconds + 30) // 1))
+        return int(-(-(1.5 * self.total_seconds + 30) // 1))
 
     def to_dict(self) -> dict:
         return {
@@ -904,6 +916,11 @@ class SaveEstimate:
             "signal": self.signal,
             "lead_s": self.lead_s,
             "too_slow": self.too_slow,
+            **(
+                {"upload_bandwidth": self.upload_bandwidth, "upload_seconds": self.upload_seconds}
+                if self.upload_bandwidth
+                else {}
+            ),
         }
 
     def lines(self) -> list[str]:
@@ -912,6 +929,11 @@ class SaveEstimate:
             f"once), {format_bytes(self.per_node_bytes)} per node: about {self.seconds:,.0f} s at "
             f"{self.node_write_bandwidth / 1e9:g} GB/s per node (--write-bandwidth)"
         )
+        if self.upload_bandwidth:
+            head += (
+                f", then about {self.upload_seconds:,.0f} s to upload it at {self.upload_bandwidth / 1e9:g} GB/s per "
+                f"node (--upload-bandwidth): {self.total_seconds:,.0f} s until it is committed in the store"
+            )
         if self.lead_s is None:
             return [head, "no warning signal (--signal none): a time limit or preemption ends the job without a save"]
         if self.too_slow:
@@ -919,7 +941,8 @@ class SaveEstimate:
                 head,
                 f"warning: that is longer than the {self.lead_s} s between --signal {self.signal} and the time "
                 f"limit: the save on the warning would not finish; give --signal USR2@{self.suggested_lead_s} "
-                f"(1.5x the save and 30 s), or a faster file system",
+                f"(1.5x the save and 30 s), or a faster file system"
+                + (" and a faster store" if self.upload_bandwidth else ""),
             ]
         return [head, f"fits the {self.lead_s} s between --signal {self.signal} and the time limit"]
 
@@ -931,9 +954,9 @@ def signal_lead_s(signal: str | None) -> int | None:
     return signal_lead_seconds(signal)
 
 
-def parse_bandwidth(text: str) -> int:
+def parse_bandwidth(text: str, *, option: str = "--write-bandwidth") -> int:
     """``2GB``, ``2GB/s``, ``500MiB/s`` -> bytes per second."""
-    return parse_bytes(str(text).strip().removesuffix("/s"), option="--write-bandwidth")
+    return parse_bytes(str(text).strip().removesuffix("/s"), option=option)
 
 
 def save_estimate(
@@ -944,9 +967,11 @@ def save_estimate(
     optimizer: str = "adamw",
     node_write_bandwidth: int,
     signal: str | None,
+    upload_bandwidth: int | None = None,
 ) -> SaveEstimate:
     """The time to write one checkpoint: every node writes its share of the unique bytes (DCP
-    spreads the replicated shards over the ranks) at ``node_write_bandwidth``."""
+    spreads the replicated shards over the ranks) at ``node_write_bandwidth``; with
+    ``upload_bandwidth`` (``--checkpoint-store``), then uploads it at that rate."""
     precision = resolve_precision(precision)
     check_model_options(precision=precision, optimizer=optimizer)
     total = model_params * (PRECISION_BYTES[precision].state + 4 * OPTIMIZER_STATES[optimizer])
@@ -958,4 +983,5 @@ def save_estimate(
         seconds=per_node / node_write_bandwidth,
         signal=signal,
         lead_s=signal_lead_s(signal),
+        upload_bandwidth=upload_bandwidth,
     )

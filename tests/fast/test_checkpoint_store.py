@@ -4,12 +4,17 @@ how long the way out waits; the server-backed behaviour is tests/processes/test_
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.plan.estimates import save_estimate
+from hpc_hsdp.plan.topology import plan_for
 from hpc_hsdp.rundir.checkpoint_store import (
     Candidate,
+    CheckpointStore,
     StoreError,
     StoreURL,
     doomed_steps,
@@ -192,3 +197,21 @@ def test_the_record_of_the_uploads_reads_back_as_status_lines(tmp_path):
     ]
     (tmp_path / "checkpoint_store.json").write_text('{"url": 5}')
     assert read_store_record(tmp_path) is None
+
+
+def test_without_the_extra_the_store_is_refused_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as if not installed: importlib finds no spec
+    with pytest.raises(SpecError, match=r"s3fs is not installed in this environment; pip install 'hpc-hsdp\[s3\]'"):
+        CheckpointStore.open("s3://ckpt/runs/a")
+
+
+def test_plan_counts_the_upload_in_the_save_on_the_warning_signal():
+    plan = plan_for(nodes=2, gpus_per_node=8, shard_size=8)
+    local = save_estimate(plan, model_params=10**9, node_write_bandwidth=10**9, signal="USR2@30")
+    stored = save_estimate(
+        plan, model_params=10**9, node_write_bandwidth=10**9, signal="USR2@30", upload_bandwidth=10**8
+    )
+    assert local.upload_seconds == 0 and not local.too_slow
+    assert stored.upload_seconds == pytest.approx(10 * stored.seconds) and stored.too_slow
+    assert stored.total_seconds == pytest.approx(stored.seconds + stored.upload_seconds)
+    assert "--upload-bandwidth" in " ".join(stored.lines()) and stored.to_dict()["upload_seconds"] > 0

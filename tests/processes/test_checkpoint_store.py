@@ -6,11 +6,13 @@ faults: a store unreachable for a while, a rank killed mid-upload, a damaged obj
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
@@ -155,3 +157,43 @@ def test_an_unreachable_store_delays_the_commits_and_training_goes_on(s3_server,
         if (folder / "COMPLETE").exists():
             manifest = CheckpointStore.open(URL).manifest(int(folder.name.split("-")[1]))
             assert all((folder / name).stat().st_size == rec["bytes"] for name, rec in manifest["files"].items())
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "said"),
+    [
+        ("s3://nobucket/runs/a", {}, "bucket 'nobucket' does not exist"),
+        ("s3://ckpt/runs/a", {"AWS_SECRET_ACCESS_KEY": "not-the-secret-key"}, "the store refused the write"),
+        ("s3:///runs/a", {}, "names no bucket"),
+        ("s3://ckpt/runs/a", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "the store could not be written"),
+    ],
+)
+def test_a_store_that_cannot_take_the_checkpoints_is_refused_before_the_queue(
+    s3_server, tmp_path, local_submit, url, env, said
+):
+    run = tmp_path / "run"
+    done = hpc(*local_submit(run, "--steps", "2", "--checkpoint-store", url), env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], lines
+    assert "Traceback" not in done.stderr and s3_server.secret_key not in done.stderr
+    assert not run.exists()  # nothing written
+
+
+def test_a_submitted_job_uploads_and_status_shows_the_store(s3_server, tmp_path, local_submit):
+    run = tmp_path / "run"
+    done = hpc(
+        *local_submit(run, "--steps", "4", "--checkpoint-every", "2", "--tracker", "none", "--checkpoint-store", URL),
+        "--wait",
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = hpc("status", str(run), timeout=60)
+    assert "store: s3://ckpt/runs/a: step 4 committed" in shown.stdout, shown.stdout
+    as_json = json.loads(hpc("status", str(run), "--json", timeout=60).stdout)
+    assert as_json["checkpoint_store"]["committed_step"] == 4 and as_json["checkpoint_store"]["uploading"] is None
+    for path in [*run.rglob("*"), *tmp_path.glob("**/*.sbatch")]:  # neither key in the run directory, script or logs
+        if path.is_file():
+            assert s3_server.secret_key.encode() not in path.read_bytes(), path
+    again = hpc(*local_submit(run, "--steps", "4", "--checkpoint-store", URL), timeout=120)
+    assert again.returncode == 2 and "already" in again.stderr  # the run directory (and the store) hold step 4
