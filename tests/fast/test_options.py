@@ -83,8 +83,8 @@ def test_render_and_submit_take_the_same_options_and_every_option_has_a_command(
     assert len({declared.key for declared in OPTIONS}) == len(OPTIONS)
 
 
-def test_every_option_is_a_config_key_of_its_kind_except_the_file_selectors() -> None:
-    assert set(OPTION_KINDS) == {declared.key for declared in OPTIONS} - {"config", "profile"}
+def test_every_option_is_a_config_key_of_its_kind_except_the_file_selectors_and_plans_own() -> None:
+    assert set(OPTION_KINDS) == {declared.key for declared in OPTIONS} - {"config", "profile", "upload_bandwidth"}
     for declared in OPTIONS:
         if declared.in_config:
             assert OPTION_KINDS[declared.key] == declared.kind
