@@ -430,14 +430,8 @@ def cancel(job, no_wait) -> None:
         return
     if st.controller_answered is False:
         raise SchedulerError(f"{st.note}: job {handle.job_id} not cancelled; try again")
-    elsewhere = handle.runs_elsewhere()  # the scheduler's own record of where the job writes
-    if elsewhere is not None:
-        raise SpecError(
-            f"{job} is not where job {handle.job_id} runs: the scheduler says it writes {elsewhere} ({job} is a copy, "
-            f"or was moved); nothing cancelled: cancel it from there (hpc-hsdp cancel {elsewhere})"
-        )
     before = _saved_step(handle.record.run_dir)
-    handle.cancel()
+    handle.cancel()  # once the scheduler's own record of where the job writes is this directory
     if no_wait:
         _say(f"cancelled job {handle.job_id}")
         return
@@ -460,6 +454,8 @@ def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
 
     handle = SweepHandle.find(sweep_dir)
     cancelled = handle.cancel()
+    for refused in handle.refused:
+        _say(f"hpc-hsdp: not cancelled: {refused}", err=True)
     if not cancelled:
         _say(f"sweep {sweep_dir}: every point already ended; nothing to cancel")
         return

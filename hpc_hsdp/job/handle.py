@@ -55,14 +55,39 @@ class JobHandle:
 
     def runs_elsewhere(self) -> Path | None:
         """Where the job writes, when the scheduler says that is not this run directory (this
-        one is a copy, or was moved); None when it is this one, or the scheduler does not say."""
-        logs = self.works_in()
-        if logs is None or same_dir(logs, self.record.logs_dir):
+        one is a copy, or was moved, or its ``job.json`` names another directory's job); None
+        when it is this one, or the scheduler does not say. The scheduler's logs directory must
+        lie in the run directory itself: ``job.json``'s own ``logs_dir`` (which anyone who can
+        write the directory can point at another run's logs, by path or by symlink) is not asked."""
+        return self._elsewhere(self.works_in())
+
+    def _elsewhere(self, logs: Path | None) -> Path | None:
+        if logs is None or same_dir(logs.parent, self.record.run_dir):
             return None
         return logs.parent if logs.name == "logs" else logs
 
+    def check_runs_here(self) -> None:
+        """Before anything is done to the job (cancel): SpecError, one line, unless the scheduler
+        itself says that the job writes in this run directory (:meth:`runs_elsewhere`)."""
+        logs = self.works_in()
+        if logs is None:
+            raise SpecError(
+                f"the {self.backend.title} does not say where job {self.job_id} (named by "
+                f"{self.record.run_dir}/job.json) writes, so it is not known to be this run's: nothing cancelled; "
+                f"see hpc-hsdp status {self.record.run_dir}"
+            )
+        elsewhere = self._elsewhere(logs)
+        if elsewhere is not None:
+            raise SpecError(
+                f"{self.record.run_dir} is not where job {self.job_id} runs: the scheduler says it writes {elsewhere} "
+                f"({self.record.run_dir} is a copy, or was moved); nothing cancelled: cancel it from there "
+                f"(hpc-hsdp cancel {elsewhere})"
+            )
+
     def cancel(self) -> None:
-        """Cancel the job (check :meth:`runs_elsewhere` first: the record may be a copy's)."""
+        """Cancel the job, once the scheduler says it runs in this run directory (:meth:`check_runs_here`:
+        the record may be a copy's, or name another run's job)."""
+        self.check_runs_here()
         self.backend.cancel(self.record)
 
     def last_metrics(self) -> dict | None:

@@ -13,7 +13,7 @@ from hpc_hsdp.job.backends import backend
 from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.job.status import JobStatus
 from hpc_hsdp.plan.units import terminal_safe
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.metrics import last_metrics, latest_eval
 from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
 
@@ -79,11 +79,20 @@ def at_once_text(record: SweepRecord) -> str:
     return f", at most {record.parallelism} at once" + (" in each array" if len(record.job_ids) > 1 else "")
 
 
+def _no_state(run_dir: str) -> str:
+    """The state of a point without a job of the sweep's to ask about."""
+    if not job_record_path(run_dir).is_file():
+        return "UNKNOWN (no job.json)"
+    return "UNKNOWN (its job.json is broken or names another job than the sweep's)"
+
+
 class SweepHandle:
     """A sweep's points, each a job of its own (a task of its header's job array)."""
 
     def __init__(self, record: SweepRecord) -> None:
         self.record = record
+        self.refused: list[str] = []
+        """The points the last :meth:`cancel` left alone, each with why (its job runs elsewhere)."""
 
     @classmethod
     def find(cls, sweep_dir: str | Path) -> SweepHandle:
@@ -106,12 +115,16 @@ class SweepHandle:
         raise SpecError(f"the sweep in {self.record.sweep_dir} has no point {ref!r}; give a name, index or task id")
 
     def job_records(self) -> list[tuple[SweepPoint, JobRecord | None]]:
+        """Each point with its ``job.json``; None where there is none, it is broken, or it names
+        another job than the one the sweep submitted for that point (a point's directory may be
+        writable by others: its record is not taken for the sweep's on its word alone)."""
         out = []
         for point in self.record.points:
             try:
-                out.append((point, JobRecord.load(str(self.record.point_dir(point)))))
+                record = JobRecord.load(str(self.record.point_dir(point)))
             except SpecError:
-                out.append((point, None))
+                record = None
+            out.append((point, record if record is None or record.job_id == self.record.task_id(point) else None))
         return out
 
     def statuses(self) -> dict[int, JobStatus | None]:
@@ -143,7 +156,7 @@ class SweepHandle:
                     values=point.values,
                     run_dir=run_dir,
                     job_id=jobs.get(point.index, self.record.task_id(point)),  # a point resubmitted alone: its own
-                    state=st.state if st is not None else ("UNKNOWN (no job.json)" if states else "-"),
+                    state=st.state if st is not None else (_no_state(run_dir) if states else "-"),
                     step=last.get("step") if isinstance(last.get("step"), int) else None,
                     loss=float(loss) if isinstance(loss, (int, float)) else None,
                     eval_loss=float(found_eval[1]) if found_eval else None,
@@ -166,18 +179,26 @@ class SweepHandle:
 
     def cancel(self, point: str | None = None) -> list[str]:
         """Cancel the sweep (every point not ended: each job array of them at once), or one point;
-        the task ids cancelled."""
+        the task ids cancelled. Only jobs the scheduler says run in the point's own directory are
+        cancelled (:meth:`JobHandle.check_runs_here`, as ``cancel RUN_DIR``); the points refused
+        and why are :attr:`refused` (one point: SpecError)."""
+        self.refused: list[str] = []
         if point is not None:
             chosen = self.point(point)
             JobHandle(JobRecord.load(str(self.record.point_dir(chosen)))).cancel()
             return [self.record.task_id(chosen)]
         pairs = self.job_records()
         statuses = self._statuses(pairs)
-        live = [
-            (point, record)
-            for point, record in pairs
-            if record is not None and statuses.get(point.index) is not None and not statuses[point.index].finished
-        ]
+        live = []
+        for point, record in pairs:
+            if record is None or statuses.get(point.index) is None or statuses[point.index].finished:
+                continue
+            try:
+                JobHandle(record).check_runs_here()
+            except SpecError as exc:
+                self.refused.append(f"{point.name}: {exc}")
+                continue
+            live.append((point, record))
         # by the job array each point's job.json names (a point submitted again alone: its own job)
         arrays: dict[tuple[str, str], list[JobRecord]] = {}
         for _, record in live:

@@ -93,9 +93,9 @@ class JobRecord:
         """This record, read from ``run_dir``: its paths resolved against that directory."""
         written = Path(self.run_dir)
         logs = Path(self.logs_dir)
-        if logs.is_absolute():
+        if logs.is_absolute():  # an older record's, inside its run directory (:meth:`check`)
             inside = _relative_to(logs, written) if written.is_absolute() else None
-            logs = Path(run_dir) / inside if inside is not None else logs  # a logs folder outside the run: as written
+            logs = Path(run_dir) / inside if inside is not None else logs
         else:
             logs = Path(run_dir) / logs
         return replace(self, run_dir=str(run_dir), logs_dir=str(logs), recorded_run_dir=self.run_dir)
@@ -155,7 +155,8 @@ class JobRecord:
             )
         check_job_id(self.job_id, where=f"{path}: job_id")
         logs = Path(self.logs_dir)
-        if not logs.is_absolute() and (".." in logs.parts or not self.logs_dir):
+        outside = _relative_to(logs, Path(self.run_dir)) is None if logs.is_absolute() else ".." in logs.parts
+        if outside or not self.logs_dir or ".." in logs.parts:
             raise SpecError(
                 f"{path}: logs_dir {self.logs_dir[:80]!r} leaves the run directory; pass another run directory"
             )

@@ -234,7 +234,8 @@ class FakeBackend(Backend):
         self.calls.append(("cancel", record.job_id))
 
     def works_in(self, record):
-        return None
+        self.calls.append(("works_in", record.job_id))
+        return Path(record.logs_dir)
 
     def requeue(self, job_id):
         return None
@@ -255,7 +256,7 @@ def test_the_code_above_routes_each_job_to_the_backend_its_record_names(tmp_path
     job = JobHandle(runs[1])
     assert job.status().state == "RUNNING" and job.time_limits() is None
     job.cancel()
-    assert calls == [("statuses", ["2"]), ("cancel", "2")]
+    assert calls == [("statuses", ["2"]), ("works_in", "2"), ("cancel", "2")]
     assert job.backend is by_name["local"]
 
 

@@ -567,11 +567,18 @@ def _slurm_sweep(tmp_path, monkeypatch, runner):
 class _Arrays(_Canned):
     """SLURM's answers: each sbatch a new array id (100, 200 ...; ``refuse``: the n-th is refused)."""
 
-    def __init__(self, refuse: int | None = None, **answers) -> None:
+    def __init__(self, refuse: int | None = None, writes: dict[str, Path] | None = None, **answers) -> None:
         super().__init__(**{"scontrol": "MaxArraySize = 1001\n", "squeue": "", "sacct": "", "scancel": "", **answers})
         self.refuse = refuse
+        self.writes = writes or {}
+        """Job id -> the directory of its batch log (``scontrol show job``'s StdOut)."""
 
     def __call__(self, argv, **kwargs):
+        if argv[:3] == ["scontrol", "-o", "show"]:
+            self.calls.append(list(argv))
+            logs = self.writes.get(argv[-1])
+            shown = f"JobId={argv[-1]} StdOut={logs}/{argv[-1]}_batch.out\n" if logs else ""
+            return subprocess.CompletedProcess(list(argv), 0 if logs else 1, shown, "" if logs else "Invalid job id")
         if argv[0] != "sbatch":
             return super().__call__(argv, **kwargs)
         self.calls.append(list(argv))
@@ -588,6 +595,7 @@ def test_a_slurm_sweep_of_two_headers_is_two_arrays_each_point_its_task_status_a
     runner = _Arrays(
         squeue="100_0|RUNNING|None\n100_1|PENDING|JobArrayTaskLimit\n200_0|RUNNING|None\n",
         sacct="200_1|COMPLETED|0:0\n",
+        writes={task: tmp_path / "sw" / "logs" for task in ("100_0", "100_1", "200_0", "200_1")},
     )
     _slurm_sweep(tmp_path, monkeypatch, runner)
     made = plan(["nodes=1,2", "seed=0,1"], parallelism=1, run_dir=str(tmp_path / "sw"))
@@ -620,6 +628,48 @@ def test_a_slurm_sweep_of_two_headers_is_two_arrays_each_point_its_task_status_a
     runner.calls.clear()
     assert handle.cancel("nodes=2,seed=0") == ["200_0"]
     assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "200_0"]]
+
+
+def test_a_sweeps_cancel_and_status_act_only_on_jobs_that_run_in_its_own_directories(tmp_path, monkeypatch):
+    """A point's directory may be writable by others: a job.json (and sweep.json) forged to name
+    another job of the user's is neither shown as the point's nor cancelled (SECURITY.md)."""
+    import dataclasses
+
+    from hpc_hsdp.job.sweep_handle import SweepHandle
+
+    victim = tmp_path / "victim" / "logs"
+    runner = _Arrays(
+        squeue="100_0|RUNNING|None\n100_1|PENDING|JobArrayTaskLimit\n200_0|RUNNING|None\n999|RUNNING|None\n",
+        sacct="200_1|COMPLETED|0:0\n",
+        writes={"100_0": tmp_path / "sw" / "logs", "100_1": tmp_path / "sw" / "logs", "999": victim},
+    )
+    _slurm_sweep(tmp_path, monkeypatch, runner)
+    made = plan(["nodes=1,2", "seed=0,1"], parallelism=1, run_dir=str(tmp_path / "sw"))
+    submit_sweep(made, cluster="slurm")
+    sweep = tmp_path / "sw"
+    forged = sweep / "nodes=2,seed=0" / "job.json"
+    data = json.loads(forged.read_text())
+    forged.write_text(json.dumps({**data, "job_id": "999"}))
+    handle = SweepHandle.find(sweep)
+    assert [r.state for r in handle.results()][2] == (
+        "UNKNOWN (its job.json is broken or names another job than the sweep's)"
+    )
+    runner.calls.clear()
+    assert handle.cancel() == ["100_0", "100_1"]
+    assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "100"]]
+
+    record = SweepRecord.load(sweep)  # sweep.json forged as well: the scheduler's word decides
+    points = tuple(dataclasses.replace(p, job_id="999") if p.index == 2 else p for p in record.points)
+    dataclasses.replace(record, points=points).save()
+    handle = SweepHandle.find(sweep)
+    runner.calls.clear()
+    assert handle.cancel() == ["100_0", "100_1"]
+    assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "100"]]
+    assert len(handle.refused) == 1 and handle.refused[0].startswith("nodes=2,seed=0: ")
+    assert f"the scheduler says it writes {victim.parent}" in handle.refused[0]
+    with pytest.raises(SpecError, match=f"is not where job 999 runs: the scheduler says it writes {victim.parent}"):
+        handle.cancel("nodes=2,seed=0")
+    assert [c for c in runner.calls if c[0] == "scancel"] == [["scancel", "100"]]
 
 
 def test_a_later_array_refused_cancels_the_arrays_submitted_before_it_and_records_nothing(tmp_path, monkeypatch):

@@ -1,0 +1,123 @@
+"""Records read from a run directory that others can write, and what the tools do with them
+(SECURITY.md): a job.json naming another run's job is neither cancelled nor signalled; every
+record and model config is bounded and range-checked before any work proportional to it, its
+errors one line; what a terminal shows of a record is escaped; another user's staging directory
+is never used. Pure, or the CLI in this process: no job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hpc_hsdp.cli import main
+from hpc_hsdp.errors import SpecError
+from hpc_hsdp.job import handle as handle_module
+from hpc_hsdp.job.backends.local import LocalBackend, state_path
+from hpc_hsdp.job.handle import JobHandle
+from hpc_hsdp.rundir.job_record import JobRecord
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def one_error_line(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpc-hsdp: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, err)
+
+
+def _job_json(run: Path, **fields) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    record = {
+        "job_id": "12345",
+        "cluster": "local",
+        "run_dir": str(run),
+        "logs_dir": "logs",
+        "job_name": "x",
+        "ntasks": 1,
+        "launcher": "srun",
+        "submitted_at": 1.0,
+        **fields,
+    }
+    (run / "job.json").write_text(json.dumps(record))
+
+
+def _victim(tmp_path: Path, **state) -> Path:
+    """Another run of the user's, running on the emulator (its supervisor: this very process)."""
+    victim = tmp_path / "victim"
+    (victim / "logs").mkdir(parents=True)
+    _job_json(victim)
+    state_path(victim / "logs", "12345").write_text(
+        json.dumps(
+            {
+                "job_id": "12345",
+                "state": "RUNNING",
+                "exit_code": None,
+                "supervisor_pid": os.getpid(),
+                "logs_dir": str(victim / "logs"),
+                **state,
+            }
+        )
+    )
+    return victim
+
+
+class _Spy(LocalBackend):
+    def __init__(self) -> None:
+        super().__init__(alive=lambda pid: True)
+        self.cancelled: list[str] = []
+
+    def cancel(self, record):
+        self.cancelled.append(record.job_id)
+
+
+def test_a_job_json_with_an_absolute_logs_dir_outside_its_run_is_one_line(tmp_path, capsys):
+    victim = _victim(tmp_path)
+    forged = tmp_path / "forged"
+    _job_json(forged, logs_dir=str(victim / "logs"))
+    for command in ("cancel", "status"):
+        code, _, err = run_main([command, str(forged)], capsys)
+        one_error_line(code, err, "logs_dir", "leaves the run directory")
+    assert json.loads(state_path(victim / "logs", "12345").read_text())["state"] == "RUNNING"
+
+
+def test_a_logs_symlink_to_another_runs_logs_is_not_where_the_job_runs(tmp_path, capsys, monkeypatch):
+    victim = _victim(tmp_path)
+    forged = tmp_path / "forged"
+    _job_json(forged)
+    (forged / "logs").symlink_to(victim / "logs")
+    spy = _Spy()
+    monkeypatch.setattr(handle_module, "backend", lambda name: spy)
+    with pytest.raises(SpecError, match=f"is not where job 12345 runs: the scheduler says it writes {victim} "):
+        JobHandle(JobRecord.load(str(forged))).cancel()
+    assert spy.cancelled == []
+    JobHandle(JobRecord.load(str(victim))).cancel()  # the run itself is cancelled as before
+    assert spy.cancelled == ["12345"]
+
+
+def test_cancel_of_a_run_whose_job_json_names_another_runs_job_signals_nothing(tmp_path, capsys):
+    victim = _victim(tmp_path)
+    forged = tmp_path / "forged"
+    _job_json(forged)
+    (forged / "logs").symlink_to(victim / "logs")
+    code, _, err = run_main(["cancel", str(forged)], capsys)
+    one_error_line(code, err, f"the scheduler says it writes {victim}", "nothing cancelled")
+
+
+def test_cancel_refuses_a_job_whose_scheduler_does_not_say_where_it_writes(tmp_path, monkeypatch):
+    victim = _victim(tmp_path, logs_dir=None)
+    spy = _Spy()
+    monkeypatch.setattr(handle_module, "backend", lambda name: spy)
+    with pytest.raises(SpecError, match="does not say where job 12345 .* writes"):
+        JobHandle(JobRecord.load(str(victim))).cancel()
+    assert spy.cancelled == []
