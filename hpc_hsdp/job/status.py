@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import claim as claims
 from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
+from hpc_hsdp.rundir.job_state import is_job_state, load_job_state, save_job_state
 
 TERMINAL = (
     "COMPLETED",
@@ -46,6 +46,10 @@ class JobStatus:
     """The state SLURM last told (``<run-dir>/job_state.json``), when it did not answer now."""
     last_known_at: float | None = None
     """When SLURM told ``last_known_state`` (epoch seconds)."""
+
+    def __post_init__(self) -> None:
+        if not is_job_state(self.state):  # what no scheduler says: a state file's ``""``, say
+            object.__setattr__(self, "state", "UNKNOWN")
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ last known one and how old it is instead of waiting or guessing.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,17 @@ JOB_STATE = "job_state.json"
 REFRESH_S = 10.0
 """An unchanged state is written again only this long after the last write (``runs`` over
 many directories writes few files); so its age is at most this much older than the last answer."""
+
+
+STATE_FORM = re.compile(r"[A-Z][A-Z_]{0,31}( [ -~]{0,200})?")
+"""A job's state as a scheduler says it: a word of capitals (``RUNNING``, ``OUT_OF_MEMORY``),
+perhaps followed by printable words (``CANCELLED by 1000``)."""
+
+
+def is_job_state(value: object) -> bool:
+    """``value`` is a job state (:data:`STATE_FORM`): what a record from a run directory must hold
+    before it is shown or compared as one (``""`` or ``" "`` had no first word, and broke ``status``)."""
+    return isinstance(value, str) and STATE_FORM.fullmatch(value) is not None
 
 
 def job_state_path(run_dir: str | Path) -> Path:
@@ -30,7 +42,7 @@ def load_job_state(run_dir: str | Path, job_id: str) -> dict | None:
         data = read_json(job_state_path(run_dir), max_bytes=1 << 16)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or str(data.get("job_id")) != str(job_id) or not isinstance(data.get("state"), str):
+    if not isinstance(data, dict) or str(data.get("job_id")) != str(job_id) or not is_job_state(data.get("state")):
         return None
     at, restarts = data.get("at"), data.get("restarts", 0)
     if not is_time(at) or isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts < 1 << 31:

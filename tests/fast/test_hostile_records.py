@@ -121,3 +121,36 @@ def test_cancel_refuses_a_job_whose_scheduler_does_not_say_where_it_writes(tmp_p
     with pytest.raises(SpecError, match="does not say where job 12345 .* writes"):
         JobHandle(JobRecord.load(str(victim))).cancel()
     assert spy.cancelled == []
+
+
+@pytest.mark.parametrize("state", ["", " ", "running", "\x1b[31mRUNNING", 7, None, "PENDING" * 40])
+def test_an_emulator_state_file_of_no_state_is_unknown_in_status_status_sweep_and_runs(tmp_path, capsys, state):
+    from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+
+    sweep = tmp_path / "runs" / "sw"
+    sweep.mkdir(parents=True)
+    SweepRecord(
+        sweep_dir=str(sweep),
+        job_ids=("12345",),
+        cluster="local",
+        mode="grid",
+        parallelism=None,
+        sweep=("seed=0",),
+        points=(SweepPoint(index=0, name="seed=0", values=(("seed", "0"),), job_id="12345_0"),),
+    ).save()
+    run = sweep / "seed=0"
+    _job_json(run, job_id="12345_0")
+    (run / "logs").mkdir()
+    state_path(run / "logs", "12345_0").write_text(json.dumps({"job_id": "12345_0", "state": state}))
+    for argv in (["status", str(run)], ["status", str(sweep)], ["runs", str(tmp_path / "runs")]):
+        code, out, err = run_main(argv, capsys)
+        assert code == 0 and "Traceback" not in err, (argv, err)
+        assert "UNKNOWN" in out and "\x1b" not in out, (argv, out)
+
+
+@pytest.mark.parametrize("state", ["", " ", "\x1b]0;title\x07"])
+def test_a_last_known_state_of_no_state_is_no_record(tmp_path, state):
+    from hpc_hsdp.rundir.job_state import load_job_state
+
+    (tmp_path / "job_state.json").write_text(json.dumps({"job_id": "1", "state": state, "at": 1.0}))
+    assert load_job_state(tmp_path, "1") is None

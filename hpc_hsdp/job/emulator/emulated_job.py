@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc_hsdp.job.emulator.processes import is_supervisor, pid_alive, process_start_time
-from hpc_hsdp.job.emulator.state_files import TERMINAL_STATES, read_state, state_path, write_state
+from hpc_hsdp.job.emulator.state_files import TERMINAL_STATES, read_job_state, read_state, state_path, write_state
 from hpc_hsdp.rundir.claim import release_claim
 
 
@@ -26,10 +26,8 @@ class LocalJob:
     def info(self) -> dict:
         path = state_path(self.logs_dir, self.job_id)
         try:
-            data = read_state(path)
+            data = read_job_state(path)
         except (OSError, ValueError):  # none, garbage or torn by someone else: nothing to trust in it
-            return {"state": "UNKNOWN", "exit_code": None}
-        if not isinstance(data.get("state"), str):
             return {"state": "UNKNOWN", "exit_code": None}
         pid = data.get("supervisor_pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -37,7 +35,7 @@ class LocalJob:
         if data["state"] == "PENDING" and not pid and data.get("array_runner") and not self._runner_lives(data):
             time.sleep(0.2)  # it may have started the point just now
             try:
-                data = read_state(path)
+                data = read_job_state(path)
             except (OSError, ValueError):
                 return {"state": "UNKNOWN", "exit_code": None}
             if data.get("state") == "PENDING" and not data.get("supervisor_pid"):  # never to be started
@@ -47,7 +45,7 @@ class LocalJob:
         if data["state"] in ("PENDING", "RUNNING") and pid and not self.alive(pid):
             time.sleep(0.2)  # it may have written its last state just now
             try:
-                data = read_state(path)
+                data = read_job_state(path)
             except (OSError, ValueError):
                 return {"state": "UNKNOWN", "exit_code": None}
             if data.get("state") in ("PENDING", "RUNNING"):

@@ -27,6 +27,18 @@ def read_state(path: str | Path) -> dict:
     return data
 
 
+EMULATOR_STATES = ("PENDING", "RUNNING", *TERMINAL_STATES)
+
+
+def read_job_state(path: str | Path) -> dict:
+    """A job's state file (:func:`read_state`) whose ``state`` is one the emulator writes; else
+    ValueError, one line (``{"state": ""}`` broke ``status`` and ``runs`` over a whole tree)."""
+    data = read_state(path)
+    if data.get("state") not in EMULATOR_STATES:
+        raise ValueError(f"{path} holds no state of the emulator's")
+    return data
+
+
 def write_state(path: Path, data: dict) -> None:
     write_atomically(path, json.dumps(data, indent=1))
 

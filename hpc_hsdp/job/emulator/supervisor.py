@@ -16,7 +16,13 @@ from hpc_hsdp.job.emulator.emulated_job import LocalJob
 from hpc_hsdp.job.emulator.launch import start_local
 from hpc_hsdp.job.emulator.processes import process_start_time
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern, sbatch_value
-from hpc_hsdp.job.emulator.state_files import MAX_SPOOLED_SCRIPT_BYTES, read_state, spool_path, write_state
+from hpc_hsdp.job.emulator.state_files import (
+    MAX_SPOOLED_SCRIPT_BYTES,
+    read_job_state,
+    read_state,
+    spool_path,
+    write_state,
+)
 from hpc_hsdp.rundir.claim import release_claim
 
 CANCEL_KILL_WAIT_S = 30
@@ -122,8 +128,11 @@ def run_array(runner_state: str) -> int:
     while True:
         infos = []
         for path in paths:
-            job = LocalJob(logs_dir=path.parent, job_id=read_state(path)["job_id"])
-            infos.append((path, job.info()))
+            try:
+                job_id = str(read_job_state(path)["job_id"])
+            except (OSError, ValueError, KeyError):  # a point's state file broken by someone: it is not started
+                continue
+            infos.append((path, LocalJob(logs_dir=path.parent, job_id=job_id).info()))
         waiting = [path for path, info in infos if info["state"] == "PENDING" and not info.get("supervisor_pid")]
         running = sum(1 for _, info in infos if info["state"] in ("PENDING", "RUNNING") and info.get("supervisor_pid"))
         if not waiting:
