@@ -15,6 +15,7 @@ points of that header (0, 1, ...): where every point shares one header, its inde
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,17 +181,40 @@ def point_name(texts: Sequence[tuple[str, str]]) -> str:
     return re.sub(_NAME_SAFE, "_", name).strip("._") or "point"
 
 
-def expand(axes: Sequence[Axis], mode: str = "grid") -> list[Point]:
-    """The points: the cross product of the axes (``grid``, the first axis slowest) or their values
-    paired in order (``zip``: every axis as long). Names are unique (an index is added where two
-    reduce alike, or one is too long)."""
+MAX_POINTS = 10_000
+"""The most points one sweep may have: each is a run directory and a job of its own (SLURM's
+default MaxArraySize is 1001); counted before any point is made."""
+
+
+def count_points(axes: Sequence[Axis], mode: str = "grid") -> int:
+    """How many points ``expand`` would make, without making them; SpecError for an unknown mode,
+    zip lists of different lengths, or more than :data:`MAX_POINTS` (25 values on 5 axes were
+    9.8 million points, expanded until memory ran out)."""
     if mode not in SWEEP_MODES:
         raise SpecError(f"--sweep-mode {mode!r} is unknown; choose {' or '.join(SWEEP_MODES)}")
+    lengths = {axis.key: len(axis.texts) for axis in axes}
     if mode == "zip":
-        lengths = {axis.key: len(axis.texts) for axis in axes}
         if len(set(lengths.values())) > 1:
             said = ", ".join(f"{k} {n}" for k, n in lengths.items())
             raise SpecError(f"--sweep-mode zip pairs the values in order, but the lists differ in length ({said})")
+        count = min(lengths.values(), default=0)
+    else:
+        count = math.prod(lengths.values())
+    if count > MAX_POINTS:
+        said = " x ".join(str(n) for n in lengths.values())
+        raise SpecError(
+            f"the sweep has {count} points ({said} values), more than {MAX_POINTS}; sweep fewer values, or split "
+            f"the sweep"
+        )
+    return count
+
+
+def expand(axes: Sequence[Axis], mode: str = "grid") -> list[Point]:
+    """The points: the cross product of the axes (``grid``, the first axis slowest) or their values
+    paired in order (``zip``: every axis as long), counted first (:func:`count_points`). Names are
+    unique (an index is added where two reduce alike, or one is too long)."""
+    count_points(axes, mode)
+    if mode == "zip":
         combos = list(zip(*(range(len(axis.texts)) for axis in axes)))
     else:
         combos = list(itertools.product(*(range(len(axis.texts)) for axis in axes)))

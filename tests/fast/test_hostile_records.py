@@ -154,3 +154,26 @@ def test_a_last_known_state_of_no_state_is_no_record(tmp_path, state):
 
     (tmp_path / "job_state.json").write_text(json.dumps({"job_id": "1", "state": state, "at": 1.0}))
     assert load_job_state(tmp_path, "1") is None
+
+
+def _axes(n: int, count: int) -> list[str]:
+    return [f"{key}={','.join(str(v + 1) for v in range(n))}" for key in ("seed", "steps", "layers", "heads", "width")[:count]]
+
+
+def test_a_sweep_is_counted_before_it_is_expanded():
+    from hpc_hsdp.job.sweep import MAX_POINTS, count_points, expand, parse_axes
+
+    assert count_points(parse_axes(_axes(10, 4))) == 10_000 == MAX_POINTS
+    with pytest.raises(SpecError, match=r"the sweep has 14641 points \(11 x 11 x 11 x 11 values\), more than 10000"):
+        expand(parse_axes(_axes(11, 4)))
+    with pytest.raises(SpecError, match="the sweep has 9765625 points"):  # 25^5: refused at once, nothing made
+        expand(parse_axes(_axes(25, 5)))
+    assert count_points(parse_axes(_axes(25, 5)), "zip") == 25
+
+
+def test_submit_of_a_sweep_of_millions_of_points_is_one_line(tmp_path, capsys):
+    argv = ["submit", "--dry-run", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--run-dir", str(tmp_path / "sw")]
+    for axis in _axes(25, 5):
+        argv += ["--sweep", axis]
+    code, _, err = run_main(argv, capsys)
+    one_error_line(code, err, "9765625 points")
