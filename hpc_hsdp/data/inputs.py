@@ -28,6 +28,7 @@ from typing import IO
 import numpy as np
 
 from hpc_hsdp.data.tokens import DataError
+from hpc_hsdp.files import read_json
 
 BLOCK_BYTES = 1 << 20
 PEEK_BYTES = 1 << 12
@@ -177,18 +178,22 @@ def discover_inputs(
 _KIND_NAMES = {"parquet": "Parquet", "arrow": "a datasets (save_to_disk) Arrow file"}
 
 
+MAX_DATASETS_JSON = 16 << 20
+"""The most a ``datasets`` directory's ``state.json`` or ``dataset_dict.json`` may hold."""
+
+
 def _datasets_files(path: Path, given: str) -> list[InputFile]:
     """The Arrow files of a ``datasets`` directory (``save_to_disk``), in the order its
     ``state.json`` lists them. A DatasetDict's directory is refused, naming its splits."""
     if not (path / DATASETS_STATE).is_file():
         try:
-            splits = json.loads((path / DATASETS_DICT).read_text()).get("splits") or []
+            splits = read_json((path / DATASETS_DICT).resolve(), max_bytes=MAX_DATASETS_JSON).get("splits") or []
         except (OSError, ValueError, AttributeError):
             splits = []
         named = ", ".join(f"{given.rstrip('/')}/{split}" for split in splits) or "one of its split directories"
         raise DataError(f"input {given} is a datasets DatasetDict: give the split to read, e.g. {named}")
     try:
-        state = json.loads((path / DATASETS_STATE).read_text())
+        state = read_json((path / DATASETS_STATE).resolve(), max_bytes=MAX_DATASETS_JSON)
         names = [entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(
@@ -352,6 +357,10 @@ def jsonl_text(line: bytes, key: str | None, source: str, number: int) -> str:
         record = json.loads(line)
     except ValueError as exc:
         raise DataError(f"{source} line {number} is not JSON ({exc}); fix the line or leave the file out") from None
+    except RecursionError:
+        raise DataError(
+            f"{source} line {number} is nested too deeply to read; fix the line or leave the file out"
+        ) from None
     if not isinstance(record, dict) or key not in record:
         has = ", ".join(map(repr, list(record)[:8])) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
         raise DataError(

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hpc_hsdp.data.tokens import TokenFile, read_latency_of
 from hpc_hsdp.errors import DataError
-from hpc_hsdp.files import private_dir, write_atomically
+from hpc_hsdp.files import private_dir, read_json, write_atomically
 from hpc_hsdp.plan.stage_dir import DIR_HINT
 
 RECORD_SUFFIX = ".staged.json"
@@ -188,7 +188,7 @@ def file_sha256(path: Path, *, latency_s: float = 0.0) -> str:
 
 def _read_record(path: Path) -> dict | None:
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path, max_bytes=1 << 20)
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

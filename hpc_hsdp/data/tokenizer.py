@@ -14,7 +14,6 @@ that holds the description.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpc_hsdp.data.tokens import DataError
+from hpc_hsdp.files import read_json
 
 BYTE = "byte"
 BYTE_EOS_ID = 256
@@ -165,13 +165,17 @@ def tokenizer_json_of(path_text: str) -> Path:
     )
 
 
+MAX_CONFIG_BYTES = 64 << 20
+"""The most a tokenizer's companion file (its config, its special tokens) may hold."""
+
+
 def _eos_from_config(directory: Path) -> str | None:
     for name in COMPANION_FILES:
         config = directory / name
         if not config.is_file():
             continue
         try:
-            value = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
+            value = read_json(config.resolve(), max_bytes=MAX_CONFIG_BYTES).get("eos_token")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(value, dict):

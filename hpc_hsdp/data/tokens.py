@@ -43,7 +43,7 @@ import numpy as np
 
 from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.errors import DataError, DataNotFound
-from hpc_hsdp.files import write_atomically
+from hpc_hsdp.files import read_json, write_atomically
 
 TOKEN_FORMAT = "hpc-hsdp-tokens"
 DATASET_FORMAT = "hpc-hsdp-dataset"
@@ -118,13 +118,18 @@ def sidecar_path(bin_path: str | os.PathLike) -> Path:
     return Path(bin_path).with_suffix(".json")
 
 
+MAX_SIDECAR_BYTES = 64 << 20
+"""The most a token sidecar or dataset manifest may hold (its tokenizer's description included)."""
+
+
 def _load_json(path: Path, what: str) -> dict[str, Any]:
+    """A sidecar or manifest, read as data that may be hostile (:func:`~hpc_hsdp.files.read_json`:
+    a regular file, at most :data:`MAX_SIDECAR_BYTES`, not nested past Python's stack, numbers in
+    range); a symlinked one is read where it leads (datasets are linked into place)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_json(path.resolve(), max_bytes=MAX_SIDECAR_BYTES)
     except OSError as exc:
         raise DataError(f"cannot read {what} {path} ({exc.strerror}); check that it exists and is readable") from None
-    try:
-        data = json.loads(text)
     except ValueError as exc:
         raise DataError(f"{what} {path} is not valid JSON ({exc}); {_PREPARE_HINT}") from None
     if not isinstance(data, dict):

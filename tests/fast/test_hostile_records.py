@@ -157,7 +157,10 @@ def test_a_last_known_state_of_no_state_is_no_record(tmp_path, state):
 
 
 def _axes(n: int, count: int) -> list[str]:
-    return [f"{key}={','.join(str(v + 1) for v in range(n))}" for key in ("seed", "steps", "layers", "heads", "width")[:count]]
+    return [
+        f"{key}={','.join(str(v + 1) for v in range(n))}"
+        for key in ("seed", "steps", "layers", "heads", "width")[:count]
+    ]
 
 
 def test_a_sweep_is_counted_before_it_is_expanded():
@@ -172,8 +175,49 @@ def test_a_sweep_is_counted_before_it_is_expanded():
 
 
 def test_submit_of_a_sweep_of_millions_of_points_is_one_line(tmp_path, capsys):
-    argv = ["submit", "--dry-run", "--nodes", "1", "--gpus-per-node", "1", "--shard", "1", "--run-dir", str(tmp_path / "sw")]
+    argv = [
+        "submit",
+        "--dry-run",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--shard",
+        "1",
+        "--run-dir",
+        str(tmp_path / "sw"),
+    ]
     for axis in _axes(25, 5):
         argv += ["--sweep", axis]
     code, _, err = run_main(argv, capsys)
     one_error_line(code, err, "9765625 points")
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+@pytest.mark.parametrize(
+    "body", [DEEP, '{"tokenizer": ' + DEEP + "}", '{"num_tokens": 1e999}'], ids=["deep", "deep-field", "1e999"]
+)
+def test_a_token_sidecar_nested_past_the_stack_or_out_of_range_is_one_line(tmp_path, capsys, body):
+    import numpy as np
+
+    from hpc_hsdp.data.tokens import DataError, open_dataset, write_token_file
+
+    path = tmp_path / "train.bin"
+    write_token_file(path, np.arange(64) % 50, vocab_size=64, eos_id=49)
+    path.with_suffix(".json").write_text(body)
+    with pytest.raises(DataError) as caught:
+        open_dataset(path)
+    assert "\n" not in str(caught.value) and "train.json" in str(caught.value)
+
+
+def test_a_jsonl_line_nested_past_the_stack_and_a_datasets_state_are_one_line(tmp_path):
+    from hpc_hsdp.data.inputs import _datasets_files, jsonl_text
+    from hpc_hsdp.data.tokens import DataError
+
+    with pytest.raises(DataError, match="in.jsonl line 3 is nested too deeply"):
+        jsonl_text(DEEP.encode(), "text", "in.jsonl", 3)
+    (tmp_path / "state.json").write_text(DEEP)
+    with pytest.raises(DataError, match="has no readable state.json"):
+        _datasets_files(tmp_path, "ds")
