@@ -29,15 +29,15 @@ config.json with it); they load when a model is built.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from contextlib import nullcontext
 from pathlib import Path
 
 from hpc_hsdp.errors import InputNotFound, SpecError
+from hpc_hsdp.files import parse_json, read_capped
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
-from hpc_hsdp.models.hf_shapes import ModelShapes, shapes_from_config, tp_dims_from_config
+from hpc_hsdp.models.hf_shapes import ModelShapes, config_size_problem, shapes_from_config, tp_dims_from_config
 from hpc_hsdp.plan.shapes import tp_refusal
 
 PREFIX = "hf:"
@@ -91,15 +91,29 @@ def locate(model: str) -> tuple[Path, Path | None]:
     return path, None
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def config_values(model: str) -> dict:
     """``hf:PATH``'s config.json as plain JSON values (no torch, no transformers)."""
     config_path, _ = locate(model)
+    return read_config_json(config_path, model=model)
+
+
+def read_config_json(config_path: Path, *, model: str) -> dict:
+    """A config.json read as data that may be hostile (:func:`~hpc_hsdp.files.read_json`: a regular
+    file of at most 16 MiB, nesting and numbers in range) whose sizes and counts are in range
+    (:func:`~hpc_hsdp.models.hf_shapes.config_size_problem`); SpecError, one line."""
     try:
-        values = json.loads(config_path.read_text(encoding="utf-8"))
+        values = parse_json(read_capped(config_path.resolve(), max_bytes=MAX_CONFIG_BYTES), where="it")
     except (OSError, ValueError) as exc:
-        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({exc})") from None
+        said = str(exc).replace(" written by hpc-hsdp", "").replace("; it was not", "; it is not a config.json")
+        raise SpecError(f"--model {model!r}: cannot read {str(config_path)!r} as JSON ({said})") from None
     if not isinstance(values, dict):
         raise SpecError(f"--model {model!r}: {str(config_path)!r} is not a JSON object; give a config.json")
+    problem = config_size_problem(values)
+    if problem:
+        raise SpecError(f"--model {model!r}: {str(config_path)!r}: {problem}; give a model's own config.json")
     return values
 
 
@@ -115,6 +129,7 @@ def _transformers():
 
 def load_config(config_path: Path, *, model: str):
     """The transformers config of ``config_path``; a config that is not a causal LM is a SpecError."""
+    read_config_json(config_path, model=model)  # bounded and its sizes in range, before transformers reads it
     transformers = _transformers()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415 - loaded when a model is built
 

@@ -23,6 +23,41 @@ LLAMA_STYLE = {
 }
 GPT2_STYLE = {"gpt2": "GPT2Block"}
 
+SIZE_LIMITS = {
+    "num_hidden_layers": 1024,
+    "n_layer": 1024,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "n_head": 4096,
+    "hidden_size": 1 << 20,
+    "n_embd": 1 << 20,
+    "intermediate_size": 1 << 22,
+    "n_inner": 1 << 22,
+    "head_dim": 1 << 16,
+    "vocab_size": 1 << 24,
+    "n_positions": 1 << 27,
+    "max_position_embeddings": 1 << 27,
+}
+"""The sizes and counts of a config.json that shape the model, each with its largest sensible
+value: every one present is an integer from 1 to it (``null`` where transformers derives it)
+before anything proportional to it is done (1e8 layers were a plan that built for minutes)."""
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "n_inner")
+"""Sizes that ``null`` leaves to transformers (the heads', 4 x the width)."""
+
+
+def config_size_problem(config: dict) -> str | None:
+    """What is wrong with ``config``'s sizes (:data:`SIZE_LIMITS`), in words; None when nothing."""
+    for key, most in SIZE_LIMITS.items():
+        if key not in config or (config[key] is None and key in OPTIONAL_SIZES):
+            continue
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key} is {str(value)[:40]!r}, not an integer"
+        if not 1 <= value <= most:
+            return f"{key} is {value if abs(value) < 10**12 else 'out of range'}, outside 1-{most}"
+    return None
+
+
 Shape = tuple[str, tuple[int, ...], bool]
 """(parameter name, shape, in the root unit)."""
 

@@ -33,7 +33,6 @@ refuses a tie whose two modules would land in different FSDP units.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import zlib
@@ -47,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.files import parse_json, read_json
 
 ROOT_UNIT = ""
 
@@ -206,6 +206,10 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+MAX_SAFETENSORS_HEADER = 100_000_000
+"""The largest header of a ``.safetensors`` file (safetensors' own limit), and of its index."""
+
+
 class SafetensorsFile:
     """One ``.safetensors`` file read with ``os.pread``: its header (names, dtypes, shapes,
     byte ranges) and, per tensor, any range of rows, reading exactly those bytes (no
@@ -215,7 +219,18 @@ class SafetensorsFile:
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
         size = int.from_bytes(os.pread(self._fd, 8, 0), "little")
-        header = json.loads(os.pread(self._fd, size, 8))
+        if not 0 < size <= MAX_SAFETENSORS_HEADER:  # checked before that many bytes are read
+            os.close(self._fd)
+            raise SpecError(
+                f"{path} is not a safetensors file (a header of {size} bytes); give the model's own weights"
+            )
+        try:
+            header = parse_json(os.pread(self._fd, size, 8), where=str(path))
+            if not isinstance(header, dict):
+                raise ValueError(f"{path} has no safetensors header")
+        except ValueError as exc:
+            os.close(self._fd)
+            raise SpecError(f"{exc}; give the model's own weights") from None
         header.pop("__metadata__", None)
         self.tensors: dict[str, dict] = header
         self._data_start = 8 + size
@@ -248,8 +263,16 @@ def safetensors_files(directory: Path) -> dict[str, Path]:
     files of ``model.safetensors.index.json``); empty when the directory has none."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return {name: directory / file for name, file in weight_map.items()}
+        try:
+            weight_map = read_json(index.resolve(), max_bytes=MAX_SAFETENSORS_HEADER)["weight_map"]
+            files = {str(name): str(file) for name, file in weight_map.items()}
+            if any(Path(file).name != file or file in ("", ".", "..") for file in files.values()):
+                raise ValueError("it names a file outside its directory")
+            return {name: directory / file for name, file in files.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SpecError(
+                f"cannot read {index} ({type(exc).__name__}: {str(exc)[:120]}); give the model's own weights"
+            ) from None
     single = directory / "model.safetensors"
     if not single.is_file():
         return {}

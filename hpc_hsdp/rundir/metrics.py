@@ -28,7 +28,13 @@ from hpc_hsdp.rundir.files import append_jsonl
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # the report extra is not installed: the standard library's parser
-    _fast_loads = json.loads
+
+    def _fast_loads(line):
+        try:
+            return json.loads(line)
+        except RecursionError:  # as orjson refuses nesting past its limit
+            raise ValueError("nested too deeply") from None
+
 
 METRICS = "metrics.jsonl"
 CHUNK_BYTES = 1 << 15

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,90 @@ def test_a_jsonl_line_nested_past_the_stack_and_a_datasets_state_are_one_line(tm
     (tmp_path / "state.json").write_text(DEEP)
     with pytest.raises(DataError, match="has no readable state.json"):
         _datasets_files(tmp_path, "ds")
+
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": None,
+    "vocab_size": 96,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("num_attention_heads", 0, "num_attention_heads is 0, outside 1-4096"),
+        ("hidden_size", "64", "hidden_size is '64', not an integer"),
+        ("vocab_size", 1e300, "vocab_size is '1e+300', not an integer"),
+        ("num_hidden_layers", 100_000_000, "num_hidden_layers is 100000000, outside 1-1024"),
+        ("num_hidden_layers", 1 << 62, "num_hidden_layers is out of range, outside 1-1024"),
+        ("intermediate_size", True, "intermediate_size is 'True', not an integer"),
+        ("num_hidden_layers", 1e999, "number 1e999 out of range"),
+        ("num_key_value_heads", -2, "num_key_value_heads is -2"),
+    ],
+)
+def test_an_hf_config_of_sizes_out_of_range_is_one_line_before_any_work(tmp_path, capsys, field, value, said):
+    model = tmp_path / "model"
+    model.mkdir()
+    text = json.dumps({**LLAMA, field: value}).replace("Infinity", "1e999")
+    (model / "config.json").write_text(text)
+    code, _, err = run_main(
+        ["plan", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--model", f"hf:{model}"], capsys
+    )
+    one_error_line(code, err, "config.json", said)
+    from hpc_hsdp.models.hf import load_config
+
+    with pytest.raises(
+        SpecError, match=re.escape(said)
+    ):  # the task reads it through the same check before transformers does
+        load_config(model / "config.json", model=f"hf:{model}")
+
+
+def test_an_hf_config_nested_past_the_stack_is_one_line(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "rope_scaling": ' + DEEP + "}")
+    code, _, err = run_main(
+        ["plan", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--model", f"hf:{model}"], capsys
+    )
+    one_error_line(code, err, "nested too deeply")
+
+
+def test_an_hf_config_of_sane_sizes_still_plans(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA))
+    code, out, err = run_main(
+        ["plan", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--model", f"hf:{model}"], capsys
+    )
+    assert code in (0, None), err
+
+
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        ((1 << 62).to_bytes(8, "little"), "a header of 4611686018427387904 bytes"),
+        (len(DEEP).to_bytes(8, "little") + DEEP.encode(), "nested too deeply"),
+        ((4).to_bytes(8, "little") + b"[1] ", "no safetensors header"),
+    ],
+    ids=["huge", "deep", "list"],
+)
+def test_a_safetensors_header_is_sized_and_read_as_hostile_json(tmp_path, header, said):
+    from hpc_hsdp.models.weights import SafetensorsFile
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(header)
+    with pytest.raises(SpecError, match=said):
+        SafetensorsFile(path)
+
+
+def test_a_safetensors_index_naming_files_outside_its_directory_is_one_line(tmp_path):
+    from hpc_hsdp.models.weights import safetensors_files
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../secret"}}))
+    with pytest.raises(SpecError, match="names a file outside its directory"):
+        safetensors_files(tmp_path)

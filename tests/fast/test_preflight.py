@@ -82,7 +82,7 @@ def _spec(argv: list[str], files: dict[str, str]):
         ),
         (["--model", "NO_MODEL"], "does not exist; give a directory written by save_pretrained"),
         (["--model", "NO_MODEL"], "(hf: reads local paths only; a hub id is not downloaded: huggingface-cli download"),
-        (["--model", "NOT_JSON_MODEL"], "config.json' as JSON (Expecting property name"),
+        (["--model", "NOT_JSON_MODEL"], "config.json' as JSON (it is not JSON (Expecting property name"),
         (["--model", "LIST_MODEL"], "config.json' is not a JSON object; give a config.json"),
         (["--model", "hpc_hsdp_no_such_module:build"], "module 'hpc_hsdp_no_such_module' cannot be imported here"),
     ],
