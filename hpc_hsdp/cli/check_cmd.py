@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -11,7 +12,8 @@ from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import CHECK_ENTRY
-from hpc_hsdp.rundir.check_record import check_lines, read_check
+from hpc_hsdp.plan.units import terminal_safe
+from hpc_hsdp.rundir.check_record import CHECK_RECORD, check_lines, read_own_check
 
 
 @click.command()
@@ -46,9 +48,14 @@ def check(**options) -> None:
         f"submitted check job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s))"
     )
     code = follow(handle, total_steps=None)
-    record = read_check(spec.run.run_dir)
+    record, why_not = read_own_check(spec.run.run_dir, handle.job_id)
     if record is None:
-        click.echo(f"hpc-hsdp: the check wrote no result; see hpc-hsdp logs {spec.run.run_dir}", err=True)
+        click.echo(
+            f"hpc-hsdp: check job {handle.job_id} left no result of its own ({terminal_safe(why_not)}); see "
+            f"hpc-hsdp logs {spec.run.run_dir}",
+            err=True,
+        )
         sys.exit(1)
-    click.echo("\n".join(check_lines(record)))
+    click.echo(f"check job {handle.job_id} found ({Path(spec.run.run_dir) / CHECK_RECORD}):")
+    click.echo(terminal_safe("\n".join(check_lines(record)), lines=True))
     sys.exit(0 if code == 0 and not record.get("bad_nodes") and not record.get("bad_links") else 1)

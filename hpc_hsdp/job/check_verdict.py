@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.check_record import CHECK_HISTORY, CHECK_RECORD, read_check, read_decisions
+from hpc_hsdp.rundir.check_record import CHECK_HISTORY, read_decisions, read_own_check
 from hpc_hsdp.rundir.files import append_jsonl
 
 REQUEUED = 3
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, nodes = Path(args[0]), int(args[1])
     allocated = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    record = read_check(run_dir)
-    if record is None:  # no verdict without a record: train on the job's nodes
-        print(f"hpc-hsdp: check: no readable {CHECK_RECORD}: training on the job's nodes", file=sys.stderr)
+    record, why_not = read_own_check(run_dir, job_id)
+    if record is None:  # no verdict without this job's record: train on the job's nodes
+        print(f"hpc-hsdp: check: {why_not}: training on the job's nodes", file=sys.stderr)
         print(compress_nodelist(allocated[:nodes]))
         return 0
     decision = decide(

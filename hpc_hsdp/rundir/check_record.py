@@ -4,6 +4,7 @@ the nodes trained on, those left out, spares used, requeues). Read as files that
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hpc_hsdp.files import UnreadableFile, read_json, read_json_lines
@@ -14,13 +15,59 @@ CHECK_HISTORY = "checks.jsonl"
 MAX_RECORD_BYTES = 4 << 20
 
 
+_FIELD_TYPES = {
+    "time": (int, float),
+    "seconds": (int, float),
+    "threshold": (int, float),
+    "nodes": dict,
+    "links": dict,
+    "findings": list,
+    "bad_nodes": list,
+    "bad_links": list,
+    "transport_warning": str,
+    "job_id": str,
+}
+"""What each field of ``check.json`` is when the check wrote it (a field may be absent)."""
+
+
+def _well_formed(record: object) -> bool:
+    """``record`` holds the check's fields of the check's types (``"bad_nodes": 5`` was a traceback
+    in the batch step of ``submit --check``), its node and link names text."""
+    if not isinstance(record, dict):
+        return False
+    for key, kinds in _FIELD_TYPES.items():
+        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kinds)):
+            return False
+    return all(isinstance(name, str) for key in ("bad_nodes", "bad_links") for name in record.get(key, ()))
+
+
 def read_check(run_dir: str | Path) -> dict | None:
-    """``check.json``, or None when there is none or it is not one."""
+    """``check.json``, or None when there is none or it is not one (:func:`_well_formed`)."""
     try:
         record = read_json(Path(run_dir) / CHECK_RECORD, max_bytes=MAX_RECORD_BYTES)
     except (OSError, UnreadableFile):
         return None
-    return record if isinstance(record, dict) else None
+    return record if _well_formed(record) else None
+
+
+def read_own_check(run_dir: str | Path, job_id: str) -> tuple[dict | None, str | None]:
+    """``check.json`` as the check of job ``job_id`` wrote it: (the record, None), or (None, why
+    not) when there is none, it is not one, another job wrote it, or the file could have been
+    written by someone else (another user's, or writable by others: the check writes it 0644,
+    whatever the umask): a run directory others can write could otherwise hold a forged verdict."""
+    path = Path(run_dir) / CHECK_RECORD
+    record = read_check(run_dir)
+    if record is None:
+        return None, f"no readable {path}"
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc.strerror})"
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return None, f"{path} is another user's or writable by others: not the check's"
+    if record.get("job_id") != job_id:
+        return None, f"{path} was not written by the check of job {job_id}"
+    return record, None
 
 
 def read_decisions(run_dir: str | Path) -> list[dict]:

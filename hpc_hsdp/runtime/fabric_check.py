@@ -155,6 +155,7 @@ def run_check(ctx) -> dict:
     found = verdict(nodes, link_figures, threshold=threshold)
     transport = nccl_transport(_nccl_lines()) if device.type == "cuda" else None
     record = {
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),  # whose check it is: the batch step and `check` ask
         "time": time.time(),
         "seconds": round(time.monotonic() - started, 3),
         "threshold": threshold,

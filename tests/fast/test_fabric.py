@@ -144,6 +144,11 @@ def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
         '{"nodes": {"n1": "fast", "<b>": {"matmul_tflops": "x"}}, "links": [], "findings": [{"value": "1"}, 3],'
         ' "bad_nodes": "n1", "seconds": "soon"}'
     )
+    assert read_check(tmp_path) is None  # fields of other types than the check writes: no record
+    (tmp_path / "check.json").write_text(
+        '{"nodes": {"n1": "fast", "<b>": {"matmul_tflops": "x"}}, "links": {"n1-<b>": 7}, "findings": [{"value": "1"}, 3],'
+        ' "bad_nodes": ["n1"], "seconds": 1}'
+    )
     record = read_check(tmp_path)
     lines = check_lines(record)
     assert any("<b>" in line for line in lines) and "node(s)" in check_summary(record, {"action": 7})

@@ -309,3 +309,72 @@ def test_a_safetensors_index_naming_files_outside_its_directory_is_one_line(tmp_
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../secret"}}))
     with pytest.raises(SpecError, match="names a file outside its directory"):
         safetensors_files(tmp_path)
+
+
+def _check_json(run: Path, mode: int = 0o644, **fields) -> Path:
+    record = {"job_id": "77", "time": 1.0, "seconds": 2.0, "threshold": 0.9, "nodes": {}, "links": {}, **fields}
+    path = run / "check.json"
+    path.write_text(json.dumps(record))
+    path.chmod(mode)
+    return path
+
+
+def _verdict(tmp_path, monkeypatch, capsys) -> tuple[int, str, str]:
+    from hpc_hsdp.job import check_verdict
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    code = check_verdict.main([str(tmp_path), "2"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("bad", [5, "n1", {"n1": 1}, [1, 2], None], ids=["int", "text", "object", "ints", "null"])
+def test_the_batch_step_trains_on_the_jobs_nodes_when_check_json_holds_other_types(tmp_path, monkeypatch, capsys, bad):
+    _check_json(tmp_path, bad_nodes=bad)
+    code, out, err = _verdict(tmp_path, monkeypatch, capsys)
+    assert (code, out) == (0, "n[1-2]\n") and "no readable" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("mode", "job_id", "said"),
+    [
+        (0o666, "77", "writable by others: not the check's"),
+        (0o664, "77", "writable by others: not the check's"),
+        (0o644, "76", "was not written by the check of job 77"),
+        (0o644, None, "no readable"),
+    ],
+)
+def test_a_forged_verdict_is_not_the_checks(tmp_path, monkeypatch, capsys, mode, job_id, said):
+    _check_json(tmp_path, mode, bad_nodes=["n1"], job_id=job_id)
+    code, out, err = _verdict(tmp_path, monkeypatch, capsys)
+    assert (code, out) == (0, "n[1-2]\n") and said in err
+    _check_json(tmp_path, bad_nodes=["n1"])  # the check's own: n1 left out, spare n3 in its place
+    code, out, err = _verdict(tmp_path, monkeypatch, capsys)
+    assert (code, out) == (0, "n[2-3]\n"), err
+
+
+def test_check_prints_its_own_result_escaped_and_says_where_it_read_it(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from hpc_hsdp.cli import jobs_cmd
+    from hpc_hsdp.job import submission
+
+    run = tmp_path / "run"
+    run.mkdir()
+    handle = SimpleNamespace(job_id="77", record=SimpleNamespace(cluster="local"))
+    monkeypatch.setattr(submission, "submit_spec", lambda spec, cluster: (handle, None, ""))
+    monkeypatch.setattr(jobs_cmd, "follow", lambda handle, total_steps: 0)
+    argv = ["check", "--nodes", "2", "--gpus-per-node", "1", "--run-dir", str(run)]
+    _check_json(run, nodes={"\x1b]0;owned\x07n1": {"matmul_tflops": 1.0}}, transport_warning="\x1b[2J")
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert f"check job 77 found ({run / 'check.json'}):" in out
+    assert "\x1b" not in out and "\\x1b]0;owned\\x07n1" in out and "warning: \\x1b[2J" in out
+
+    _check_json(run, job_id="76", bad_nodes=[])  # written by someone else: not shown as the check's
+    code, out, err = run_main(argv, capsys)
+    assert code == 1 and "below its peers" not in out
+    assert (
+        f"check job 77 left no result of its own ({run / 'check.json'} was not written by the check of job 77)" in err
+    )
