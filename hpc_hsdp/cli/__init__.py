@@ -19,6 +19,7 @@ from hpc_hsdp._version import __version__
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.files import UnsafeTarget
 from hpc_hsdp.files import write_atomically as write
+from hpc_hsdp.plan.units import terminal_safe
 
 EXIT_USAGE = 2
 
@@ -101,8 +102,9 @@ def cli() -> None:
 
 
 def fail(message: str) -> None:
-    """Print one error line and exit with the usage-error code."""
-    click.echo(f"hpc-hsdp: error: {message}", err=True)
+    """Print one error line (its control characters escaped: an error may quote a run's files)
+    and exit with the usage-error code."""
+    click.echo(f"hpc-hsdp: error: {terminal_safe(message)}", err=True)
     sys.exit(EXIT_USAGE)
 
 

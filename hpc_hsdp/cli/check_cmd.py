@@ -43,7 +43,7 @@ def check(**options) -> None:
             "then sweep"
         )
     handle, _, said = submit_spec(spec)
-    click.echo(said, err=True)
+    click.echo(terminal_safe(said, lines=True), err=True)  # it may quote the run directory's claim
     click.echo(
         f"submitted check job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s))"
     )

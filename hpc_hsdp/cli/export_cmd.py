@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from hpc_hsdp.plan.units import terminal_safe
+
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
@@ -28,7 +30,11 @@ def export(run_dir, step, out_dir) -> None:
 
     result = run_export(run_dir, out_dir, step=step)
     for path in result["skipped"]:
-        click.echo(f"hpc-hsdp: warning: not exported: {path} is a symlink or not a regular file", err=True)
+        click.echo(
+            terminal_safe(f"hpc-hsdp: warning: not exported: {path} is a symlink or not a regular file"), err=True
+        )
     click.echo(
-        f"exported step {result['step']} ({result['kind']}) to {result['out_dir']}: {', '.join(result['files'])}"
+        terminal_safe(
+            f"exported step {result['step']} ({result['kind']}) to {result['out_dir']}: {', '.join(result['files'])}"
+        )
     )

@@ -57,7 +57,7 @@ def report(run_dirs, output) -> None:
     target = check_output(Path(output) if output else Path(run_dirs[0]) / "report.html")
     for run in runs:
         for note in run.notes:
-            click.echo(f"{run.label}: {note}", err=True)
+            click.echo(terminal_safe(f"{run.label}: {note}"), err=True)
         code = code_words(run.provenance)
         if code:
             click.echo(terminal_safe(f"{run.label}: code {code}"), err=True)
@@ -70,7 +70,7 @@ def report(run_dirs, output) -> None:
     try:
         written = write_report(runs, target)
     except NothingToDraw as exc:
-        click.echo(f"hpc-hsdp: nothing to draw: {exc}", err=True)
+        click.echo(terminal_safe(f"hpc-hsdp: nothing to draw: {exc}"), err=True)
         sys.exit(1)
     for given, order in rankings:
         from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415

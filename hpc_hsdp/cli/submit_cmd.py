@@ -11,6 +11,7 @@ from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
 from hpc_hsdp.job.submission import submission_script, submit_spec
 from hpc_hsdp.job.sweep import check_sweep_given
+from hpc_hsdp.plan.units import terminal_safe
 
 
 @click.command()
@@ -54,7 +55,7 @@ def submit(wait, dry_run, **options) -> None:
         click.echo(submission_script(spec), nl=False)
         return
     handle, _, said = submit_spec(spec)  # from which step it resumes, and why this cluster
-    click.echo(said, err=True)
+    click.echo(terminal_safe(said, lines=True), err=True)  # it may quote the run directory's claim
     click.echo(
         f"submitted job {handle.job_id} ({handle.record.cluster}, {spec.world_size} tasks on {spec.nodes} node(s)"
         + (f"; at least {spec.min_nodes}: SLURM grants {spec.nodes_text}" if spec.flexible else "")
@@ -88,7 +89,7 @@ def _submit_sweep(options, *, wait, dry_run) -> None:
         click.echo(dry_run_text(plan), nl=False)
         return
     record, said = submit_sweep(plan)
-    click.echo(said, err=True)
+    click.echo(terminal_safe(said, lines=True), err=True)  # it may quote the run directory's claim
     click.echo(f"submitted {arrays_text(record)}: {len(record.points)} points{at_once_text(record)}")
     for point in record.points:
         click.echo(f"  {record.task_id(point)}  {point.name}")

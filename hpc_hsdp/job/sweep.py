@@ -24,6 +24,7 @@ from typing import Any
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import OPTION_BY_KEY, JobOption, options_of
+from hpc_hsdp.rundir.sweep_record import MAX_POINTS
 
 SWEEP_MODES = ("grid", "zip")
 UNSWEPT = ("config", "profile", "run_dir", "cluster", "sweep", "sweep_mode", "array_parallelism")
@@ -179,11 +180,6 @@ def point_name(texts: Sequence[tuple[str, str]]) -> str:
     """``lr=3e-4,seed=0``: the point's values as given, reduced to characters safe in a file name."""
     name = ",".join(f"{key}={text}" for key, text in texts)
     return re.sub(_NAME_SAFE, "_", name).strip("._") or "point"
-
-
-MAX_POINTS = 10_000
-"""The most points one sweep may have: each is a run directory and a job of its own (SLURM's
-default MaxArraySize is 1001); counted before any point is made."""
 
 
 def count_points(axes: Sequence[Axis], mode: str = "grid") -> int:

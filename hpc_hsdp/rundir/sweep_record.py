@@ -11,6 +11,7 @@ each point names its own array task (``job_id``).
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ from hpc_hsdp.plan.slurm_facts import check_job_id
 
 SWEEP_RECORD = "sweep.json"
 _MAX_BYTES = 16 << 20
+MAX_POINTS = 10_000
+"""The most points a sweep may have: each is a run directory and a job of its own (SLURM's
+default MaxArraySize is 1001); a sweep is counted against it before it is expanded, and a
+``sweep.json`` before its points are read."""
 
 
 def sweep_record_path(sweep_dir: str | Path) -> Path:
@@ -96,9 +101,11 @@ class SweepRecord:
         except (OSError, ValueError) as exc:
             raise SpecError(f"{path} cannot be read ({type(exc).__name__}); it is not a sweep's record") from None
         try:
+            if len(data["points"]) > MAX_POINTS:  # counted before each is read
+                raise ValueError(f"{len(data['points'])} points, more than {MAX_POINTS}")
             points = tuple(
                 SweepPoint(
-                    index=int(p["index"]),
+                    index=_index(p["index"]),
                     name=_safe_name(p["name"]),
                     values=tuple((str(k), str(v)) for k, v in p["values"]),
                     job_id=None
@@ -122,9 +129,16 @@ class SweepRecord:
             raise SpecError(f"{path} is not a sweep's record ({type(exc).__name__}: {exc})"[:300]) from None
 
 
+def _index(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_POINTS:
+        raise ValueError(f"point index {str(value)[:20]} is not one of 0-{MAX_POINTS - 1}")
+    return value
+
+
 def _safe_name(name: object) -> str:
-    """A point's directory name as written: one component below the sweep's directory, never a path out of it."""
+    """A point's directory name as submit writes it (letters, digits and ``._=,+@-``): one component
+    below the sweep's directory, never a path out of it, nothing a terminal would obey."""
     text = str(name)
-    if not text or "/" in text or text in (".", "..") or "\0" in text:
-        raise ValueError(f"point name {text[:60]!r} is not a directory name")
+    if text in (".", "..") or not re.fullmatch(r"[A-Za-z0-9._=,+@-]{1,200}", text):
+        raise ValueError(f"point name {text[:60]!r} is not a directory name submit writes")
     return text

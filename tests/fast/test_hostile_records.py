@@ -378,3 +378,30 @@ def test_check_prints_its_own_result_escaped_and_says_where_it_read_it(tmp_path,
     assert (
         f"check job 77 left no result of its own ({run / 'check.json'} was not written by the check of job 77)" in err
     )
+
+
+def test_every_error_line_is_printed_with_its_control_characters_escaped(capsys):
+    from hpc_hsdp.cli import fail
+
+    with pytest.raises(SystemExit):
+        fail("a run named \x1b]0;title\x07 and \x9b2J and \u202e")
+    err = capsys.readouterr().err
+    assert err == "hpc-hsdp: error: a run named \\x1b]0;title\\x07 and \\x9b2J and \\u202e\n"
+
+
+@pytest.mark.parametrize(
+    ("points", "said"),
+    [
+        ([{"index": 0, "name": "seed=0\x1b[2J", "values": []}], "is not a directory name submit writes"),
+        ([{"index": 10**12, "name": "seed=0", "values": []}], "point index"),
+        ([{"index": i, "name": f"p{i}", "values": []} for i in range(10_001)], "10001 points, more than 10000"),
+    ],
+    ids=["escape", "index", "count"],
+)
+def test_a_sweep_record_of_hostile_points_is_one_line(tmp_path, capsys, points, said):
+    record = {"job_id": "5", "cluster": "local", "mode": "grid", "points": points}
+    (tmp_path / "sweep.json").write_text(json.dumps(record))
+    for command in ("status", "cancel"):
+        code, _, err = run_main([command, str(tmp_path)], capsys)
+        one_error_line(code, err, said)
+        assert "\x1b" not in err
