@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -251,6 +252,32 @@ class _NodeLock:
         os.close(self.fd)
 
 
+def _taken_by_another(root: Path) -> str | None:
+    """Why ``root`` is not this user's to stage into (None: it is, or it is not there yet): someone
+    who made ``BASE/hpc-hsdp-staged-<uid>`` first, or put a symlink there, could read or swap the
+    copies; that directory is not used, and nothing of it is touched."""
+    try:
+        info = os.lstat(root)
+    except OSError:
+        return None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return f"{root} is a symlink or not a directory, not one of yours"
+    if info.st_uid != os.geteuid():
+        return f"{root} belongs to user id {info.st_uid}, not to you"
+    return None
+
+
+def _shared_copies(files: Sequence[TokenFile], root: Path, began: float, why: str) -> StageResult:
+    """Every file read from its shared copy, ``why`` the node does not stage."""
+    staged = []
+    for f in {str(f.path): f for f in files}.values():
+        source = FileStat.of(f.path)
+        if source is None:
+            raise DataError(f"--stage-data: token file {f.path} is gone; check --data")
+        staged.append(StagedFile(str(f.path), None, source.size, SHARED, "sidecar" if f.sha256 else "shared copy"))
+    return StageResult(str(root), tuple(staged), time.perf_counter() - began, 0.0, 0.0, why)
+
+
 def stage_files(
     files: Sequence[TokenFile],
     root: Path,
@@ -262,6 +289,9 @@ def stage_files(
     of the node calls it. Raises :class:`DataError` (one line) when ``root`` cannot be made or
     written, or a shared copy does not match its sidecar's SHA-256."""
     began = time.perf_counter()
+    taken = _taken_by_another(root)
+    if taken:  # never used, never changed: the node reads the shared copy, and says so
+        return _shared_copies(files, root, began, f"{taken}; reading the shared copy")
     try:
         root = private_dir(root)
         lock = _NodeLock(root / LOCK_NAME)

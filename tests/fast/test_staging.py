@@ -380,3 +380,27 @@ def test_every_dataset_a_run_reads_is_staged_a_mixtures_sources_and_held_out_spl
     one = TrainingSpec(data=str(tmp_path / "web"), stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
     assert len(token_datasets(open_data(one, 2))) == 2
     assert token_datasets(open_data(TrainingSpec(seq_len=16), 2)) == []  # synthetic tokens: nothing to stage
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another user's is made with chown, as root")
+def test_another_users_staging_directory_is_never_used_the_node_reads_the_shared_copy(tmp_path, shards):
+    """Another user who makes BASE/hpc-hsdp-staged-<uid> first (SECURITY.md): it blocked
+    --stage-data; now the node reads the shared copy, says why, and touches nothing there."""
+    root = stage_root(tmp_path / "base")
+    root.mkdir(parents=True, mode=0o777)
+    os.chown(root, 4321, 4321)
+    result = stage_files(shards, root, launch="L")
+    assert _actions(result) == ["shared", "shared"] and result.local_paths() == {}
+    assert result.fallback == f"{root} belongs to user id 4321, not to you; reading the shared copy"
+    assert list(root.iterdir()) == [] and os.lstat(root).st_uid == 4321
+
+
+def test_a_symlink_in_place_of_the_staging_directory_is_never_followed(tmp_path, shards):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = stage_root(tmp_path / "base")
+    root.parent.mkdir()
+    root.symlink_to(elsewhere)
+    result = stage_files(shards, root, launch="L")
+    assert _actions(result) == ["shared", "shared"] and "is a symlink or not a directory" in result.fallback
+    assert list(elsewhere.iterdir()) == []
