@@ -16,7 +16,8 @@ import pytest
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job import handle as handle_module
-from hpc_hsdp.job.backends.local import LocalBackend, state_path
+from hpc_hsdp.job.backends.local import LocalBackend
+from hpc_hsdp.job.emulator.state_files import state_path
 from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.rundir.job_record import JobRecord
 
