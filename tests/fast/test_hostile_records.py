@@ -364,7 +364,7 @@ def test_check_prints_its_own_result_escaped_and_says_where_it_read_it(tmp_path,
     run = tmp_path / "run"
     run.mkdir()
     handle = SimpleNamespace(job_id="77", record=SimpleNamespace(cluster="local"))
-    monkeypatch.setattr(submission, "submit_spec", lambda spec, cluster: (handle, None, ""))
+    monkeypatch.setattr(submission, "submit_spec", lambda spec, **kwargs: (handle, None, ""))
     monkeypatch.setattr(jobs_cmd, "follow", lambda handle, total_steps: 0)
     argv = ["check", "--nodes", "2", "--gpus-per-node", "1", "--run-dir", str(run)]
     _check_json(run, nodes={"\x1b]0;owned\x07n1": {"matmul_tflops": 1.0}}, transport_warning="\x1b[2J")
