@@ -25,7 +25,7 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from hpc_hsdp.data.tokens import DATASET_MANIFEST
@@ -100,8 +100,24 @@ def _training_from(record: dict):
     return TrainingSpec(**{k: v for k, v in record.get("training", {}).items() if k in known})
 
 
-def build_unsharded(record: dict):
-    """(model on CPU with empty values, kind) from a run's model record."""
+def factory_of(record: dict, model: str | None, where: Path) -> str:
+    """The ``MODULE:FUNCTION`` that builds a factory run's model for export: the one the user names
+    again (``--model``), never the one the record names, which whoever can write the run directory
+    could point at any module (one placed in the run directory, ``signal:pause``): export loads
+    weights, it runs no code a record names. SpecError, naming the record's, without ``model``."""
+    if model is not None:
+        return model
+    named = record.get("training", {}).get("model") or record.get("model") or "?"
+    raise SpecError(
+        f"{where / MODEL_RECORD} says the model was built by {str(named)[:120]!r}; export imports no code that a run's "
+        f"record names (whoever can write the run directory could name any module): if you trust it, name it "
+        f"again with --model MODULE:FUNCTION"
+    )
+
+
+def build_unsharded(record: dict, *, model: str | None = None, where: Path = Path(".")):
+    """(model on CPU with empty values, kind) from a run's model record; a ``MODULE:FUNCTION``
+    model is built by ``model``, which the user named (:func:`factory_of`)."""
     adapter_record = record.get("adapter", {})
     kind = adapter_record.get("kind")
     if kind == "hf":
@@ -111,7 +127,7 @@ def build_unsharded(record: dict):
         if kind == "builtin":
             adapter = BuiltinAdapter.from_training(training, data_vocab_size=record.get("vocab_size"))
         else:
-            adapter = FactoryAdapter(training)
+            adapter = FactoryAdapter(replace(training, model=factory_of(record, model, where)))
         meta = adapter.build_meta()
     model = copy.deepcopy(meta)
     model.to_empty(device="cpu")
@@ -126,14 +142,19 @@ def load_model_values(model, checkpoint_path: Path) -> None:
     model.load_state_dict(state["model"])
 
 
-def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None) -> dict:
+def export(
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None, factory: str | None = None
+) -> dict:
     """Write the export of ``run_dir``'s checkpoint (newest, or ``step``) to ``out_dir``;
-    returns ``{"step", "kind", "files", "out_dir"}``."""
+    returns ``{"step", "kind", "files", "out_dir"}``. ``factory``: the ``MODULE:FUNCTION`` of a
+    factory run, named again by the user (the record's is never imported)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise SpecError(f"run directory {str(run_dir)!r} does not exist")
     replaces = _check_output(out_dir, run_dir)
     record = read_model_record(run_dir)
+    if record.get("adapter", {}).get("kind") not in ("hf", "builtin"):
+        factory_of(record, factory, run_dir)  # refused before anything is read: the user names the factory
     saved_step, checkpoint_path = choose_checkpoint(run_dir, step)
     problem = damage(checkpoint_path, checksum_files=["*"]) or unsafe_content(checkpoint_path)
     if problem:
@@ -142,7 +163,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int 
             f"another checkpoint, or restore this one"
         )
     try:
-        model, kind = build_unsharded(record)
+        model, kind = build_unsharded(record, model=factory, where=run_dir)
     except HsdpError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # what a record of other types makes

@@ -1461,3 +1461,31 @@ def test_a_changed_snapshot_is_refused_before_import_and_the_checked_copy_is_wha
     lines = err.getvalue().splitlines()
     assert len(lines) == 2 and all(line.startswith("hpc-hsdp: error: --snapshot-code: ") for line in lines), lines
     assert "only submit copies the code" in lines[1]
+
+
+# ----------------------------------------------------------------------------- issue 43: export runs no code a record names
+
+
+@pytest.mark.timeout(60)
+def test_export_imports_no_factory_a_model_record_names_unless_the_user_names_it_again(tmp_path, capsys, monkeypatch):
+    """Issue 43: export imported and called the MODULE:FUNCTION model.json names (``signal:pause``
+    hung it; a module placed in the run directory ran). Now it builds a factory model only from the
+    --model the user names on the command line, and says so."""
+    from hpc_hsdp.runtime.export import build_unsharded
+
+    run = tmp_path / "run"
+    _valid_manifest(run)
+    (run / "evilmod.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').close()\ndef build(training):\n    pass\n")
+    monkeypatch.chdir(run)  # the run directory on sys.path, as python -m puts the working directory there
+    monkeypatch.syspath_prepend(str(run))
+    for named in ("signal:pause", "evilmod:build"):
+        record = {"adapter": {"kind": "factory", "model": named}, "training": {"model": named}}
+        (run / "model.json").write_text(json.dumps(record))
+        code, _, err = run_main(["export", str(run), "-o", str(tmp_path / "out")], capsys)
+        one_error_line(code, err, "model.json", named, "export imports no code", "--model MODULE:FUNCTION")
+        assert not (tmp_path / "pwned").exists() and "evilmod" not in sys.modules
+    # the user names the factory again: that one builds the model (the record's is not imported)
+    record = {"adapter": {"kind": "factory"}, "training": {"model": "evilmod:build", "vocab_size": 64}}
+    model, kind = build_unsharded(record, model="tests.tp_factory:build")
+    assert kind == "factory" and sum(p.numel() for p in model.parameters()) > 0
+    assert not (tmp_path / "pwned").exists() and "evilmod" not in sys.modules

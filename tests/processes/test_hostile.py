@@ -236,3 +236,36 @@ def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_
     # the point's script is private whatever the umask, and so is the array's
     assert oct(os.stat(sweep / "seed=0" / "point.sbatch").st_mode & 0o777) == "0o600"
     assert oct(os.stat(sweep / "sweep.sbatch").st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_export_of_a_factory_run_builds_the_model_the_user_names_not_the_one_model_json_names(tmp_path, local_submit):
+    """Issue 43: export imported the MODULE:FUNCTION of model.json; now only the --model named on its
+    command line, and without one it says so in one line."""
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    run = tmp_path / "run"
+    argv = local_submit(run, "--model", "my_model:build", "--steps", "2", "--checkpoint-every", "2",
+                        "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64",
+                        gpus_per_node=1, shard=1)  # fmt: skip
+    env = {"PYTHONPATH": examples}
+    out = _hpc_env(*argv, "--wait", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    refused = _hpc_env("export", str(run), "-o", str(tmp_path / "refused"), env=env)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "'my_model:build'" in refused.stderr and "--model MODULE:FUNCTION" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+    done = _hpc_env("export", str(run), "--model", "my_model:build", "-o", str(tmp_path / "out"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def _hpc_env(*args: str, env: dict, timeout: float = 240):
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env={**base, **env}
+    )
