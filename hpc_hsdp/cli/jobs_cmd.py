@@ -96,12 +96,16 @@ def step_text(metrics: dict | None, total_steps: int | None = None, last_eval: t
     return text
 
 
-def run_facts(handle, status=None) -> dict:
+def run_facts(handle, status=None, *, total_steps: int | None = None) -> dict:
     """What a person watching the job wants besides its state: speed, ETA against the time
-    left (SLURM), the slow rank or node in words, the restarts and their causes."""
+    left (SLURM), the slow rank or node in words, the restarts and their causes. ``total_steps``:
+    the job's own, where the caller knows it (submit --wait)."""
     run_dir = Path(handle.record.run_dir)
     records = handle.recent_metrics()
     attempt = attempts.read_attempt(run_dir) or {}
+    if _before(attempt, handle.record):  # a resumed run's previous job: its steps, its pace are not this job's
+        last_step = records[-1].get("step") if records else 0
+        attempt = {"total_steps": total_steps, "start_step": last_step if isinstance(last_step, int) else 0}
     running = status is None or (status.state.split()[0] == "RUNNING" and status.current)
     limits = handle.time_limits() if running else None  # no second wait on a controller that did not answer
     left, limit = limits if limits else (None, None)
@@ -133,6 +137,16 @@ def run_facts(handle, status=None) -> dict:
     }
 
 
+def _before(attempt: dict, record) -> bool:
+    """attempt.json was written by a job started before this one was submitted (a resume's previous job)."""
+    started = attempt.get("started_at")
+    return (
+        isinstance(started, (int, float))
+        and isinstance(record.submitted_at, (int, float))
+        and (started < record.submitted_at)
+    )
+
+
 def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> int:
     """Show a live line until the job ends; 0 when it completed, 1 otherwise."""
     start = time.monotonic()
@@ -145,7 +159,7 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
             line += f" [{status.note}]"
         if status.restarts:
             line += f" (restarts {status.restarts})"
-        facts = run_facts(handle, status)
+        facts = run_facts(handle, status, total_steps=total_steps)
         for off in set(facts["trackers_off"]) - said_off:  # once each, on a line of its own
             _say(("\n" if tty and last_shown else "") + f"hpc-hsdp: {terminal_safe(off)}", err=True)
             said_off.add(off)
@@ -438,21 +452,26 @@ def cancel(job, no_wait) -> None:
     deadline = time.monotonic() + CANCEL_WAIT_S
     while not handle.status().finished and time.monotonic() < deadline:
         time.sleep(0.5)
-    saved = _saved_step(handle.record.run_dir)
-    if saved is not None and saved != before:
-        what = f"step {saved} saved: a submit with the same --run-dir resumes from it"
-    elif saved is not None:
-        what = f"no new checkpoint; the newest is step {saved}"
-    else:
-        what = "no checkpoint saved"
+    what = _saved_words(before, _saved_step(handle.record.run_dir))
     ended = handle.status()
     _say(f"cancelled job {handle.job_id} ({ended.state if ended.finished else 'still ending'}): {what}")
+
+
+def _saved_words(before: int | None, saved: int | None, *, resumer: str = "a submit with the same --run-dir") -> str:
+    """What a cancel left to resume from: the newest checkpoint before it and after it."""
+    if saved is not None and saved != before:
+        return f"step {saved} saved: {resumer} resumes from it"
+    if saved is not None:
+        return f"no new checkpoint; the newest is step {saved}"
+    return "no checkpoint saved"
 
 
 def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
     from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
 
     handle = SweepHandle.find(sweep_dir)
+    point_dirs = {point.name: str(handle.record.point_dir(point)) for point in handle.record.points}
+    before = {name: _saved_step(point_dir) for name, point_dir in point_dirs.items()}
     cancelled = handle.cancel()
     for refused in handle.refused:
         _say(f"hpc-hsdp: not cancelled: {refused}", err=True)
@@ -468,6 +487,11 @@ def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
         time.sleep(0.5)
     for line in handle.lines(handle.results(), ranked_by=False):
         _say(line)
+    cancelled_ids = set(cancelled)
+    for point, record in handle.job_records():  # what each cancelled point saved, as a job's cancel says
+        if record is not None and record.job_id in cancelled_ids:
+            saved = _saved_step(point_dirs[point.name])
+            _say(f"{point.name}: {_saved_words(before[point.name], saved, resumer='the same submit --sweep')}")
 
 
 def _saved_step(run_dir: str) -> int | None:

@@ -29,6 +29,7 @@ from hpc_hsdp.plan.estimates import (
     resolve_precision,
     save_estimate,
     save_time,
+    signal_lead_s,
     smallest_fitting_shard,
 )
 from hpc_hsdp.plan.records import record
@@ -451,11 +452,12 @@ def _sizing(
         else None
     )
     rate = parse_bandwidth(write_bandwidth)
-    on_sigterm = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate) if est is not None else None
+    if signal.strip().lower() != "none":
+        check_signal(signal)
+    lead = signal_lead_s(None if signal.strip().lower() == "none" else signal)
+    on_sigterm = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate, lead_s=lead) if est is not None else None
     saving = None
     if params:
-        if signal.strip().lower() != "none":
-            check_signal(signal)
         saving = save_estimate(
             the_plan,
             model_params=params,

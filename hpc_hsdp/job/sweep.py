@@ -176,6 +176,29 @@ def _text_of(value: Any) -> str:
     return str(value)
 
 
+def names_point(ref: str, texts: Sequence[tuple[str, str]]) -> bool:
+    """``ref`` (``lr=1e-3,seed=1``) gives the point of ``texts`` (``lr=0.001``, ``seed=1``) value by value,
+    each read as its option reads it: the same options, the same values however written."""
+    given = {}
+    for item in ref.split(","):
+        key, sep, text = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or key in given:
+            return False
+        given[key] = text.strip()
+    own = dict(texts)
+    if set(given) != set(own) or any(key not in OPTION_BY_KEY for key in own):
+        return False
+    try:
+        return all(
+            parse_value(OPTION_BY_KEY[key], given[key], given=ref)
+            == parse_value(OPTION_BY_KEY[key], own[key], given=ref)
+            for key in own
+        )
+    except SpecError:
+        return False
+
+
 def point_name(texts: Sequence[tuple[str, str]]) -> str:
     """``lr=3e-4,seed=0``: the point's values as given, reduced to characters safe in a file name."""
     name = ",".join(f"{key}={text}" for key, text in texts)

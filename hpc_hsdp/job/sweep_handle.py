@@ -12,6 +12,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.backends import backend
 from hpc_hsdp.job.handle import JobHandle, job_statuses
 from hpc_hsdp.job.status import JobStatus
+from hpc_hsdp.job.sweep import names_point
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
 from hpc_hsdp.rundir.metrics import last_metrics, latest_eval
@@ -111,6 +112,9 @@ class SweepHandle:
         """A point by name, index or array task id (``123_4``)."""
         for point in self.record.points:
             if ref in (point.name, str(point.index), self.record.task_id(point)):
+                return point
+        for point in self.record.points:  # lr=1e-3 names the point lr=0.001 (a float as Python writes it)
+            if names_point(ref, point.values):
                 return point
         raise SpecError(f"the sweep in {self.record.sweep_dir} has no point {ref!r}; give a name, index or task id")
 

@@ -833,6 +833,8 @@ class SaveTime:
     """``checkpoint_bytes`` written by every node at ``rate`` bytes/s each."""
     kill_wait_s: int
     rate: int
+    lead_s: int | None = None
+    """Seconds between the job's warning signal and its time limit (None: no signal, or not known)."""
 
     @property
     def fits(self) -> bool:
@@ -841,12 +843,21 @@ class SaveTime:
     def warning(self) -> str | None:
         if self.fits:
             return None
-        return (
+        head = (
             f"warning: a checkpoint of {format_bytes(self.checkpoint_bytes)} takes about {self.seconds:.0f} s at "
             f"{self.rate / 1e9:g} GB/s per node, more than KillWait ({self.kill_wait_s} s): a save started on "
             f"SIGTERM (scancel, preemption, the time limit) is killed half-written and the run resumes from the "
-            f"previous one; save on the warning signal (--signal USR2@SECONDS, at least "
-            f"{int(self.seconds * 2) + 60} s) or checkpoint more often (--checkpoint-every)"
+            f"previous one; "
+        )
+        needed = signal_lead_for(self.seconds)
+        if self.lead_s is not None and self.lead_s >= needed:
+            return head + (
+                f"the warning signal, {self.lead_s} s before the time limit, leaves the save time; for scancel and "
+                f"preemption checkpoint more often (--checkpoint-every)"
+            )
+        return head + (
+            f"save on the warning signal (--signal USR2@{needed}: 1.5x the save and 30 s) or checkpoint more often "
+            f"(--checkpoint-every)"
         )
 
     def to_dict(self) -> dict:
@@ -860,12 +871,22 @@ class SaveTime:
 
 
 def save_time(
-    plan: TopologyPlan, est: Estimate, *, kill_wait_s: int = SLURM_KILL_WAIT_S, rate: int = DEFAULT_SAVE_RATE
+    plan: TopologyPlan,
+    est: Estimate,
+    *,
+    kill_wait_s: int = SLURM_KILL_WAIT_S,
+    rate: int = DEFAULT_SAVE_RATE,
+    lead_s: int | None = None,
 ) -> SaveTime:
-    """A full checkpoint's size and write time for ``est`` on ``plan``'s nodes."""
+    """A full checkpoint's size and write time for ``est`` on ``plan``'s nodes (``lead_s``: the warning
+    signal's seconds before the time limit)."""
     checkpoint = (est.param_bytes + est.optimizer_bytes) * plan.ranks_per_copy
     return SaveTime(
-        checkpoint_bytes=checkpoint, seconds=checkpoint / (plan.nodes * rate), kill_wait_s=kill_wait_s, rate=rate
+        checkpoint_bytes=checkpoint,
+        seconds=checkpoint / (plan.nodes * rate),
+        kill_wait_s=kill_wait_s,
+        rate=rate,
+        lead_s=lead_s,
     )
 
 
@@ -905,7 +926,7 @@ class SaveEstimate:
 
     @property
     def suggested_lead_s(self) -> int:
-        return int(-(-(1.5 * self.total_seconds + 30) // 1))
+        return signal_lead_for(self.total_seconds)
 
     def to_dict(self) -> dict:
         return {
@@ -944,7 +965,18 @@ class SaveEstimate:
                 f"(1.5x the save and 30 s), or a faster file system"
                 + (" and a faster store" if self.upload_bandwidth else ""),
             ]
+        if self.lead_s < self.suggested_lead_s:
+            return [
+                head,
+                f"fits the {self.lead_s} s between --signal {self.signal} and the time limit with little to spare; "
+                f"--signal USR2@{self.suggested_lead_s} leaves 1.5x the save and 30 s",
+            ]
         return [head, f"fits the {self.lead_s} s between --signal {self.signal} and the time limit"]
+
+
+def signal_lead_for(save_seconds: float) -> int:
+    """Seconds of warning a save of ``save_seconds`` asks for: 1.5x the save and 30 s (rounded up)."""
+    return int(-(-(1.5 * save_seconds + 30) // 1))
 
 
 def signal_lead_s(signal: str | None) -> int | None:

@@ -373,3 +373,19 @@ def test_a_bad_write_bandwidth_or_signal_is_one_line():
     ):
         out = hpc("plan", "--nodes", "1", "--shard", "8", "--model-params", "7B", *args)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+def test_plan_asks_one_signal_lead_of_a_save_and_does_not_contradict_it():
+    for params, lead, fits in (("7B", "USR2@120", True), ("13B", "USR2@120", False), ("13B", "USR2@147", True)):
+        out = hpc(
+            "plan", "--nodes", "2", "--gpus-per-node", "8", "--shard", "8", "--model-params", params, "--signal", lead
+        )
+        assert out.returncode == 0, out.stderr
+        said = [line for line in out.stdout.splitlines() if "KillWait (30 s)" in line or "between --signal" in line]
+        assert len(said) == 2, out.stdout
+        if fits:
+            assert "leaves the save time" in said[0] and said[1].endswith("and the time limit"), said
+        else:
+            assert "--signal USR2@147: 1.5x the save and 30 s" in said[0] and "--signal USR2@147 leaves" in said[1], (
+                said
+            )

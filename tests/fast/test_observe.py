@@ -326,3 +326,23 @@ def test_runs_shows_a_completed_job_that_ran_no_training_loop_as_completed(tmp_p
     attempts.begin_attempt(trained, restart=0, job_id="1", start_step=0, total_steps=20)
     assert _run_row(trained, "trained", None, done)[1][1] == "COMPLETED (running)"  # the loop's own view stays
     assert _run_row(check, "check", None, SimpleNamespace(state="FAILED", current=True))[1][1] == "FAILED"
+
+
+def test_after_a_resume_with_new_steps_the_eta_is_not_the_previous_jobs(tmp_path):
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from hpc_hsdp.cli.jobs_cmd import run_facts  # noqa: PLC0415
+
+    records = [{"step": step, "wall_time": 1000.0 + step, "loss": 1.0} for step in range(1, 21)]
+    attempts.begin_attempt(tmp_path, restart=0, job_id="1", start_step=0, total_steps=20, now=1000.0)
+
+    def handle(submitted_at):
+        record = SimpleNamespace(run_dir=str(tmp_path), submitted_at=submitted_at)
+        return SimpleNamespace(record=record, recent_metrics=lambda: records, time_limits=lambda: None)
+
+    same_job = run_facts(handle(999.0))["progress"]  # the attempt is this job's own: its pace and total
+    assert same_job.total_steps == 20 and same_job.eta_s == 0
+    resumed = run_facts(handle(2000.0), total_steps=40)  # submitted again with --steps 40, not started yet
+    assert (
+        resumed["total_steps"] == 40 and resumed["progress"].eta_s is None and resumed["progress"].steps_per_s is None
+    )

@@ -718,3 +718,28 @@ def test_a_swept_partition_the_cluster_lacks_is_refused_before_any_array_is_subm
     ):
         submit_sweep(made, cluster="slurm")
     assert "sbatch" not in runner.commands and not (tmp_path / "sw").exists()
+
+
+def test_a_point_is_found_by_its_values_however_they_are_written(tmp_path):
+    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+
+    values = [(("lr", "0.001"), ("seed", "1")), (("lr", "0.0003"), ("seed", "1"))]  # as the Python API names them
+    sweep = SweepRecord(
+        sweep_dir=str(tmp_path),
+        job_ids=("100",),
+        cluster="local",
+        mode="grid",
+        parallelism=None,
+        sweep=("lr=1e-3,3e-4", "seed=1"),
+        submitted_at=5.0,
+        points=tuple(
+            SweepPoint(index=i, name=",".join(f"{k}={v}" for k, v in pair), values=pair)
+            for i, pair in enumerate(values)
+        ),
+    )
+    handle = SweepHandle(sweep)
+    assert handle.point("lr=1e-3,seed=1").index == 0 and handle.point("seed=1, lr=3e-4").index == 1
+    assert handle.point("lr=0.001,seed=1").index == 0 and handle.point("1").index == 1
+    for ref in ("lr=1e-3", "lr=1e-3,seed=2", "lr=1e-3,seed=1,steps=3", "lr=fast,seed=1", "bogus"):
+        with pytest.raises(SpecError, match="has no point"):
+            handle.point(ref)

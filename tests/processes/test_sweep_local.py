@@ -158,3 +158,23 @@ def test_a_sweep_over_nodes_is_one_job_array_per_header_and_each_point_gets_its_
     ]
     listed = hpc("runs", str(sweep)).stdout.splitlines()
     assert len(listed) == 3 and any(line.startswith("nodes=2") for line in listed), listed
+
+
+def test_cancel_of_a_sweep_says_what_each_point_saved(tmp_path, local_submit):
+    import time  # noqa: PLC0415
+
+    sweep = tmp_path / "sweep"
+    argv = local_submit(sweep, "--steps", "100000", *TINY, nodes=1, gpus_per_node=1, shard=1)
+    out = hpc(*argv, "--sweep", "seed=0,1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    deadline = time.monotonic() + 120
+    while not all((sweep / name / "metrics.jsonl").exists() for name in ("seed=0", "seed=1")):
+        assert time.monotonic() < deadline, "the points did not start"
+        time.sleep(0.5)
+    cancelled = hpc("cancel", str(sweep))
+    assert cancelled.returncode == 0, cancelled.stderr
+    for name in ("seed=0", "seed=1"):
+        last = [json.loads(line)["step"] for line in (sweep / name / "metrics.jsonl").read_text().splitlines()][-1]
+        assert f"{name}: step {last} saved: the same submit --sweep resumes from it\n" in cancelled.stdout, (
+            cancelled.stdout
+        )
