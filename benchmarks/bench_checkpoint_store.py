@@ -101,7 +101,7 @@ def main() -> None:
         f"{statistics.median(store_steps) * 1e3:.1f} ms -> {step_ratio:.3f}x (goal <= 1.05)"
     )
     print(
-        f"save -> commit against local save + bytes / {args.bwlimit}B/s: median {statistics.median(ratios):.2f}x, "
+        f"save -> commit against local save + bytes / {args.bwlimit}iB/s: median {statistics.median(ratios):.2f}x, "
         f"worst {max(ratios):.2f}x (goal <= 1.2)"
     )
 

@@ -210,7 +210,7 @@ class StoreUploads:
                 uploading={"step": step, "since": self._record["uploading"]["since"], "waiting": problem}
             )
             limit = self._deadline
-            wait = backoff_s(attempt, base=0.1, cap=1.0)
+            wait = backoff_s(attempt, base=0.05, cap=0.25)
             if limit is not None and time.monotonic() + wait > limit:
                 raise StoreError(f"step {step} not committed: {problem}")
             time.sleep(wait)
