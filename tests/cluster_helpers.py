@@ -15,9 +15,11 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 """A job's final states (held, requeued and pending ones pass on the way back from a requeue)."""
 
 
-def hpc(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def hpc(
+    *args: str, env: dict | None = None, timeout: float = 300, input: str | None = None
+) -> subprocess.CompletedProcess:
     """:func:`cli_helpers.hpc` against the dev cluster (its ``SLURM_CONF``)."""
-    return cli_hpc(*args, env=env, timeout=timeout, slurm=True)
+    return cli_hpc(*args, env=env, timeout=timeout, slurm=True, input=input)
 
 
 def status(run: Path) -> dict:
