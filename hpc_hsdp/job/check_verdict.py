@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_hsdp.job.backends import task_environment
+from hpc_hsdp.job.restart_policy import RestartPolicy
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.check_record import CHECK_HISTORY, read_decisions, read_own_check
@@ -69,12 +71,11 @@ def _append(run_dir: Path, entry: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpc_hsdp.job.backends.slurm_task import requeue_job  # noqa: PLC0415 - only when the check found bad nodes
-
     args = sys.argv[1:] if argv is None else argv
     run_dir, nodes = Path(args[0]), int(args[1])
     allocated = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    environment = task_environment(os.environ)
+    job_id = environment.job_id
     record, why_not = read_own_check(run_dir, job_id)
     if record is None:  # no verdict without this job's record: train on the job's nodes
         print(f"hpc-hsdp: check: {why_not}: training on the job's nodes", file=sys.stderr)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes=nodes,
         requeued_before=_requeued_before(run_dir, job_id),
     )
-    entry = {"time": time.time(), "job_id": job_id, "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    entry = {"time": time.time(), "job_id": job_id, "restart": str(environment.restart_count)}
     entry |= decision
     print(f"hpc-hsdp: check: {decision['why']}", file=sys.stderr)
     if decision["action"] == "requeue":
@@ -94,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         # written first, and this process outlives the signal long enough to hear what scontrol said
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _append(run_dir, entry | {"requeued": True})
-        done, said = requeue_job(job_id, exclude=tuple(decision["excluded"]))
+        done, said = RestartPolicy(environment, run_dir=run_dir).requeue(
+            exclude=decision["excluded"]
+        )  # once: no failure
         if done:
             return REQUEUED
         _append(run_dir, entry | {"action": "train", "requeued": False, "scontrol": said, "nodes": allocated[:nodes]})

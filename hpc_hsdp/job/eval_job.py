@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_hsdp.files import UnreadableFile, open_for_writing, read_json, write_atomically
-from hpc_hsdp.job.backends import task_backend
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.rundir.evals import (
     DONE,
     EVALS_LOG,
@@ -86,12 +86,11 @@ def submit_one(run_dir: str, step: int, command: str, env: Mapping[str, str]) ->
     """Submit step N's eval job through the backend of the job this task runs in: (job id, None)
     or (None, why not). Never raises."""
     try:
-        return task_backend(env).submit_side_job(
+        return task_environment(env).submit_side_job(
             wrapper_argv(run_dir, step, command),
             name=f"eval-step-{step}",
             output=output_path(run_dir, step),
             env=eval_environment(env),
-            job_env=env,
         )
     except Exception as exc:  # noqa: BLE001 - a submission's failure is recorded, never raised
         return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"

@@ -44,6 +44,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.rundir.checkpoint_store import StoreError, resume_candidates, retrying, short
 from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.rundir.state import (
@@ -63,7 +64,6 @@ from hpc_hsdp.rundir.state import (
 )
 from hpc_hsdp.runtime import injected_faults
 from hpc_hsdp.runtime.log import note, say
-from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.run_data import data_state, source_table
 from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
 
@@ -678,7 +678,7 @@ def resume(
     state = load(path, model, optimizer)
     if ctx.is_rank0 and verbose:
         restart = getattr(ctx.preemption, "restart_count", None)
-        restart = restart if restart is not None else restart_count(os.environ)
+        restart = restart if restart is not None else task_environment(os.environ).restart_count
         say(
             f"resumed from step {step} (restart {restart}): {path}, saved on mesh "
             f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}"

@@ -19,45 +19,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from hpc_hsdp.errors import SchedulerError
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.job.backends.slurm_command import (  # noqa: F401 - re-exported: the node probe lives beside run_slurm
     PROBE_TIMEOUT_S,
     run_slurm,
     slurmd_address,
     unreachable_nodes,
 )
-from hpc_hsdp.job.backends.slurm_task import requeue_job
-from hpc_hsdp.rundir.state import failure_restarts, record_restart
+from hpc_hsdp.job.restart_policy import RestartPolicy
 from hpc_hsdp.runtime.log import note
-from hpc_hsdp.runtime.preemption import in_slurm, restart_count
-
-
-def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:
-    """``KEY=VALUE`` words (``scontrol -o show job``) or ``KEY = VALUE`` lines (``show config``)."""
-    try:
-        shown = run_slurm(["scontrol", *args], timeout_s=timeout_s)
-    except SchedulerError:
-        return {}
-    if shown.returncode != 0:
-        return {}
-    fields: dict[str, str] = {}
-    for line in shown.stdout.splitlines():
-        if " = " in line:
-            key, _, value = line.partition(" = ")
-            fields[key.strip()] = value.strip()
-        else:
-            fields.update(item.split("=", 1) for item in line.split() if "=" in item)
-    return fields
-
-
-def slurm_requeues_on_node_failure(job_id: str) -> tuple[bool, float]:
-    """(whether SLURM itself requeues this job when one of its nodes is marked DOWN: the job is
-    requeueable, ``Requeue=1``; SLURM's ``SlurmdTimeout``: how long after a node's last answer
-    it is marked DOWN)."""
-    requeue = _scontrol_fields("-o", "show", "job", job_id).get("Requeue") == "1"
-    timeout = _scontrol_fields("show", "config").get("SlurmdTimeout", "300 sec").split()[0]
-    return requeue, float(timeout) if timeout.isdigit() else 300.0
-
 
 WAIT_GRACE_S = 60.0
 """How long past ``SlurmdTimeout`` the survivors wait for SLURM's own requeue before requeueing the job themselves."""
@@ -83,7 +53,8 @@ def handle_lost_peers(
     fail with "Invalid generic resource".)
 
     Returns the line printed on the lowest live rank (None: no dead node, or another rank)."""
-    if not in_slurm(env) or ctx.world_size < 2:
+    environment = task_environment(env)
+    if not environment.requeues or ctx.world_size < 2:
         return None
     plan = ctx.plan
     others = [name for name in dict.fromkeys(plan.node_names) if name != ctx.layout.node]
@@ -93,23 +64,19 @@ def handle_lost_peers(
     live_ranks = [r for r in range(plan.world_size) if plan.node_names[plan.node_of_rank[r]] not in dead]
     lowest = ctx.rank == min(live_ranks)
     lost = [r for r in range(plan.world_size) if r not in live_ranks]
-    job_id = env.get("SLURM_JOB_ID", "")
+    job_id = environment.job_id
     cause = f"node {','.join(dead)} died (slurmd unreachable) with ranks {lost[0]}-{lost[-1]}; {reason}"
-    failures = failure_restarts(ctx.run_dir, job_id=job_id) if ctx.run_dir is not None else restart_count(env)
-    if failures >= max_restarts:
-        line = (
-            f"{cause}; not requeued: the job already restarted {failures} times after failures "
-            f"(--max-restarts {max_restarts})"
-        )
+    policy = RestartPolicy(environment, run_dir=ctx.run_dir, max_restarts=max_restarts)
+    if (spent := policy.spent()) is not None:
+        line = f"{cause}; {spent}"
         if lowest:
             note(line)
         return line if lowest else None
-    budget = f"failure restart {failures + 1} of at most {max_restarts}"
-    slurm_requeues, slurmd_timeout = slurm_requeues_on_node_failure(job_id)
+    budget = policy.next_restart()
+    slurm_requeues, slurmd_timeout = environment.requeues_on_node_failure()
     if slurm_requeues:
         if lowest:
-            if ctx.run_dir is not None:
-                record_restart(ctx.run_dir, reason="node_failure", cause=cause)
+            policy.record(reason="node_failure", cause=cause)
             note(
                 f"{cause}; SLURM requeues job {job_id} when it marks {','.join(dead)} DOWN (SlurmdTimeout "
                 f"{slurmd_timeout:.0f} s; {budget}): every rank stops and waits for it"
@@ -120,13 +87,12 @@ def handle_lost_peers(
             note(f"SLURM did not requeue job {job_id} within {slurmd_timeout + grace_s:.0f} s: requeueing it")
     if not lowest:
         return None
-    ok, said = requeue_job(job_id, exclude=tuple(dead))
-    if ctx.run_dir is not None:
-        record_restart(ctx.run_dir, reason="node_failure", cause=cause)
+    ok, said = policy.requeue(exclude=dead)
+    policy.record(reason="node_failure", cause=cause)
     line = (
         f"{cause}; requeued job {job_id} without {','.join(dead)} ({budget}) {said}".rstrip()
         if ok
-        else f"{cause}; scontrol requeue {job_id} failed: {said}"
+        else f"{cause}; {policy.refused(said)}"
     )
     note(line)
     return line

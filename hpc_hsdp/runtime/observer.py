@@ -22,10 +22,10 @@ import os
 import time
 from pathlib import Path
 
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.metrics import last_step_written
 from hpc_hsdp.runtime import injected_faults
-from hpc_hsdp.runtime.preemption import restart_count
 from hpc_hsdp.runtime.straggler_probe import StragglerProbe
 from hpc_hsdp.runtime.trackers import Trackers, TrackerStart, run_config
 
@@ -49,7 +49,7 @@ class RunObserver:
         if ctx.is_rank0 and ctx.run_dir is not None:
             last_logged = last_step_written(ctx.run_dir)  # before this attempt cuts metrics.jsonl back
             restart = getattr(ctx.preemption, "restart_count", None)
-            restart = restart if restart is not None else restart_count(os.environ)
+            restart = restart if restart is not None else task_environment(os.environ).restart_count
             attempts.begin_attempt(
                 ctx.run_dir,
                 restart=restart,

@@ -22,7 +22,7 @@ What happens on each task (:class:`Preemption`):
 3. The caller (the built-in payload: :func:`hpc_hsdp.runtime.loop.train`) then writes
    the distributed checkpoint on every rank, as it does at the end.
 4. ``finish()``: on the warning signal rank 0 requeues the job (``scontrol requeue``,
-   through :func:`hpc_hsdp.job.backends.slurm_task.requeue_job`) and tells the others the outcome; on
+   through the job's :class:`~hpc_hsdp.job.restart_policy.RestartPolicy`) and tells the others the outcome; on
    SIGTERM nothing is asked of SLURM, which is already ending or requeueing the job. Outside SLURM (the local emulator,
    tests) the requeue is skipped with a log line.
 5. The task exits: :func:`exit_code` is 0 when the job goes on elsewhere (requeued) or is
@@ -42,9 +42,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_hsdp.job.backends import slurm_task as requeue
-from hpc_hsdp.job.backends import task_backend
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE
+from hpc_hsdp.job.restart_policy import RestartPolicy
 from hpc_hsdp.runtime.log import note
 
 WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
@@ -89,20 +89,6 @@ def warning_signal_from(env: Mapping[str, str]) -> signal.Signals:
     return sig
 
 
-def in_slurm(env: Mapping[str, str]) -> bool:
-    """Whether this task runs in a real SLURM job: tests give SLURM-like variables but no
-    SLURM_CLUSTER_NAME, and the emulator's jobs, which have both, do not requeue themselves
-    (its backend says so: :func:`~hpc_hsdp.job.backends.task_backend`)."""
-    return bool(env.get("SLURM_JOB_ID")) and bool(env.get("SLURM_CLUSTER_NAME")) and task_backend(env).requeues
-
-
-def restart_count(env: Mapping[str, str]) -> int:
-    try:
-        return int(env.get("SLURM_RESTART_COUNT") or 0)
-    except ValueError:
-        return 0
-
-
 @dataclass
 class StopOutcome:
     """What ``finish()`` did: the agreed reason and whether the job was requeued."""
@@ -120,7 +106,8 @@ class Preemption:
     def __init__(self, env: Mapping[str, str] | None = None, *, warning_signal: signal.Signals | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         self.warning_signal = warning_signal or warning_signal_from(self.env)
-        self.restart_count = restart_count(self.env)
+        self.environment = task_environment(self.env)
+        """The job this task runs in, as its scheduler tells it."""
         self.received: dict[str, float] = {}
         """Signal name -> wall time when it first arrived on this task."""
         self._local = NONE
@@ -235,18 +222,22 @@ class Preemption:
             note(f"stopped after step {self.agreed_step} on {reason}: {message}")
         return self.outcome
 
+    @property
+    def restart_count(self) -> int:
+        return self.environment.restart_count
+
     def _requeue(self) -> tuple[bool, str]:
-        job_id = self.env.get("SLURM_JOB_ID", "")
-        if not in_slurm(self.env):
+        job_id = self.environment.job_id
+        if not self.environment.requeues:
             return False, (
                 "requeue skipped: not in a SLURM job (local emulator or test); "
                 "resubmit with the same --run-dir to resume"
             )
-        ok, said = requeue.requeue_job(job_id)  # looked up now: tests stand in for it
+        policy = RestartPolicy(self.environment)  # a requeue on the warning signal is no failure: not bounded
+        ok, said = policy.requeue()
         if not ok:
-            return False, f"scontrol requeue {job_id} failed: {said}; resubmit with the same --run-dir to resume"
-        request = self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()  # a flexible job's range, put back with the requeue
-        how = f"scontrol requeuehold, update {request}, release" if request else "scontrol requeue"
+            return False, f"{policy.refused(said)}; resubmit with the same --run-dir to resume"
+        how = self.environment.requeue_words()
         return True, f"requeued job {job_id} ({how}{f'; {said}' if said else ''}); it resumes from this checkpoint"
 
     def exit_code(self) -> int | None:
@@ -261,7 +252,7 @@ class Preemption:
 class NodeRangeKeeper:
     """For a flexible allocation (``HPC_HSDP_REQUEUE_REQUEST``): when SLURM requeues the job itself
     (a node died, the job was preempted) it pins it to the nodes it had; on the SIGTERM that comes
-    with that requeue, put the range back on the pending job (:func:`hpc_hsdp.job.backends.slurm_task.restore_request`).
+    with that requeue, put the range back on the pending job (the job environment's ``restore_node_range``).
 
     A thread does it, woken by the signal's byte on a wakeup fd (``signal.set_wakeup_fd``), which
     the interpreter writes at once even while the main thread is stuck in a collective with a dead
@@ -271,6 +262,7 @@ class NodeRangeKeeper:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
+        self.environment = task_environment(env)
         self.said: str | None = None
         """What the restore said, once done (None: not asked)."""
         self._fds: tuple[int, int] | None = None
@@ -278,7 +270,7 @@ class NodeRangeKeeper:
 
     def wanted(self) -> bool:
         local = self.env.get("LOCAL_RANK", self.env.get("SLURM_LOCALID", "0")).strip()
-        return bool(self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()) and in_slurm(self.env) and local == "0"
+        return self.environment.keeps_node_range() and local == "0"
 
     def install(self) -> NodeRangeKeeper:
         """Main thread only, after the SIGTERM handler is installed (only signals with a Python
@@ -304,8 +296,8 @@ class NodeRangeKeeper:
                 os.close(read_fd)
                 return
             if signal.SIGTERM.value in data:
-                job_id = self.env.get("SLURM_JOB_ID", "")
-                restored, said = requeue.restore_request(job_id, env=self.env)
+                job_id = self.environment.job_id
+                restored, said = self.environment.restore_node_range()
                 self.said = said
                 if restored:
                     note(

@@ -44,15 +44,13 @@ from torch.distributed.distributed_c10d import _get_default_store
 
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.files import write_atomically
-from hpc_hsdp.job.backends.slurm_task import requeue_job
-from hpc_hsdp.rundir.attempts import read_restarts
+from hpc_hsdp.job.backends import task_environment
+from hpc_hsdp.job.restart_policy import RestartPolicy
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
 from hpc_hsdp.rundir.stacks import frame, write_hang_stacks
-from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
 from hpc_hsdp.runtime.collectives import COLLECTIVES, Listening, listen
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.node_failure import handle_lost_peers
-from hpc_hsdp.runtime.preemption import in_slurm, restart_count
 
 HANG_TIMEOUT_FLOOR_S = 120.0
 HANG_TIMEOUT_STEP_FACTOR = 20
@@ -189,20 +187,9 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. Raise HsdpError on every rank when this job's restarts after failures
     (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
-    job_id, run_dir = env.get("SLURM_JOB_ID", ""), ctx.run_dir
     verdict = [None]
-    if run_dir is not None and ctx.rank == 0 and job_id:
-        failures = failure_restarts(run_dir, job_id=job_id)
-        if failures > max_restarts:
-            causes = "; ".join(
-                f"restart {r.get('restart')}: {r.get('detail') or r.get('reason')}"
-                for r in read_restarts(run_dir)
-                if r.get("reason") in FAILURE_REASONS and str(r.get("job_id")) == job_id
-            )
-            verdict[0] = (
-                f"job {job_id} restarted {failures} times after failures, more than --max-restarts "
-                f"{max_restarts}: not training again ({causes})"
-            )
+    if ctx.rank == 0:
+        verdict[0] = RestartPolicy(task_environment(env), run_dir=ctx.run_dir, max_restarts=max_restarts).exceeded()
     if dist.is_initialized() and ctx.world_size > 1:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
@@ -255,8 +242,8 @@ class Watchdog:
     def start(self, *, step: int = 0) -> Watchdog:
         self.last_step = step
         self.last_progress = time.monotonic()
-        restart = self.env.get("SLURM_RESTART_COUNT", "0")
-        self._prefix = f"hpc-hsdp/watchdog/{self.env.get('SLURM_JOB_ID', 'job')}/{restart}/"
+        environment = task_environment(self.env)
+        self._prefix = f"hpc-hsdp/watchdog/{environment.job_id or 'job'}/{environment.restart_count}/"
         try:
             self._store = _get_default_store()
         except (RuntimeError, ValueError):
@@ -437,23 +424,16 @@ class Watchdog:
         note(f"watchdog: rank {rank}: NCCL flight recorder trace in {path}")
 
     def _requeue_and_record(self, verdict: str) -> str:
-        restarts = restart_count(self.env)
-        job_id = self.env.get("SLURM_JOB_ID", "")
-        failures = failure_restarts(self.ctx.run_dir, job_id=job_id) if self.ctx.run_dir is not None else restarts
-        if not in_slurm(self.env):
+        policy = RestartPolicy(task_environment(self.env), run_dir=self.ctx.run_dir, max_restarts=self.max_restarts)
+        if not policy.environment.requeues:
             outcome = "not in a SLURM job: not requeued; resubmit with the same --run-dir to resume"
-        elif failures >= self.max_restarts:
-            outcome = (
-                f"not requeued: the job already restarted {failures} times after failures "
-                f"(--max-restarts {self.max_restarts})"
-            )
+        elif (spent := policy.spent()) is not None:
+            outcome = spent
         else:
-            ok, said = requeue_job(job_id)
-            outcome = (
-                f"requeued job {job_id} (failure restart {failures + 1} of at most {self.max_restarts})"
-                if ok
-                else f"scontrol requeue {job_id} failed: {said}"
-            )
-        if self.ctx.run_dir is not None:  # the cause of this attempt's end, for the next one and status
-            record_restart(self.ctx.run_dir, reason="hang", cause=verdict, step=self.last_step)
+            budget = policy.next_restart()
+            ok, said = policy.requeue()
+            outcome = f"requeued job {policy.environment.job_id} ({budget})" if ok else policy.refused(said)
+        policy.record(
+            reason="hang", cause=verdict, step=self.last_step
+        )  # this attempt's end, for the next one and status
         return outcome

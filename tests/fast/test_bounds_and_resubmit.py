@@ -241,8 +241,10 @@ def test_the_runtime_does_not_import_the_submitting_side():
     assert _imports(package / "job" / "backends" / "slurm_task.py") == {
         "hpc_hsdp.errors",
         "hpc_hsdp.files",
+        "hpc_hsdp.job.backends.job_environment",
         "hpc_hsdp.job.backends.slurm_command",
     }
+    assert _imports(package / "job" / "backends" / "job_environment.py") == set()
     assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
     assert _imports(package / "rundir" / "state.py") == {
         "hpc_hsdp.errors",

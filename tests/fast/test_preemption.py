@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.runtime.preemption import (
     EXIT_STOPPED_NOT_REQUEUED,
     TERMINATE,
     WARNING,
     Preemption,
-    in_slurm,
     warning_signal_from,
 )
 
@@ -70,7 +70,7 @@ def test_requeue_is_skipped_outside_slurm(capsys):
         {"SLURM_JOB_ID": "4242"},  # dist_helpers / emulator-like: no cluster name
         {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "local-emulator", "HPC_HSDP_EMULATOR": "1"},
     ):
-        assert not in_slurm(env)
+        assert not task_environment(env).requeues
         preemption = Preemption(env)
         preemption.request(WARNING)
         assert preemption.should_stop(7)
@@ -81,11 +81,11 @@ def test_requeue_is_skipped_outside_slurm(capsys):
     assert "[hpc-hsdp] stopped after step 7 on USR2: requeue skipped" in capsys.readouterr().err
 
 
-def test_in_slurm_rank0_requeues_through_the_requeue_module(monkeypatch):
-    import hpc_hsdp.job.backends.slurm_task as requeue
+def test_in_slurm_rank0_requeues_through_its_job_environment(monkeypatch):
+    import hpc_hsdp.job.backends.slurm_task as slurm_task
 
     calls = []
-    monkeypatch.setattr(requeue, "requeue_job", lambda job_id: (calls.append(job_id), (True, ""))[1])
+    monkeypatch.setattr(slurm_task, "requeue_job", lambda job_id, exclude=(): (calls.append(job_id), (True, ""))[1])
     env = {"SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "2"}
     rank0, rank1 = Preemption(env), Preemption(env)
     for p in (rank0, rank1):

@@ -19,6 +19,7 @@ from hpc_hsdp.job.option_fields import CLUSTERS as OPTION_CLUSTERS
 
 if TYPE_CHECKING:
     from hpc_hsdp.job.backends.base import Backend
+    from hpc_hsdp.job.backends.job_environment import JobEnvironment
 
 BACKEND_NAMES = ("slurm", "local")
 """What a job record's ``cluster`` may say."""
@@ -45,6 +46,12 @@ def task_backend(env: Mapping[str, str]) -> Backend:
     from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE  # noqa: PLC0415  (the emulator names its own mark)
 
     return backend("local" if env.get(EMULATOR_VARIABLE) == "1" else "slurm")
+
+
+def task_environment(env: Mapping[str, str]) -> JobEnvironment:
+    """The job this task (with environment ``env``) runs in, as its backend tells it: job id,
+    restart count, requeue, side jobs."""
+    return task_backend(env).environment(env)
 
 
 def resolve_cluster(choice: str, *, ping=ping_controller, which=shutil.which) -> tuple[str, str]:

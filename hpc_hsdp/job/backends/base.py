@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hpc_hsdp.errors import SchedulerError
+from hpc_hsdp.job.backends.job_environment import JobEnvironment
 from hpc_hsdp.job.failure import task_index
 from hpc_hsdp.job.status import JobStatus
 from hpc_hsdp.rundir.job_record import JobRecord
@@ -87,6 +88,11 @@ class Backend(ABC):
                 logs.glob(f"{record.job_id}_*_log.err"), key=task_index
             )
         return [logs / f"{record.job_id}_{procid}_log.out", logs / f"{record.job_id}_{procid}_log.err"]
+
+    def environment(self, env: Mapping[str, str]) -> JobEnvironment:
+        """The job a process with environment ``env`` runs in, as this scheduler tells it to its
+        task: job id, restart count, requeue, side jobs (:mod:`~hpc_hsdp.job.backends.job_environment`)."""
+        return JobEnvironment(self, env)
 
     @abstractmethod
     def requeue(self, job_id: str) -> tuple[bool, str] | None:

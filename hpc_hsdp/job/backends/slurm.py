@@ -21,7 +21,7 @@ from pathlib import Path
 from hpc_hsdp.errors import HsdpError, SchedulerError
 from hpc_hsdp.job.backends.base import Backend, start_detached
 from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout, ping_controller, run_slurm
-from hpc_hsdp.job.backends.slurm_task import requeue_job
+from hpc_hsdp.job.backends.slurm_task import SlurmJobEnvironment, requeue_job
 from hpc_hsdp.job.status import JobStatus, SchedulerAnswers, status_from
 from hpc_hsdp.plan.float8_support import NodeGpus, fp8_slurm_refusal
 from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
@@ -132,8 +132,9 @@ def time_limits(job_id: str, *, runner: Runner = run_slurm) -> tuple[float | Non
     return parse_slurm_duration(left), parse_slurm_duration(limit)
 
 
-def restart_count(job_id: str, *, runner: Runner = run_slurm) -> int:
-    """How often SLURM restarted the job: ``Restarts=`` of ``scontrol show job`` while the
+def controller_restart_count(job_id: str, *, runner: Runner = run_slurm) -> int:
+    """A job's restart count (:attr:`~hpc_hsdp.job.backends.job_environment.JobEnvironment.restart_count`)
+    asked of SLURM from outside the job: ``Restarts=`` of ``scontrol show job`` while the
     controller knows it, else the REQUEUED rows of ``sacct -D`` (22.05's sacct has no Restarts)."""
     shown = runner(["scontrol", "-o", "show", "job", job_id])
     for field in shown.stdout.split():
@@ -270,7 +271,7 @@ class SlurmBackend(Backend):
         restarts = None
         if answers.controller is None:
             try:
-                restarts = restart_count(record.job_id, runner=self.runner)
+                restarts = controller_restart_count(record.job_id, runner=self.runner)
             except SchedulerError:
                 restarts = None
         return status_from(record, answers, restarts=restarts, now=time.time())
@@ -302,6 +303,9 @@ class SlurmBackend(Backend):
 
     def time_limits(self, record: JobRecord) -> tuple[float | None, float | None] | None:
         return time_limits(record.job_id, runner=self.runner)
+
+    def environment(self, env) -> SlurmJobEnvironment:
+        return SlurmJobEnvironment(self, env)
 
     def requeue(self, job_id: str) -> tuple[bool, str]:
         return requeue_job(job_id)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 
 from hpc_hsdp.errors import SchedulerError
 from hpc_hsdp.files import write_atomically
+from hpc_hsdp.job.backends.job_environment import JobEnvironment
 from hpc_hsdp.job.backends.slurm_command import run_slurm
 
 REQUEUE_FILE_VARIABLE = "HPC_HSDP_REQUEUE_FILE"
@@ -117,3 +119,58 @@ def restore_request(job_id: str, *, env=None, timeout_s: float = 10.0) -> tuple[
         return False, f"scontrol update could not run ({exc})"
     said = " ".join((done.stdout + done.stderr).split())
     return done.returncode == 0, said or ("" if done.returncode == 0 else f"exit code {done.returncode}")
+
+
+def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:
+    """``KEY=VALUE`` words (``scontrol -o show job``) or ``KEY = VALUE`` lines (``show config``)."""
+    try:
+        shown = run_slurm(["scontrol", *args], timeout_s=timeout_s)
+    except SchedulerError:
+        return {}
+    if shown.returncode != 0:
+        return {}
+    fields: dict[str, str] = {}
+    for line in shown.stdout.splitlines():
+        if " = " in line:
+            key, _, value = line.partition(" = ")
+            fields[key.strip()] = value.strip()
+        else:
+            fields.update(item.split("=", 1) for item in line.split() if "=" in item)
+    return fields
+
+
+def slurm_requeues_on_node_failure(job_id: str) -> tuple[bool, float]:
+    """(whether SLURM itself requeues this job when one of its nodes is marked DOWN: the job is
+    requeueable, ``Requeue=1``; SLURM's ``SlurmdTimeout``: how long after a node's last answer
+    it is marked DOWN)."""
+    requeue = _scontrol_fields("-o", "show", "job", job_id).get("Requeue") == "1"
+    timeout = _scontrol_fields("show", "config").get("SlurmdTimeout", "300 sec").split()[0]
+    return requeue, float(timeout) if timeout.isdigit() else 300.0
+
+
+class SlurmJobEnvironment(JobEnvironment):
+    """A SLURM job as its task and its batch shell see it: ``scontrol`` for the rest."""
+
+    @property
+    def requeues(self) -> bool:
+        """In a real SLURM job (tests give SLURM-like variables but no ``SLURM_CLUSTER_NAME``)."""
+        return bool(self.job_id) and bool(self.env.get("SLURM_CLUSTER_NAME"))
+
+    def requeue(self, *, exclude: Sequence[str] = ()) -> tuple[bool, str]:
+        """:func:`requeue_job` (the process's own environment: its ``PATH``, the container's request file)."""
+        return requeue_job(self.job_id, exclude=tuple(exclude))
+
+    def requeue_words(self) -> str:
+        request = self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()  # a flexible job's range, put back with the requeue
+        return f"scontrol requeuehold, update {request}, release" if request else "scontrol requeue"
+
+    def keeps_node_range(self) -> bool:
+        return bool(self.env.get(REQUEST_FIELDS_VARIABLE, "").strip()) and self.requeues
+
+    def restore_node_range(self) -> tuple[bool, str]:
+        return restore_request(self.job_id, env=self.env)
+
+    def requeues_on_node_failure(self) -> tuple[bool, float]:
+        """(SLURM requeues the job itself when a node of it is marked DOWN: it is requeueable,
+        ``Requeue=1``; SLURM's ``SlurmdTimeout``: how long after a node's last answer it is)."""
+        return slurm_requeues_on_node_failure(self.job_id)
