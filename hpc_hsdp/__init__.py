@@ -29,7 +29,6 @@ __all__ = [
 _LAZY = {
     "init": "hpc_hsdp.runtime.dist",
     "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
-    "wrap_hsdp_fsdp1": "hpc_hsdp.runtime.hsdp",
     "submit": "hpc_hsdp.job.api",
     "submit_sweep": "hpc_hsdp.job.api",
     "TrainingRun": "hpc_hsdp.runtime.own_loop",

@@ -364,10 +364,6 @@ class TopologyPlan:
     def nodes_of_group(self, group: Sequence[int]) -> tuple[int, ...]:
         return tuple(sorted({self.node_of_rank[r] for r in group}))
 
-    def group_crosses_nodes(self, group: Sequence[int]) -> bool:
-        # ranks are node-major, so a group sits on one node when its lowest and highest rank do
-        return self.node_of_rank[min(group)] != self.node_of_rank[max(group)]
-
     @cached_property
     def shard_groups_cross_nodes(self) -> bool:
         # a shard group spans the nodes of its copy's first and last rank (T divides every node)

@@ -21,10 +21,6 @@ LISTED_RANKS = 8
 """A group of more ranks than this, equally spaced, is written ``[3,11,19,...,8187]``."""
 
 
-def _group_labels(groups: tuple[tuple[int, ...], ...]) -> list[str]:
-    return [f"{index}: {_compact(group)}" for index, group in enumerate(groups)]
-
-
 def _compact(ranks: tuple[int, ...]) -> str:
     steps = {b - a for a, b in zip(ranks, ranks[1:])}
     if len(ranks) > 2 and steps == {1}:

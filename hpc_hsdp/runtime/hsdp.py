@@ -2,20 +2,16 @@
 
 ``wrap_hsdp`` uses FSDP2 (``fully_shard``): each block, then the root; parameters become
 DTensors placed ``(Replicate(), Shard(0))`` (with one replica, ``(Shard(0),)`` on the shard
-axis alone: plain FSDP, without an all-reduce of one rank per unit and step). ``wrap_hsdp_fsdp1`` is the FSDP1 equivalent
-(``HYBRID_SHARD`` or ``_HYBRID_SHARD_ZERO2``) for code that still needs it.
+axis alone: plain FSDP, without an all-reduce of one rank per unit and step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecisionPolicy, ShardingStrategy, fully_shard
-from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 BlockSpec = type | tuple[type, ...] | Callable[[nn.Module], bool]
 
@@ -75,40 +71,3 @@ def wrap_hsdp(
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=block_reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=root_reshard)
     return model
-
-
-def wrap_hsdp_fsdp1(
-    model: nn.Module,
-    mesh: DeviceMesh,
-    *,
-    zero2: bool = False,
-    block: BlockSpec | None = None,
-    mixed_precision=None,
-    device_id: torch.device | int | None = None,
-    **fsdp_kwargs,
-) -> nn.Module:
-    """FSDP1 hybrid sharding on the mesh: ``HYBRID_SHARD`` (or ``_HYBRID_SHARD_ZERO2`` with
-    ``zero2=True``), ``use_orig_params=True``, each ``block`` its own FSDP unit.
-
-    ``device_id`` defaults to the mesh's device: ``cpu`` on CPU, the current CUDA device on GPU.
-    """
-    _check_mesh(mesh)
-    if device_id is None:
-        device_id = (
-            torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
-        )
-    matches = _matcher(block)
-    policy = None
-    if block is not None:
-        policy = partial(lambda_auto_wrap_policy, lambda_fn=matches)
-    strategy = ShardingStrategy._HYBRID_SHARD_ZERO2 if zero2 else ShardingStrategy.HYBRID_SHARD
-    fsdp_kwargs.setdefault("use_orig_params", True)
-    return FullyShardedDataParallel(
-        model,
-        sharding_strategy=strategy,
-        device_mesh=mesh,
-        device_id=device_id,
-        auto_wrap_policy=policy,
-        mixed_precision=mixed_precision,
-        **fsdp_kwargs,
-    )

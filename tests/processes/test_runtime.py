@@ -132,28 +132,6 @@ def synthetic_rows(training: TrainingSpec, *, step: int, rank: int, world_size: 
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
-def fsdp1_steps(ctx):
-    import torch
-
-    from hpc_hsdp.models.builtin import ModelConfig, TransformerBlock, build_model, init_parameters, loss_fn
-    from hpc_hsdp.runtime.hsdp import wrap_hsdp_fsdp1
-
-    losses = {}
-    for zero2 in (False, True):
-        model = build_model(ModelConfig.from_training(TINY), device="cpu")
-        init_parameters(model, seed=TINY.seed)
-        model = wrap_hsdp_fsdp1(model, ctx.mesh, zero2=zero2, block=TransformerBlock)
-        opt = torch.optim.AdamW(model.parameters(), lr=TINY.lr)
-        for step in (1, 2):
-            x, y = synthetic_rows(TINY, step=step, rank=ctx.rank, world_size=ctx.world_size, batch_size=2)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        losses[zero2] = float(loss)
-    return {"strategy": str(model.sharding_strategy), "losses": losses}
-
-
 def full_checkpoint(path):
     """A DCP checkpoint as one plain state dict (single process, no process group)."""
     import tempfile
@@ -400,16 +378,6 @@ def test_wrong_layout_fails_loudly_on_every_rank(tmp_path):
         assert re.search(r"^shard +\[0,1\] +\[0,1\] +n1,n2 +the plan puts this group inside one node", table, re.M)
         assert re.search(r"^node +\[2,3\] +\[2,3\] +n1,n2 ", table, re.M)
     assert not (tmp_path / "layout.json").exists()
-
-
-def test_fsdp1_hybrid_shard_runs(tmp_path):
-    spec = RunSpec(shard_size=2, run_dir=str(tmp_path), device="cpu", timeout_s=60)
-    outcomes = launch(spec, tasks_per_node=[2, 2], fn=fsdp1_steps, timeout_s=120)
-    value = outcomes[0].value
-    assert value["strategy"] == "ShardingStrategy._HYBRID_SHARD_ZERO2"
-    assert all(0 < loss < 10 for loss in value["losses"].values())
-    # ZeRO-2 and ZeRO-3 hybrid sharding compute the same thing
-    assert abs(value["losses"][False] - value["losses"][True]) < 1e-5
 
 
 def test_cli_run_with_entry(tmp_path):
