@@ -16,7 +16,7 @@ The contract, in full::
         return MyLM(layers=training.layers, width=training.width)
 
 1. **Building.** The function is called with the run's ``TrainingSpec`` (``--layers``,
-   ``--width``, ... are yours to use) or with no argument if it takes none. It builds the
+   ``--width``, ... are yours to use; with ``--data`` its ``vocab_size`` is the data's) or with no argument if it takes none. It builds the
    module on the *current default device*: the loop calls it under
    ``torch.device("meta")`` (no memory), shards it, then materializes it. It may return
    ``(module, shard_units)`` instead of setting the attribute.
@@ -86,6 +86,10 @@ class FactoryAdapter:
 
     def __init__(self, training, *, data_vocab_size: int | None = None) -> None:
         self.name = training.model
+        if data_vocab_size is not None and getattr(training, "vocab_size", None) != data_vocab_size:
+            import dataclasses  # noqa: PLC0415 - only with --data
+
+            training = dataclasses.replace(training, vocab_size=data_vocab_size)  # the data's, as the built-in model
         self.training = training
         self.factory = resolve_factory(training.model)
         self.shard_unit_option = training.shard_unit

@@ -82,3 +82,16 @@ def test_factory_errors_name_the_problem():
     }
     for (case, expected), message in zip(cases.items(), in_child(_factory_errors, list(cases))):
         assert expected in message, (case, message)
+
+
+def test_the_examples_factory_with_data_is_built_with_the_datas_vocabulary():
+    """examples/my_model.py builds from training.vocab_size: with --data that is the data's (2048 here,
+    the run's own 256), as the vocabulary check's message says, so the example trains on prepared data."""
+    assert in_child(_data_vocabulary) == (2048, 2048)
+
+
+def _data_vocabulary():
+    from hpc_hsdp.models import resolve_model
+
+    adapter = resolve_model(TrainingSpec(model="my_model:build", **{**SMALL, "vocab_size": 256}), data_vocab_size=2048)
+    return adapter.vocab_size, adapter.build_meta().embed.num_embeddings
