@@ -16,6 +16,7 @@
              benchmarks/.peers-venv with lightning on first use)
 26 staging  the data wait with and without --stage-data under read latency  (bench_staging.py)
 27 check    the fabric check's time, 2 to 16 emulated nodes                  (bench_check.py)
+28 store    --checkpoint-store: step time and save-to-commit at 20 MiB/s     (bench_checkpoint_store.py)
 GPU: benchmarks/gpu_hsdp_step.py (tokens/s on one GPU) is not run here; it needs CUDA.
 """
 
@@ -54,6 +55,7 @@ SUITE = [
         ["--runs", "1", "--steps", "6", "--latency-ms", "20", "--megabytes", "4"],
     ),
     ("check", "bench_check.py", ["--runs", "3", "--nodes", "2,4,8,16"], ["--runs", "1", "--nodes", "2,4"]),
+    ("store", "bench_checkpoint_store.py", ["--runs", "2"], ["--runs", "1", "--steps", "40", "--every", "20"]),
 ]
 
 
