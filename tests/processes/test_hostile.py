@@ -240,6 +240,43 @@ def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
+def test_a_forged_state_file_of_a_pending_sweep_point_reaches_neither_its_environment_nor_its_directory(
+    tmp_path, local_submit
+):
+    """Issue 43: the emulator started a pending point with the ``array_env`` and ``submit_dir`` its
+    state file in the point's logs directory named: whoever could write that file set ``BASH_ENV``
+    (a script bash runs first) for a job running as the submitting user. Now what starts a job is
+    the emulator's private copy; the state file is read for the state alone."""
+    import os
+    import time
+
+    sweep = tmp_path / "sweep"
+    argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
+    out = _hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"touch {marker}\n")
+    (state_file,) = (sweep / "seed=1" / "logs").glob("*_local.json")
+    forged = json.loads(state_file.read_text())
+    forged["array_env"]["BASH_ENV"] = str(evil)
+    forged["submit_dir"] = str(tmp_path / "elsewhere")
+    planted = state_file.with_name(".planted")
+    planted.write_text(json.dumps(forged))
+    os.replace(planted, state_file)  # what another user with write access to the directory can do
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        states = _point_states(sweep)
+        if len(states) == 2 and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
+            break
+        time.sleep(1)
+    states = _point_states(sweep)
+    assert states["seed=1"]["state"] == "COMPLETED", states
+    assert not marker.exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
 def test_export_of_a_factory_run_builds_the_model_the_user_names_not_the_one_model_json_names(tmp_path, local_submit):
     """Issue 43: export imported the MODULE:FUNCTION of model.json; now only the --model named on its
     command line, and without one it says so in one line."""

@@ -4,6 +4,7 @@ array's points, and the runner that starts them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,11 +19,14 @@ from hpc_hsdp.job.emulator.emulated_job import LocalJob
 from hpc_hsdp.job.emulator.ports import reserve_port
 from hpc_hsdp.job.emulator.processes import SUPERVISOR_MARK, process_start_time
 from hpc_hsdp.job.emulator.state_files import (
+    LAUNCH_KEYS,
     emulator_private_dir,
     emulator_state_dir,
     new_job_id,
+    read_launch,
     read_state,
     spool_path,
+    spooled_launch_path,
     state_path,
     write_state,
 )
@@ -94,6 +98,8 @@ def prepare_local(
     path = state_path(logs_dir, job_id)
     emulator_private_dir(spool_path(path).parent)
     write_atomically(spool_path(path), script, private=True)
+    launch = {key: state[key] for key in LAUNCH_KEYS}
+    write_atomically(spooled_launch_path(path), json.dumps(launch), private=True)
     write_state(path, state)
     return path
 
@@ -104,6 +110,7 @@ def start_local(path: Path) -> bool:
     state = read_state(path)
     if state.get("state") != "PENDING" or state.get("supervisor_pid"):
         return False
+    state = {**state, **read_launch(path)}
     job_id, logs_dir = state["job_id"], Path(path).parent
     alloc = LocalAllocation(
         tasks_per_node=tuple(state["tasks_per_node"]),

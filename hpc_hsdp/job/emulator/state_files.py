@@ -61,6 +61,32 @@ def spool_path(state_file: Path) -> Path:
     return emulator_state_dir() / "scripts" / f"{name}.sh"
 
 
+def spooled_launch_path(state_file: Path) -> Path:
+    """Where the emulator keeps its own copy of what starts the job of ``state_file`` (its id, its
+    allocation, the directory it starts in, a job array's variables): private, like the script's copy
+    (:func:`spool_path`). The state file in the logs directory is only read for the job's state: a
+    value that reaches the job's environment or its command lines is never taken from it."""
+    return spool_path(state_file).with_suffix(".json")
+
+
+LAUNCH_KEYS = (
+    "job_id",
+    "run_dir",
+    "tasks_per_node",
+    "node_names",
+    "gpus_per_node",
+    "job_name",
+    "submit_dir",
+    "array_env",
+)
+"""The facts of a state file that start a job, spooled privately (:func:`spooled_launch_path`)."""
+
+
+def read_launch(state_file: Path) -> dict:
+    """The private copy of what starts the job of ``state_file``; OSError or ValueError, one line."""
+    return read_state(spooled_launch_path(state_file))
+
+
 def emulator_private_dir(path: Path, *, mode: int = 0o700) -> Path:
     """:func:`~hpc_hsdp.files.private_dir`, refusing a symlink or another user's directory as a user error."""
     try:

@@ -19,6 +19,7 @@ from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern, sbatch_value
 from hpc_hsdp.job.emulator.state_files import (
     MAX_SPOOLED_SCRIPT_BYTES,
     read_job_state,
+    read_launch,
     read_state,
     spool_path,
     write_state,
@@ -35,6 +36,13 @@ def supervise(state_file: str) -> int:
     state = read_state(path)
     if state.get("state") != "PENDING":  # a job array's point cancelled just as it was started
         return 0
+    try:
+        launch = read_launch(path)
+    except (OSError, ValueError) as exc:
+        print(f"hpc-hsdp: the emulator's record of how this job starts cannot be read ({exc})", file=sys.stderr)
+        state.update(state="FAILED", exit_code=2, ended_at=time.time())
+        write_state(path, state)
+        return 2
     spooled = spool_path(path)
     try:
         script = read_capped(spooled, max_bytes=MAX_SPOOLED_SCRIPT_BYTES).decode("utf-8")
@@ -42,11 +50,11 @@ def supervise(state_file: str) -> int:
         print(f"hpc-hsdp: the emulator's copy of this job's script cannot be read ({exc})", file=sys.stderr)
         state.update(state="FAILED", exit_code=2, ended_at=time.time())
         write_state(path, state)
-        if state.get("run_dir"):
-            release_claim(state["run_dir"], state["job_id"], ended=state["state"])
+        if launch.get("run_dir"):
+            release_claim(launch["run_dir"], launch["job_id"], ended=state["state"])
         return 2
-    job_id = state["job_id"]
-    array_env = state.get("array_env") or {}
+    job_id = launch["job_id"]
+    array_env = launch.get("array_env") or {}
     array = {"array_job": array_env.get("SLURM_ARRAY_JOB_ID"), "array_task": array_env.get("SLURM_ARRAY_TASK_ID")}
     job_id = array_env.get("SLURM_JOB_ID", job_id)
     out = expand_pattern(sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id, **array)
@@ -94,8 +102,8 @@ def supervise(state_file: str) -> int:
     )
     write_state(path, state)
     spooled.unlink(missing_ok=True)
-    if state.get("run_dir"):  # as SLURM ends a job: the run directory is free again
-        release_claim(state["run_dir"], state["job_id"], ended=state["state"])
+    if launch.get("run_dir"):  # as SLURM ends a job: the run directory is free again
+        release_claim(launch["run_dir"], launch["job_id"], ended=state["state"])
     return 0
 
 
