@@ -58,6 +58,8 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | N
         _check_resume(spec, num_samples, state, sources)
     except InputNotFound as exc:  # what is not here may be on the compute nodes; other findings are the job's own
         raise SpecError(f"{exc}{AFTER}") from None
+    except SpecError as exc:  # the job's own finding: the hint about where submit looks does not concern it
+        raise SpecError(f"{exc}; nothing submitted") from None
     return note
 
 

@@ -93,7 +93,7 @@ def test_compile_resumes_an_eager_checkpoint_reuses_its_cache_and_goes_back(tmp_
                 "job_id": "7",
                 "cluster": "local",
                 "run_dir": str(run),
-                "logs_dir": str(tmp_path / "l3"),
+                "logs_dir": str(run / "logs"),  # a submission's logs are always in its run directory
                 "job_name": "x",
                 "ntasks": 2,
                 "launcher": "srun",
