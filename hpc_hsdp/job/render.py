@@ -340,7 +340,7 @@ def switches_command(spec: JobSpec) -> str | None:
     if topology == "strict":
         counts = ",".join(map(str, spec.tasks_per_node)) if spec.ntasks is not None else str(spec.gpus_per_node)
         args += ["--topology", topology, "--shard", str(spec.run.shard_size), "--tasks-per-node", counts]
-        if spec.run.tp_size > 1:  # a shard group is then S x T ranks
+        if spec.run.tp_size > 1:  # one copy of the model is then S x T consecutive ranks
             args += ["--tp", str(spec.run.tp_size)]
     command = layout_command(spec, *args)
     if spec.launch.container_image is not None:  # the image has no scontrol: the host's answer goes in

@@ -602,7 +602,7 @@ class RunSpec:
         'mesh axis, "tp"); divides the GPUs per node and the model\'s heads, key/value heads, feed-forward '
         "width and vocabulary, and the built-in model's sequence length (checked before submitting; a "
         "--model MODULE:FUNCTION's own "
-        "plan is checked on the tasks). A shard group is then S x T ranks.",
+        "plan is checked on the tasks). The S x T consecutive ranks of one replica then hold one copy of the model; a shard group is S of them, T apart.",
         shown={
             "run": Shown(default=1),
             "plan": Shown(default=DECLARED),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -284,3 +285,26 @@ def test_cli_recommend_at_a_given_tp_names_it():
     assert "recommended: --tp 2 --shard 4" in out.output
     shards = [line.split()[0] for line in out.output.splitlines() if line.split()[3:4] in (["yes"], ["no"])]
     assert shards == ["1", "2", "4", "8"]  # S x 2 ranks: 2, 4, 8, 16
+
+
+def test_docs_recommend_output_is_what_plan_prints():
+    """Issue 43 (new user 8): docs/tensor-parallel.md showed a --recommend table (a shard size of 32,
+    24.45 GiB per GPU, --reshard-after-forward) that the program no longer printed. Every line the
+    page shows is one plan prints, in the same order."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tensor-parallel.md").read_text()
+    shown = page.split("```\nrecommended:", 1)[1].split("```", 1)[0]
+    shown_lines = [line for line in ("recommended:" + shown).splitlines() if line and line.strip() != "..."]
+    out = _plan("--nodes", "4", "--recommend", "--model-params", "70B", "--gpu-memory", "80GiB",
+                "--seq-len", "8192", "--batch-size", "1")  # fmt: skip
+    assert out.exit_code == 0, out.output
+    printed = out.output.splitlines()
+    positions = [printed.index(line) for line in shown_lines]
+    assert positions == sorted(positions), positions
+
+
+def test_tp_help_says_what_a_shard_group_is():
+    """Issue 43 (new user 8): --tp's help said a shard group is S x T ranks; plan shows shard groups
+    of S ranks (T apart), S x T consecutive ranks holding one copy of the model."""
+    out = CliRunner().invoke(cli, ["submit", "--help"], terminal_width=400)
+    assert "A shard group is then S x T ranks" not in out.output
+    assert "a shard group is S of them, T apart" in " ".join(out.output.split())
