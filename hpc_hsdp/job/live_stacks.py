@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -81,15 +82,42 @@ def node_argv(
     return argv
 
 
+LINE_CHUNK = 512
+"""Characters of a node's answer per output line: srun forwards the tasks' output in pieces and
+interleaves the nodes' pieces, splitting a longer line (a node's whole answer, tens of KiB)."""
+
+
+def answer_lines(answer: dict) -> list[str]:
+    """A node's answer as lines ``MARKER ID I N CHUNK`` of at most :data:`LINE_CHUNK` characters of
+    its JSON each, which :func:`parse_node_output` puts back together whatever their order."""
+    text = json.dumps(answer)
+    token = secrets.token_hex(8)
+    chunks = [text[at : at + LINE_CHUNK] for at in range(0, len(text), LINE_CHUNK)] or [""]
+    return [f"{MARKER}{token} {i} {len(chunks)} {chunk}" for i, chunk in enumerate(chunks)]
+
+
 def parse_node_output(text: str) -> list[dict]:
-    """The stacks of every node's line in the combined output of the nodes."""
-    stacks: list[dict] = []
+    """The stacks of every node's answer in the combined output of the nodes (:func:`answer_lines`);
+    an answer with a piece missing or torn is left out."""
+    pieces: dict[str, dict[int, str]] = {}
+    counts: dict[str, int] = {}
     for line in text.splitlines():
         at = line.find(MARKER)
         if at < 0:
             continue
+        parts = line[at + len(MARKER) :].split(" ", 3)
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+            continue
+        token, index, count, chunk = parts[0], int(parts[1]), int(parts[2]), parts[3]
+        if counts.setdefault(token, count) != count or index >= count:
+            continue
+        pieces.setdefault(token, {})[index] = chunk
+    stacks: list[dict] = []
+    for token, got in pieces.items():
+        if len(got) != counts[token]:
+            continue
         try:
-            answer = json.loads(line[at + len(MARKER) :])
+            answer = json.loads("".join(got[i] for i in range(counts[token])))
         except ValueError:
             continue
         if isinstance(answer, dict) and isinstance(answer.get("stacks"), list):
@@ -263,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     node = os.environ.get("SLURMD_NODENAME") if args.this_node_only else None
     stacks = node_stacks(targets, args.job, native=args.native, node=node, use_py_spy=not args.no_py_spy)
-    print(MARKER + json.dumps({"node": node, "stacks": stacks}), flush=True)
+    print("\n".join(answer_lines({"node": node, "stacks": stacks})), flush=True)
     return 0
 
 

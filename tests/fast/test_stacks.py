@@ -229,10 +229,25 @@ def test_hang_stacks_file_written_and_read_regrouped(tmp_path):
 
 
 def test_node_output_lines_among_other_output():
-    out = "srun: warning\n" + live_stacks.MARKER + json.dumps({"node": "n1", "stacks": [rank(0, WAIT)]}) + "\n"
-    out += "0: " + live_stacks.MARKER + json.dumps({"node": "n2", "stacks": [rank(8, SLEEP), {"rank": "x"}]}) + "\n"
+    first = live_stacks.answer_lines({"node": "n1", "stacks": [rank(0, WAIT)]})
+    second = live_stacks.answer_lines({"node": "n2", "stacks": [rank(8, SLEEP), {"rank": "x"}]})
+    out = "srun: warning\n" + "\n".join(first) + "\n" + "\n".join("0: " + line for line in second) + "\n"
     out += live_stacks.MARKER + "{broken\n"
     assert [s["rank"] for s in live_stacks.parse_node_output(out)] == [0, 8]
+
+
+def test_node_answers_longer_than_a_line_come_back_whole_when_srun_interleaves_their_pieces():
+    """On the dev cluster srun split two nodes' one-line answers (tens of KiB of faulthandler
+    frames) and interleaved the pieces: neither parsed, and `stacks --python-only` said no node
+    answered. Each answer now travels as numbered lines of its own."""
+    big = [rank(r, WAIT) for r in range(40)]
+    first = live_stacks.answer_lines({"node": "n1", "stacks": big[:20]})
+    second = live_stacks.answer_lines({"node": "n2", "stacks": big[20:]})
+    assert len(first) > 2 and all(len(line) < live_stacks.LINE_CHUNK + 64 for line in first)
+    mixed = [line for pair in zip(reversed(first), second) for line in pair]
+    mixed += first[: len(first) - len(second)] if len(first) > len(second) else second[len(first) :]
+    assert sorted(s["rank"] for s in live_stacks.parse_node_output("\n".join(mixed))) == list(range(40))
+    assert live_stacks.parse_node_output("\n".join(first[1:])) == []  # a piece missing: left out, not guessed
 
 
 def test_node_argv_and_targets_from_layout(tmp_path):
@@ -268,7 +283,7 @@ class Canned:
 
     def __call__(self, argv, **kwargs):
         self.calls.append((list(argv), kwargs))
-        return subprocess.CompletedProcess(argv, 0, live_stacks.MARKER + '{"stacks": []}\n', "")
+        return subprocess.CompletedProcess(argv, 0, "\n".join(live_stacks.answer_lines({"stacks": []})) + "\n", "")
 
 
 def record() -> JobRecord:
