@@ -28,6 +28,7 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import parse_json
 from hpc_hsdp.rundir.state import COMPLETE, MANIFEST, MAX_MANIFEST_BYTES, TRAIN_STATE, manifest_of, step_dir_name
+from hpc_hsdp.rundir.stragglers import rank_ranges
 
 SCHEMES: Mapping[str, str] = {"s3": "s3fs"}
 """URL scheme -> the module of its fsspec implementation (installed by ``hpc-hsdp[s3]``)."""
@@ -114,23 +115,12 @@ def own_files(names: Iterable[str], rank: int) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix) or (rank == 0 and n == ".metadata"))
 
 
-def _rank_ranges(ranks: list[int]) -> str:
-    parts, start = [], None
-    for index, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if index + 1 == len(ranks) or ranks[index + 1] != rank + 1:
-            parts.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
-    return ",".join(parts)
-
-
 def missing_uploads(manifest: Mapping, world_size: int, markers: Mapping[int, Mapping]) -> str | None:
     """Why a step may not be committed yet (None: it may): a rank whose marker is not there, a
     file of the manifest that no marker names, or one named with another size or CRC-32."""
     absent = [rank for rank in range(world_size) if rank not in markers]
     if absent:
-        return f"rank{'s' if len(absent) > 1 else ''} {_rank_ranges(absent)} of {world_size} still uploading"
+        return f"rank{'s' if len(absent) > 1 else ''} {rank_ranges(absent)} of {world_size} still uploading"
     uploaded: dict[str, Mapping] = {}
     for files in markers.values():
         uploaded.update(files)

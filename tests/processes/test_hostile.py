@@ -198,6 +198,19 @@ def _point_states(sweep: Path) -> dict[str, dict]:
     return {p.parent.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/logs/*_local.json")}
 
 
+def _ended_points(sweep: Path, count: int, limit_s: float = 240) -> dict[str, dict]:
+    """The states of a sweep's points once all ``count`` have ended (or at the limit)."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        states = _point_states(sweep)
+        if len(states) == count and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
+            return states
+        time.sleep(1)
+    return _point_states(sweep)
+
+
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_unrun(tmp_path, local_submit):
@@ -205,7 +218,6 @@ def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_
     point's directory replaced that file and it ran as the submitting user (COMPLETED). Now the
     array's script carries the SHA-256 submit wrote: the swapped point FAILS, its script unrun."""
     import os
-    import time
 
     sweep = tmp_path / "sweep"
     argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
@@ -216,13 +228,7 @@ def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_
     planted = pending / ".planted"
     planted.write_text(f"#!/bin/bash\ntouch {marker}\n")
     os.replace(planted, pending / "point.sbatch")  # what another user with write access to the directory can do
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        states = _point_states(sweep)
-        if len(states) == 2 and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
-            break
-        time.sleep(1)
-    states = _point_states(sweep)
+    states = _ended_points(sweep, 2)
     assert states["seed=0"]["state"] == "COMPLETED", states
     assert states["seed=1"]["state"] == "FAILED" and states["seed=1"]["exit_code"] == 2, states
     assert not marker.exists()
@@ -248,7 +254,6 @@ def test_a_forged_state_file_of_a_pending_sweep_point_reaches_neither_its_enviro
     (a script bash runs first) for a job running as the submitting user. Now what starts a job is
     the emulator's private copy; the state file is read for the state alone."""
     import os
-    import time
 
     sweep = tmp_path / "sweep"
     argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
@@ -264,13 +269,7 @@ def test_a_forged_state_file_of_a_pending_sweep_point_reaches_neither_its_enviro
     planted = state_file.with_name(".planted")
     planted.write_text(json.dumps(forged))
     os.replace(planted, state_file)  # what another user with write access to the directory can do
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        states = _point_states(sweep)
-        if len(states) == 2 and all(s["state"] in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
-            break
-        time.sleep(1)
-    states = _point_states(sweep)
+    states = _ended_points(sweep, 2)
     assert states["seed=1"]["state"] == "COMPLETED", states
     assert not marker.exists()
 
