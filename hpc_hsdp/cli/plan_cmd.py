@@ -239,7 +239,7 @@ def plan(
             blocks=blocks,
         )
         chosen = None
-        if rec.chosen is not None and as_json:
+        if rec.chosen is not None and rec.chosen.chosen is not None and as_json:
             chosen = _build_plan(
                 nodes, gpus_per_node, rec.chosen.chosen.shard_size, nodelist, tasks_per_node_text, rec.chosen_tp
             )

@@ -563,7 +563,7 @@ class Candidate:
 
     def to_dict(self) -> dict:
         e = self.estimate
-        data = {
+        data: dict[str, object] = {
             "shard_size": self.shard_size,
             "memory_per_gpu_bytes": e.needed_bytes,
             "fits": self.fits,
@@ -747,7 +747,7 @@ class TpRecommendation:
         chosen = self.chosen
         return {
             "recommended_tp_size": self.chosen_tp,
-            "recommended_shard_size": chosen.chosen.shard_size if chosen else None,
+            "recommended_shard_size": chosen.chosen.shard_size if chosen and chosen.chosen else None,
             "reasons": list(self.reasons),
             "by_tp": [{"tp_size": t, **rec.to_dict()} for t, rec in self.by_tp],
         }

@@ -16,6 +16,7 @@ links) marks its node (or link) bad.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.records import record
@@ -80,7 +81,7 @@ class Finding:
         )
 
 
-def _low(values: dict[str, float], threshold: float, kind: str, figure: str) -> list[Finding]:
+def _low(values: Mapping[str, object], threshold: float, kind: str, figure: str) -> list[Finding]:
     """Those below ``threshold`` x the median of the others (their peers, not themselves: with two
     nodes the median of both would halve what the slow one is measured against)."""
     from statistics import median  # noqa: PLC0415 - statistics loads fractions and decimal: not at render's start

@@ -154,7 +154,9 @@ def fp8_local_refusal(gpus: Sequence[tuple[str, tuple[int, int] | None]] | None)
     verdicts = [(name, capability or gpu_capability(name)) for name, capability in gpus]
     if any(can_train_fp8(capability) is not False for _, capability in verdicts):
         return None
-    shown = ", ".join(sorted({f"{name} ({capability_text(capability)})" for name, capability in verdicts}))
+    shown = ", ".join(
+        sorted({f"{name} ({capability_text(capability)})" for name, capability in verdicts if capability is not None})
+    )
     return (
         f"{NEEDS}; this machine's GPUs, where the local emulator's tasks run, are {shown}: use --precision bf16"
         f"{NOTHING_SUBMITTED}"
@@ -204,7 +206,9 @@ def fp8_slurm_refusal(nodes: Sequence[NodeGpus], *, where: str, gpus_per_node: i
         )
     if any(can_train_fp8(capability) is not False for _, capability in found):
         return None
-    shown = ", ".join(sorted({f"{name} ({capability_text(capability)})" for name, capability in found}))
+    shown = ", ".join(
+        sorted({f"{name} ({capability_text(capability)})" for name, capability in found if capability is not None})
+    )
     gpuless = " and nodes without GPUs" if any(not node.capabilities for node in nodes) else ""
     return (
         f"{NEEDS}; {where} has only {shown}{gpuless}: use --precision bf16, or a partition (--partition) or "

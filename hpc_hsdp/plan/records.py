@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import MISSING, FrozenInstanceError, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
@@ -46,7 +46,7 @@ class _Layout:
                 raise TypeError(f"record {cls.__qualname__}: field {f.name} has init=False, which records do not take")
 
 
-def _init(self, *args, **values) -> None:
+def _init(self: Any, *args, **values) -> None:
     cls = type(self)
     layout: _Layout = cls.__record_layout__
     if args:
@@ -77,27 +77,27 @@ def _init(self, *args, **values) -> None:
         self.__post_init__()
 
 
-def _repr(self) -> str:
+def _repr(self: Any) -> str:
     shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in type(self).__record_layout__.shown)
     return f"{type(self).__qualname__}({shown})"
 
 
-def _eq(self, other: object) -> bool:
+def _eq(self: Any, other: object) -> bool:
+    names = type(self).__record_layout__.compared
     if other.__class__ is not self.__class__:
         return NotImplemented
-    names = type(self).__record_layout__.compared
     return tuple(getattr(self, name) for name in names) == tuple(getattr(other, name) for name in names)
 
 
-def _hash(self) -> int:
+def _hash(self: Any) -> int:
     return hash(tuple(getattr(self, name) for name in type(self).__record_layout__.hashed))
 
 
-def _setattr(self, name: str, value: object) -> None:
+def _setattr(self: Any, name: str, value: object) -> None:
     raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
 
-def _delattr(self, name: str) -> None:
+def _delattr(self: Any, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
@@ -115,11 +115,15 @@ def record(cls: type | None = None, /, *, kw_only: bool = True):
     if cls.__doc__ is None:  # dataclasses would write one from inspect.signature: ~2 ms on first use
         cls.__doc__ = cls.__name__
     cls = dataclasses.dataclass(init=False, repr=False, eq=False, kw_only=kw_only)(cls)
-    cls.__record_layout__ = _Layout(cls, kw_only=kw_only)
-    cls.__init__ = _init
-    cls.__repr__ = _repr
-    cls.__eq__ = _eq
-    cls.__hash__ = _hash
-    cls.__setattr__ = _setattr
-    cls.__delattr__ = _delattr
+    shared: dict[str, object] = {
+        "__record_layout__": _Layout(cls, kw_only=kw_only),
+        "__init__": _init,
+        "__repr__": _repr,
+        "__eq__": _eq,
+        "__hash__": _hash,
+        "__setattr__": _setattr,
+        "__delattr__": _delattr,
+    }
+    for name, value in shared.items():
+        setattr(cls, name, value)
     return cls

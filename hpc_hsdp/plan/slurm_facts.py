@@ -92,7 +92,9 @@ def check_time(value: str) -> str:
 
 def time_limit_seconds(value: str) -> int:
     """Seconds in a SLURM time limit (``check_time`` forms): ``2`` is 2 minutes, ``1-12`` 36 hours."""
-    days, d_hours, d_minutes, d_seconds, first, second, third = re.match(_TIME, check_time(value)).groups()
+    match = re.match(_TIME, check_time(value))
+    assert match is not None  # check_time accepted it
+    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
     if days is not None:
         return ((int(days) * 24 + int(d_hours)) * 60 + int(d_minutes or 0)) * 60 + int(d_seconds or 0)
     if third is not None:
@@ -103,6 +105,7 @@ def time_limit_seconds(value: str) -> int:
 def signal_lead_seconds(value: str) -> int:
     """Seconds before the time limit that ``--signal`` sends its signal (``USR2@120`` -> 120)."""
     match = re.match(_SIGNAL, check_signal(value))
+    assert match is not None  # check_signal accepted it
     return int(match.group(3)) if match.group(3) is not None else SLURM_DEFAULT_SIGNAL_LEAD_S
 
 
@@ -113,7 +116,7 @@ def check_signal(value: str) -> str:
     name = match.group(2).upper() if match else ""
     name = name[3:] if name.startswith("SIG") else name
     ok = match is not None and (name in _SIGNAL_NAMES or (name.isdigit() and 1 <= int(name) <= 64))
-    if not ok:
+    if match is None or not ok:
         raise SpecError(
             f"--signal {value!r} is not SIG@SECONDS; write e.g. {DEFAULT_SIGNAL} or B:TERM@60 "
             f"(signals: {', '.join(sorted(_SIGNAL_NAMES))}), or 'none' for no signal"

@@ -468,7 +468,7 @@ class TopologyPlan:
         return max(fits)
 
     def to_dict(self) -> dict:
-        data = {
+        data: dict[str, object] = {
             "nodes": self.nodes,
             "gpus_per_node": self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None,
             "tasks_per_node": list(self.tasks_per_node),
@@ -790,10 +790,11 @@ class RankLayout:
         from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches  # noqa: PLC0415  (tasks only)
 
         places = parse_node_switches(env.get(NODE_SWITCHES_ENV, "")) if topology != "off" else {}
-        placement = {"shard_size": shard_size, "tp_size": tp_size, "places": places, "topology": topology}
         if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
-            return cls._from_torchrun_env(env, **placement)
-        return cls._from_slurm_env(env, nproc_per_node=nproc_per_node, **placement)
+            return cls._from_torchrun_env(env, shard_size=shard_size, tp_size=tp_size, places=places, topology=topology)
+        return cls._from_slurm_env(
+            env, nproc_per_node=nproc_per_node, shard_size=shard_size, tp_size=tp_size, places=places, topology=topology
+        )
 
     @classmethod
     def for_task(

@@ -470,7 +470,7 @@ def recommend_tp_text(rec: TpRecommendation, plan: TopologyPlan, activations: Ac
     if activations is not None:
         out.append(f"activations per micro-batch{_shape_note(activations)}")
     chosen = rec.chosen
-    if chosen is not None:
+    if chosen is not None and chosen.chosen is not None:
         keep = " --reshard-after-forward never" if chosen.reshard_after_forward is False else ""
         out.append(f"recommended: --tp {rec.chosen_tp} --shard {chosen.chosen.shard_size}{keep}")
     else:
