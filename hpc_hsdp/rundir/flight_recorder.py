@@ -189,7 +189,7 @@ def _entries(dump: dict) -> list[dict]:
 
 
 def _comparable(entry: dict) -> bool:
-    seq, created = entry.get("collective_seq_id", -1), entry.get("time_created_ns", 0)
+    seq, created = entry.get("collective_seq_id"), entry.get("time_created_ns", 0)
     return (
         isinstance(seq, int)
         and not isinstance(seq, bool)
@@ -199,6 +199,10 @@ def _comparable(entry: dict) -> bool:
         and math.isfinite(created)
         and abs(created) < 1 << 62
     )
+
+
+def _sequence_number(entry: dict | None) -> int | None:
+    return None if entry is None else int(entry["collective_seq_id"])
 
 
 def _group_of(entry: dict) -> str | None:
@@ -231,17 +235,17 @@ def find_hang(dumps: dict[int, dict]) -> HungCollective | None:
             if rank not in key[1]:
                 continue
             held = newest[key].get(rank)
-            if held is None or entry.get("collective_seq_id", -1) > held.get("collective_seq_id", -1):
+            if held is None or entry["collective_seq_id"] > held["collective_seq_id"]:
                 newest[key][rank] = entry
     candidates = []
     for key, desc in groups.items():
         name, members = key
         seen = newest[key]
-        seqs = [e.get("collective_seq_id") for e in seen.values() if e is not None]
+        seqs = [e["collective_seq_id"] for e in seen.values() if e is not None]
         if not seqs:
             continue
         top = max(seqs)
-        at_top = {r: e for r, e in seen.items() if e is not None and e.get("collective_seq_id") == top}
+        at_top = {r: e for r, e in seen.items() if e is not None and e["collective_seq_id"] == top}
         waiting = sorted(r for r, e in at_top.items() if e.get("state") != "completed")
         missing = sorted(r for r in seen if r not in at_top)
         if not waiting and not missing:
@@ -256,7 +260,7 @@ def find_hang(dumps: dict[int, dict]) -> HungCollective | None:
             members=list(members),
             waiting=waiting,
             missing=missing,
-            last_entered={r: (None if seen[r] is None else int(seen[r].get("collective_seq_id", 0))) for r in missing},
+            last_entered={r: _sequence_number(seen[r]) for r in missing},
             no_dump=sorted(r for r in members if r not in dumps),
         )
         # ranks waiting while others never came (or left no dump): the hang; of several, the wait that began first

@@ -65,6 +65,15 @@ def test_nothing_hung_when_every_last_collective_completed(tmp_path):
     assert hang_words(tmp_path) is None  # no dumps at all
 
 
+def test_entries_without_a_sequence_number_are_no_answer_never_a_traceback():
+    dumps = _dumps()
+    for entry in dumps[2]["entries"]:  # a dump of another format: every collective of rank 2 unnumbered
+        del entry["collective_seq_id"]
+    found = find_hang(dumps)
+    assert (found.axis, found.seq, found.waiting, found.missing) == ("replicate", 7, [0], [2])
+    assert found.last_entered == {2: None}
+
+
 def test_a_torn_or_hostile_dump_is_refused_without_running_it(tmp_path):
     class Evil:
         def __reduce__(self):
