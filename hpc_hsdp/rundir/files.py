@@ -37,7 +37,10 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(parse_json(line, finite=False))
+            record = parse_json(line, finite=False)
         except UnreadableFile:
             break  # a line torn by a crash ends the valid part
+        if not isinstance(record, dict):
+            break  # JSON, but no record (a number, a list): garbage as well
+        records.append(record)
     return records

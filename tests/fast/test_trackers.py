@@ -143,3 +143,13 @@ def test_a_tracker_added_on_a_resubmission_gets_the_history_so_far(tmp_path, mon
         (r["step"], r["loss"], int(r["wall_time"] * 1000)) for r in rows
     ]
     assert "hpc_hsdp.redone_steps" not in client.get_run(entry["run_id"]).data.tags
+
+
+def test_the_history_a_tracker_catches_up_on_ends_at_a_line_that_is_no_record(tmp_path):
+    from hpc_hsdp.rundir.files import read_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n5\n{"step": 2}\n')  # a number was row.get's AttributeError in the tracker thread
+    assert read_jsonl(path) == [{"step": 1}]
+    path.write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')  # torn
+    assert read_jsonl(path) == [{"step": 1}]
