@@ -10,6 +10,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import TypeGuard
 
 
 class UnsafeTarget(OSError):
@@ -286,7 +287,7 @@ def parse_json(data: bytes | str, *, where: str = "the file", finite: bool = Tru
         raise UnreadableFile(f"{where} is not JSON written by hpc-hsdp ({reason})") from None
 
 
-def is_time(value: object) -> bool:
+def is_time(value: object) -> TypeGuard[int | float]:
     """A time read from a file may be printed, subtracted and formatted: a number of seconds
     since the epoch between 1970 and about the year 5000 (not a bool, not 10**400)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11

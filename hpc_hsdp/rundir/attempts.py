@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TypeGuard
 
 from hpc_hsdp.files import is_time, read_json, read_json_lines, write_atomically
 from hpc_hsdp.rundir.files import append_jsonl
@@ -91,7 +92,7 @@ def _count(value: object) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62)
 
 
-def _is_attempt(data: object) -> bool:
+def _is_attempt(data: object) -> TypeGuard[dict]:
     if not isinstance(data, dict):
         return False
     if not all(_count(data.get(key)) for key in ("restart", "start_step", "total_steps")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeGuard
 
 from hpc_hsdp.files import UnreadableFile, read_json, read_json_lines
 from hpc_hsdp.plan.fabric import Finding, Verdict, table
@@ -15,7 +16,7 @@ CHECK_HISTORY = "checks.jsonl"
 MAX_RECORD_BYTES = 4 << 20
 
 
-_FIELD_TYPES = {
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "time": (int, float),
     "seconds": (int, float),
     "threshold": (int, float),
@@ -30,7 +31,7 @@ _FIELD_TYPES = {
 """What each field of ``check.json`` is when the check wrote it (a field may be absent)."""
 
 
-def _well_formed(record: object) -> bool:
+def _well_formed(record: object) -> TypeGuard[dict]:
     """``record`` holds the check's fields of the check's types (``"bad_nodes": 5`` was a traceback
     in the batch step of ``submit --check``), its node and link names text."""
     if not isinstance(record, dict):

@@ -258,7 +258,7 @@ class CheckpointStore:
             )
         import fsspec  # noqa: PLC0415 - only runs with a store import it
 
-        config = {"connect_timeout": 5, "read_timeout": 20 if quick else 120}
+        config: dict[str, object] = {"connect_timeout": 5, "read_timeout": 20 if quick else 120}
         config["retries"] = {"max_attempts": 1 if quick else 3, "mode": "standard"}
         fs = fsspec.filesystem(url.scheme, skip_instance_cache=True, use_listings_cache=False, config_kwargs=config)
         if quick and hasattr(fs, "retries"):

@@ -228,10 +228,10 @@ def find_hang(dumps: dict[int, dict]) -> HungCollective | None:
                 groups.setdefault((name, members), desc)
                 newest.setdefault((name, members), {})[rank] = None
         for entry in _entries(dump):
-            name = _group_of(entry)
-            if name not in mine:
+            group = _group_of(entry)
+            if group is None or group not in mine:
                 continue
-            key = (name, mine[name][1])
+            key = (group, mine[group][1])
             if rank not in key[1]:
                 continue
             held = newest[key].get(rank)

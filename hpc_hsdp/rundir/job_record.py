@@ -187,7 +187,7 @@ def same_dir(a: str | Path, b: str | Path) -> bool:
 
 
 _MAX_RECORD_BYTES = 64 * 1024
-_FIELD_TYPES = {
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "job_id": str,
     "cluster": str,
     "run_dir": str,

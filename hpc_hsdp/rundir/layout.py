@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hpc_hsdp.files import read_json
 from hpc_hsdp.rundir.files import atomic_write_text
@@ -47,7 +48,8 @@ def write_layout(run_dir: str | Path, record: dict) -> Path:
 def rank_entries(run_dir: str | Path) -> list[dict] | None:
     """The per-rank entries, in rank order."""
     try:
-        ranks = read_json(layout_path(run_dir), max_bytes=MAX_LAYOUT_BYTES)["ranks"]
+        layout: Any = read_json(layout_path(run_dir), max_bytes=MAX_LAYOUT_BYTES)  # of another shape: caught below
+        ranks = layout["ranks"]
         if not isinstance(ranks, list) or not all(_is_entry(r) for r in ranks):
             return None
         return sorted(ranks, key=lambda r: r["rank"])

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from hpc_hsdp.files import open_regular, parse_json
 from hpc_hsdp.rundir.files import append_jsonl
@@ -29,9 +29,9 @@ try:
     from orjson import loads as _fast_loads
 except ImportError:  # the report extra is not installed: the standard library's parser
 
-    def _fast_loads(line):
+    def _fast_loads(line: bytes | bytearray | memoryview | str, /) -> Any:
         try:
-            return json.loads(line)
+            return json.loads(bytes(line) if isinstance(line, memoryview) else line)
         except RecursionError:  # as orjson refuses nesting past its limit
             raise ValueError("nested too deeply") from None
 
@@ -371,10 +371,11 @@ def _scan(path: Path, new_sink: Callable[[], S]) -> tuple[S, list[str]]:
 def _add_newest(path: Path, sink: MetricsSink, starts: list[tuple[int, int]]) -> None:
     """The second reading of a file whose steps go back at ``starts``: a record is kept when no
     later attempt starts at or before its step."""
-    limits = []  # per attempt (from the line where it starts): the lowest first step of the later ones
-    lowest = None
-    for line, step in reversed(starts):
-        limits.append((line, lowest))
+    # per attempt (from the line where it starts): the lowest first step of the later ones
+    limits: list[tuple[int, int | None]] = []
+    lowest: int | None = None
+    for first_line, step in reversed(starts):
+        limits.append((first_line, lowest))
         lowest = step if lowest is None else min(lowest, step)
     limits.append((1, lowest))
     limits.reverse()  # [(first line of attempt k, the limit of its steps)], in file order

@@ -70,9 +70,9 @@ def record_scalars(record: dict) -> dict[str, float]:
         for axis, section in comm.items():
             if isinstance(section, dict):
                 wire = [s.get("wire_bytes") for s in section.values() if isinstance(s, dict)]
-                wire = [w for w in wire if _number(w) is not None]
-                if wire:
-                    out[f"comm/{axis}_wire_bytes"] = sum(map(float, wire))
+                known = [n for n in map(_number, wire) if n is not None]
+                if known:
+                    out[f"comm/{axis}_wire_bytes"] = sum(known)
     stragglers = record.get("stragglers")
     if isinstance(stragglers, dict):
         _copy_numbers(stragglers, STRAGGLERS, out)

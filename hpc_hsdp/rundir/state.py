@@ -154,7 +154,7 @@ def _train_state_problem(path: Path) -> str | None:
     except UnreadableFile as exc:
         return f"{TRAIN_STATE}: {str(exc).removeprefix(str(path / TRAIN_STATE) + ' ')}"
     step = data.get("step") if isinstance(data, dict) else None
-    if isinstance(step, bool) or not isinstance(step, int):
+    if not isinstance(data, dict) or isinstance(step, bool) or not isinstance(step, int):
         return f"{TRAIN_STATE} has no integer step"
     match = _STEP_DIR.match(path.name)
     if match and int(match.group(1)) != step:

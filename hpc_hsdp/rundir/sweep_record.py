@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import read_json, write_atomically
@@ -95,7 +96,7 @@ class SweepRecord:
         """The record in ``sweep_dir``; SpecError (one line) when there is none or it is not one of ours."""
         path = sweep_record_path(sweep_dir)
         try:
-            data = read_json(path, max_bytes=_MAX_BYTES)
+            data: Any = read_json(path, max_bytes=_MAX_BYTES)  # of another shape: the TypeError or KeyError below
         except FileNotFoundError:
             raise SpecError(f"{sweep_dir} holds no {SWEEP_RECORD}; give the directory submit --sweep printed") from None
         except (OSError, ValueError) as exc:
