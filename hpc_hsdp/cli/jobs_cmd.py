@@ -3,7 +3,6 @@ and :func:`follow`, the live line of ``submit --wait``."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -15,32 +14,17 @@ import click
 from hpc_hsdp.errors import HsdpError, SchedulerError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
 from hpc_hsdp.job.handle import JobHandle, job_statuses
-from hpc_hsdp.job.status_sections import failure_of, run_facts, step_text
+from hpc_hsdp.job.status_sections import JobView, failure_of, run_facts, status_fields, status_lines, step_text
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
-from hpc_hsdp.rundir.check_record import CHECK_ROWS_SHOWN, check_summary, check_table, read_check, read_decisions
-from hpc_hsdp.rundir.evals import EVALS_SHOWN, evals_summary, read_evals
+from hpc_hsdp.rundir.flight_recorder import hang_words
 from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
-from hpc_hsdp.rundir.metrics import compile_words, latest_compile, latest_eval
-from hpc_hsdp.rundir.provenance_record import (
-    code_words,
-    commit_id,
-    differences,
-    read_provenance,
-    read_task_provenance,
-    task_words,
-)
+from hpc_hsdp.rundir.metrics import latest_eval
+from hpc_hsdp.rundir.provenance_record import commit_id, differences, read_provenance
 from hpc_hsdp.rundir.runs import find_run_dirs
-from hpc_hsdp.rundir.stacks import read_hang_stacks, stack_lines
-from hpc_hsdp.rundir.staging_record import staging_status_lines
 from hpc_hsdp.rundir.state import complete_checkpoints
-from hpc_hsdp.rundir.store_record import read_store_record, store_lines
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
-
-HANG_FRAMES_SHOWN = 4
-"""Frames of each group's stack that ``status`` shows of the watchdog's (``hang/stacks.json`` has them all)."""
-MEMBERSHIP_SHOWN = 8
-"""The newest membership changes of a fault-tolerant run that ``status`` shows."""
+from hpc_hsdp.rundir.tracker_runs import trackers_off
 
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
@@ -84,7 +68,7 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
         if status.restarts:
             line += f" (restarts {status.restarts})"
         facts = run_facts(handle, status, total_steps=total_steps)
-        for off in set(facts["trackers_off"]) - said_off:  # once each, on a line of its own
+        for off in set(trackers_off(handle.record.run_dir)) - said_off:  # once each, on a line of its own
             _say(("\n" if tty and last_shown else "") + f"hpc-hsdp: {terminal_safe(off)}", err=True)
             said_off.add(off)
         metrics = facts["last"]
@@ -117,8 +101,9 @@ def follow(handle, *, total_steps: int | None = None, poll_s: float = 1.0) -> in
     failure = failure_of(handle, status)
     if failure:
         _say(failure, err=True)
-    if facts["hang"]:
-        _say(f"hang: {facts['hang']}", err=True)
+    hang = hang_words(handle.record.run_dir)
+    if hang:
+        _say(f"hang: {hang}", err=True)
     return 1
 
 
@@ -131,106 +116,12 @@ def status(job, as_json) -> None:
     if is_sweep_dir(job):
         _sweep_status(job, as_json)
         return
-    handle = JobHandle.find(job)
-    st = handle.status()
-    facts = run_facts(handle, st)
-    metrics = facts["last"]
-    progress = facts["progress"]
-    provenance = read_provenance(handle.record.run_dir)
-    evals = read_evals(handle.record.run_dir)
-    data = {
-        "job_id": handle.job_id,
-        "cluster": handle.record.cluster,
-        "state": st.state,
-        "exit_code": st.exit_code,
-        "restarts": st.restarts,
-        "reason": st.reason,
-        "run_dir": handle.record.run_dir,
-        "last_step": metrics,
-        "total_steps": facts["total_steps"],
-        "progress": progress.to_dict(),
-        "stragglers": facts["stragglers"],
-        "restart_causes": facts["restarts"],
-        "membership": facts["membership"],
-        "hang": facts["hang"],
-        "trackers_off": facts["trackers_off"],
-        "compile": latest_compile(handle.record.run_dir),
-        "failure": failure_of(handle, st),
-        "code": code_words(provenance),
-        "commit": commit_id(provenance),
-        "versions": read_task_provenance(handle.record.run_dir),
-        "evals": [dataclasses.asdict(entry) for entry in evals],
-        "staging": staging_status_lines(handle.record.run_dir),
-        "hang_stacks": read_hang_stacks(handle.record.run_dir),
-        "checkpoint_store": read_store_record(handle.record.run_dir),
-        **st.to_dict(),
-    }
+    view = JobView.of(JobHandle.find(job))
     if as_json:
-        click.echo(json.dumps(data))
+        click.echo(json.dumps(status_fields(view)))
         return
-    _say(
-        f"job {handle.job_id} ({handle.record.cluster}): {st.state}"
-        + ("" if st.current else " (not current: see below)")
-        + (f", exit {st.exit_code}" if st.exit_code else "")
-        + (f", reason {st.reason}" if st.reason else "")
-        + f", restarts {st.restarts}"
-    )
-    if st.note:
-        _say(f"scheduler: {st.note}")
-    step = step_text(
-        metrics,
-        facts["total_steps"],
-        None if metrics is None or "eval_loss" in metrics else latest_eval(handle.record.run_dir),
-    )
-    if step:
-        _say(f"last {step}")
-    if data["compile"]:
-        _say(f"compile: {compile_words(data['compile'])} (apart from the step times)")
-    timing = progress.words() if not st.finished else ""
-    if timing:
-        _say(f"time: {timing}")
-    elif not st.finished and not handle.backend.has_time_limits:
-        _say(f"time: no time limit ({handle.backend.title})")
-    if facts["stragglers"]:
-        _say(f"slow: {facts['stragglers']} (step {facts['straggler_step']})")
-    if facts["restarts"]:
-        _say(f"restarts: {'; '.join(facts['restarts'])}")
-    if facts["membership"]:
-        last = metrics.get("replicas") if metrics else None
-        _say("replica groups" + (f" ({last}/{metrics.get('replica_groups')} now)" if last is not None else "") + ":")
-        for line in facts["membership"][-MEMBERSHIP_SHOWN:]:
-            _say(f"  {line}")
-    for line in data["staging"]:
-        _say(terminal_safe(line))
-    for line in store_lines(data["checkpoint_store"]):
-        _say(terminal_safe(line))
-    check = read_check(handle.record.run_dir)
-    if check is not None:
-        decisions = read_decisions(handle.record.run_dir)
-        _say(terminal_safe(f"check: {check_summary(check, decisions[-1] if decisions else None)}"))
-        for line in check_table(check, every_row=len(check.get("nodes") or ()) <= CHECK_ROWS_SHOWN):
-            _say(terminal_safe(f"  {line}"))
-    if evals:
-        _say(evals_summary(evals) + (f" (the last {EVALS_SHOWN}:)" if len(evals) > EVALS_SHOWN else ""))
-        for entry in evals[-EVALS_SHOWN:]:
-            _say(terminal_safe(f"  {entry.words()}"))
-    if facts["hang"]:
-        _say(f"last hang: {facts['hang']}")
-    hang_stacks = data["hang_stacks"]
-    if hang_stacks and hang_stacks["groups"]:
-        _say(f"stacks the watchdog took after step {hang_stacks['step']} (hpc-hsdp stacks: the ranks' stacks now):")
-        for line in stack_lines(hang_stacks["groups"], hang_stacks["world_size"], frames_shown=HANG_FRAMES_SHOWN):
-            _say(terminal_safe(f"  {line}"))
-    for off in facts["trackers_off"]:
-        _say(terminal_safe(off))
-    if data["failure"]:
-        _say(f"failure: {data['failure']}")
-    if data["code"]:
-        _say(f"code: {data['code']}")
-    versions = task_words(data["versions"])
-    if versions:
-        _say(f"ran with: {versions}")
-    _say(f"run directory: {handle.record.run_dir}")
+    for line in status_lines(view):
+        _say(line)
 
 
 def _sweep_status(sweep_dir: str, as_json: bool) -> None:

@@ -36,6 +36,7 @@ from typing import TypeGuard
 from hpc_hsdp.files import is_time, read_json, read_json_lines, write_atomically
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.metrics import last_step_written
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 ATTEMPT = "attempt.json"
 RESTARTS = "restarts.jsonl"
@@ -207,3 +208,19 @@ def end_attempt(
     }
     write_atomically(run_dir / ATTEMPT, json.dumps(attempt, indent=1))
     return True
+
+
+def restart_causes(run_dir: str | Path) -> list[str]:
+    """Each restart in words: ``step 40: preempted``."""
+    return [
+        f"step {r.get('resumed_from_step')}: {SHORT.get(r.get('reason'), r.get('reason'))}"
+        for r in read_restarts(run_dir)
+    ]
+
+
+RESTARTS_SECTION: StatusSection[RunView, list[str]] = StatusSection(
+    name="restarts",
+    read=lambda view: restart_causes(view.run_dir),
+    lines=lambda causes: [f"restarts: {'; '.join(causes)}"] if causes else [],
+    fields=lambda causes: {"restart_causes": causes},
+)

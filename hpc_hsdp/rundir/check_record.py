@@ -10,6 +10,8 @@ from typing import TypeGuard
 
 from hpc_hsdp.files import UnreadableFile, read_json, read_json_lines
 from hpc_hsdp.plan.fabric import Finding, Verdict, table
+from hpc_hsdp.plan.units import terminal_safe
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 CHECK_RECORD = "check.json"
 CHECK_HISTORY = "checks.jsonl"
@@ -143,3 +145,27 @@ def check_summary(record: dict, decision: dict | None = None) -> str:
     else:
         did = "trained on " + ", ".join(_names(decision.get("nodes")))
     return f"{did}; {found}"
+
+
+def _check_and_decision(view: RunView) -> tuple[dict, dict | None] | None:
+    """The check's record and the batch shell's newest decision on it (None: no check ran)."""
+    check = read_check(view.run_dir)
+    if check is None:
+        return None
+    decisions = read_decisions(view.run_dir)
+    return check, decisions[-1] if decisions else None
+
+
+def _check_status_lines(found: tuple[dict, dict | None] | None) -> list[str]:
+    if found is None:
+        return []
+    check, decision = found
+    table_lines = check_table(check, every_row=len(check.get("nodes") or ()) <= CHECK_ROWS_SHOWN)
+    return [terminal_safe(f"check: {check_summary(check, decision)}")] + [
+        terminal_safe(f"  {line}") for line in table_lines
+    ]
+
+
+CHECK_SECTION: StatusSection[RunView, tuple[dict, dict | None] | None] = StatusSection(
+    name="check", read=_check_and_decision, lines=_check_status_lines
+)

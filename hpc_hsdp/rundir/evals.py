@@ -23,11 +23,13 @@ import os
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import UnreadableFile, open_for_writing, parse_json, read_json, write_atomically
+from hpc_hsdp.plan.units import terminal_safe
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 EVALS_DIR = "evals"
 EVALS_LOG = "evals.jsonl"
@@ -249,3 +251,18 @@ def evals_summary(entries) -> str:
     return f"{len(entries)} eval job{'s' if len(entries) != 1 else ''}: " + ", ".join(
         f"{n} {state}" for state, n in counts.items()
     )
+
+
+def _evals_lines(entries: list[EvalEntry]) -> list[str]:
+    if not entries:
+        return []
+    more = f" (the last {EVALS_SHOWN}:)" if len(entries) > EVALS_SHOWN else ""
+    return [evals_summary(entries) + more] + [terminal_safe(f"  {entry.words()}") for entry in entries[-EVALS_SHOWN:]]
+
+
+EVALS_SECTION: StatusSection[RunView, list[EvalEntry]] = StatusSection(
+    name="evals",
+    read=lambda view: read_evals(view.run_dir),
+    lines=_evals_lines,
+    fields=lambda entries: {"evals": [asdict(entry) for entry in entries]},
+)

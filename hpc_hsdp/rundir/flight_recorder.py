@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_hsdp.files import read_capped
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 HANG_DIR = "hang"
 MAX_DUMP_BYTES = 256 << 20
@@ -282,3 +283,11 @@ def hang_words(run_dir: str | Path) -> str | None:
             f" ({'; '.join(notes)})" if notes else ""
         )
     return found.words()
+
+
+HANG_SECTION: StatusSection[RunView, str | None] = StatusSection(
+    name="hang",
+    read=lambda view: hang_words(view.run_dir),
+    lines=lambda hang: [f"last hang: {hang}"] if hang else [],
+    fields=lambda hang: {"hang": hang},
+)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import is_time, read_json_lines
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 MEMBERSHIP_LOG = "replicas.jsonl"
 _MAX_MEMBERSHIP_BYTES = 16 << 20
@@ -59,3 +60,24 @@ def membership_changes(records: list[dict]) -> list[str]:
             f"({record.get('cause')})"
         )
     return lines
+
+
+MEMBERSHIP_SHOWN = 8
+"""The newest membership changes of a fault-tolerant run that ``status`` shows."""
+
+
+def _membership_lines(found: tuple[list[str], dict | None]) -> list[str]:
+    changes, metrics = found
+    if not changes:
+        return []
+    last = metrics.get("replicas") if metrics else None
+    now = f" ({last}/{metrics.get('replica_groups')} now)" if metrics and last is not None else ""
+    return [f"replica groups{now}:"] + [f"  {line}" for line in changes[-MEMBERSHIP_SHOWN:]]
+
+
+MEMBERSHIP_SECTION: StatusSection[RunView, tuple[list[str], dict | None]] = StatusSection(
+    name="membership",
+    read=lambda view: (membership_changes(read_membership(view.run_dir)), view.last_metrics),
+    lines=_membership_lines,
+    fields=lambda found: {"membership": found[0]},
+)

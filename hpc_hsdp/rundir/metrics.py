@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from hpc_hsdp.files import open_regular, parse_json
 from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 try:
     from orjson import loads as _fast_loads
@@ -425,3 +426,11 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[str]]:
     file in memory (a short run; ``report`` streams it through :func:`scan_metrics`)."""
     records, notes = scan_metrics(run_dir, _Records)
     return list(records or []), notes
+
+
+COMPILE_SECTION: StatusSection[RunView, dict | None] = StatusSection(
+    name="compile",
+    read=lambda view: latest_compile(view.run_dir),
+    lines=lambda found: [f"compile: {compile_words(found)} (apart from the step times)"] if found else [],
+    fields=lambda found: {"compile": found},
+)

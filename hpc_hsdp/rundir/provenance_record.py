@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hpc_hsdp.files import is_time, read_json
 from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 PROVENANCE = "provenance.json"
 TASK_PROVENANCE = "task_provenance.json"
@@ -205,3 +206,17 @@ def differences(records: list[dict | None]) -> list[str]:
         if len(versions) > 1:
             found.append(f"{name} ({', '.join(sorted(versions))})")
     return found
+
+
+CODE_SECTION: StatusSection[RunView, dict | None] = StatusSection(
+    name="code",
+    read=lambda view: read_provenance(view.run_dir),
+    lines=lambda record: [f"code: {code_words(record)}"] if code_words(record) else [],
+    fields=lambda record: {"code": code_words(record), "commit": commit_id(record)},
+)
+VERSIONS_SECTION: StatusSection[RunView, dict | None] = StatusSection(
+    name="versions",
+    read=lambda view: read_task_provenance(view.run_dir),
+    lines=lambda record: [f"ran with: {task_words(record)}"] if task_words(record) else [],
+    fields=lambda record: {"versions": record},
+)

@@ -27,8 +27,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hpc_hsdp.files import read_json
+from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 from hpc_hsdp.rundir.stragglers import rank_ranges
 
 HANG_STACKS = "stacks.json"
@@ -320,3 +322,24 @@ def _is_stack(stack: object) -> bool:
             f.setdefault("native", False)
             f.setdefault("line", None)
     return True
+
+
+HANG_FRAMES_SHOWN = 4
+"""Frames of each group's stack that ``status`` shows of the watchdog's (``hang/stacks.json`` has them all)."""
+
+
+def _hang_stacks_lines(record: dict | None) -> list[str]:
+    if not record or not record["groups"]:
+        return []
+    groups = stack_lines(record["groups"], record["world_size"], frames_shown=HANG_FRAMES_SHOWN)
+    return [f"stacks the watchdog took after step {record['step']} (hpc-hsdp stacks: the ranks' stacks now):"] + [
+        terminal_safe(f"  {line}") for line in groups
+    ]
+
+
+HANG_STACKS_SECTION: StatusSection[RunView, dict | None] = StatusSection(
+    name="hang-stacks",
+    read=lambda view: read_hang_stacks(view.run_dir),
+    lines=_hang_stacks_lines,
+    fields=lambda record: {"hang_stacks": record},
+)

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpc_hsdp.files import UnreadableFile, read_json
-from hpc_hsdp.plan.units import human_bytes
+from hpc_hsdp.plan.units import human_bytes, terminal_safe
 from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 STAGING_RECORD = "staging.json"
 MAX_RECORD_BYTES = 4 << 20
@@ -105,3 +106,11 @@ def staging_status_lines(run_dir: str | Path) -> list[str]:
         return staging_lines(record)
     except (KeyError, TypeError, ValueError, AttributeError):
         return []
+
+
+STAGING_SECTION: StatusSection[RunView, list[str]] = StatusSection(
+    name="staging",
+    read=lambda view: staging_status_lines(view.run_dir),
+    lines=lambda found: [terminal_safe(line) for line in found],
+    fields=lambda found: {"staging": found},
+)

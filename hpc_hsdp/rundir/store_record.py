@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import is_time, read_json
+from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 STORE_RECORD = "checkpoint_store.json"
 _MAX_BYTES = 1 << 20
@@ -69,3 +71,11 @@ def store_lines(record: dict | None, *, now: float | None = None) -> list[str]:
             f"{str(retrying.get('error', ''))[:200]}"
         )
     return lines
+
+
+CHECKPOINT_STORE_SECTION: StatusSection[RunView, dict | None] = StatusSection(
+    name="checkpoint-store",
+    read=lambda view: read_store_record(view.run_dir),
+    lines=lambda record: [terminal_safe(line) for line in store_lines(record)],
+    fields=lambda record: {"checkpoint_store": record},
+)

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import read_json
+from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.rundir.files import atomic_write_text
+from hpc_hsdp.rundir.status_section import RunView, StatusSection
 
 TRACKERS_FILE = "trackers.json"
 TB_DIR = "tb"
@@ -89,3 +91,11 @@ def trackers_off(run_dir: str | Path) -> list[str]:
         for name, entry in sorted(read_tracker_runs(run_dir).items())
         if isinstance(entry, dict) and isinstance(entry.get("off"), str)
     ]
+
+
+TRACKERS_OFF_SECTION: StatusSection[RunView, list[str]] = StatusSection(
+    name="trackers-off",
+    read=lambda view: trackers_off(view.run_dir),
+    lines=lambda found: [terminal_safe(off) for off in found],
+    fields=lambda found: {"trackers_off": found},
+)
