@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
@@ -15,27 +14,14 @@ from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.spec import TrainingSpec, check_model, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
-    PRECISION_BYTES,
     SLURM_KILL_WAIT_S,
-    ActivationShape,
-    estimate,
-    gathered_fits,
-    llama_like_shape,
-    parse_bandwidth,
     parse_bytes,
     parse_count,
-    recommend,
     recommend_tp,
-    resolve_precision,
-    save_estimate,
-    save_time,
-    signal_lead_s,
-    smallest_fitting_shard,
 )
-from hpc_hsdp.plan.records import record
+from hpc_hsdp.plan.model_cost import _activation_shape, _blocks, _ModelCost, _Sizing, _sizing, recommend_for
 from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_env import compress_nodelist
-from hpc_hsdp.plan.slurm_facts import check_signal
 from hpc_hsdp.plan.switches import parse_node_switches
 from hpc_hsdp.plan.topology import (
     TopologyPlan,
@@ -380,98 +366,6 @@ def _echo_recommendation(rec, the_plan: TopologyPlan, chosen: TopologyPlan | Non
     click.echo(recommend_text(rec, the_plan), nl=False)
 
 
-@record(kw_only=False)
-class _ModelCost:
-    """The model's parameters per shard size and how they are stored and trained."""
-
-    params_for_shard: Callable[[int], tuple[int, int]] | None
-    precision: str
-    optimizer: str
-    grad_accum: int
-    activations: ActivationShape | None = None
-    blocks: int | None = None
-
-    def params(self, plan: TopologyPlan) -> tuple[int | None, int]:
-        return self.params_for_shard(plan.shard_size) if self.params_for_shard else (None, 0)
-
-    def estimate(self, plan: TopologyPlan, **more):
-        params, root = self.params(plan)
-        if not params:
-            return None
-        return estimate(
-            plan,
-            model_params=params,
-            root_params=root,
-            precision=self.precision,
-            optimizer=self.optimizer,
-            grad_accum=self.grad_accum,
-            activations=self.activations,
-            blocks=self.blocks,
-            **more,
-        )
-
-
-@record(kw_only=False)
-class _Sizing:
-    estimate: object | None
-    fit: object | None
-    on_sigterm: object | None
-    saving: object | None
-
-
-def _sizing(
-    the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait, upload_bandwidth=None
-) -> _Sizing:
-    """Memory and traffic per GPU, the smallest shard size that fits, and the checkpoint's cost."""
-    params, _ = model.params(the_plan)
-    precision, optimizer = model.precision, model.optimizer
-    est = model.estimate(the_plan)
-    if (
-        est is not None
-        and memory is not None
-        and the_plan.shard_size > 1
-        and gathered_fits(
-            state_bytes=est.needed_bytes,
-            gathered_bytes=PRECISION_BYTES[resolve_precision(precision)].gather * params // the_plan.tp_size,
-            memory_bytes=memory,
-        )
-    ):
-        # what the run's default --reshard-after-forward auto does on a GPU of this memory
-        est = model.estimate(the_plan, reshard_after_forward=False)
-    fit = (
-        smallest_fitting_shard(
-            the_plan,
-            model_params=params,
-            gpu_memory=memory,
-            precision=precision,
-            optimizer=optimizer,
-            activations=model.activations,
-            blocks=model.blocks,
-        )
-        if memory is not None
-        else None
-    )
-    rate = parse_bandwidth(write_bandwidth)
-    if signal.strip().lower() != "none":
-        check_signal(signal)
-    lead = signal_lead_s(None if signal.strip().lower() == "none" else signal)
-    on_sigterm = save_time(the_plan, est, kill_wait_s=kill_wait, rate=rate, lead_s=lead) if est is not None else None
-    saving = None
-    if params:
-        saving = save_estimate(
-            the_plan,
-            model_params=params,
-            precision=precision,
-            optimizer=optimizer,
-            node_write_bandwidth=rate,
-            signal=None if signal.strip().lower() == "none" else signal,
-            upload_bandwidth=parse_bandwidth(upload_bandwidth, option="--upload-bandwidth")
-            if upload_bandwidth
-            else None,
-        )
-    return _Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
-
-
 def _echo_plan_json(
     the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range, replicas=None, activations=None
 ) -> None:
@@ -563,47 +457,6 @@ def _model_summary(model: str) -> dict:
     return info
 
 
-def recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations=None, blocks=None):
-    return recommend(
-        the_plan,
-        gpu_memory=memory,
-        precision=precision,
-        optimizer=optimizer,
-        params_for_shard=params_for_shard,
-        activations=activations,
-        blocks=blocks,
-    )
-
-
-def _activation_shape(
-    model_info, model_params, params_for_shard, *, seq_len, batch_size, checkpointing, wanted
-) -> ActivationShape | None:
-    """What the activations depend on, where ``wanted`` (``--seq-len`` given, or ``--tp`` > 1) and
-    known: the built-in model's blocks, width and sequence (``--seq-len`` wins), an ``hf:`` model's
-    blocks and width from config.json, or the Llama-family shape nearest a bare ``--model-params``
-    count (with ``--seq-len`` only)."""
-    if not wanted or params_for_shard is None:
-        return None
-    dims = model_info.get("dims") if model_info is not None else getattr(params_for_shard, "dims", None)
-    if dims is not None:
-        layers, width, own_seq_len, source = dims
-        if seq_len is None and own_seq_len is None:
-            return None
-        return ActivationShape(
-            layers=layers,
-            width=width,
-            seq_len=seq_len or own_seq_len,
-            batch_size=batch_size,
-            checkpointing=checkpointing,
-            source=source,
-            **(model_info.get("activation_style", {}) if model_info is not None else {}),
-        )
-    if seq_len is None or model_info is not None:
-        return None
-    params, _ = params_for_shard(1)
-    return llama_like_shape(params, seq_len=seq_len, batch_size=batch_size, checkpointing=checkpointing)
-
-
 def _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, *, as_json: bool) -> None:
     if as_json:
         data = {"recommendation": rec.to_dict()}
@@ -634,12 +487,6 @@ def _precision(precision: str, dtype: str | None) -> str:
         err=True,
     )
     return named
-
-
-def _blocks(model_info, params_for_shard) -> int | None:
-    """The model's blocks where known (the built-in model's, an ``hf:``/factory model's), for the working set."""
-    dims = model_info.get("dims") if model_info is not None else getattr(params_for_shard, "dims", None)
-    return dims[0] if dims else None
 
 
 def _params_for_shard(model_params: str, root_params: str | None):
