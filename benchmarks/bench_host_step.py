@@ -39,7 +39,7 @@ SIZES = dict(layers=8, heads=16, seq_len=32, batch_size=2, vocab_size=512)
 def _training(args):
     from hpc_hsdp.job.spec import TrainingSpec
 
-    return TrainingSpec(
+    return TrainingSpec.of(
         **SIZES,
         width=args.width,
         steps=args.steps,
@@ -63,21 +63,21 @@ def _unwrapped(args) -> dict:
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
         [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": training.weight_decay},
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": training.optimizer.weight_decay},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
         ],
-        lr=training.lr,
+        lr=training.optimizer.lr,
     )
     generator = torch.Generator().manual_seed(0)
-    shape = (training.batch_size, training.seq_len)
+    shape = (training.dataset.batch_size, training.dataset.seq_len)
     walls, cpus = [], []
-    for _ in range(training.steps):
-        inputs = torch.randint(0, training.vocab_size, shape, generator=generator)
-        targets = torch.randint(0, training.vocab_size, shape, generator=generator)
+    for _ in range(training.optimizer.steps):
+        inputs = torch.randint(0, training.model.vocab_size, shape, generator=generator)
+        targets = torch.randint(0, training.model.vocab_size, shape, generator=generator)
         wall, cpu = time.perf_counter(), time.process_time()
         loss = loss_fn(model(inputs), targets)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, training.clip_grad, foreach=True)
+        torch.nn.utils.clip_grad_norm_(params, training.optimizer.clip_grad, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss.item()
@@ -101,7 +101,7 @@ def _loop(args, *, before: bool) -> dict | None:
                 {"params": g["params"], "weight_decay": g["weight_decay"]}
                 for g in model.make_optimizer(module, training).param_groups
             ]
-            return torch.optim.AdamW(groups, lr=training.lr, fused=True)  # the old default on CPU
+            return torch.optim.AdamW(groups, lr=training.optimizer.lr, fused=True)  # the old default on CPU
 
         engine.make_optimizer = dtensor_adamw
         model.units_to_wrap = lambda units, world_size: units

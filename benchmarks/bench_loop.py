@@ -116,7 +116,7 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
     from hpc_hsdp.runtime.loader import BatchLoader
     from hpc_hsdp.runtime.run_data import open_data
 
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         seq_len=MODEL["seq-len"],
         batch_size=MODEL["batch-size"],
         grad_accum=2,

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize(device)
 
         for precision in precisions:
-            training = TrainingSpec(
+            training = TrainingSpec.of(
                 **sizes,
                 steps=total,
                 lr=1e-4,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 lr_schedule="cosine",
                 warmup_steps=2,
             )
-            tokens_per_step = training.global_batch(1) * training.seq_len
+            tokens_per_step = training.dataset.global_batch(1) * training.dataset.seq_len
             records = []
             result = train(ctx, training, on_step=lambda _step, record, out=records: out.append(record), verbose=False)
             timed = records[args.warmup :]
@@ -115,22 +115,22 @@ def main(argv: list[str] | None = None) -> int:
             data = open_data(training, 1)
             batches = []
             for step in range(1, total + 1):
-                for micro in range(training.grad_accum):
+                for micro in range(training.dataset.grad_accum):
                     x, y = read_rows(data.train, data.order.sample_ids(data.layout.positions(step, micro, 0)))
                     batches.append((x.to(device), y.to(device)))
             model = build_model(ModelConfig.from_training(training), device=device)
-            init_parameters(model, seed=training.seed)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr)
+            init_parameters(model, seed=training.optimizer.seed)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=training.optimizer.lr)
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
             for step in range(total):
                 if step == args.warmup:
                     sync()
                     start = time.perf_counter()
-                for x, y in batches[step * training.grad_accum : (step + 1) * training.grad_accum]:
+                for x, y in batches[step * training.dataset.grad_accum : (step + 1) * training.dataset.grad_accum]:
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                         loss = loss_fn(model(x), y)
-                    (loss / training.grad_accum).backward()
+                    (loss / training.dataset.grad_accum).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(p.numel() for p in build_model(ModelConfig.from_training(training), device="meta").parameters())
         print(
             f"device {device} ({name})  torch {torch.__version__}  params {params / 1e6:.1f}M  batch "
-            f"{training.batch_size}x{training.seq_len} x {training.grad_accum} micro  {args.steps} steps after "
+            f"{training.dataset.batch_size}x{training.dataset.seq_len} x {training.dataset.grad_accum} micro  {args.steps} steps after "
             f"{args.warmup} warm-up; clip 1.0, cosine"
         )
         print(

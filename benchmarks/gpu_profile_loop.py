@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     def fused_local(model, training):
-        return LocalShardAdamW(groups_of(model, training), lr=training.lr, fused=True)
+        return LocalShardAdamW(groups_of(model, training), lr=training.optimizer.lr, fused=True)
 
     def dtensor_foreach(model, training):
-        return torch.optim.AdamW(groups_of(model, training), lr=training.lr, foreach=True)
+        return torch.optim.AdamW(groups_of(model, training), lr=training.optimizer.lr, foreach=True)
 
     try:
         configure_device(ctx.device)
-        training = TrainingSpec(
+        training = TrainingSpec.of(
             **sizes,
             steps=args.steps,
             lr=1e-4,

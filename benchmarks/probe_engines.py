@@ -48,7 +48,7 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.runtime.dist import RunContext
     from hpc_hsdp.runtime.model import build_model, make_optimizer
 
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         layers=a.layers,
         width=a.width,
         heads=a.heads,
@@ -64,7 +64,7 @@ def build_hpc_hsdp(variant, a, mesh):
     optimizer = make_optimizer(model, training)
     if variant.endswith("-unfused"):  # the optimizer before issue 14: torch's default (single-tensor on CPU)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
-        optimizer = torch.optim.AdamW(groups, lr=training.lr)
+        optimizer = torch.optim.AdamW(groups, lr=training.optimizer.lr)
     return model, optimizer, adapter
 
 

@@ -111,7 +111,7 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.runtime.dist import RunContext
     from hpc_hsdp.runtime.model import build_model, make_optimizer
 
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         model=f"hf:{config_dir}",
         seq_len=a.seq,
         batch_size=a.batch,
@@ -197,7 +197,7 @@ def worker(a) -> None:
                 from hpc_hsdp.job.spec import TrainingSpec
                 from hpc_hsdp.models import resolve_model
 
-                adapter = resolve_model(TrainingSpec(model=f"hf:{config_dir}"), data_vocab_size=None)
+                adapter = resolve_model(TrainingSpec.of(model=f"hf:{config_dir}"), data_vocab_size=None)
         else:
             model, opt, adapter = build_hpc(config_dir, mesh, a, phases[v])
         phases[v]["total"] = time.process_time() - t

@@ -43,7 +43,7 @@ marks.append(("imports", time.time()))
 
 def main():
     shape = json.loads(sys.argv[1])
-    training = TrainingSpec(**shape)
+    training = TrainingSpec.of(**shape)
     env = dict(os.environ)
     layout = RankLayout.from_env(env, shard_size=2)
     os.environ.update(layout.torch_env())
@@ -78,7 +78,13 @@ def main():
     with make_loader(ctx, data, first_step=1, last_step=1) as loader:
         batches, _ = loader.next_step(1)
         out = train_step(
-            model, optimizer, adapter, batches, lr=training.lr, clip_grad=0.0, num_replicas=ctx.plan.num_replicas
+            model,
+            optimizer,
+            adapter,
+            batches,
+            lr=training.optimizer.lr,
+            clip_grad=0.0,
+            num_replicas=ctx.plan.num_replicas,
         )
         out.tolist()
     marks.append(("step 1", time.time()))

@@ -57,4 +57,9 @@ class TinyLM(nn.Module):
 
 def build(training):
     """The factory: the run's TrainingSpec in, a module built on the current default device out."""
-    return TinyLM(vocab_size=training.vocab_size, width=training.width, heads=training.heads, layers=training.layers)
+    return TinyLM(
+        vocab_size=training.model.vocab_size,
+        width=training.model.width,
+        heads=training.model.heads,
+        layers=training.model.layers,
+    )

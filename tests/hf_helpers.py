@@ -95,7 +95,7 @@ def shard_and_report(ctx):
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
     else:
-        adapter.init_weights(model, seed=training.seed)
+        adapter.init_weights(model, seed=training.optimizer.seed)
     tokens = tokens_for(adapter.vocab_size)
     loss = adapter.loss(model, tokens[:, :-1], tokens[:, 1:])
     loss.backward()
@@ -115,7 +115,7 @@ def shard_and_report(ctx):
 
 
 def adapter_for(training):
-    if training.model.startswith("hf:"):
+    if training.model.name.startswith("hf:"):
         from hpc_hsdp.models.hf import HFAdapter
 
         return HFAdapter(training)
@@ -131,7 +131,7 @@ def unsharded_reference(model_option: str, seed: int, state_path, training_value
 
     from hpc_hsdp.job.spec import TrainingSpec
 
-    adapter = adapter_for(TrainingSpec(model=model_option, seed=seed, **(training_values or {})))
+    adapter = adapter_for(TrainingSpec.of(model=model_option, seed=seed, **(training_values or {})))
     model = adapter.build_meta()
     model.to_empty(device="cpu")
     if adapter.has_pretrained_weights:

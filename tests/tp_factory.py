@@ -62,4 +62,9 @@ class TPLM(nn.Module):
 
 
 def build(training):
-    return TPLM(vocab_size=training.vocab_size, width=training.width, heads=training.heads, layers=training.layers)
+    return TPLM(
+        vocab_size=training.model.vocab_size,
+        width=training.model.width,
+        heads=training.model.heads,
+        layers=training.model.layers,
+    )

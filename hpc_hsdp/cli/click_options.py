@@ -106,4 +106,4 @@ def run_spec_from_options(kwargs: Mapping[str, Any]) -> RunSpec:
         if kwargs.get(declared.click_param) is not None
     }
     own = {option(key).attribute: kwargs[option(key).click_param] for key in RUN_ARGUMENTS}
-    return RunSpec(**own, training=TrainingSpec(**training))
+    return RunSpec(**own, training=TrainingSpec.of(**training))

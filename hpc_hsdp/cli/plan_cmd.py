@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -436,11 +436,11 @@ def _model_summary(model: str) -> dict:
     if model.startswith("hf:"):
         from hpc_hsdp.models.hf import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
 
-        shapes, source = read_shapes(TrainingSpec(model=model))
+        shapes, source = read_shapes(TrainingSpec.of(model=model))
     else:
         from hpc_hsdp.models.factory import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
 
-        shapes, source = read_shapes(TrainingSpec(model=model))
+        shapes, source = read_shapes(TrainingSpec.of(model=model))
     record = {"model": model, **shapes.to_dict(), "source": source}
     tied = ", tied embeddings" if shapes.tied else ""
     line = (
@@ -508,7 +508,7 @@ def _params_for_shard(model_params: str, root_params: str | None):
 
 
 def _builtin_counts(options: str):
-    training = asdict(_builtin_training(options))
+    training = _builtin_training(options).options()
     from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
 
     def counts(shard_size: int) -> tuple[int, int]:
@@ -527,9 +527,9 @@ def _builtin_counts(options: str):
 def _builtin_training(options: str) -> TrainingSpec:
     """``--model-params builtin:KEY=VALUE,...`` -> the built-in model's TrainingSpec."""
     known = {
-        f.name.replace("_", "-"): f.name
-        for f in fields(TrainingSpec)
-        if f.name in ("layers", "width", "heads", "seq_len", "vocab_size")
+        key.replace("_", "-"): key
+        for key in TrainingSpec().options()
+        if key in ("layers", "width", "heads", "seq_len", "vocab_size")
     }
     values: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in options.split(","))):
@@ -544,7 +544,7 @@ def _builtin_training(options: str) -> TrainingSpec:
             values[name] = int(value)
         except ValueError:
             raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
-    return TrainingSpec(**values)
+    return TrainingSpec.of(**values)
 
 
 def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
@@ -552,10 +552,10 @@ def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
     ``--seq-len`` where given); None for a bare parameter count (nothing to check)."""
     more = {"seq_len": seq_len} if seq_len is not None else {}
     if model is not None:
-        return TrainingSpec(model=model, **more)
+        return TrainingSpec.of(model=model, **more)
     text = (model_params or "").strip()
     if text.lower() == "builtin" or text.lower().startswith("builtin:"):
-        return replace(_builtin_training(text.partition(":")[2]), **more)
+        return _builtin_training(text.partition(":")[2]).replace(**more)
     return None
 
 

@@ -61,7 +61,7 @@ def render(output_path, make_log_dir, **kwargs) -> None:
         from hpc_hsdp.job.preflight import check_tensor_parallel  # noqa: PLC0415  (only --tp: render stays light)
 
         check_tensor_parallel(spec, config_optional=True)  # an hf: config.json not here is the tasks' to check
-    if spec.run.training.stage_data is not None:
+    if spec.run.training.dataset.stage_data is not None:
         from hpc_hsdp.job.preflight import check_stage_dir  # noqa: PLC0415  (only --stage-data: render stays light)
 
         check_stage_dir(spec.run.training)  # a DIR that is a file or not writable here; one not here is the nodes'

@@ -67,7 +67,7 @@ def submit(wait, dry_run, **options) -> None:
         click.echo(f"follow it:     hpc-hsdp status {run_dir}   |   hpc-hsdp logs {run_dir} --follow")
         return
     try:
-        code = follow(handle, total_steps=spec.run.training.steps)
+        code = follow(handle, total_steps=spec.run.training.optimizer.steps)
     except KeyboardInterrupt:
         run_dir = shlex.quote(spec.run.run_dir)
         click.echo(

@@ -32,7 +32,7 @@ def check_run_dir(spec, *, own_function: bool = False, state=None, writers: bool
     takeover = check_writer(run_dir) if writers else None
     resumes = None
     if spec.run.entry is None and not own_function:  # a function of the user's keeps its own state
-        resumes = resubmission_note(run_dir, steps=spec.run.training.steps, state=state)
+        resumes = resubmission_note(run_dir, steps=spec.run.training.optimizer.steps, state=state)
     return "\n".join(line for line in (takeover, resumes) if line) or None
 
 

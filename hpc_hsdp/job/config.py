@@ -49,6 +49,7 @@ from hpc_hsdp.job.spec import (
     model_with_absolute_path,
     parse_nodes,
 )
+from hpc_hsdp.job.training_sections import SECTION_FIELDS, TRAINING_SECTIONS
 from hpc_hsdp.plan.mixture import map_data_paths
 
 OPTION_KINDS: Mapping[str, str] = CONFIG_KINDS
@@ -326,7 +327,9 @@ def build_job_spec(
         return values
 
     # built in this order so that, of several bad options, the same one is reported as before
-    run = RunSpec(**fields("run"), training=TrainingSpec(**fields("run.training")))
+    sections = zip(SECTION_FIELDS, TRAINING_SECTIONS, strict=True)
+    training = TrainingSpec(**{name: kind(**fields(f"run.training.{name}")) for name, kind in sections})
+    run = RunSpec(**fields("run"), training=training)
     scheduler = SchedulerSpec(**fields("scheduler"))
     environment, launch = EnvironmentSpec(**fields("environment")), LaunchSpec(**fields("launch"))
     min_nodes, o["nodes"] = parse_nodes(o["nodes"])

@@ -280,8 +280,8 @@ def option_field(*, default: object = MISSING, kind: str, help: str, **facts: An
 
 
 def section_options(cls: type) -> tuple[JobOption, ...]:
-    """The options of a :func:`section`'s fields, in the fields' order."""
-    declared: tuple[JobOption, ...] = cls.__dict__["__section_options__"]
+    """The options of a :func:`section`'s fields, in the fields' order (none for another class)."""
+    declared: tuple[JobOption, ...] = cls.__dict__.get("__section_options__", ())
     return declared
 
 

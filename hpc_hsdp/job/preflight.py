@@ -45,15 +45,15 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | N
     training = spec.run.training
     note = sources = None
     try:
-        model_vocab_size = _model_vocab_size(training.model)
+        model_vocab_size = _model_vocab_size(training.model.name)
         num_samples = None
-        if training.mixture is not None:
+        if training.dataset.mixture is not None:
             num_samples, sources, note = _check_mixture(
                 training, world_size=spec.world_size, model_vocab_size=model_vocab_size
             )
-        elif training.data is not None:
+        elif training.dataset.data is not None:
             num_samples = _check_data(training, world_size=spec.world_size, model_vocab_size=model_vocab_size)
-        if training.model == "builtin" and training.data is not None and spec.run.tp_size > 1:
+        if training.model.name == "builtin" and training.dataset.data is not None and spec.run.tp_size > 1:
             _check_data_vocabulary_splits(training, spec.run.tp_size)
         _check_resume(spec, num_samples, state, sources)
     except InputNotFound as exc:  # what is not here may be on the compute nodes; other findings are the job's own
@@ -74,10 +74,12 @@ def tensor_parallel_refusal(
     The sizes are checked by :func:`hpc_hsdp.plan.shapes.tp_refusal`."""
     if tp_size == 1:
         return None
-    model = training.model
+    model = training.model.name
     if model == "builtin":
-        vocab = data_vocab_size if training.data is not None else training.vocab_size
-        dims = builtin_tp_dims(heads=training.heads, width=training.width, vocab_size=vocab, seq_len=training.seq_len)
+        vocab = data_vocab_size if training.dataset.data is not None else training.model.vocab_size
+        dims = builtin_tp_dims(
+            heads=training.model.heads, width=training.model.width, vocab_size=vocab, seq_len=training.dataset.seq_len
+        )
         return tp_refusal(dims, tp_size)
     if model.startswith("hf:"):
         try:
@@ -113,7 +115,7 @@ def check_stage_dir(training, env=None) -> None:
     DIR that does not exist here is the nodes' to make (node-local disks are mounted there);
     ``auto`` and a DIR naming a variable are resolved on the nodes, which say what is wrong.
     Raises :class:`SpecError` (one line, exit 2)."""
-    value = training.stage_data
+    value = training.dataset.stage_data
     if value is None or value == STAGE_AUTO or "$" in value:
         return
     path = stage_base(value, os.environ if env is None else env)
@@ -146,9 +148,9 @@ def check_trackers(training) -> None:
     mlflow take a second each to import); a :class:`SpecError` names the first that has not.
     The default (TensorBoard alone) is not asked for: without its package the run says so once
     and goes on, as it always has."""
-    if training.tracker == default("tracker"):
+    if training.observation.tracker == default("tracker"):
         return
-    for name in training.trackers:
+    for name in training.observation.trackers:
         module, extra = TRACKER_PACKAGES[name]
         try:
             found = importlib.util.find_spec(module) is not None
@@ -167,7 +169,7 @@ def check_checkpoint_store(spec) -> str | None:
     (one small object written and deleted). SpecError (one line, exit 2) before anything is written
     or queued; a job whose store already holds its last step is refused as its run directory
     would be. Returns what the store holds, for the lines submit prints (None: no store)."""
-    url = spec.run.training.checkpoint_store
+    url = spec.run.training.checkpoint.checkpoint_store
     if url is None:
         return None
     from hpc_hsdp.rundir.checkpoint_store import CheckpointStore, StoreError  # noqa: PLC0415 - only with a store
@@ -180,7 +182,7 @@ def check_checkpoint_store(spec) -> str | None:
         raise SpecError(f"{exc}; nothing submitted") from None
     except (StoreError, OSError) as exc:
         raise SpecError(f"--checkpoint-store {url} could not be listed ({exc}); nothing submitted") from None
-    steps = spec.run.training.steps
+    steps = spec.run.training.optimizer.steps
     if committed and committed[-1] >= steps:
         raise SpecError(
             f"--checkpoint-store {url} already holds step {committed[-1]} committed (--steps {steps}): nothing to "
@@ -194,7 +196,9 @@ def check_checkpoint_store(spec) -> str | None:
 def check_stores_apart(specs) -> None:
     """The points of a sweep never share a ``--checkpoint-store`` prefix (each would take the others'
     checkpoints for its own)."""
-    urls = [spec.run.training.checkpoint_store for spec in specs if spec.run.training.checkpoint_store]
+    urls = [
+        spec.run.training.checkpoint.checkpoint_store for spec in specs if spec.run.training.checkpoint.checkpoint_store
+    ]
     if len(set(urls)) < len(urls):
         raise SpecError(
             "--checkpoint-store with --sweep: the points would share one prefix and resume from each other's "
@@ -228,8 +232,8 @@ def _check_data_vocabulary_splits(training, tp_size: int) -> None:
     """The built-in model takes the data's vocabulary: ``--tp`` must divide it."""
     from hpc_hsdp.data.tokens import open_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
 
-    path = training.mixture.sources[0].path if training.mixture is not None else training.data
-    vocab = open_dataset(path, split="train").vocab_size or training.vocab_size
+    path = training.dataset.mixture.sources[0].path if training.dataset.mixture is not None else training.dataset.data
+    vocab = open_dataset(path, split="train").vocab_size or training.model.vocab_size
     refusal = tensor_parallel_refusal(training, tp_size, data_vocab_size=vocab)
     if refusal:
         raise SpecError(refusal)
@@ -240,21 +244,26 @@ def _check_data(training, *, world_size: int, model_vocab_size: int | None) -> i
     from hpc_hsdp.data.sampler import num_samples  # noqa: PLC0415 - numpy loads only for a job with token data
     from hpc_hsdp.data.tokens import check_token_data, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
 
-    train = open_dataset(training.data, split="train")
-    if training.model == "builtin":
-        model_vocab_size = train.vocab_size or training.vocab_size  # what the built-in model is built with
+    train = open_dataset(training.dataset.data, split="train")
+    if training.model.name == "builtin":
+        model_vocab_size = train.vocab_size or training.model.vocab_size  # what the built-in model is built with
     elif model_vocab_size is not None:
         check_data_vocabulary(
-            training.model, model_vocab_size=model_vocab_size, data_vocab_size=train.vocab_size, fix=DATA_VOCABULARY_FIX
+            training.model.name,
+            model_vocab_size=model_vocab_size,
+            data_vocab_size=train.vocab_size,
+            fix=DATA_VOCABULARY_FIX,
         )
     check_token_data(
         train,
-        val=open_eval_dataset(training.data, training.val_data) if training.eval_every else None,
+        val=open_eval_dataset(training.dataset.data, training.dataset.val_data)
+        if training.evaluation.eval_every
+        else None,
         model_vocab_size=model_vocab_size,
-        seq_len=training.seq_len,
-        global_batch=training.global_batch(world_size),
+        seq_len=training.dataset.seq_len,
+        global_batch=training.dataset.global_batch(world_size),
     )
-    return num_samples(train.num_tokens, training.seq_len)
+    return num_samples(train.num_tokens, training.dataset.seq_len)
 
 
 def _check_mixture(training, *, world_size: int, model_vocab_size: int | None) -> tuple[int, dict, str]:
@@ -263,38 +272,38 @@ def _check_mixture(training, *, world_size: int, model_vocab_size: int | None) -
     from hpc_hsdp.data.sampler import num_samples  # noqa: PLC0415 - numpy loads only for a job with token data
     from hpc_hsdp.data.tokens import check_token_data, open_dataset, open_eval_dataset  # noqa: PLC0415 - numpy loads only for a job with token data
 
-    mixture = training.mixture
-    global_batch = training.global_batch(world_size)
+    mixture = training.dataset.mixture
+    global_batch = training.dataset.global_batch(world_size)
     check_batch(mixture, global_batch)
     sizes, vocabularies = [], set()
     for source in mixture.sources:
         train = open_dataset(source.path, split="train")
         vocabularies.add(train.vocab_size)
         vocab = model_vocab_size
-        if training.model == "builtin":
-            vocab = train.vocab_size or training.vocab_size
+        if training.model.name == "builtin":
+            vocab = train.vocab_size or training.model.vocab_size
         elif model_vocab_size is not None:
             check_data_vocabulary(
-                training.model,
+                training.model.name,
                 model_vocab_size=model_vocab_size,
                 data_vocab_size=train.vocab_size,
                 fix=DATA_VOCABULARY_FIX,
             )
         check_token_data(
             train,
-            val=open_eval_dataset(source.path) if training.eval_every else None,
+            val=open_eval_dataset(source.path) if training.evaluation.eval_every else None,
             model_vocab_size=vocab,
-            seq_len=training.seq_len,
+            seq_len=training.dataset.seq_len,
             global_batch=1,
         )
-        sizes.append(num_samples(train.num_tokens, training.seq_len))
+        sizes.append(num_samples(train.num_tokens, training.dataset.seq_len))
     if len(vocabularies) > 1:
         raise SpecError(
             f"--data mixture: the sources were tokenized with different vocabularies ({sorted(vocabularies)}); "
             f"prepare every source with the same --tokenizer"
         )
     sources = {s.name: (s.weight_text or str(s.weight), n) for s, n in zip(mixture.sources, sizes)}
-    return sum(sizes), sources, used_once_text(mixture, tuple(sizes), global_batch, training.steps)
+    return sum(sizes), sources, used_once_text(mixture, tuple(sizes), global_batch, training.optimizer.steps)
 
 
 def _check_resume(spec, num_samples: int | None, state, sources: dict | None = None) -> None:
@@ -317,9 +326,9 @@ def _check_resume(spec, num_samples: int | None, state, sources: dict | None = N
     training = spec.run.training
     check_data_position(
         saved,
-        global_batch=training.global_batch(spec.world_size),
+        global_batch=training.dataset.global_batch(spec.world_size),
         num_samples=num_samples,
-        seed=training.seed,
+        seed=training.optimizer.seed,
         where=f"checkpoint {Path(state.checkpoint).name} (step {state.resume_step})",
         sources=sources,
     )
@@ -337,7 +346,9 @@ def check_fp8_gpus(spec, scheduler) -> None:
     lack Float8: the local emulator's are this machine's; a SLURM job's are those of its
     partition's nodes. Known-new or unknown GPU types go on: each task checks its own GPU at its
     start (:func:`~hpc_hsdp.runtime.device.check_training_device`)."""
-    if spec.run.training.precision != "fp8" or spec.run.device == "cpu":  # with --device cpu the spec refused it
+    if (
+        spec.run.training.compute.precision != "fp8" or spec.run.device == "cpu"
+    ):  # with --device cpu the spec refused it
         return
     refusal = scheduler.fp8_refusal(spec)
     if refusal is not None:

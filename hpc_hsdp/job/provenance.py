@@ -50,7 +50,7 @@ def top_module(target: str | None) -> str | None:
 
 def user_modules(spec, fn=None) -> list[str]:
     """The top-level modules of the user's code a job runs (without hpc-hsdp's own), in order."""
-    names = [top_module(spec.run.entry), top_module(spec.run.training.model)]
+    names = [top_module(spec.run.entry), top_module(spec.run.training.model.name)]
     module = getattr(fn, "__module__", None) if fn is not None else None
     if isinstance(module, str) and module != "__main__":
         names.append(module.split(".")[0])

@@ -287,10 +287,10 @@ def replica_command(spec: JobSpec) -> str | None:
         f"--nodes-per-group={shape.nodes_per_group}",
         f"--tasks-per-node={spec.gpus_per_node}",
         f"--spare-nodes={spec.spare_nodes}",
-        f"--min-replicas={training.min_replicas}",
-        f"--quorum-timeout={training.quorum_timeout:g}",
+        f"--min-replicas={training.resilience.min_replicas}",
+        f"--quorum-timeout={training.resilience.quorum_timeout:g}",
         f"--run-dir={spec.run.run_dir}",
-        f"--steps={training.steps}",
+        f"--steps={training.optimizer.steps}",
         "--",
     ]
     return " ".join(shlex.quote(a) for a in argv)

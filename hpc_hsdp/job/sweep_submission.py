@@ -348,7 +348,7 @@ def _provenances(specs) -> list[dict]:
 
 def _completed(spec, state) -> bool:
     """The point's run directory holds a checkpoint at its last step (or past it)."""
-    return state.resume_step is not None and state.resume_step >= spec.run.training.steps
+    return state.resume_step is not None and state.resume_step >= spec.run.training.optimizer.steps
 
 
 def _room_for_locks(count: int) -> None:

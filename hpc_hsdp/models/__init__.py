@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
 
 def resolve_model(training: ModelSettings, *, data_vocab_size: int | None = None) -> ModelAdapter:
-    """The adapter for ``training.model``: ``builtin`` -> :mod:`hpc_hsdp.models.builtin`,
+    """The adapter for ``training.model.name``: ``builtin`` -> :mod:`hpc_hsdp.models.builtin`,
     ``hf:PATH`` -> ``hpc_hsdp.models.hf.HFAdapter``, ``MODULE:FUNCTION`` ->
     ``hpc_hsdp.models.factory.FactoryAdapter`` (each imported only when chosen).
     ``data_vocab_size``: the dataset's vocabulary (None: synthetic data); the built-in
     model takes it, the others check against it."""
-    model = training.model
+    model = training.model.name
     if model == "builtin":
         from hpc_hsdp.models.builtin import BuiltinAdapter  # noqa: PLC0415 - each adapter imports torch; resolving one is on the task
 

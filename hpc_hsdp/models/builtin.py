@@ -35,13 +35,13 @@ class ModelConfig:
 
     @classmethod
     def from_training(cls, training, *, vocab_size: int | None = None) -> ModelConfig:
-        """The model of a TrainingSpec; ``vocab_size`` (a dataset's) replaces ``training.vocab_size``."""
+        """The model of a TrainingSpec; ``vocab_size`` (a dataset's) replaces ``training.model.vocab_size``."""
         return cls(
-            vocab_size=vocab_size or training.vocab_size,
-            seq_len=training.seq_len,
-            width=training.width,
-            heads=training.heads,
-            layers=training.layers,
+            vocab_size=vocab_size or training.model.vocab_size,
+            seq_len=training.dataset.seq_len,
+            width=training.model.width,
+            heads=training.model.heads,
+            layers=training.model.layers,
         )
 
 

@@ -13,7 +13,7 @@ The contract, in full::
         # optional: def loss(self, inputs, targets) -> scalar tensor, instead of 3.
 
     def build(training):                    # --model mypkg.models:build
-        return MyLM(layers=training.layers, width=training.width)
+        return MyLM(layers=training.model.layers, width=training.model.width)
 
 1. **Building.** The function is called with the run's ``TrainingSpec`` (``--layers``,
    ``--width``, ... are yours to use; with ``--data`` its ``vocab_size`` is the data's) or with no argument if it takes none. It builds the
@@ -85,21 +85,19 @@ class FactoryAdapter:
     has_pretrained_weights = False
 
     def __init__(self, training, *, data_vocab_size: int | None = None) -> None:
-        self.name = training.model
-        if data_vocab_size is not None and getattr(training, "vocab_size", None) != data_vocab_size:
-            import dataclasses  # noqa: PLC0415 - only with --data
-
-            training = dataclasses.replace(training, vocab_size=data_vocab_size)  # the data's, as the built-in model
+        self.name = training.model.name
+        if data_vocab_size is not None and training.model.vocab_size != data_vocab_size:
+            training = training.replace(vocab_size=data_vocab_size)  # the data's, as the built-in model
         self.training = training
-        self.factory = resolve_factory(training.model)
-        self.shard_unit_option = training.shard_unit
+        self.factory = resolve_factory(training.model.name)
+        self.shard_unit_option = training.model.shard_unit
         probe, self._declared_units = self._call()
         self.vocab_size = _vocab_size(probe, what=f"--model {self.name!r}")
         check_data_vocabulary(
             self.name,
             model_vocab_size=self.vocab_size,
             data_vocab_size=data_vocab_size,
-            fix=f"; build the model with vocab_size >= {data_vocab_size} (training.vocab_size is "
+            fix=f"; build the model with vocab_size >= {data_vocab_size} (training.model.vocab_size is "
             f"the data's when --data is given)",
         )
 

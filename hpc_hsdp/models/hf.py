@@ -150,11 +150,11 @@ class HFAdapter:
     """:class:`~hpc_hsdp.models.base.ModelAdapter` of a transformers causal LM (see the module docstring)."""
 
     def __init__(self, training, *, data_vocab_size: int | None = None) -> None:
-        self.name = training.model
-        self.config_path, self.weights_dir = locate(training.model)
+        self.name = training.model.name
+        self.config_path, self.weights_dir = locate(training.model.name)
         self.config = load_config(self.config_path, model=self.name)
         self.vocab_size = int(self.config.vocab_size)
-        self.shard_unit_option = training.shard_unit
+        self.shard_unit_option = training.model.shard_unit
         self._files = None
         self.has_pretrained_weights = self.weights_dir is not None
         check_data_vocabulary(
@@ -358,7 +358,7 @@ def read_shapes(training: ModelSettings):
     """``plan --model hf:PATH``: the model's :class:`~hpc_hsdp.models.hf_shapes.ModelShapes`
     and how they were found: from config.json by formula (no torch) for the Llama and GPT-2
     families, else by building the model on the meta device (imports torch and transformers)."""
-    values = config_values(training.model)
+    values = config_values(training.model.name)
     shapes = shapes_from_config(values)
     if shapes is not None:
         return shapes, "config.json formula (no torch)"

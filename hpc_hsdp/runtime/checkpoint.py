@@ -500,11 +500,11 @@ class AsyncSaver:
     @classmethod
     def for_run(cls, ctx, training, *, uploads=None) -> AsyncSaver | None:
         """The saver of a run with periodic checkpoints (``--checkpoint-every``), else None."""
-        if ctx.run_dir is None or not training.checkpoint_every:
+        if ctx.run_dir is None or not training.checkpoint.checkpoint_every:
             return None
         return cls(
             ctx.run_dir,
-            keep=training.keep_checkpoints,
+            keep=training.checkpoint.keep_checkpoints,
             timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300),
             uploads=uploads,
         )
@@ -604,14 +604,14 @@ def save_checkpoint(
     ``background``, written by it while training goes on (else before returning); with ``uploads``
     (:class:`~hpc_hsdp.runtime.checkpoint_upload.StoreUploads`), uploaded to the store after."""
     train_state = {
-        "seed": training.seed,
+        "seed": training.optimizer.seed,
         "world_size": ctx.world_size,
         "batch_size": data.layout.rank_batch,
         "grad_accum": data.layout.grad_accum,
         "mesh_shape": list(ctx.plan.mesh_shape),
         "model": model_name,
         **({"model_layout": model_layout} if model_layout else {}),
-        "data": data_state(data, step, training.seed),
+        "data": data_state(data, step, training.optimizer.seed),
         "extra": extra or {},
     }
     if background is not None:
@@ -623,7 +623,7 @@ def save_checkpoint(
         optimizer,
         step=step,
         train_state=train_state,
-        keep=training.keep_checkpoints,
+        keep=training.checkpoint.keep_checkpoints,
         uploads=uploads,
     )
 
@@ -671,7 +671,7 @@ def resume(
         saved.get("data"),
         global_batch=data.layout.global_batch,
         num_samples=data.train.num_samples,
-        seed=training.seed,
+        seed=training.optimizer.seed,
         where=f"checkpoint {path.name} (step {step})",
         sources=source_table(data),
     )

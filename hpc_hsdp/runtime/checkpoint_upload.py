@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc_hsdp.rundir.checkpoint_store import (
     CheckpointStore,
@@ -36,6 +37,9 @@ from hpc_hsdp.rundir.store_record import write_store_record
 from hpc_hsdp.runtime import injected_faults
 from hpc_hsdp.runtime.checkpoint import prune
 from hpc_hsdp.runtime.log import note, say
+
+if TYPE_CHECKING:
+    from hpc_hsdp.job.training_sections import CheckpointSection
 
 
 class StoreUploads:
@@ -61,9 +65,9 @@ class StoreUploads:
         self._thread.start()
 
     @classmethod
-    def for_run(cls, ctx, training) -> StoreUploads | None:
+    def for_run(cls, ctx, checkpoint: CheckpointSection) -> StoreUploads | None:
         """The uploads of a run with ``--checkpoint-store`` (None without one, or without a run directory)."""
-        url = getattr(training, "checkpoint_store", None)
+        url = checkpoint.checkpoint_store
         if not url or ctx.run_dir is None:
             return None
         return cls(
@@ -71,7 +75,7 @@ class StoreUploads:
             ctx.run_dir,
             rank=ctx.rank,
             world_size=ctx.world_size,
-            keep=training.keep_checkpoints,
+            keep=checkpoint.keep_checkpoints,
         )
 
     # ------------------------------------------------------------------ the training side

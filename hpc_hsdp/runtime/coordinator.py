@@ -105,7 +105,7 @@ class OneGroup:
         self.data, self.adapter, self.model, self.optimizer = data, adapter, model, optimizer
 
     def steps(self, done: Callable[[], int]) -> Iterable[int]:
-        first, last = done() + 1, self.training.steps
+        first, last = done() + 1, self.training.optimizer.steps
         self.loader = make_loader(self.ctx, self.data, first_step=first, last_step=last)
         return range(first, last + 1)
 
@@ -120,7 +120,7 @@ class OneGroup:
             self.adapter,
             batches,
             lr=lr,
-            clip_grad=self.training.clip_grad,
+            clip_grad=self.training.optimizer.clip_grad,
             num_replicas=self.ctx.plan.num_replicas,
             stop_code=stop_code,
             num_sources=len(self.data.source_names),
@@ -150,7 +150,7 @@ class OneGroup:
 
 def coordinator_for(ctx: RunContext, training: TrainingSpec) -> StepCoordinator:
     """The coordinator ``training``'s options ask for: a replica group's with ``--fault-tolerance replica``."""
-    if training.fault_tolerance == "replica":
+    if training.resilience.fault_tolerance == "replica":
         from hpc_hsdp.runtime.replica_group import ReplicaGroup  # noqa: PLC0415 - torchft: an optional extra
 
         return ReplicaGroup(ctx, training)

@@ -91,8 +91,8 @@ def check_training_device(training, device: torch.device, env: Mapping[str, str]
     """Refuse (SpecError: one line, exit 2) what this device cannot train, before a rank writes
     anything: ``--compile`` on CPU without a C++ compiler, ``--precision fp8`` without a GPU of
     compute capability 8.9 or newer."""
-    check_compile(bool(getattr(training, "compile", False)), device, env)
-    if getattr(training, "precision", None) == "fp8":
+    check_compile(training.compute.compile, device, env)
+    if training.compute.precision == "fp8":
         cuda = device.type == "cuda"
         refusal = fp8_refusal(
             device.type,

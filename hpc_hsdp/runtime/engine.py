@@ -146,12 +146,16 @@ class Engine:
         check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.data_world_size)
-        staging = start_staging(ctx, self.data, self.training.stage_data) if self.training.stage_data else None
+        staging = (
+            start_staging(ctx, self.data, self.training.dataset.stage_data)
+            if self.training.dataset.stage_data
+            else None
+        )
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
         self._build(optimizer)  # while each node copies its token files (--stage-data)
         if staging is not None:  # collective: every node's copies ready, read from them from now on
             staging.finish(verbose=verbose)
-        self.uploads = StoreUploads.for_run(ctx, self.training)  # None without --checkpoint-store
+        self.uploads = StoreUploads.for_run(ctx, self.training.checkpoint)  # None without --checkpoint-store
         self.start_step, saved = checkpoint.resume(
             ctx,
             self.model,
@@ -181,10 +185,14 @@ class Engine:
         self.sources = self.data.source_names
         """A mixture's source names (empty: one dataset): ``loss/NAME``, ``tokens/NAME``, ``eval_loss/NAME``."""
         self.evaluation = (
-            eval_samples(self.data, self.training) if self.data.val is not None and self.training.eval_every else None
+            eval_samples(self.data, self.training)
+            if self.data.val is not None and self.training.evaluation.eval_every
+            else None
         )
-        self.source_evaluation = source_eval_samples(self.data, self.training) if self.training.eval_every else {}
-        self.tokens_per_step = self.data.layout.global_batch * self.training.seq_len
+        self.source_evaluation = (
+            source_eval_samples(self.data, self.training) if self.training.evaluation.eval_every else {}
+        )
+        self.tokens_per_step = self.data.layout.global_batch * self.training.dataset.seq_len
         self.began = time.time()
         self.periodic = checkpoint.AsyncSaver.for_run(
             ctx, self.training, uploads=self.uploads
@@ -206,9 +214,9 @@ class Engine:
         ctx, training = self.ctx, self.training
         check_data(self.data, model_vocab_size=self.adapter.vocab_size, training=training)
         record_model(ctx, self.adapter, training)
-        self.precision = resolve_precision(training.precision, ctx.device)
+        self.precision = resolve_precision(training.compute.precision, ctx.device)
         configure_device(ctx.device)
-        if training.compile:
+        if training.compute.compile:
             use_run_cache(ctx.run_dir, ctx.rank)  # before the first compile: a resumed attempt loads its graphs
             self.compile_clock = CompileClock()
         self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
@@ -240,7 +248,7 @@ class Engine:
         """The test hooks, the step's seed, its clocks, this rank's micro-batches and its learning rate."""
         injected_faults.at_step(self.ctx.rank, number)  # test hooks (HPC_HSDP_FAULT_*); no-ops otherwise
         self._number = number
-        seed_step(self.training.seed, number, self.ctx.data_rank)  # a tp group draws alike
+        seed_step(self.training.optimizer.seed, number, self.ctx.data_rank)  # a tp group draws alike
         started, cpu_started = time.perf_counter(), time.process_time()
         self.observer.step_begins(number)
         reset_peak_memory(self.ctx.device)
@@ -279,7 +287,7 @@ class Engine:
             if losses is not None and index < len(losses) and losses[index] == losses[index]:  # not nan
                 out[f"loss/{name}"] = losses[index]
         for name, count, total, size in zip(self.sources, rows, used, order.sizes):
-            out[f"tokens/{name}"] = count * self.training.seq_len
+            out[f"tokens/{name}"] = count * self.training.dataset.seq_len
             out[f"epoch/{name}"] = total // size  # whole passes over the source so far (it wraps)
         return out
 
@@ -342,9 +350,9 @@ class Engine:
         return record
 
     def evaluation_due(self, number: int) -> bool:
-        every = self.training.eval_every
+        every = self.training.evaluation.eval_every
         has = self.evaluation is not None or bool(self.source_evaluation)
-        return has and (number % every == 0 or number == self.training.steps)
+        return has and (number % every == 0 or number == self.training.optimizer.steps)
 
     def evaluate_if_due(self, record: dict) -> float | None:
         """Collective on ``--eval-every`` steps (and the last): the held-out mean loss into the
@@ -417,7 +425,7 @@ class Engine:
         debug_code = split_stop_code(int(code))[1]
         if debug_code and self.debug_point is not None:
             self._debug_due = debug_code - 1
-        return preemption is not None and number < self.training.steps and preemption.agree(int(code), number)
+        return preemption is not None and number < self.training.optimizer.steps and preemption.agree(int(code), number)
 
     def agree_stop(self, done: int, stop_requested: Callable[[], bool] | None = None) -> str | None:
         """Collective, at the boundary after step ``done``: the agreed reason to stop or None
@@ -477,12 +485,15 @@ class Engine:
         """Rank 0, with ``--eval-job``: submit the eval job of every complete checkpoint that has
         none (:func:`hpc_hsdp.job.eval_job.submit_due`); never stops training."""
         self._evals_checked = self.saved_step
-        command = self.training.eval_job
+        command = self.training.checkpoint.eval_job
         if not command or not self.ctx.is_rank0 or self.ctx.run_dir is None:
             return
         try:
             submitted = eval_job.submit_due(
-                self.ctx.run_dir, command, every=self.training.checkpoint_every, last=self.training.steps
+                self.ctx.run_dir,
+                command,
+                every=self.training.checkpoint.checkpoint_every,
+                last=self.training.optimizer.steps,
             )
         except Exception as exc:  # noqa: BLE001 - an eval job never stops training
             note(f"warning: eval jobs could not be submitted: {' '.join(str(exc).split())[:300]}")
@@ -513,8 +524,8 @@ class Engine:
     def save_if_due(self, number: int) -> None:
         """The ``--checkpoint-every`` checkpoint of step ``number``, in the background (not
         of the last step: :meth:`finish` writes that one)."""
-        every = self.training.checkpoint_every
-        if self.ctx.run_dir is not None and every and number % every == 0 and number != self.training.steps:
+        every = self.training.checkpoint.checkpoint_every
+        if self.ctx.run_dir is not None and every and number % every == 0 and number != self.training.optimizer.steps:
             self.save(number, in_background=True)
 
     def finish(self, stop_reason: str | None) -> None:

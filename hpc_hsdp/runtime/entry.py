@@ -155,12 +155,12 @@ def _requeue_if_a_node_died(ctx, spec: RunSpec, env: Mapping[str, str], exc: Bas
     (:mod:`hpc_hsdp.runtime.node_failure`); any other failure is the payload's own. A replica
     group's step (``--fault-tolerance replica``) just ends: the job's supervisor starts the
     group again on spare nodes, the other groups train on."""
-    if spec.training.fault_tolerance == "replica":
+    if spec.training.resilience.fault_tolerance == "replica":
         return
     try:
         handle_lost_peers(
             ctx,
-            max_restarts=spec.training.max_restarts,
+            max_restarts=spec.training.resilience.max_restarts,
             env=env,
             reason=f"the step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}",
         )

@@ -25,7 +25,6 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import fields, replace
 from pathlib import Path
 
 from hpc_hsdp.data.tokens import DATASET_MANIFEST
@@ -96,8 +95,8 @@ def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
 
 
 def _training_from(record: dict):
-    known = {f.name for f in fields(TrainingSpec)}
-    return TrainingSpec(**{k: v for k, v in record.get("training", {}).items() if k in known})
+    known = set(TrainingSpec().options())
+    return TrainingSpec.of(**{k: v for k, v in record.get("training", {}).items() if k in known})
 
 
 def factory_of(record: dict, model: str | None, where: Path) -> str:
@@ -127,7 +126,7 @@ def build_unsharded(record: dict, *, model: str | None = None, where: Path = Pat
         if kind == "builtin":
             adapter = BuiltinAdapter.from_training(training, data_vocab_size=record.get("vocab_size"))
         else:
-            adapter = FactoryAdapter(replace(training, model=factory_of(record, model, where)))
+            adapter = FactoryAdapter(training.replace(model=factory_of(record, model, where)))
         meta = adapter.build_meta()
     model = copy.deepcopy(meta)
     model.to_empty(device="cpu")

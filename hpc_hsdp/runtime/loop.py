@@ -87,7 +87,7 @@ def train(
     on_step: OnStep | None = None,
     verbose: bool = True,
 ) -> TrainResult:
-    """Train ``training.model`` (or ``adapter``) to ``training.steps``, resuming from
+    """Train ``training.model.name`` (or ``adapter``) to ``training.optimizer.steps``, resuming from
     ``ctx.run_dir``'s newest complete checkpoint. In every step the ranks agree on the task
     signals (``ctx.preemption``, in the step's fused all_reduce: a signal that arrives after
     it counts in the next step), and before every step ask ``stop_requested()`` (it must
@@ -126,7 +126,7 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
         result.eval_losses[number] = record["eval_loss"]
     result.losses[number] = loss
     result.last_step = number
-    engine.publish(record, step_line(record, engine.training.steps))
+    engine.publish(record, step_line(record, engine.training.optimizer.steps))
     if on_step is not None:
         on_step(number, dict(record, sample_ids=[b.sample_ids.tolist() for b in step.batches]))
     engine.step_done(step)  # where a debugger session agreed in the step runs

@@ -4,7 +4,6 @@ initialised; its optimizer; ``model.json``, the record ``hpc-hsdp export`` rebui
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -55,7 +54,7 @@ def build_model(
     rank 0 says what it chose when ``verbose``; a job of one rank has nothing to gather or reduce,
     so its root is its only unit and FSDP2's hooks run once a step, not once per block), ``to_empty``, pretrained weights or a seed-determined initialisation (the
     same on every mesh shape)."""
-    precision = precision or resolve_precision(training.precision, ctx.device)
+    precision = precision or resolve_precision(training.compute.precision, ctx.device)
     model = adapter.build_meta()
     units = tuple(adapter.shard_units(model))
     fp8 = precision == "fp8"
@@ -70,15 +69,15 @@ def build_model(
     split = apply_tensor_parallel(model, adapter, ctx, float8=fp8)  # on meta, before compile and fully_shard
     if split and verbose and ctx.is_rank0:
         say(f"--tp {ctx.tp_size}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
-    if training.activation_checkpointing:
+    if training.compute.activation_checkpointing:
         checkpoint_activations(model, units)
-    if training.compile:  # before fully_shard: its hooks stay outside the graphs
+    if training.compute.compile:  # before fully_shard: its hooks stay outside the graphs
         if split:
             wait_before_units(model, units)
         compiled = compile_units(model, units)
         if verbose and ctx.is_rank0:
             say(f"--compile: torch.compile of {compiled} shard unit(s) ({', '.join(u.__name__ for u in units)})")
-    choice = choose_reshard(ctx, model, units, setting=training.reshard_after_forward, precision=precision)
+    choice = choose_reshard(ctx, model, units, setting=training.compute.reshard_after_forward, precision=precision)
     fsdp_units = units_to_wrap(units, ctx.data_world_size)
     if verbose and ctx.is_rank0:
         say(choice.reason if fsdp_units else "one rank: the whole model is one FSDP unit (nothing to gather or reduce)")
@@ -93,7 +92,7 @@ def build_model(
     if adapter.has_pretrained_weights:
         adapter.load_pretrained(model)
     else:
-        adapter.init_weights(model, seed=training.seed)
+        adapter.init_weights(model, seed=training.optimizer.seed)
     return model
 
 
@@ -108,10 +107,13 @@ def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Opti
     params = list(model.parameters())
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": training.optimizer.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     device = params[0].device if params else torch.device("cpu")
     kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
-    return LocalShardAdamW([g for g in groups if g["params"]], lr=training.lr, **kernel)
+    return LocalShardAdamW([g for g in groups if g["params"]], lr=training.optimizer.lr, **kernel)
 
 
 def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
@@ -124,7 +126,7 @@ def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:
     record = {
         "model": adapter.name,
         "vocab_size": adapter.vocab_size,
-        "training": asdict(training),
+        "training": training.options(),
         "adapter": describe() if callable(describe) else {"kind": adapter.name},
     }
     write_model_record(ctx.run_dir, record)

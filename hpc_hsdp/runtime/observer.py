@@ -43,7 +43,7 @@ class RunObserver:
 
     @classmethod
     def start(cls, ctx, training, *, start_step: int, verbose: bool = True) -> RunObserver:
-        every = getattr(training, "straggler_every", 0)
+        every = training.observation.straggler_every
         probe = StragglerProbe.for_context(ctx, every) if every and ctx.world_size > 1 else None
         trackers = None
         if ctx.is_rank0 and ctx.run_dir is not None:
@@ -55,18 +55,18 @@ class RunObserver:
                 restart=restart,
                 job_id=ctx.layout.job_id,
                 start_step=start_step,
-                total_steps=training.steps,
+                total_steps=training.optimizer.steps,
             )
-            if training.trackers:
+            if training.observation.trackers:
                 start = TrackerStart(
                     run_dir=Path(ctx.run_dir),
                     start_step=start_step,
                     last_logged=last_logged,
-                    total_steps=training.steps,
+                    total_steps=training.optimizer.steps,
                     config=run_config(ctx, training),
                 )
-                trackers = Trackers(training.trackers, start, verbose=verbose)
-        ctx.observer = observer = cls(ctx, probe=probe, trackers=trackers, total_steps=training.steps)
+                trackers = Trackers(training.observation.trackers, start, verbose=verbose)
+        ctx.observer = observer = cls(ctx, probe=probe, trackers=trackers, total_steps=training.optimizer.steps)
         return observer
 
     def step_begins(self, step: int) -> None:

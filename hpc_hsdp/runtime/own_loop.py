@@ -142,7 +142,7 @@ class TrainingRun:
         current = self._current if self._current is not None and self._current.number == number else number
         record = engine.step_record(current, loss=float(value) / self.ctx.world_size, more=more)
         engine.evaluate_if_due(record)
-        line = f"step {number:>5}/{self.training.steps}  loss {record['loss']:.4f}"
+        line = f"step {number:>5}/{self.training.optimizer.steps}  loss {record['loss']:.4f}"
         if "eval_loss" in record:
             line += f"  eval {record['eval_loss']:.4f}"
         if record["step_time_s"] is not None:

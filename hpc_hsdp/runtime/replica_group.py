@@ -144,12 +144,12 @@ def torchft_manager(group: ReplicaGroup):
     from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL  # noqa: PLC0415 - the optional extra
 
     ctx, training = group.ctx, group.training
-    timeout = timedelta(seconds=training.quorum_timeout)
+    timeout = timedelta(seconds=training.resilience.quorum_timeout)
     pg = ProcessGroupNCCL(timeout=timeout) if ctx.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
     layout = ctx.layout
     return Manager(
         pg=pg,
-        min_replica_size=training.min_replicas,
+        min_replica_size=training.resilience.min_replicas,
         load_state_dict=group.load_state_dict,
         state_dict=group.state_dict,
         replica_id=f"hpc_hsdp_replica_{group.replica_id}",
@@ -208,7 +208,7 @@ class ReplicaGroup:
     def steps(self, done: Callable[[], int]) -> Iterable[int]:
         """The step after the last committed one (``done()``) until ``--steps``: a step the live
         groups did not commit comes again; one that healed goes on from the peer's step."""
-        while done() < self.training.steps:
+        while done() < self.training.optimizer.steps:
             yield done() + 1
 
     def begin(self, number: int) -> tuple[int, list, float]:
@@ -229,7 +229,7 @@ class ReplicaGroup:
         behind, the gradients zeroed; the number of the step to train now."""
         before = self.manager.current_step()
         began = time.time()
-        deadline = began + self.training.quorum_timeout
+        deadline = began + self.training.resilience.quorum_timeout
         while True:
             left = deadline - time.time()
             try:
@@ -241,8 +241,8 @@ class ReplicaGroup:
                     self.manager._quorum_future = None  # noqa: SLF001 - else start_quorum raises this failure again
                     continue
                 raise QuorumLost(
-                    f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.min_replicas} "
-                    f"groups within --quorum-timeout {self.training.quorum_timeout:g} s after step {before} "
+                    f"replica group {self.replica_id}: no quorum of --min-replicas {self.training.resilience.min_replicas} "
+                    f"groups within --quorum-timeout {self.training.resilience.quorum_timeout:g} s after step {before} "
                     f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
                 ) from exc
         self.raw_optimizer.zero_grad(set_to_none=True)
@@ -330,7 +330,7 @@ class ReplicaGroup:
         mean_loss = across[0] / torch.clamp(across[1], min=1.0)
         grad_norm = (fused[4] / self.ctx.plan.num_replicas).sqrt()
         agreed = torch.where(across[3] > 0, float(TERMINATE), torch.where(across[2] > 0, float(WARNING), float(NONE)))
-        clip_grad = self.training.clip_grad
+        clip_grad = self.training.optimizer.clip_grad
         if clip_grad > 0 and grads:
             torch._foreach_mul_(grads, torch.clamp(clip_grad / (grad_norm + 1e-6), max=1.0))
         for param_group in self.optimizer.param_groups:

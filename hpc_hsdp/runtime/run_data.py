@@ -56,41 +56,52 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     """The run's data: ``--data`` (and ``--val-data``) memory-mapped, or synthetic tokens.
     Reads only the sidecars; raises DataError/SpecError (one line, exit 2) on bad input."""
     layout = BatchLayout(
-        global_batch=training.global_batch(world_size), world_size=world_size, grad_accum=training.grad_accum
+        global_batch=training.dataset.global_batch(world_size),
+        world_size=world_size,
+        grad_accum=training.dataset.grad_accum,
     )
-    if training.data is None:
-        train = SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size)
+    if training.dataset.data is None:
+        train = SyntheticSamples(
+            seed=training.optimizer.seed, seq_len=training.dataset.seq_len, vocab_size=training.model.vocab_size
+        )
         val = (
-            SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size, split="val")
-            if training.eval_every
+            SyntheticSamples(
+                seed=training.optimizer.seed,
+                seq_len=training.dataset.seq_len,
+                vocab_size=training.model.vocab_size,
+                split="val",
+            )
+            if training.evaluation.eval_every
             else None
         )
         return TrainData(
             train=train,
             val=val,
-            order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
+            order=SampleOrder(num_samples=train.num_samples, seed=training.optimizer.seed),
             layout=layout,
             vocab_size=None,
             description="synthetic",
         )
-    if training.mixture is not None:
+    if training.dataset.mixture is not None:
         return _open_mixture(training, layout)
-    train_ds = open_dataset(training.data, split="train")
-    val_ds = open_eval_dataset(training.data, training.val_data) if training.eval_every else None
-    train = DatasetSamples(train_ds, training.seq_len)
-    val = DatasetSamples(val_ds, training.seq_len) if val_ds is not None else None
+    train_ds = open_dataset(training.dataset.data, split="train")
+    val_ds = (
+        open_eval_dataset(training.dataset.data, training.dataset.val_data) if training.evaluation.eval_every else None
+    )
+    train = DatasetSamples(train_ds, training.dataset.seq_len)
+    val = DatasetSamples(val_ds, training.dataset.seq_len) if val_ds is not None else None
     if train.num_samples < 1:
         raise DataError(
-            f"--data {training.data}: {train_ds.num_tokens} tokens hold no sample of --seq-len "
-            f"{training.seq_len} + 1 tokens; use more data or a shorter --seq-len"
+            f"--data {training.dataset.data}: {train_ds.num_tokens} tokens hold no sample of --seq-len "
+            f"{training.dataset.seq_len} + 1 tokens; use more data or a shorter --seq-len"
         )
     return TrainData(
         train=train,
         val=val,
-        order=SampleOrder(num_samples=train.num_samples, seed=training.seed),
+        order=SampleOrder(num_samples=train.num_samples, seed=training.optimizer.seed),
         layout=layout,
         vocab_size=train_ds.vocab_size,
-        description=str(training.data),
+        description=str(training.dataset.data),
         datasets=tuple(d for d in (train_ds, val_ds) if d is not None),
     )
 
@@ -98,23 +109,23 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
 def _open_mixture(training: TrainingSpec, layout: BatchLayout) -> TrainData:
     """A ``--data NAME=PATH:W,...`` mixture: every source's train split (and val split with
     ``--eval-every``), one vocabulary, one order over all of them."""
-    mixture = training.mixture
+    mixture = training.dataset.mixture
     trains, vals, datasets = [], {}, []
     vocab_sizes = set()
     for source in mixture.sources:
         train_ds = open_dataset(source.path, split="train")
-        train = DatasetSamples(train_ds, training.seq_len)
+        train = DatasetSamples(train_ds, training.dataset.seq_len)
         if train.num_samples < 1:
             raise DataError(
                 f"--data source {source.name} ({source.path}): {train_ds.num_tokens} tokens hold no sample of "
-                f"--seq-len {training.seq_len} + 1 tokens; use more data or a shorter --seq-len"
+                f"--seq-len {training.dataset.seq_len} + 1 tokens; use more data or a shorter --seq-len"
             )
         trains.append(train)
         datasets.append((train_ds, None))
         vocab_sizes.add(train_ds.vocab_size)
-        if training.eval_every:
+        if training.evaluation.eval_every:
             val_ds = open_eval_dataset(source.path, None)
-            vals[source.name] = DatasetSamples(val_ds, training.seq_len)
+            vals[source.name] = DatasetSamples(val_ds, training.dataset.seq_len)
             datasets[-1] = (train_ds, val_ds)
     if len(vocab_sizes) > 1:
         sizes = ", ".join(f"{s.name} {d[0].vocab_size}" for s, d in zip(mixture.sources, datasets))
@@ -125,7 +136,7 @@ def _open_mixture(training: TrainingSpec, layout: BatchLayout) -> TrainData:
     order = MixtureOrder(
         mixture,
         num_samples=tuple(t.num_samples for t in trains),
-        seed=training.seed,
+        seed=training.optimizer.seed,
         global_batch=layout.global_batch,
     )
     return TrainData(
@@ -151,7 +162,7 @@ def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec
                 train_ds,
                 val=val_ds,
                 model_vocab_size=model_vocab_size,
-                seq_len=training.seq_len,
+                seq_len=training.dataset.seq_len,
                 global_batch=1,  # a source need not hold a whole batch: it gives a share, and wraps
             )
         return
@@ -161,7 +172,7 @@ def check_data(data: TrainData, *, model_vocab_size: int, training: TrainingSpec
             train_ds if index == 0 else None,
             val=val_ds,
             model_vocab_size=model_vocab_size,
-            seq_len=training.seq_len,
+            seq_len=training.dataset.seq_len,
             global_batch=data.layout.global_batch,
         )
 
@@ -207,15 +218,17 @@ def source_table(data: TrainData) -> dict | None:
 def eval_samples(data: TrainData, training: TrainingSpec) -> np.ndarray:
     """The fixed held-out samples of every evaluation: ``--eval-batches`` global batches."""
     return eval_sample_ids(
-        num_samples=data.val.num_samples, count=training.eval_batches * data.layout.global_batch, seed=training.seed
+        num_samples=data.val.num_samples,
+        count=training.evaluation.eval_batches * data.layout.global_batch,
+        seed=training.optimizer.seed,
     )
 
 
 def source_eval_samples(data: TrainData, training: TrainingSpec) -> dict[str, tuple[object, np.ndarray]]:
     """A mixture's evaluation: per source, (its val split, its fixed held-out samples:
     ``--eval-batches`` global batches of it); empty for one dataset."""
-    count = training.eval_batches * data.layout.global_batch
+    count = training.evaluation.eval_batches * data.layout.global_batch
     return {
-        name: (val, eval_sample_ids(num_samples=val.num_samples, count=count, seed=training.seed))
+        name: (val, eval_sample_ids(num_samples=val.num_samples, count=count, seed=training.optimizer.seed))
         for name, val in (data.source_vals or {}).items()
     }

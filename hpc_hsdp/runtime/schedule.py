@@ -28,9 +28,9 @@ def lr_of(training, step: int) -> float:
     """:func:`learning_rate` with a TrainingSpec's options."""
     return learning_rate(
         step,
-        lr=training.lr,
-        schedule=training.lr_schedule,
-        warmup_steps=training.warmup_steps,
-        min_lr=training.min_lr,
-        total_steps=training.steps,
+        lr=training.optimizer.lr,
+        schedule=training.optimizer.lr_schedule,
+        warmup_steps=training.optimizer.warmup_steps,
+        min_lr=training.optimizer.min_lr,
+        total_steps=training.optimizer.steps,
     )

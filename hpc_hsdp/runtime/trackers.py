@@ -29,7 +29,6 @@ each tracker as it can: TensorBoard purges them, W&B rewinds the run to that ste
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import queue
 import threading
@@ -90,7 +89,7 @@ class TrackerStart:
 def run_config(ctx, training) -> dict:
     """The job's options as a tracker run's config: every training option, then the mesh and
     the run's own (entry, device, timeout, comm stats)."""
-    config = dataclasses.asdict(training)
+    config = training.options()
     plan = ctx.plan
     config.update(
         world_size=ctx.world_size,

@@ -236,8 +236,10 @@ class Watchdog:
         """Collective: record why this run is a restart when nobody did, refuse to train past
         ``--max-restarts`` failure restarts, and start the watchdog at ``step``."""
         env = dict(os.environ if env is None else env)
-        check_restart_budget(ctx, max_restarts=training.max_restarts, env=env)
-        return cls(ctx, timeout_s=training.hang_timeout, max_restarts=training.max_restarts, env=env).start(step=step)
+        check_restart_budget(ctx, max_restarts=training.resilience.max_restarts, env=env)
+        return cls(
+            ctx, timeout_s=training.resilience.hang_timeout, max_restarts=training.resilience.max_restarts, env=env
+        ).start(step=step)
 
     def start(self, *, step: int = 0) -> Watchdog:
         self.last_step = step

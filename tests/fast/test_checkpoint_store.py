@@ -65,11 +65,11 @@ def test_urls_refused_in_one_line(text, said):
 
 
 def test_the_training_spec_keeps_the_url_in_its_plain_form_and_passes_it_to_the_tasks():
-    spec = TrainingSpec(checkpoint_store="S3://ckpt//runs/a/")
-    assert spec.checkpoint_store == "s3://ckpt/runs/a"
+    spec = TrainingSpec.of(checkpoint_store="S3://ckpt//runs/a/")
+    assert spec.checkpoint.checkpoint_store == "s3://ckpt/runs/a"
     assert spec.to_args()[-2:] == ["--checkpoint-store", "s3://ckpt/runs/a"]
     with pytest.raises(SpecError, match="names no bucket"):
-        TrainingSpec(checkpoint_store="s3://")
+        TrainingSpec.of(checkpoint_store="s3://")
 
 
 RANK0 = {".metadata": {"bytes": 10, "crc32": 1}, "__0_0.distcp": {"bytes": 5, "crc32": 2}}

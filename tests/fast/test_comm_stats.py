@@ -3,14 +3,12 @@ the option reaching the run's arguments."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from dist_helpers import in_child
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
 
-MODEL = TrainingSpec(
+MODEL = TrainingSpec.of(
     layers=2,
     width=32,
     heads=4,
@@ -48,7 +46,7 @@ def test_parameter_counts_match_the_built_model():
     assert built["shapes"] == [(n, s) for n, s, _ in builtin_shapes(vocab_size=64, seq_len=12, width=32, layers=2)]
     assert built["counts"] == (built["numel"], built["root"], built["numel"])
     # padding: seq_len 12 over 8 ranks -> pos_emb holds 16 rows
-    assert parameter_counts(**dataclasses.asdict(MODEL), shard_size=8).params == built["numel"] + 4 * 32
+    assert parameter_counts(**MODEL.options(), shard_size=8).params == built["numel"] + 4 * 32
 
 
 def test_comm_stats_wraps_only_while_active():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -225,7 +226,7 @@ def test_every_job_option_can_come_from_a_config(tmp_path: Path) -> None:
         cluster = "local"
         """)
     )
-    missing = set(OPTION_KINDS) - set(load_config(path)) - set(TrainingSpec.__dataclass_fields__) - {"conda_env"}
+    missing = set(OPTION_KINDS) - set(load_config(path)) - set(TrainingSpec().options()) - {"conda_env"}
     assert not missing
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(
@@ -364,7 +365,7 @@ def test_every_training_option_is_one_field_on_the_command_line_and_in_a_config(
     from_file = spec(["--config", str(path)], cwd=tmp_path)
     from_cli = spec(["--shard", "1", *(["--nodes", "2"] if needs_nodes else []), *cli], cwd=tmp_path)
     assert from_file == from_cli
-    assert getattr(from_cli.run.training, declared.key) == value
+    assert attrgetter(declared.path)(from_cli) == value
     assert from_cli.run.training.to_args() == cli
 
 
@@ -375,7 +376,7 @@ def test_an_option_given_alone_on_the_command_line_is_true_in_a_config(tmp_path:
     path = tmp_path / "alone.toml"
     path.write_text(f'shard = 1\ndata = "/data/train"\nstage_data = {given}\n')
     from_file = spec(["--config", str(path)], cwd=tmp_path)
-    assert from_file.run.training.stage_data == value
+    assert from_file.run.training.dataset.stage_data == value
     if given in ("true", "false"):
         from_api = api_job_spec(
             {"shard": 1, "data": "/data/train", "stage_data": given == "true"},
@@ -383,7 +384,7 @@ def test_an_option_given_alone_on_the_command_line_is_true_in_a_config(tmp_path:
             environ={},
             default_venv=None,
         )
-        assert from_api.run.training.stage_data == value
+        assert from_api.run.training.dataset.stage_data == value
 
 
 # ----------------------------------------------------------------------------- the Python API's options
@@ -410,7 +411,11 @@ def test_api_options_are_the_config_keys_and_become_the_same_spec(tmp_path: Path
     assert spec.scheduler.extra == (("mail-type", "END"), ("overcommit", None))
     assert spec.environment.env == (("A", "1"),) and spec.environment.setup == ("module load x",)
     assert spec.environment.pass_env == ("HOME",) and spec.scheduler.exclusive is True
-    assert spec.run.training.steps == 7 and spec.scheduler.time == "30" and spec.run.run_dir == str(tmp_path / "run")
+    assert (
+        spec.run.training.optimizer.steps == 7
+        and spec.scheduler.time == "30"
+        and spec.run.run_dir == str(tmp_path / "run")
+    )
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ def test_the_eval_job_gets_no_slurm_or_rank_variables_of_the_training_job():
 @pytest.mark.parametrize("command", ["", "   ", "a\0b", "x" * 9000])
 def test_an_eval_command_that_cannot_run_is_refused_in_one_line(command):
     with pytest.raises(SpecError) as err:
-        TrainingSpec(eval_job=command)
+        TrainingSpec.of(eval_job=command)
     assert "--eval-job" in str(err.value) and "\n" not in str(err.value)
 
 

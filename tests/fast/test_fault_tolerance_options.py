@@ -178,7 +178,7 @@ def test_without_torchft_the_option_is_refused_in_one_line_before_anything_is_wr
 
 
 def test_a_run_spec_with_replica_fault_tolerance_round_trips_through_run_arguments() -> None:
-    training = TrainingSpec(fault_tolerance="replica", min_replicas=2, quorum_timeout=15.0)
+    training = TrainingSpec.of(fault_tolerance="replica", min_replicas=2, quorum_timeout=15.0)
     run = RunSpec(shard_size=2, run_dir="/r", training=training)
     assert "--fault-tolerance" in run.to_args()
     assert json.loads(json.dumps(run.to_args()))  # plain strings, as the rendered script passes them

@@ -59,11 +59,11 @@ def test_the_global_batch_is_derived_at_the_most_nodes_and_kept_at_the_fewest(tm
     spec = _spec(tmp_path, nodes="1-2", gpus_per_node=2, shard_size=2, training_batch_size=3)
     assert (spec.min_nodes, spec.nodes, spec.flexible, spec.nodes_text) == (1, 2, True, "1-2")
     training = spec.run.training
-    assert training.global_batch_size == 12  # 3 per rank x 4 ranks at 2 nodes
-    assert (training.rank_batch_size(4), training.rank_batch_size(2)) == (3, 6)
+    assert training.dataset.global_batch_size == 12  # 3 per rank x 4 ranks at 2 nodes
+    assert (training.dataset.rank_batch_size(4), training.dataset.rank_batch_size(2)) == (3, 6)
     assert spec.plan_at(1).world_size == 2 and spec.plan.world_size == 4
     fixed = _spec(tmp_path, nodes="2-2", gpus_per_node=2, shard_size=2)
-    assert (fixed.min_nodes, fixed.flexible, fixed.nodes_text, fixed.run.training.global_batch_size) == (
+    assert (fixed.min_nodes, fixed.flexible, fixed.nodes_text, fixed.run.training.dataset.global_batch_size) == (
         None,
         False,
         "2",

@@ -48,13 +48,13 @@ def test_parse_normalises_and_keeps_the_text():
 )
 def test_bad_mixtures_are_one_clear_line(value, message):
     with pytest.raises(SpecError, match=message) as raised:
-        TrainingSpec(data=value)
+        TrainingSpec.of(data=value)
     assert "\n" not in str(raised.value)
 
 
 def test_val_data_with_a_mixture_is_refused():
     with pytest.raises(SpecError, match="each source is evaluated on its own val split"):
-        TrainingSpec(data="a=x:1,b=y:1", val_data="v")
+        TrainingSpec.of(data="a=x:1,b=y:1", val_data="v")
 
 
 @pytest.mark.parametrize(
@@ -223,7 +223,7 @@ def test_the_python_api_takes_a_mixture_and_makes_its_paths_absolute(tmp_path):
     spec = api_job_spec(
         {"shard": 1, "data": "web=data/web:0.7,code=/abs/code:0.3"}, environ={}, cwd=tmp_path, default_venv=None
     )
-    assert spec.run.training.data == f"web={tmp_path}/data/web:0.7,code=/abs/code:0.3"
-    assert spec.run.training.mixture.names == ("web", "code")
+    assert spec.run.training.dataset.data == f"web={tmp_path}/data/web:0.7,code=/abs/code:0.3"
+    assert spec.run.training.dataset.mixture.names == ("web", "code")
     with pytest.raises(SpecError, match="must be positive"):
         api_job_spec({"shard": 1, "data": "web=w:0,code=c:1"}, environ={}, cwd=tmp_path, default_venv=None)

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from operator import attrgetter
 from pathlib import Path
 
 import click
@@ -39,6 +40,18 @@ from hpc_hsdp.job.options import (
 )
 from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.job.spec import EnvironmentSpec, JobSpec, LaunchSpec, RunSpec, SchedulerSpec, TrainingSpec
+from hpc_hsdp.job.training_sections import (
+    SECTION_FIELDS,
+    TRAINING_SECTIONS,
+    CheckpointSection,
+    ComputeSection,
+    DataSection,
+    EvaluationSection,
+    ModelSection,
+    ObservationSection,
+    OptimizerSection,
+    ResilienceSection,
+)
 
 COMMANDS = {"render": render, "submit": submit, "run": run, "plan": plan}
 OWN_OPTIONS = {  # what a command has besides the registry's options
@@ -90,14 +103,17 @@ def test_every_option_is_a_config_key_of_its_kind_except_the_file_selectors_and_
             assert OPTION_KINDS[declared.key] == declared.kind
 
 
-def test_the_training_options_are_the_training_spec_fields_in_order_with_their_kinds() -> None:
-    fields = dataclasses.fields(TrainingSpec)
-    assert [f.name for f in fields] == [declared.key for declared in TRAINING_OPTIONS]
-    for f, declared in zip(fields, TRAINING_OPTIONS, strict=True):
-        annotation = f.type.split("|")[0].strip()
-        assert annotation == {"path": "str", "data": "str"}.get(declared.kind, declared.kind), f.name
-        assert ("None" in f.type) == (declared.default is None), f.name
-        assert f.default == declared.default and f.metadata["option"] is declared
+def test_the_training_options_are_the_fields_of_the_training_sections_in_order() -> None:
+    assert [f.name for f in dataclasses.fields(TrainingSpec)] == list(SECTION_FIELDS)
+    assert [type(getattr(TrainingSpec(), name)) for name in SECTION_FIELDS] == list(TRAINING_SECTIONS)
+    by_section = [declared for each in TRAINING_SECTIONS for declared in section_options(each)]
+    assert by_section == list(TRAINING_OPTIONS)
+    assert {declared.section for declared in TRAINING_OPTIONS} == {f"run.training.{name}" for name in SECTION_FIELDS}
+    assert TrainingSpec.of(lr=0.5, model="mypkg.models:build").optimizer.lr == 0.5
+    assert TrainingSpec.of(model="mypkg.models:build").model.name == "mypkg.models:build"
+    assert TrainingSpec.of(**TrainingSpec().options()) == TrainingSpec()
+    with pytest.raises(TypeError, match="'learning_rate'"):
+        TrainingSpec.of(learning_rate=0.1)
 
 
 @pytest.mark.parametrize(
@@ -185,10 +201,13 @@ def _run_spec(values: dict) -> RunSpec:
     training = {}
     for declared in _RUN_OPTIONS:
         if declared.key in values:
-            (training if declared.training else own)[declared.attribute] = values[declared.key]
+            if declared.training:
+                training[declared.key] = values[declared.key]
+            else:
+                own[declared.attribute] = values[declared.key]
     if "val_data" in training or "stage_data" in training:
         training.setdefault("data", _SAMPLES["data"])
-    return RunSpec(**own, training=TrainingSpec(**training))
+    return RunSpec(**own, training=TrainingSpec.of(**training))
 
 
 def _parsed_back(spec: RunSpec) -> RunSpec:
@@ -205,8 +224,7 @@ def test_every_option_reaching_the_tasks_is_an_argument_of_run() -> None:
 def test_run_parses_to_args_back_to_the_same_spec(declared) -> None:
     value = _non_default(declared)
     spec = _run_spec({declared.key: value})
-    owner = spec.training if declared.training else spec
-    assert getattr(owner, declared.attribute) == value
+    assert attrgetter(declared.path.removeprefix("run."))(spec) == value
     assert declared.flag in spec.to_args() or f"--no-{declared.flag[2:]}" in spec.to_args()
     assert _parsed_back(spec) == spec
 
@@ -227,7 +245,7 @@ def test_stage_data_is_a_flag_with_an_optional_directory(args, expected) -> None
     spec = run_spec_from_options(
         run.make_context("run", ["--shard", "1", "--run-dir", "/r", "--data", "/d", *args]).params
     )
-    assert spec.training.stage_data == expected
+    assert spec.training.dataset.stage_data == expected
     assert _parsed_back(spec) == spec
 
 
@@ -258,7 +276,14 @@ def test_the_job_layer_imports_no_cli_and_the_plan_layer_no_job() -> None:
 SPEC_CLASSES = {
     "": JobSpec,
     "run": RunSpec,
-    "run.training": TrainingSpec,
+    "run.training.model": ModelSection,
+    "run.training.dataset": DataSection,
+    "run.training.optimizer": OptimizerSection,
+    "run.training.compute": ComputeSection,
+    "run.training.evaluation": EvaluationSection,
+    "run.training.checkpoint": CheckpointSection,
+    "run.training.observation": ObservationSection,
+    "run.training.resilience": ResilienceSection,
     "scheduler": SchedulerSpec,
     "environment": EnvironmentSpec,
     "launch": LaunchSpec,
@@ -269,13 +294,16 @@ OWN_FIELDS = {  # what a spec class has besides its options' fields
 }
 
 
+_RECORDS = {c.__name__: c for c in (*SPEC_CLASSES.values(), TrainingSpec)}
+
+
 def _nested_sections(cls: type, place: str = "") -> dict[str, type]:
-    """The sections of a JobSpec by their place in it: its own, then each field that is a section."""
-    found = {place: cls}
+    """The sections of a JobSpec with option fields, by their place in it: its own, then each field
+    that is a spec class (TrainingSpec holds the training loop's sections and no option of its own)."""
+    found = {place: cls} if section_options(cls) else {}
     for each in dataclasses.fields(cls):
-        if isinstance(each.type, str) and each.type in {c.__name__ for c in SPEC_CLASSES.values()}:
-            nested = next(c for c in SPEC_CLASSES.values() if c.__name__ == each.type)
-            found.update(_nested_sections(nested, ".".join(filter(None, (place, each.name)))))
+        if isinstance(each.type, str) and each.type in _RECORDS:
+            found.update(_nested_sections(_RECORDS[each.type], ".".join(filter(None, (place, each.name)))))
     return found
 
 

@@ -3,7 +3,6 @@ collective: the four-process agreement is in tests/processes/test_step_settings.
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -15,8 +14,8 @@ from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.runtime import reshard
 
-MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, vocab_size=64)
-PARAMS = parameter_counts(**dataclasses.asdict(MODEL)).params
+MODEL = TrainingSpec.of(layers=2, width=32, heads=4, seq_len=12, vocab_size=64)
+PARAMS = parameter_counts(**MODEL.options()).params
 STATE = 16 * PARAMS // 2  # fp32 parameters, gradients and two AdamW states, shard 2
 RESERVE = 0.2
 resolve_model(
@@ -68,7 +67,7 @@ def test_the_choice_follows_the_setting_and_the_memory(setting, shard_size, memo
 def test_the_root_is_what_no_shard_unit_holds():
     adapter = resolve_model(MODEL)
     model = adapter.build_meta()
-    counts = parameter_counts(**dataclasses.asdict(MODEL))
+    counts = parameter_counts(**MODEL.options())
     assert reshard.parameter_counts(model, tuple(adapter.shard_units(model))) == (counts.params, counts.root_params)
 
 

@@ -77,11 +77,11 @@ def test_bad_stage_values_are_one_line(value, env, message):
 def test_the_spec_refuses_a_relative_dir_and_staging_without_data():
     check_stage_value("auto")
     with pytest.raises(SpecError, match="not an absolute path"):
-        TrainingSpec(data="/d", stage_data="local")
+        TrainingSpec.of(data="/d", stage_data="local")
     with pytest.raises(SpecError, match="--stage-data without --data"):
-        TrainingSpec(stage_data="auto")
-    assert TrainingSpec(data="/d", stage_data="none").stage_data is None
-    assert TrainingSpec(data="/d", stage_data="/nvme").to_args() == ["--data", "/d", "--stage-data", "/nvme"]
+        TrainingSpec.of(stage_data="auto")
+    assert TrainingSpec.of(data="/d", stage_data="none").dataset.stage_data is None
+    assert TrainingSpec.of(data="/d", stage_data="/nvme").to_args() == ["--data", "/d", "--stage-data", "/nvme"]
 
 
 def test_copies_of_two_datasets_never_share_a_name(tmp_path):
@@ -374,12 +374,12 @@ def test_every_dataset_a_run_reads_is_staged_a_mixtures_sources_and_held_out_spl
         splits = {"train": ["train/00000.bin"], "val": ["val/00000.bin"]}
         write_dataset_manifest(root, vocab_size=256, dtype="uint16", tokenizer={}, splits=splits)
     mixture = f"web={tmp_path / 'web'}:0.5,code={tmp_path / 'code'}:0.5"
-    training = TrainingSpec(data=mixture, stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
+    training = TrainingSpec.of(data=mixture, stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
     found = sorted(str(f.path.relative_to(tmp_path)) for ds in token_datasets(open_data(training, 2)) for f in ds.files)
     assert found == ["code/train/00000.bin", "code/val/00000.bin", "web/train/00000.bin", "web/val/00000.bin"]
-    one = TrainingSpec(data=str(tmp_path / "web"), stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
+    one = TrainingSpec.of(data=str(tmp_path / "web"), stage_data="auto", eval_every=2, seq_len=16, batch_size=2)
     assert len(token_datasets(open_data(one, 2))) == 2
-    assert token_datasets(open_data(TrainingSpec(seq_len=16), 2)) == []  # synthetic tokens: nothing to stage
+    assert token_datasets(open_data(TrainingSpec.of(seq_len=16), 2)) == []  # synthetic tokens: nothing to stage
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another user's is made with chown, as root")

@@ -39,7 +39,7 @@ _first_optimizer_step()  # at import: torch's first optimizer step sets TORCHIND
 
 def _training(**overrides) -> TrainingSpec:
     values = dict(seq_len=SEQ_LEN, batch_size=6, grad_accum=1, steps=12, vocab_size=64, clip_grad=0.0, lr=0.1)
-    return TrainingSpec(**{**values, **overrides})
+    return TrainingSpec.of(**{**values, **overrides})
 
 
 def _ctx(tmp_path: Path, *, replica=None, rank: int = 0) -> SimpleNamespace:

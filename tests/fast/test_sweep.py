@@ -158,13 +158,13 @@ def test_every_point_is_a_whole_job_in_its_own_run_directory(tmp_path):
     assert made.sweep_dir == str(tmp_path / "sw")
     runs = [spec.run.run_dir for spec in made.specs]
     assert runs == [str(tmp_path / "sw" / p.name) for p in made.points]
-    assert [(s.run.training.lr, s.run.training.seed) for s in made.specs] == [
+    assert [(s.run.training.optimizer.lr, s.run.training.optimizer.seed) for s in made.specs] == [
         (3e-4, 0),
         (3e-4, 1),
         (1e-3, 0),
         (1e-3, 1),
     ]
-    assert all(s.nodes == 2 and s.run.training.steps == 5 for s in made.specs)
+    assert all(s.nodes == 2 and s.run.training.optimizer.steps == 5 for s in made.specs)
     assert "#SBATCH --array=0-3%2" in made.script
     # each point's tasks log as its array task (what its job.json names), not as SLURM's own job id of the task
     assert f"--output={runs[1]}/logs/%A_%a_%t_log.out \\" in made.point_script(1)

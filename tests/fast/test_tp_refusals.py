@@ -89,7 +89,7 @@ def test_a_transformers_model_takes_any_sequence_length(tmp_path, capsys):
     a --seq-len that T does not divide is no reason to refuse (the tasks train it:
     tests/processes/test_tensor_parallel.py's Llama at --seq-len 15)."""
     model = "hf:" + str(write_config(tmp_path / "llama", LLAMA))
-    assert tensor_parallel_refusal(TrainingSpec(model=model, seq_len=33), 2) is None
+    assert tensor_parallel_refusal(TrainingSpec.of(model=model, seq_len=33), 2) is None
     out = tmp_path / "job.sbatch"
     for argv in (
         ["plan", "--nodes", "1", "--shard", "2", "--tp", "2", "--model", model, "--seq-len", "33"],
@@ -103,8 +103,8 @@ def test_a_transformers_model_takes_any_sequence_length(tmp_path, capsys):
 
 
 def test_a_factory_model_and_tp_1_are_never_refused_before_the_tasks():
-    assert tensor_parallel_refusal(TrainingSpec(model="my_pkg.models:build"), 8) is None
-    assert tensor_parallel_refusal(TrainingSpec(heads=3, width=3), 1) is None
+    assert tensor_parallel_refusal(TrainingSpec.of(model="my_pkg.models:build"), 8) is None
+    assert tensor_parallel_refusal(TrainingSpec.of(heads=3, width=3), 1) is None
 
 
 # ----------------------------------------------------------------------------- the commands

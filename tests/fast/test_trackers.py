@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_tracker_names(given, stored, names):
-    training = TrainingSpec(tracker=given)
-    assert (training.tracker, training.trackers) == (stored, names)
+    training = TrainingSpec.of(tracker=given)
+    assert (training.observation.tracker, training.observation.trackers) == (stored, names)
     assert training.to_args() == ([] if stored == "tensorboard" else ["--tracker", stored])
 
 
@@ -47,7 +47,7 @@ def test_tracker_names(given, stored, names):
 )
 def test_a_bad_tracker_is_one_line(given, message):
     with pytest.raises(SpecError, match=message):
-        TrainingSpec(tracker=given)
+        TrainingSpec.of(tracker=given)
 
 
 def hpc(*args: str, env: dict | None = None, prelude: str = "", timeout: float = 200) -> subprocess.CompletedProcess:

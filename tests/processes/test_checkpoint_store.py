@@ -42,7 +42,7 @@ def tiny(**changes) -> TrainingSpec:
         tracker="none",
     )
     fields.update(changes)
-    return TrainingSpec(**fields)
+    return TrainingSpec.of(**fields)
 
 
 def spec_for(run_dir: Path, training: TrainingSpec) -> RunSpec:

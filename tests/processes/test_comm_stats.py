@@ -37,7 +37,7 @@ def plan_of(shard_size: int) -> TopologyPlan:
 
 
 def predicted(shard_size: int, grad_accum: int = 1):
-    counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=shard_size)
+    counts = parameter_counts(**MODEL.options(), shard_size=shard_size)
     return estimate(
         plan_of(shard_size), model_params=counts.params, root_params=counts.root_params, grad_accum=grad_accum
     )
@@ -105,7 +105,7 @@ def measure_every_shard_size(ctx):
             )
         out["comm"][s] = steps
     for accum in GRAD_ACCUMS:  # same mesh (S = 4), same global batch, N micro-batches per step
-        training = dataclasses.replace(MODEL, global_batch_size=MODEL.batch_size * ctx.world_size * 2, grad_accum=accum)
+        training = MODEL.replace(global_batch_size=MODEL.dataset.batch_size * ctx.world_size * 2, grad_accum=accum)
         sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
         steps = {}
         with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:

@@ -23,7 +23,7 @@ from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 from hpc_hsdp.runtime.compile import CACHE_DIR
 
-TINY = TrainingSpec(
+TINY = TrainingSpec.of(
     layers=2, width=32, heads=4, seq_len=16, batch_size=2, vocab_size=64, steps=6, seed=5, lr=1e-2, precision="fp32"
 )
 
@@ -34,15 +34,15 @@ def _reference_then_eager_to_step_2(ctx):
 
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
     reference = train(scratch, TINY, verbose=False).losses
-    train(ctx, dataclasses.replace(TINY, steps=2), verbose=False)
+    train(ctx, TINY.replace(steps=2), verbose=False)
     return reference
 
 
 def _compiled_to_step_5_then_eager_to_6(ctx):
     from hpc_hsdp.runtime.loop import train
 
-    compiled = train(ctx, dataclasses.replace(TINY, compile=True, steps=5), verbose=False).losses
-    eager = train(ctx, dataclasses.replace(TINY, steps=6), verbose=False).losses
+    compiled = train(ctx, TINY.replace(compile=True, steps=5), verbose=False).losses
+    eager = train(ctx, TINY.replace(steps=6), verbose=False).losses
     return {"compiled": compiled, "eager": eager}
 
 
@@ -61,7 +61,7 @@ def test_compile_resumes_an_eager_checkpoint_reuses_its_cache_and_goes_back(tmp_
     assert [s for s, _ in complete_checkpoints(run)] == [2]
 
     # attempt 2: the eager checkpoint resumed compiled, the cache built in the run directory
-    compiled = dataclasses.replace(TINY, compile=True, steps=4)
+    compiled = TINY.replace(compile=True, steps=4)
     launch(dataclasses.replace(spec, training=compiled), tasks_per_node=[2], log_dir=tmp_path / "l2", timeout_s=300)
     records = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl")}
     for step in (3, 4):

@@ -14,7 +14,6 @@ tests.processes.test_engine_faults:own_loop``), each on real gloo processes of t
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 import time
@@ -37,7 +36,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 fake_scontrol = test_node_failure.fake_scontrol  # scontrol that shows n1 alive and n2 dead
 
 NODES = [1, 1]  # two nodes of one task: rank 1 is alone on n2
-TINY = TrainingSpec(
+TINY = TrainingSpec.of(
     layers=1,
     width=32,
     heads=4,
@@ -78,7 +77,7 @@ def spec_for(loop: str, run_dir: Path, **training) -> RunSpec:
         shard_size=1,
         run_dir=str(run_dir),
         device="cpu",
-        training=dataclasses.replace(TINY, **training),
+        training=TINY.replace(**training),
         timeout_s=60,
         entry=ENTRIES[loop],
     )

@@ -26,7 +26,7 @@ def trained(tmp_path_factory) -> Path:
     from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
     run = tmp_path_factory.mktemp("hostile") / "run"
-    training = TrainingSpec(**TINY, checkpoint_every=2, keep_checkpoints=3)
+    training = TrainingSpec.of(**TINY, checkpoint_every=2, keep_checkpoints=3)
     launch(RunSpec(shard_size=2, run_dir=str(run), device="cpu", training=training, timeout_s=60), tasks_per_node=[2])
     return run
 
@@ -63,7 +63,7 @@ def test_a_hostile_checkpoint_is_damaged_export_refuses_and_resume_falls_back(tr
     assert not (tmp_path / "out").exists() and not marker.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
 
-    training = TrainingSpec(**dict(TINY, steps=6), checkpoint_every=2, keep_checkpoints=3)
+    training = TrainingSpec.of(**dict(TINY, steps=6), checkpoint_every=2, keep_checkpoints=3)
     again = launch(
         RunSpec(shard_size=2, run_dir=str(run), device="cpu", training=training, timeout_s=60), tasks_per_node=[2]
     )

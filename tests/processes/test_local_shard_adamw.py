@@ -16,7 +16,7 @@ from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
-MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=1, seed=5)
+MODEL = TrainingSpec.of(layers=2, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=1, seed=5)
 
 
 def compare_optimizers(ctx):

@@ -25,7 +25,7 @@ from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 from hpc_hsdp.runtime.schedule import learning_rate
 
 # 4 ranks x 2 samples x 2 micro-batches = a global batch of 16
-TRAIN = TrainingSpec(
+TRAIN = TrainingSpec.of(
     layers=2,
     width=32,
     heads=4,
@@ -46,7 +46,7 @@ TRAIN = TrainingSpec(
     precision="fp32",
     keep_checkpoints=3,
 )
-GLOBAL = dataclasses.replace(TRAIN, batch_size=4, global_batch_size=16)  # the same on any number of ranks
+GLOBAL = TRAIN.replace(batch_size=4, global_batch_size=16)  # the same on any number of ranks
 
 
 # ----------------------------------------------------------------------------- pure
@@ -115,10 +115,9 @@ def train_and_more(ctx):
 
     out = _train_recording(ctx, TRAIN)
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
-    bf16 = dataclasses.replace(TRAIN, precision="bf16", steps=3, eval_every=0)
+    bf16 = TRAIN.replace(precision="bf16", steps=3, eval_every=0)
     out["bf16"] = {
-        ac: train(scratch, dataclasses.replace(bf16, activation_checkpointing=ac), verbose=False).losses
-        for ac in (True, False)
+        ac: train(scratch, bf16.replace(activation_checkpointing=ac), verbose=False).losses for ac in (True, False)
     }
     out["eval_by_shard"] = {}
     data = open_data(TRAIN, ctx.world_size)
@@ -157,20 +156,20 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
     from tests.processes.test_runtime import full_checkpoint, synthetic_rows
 
     model = build_model(ModelConfig.from_training(training), device="cpu")
-    init_parameters(model, seed=training.seed)
+    init_parameters(model, seed=training.optimizer.seed)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": training.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-        lr=training.lr,
+        [{"params": decay, "weight_decay": training.optimizer.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=training.optimizer.lr,
     )
-    global_batch = training.global_batch(world_size)
+    global_batch = training.dataset.global_batch(world_size)
     losses, norms = {}, {}
-    for step in range(1, training.steps + 1):
+    for step in range(1, training.optimizer.steps + 1):
         x, y = synthetic_rows(training, step=step, rank=0, world_size=1, batch_size=global_batch)
         loss = loss_fn(model(x), y)
         loss.backward()
-        norms[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), training.clip_grad))
+        norms[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), training.optimizer.clip_grad))
         for group in opt.param_groups:
             group["lr"] = lr_of(training, step)
         opt.step()
@@ -251,8 +250,8 @@ def test_matches_a_single_process_run_with_accumulation_clipping_and_schedule(re
     for r in records:
         assert r["loss"] == pytest.approx(ref["losses"][r["step"]], abs=1e-4)
         assert r["grad_norm"] == pytest.approx(ref["norms"][r["step"]], rel=1e-4)  # the global norm, across the mesh
-    assert max(r["grad_norm"] for r in records) > TRAIN.clip_grad  # clipping was in play
-    assert ref["max_param_diff"] < 1e-2 * TRAIN.lr, ref["max_param_diff"]
+    assert max(r["grad_norm"] for r in records) > TRAIN.optimizer.clip_grad  # clipping was in play
+    assert ref["max_param_diff"] < 1e-2 * TRAIN.optimizer.lr, ref["max_param_diff"]
 
 
 def test_bf16_trains_and_activation_checkpointing_changes_nothing(reference):
@@ -281,7 +280,9 @@ def test_same_global_batch_on_one_node_sees_the_same_samples(reference, tmp_path
         tmp_path / "run" / "checkpoints" / "step-000006",
         reference["run_dir"] / "checkpoints" / "step-000006",
     )
-    assert diff < 1e-2 * TRAIN.lr, diff  # another reduction order: equal within float tolerance, not bit for bit
+    assert diff < 1e-2 * TRAIN.optimizer.lr, (
+        diff
+    )  # another reduction order: equal within float tolerance, not bit for bit
 
 
 def test_preempted_run_resumes_bit_identical_on_the_same_mesh_and_with_the_same_samples_on_fewer_nodes(
@@ -322,7 +323,7 @@ def test_preempted_run_resumes_bit_identical_on_the_same_mesh_and_with_the_same_
     diff = in_child(
         max_param_diff, fewer / "checkpoints" / "step-000006", reference["run_dir"] / "checkpoints" / "step-000006"
     )
-    assert diff < 1e-2 * TRAIN.lr, diff
+    assert diff < 1e-2 * TRAIN.optimizer.lr, diff
 
 
 def test_resuming_with_another_global_batch_is_refused(reference, tmp_path):
@@ -332,7 +333,7 @@ def test_resuming_with_another_global_batch_is_refused(reference, tmp_path):
         shard_size=2,
         run_dir=str(run),
         device="cpu",
-        training=dataclasses.replace(TRAIN, steps=8, grad_accum=1),
+        training=TRAIN.replace(steps=8, grad_accum=1),
         timeout_s=60,
     )
     outcomes = launch(spec, tasks_per_node=[2, 2], timeout_s=120, expect_failure=True)

@@ -9,7 +9,6 @@ it trains on exactly the same samples. Bad data exits 2 with one line before any
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -67,7 +66,7 @@ def corpus(tmp_path_factory) -> Path:
 
 def training_on(corpus: Path) -> TrainingSpec:
     # 4 ranks x 2 samples x 2 micro-batches: a global batch of 16 samples of 64 tokens
-    return TrainingSpec(
+    return TrainingSpec.of(
         data=str(corpus),
         layers=2,
         width=64,
@@ -147,7 +146,7 @@ def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_che
     )
 
     # the same run directory on 1 node x 2, the same global batch: exactly the same samples
-    fewer = dataclasses.replace(training, batch_size=4, global_batch_size=16)
+    fewer = training.replace(batch_size=4, global_batch_size=16)
     spec = RunSpec(shard_size=2, run_dir=str(other_shape), device="cpu", training=fewer, timeout_s=120)
     resumed = launch(spec, tasks_per_node=[2], fn=train_recording, timeout_s=300)
     assert "saved on mesh [2, 2], now [1, 2]" in resumed[0].log
@@ -159,7 +158,7 @@ def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_che
         other_shape / "checkpoints" / "step-000008",
         uninterrupted["run_dir"] / "checkpoints" / "step-000008",
     )
-    assert diff < 3 * training.lr, diff
+    assert diff < 3 * training.optimizer.lr, diff
     final = read_jsonl(other_shape / "metrics.jsonl")[-1]["eval_loss"]
     assert final == pytest.approx(read_jsonl(uninterrupted["run_dir"] / "metrics.jsonl")[-1]["eval_loss"], abs=0.02)
 
@@ -200,12 +199,12 @@ def train_with_a_small_vocabulary(ctx):
     from hpc_hsdp.runtime.loop import train
 
     training = ctx.spec.training
-    adapter = BuiltinAdapter(ModelConfig(vocab_size=100, seq_len=training.seq_len, width=32, heads=4, layers=1))
+    adapter = BuiltinAdapter(ModelConfig(vocab_size=100, seq_len=training.dataset.seq_len, width=32, heads=4, layers=1))
     train(ctx, training, adapter=adapter)
 
 
 def test_token_ids_beyond_the_models_vocabulary_are_refused_before_step_1(corpus, tmp_path):
-    training = TrainingSpec(data=str(corpus), layers=1, width=32, heads=4, seq_len=64, batch_size=2, steps=2)
+    training = TrainingSpec.of(data=str(corpus), layers=1, width=32, heads=4, seq_len=64, batch_size=2, steps=2)
     spec = RunSpec(shard_size=1, run_dir=str(tmp_path), device="cpu", training=training, timeout_s=60)
     outcomes = launch(spec, tasks_per_node=[1], fn=train_with_a_small_vocabulary, expect_failure=True, timeout_s=120)
     assert outcomes[0].value.startswith("DataError: token data ")

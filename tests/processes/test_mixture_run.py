@@ -40,7 +40,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 
 def training_on(sources) -> TrainingSpec:
-    return TrainingSpec(
+    return TrainingSpec.of(
         data=f"web={sources['web']}:0.7,code={sources['code']}:0.3",
         layers=1,
         width=32,
@@ -68,7 +68,7 @@ def test_a_stopped_and_requeued_mixture_sees_the_samples_of_an_uninterrupted_one
     first = launch(spec, tasks_per_node=[2, 2], fn=train_signalled_at_3, timeout_s=300)
     assert {(o.value["summary"]["stop_reason"], o.value["summary"]["steps"]) for o in first} == {("USR2", 3)}
     state = json.loads((run / "checkpoints" / "step-000003" / "train_state.json").read_text())
-    mixture = parse_mixture(training.data)
+    mixture = parse_mixture(training.dataset.data)
     assert (
         state["data"]["sources"]["web"]["samples_consumed"] + state["data"]["sources"]["code"]["samples_consumed"]
         == 3 * GLOBAL

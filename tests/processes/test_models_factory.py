@@ -21,7 +21,7 @@ pytestmark = pytest.mark.dist
 
 
 def test_factory_model_is_sharded_initialised_and_trainable(tmp_path):
-    training = TrainingSpec(model="my_model:build", seed=4, **SMALL)
+    training = TrainingSpec.of(model="my_model:build", seed=4, **SMALL)
     spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", training=training, timeout_s=120)
     by_rank = {o.value["rank"]: o.value for o in launch(spec, tasks_per_node=[2, 2], fn=shard_and_report)}
     total = by_rank[0]["total_numel"]
@@ -61,7 +61,7 @@ def _factory_errors(cases):
     out = []
     for model, unit in cases:
         try:
-            adapter = FactoryAdapter(TrainingSpec(model=model, shard_unit=unit, **SMALL))
+            adapter = FactoryAdapter(TrainingSpec.of(model=model, shard_unit=unit, **SMALL))
             built = adapter.build_meta()
             built.to_empty(device="cpu")
             adapter.init_weights(built, seed=0)
@@ -85,7 +85,7 @@ def test_factory_errors_name_the_problem():
 
 
 def test_the_examples_factory_with_data_is_built_with_the_datas_vocabulary():
-    """examples/my_model.py builds from training.vocab_size: with --data that is the data's (2048 here,
+    """examples/my_model.py builds from training.model.vocab_size: with --data that is the data's (2048 here,
     the run's own 256), as the vocabulary check's message says, so the example trains on prepared data."""
     assert in_child(_data_vocabulary) == (2048, 2048)
 
@@ -93,5 +93,7 @@ def test_the_examples_factory_with_data_is_built_with_the_datas_vocabulary():
 def _data_vocabulary():
     from hpc_hsdp.models import resolve_model
 
-    adapter = resolve_model(TrainingSpec(model="my_model:build", **{**SMALL, "vocab_size": 256}), data_vocab_size=2048)
+    adapter = resolve_model(
+        TrainingSpec.of(model="my_model:build", **{**SMALL, "vocab_size": 256}), data_vocab_size=2048
+    )
     return adapter.vocab_size, adapter.build_meta().embed.num_embeddings

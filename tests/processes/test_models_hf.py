@@ -24,7 +24,7 @@ pytestmark = pytest.mark.dist
 
 def _launch(tmp_path, model: str, *, tasks_per_node, shard: int, seed: int = 5, shard_unit=None):
     run_dir = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
-    training = TrainingSpec(model=model, seed=seed, shard_unit=shard_unit)
+    training = TrainingSpec.of(model=model, seed=seed, shard_unit=shard_unit)
     spec = RunSpec(shard_size=shard, run_dir=str(run_dir), device="cpu", training=training, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=tasks_per_node, fn=shard_and_report, timeout_s=240)
     return run_dir, {o.value["rank"]: o.value for o in outcomes}
@@ -86,7 +86,7 @@ def _adapter_errors(cases):
     messages = []
     for model, shard_unit, data_vocab_size in cases:
         try:
-            adapter = HFAdapter(TrainingSpec(model=model, shard_unit=shard_unit), data_vocab_size=data_vocab_size)
+            adapter = HFAdapter(TrainingSpec.of(model=model, shard_unit=shard_unit), data_vocab_size=data_vocab_size)
             adapter.shard_units(adapter.build_meta())
             messages.append("no error")
         except SpecError as exc:
@@ -130,7 +130,7 @@ def test_pretrained_load_holds_one_shard_per_rank_not_the_model(tmp_path):
         shard_size=4,
         run_dir=str(tmp_path / "run"),
         device="cpu",
-        training=TrainingSpec(model=f"hf:{model_dir}"),
+        training=TrainingSpec.of(model=f"hf:{model_dir}"),
         timeout_s=120,
     )
     reports = [o.value for o in launch(spec, tasks_per_node=[4], fn=load_memory_report, timeout_s=300)]

@@ -60,7 +60,7 @@ def _training(model: str, corpus: dict, **more) -> TrainingSpec:
         keep_checkpoints=3,
         precision="fp32",
     )
-    return TrainingSpec(**(values | more))
+    return TrainingSpec.of(**(values | more))
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))

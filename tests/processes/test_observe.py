@@ -35,7 +35,7 @@ def test_slow_rank_and_restart_are_recorded_drawn_and_match_tensorboard(tmp_path
 
     # 7 probes (steps 2-14): an odd count, so a rank another process took the CPU from in
     # as many probes as not is no tie with "slow in half of them"
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         layers=1,
         width=32,
         heads=4,

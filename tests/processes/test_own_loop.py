@@ -35,7 +35,7 @@ def test_own_loop_trains_and_resumes_bit_identical_after_preemption(tmp_path):
 
     corpus = make_corpus(str(tmp_path / "data"), 320)
     model = write_config(tmp_path / "model", dict(TINY_LLAMA, vocab_size=320))
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         model=f"hf:{model}",
         data=corpus["path"],
         seq_len=32,

@@ -42,7 +42,7 @@ def measured_payload(ctx):
 def _model_bytes(tmp_path: Path, width: int, precision: str) -> int:
     """What the run's rank 0 held for the model at its peak: its last step's peak less its resident set before."""
     run_dir = tmp_path / f"{precision}-{width}"
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         **SHAPE,
         width=width,
         seq_len=SEQ_LEN,

@@ -14,7 +14,7 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
-TINY = TrainingSpec(
+TINY = TrainingSpec.of(
     layers=1,
     width=32,
     heads=4,

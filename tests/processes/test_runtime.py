@@ -8,7 +8,6 @@ restart from or reshape its checkpoint. Tensor work happens in child processes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = TrainingSpec(
+TINY = TrainingSpec.of(
     layers=2,
     width=32,
     heads=4,
@@ -125,9 +124,13 @@ def synthetic_rows(training: TrainingSpec, *, step: int, rank: int, world_size: 
     from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
     from hpc_hsdp.data.synthetic import SyntheticSamples
 
-    source = SyntheticSamples(seed=training.seed, seq_len=training.seq_len, vocab_size=training.vocab_size)
+    source = SyntheticSamples(
+        seed=training.optimizer.seed, seq_len=training.dataset.seq_len, vocab_size=training.model.vocab_size
+    )
     layout = BatchLayout(global_batch=batch_size * world_size, world_size=world_size)
-    ids = SampleOrder(num_samples=source.num_samples, seed=training.seed).sample_ids(layout.positions(step, 0, rank))
+    ids = SampleOrder(num_samples=source.num_samples, seed=training.optimizer.seed).sample_ids(
+        layout.positions(step, 0, rank)
+    )
     rows = torch.from_numpy(source.read(ids))
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
@@ -198,11 +201,13 @@ def single_process_reference(training: TrainingSpec, world_size: int, ckpt_path)
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
 
     model = build_model(ModelConfig.from_training(training), device="cpu")
-    init_parameters(model, seed=training.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=training.lr, weight_decay=0.0)
+    init_parameters(model, seed=training.optimizer.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=training.optimizer.lr, weight_decay=0.0)
     losses = {}
-    for step in range(1, training.steps + 1):
-        x, y = synthetic_rows(training, step=step, rank=0, world_size=1, batch_size=world_size * training.batch_size)
+    for step in range(1, training.optimizer.steps + 1):
+        x, y = synthetic_rows(
+            training, step=step, rank=0, world_size=1, batch_size=world_size * training.dataset.batch_size
+        )
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
@@ -275,7 +280,7 @@ def test_each_rank_holds_one_shard_of_the_parameters(hsdp_run):
 
 def test_loss_decreases_and_metrics_are_complete(hsdp_run):
     records = read_jsonl(hsdp_run["run_dir"] / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, TINY.steps + 1))
+    assert [r["step"] for r in records] == list(range(1, TINY.optimizer.steps + 1))
     assert records[-1]["loss"] < records[0]["loss"] - 0.1
     assert {r["world_size"] for r in records} == {8} and {r["shard_size"] for r in records} == {2}
     assert all(r["tokens_per_s"] > 0 and r["peak_mem_kind"] == "ru_maxrss" for r in records)
@@ -290,7 +295,7 @@ def test_matches_single_process_reference(hsdp_run):
     assert ref["keys_match"]
     # Reductions run in another order (reduce-scatter + all-reduce vs one batch); AdamW's
     # normalised update amplifies the rounding of tiny gradients: allow 1 % of one step (lr).
-    assert ref["max_param_diff"] < 1e-2 * TINY.lr, ref["max_param_diff"]
+    assert ref["max_param_diff"] < 1e-2 * TINY.optimizer.lr, ref["max_param_diff"]
     records = read_jsonl(hsdp_run["run_dir"] / "metrics.jsonl")
     for record in records:
         assert abs(record["loss"] - ref["losses"][record["step"]]) < 1e-4
@@ -329,7 +334,7 @@ def test_resume_on_another_mesh_shape_loads_exactly(hsdp_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(hsdp_run["run_dir"] / "checkpoints", run_dir / "checkpoints")
     # half the ranks, the same global batch (8 ranks x 4 samples): the data position carries over
-    training = dataclasses.replace(TINY, global_batch_size=8 * TINY.batch_size)
+    training = TINY.replace(global_batch_size=8 * TINY.dataset.batch_size)
     spec = RunSpec(shard_size=4, run_dir=str(run_dir), device="cpu", training=training, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=[4], fn=load_and_dump_full_state, timeout_s=120)
     assert {(o.value["start_step"], o.value["last_step"]) for o in outcomes} == {(6, 6)}
@@ -344,7 +349,7 @@ def test_resume_on_another_mesh_shape_loads_exactly(hsdp_run, tmp_path):
 
 
 def test_16_ranks_2x8_shard_4_groups_match_the_plan(tmp_path):
-    training = TrainingSpec(layers=1, width=16, heads=2, seq_len=8, batch_size=2, vocab_size=32, steps=2)
+    training = TrainingSpec.of(layers=1, width=16, heads=2, seq_len=8, batch_size=2, vocab_size=32, steps=2)
     spec = RunSpec(shard_size=4, run_dir=str(tmp_path), device="cpu", training=training, timeout_s=120)
     outcomes = launch(spec, tasks_per_node=[8, 8], distribution="cyclic", timeout_s=240)
     assert {o.value["steps"] for o in outcomes} == {2}

@@ -41,7 +41,7 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def _training(dataset: Path, stage: str | None) -> TrainingSpec:
-    return TrainingSpec(
+    return TrainingSpec.of(
         data=str(dataset),
         stage_data=stage,
         layers=1,

@@ -13,7 +13,6 @@ train like the single-tensor one (to float rounding) and be what make_optimizer 
 
 from __future__ import annotations
 
-import dataclasses
 from unittest import mock
 
 import pytest
@@ -29,7 +28,7 @@ from hpc_hsdp.runtime import engine, loop, reshard
 from hpc_hsdp.runtime.comm_stats import CommStats
 from hpc_hsdp.runtime.dist import RunContext
 
-MODEL = TrainingSpec(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)
+MODEL = TrainingSpec.of(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)
 TASKS_PER_NODE = (2, 2)
 
 
@@ -43,13 +42,13 @@ def train_three_ways(ctx):
             {"params": g["params"], "weight_decay": g["weight_decay"]}
             for g in single_tensor(model, training).param_groups
         ]
-        return torch.optim.AdamW(groups, lr=training.lr, foreach=False, fused=False)
+        return torch.optim.AdamW(groups, lr=training.optimizer.lr, foreach=False, fused=False)
 
-    always = dataclasses.replace(MODEL, reshard_after_forward="always")
+    always = MODEL.replace(reshard_after_forward="always")
     out = {"agreed": agreed_choice(ctx)}
     for name, training, make in (
         ("always", always, single_tensor),
-        ("never", dataclasses.replace(MODEL, reshard_after_forward="never"), single_tensor),
+        ("never", MODEL.replace(reshard_after_forward="never"), single_tensor),
         ("auto", MODEL, single_tensor),
         ("single-tensor", always, make_single_tensor),
     ):
@@ -96,7 +95,7 @@ def trained(tmp_path_factory):
 
 def predicted_gather_bytes() -> tuple[int, int]:
     """The plan's all-gather bytes per step in the shard group: (resharding, keeping)."""
-    counts = parameter_counts(**dataclasses.asdict(MODEL), shard_size=2)
+    counts = parameter_counts(**MODEL.options(), shard_size=2)
     plan = TopologyPlan(tasks_per_node=TASKS_PER_NODE, shard_size=2, node_names=("n1", "n2"))
     return tuple(
         next(
@@ -117,15 +116,15 @@ def test_keeping_the_gathered_parameters_changes_no_number_and_gathers_once(trai
     for value in trained:
         assert value["never"]["loss"] == value["always"]["loss"]
         assert value["never"]["grad_norm"] == value["always"]["grad_norm"]
-        assert value["always"]["gathered"] == [resharded] * MODEL.steps
-        assert value["never"]["gathered"] == [kept] * MODEL.steps
+        assert value["always"]["gathered"] == [resharded] * MODEL.optimizer.steps
+        assert value["never"]["gathered"] == [kept] * MODEL.optimizer.steps
 
 
 @pytest.mark.dist
 def test_auto_keeps_what_fits_and_agrees_on_the_smallest_memory(trained):
     _, kept = predicted_gather_bytes()
     for value in trained:
-        assert value["auto"]["gathered"] == [kept] * MODEL.steps
+        assert value["auto"]["gathered"] == [kept] * MODEL.optimizer.steps
         assert value["auto"]["loss"] == value["always"]["loss"]
         assert value["agreed"] is True
 

@@ -4,7 +4,6 @@ mesh; its checkpoints resume across tp sizes."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -17,7 +16,7 @@ from dist_helpers import launch
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 
 # a global batch of 8 on any mesh; heads, 4 x width, vocabulary and sequence all divide by 2
-TRAIN = TrainingSpec(
+TRAIN = TrainingSpec.of(
     layers=2,
     width=32,
     heads=4,
@@ -134,7 +133,7 @@ def test_a_checkpoint_of_the_earlier_qkv_layout_is_refused_at_resume_not_misread
     state = json.loads(state_file.read_text())
     assert state.pop("model_layout") == "qkv head-major"
     state_file.write_text(json.dumps(state))
-    spec = RunSpec(shard_size=2, device="cpu", run_dir=str(run), training=dataclasses.replace(TRAIN, steps=12))
+    spec = RunSpec(shard_size=2, device="cpu", run_dir=str(run), training=TRAIN.replace(steps=12))
     failed = launch(spec, tasks_per_node=[2], fn=train_recording, timeout_s=120, expect_failure=True)
     assert all(not o.ok for o in failed)
     assert "holds the built-in model in an earlier layout" in failed[0].value
@@ -142,7 +141,7 @@ def test_a_checkpoint_of_the_earlier_qkv_layout_is_refused_at_resume_not_misread
 
 
 def test_compiled_blocks_under_tensor_parallelism_train_the_eager_losses(reference, tmp_path):
-    compiled = dataclasses.replace(TRAIN, steps=4, eval_every=0, compile=True)
+    compiled = TRAIN.replace(steps=4, eval_every=0, compile=True)
     eager = _losses(reference)[:4]
     got = _losses(_run(tmp_path / "compiled", shard=2, tp=2, tasks_per_node=[4], training=compiled))
     assert got == pytest.approx(eager, rel=2e-2)
@@ -158,16 +157,14 @@ def test_compiled_blocks_under_tensor_parallelism_train_the_eager_losses(referen
     ids=["fp32 checkpointed activations, 2 micro-batches", "bf16, 2 micro-batches"],
 )
 def test_tensor_parallel_composes_with_the_step_options(tmp_path, options, rel):
-    training = dataclasses.replace(TRAIN, steps=4, eval_every=0, **options)
+    training = TRAIN.replace(steps=4, eval_every=0, **options)
     alone = _losses(_run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training))
     split = _losses(_run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training))
     assert split == pytest.approx(alone, rel=rel)
 
 
 def test_a_model_tp_cannot_split_is_refused_on_every_rank_before_training(tmp_path):
-    spec = RunSpec(
-        shard_size=1, tp_size=4, device="cpu", run_dir=str(tmp_path / "r"), training=dataclasses.replace(TRAIN, heads=2)
-    )
+    spec = RunSpec(shard_size=1, tp_size=4, device="cpu", run_dir=str(tmp_path / "r"), training=TRAIN.replace(heads=2))
     failed = launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=120, expect_failure=True)
     assert all(not o.ok for o in failed)
     assert "--tp 4 does not divide the built-in model's 2 attention heads (--heads)" in failed[0].value
@@ -180,7 +177,7 @@ def test_a_transformers_llama_splits_by_its_own_plan_and_trains_the_losses_of_sh
 
     model = write_config(tmp_path / "llama", dict(TINY_LLAMA, tie_word_embeddings=tied))
     # 15 tokens: transformers' plan is not sequence parallel, so T need not divide the sequence
-    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, seq_len=15, steps=4, eval_every=0)
+    training = TRAIN.replace(model=f"hf:{model}", vocab_size=96, seq_len=15, steps=4, eval_every=0)
     alone = _losses(_run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training))
     split = _losses(_run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training))
     assert split == pytest.approx(alone, rel=1e-5)
@@ -190,7 +187,7 @@ def test_a_model_without_a_plan_is_refused_naming_it(tmp_path):
     from hf_helpers import TINY_GPT2, write_config
 
     model = write_config(tmp_path / "gpt2", TINY_GPT2)
-    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, steps=2, eval_every=0)
+    training = TRAIN.replace(model=f"hf:{model}", vocab_size=96, steps=2, eval_every=0)
     spec = RunSpec(shard_size=1, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), training=training)
     failed = launch(spec, tasks_per_node=[2], fn=train_recording, timeout_s=120, expect_failure=True)
     assert all(not o.ok for o in failed)
@@ -198,7 +195,7 @@ def test_a_model_without_a_plan_is_refused_naming_it(tmp_path):
 
 
 def test_a_factory_model_gives_its_own_plan_and_trains_the_losses_of_shard_2(tmp_path):
-    training = dataclasses.replace(TRAIN, model="tp_factory:build", steps=4, eval_every=5)
+    training = TRAIN.replace(model="tp_factory:build", steps=4, eval_every=5)
     alone = _run(tmp_path / "s2", shard=2, tp=1, tasks_per_node=[2], training=training)
     split = _run(tmp_path / "s2t2", shard=2, tp=2, tasks_per_node=[4], training=training)
     assert _losses(split) == pytest.approx(_losses(alone), rel=1e-5)
@@ -221,7 +218,7 @@ def test_an_own_loop_trains_a_transformers_llama_under_tensor_parallelism_as_wit
     from hf_helpers import TINY_LLAMA, write_config
 
     model = write_config(tmp_path / "llama", TINY_LLAMA)
-    training = dataclasses.replace(TRAIN, model=f"hf:{model}", vocab_size=96, steps=4, eval_every=0)
+    training = TRAIN.replace(model=f"hf:{model}", vocab_size=96, steps=4, eval_every=0)
     metrics = {}
     for tp, tasks in ((1, [2]), (2, [4])):
         run_dir = tmp_path / f"tp{tp}"
@@ -236,20 +233,20 @@ def test_an_own_loop_trains_a_transformers_llama_under_tensor_parallelism_as_wit
 def test_comm_stats_count_tensor_parallel_traffic_on_its_own_axis(tmp_path):
     """Per step and rank, the built-in model at tp 2 gathers and reduce-scatters (4L + 2) activations
     of (rows, seq_len, width) plus the positions' (seq_len, width) once each, inside the node."""
-    training = dataclasses.replace(TRAIN, steps=2, eval_every=0)
+    training = TRAIN.replace(steps=2, eval_every=0)
     spec = RunSpec(
         shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), comm_stats=True, training=training
     )
     launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=240)
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     tp = rows[-1]["comm"]["tp"]
-    rows_per_rank = TRAIN.global_batch_size // 2  # the data-parallel ranks: R x S = 2
-    activation = rows_per_rank * TRAIN.seq_len * TRAIN.width * 4
-    positions = TRAIN.seq_len * TRAIN.width * 4
-    expected = (4 * TRAIN.layers + 2) * activation + positions
+    rows_per_rank = TRAIN.dataset.global_batch_size // 2  # the data-parallel ranks: R x S = 2
+    activation = rows_per_rank * TRAIN.dataset.seq_len * TRAIN.model.width * 4
+    positions = TRAIN.dataset.seq_len * TRAIN.model.width * 4
+    expected = (4 * TRAIN.model.layers + 2) * activation + positions
     assert (tp["group_size"], tp["inter_node"]) == (2, False)
     assert tp["all_gather"]["tensor_bytes"] == tp["reduce_scatter"]["tensor_bytes"] == expected
-    assert tp["all_gather"]["calls"] == tp["reduce_scatter"]["calls"] == 4 * TRAIN.layers + 3
+    assert tp["all_gather"]["calls"] == tp["reduce_scatter"]["calls"] == 4 * TRAIN.model.layers + 3
     assert rows[0]["comm"]["tp"]["all_gather"] == tp["all_gather"]  # every step the same
 
 
@@ -304,7 +301,7 @@ def test_the_straggler_probe_names_a_slow_rank_not_its_tp_peer(tmp_path):
     rank stood out (spread about 1.0-1.2, the slowest rank any of three)."""
     from hpc_hsdp.rundir.stragglers import SLOW_THRESHOLD
 
-    training = dataclasses.replace(TRAIN, layers=1, steps=8, eval_every=0, straggler_every=2)
+    training = TRAIN.replace(layers=1, steps=8, eval_every=0, straggler_every=2)
     spec = RunSpec(shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), training=training)
     launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=240, extra_env={"HPC_HSDP_FAULT_SLOW_RANK": "3:0.2"})
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -330,11 +327,11 @@ def test_comm_stats_measure_the_tp_bytes_plan_estimates(tmp_path, model, tied, c
 
     from hpc_hsdp.plan.estimates import ActivationShape
 
-    training = dataclasses.replace(TRAIN, steps=2, eval_every=0, activation_checkpointing=checkpointing)
+    training = TRAIN.replace(steps=2, eval_every=0, activation_checkpointing=checkpointing)
     style = {}
     if model == "llama":
         path = write_config(tmp_path / "llama", dict(TINY_LLAMA, tie_word_embeddings=tied))
-        training = dataclasses.replace(training, model=f"hf:{path}", vocab_size=96, width=64)
+        training = training.replace(model=f"hf:{path}", vocab_size=96, width=64)
         style = {"sequence_parallel": False, "vocab_size": 96, "tied": tied}
     spec = RunSpec(
         shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), comm_stats=True, training=training
@@ -342,11 +339,11 @@ def test_comm_stats_measure_the_tp_bytes_plan_estimates(tmp_path, model, tied, c
     launch(spec, tasks_per_node=[4], fn=train_recording, timeout_s=240)
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     measured = rows[-1]["comm"]["tp"]
-    rows_per_rank = TRAIN.global_batch_size // 2  # the data-parallel ranks: R x S = 2
-    shape = ActivationShape(layers=TRAIN.layers, width=training.width, seq_len=TRAIN.seq_len, batch_size=rows_per_rank,
+    rows_per_rank = TRAIN.dataset.global_batch_size // 2  # the data-parallel ranks: R x S = 2
+    shape = ActivationShape(layers=TRAIN.model.layers, width=training.model.width, seq_len=TRAIN.dataset.seq_len, batch_size=rows_per_rank,
                             checkpointing=checkpointing, **style)  # fmt: skip
     for t in shape.tp_traffic(element_bytes=4, tp_size=2, grad_accum=1, inter_node=False):
         got = measured[t.kind]["tensor_bytes"]
         if model == "builtin":  # and the positions' (seq_len, width), once each way
-            got -= TRAIN.seq_len * TRAIN.width * 4
+            got -= TRAIN.dataset.seq_len * TRAIN.model.width * 4
         assert got == t.tensor_bytes, (t.kind, measured)

@@ -98,7 +98,7 @@ def wandb_history(attempts: list[dict]) -> dict[int, dict]:
 def _spec(run: Path, steps: int):
     from hpc_hsdp.job.spec import RunSpec
 
-    training = TrainingSpec(
+    training = TrainingSpec.of(
         layers=1,
         width=32,
         heads=4,

@@ -13,7 +13,7 @@ from dist_helpers import launch
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S
 
-TINY = TrainingSpec(
+TINY = TrainingSpec.of(
     layers=1,
     width=32,
     heads=4,
