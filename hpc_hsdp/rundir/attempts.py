@@ -212,10 +212,11 @@ def end_attempt(
 
 def restart_causes(run_dir: str | Path) -> list[str]:
     """Each restart in words: ``step 40: preempted``."""
-    return [
-        f"step {r.get('resumed_from_step')}: {SHORT.get(r.get('reason'), r.get('reason'))}"
-        for r in read_restarts(run_dir)
-    ]
+    return [f"step {r.get('resumed_from_step')}: {_short(r.get('reason'))}" for r in read_restarts(run_dir)]
+
+
+def _short(reason: object) -> object:
+    return SHORT.get(reason, reason) if isinstance(reason, str) else reason
 
 
 RESTARTS_SECTION: StatusSection[RunView, list[str]] = StatusSection(
