@@ -19,7 +19,8 @@ from hpc_hsdp.plan.estimates import (
     parse_count,
     recommend_tp,
 )
-from hpc_hsdp.plan.model_cost import _activation_shape, _blocks, _ModelCost, _Sizing, _sizing, recommend_for
+from hpc_hsdp.plan.estimates import recommend as recommend_shard_size
+from hpc_hsdp.plan.model_cost import ModelCost, Sizing, activation_shape, model_blocks, sizing
 from hpc_hsdp.plan.replica_groups import replica_shape
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.switches import parse_node_switches
@@ -194,14 +195,13 @@ def plan(
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory is not None and params_for_shard is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
-    blocks = _blocks(model_info, params_for_shard)
+    blocks = model_blocks(model_info, params_for_shard)
     tp_training = _tp_training(training_model, model_params, training_seq_len)
     refusal = _tp_refusal(tp_training, tp_size)
     if refusal:
         raise SpecError(refusal)
-    activations = _activation_shape(
+    activations = activation_shape(
         model_info,
-        model_params,
         params_for_shard,
         seq_len=training_seq_len,
         batch_size=training_batch_size,
@@ -232,7 +232,15 @@ def plan(
         _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, as_json=as_json)
         return
     if recommend:
-        rec = recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations, blocks)
+        rec = recommend_shard_size(
+            the_plan,
+            gpu_memory=memory,
+            precision=precision,
+            optimizer=optimizer,
+            params_for_shard=params_for_shard,
+            activations=activations,
+            blocks=blocks,
+        )
         chosen = None
         if rec.chosen is not None and as_json:
             chosen = _build_plan(
@@ -247,7 +255,7 @@ def plan(
         return
     if training_grad_accum < 1:
         raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
-    model = _ModelCost(
+    model = ModelCost(
         params_for_shard,
         precision=precision,
         optimizer=optimizer,
@@ -255,7 +263,7 @@ def plan(
         activations=activations,
         blocks=blocks,
     )
-    sizing = _sizing(
+    sized = sizing(
         the_plan,
         model,
         memory=memory,
@@ -270,7 +278,7 @@ def plan(
     if as_json:
         _echo_plan_json(
             the_plan,
-            sizing,
+            sized,
             model_info,
             memory=memory,
             fewest=fewest,
@@ -280,7 +288,7 @@ def plan(
         )
     else:
         _echo_plan_text(
-            the_plan, sizing, model_info, memory=memory, node_range=(fewest_nodes, nodes), activations=activations
+            the_plan, sized, model_info, memory=memory, node_range=(fewest_nodes, nodes), activations=activations
         )
         if replicas is not None:
             click.echo("\n".join(replicas.describe(the_plan.node_names)))
@@ -367,31 +375,29 @@ def _echo_recommendation(rec, the_plan: TopologyPlan, chosen: TopologyPlan | Non
 
 
 def _echo_plan_json(
-    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, fewest, node_range, replicas=None, activations=None
+    the_plan: TopologyPlan, sized: Sizing, model_info, *, memory, fewest, node_range, replicas=None, activations=None
 ) -> None:
     data = the_plan.to_dict()
     if replicas is not None:
         data["replicas"] = replicas.to_dict()
     if model_info is not None:
         data["model"] = model_info["record"]
-    if sizing.estimate is not None:
-        data["estimate"] = sizing.estimate.to_dict()
+    if sized.estimate is not None:
+        data["estimate"] = sized.estimate.to_dict()
         if activations is not None:
             data["activations"] = asdict(activations)
-        data["save_on_sigterm"] = sizing.on_sigterm.to_dict()
-    if sizing.saving is not None:
-        data["checkpoint_estimate"] = sizing.saving.to_dict()
+        data["save_on_sigterm"] = sized.on_sigterm.to_dict()
+    if sized.saving is not None:
+        data["checkpoint_estimate"] = sized.saving.to_dict()
     if memory is not None:
         data["gpu_memory"] = memory
-        data["smallest_fitting_shard"] = sizing.fit.shard_size if sizing.fit else None
+        data["smallest_fitting_shard"] = sized.fit.shard_size if sized.fit else None
     if fewest is not None:
         data["flexible"] = {"min_nodes": node_range[0], "max_nodes": node_range[1], "at_min_nodes": fewest.to_dict()}
     click.echo(json.dumps(data))
 
 
-def _echo_plan_text(
-    the_plan: TopologyPlan, sizing: _Sizing, model_info, *, memory, node_range, activations=None
-) -> None:
+def _echo_plan_text(the_plan: TopologyPlan, sized: Sizing, model_info, *, memory, node_range, activations=None) -> None:
     if model_info is not None:
         click.echo(model_info["line"])
     fewest_nodes, nodes = node_range
@@ -404,19 +410,19 @@ def _echo_plan_text(
     click.echo(
         plan_text(
             the_plan,
-            estimate=sizing.estimate,
-            fit=sizing.fit,
+            estimate=sized.estimate,
+            fit=sized.fit,
             gpu_memory=memory,
-            save=sizing.on_sigterm,
+            save=sized.on_sigterm,
             activations=activations,
         ),
         nl=False,
     )
-    if sizing.saving is not None:
-        click.echo("\n".join(sizing.saving.lines()))
+    if sized.saving is not None:
+        click.echo("\n".join(sized.saving.lines()))
 
 
-def _echo_fewest_nodes(fewest: TopologyPlan, model: _ModelCost, *, fewest_nodes: int) -> None:
+def _echo_fewest_nodes(fewest: TopologyPlan, model: ModelCost, *, fewest_nodes: int) -> None:
     click.echo(f"\nat {fewest_nodes} node{'s' if fewest_nodes > 1 else ''} (the fewest):")
     click.echo(plan_text(fewest, estimate=model.estimate(fewest), activations=model.activations), nl=False)
 

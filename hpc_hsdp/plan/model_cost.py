@@ -1,18 +1,23 @@
-"""The model's cost on a plan, for ``hpc-hsdp plan``: memory and traffic per GPU, the smallest
-shard size that fits, the checkpoint's save, and what ``--recommend`` weighs (pure)."""
+"""A model's cost on a plan, for ``hpc-hsdp plan`` (pure): :class:`ModelCost` (its parameters per
+shard size, how they are stored and trained), :func:`sizing` (memory and traffic per GPU, the
+smallest shard size that fits, the checkpoint's save), and what ``--recommend`` weighs besides:
+the activations' shape (:func:`activation_shape`) and the model's blocks (:func:`model_blocks`).
+The formulas are :mod:`hpc_hsdp.plan.estimates`'; this module puts a model's options to them."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from hpc_hsdp.plan.estimates import (
     PRECISION_BYTES,
     ActivationShape,
+    Estimate,
+    Fit,
+    ParamsForShard,
+    SaveEstimate,
+    SaveTime,
     estimate,
     gathered_fits,
     llama_like_shape,
     parse_bandwidth,
-    recommend,
     resolve_precision,
     save_estimate,
     save_time,
@@ -25,10 +30,10 @@ from hpc_hsdp.plan.topology import TopologyPlan
 
 
 @record(kw_only=False)
-class _ModelCost:
+class ModelCost:
     """The model's parameters per shard size and how they are stored and trained."""
 
-    params_for_shard: Callable[[int], tuple[int, int]] | None
+    params_for_shard: ParamsForShard | None
     precision: str
     optimizer: str
     grad_accum: int
@@ -38,7 +43,7 @@ class _ModelCost:
     def params(self, plan: TopologyPlan) -> tuple[int | None, int]:
         return self.params_for_shard(plan.shard_size) if self.params_for_shard else (None, 0)
 
-    def estimate(self, plan: TopologyPlan, **more):
+    def estimate(self, plan: TopologyPlan, **more) -> Estimate | None:
         params, root = self.params(plan)
         if not params:
             return None
@@ -56,22 +61,34 @@ class _ModelCost:
 
 
 @record(kw_only=False)
-class _Sizing:
-    estimate: object | None
-    fit: object | None
-    on_sigterm: object | None
-    saving: object | None
+class Sizing:
+    """What ``plan`` says of a model on a plan (each None where the options do not ask it)."""
+
+    estimate: Estimate | None
+    fit: Fit | None
+    """The smallest shard size that fits ``--gpu-memory``."""
+    on_sigterm: SaveTime | None
+    """Whether a save on SIGTERM (or the --signal lead) ends before SLURM's KillWait."""
+    saving: SaveEstimate | None
 
 
-def _sizing(
-    the_plan: TopologyPlan, model: _ModelCost, *, memory, write_bandwidth, signal, kill_wait, upload_bandwidth=None
-) -> _Sizing:
+def sizing(
+    the_plan: TopologyPlan,
+    model: ModelCost,
+    *,
+    memory: int | None,
+    write_bandwidth: str,
+    signal: str,
+    kill_wait: int,
+    upload_bandwidth: str | None = None,
+) -> Sizing:
     """Memory and traffic per GPU, the smallest shard size that fits, and the checkpoint's cost."""
     params, _ = model.params(the_plan)
     precision, optimizer = model.precision, model.optimizer
     est = model.estimate(the_plan)
     if (
         est is not None
+        and params
         and memory is not None
         and the_plan.shard_size > 1
         and gathered_fits(
@@ -92,7 +109,7 @@ def _sizing(
             activations=model.activations,
             blocks=model.blocks,
         )
-        if memory is not None
+        if memory is not None and params is not None
         else None
     )
     rate = parse_bandwidth(write_bandwidth)
@@ -113,23 +130,17 @@ def _sizing(
             if upload_bandwidth
             else None,
         )
-    return _Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
+    return Sizing(estimate=est, fit=fit, on_sigterm=on_sigterm, saving=saving)
 
 
-def recommend_for(the_plan, params_for_shard, memory, precision, optimizer, activations=None, blocks=None):
-    return recommend(
-        the_plan,
-        gpu_memory=memory,
-        precision=precision,
-        optimizer=optimizer,
-        params_for_shard=params_for_shard,
-        activations=activations,
-        blocks=blocks,
-    )
-
-
-def _activation_shape(
-    model_info, model_params, params_for_shard, *, seq_len, batch_size, checkpointing, wanted
+def activation_shape(
+    model_info: dict | None,
+    params_for_shard: ParamsForShard | None,
+    *,
+    seq_len: int | None,
+    batch_size: int,
+    checkpointing: bool,
+    wanted: bool,
 ) -> ActivationShape | None:
     """What the activations depend on, where ``wanted`` (``--seq-len`` given, or ``--tp`` > 1) and
     known: the built-in model's blocks, width and sequence (``--seq-len`` wins), an ``hf:`` model's
@@ -157,7 +168,7 @@ def _activation_shape(
     return llama_like_shape(params, seq_len=seq_len, batch_size=batch_size, checkpointing=checkpointing)
 
 
-def _blocks(model_info, params_for_shard) -> int | None:
+def model_blocks(model_info: dict | None, params_for_shard: ParamsForShard | None) -> int | None:
     """The model's blocks where known (the built-in model's, an ``hf:``/factory model's), for the working set."""
     dims = model_info.get("dims") if model_info is not None else getattr(params_for_shard, "dims", None)
     return dims[0] if dims else None
