@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Any
 
 import numpy as np
 
@@ -167,11 +167,11 @@ def discover_inputs(
             f"--field {field} is for JSONL, Parquet or datasets inputs (.jsonl, .ndjson, .gz or .zst of them, "
             f".parquet, a save_to_disk directory) but none was given; leave --field out for text files"
         )
-    for file in records:
-        if file.kind == "jsonl":
-            _check_first_jsonl_line(file, field, max_line_bytes)
+    for record_file in records:
+        if record_file.kind == "jsonl":
+            _check_first_jsonl_line(record_file, field, max_line_bytes)
         else:
-            _check_text_column(file, field)
+            _check_text_column(record_file, field)
     return files, left_out
 
 
@@ -187,13 +187,16 @@ def _datasets_files(path: Path, given: str) -> list[InputFile]:
     ``state.json`` lists them. A DatasetDict's directory is refused, naming its splits."""
     if not (path / DATASETS_STATE).is_file():
         try:
-            splits = read_json((path / DATASETS_DICT).resolve(), max_bytes=MAX_DATASETS_JSON).get("splits") or []
+            dataset_dict: Any = read_json((path / DATASETS_DICT).resolve(), max_bytes=MAX_DATASETS_JSON)
+            splits = dataset_dict.get("splits") or []  # of another shape: the AttributeError below
         except (OSError, ValueError, AttributeError):
             splits = []
         named = ", ".join(f"{given.rstrip('/')}/{split}" for split in splits) or "one of its split directories"
         raise DataError(f"input {given} is a datasets DatasetDict: give the split to read, e.g. {named}")
     try:
-        state = read_json((path / DATASETS_STATE).resolve(), max_bytes=MAX_DATASETS_JSON)
+        state: Any = read_json(
+            (path / DATASETS_STATE).resolve(), max_bytes=MAX_DATASETS_JSON
+        )  # of another shape: caught
         names = [entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(
@@ -279,7 +282,7 @@ def _check_text_column(file: InputFile, field: str | None) -> None:
         )
 
 
-def _open_binary(file: InputFile) -> tuple[IO[bytes], IO[bytes]]:
+def _open_binary(file: InputFile) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
     """(the decompressed stream, the file on disk) of an input."""
     raw = open(file.path, "rb")
     if file.compressed == "gzip":
@@ -314,7 +317,7 @@ def _checked_input(path: Path, decode_errors: str) -> InputFile:
         stream, raw = _open_binary(file)
         with raw, stream:
             first = stream.read(PEEK_BYTES)
-    except (gzip.BadGzipFile, EOFError, zlib.error, *_zstd_errors()) as exc:
+    except (gzip.BadGzipFile, EOFError, zlib.error, *_zstd_errors()) as exc:  # type: ignore[misc]  # mypy cannot unpack a tuple of exception types here
         name = "gzip" if compressed == "gzip" else "zstandard"
         raise DataError(f"input {path} is not a valid {name} file ({exc}); fix or leave it out") from None
     except OSError as exc:
@@ -431,7 +434,7 @@ def _cut(data: bytes, final: bool) -> int:
     return cut
 
 
-def _text_pieces(stream: IO[bytes], source: str, block_bytes: int, val_fraction: float) -> Iterator[Piece]:
+def _text_pieces(stream: io.BufferedIOBase, source: str, block_bytes: int, val_fraction: float) -> Iterator[Piece]:
     """A text file as one document: the whole file, or pieces of about ``block_bytes``."""
     pending = stream.read(block_bytes)
     offset = 0
@@ -449,7 +452,7 @@ def _text_pieces(stream: IO[bytes], source: str, block_bytes: int, val_fraction:
 
 
 def _jsonl_pieces(
-    stream: IO[bytes], source: str, block_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
+    stream: io.BufferedIOBase, source: str, block_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
 ) -> Iterator[Piece]:
     """Runs of whole JSONL lines of about ``block_bytes``; a line longer than
     ``max_line_bytes`` is refused (DataError) before more of it is held in memory."""
@@ -569,6 +572,7 @@ def iter_blocks(
     finished = 0
     for file in files:
         if file.kind in ("parquet", "arrow"):
+            assert field is not None  # discover_inputs refuses such an input without --field
             rows_done, total_rows = [0], _table_rows(file)
             for piece in _row_pieces(file, field, rows_done, block_bytes, max_line_bytes):
                 pieces.append(piece)

@@ -89,6 +89,12 @@ class FileStat:
             return None
         return cls(info.st_size, info.st_mtime_ns)
 
+    @classmethod
+    def of_present(cls, path: Path) -> FileStat:
+        """Of a file this launch has just written or read (FileNotFoundError when it is gone)."""
+        info = os.stat(path)
+        return cls(info.st_size, info.st_mtime_ns)
+
 
 REUSE, VERIFY, COPY = "reuse", "verify", "copy"
 
@@ -223,7 +229,7 @@ def _copy(source: TokenFile, local: Path) -> tuple[str, FileStat]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return read_digest.hexdigest(), FileStat.of(local)
+    return read_digest.hexdigest(), FileStat.of_present(local)
 
 
 def _write_record(path: Path, *, source: FileStat, digest: str, checksum_from: str, local: FileStat, launch: str):
@@ -313,6 +319,7 @@ def stage_files(
             state = copy_state(source=source, expected=f.sha256, record=record, local=FileStat.of(local), launch=launch)
             action = COPIED
             if state == VERIFY:
+                assert record is not None  # copy_state verifies only a copy with a record
                 t = time.perf_counter()
                 if file_sha256(local) == record["sha256"]:
                     _write_record(
@@ -320,7 +327,7 @@ def stage_files(
                         source=source,
                         digest=record["sha256"],
                         checksum_from=record.get("checksum_from", "sidecar"),
-                        local=FileStat.of(local),
+                        local=FileStat.of_present(local),
                         launch=launch,
                     )
                     state = REUSE
@@ -341,10 +348,10 @@ def stage_files(
                 f"{root} has {free / 2**20:,.0f} MiB free, the token files need {need / 2**20:,.0f} MiB "
                 f"(with a margin); reading the shared copy"
             )
-            staged = tuple(
+            shared = tuple(
                 StagedFile(str(f.path), None, source.size, SHARED, from_) for f, _, _, source, *_, from_ in plans
             )
-            return StageResult(str(root), staged, time.perf_counter() - began, 0.0, verify_s, fallback)
+            return StageResult(str(root), shared, time.perf_counter() - began, 0.0, verify_s, fallback)
         staged = []
         for f, local, record_path, source, state, action, from_ in plans:
             if state == REUSE:

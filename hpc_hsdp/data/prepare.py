@@ -22,14 +22,14 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -158,6 +158,15 @@ class EncodedBlock:
         return sum(t.size for t in self.tokens.values())
 
 
+class EncoderSettings(TypedDict):
+    """A :class:`BlockEncoder`'s keyword arguments, as a worker process receives them."""
+
+    field: str | None
+    val_fraction: float
+    decode_errors: str
+    dtype: str
+
+
 class BlockEncoder:
     """Block -> EncodedBlock: decode, parse, split, tokenize (one batch per block)."""
 
@@ -265,7 +274,7 @@ class BlockEncoder:
 _WORKER_ENCODER: BlockEncoder | None = None
 
 
-def _init_worker(tokenizer_state: tuple[str, Any], settings: dict[str, Any], parent_pid: int) -> None:
+def _init_worker(tokenizer_state: tuple[str, Any], settings: EncoderSettings, parent_pid: int) -> None:
     global _WORKER_ENCODER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -286,8 +295,8 @@ def _encode_in_worker(block: Block) -> EncodedBlock:
 
 
 def _encode_in_processes(
-    blocks: Iterator[Block], encoder: BlockEncoder, workers: int, settings: dict[str, Any]
-) -> Iterator[EncodedBlock]:
+    blocks: Iterator[Block], encoder: BlockEncoder, workers: int, settings: EncoderSettings
+) -> Generator[EncodedBlock, None, None]:
     """Blocks encoded by ``workers`` processes, in order, at most 2 per worker in flight."""
     with _tokenizers_parallelism_off():  # the fork happens here; workers encode on one thread each
         pool = ProcessPoolExecutor(
@@ -395,7 +404,9 @@ def _library_threads(workers: int) -> Iterator[None]:
             os.environ.pop("RAYON_NUM_THREADS", None)
 
 
-def _encode_in_threads(blocks: Iterator[Block], encoder: BlockEncoder, workers: int) -> Iterator[EncodedBlock]:
+def _encode_in_threads(
+    blocks: Iterator[Block], encoder: BlockEncoder, workers: int
+) -> Generator[EncodedBlock, None, None]:
     with _library_threads(workers):
         for block in _prefetched(blocks):
             yield encoder(block)
@@ -588,12 +599,13 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
     tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
     tmp.mkdir()
     writers: dict[str, SplitWriter] = {}
-    encoded_blocks: Iterator[EncodedBlock] | None = None
+    encoded_blocks: Generator[EncodedBlock, None, None] | None = None
     published = False
     total_disk = sum(f.size for f in files)
     engine = choose_engine(spec)
     try:
         if tokenizer is None:
+            assert spec.train_tokenizer is not None  # _given_tokenizer gives None only for it
             progress.start("training tokenizer", total_disk)
             tokenizer = train_bpe(_training_texts(files, spec, progress, block_bytes), vocab_size=spec.train_tokenizer)
             progress.finish()
@@ -614,7 +626,7 @@ def prepare(spec: PrepareSpec, *, progress: Progress | None = None, block_bytes:
             )
             for split in SPLITS
         }
-        settings = {
+        settings: EncoderSettings = {
             "field": spec.field,
             "val_fraction": spec.val_fraction,
             "decode_errors": spec.decode_errors,

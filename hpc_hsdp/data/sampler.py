@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -176,13 +177,25 @@ def eval_sample_ids(*, num_samples: int, count: int, seed: int) -> np.ndarray:
     return order.sample_ids(np.arange(min(count, num_samples), dtype=np.int64))
 
 
+class TokenSource(Protocol):
+    """What :class:`DatasetSamples` reads: ``length`` tokens from ``start``, and the sizes."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def max_token_id(self) -> int: ...
+
+    def read(self, start: int, length: int) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class DatasetSamples:
     """Samples of a token dataset (anything with ``read(start, length)`` and ``num_tokens``,
     e.g. :class:`hpc_hsdp.data.tokens.TokenDataset`): ``read(sample_ids)`` reads only those
     rows (memory-mapped) as ``(len(ids), seq_len + 1)`` int64."""
 
-    dataset: object
+    dataset: TokenSource
     seq_len: int
 
     @property

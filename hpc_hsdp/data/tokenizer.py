@@ -175,7 +175,8 @@ def _eos_from_config(directory: Path) -> str | None:
         if not config.is_file():
             continue
         try:
-            value = read_json(config.resolve(), max_bytes=MAX_CONFIG_BYTES).get("eos_token")
+            companion: Any = read_json(config.resolve(), max_bytes=MAX_CONFIG_BYTES)
+            value = companion.get("eos_token")  # of another shape: the AttributeError below
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(value, dict):

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -151,6 +151,14 @@ def _check_format(data: dict[str, Any], path: Path, expected: str) -> None:
         )
 
 
+@overload
+def _int_field(
+    data: dict[str, Any], key: str, path: Path, *, minimum: int = 0, optional: Literal[False] = False
+) -> int: ...
+@overload
+def _int_field(
+    data: dict[str, Any], key: str, path: Path, *, minimum: int = 0, optional: Literal[True]
+) -> int | None: ...
 def _int_field(data: dict[str, Any], key: str, path: Path, *, minimum: int = 0, optional: bool = False) -> int | None:
     value = data.get(key)
     if value is None and optional:
@@ -655,7 +663,7 @@ def write_token_file(
     vocab_size: int,
     tokenizer: dict[str, Any] | None = None,
     eos_id: int | None = None,
-    document_lengths: Sequence[int] | None = None,
+    document_lengths: Sequence[int] | np.ndarray | None = None,
     dtype: str | None = None,
 ) -> TokenFile:
     """Write ``tokens`` as ``path`` (``NAME.bin`` + ``NAME.idx`` + ``NAME.json``), atomically.
