@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from hpc_hsdp.plan.units import byte_unit, seconds, si
 from hpc_hsdp.report.data import RunData
@@ -95,6 +96,14 @@ class Heatmap:
 
 
 Chart = LineChart | Heatmap
+
+
+class StepAxis(TypedDict):
+    """The x axis of the charts drawn per step (a :class:`LineChart`'s keywords)."""
+
+    xlabel: str
+    integer_x: bool
+    markers: Sequence[Marker]
 
 
 def restart_label(restart: dict) -> str:
@@ -207,7 +216,7 @@ EVAL_METRICS_DRAWN = 6
 """The eval-jobs chart draws at most this many metrics of each run (the first its eval jobs printed)."""
 
 
-def _eval_jobs(runs: Sequence[RunData], per_step: dict) -> list[LineChart]:
+def _eval_jobs(runs: Sequence[RunData], per_step: StepAxis) -> list[LineChart]:
     """The eval jobs' metrics (``--eval-job``) per step beside the training loss; none without any."""
     if not any(run.eval_metric_names for run in runs):
         return []
@@ -228,7 +237,7 @@ def charts(runs: Sequence[RunData]) -> list[Chart]:
     """Every chart of the report of ``runs``, in reading order: the line charts, then a heat map per run."""
     marks = markers(runs)
     single = len(runs) == 1
-    per_step = {"xlabel": "step", "integer_x": True, "markers": marks}
+    per_step: StepAxis = {"xlabel": "step", "integer_x": True, "markers": marks}
     memory, memory_unit = _in_unit(_series(runs, "peak_mem_bytes", label="peak memory (rank 0)"))
     wire, wire_unit = _in_unit(_wire_bytes(runs))
     line_charts = [

@@ -49,7 +49,7 @@ def _finite(value) -> bool:
 _NUMBER_TYPES = frozenset(_NUMBER)
 
 
-def _pairs(xs: list, values: list) -> tuple[list, list]:
+def _pairs(xs: Sequence, values: Sequence) -> tuple[Sequence, Sequence]:
     """The (x, value) of the drawable values: all of them when every value is a finite number
     (the common case: checked in C), else those that are."""
     if set(map(type, values)) <= _NUMBER_TYPES:
@@ -89,7 +89,7 @@ class MetricsDigest:
         self.count += len(records)
         self.last = records[-1]
         try:  # every record has every key (the built-in loop's): one pass, in C
-            columns = dict(zip(_COLUMNS, zip(*map(_columns_of, records))))
+            columns: dict[str, Sequence] = dict(zip(_COLUMNS, zip(*map(_columns_of, records))))
         except KeyError:
             columns = {key: [r.get(key) for r in records] for key in _COLUMNS}
         steps = columns["step"]
@@ -261,6 +261,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise SpecError(f"{str(path)!r} is not a run directory (no such directory); give the --run-dir of a run")
+    notes: list[str]
     if tail_only:
         last, notes, digest = last_metrics(run_dir), [], None
     else:
@@ -283,7 +284,7 @@ def load_run(path: str | Path, *, label: str | None = None, tail_only: bool = Fa
         check=None if tail_only else read_check(run_dir),
         evals=[] if tail_only else read_evals(run_dir),
     )
-    if run.state == "running" and last is not None:
+    if run.state == "running" and last is not None and run.last_activity is not None:  # running: active lately
         total = run.total_steps
         notes.append(
             f"in progress: step {last['step']}{f' of {total}' if total else ''}, "

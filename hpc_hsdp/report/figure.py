@@ -163,7 +163,7 @@ def render_figure(runs: Sequence[RunData], output: Path) -> None:
     fig.suptitle(_heading(runs), fontsize=10, x=0.01, ha="left")
     for k, chart in enumerate(line_charts):
         _draw_lines(fig.add_subplot(grid[k // 2, k % 2]), chart)
-    for k, chart in enumerate(heatmaps):
-        _draw_heatmap(fig, fig.add_subplot(grid[line_rows + k, :]), chart)
+    for k, heatmap in enumerate(heatmaps):
+        _draw_heatmap(fig, fig.add_subplot(grid[line_rows + k, :]), heatmap)
     fig.savefig(output, format=output.suffix.lstrip(".").lower())
     plt.close(fig)

@@ -54,7 +54,7 @@ REASONS = {
     "resubmitted": "resubmitted after it had finished",
     "unknown": "unknown",
 }
-SHORT = {
+SHORT: dict[object, str] = {  # looked up with whatever a record holds
     "warning_signal": "warning signal",
     "sigterm": "SIGTERM",
     "requested": "stop requested",
