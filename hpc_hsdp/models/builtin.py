@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -229,7 +230,7 @@ class BuiltinAdapter:
         return (TransformerBlock,)
 
     def init_weights(self, model: nn.Module, *, seed: int) -> None:
-        init_parameters(model, seed=seed)
+        init_parameters(cast(Transformer, model), seed=seed)  # the model build_meta made
 
     def load_pretrained(self, model: nn.Module) -> None:
         raise NotImplementedError("the built-in model has no pretrained weights")
@@ -242,7 +243,7 @@ class BuiltinAdapter:
 
     def tp_plan(self, model: nn.Module, tp_size: int) -> dict:
         """The tensor-parallel plan over ``tp_size`` ranks (see :func:`tp_plan`)."""
-        return tp_plan(self.cfg, tp_size, layers=len(model.blocks))
+        return tp_plan(self.cfg, tp_size, layers=len(cast(Transformer, model).blocks))
 
     loss_parallel = True
     """Under tensor parallelism the LM head's output stays sharded over the vocabulary and the loss

@@ -33,6 +33,7 @@ import os
 import re
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 from hpc_hsdp.errors import InputNotFound, SpecError
 from hpc_hsdp.files import parse_json, read_capped
@@ -196,7 +197,7 @@ class HFAdapter:
     def _init_module_fn(self, fresh):
         from transformers import PreTrainedModel  # noqa: PLC0415 - loaded when a model is built
 
-        owners = {}
+        owners: dict[str | None, Any] = {}  # name -> the transformers model whose init covers it
         for name, module in fresh.named_modules():
             parent = name.rpartition(".")[0] if name else None
             owners[name] = module if isinstance(module, PreTrainedModel) else owners.get(parent, fresh)

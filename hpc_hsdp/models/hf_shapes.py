@@ -203,9 +203,13 @@ def tp_dims_from_config(config: dict, *, model: str) -> TpDims | None:
     check those when they build the model)."""
     model_type = config.get("model_type")
 
-    def number(key: str, default: int | None = None) -> int | None:
-        value = config.get(key, default)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    def number(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def number_or(key: str, default: int) -> int:
+        found = number(key)
+        return default if found is None else found
 
     if model_type in LLAMA_STYLE:
         heads, inter, vocab = number("num_attention_heads"), number("intermediate_size"), number("vocab_size")
@@ -223,14 +227,14 @@ def tp_dims_from_config(config: dict, *, model: str) -> TpDims | None:
             seq_len=None,  # transformers' plans are not sequence parallel: any length splits
         )
     if model_type in GPT2_STYLE:
-        heads, width = number("n_head", 12), number("n_embd", 768)
+        heads, width = number_or("n_head", 12), number_or("n_embd", 768)
         inner = number("n_inner") or 4 * width
         return TpDims(
             model=model,
             heads=(heads, "n_head in config.json"),
             kv_heads=(heads, "n_head in config.json"),
             ffn_width=(inner, "n_inner (or 4 x n_embd) in config.json"),
-            vocab_size=(number("vocab_size", 50257), "vocab_size in config.json"),
+            vocab_size=(number_or("vocab_size", 50257), "vocab_size in config.json"),
             seq_len=None,  # transformers' plans are not sequence parallel: any length splits
         )
     return None

@@ -38,6 +38,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -264,7 +265,8 @@ def safetensors_files(directory: Path) -> dict[str, Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = read_json(index.resolve(), max_bytes=MAX_SAFETENSORS_HEADER)["weight_map"]
+            index_record: Any = read_json(index.resolve(), max_bytes=MAX_SAFETENSORS_HEADER)  # of another shape: caught
+            weight_map = index_record["weight_map"]
             files = {str(name): str(file) for name, file in weight_map.items()}
             if any(Path(file).name != file or file in ("", ".", "..") for file in files.values()):
                 raise ValueError("it names a file outside its directory")
@@ -353,4 +355,5 @@ def fsdp_forward_method(model: nn.Module, method: str) -> None:
     hooks ``forward``); a no-op for a model that is not an FSDP module."""
     if isinstance(model, FSDPModule) and method not in getattr(model, "_hpc_hsdp_forward_methods", ()):
         register_fsdp_forward_method(model, method)
-        model._hpc_hsdp_forward_methods = (*getattr(model, "_hpc_hsdp_forward_methods", ()), method)
+        # torch's stubs type a module's attributes as Tensor | Module; any value may be set
+        model._hpc_hsdp_forward_methods = (*getattr(model, "_hpc_hsdp_forward_methods", ()), method)  # type: ignore[assignment]
