@@ -35,18 +35,41 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+class ModelOptions(Protocol):
+    """The model section of the training options (``training.model``)."""
+
+    @property
+    def name(self) -> str:
+        """``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``."""
+        ...
+
+    @property
+    def shard_unit(self) -> str | None: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class DatasetOptions(Protocol):
+    """What a model reads of the dataset section (``training.dataset``)."""
+
+    @property
+    def seq_len(self) -> int: ...
+
+
 class ModelSettings(Protocol):
     """What a model reads of the run's training options. A :class:`~hpc_hsdp.job.spec.TrainingSpec`
     is one; the models package names only these attributes, so it does not depend on the job layer."""
 
-    model: str
-    """``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``."""
-    shard_unit: str | None
-    layers: int
-    width: int
-    heads: int
-    vocab_size: int
-    seq_len: int
+    @property
+    def model(self) -> ModelOptions: ...
+    @property
+    def dataset(self) -> DatasetOptions: ...
 
 
 @runtime_checkable
