@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import warnings
@@ -195,3 +196,35 @@ def s3_server(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def fake_scontrol(tmp_path, monkeypatch):
+    """(tests/fast/test_node_failure.py, tests/processes/test_engine_faults.py) scontrol that shows n1 (a socket that listens) and n2 (a port nobody listens on) and logs
+    every other call."""
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    calls = tmp_path / "calls"
+    script = tmp_path / "scontrol"
+    script.write_text(f"""#!/bin/sh
+if [ "$1 $2 $3" = "-o show node" ]; then
+  case $4 in
+    n1) echo "NodeName=n1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=n1 Port={alive.getsockname()[1]} State=ALLOCATED";;
+    n2) echo "NodeName=n2 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=n2 Port={dead_port} State=ALLOCATED";;
+    *) echo "Node $4 not found" >&2; exit 1;;
+  esac
+  exit 0
+fi
+if [ "$1 $2 $3" = "-o show job" ]; then echo "JobId=$4 JobName=x Requeue=$(cat {tmp_path}/requeue 2>/dev/null || echo 0) Restarts=$(cat {tmp_path}/restarts 2>/dev/null || echo 0)"; exit 0; fi
+if [ "$1 $2" = "show config" ]; then echo "Configuration data as of now"; echo "SlurmdTimeout           = 1 sec"; exit 0; fi
+echo "$@" >> {calls}
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    yield calls
+    alive.close()

@@ -15,7 +15,7 @@ import pytest
 from conftest import DEV_CLUSTER
 from dist_helpers import wait_until
 
-from tests.cluster.test_slurm import job_fields
+from tests.slurm_job_helpers import job_fields
 
 pytestmark = pytest.mark.slurm
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from dist_helpers import wait_until
 
-from tests.cluster.test_slurm import job_fields
-from tests.fast.test_flexible_nodes import run_cli
+from tests.flexible_nodes_helpers import run_cli
+from tests.slurm_job_helpers import job_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 

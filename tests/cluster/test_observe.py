@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.fast.test_observe import hpc
+from tests.observe_helpers import hpc
 
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
 

@@ -15,7 +15,7 @@ from dist_helpers import in_child
 
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from tests.processes.test_preemption import steps
+from tests.preemption_helpers import steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def time_limit_run(slurm_cluster, tmp_path_factory) -> Path:
 def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninterrupted_run(
     slurm_cluster, reference_run, time_limit_run, tmp_path
 ):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     run = tmp_path / "run"
     job_id = submit(run, *TWO_BY_TWO, "--steps", str(STEPS), "--env", f"{SLOW}=0.15")
@@ -113,7 +113,7 @@ def test_usr2_and_scontrol_requeue_checkpoint_requeue_resume_and_match_an_uninte
 def test_torchrun_launcher_saves_requeues_and_resumes_on_the_warning(slurm_cluster, reference_run, tmp_path):
     """SLURM signals every process of the step: torchrun's agent must survive the warning
     (it starts with it ignored) while its workers save; the resumed run equals the reference."""
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     run = tmp_path / "run"
     job_id = submit(run, *TWO_BY_TWO, "--launcher", "torchrun", "--steps", str(STEPS), "--env", f"{SLOW}=0.15")

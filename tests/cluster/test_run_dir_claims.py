@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
-from tests.processes.test_run_dir_claims import (
+from tests.cluster_helpers import hpc
+from tests.run_dir_claims_helpers import (
     TINY,
     _status,
-    hpc,
     one_run_one_refusal,
     race,
     wait_state,

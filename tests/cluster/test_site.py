@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import hpc
 
-from tests.cluster.test_slurm import TINY, _logs, _ranks, sbatch_wait
+from tests.slurm_job_helpers import TINY, _logs, _ranks, sbatch_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

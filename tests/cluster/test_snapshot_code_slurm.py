@@ -11,7 +11,7 @@ import pytest
 from cluster_helpers import hpc, status, wait_until
 
 from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
-from tests.processes.test_snapshot_code import package
+from tests.snapshot_code_helpers import package
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]
 

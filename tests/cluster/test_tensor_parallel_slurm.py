@@ -8,7 +8,7 @@ import json
 import pytest
 from cluster_helpers import hpc
 
-from tests.cluster.test_slurm import TINY, _ranks
+from tests.slurm_job_helpers import TINY, _ranks
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

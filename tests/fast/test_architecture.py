@@ -187,3 +187,29 @@ def _local_shard_helpers() -> list[str]:
 def test_one_helper_gives_a_dtensors_local_shard():
     # the optimizer, the gradient norm and clipping, and the replica group's state each had their own
     assert _local_shard_helpers() == ["optimizer.local_shard"]
+
+
+def _test_imports(path: Path) -> list[str]:
+    """The test modules (``tests.<tier>.test_*``) that ``path`` imports, function-level imports too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [n for n in names if re.fullmatch(r"tests\.\w+\.test_\w+", n)]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """A test module is read as documentation of what it tests: what several share lives in a
+    ``tests/*_helpers.py`` module (not a test module: pytest collects nothing from it), never in a
+    test module that another imports (20 such imports, some across tiers, made a tier's run depend
+    on another tier's file)."""
+    tests = PACKAGE.parent / "tests"
+    importing = {
+        str(path.relative_to(tests)): found for path in sorted(tests.rglob("*.py")) if (found := _test_imports(path))
+    }
+    assert importing == {}, importing

@@ -5,21 +5,9 @@ from __future__ import annotations
 
 from dist_helpers import in_child
 
-from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.job.spec import RunSpec
 from hpc_hsdp.plan.shapes import builtin_shapes, parameter_counts
-
-MODEL = TrainingSpec.of(
-    layers=2,
-    width=32,
-    heads=4,
-    seq_len=12,
-    batch_size=2,
-    vocab_size=64,
-    steps=2,
-    seed=1,
-    reshard_after_forward="always",
-)  # the plan's default estimate
-
+from tests.comm_stats_helpers import MODEL
 
 # ----------------------------------------------------------------------------- the shared run
 

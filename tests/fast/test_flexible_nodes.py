@@ -8,16 +8,11 @@ tests/cluster/test_flexible_nodes.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from hpc_hsdp.errors import HsdpError, SpecError
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=120)
+from tests.flexible_nodes_helpers import run_cli
 
 
 @pytest.mark.parametrize(

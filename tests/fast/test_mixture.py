@@ -150,7 +150,7 @@ def test_the_option_reaches_config_files_render_and_help(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def two_sources(tmp_path_factory):
-    from tests.fast.test_data_tokens import documents, make_dataset
+    from tests.data_helpers import documents, make_dataset
 
     root = tmp_path_factory.mktemp("sources")
     web = make_dataset(root / "web", shards={"train": [documents(1, 120)], "val": [documents(2, 20)]})

@@ -8,9 +8,7 @@ tests/processes/test_observe.py, the time limit on the dev SLURM cluster in test
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,16 +21,9 @@ from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.pace import progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
+from tests.observe_helpers import NODES, hpc
 
 ROOT = Path(__file__).resolve().parents[2]
-NODES = ["n1", "n1", "n2", "n2"]
-
-
-def hpc(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env=base
-    )
 
 
 # ----------------------------------------------------------------------------- pure parts

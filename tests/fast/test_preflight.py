@@ -19,7 +19,7 @@ from hpc_hsdp.data.tokens import open_dataset, write_token_file
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
-from tests.fast.test_data_tokens import documents, make_dataset
+from tests.data_helpers import documents, make_dataset
 
 
 @pytest.fixture(scope="module")

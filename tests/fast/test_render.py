@@ -22,7 +22,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.render import default_launch_command, render_sbatch, sbatch_quote
 from hpc_hsdp.job.spec import JobSpec, LaunchSpec, RunSpec, SchedulerSpec
 from hpc_hsdp.plan.slurm_facts import time_limit_seconds
-from tests.fast.test_render_golden import HOSTILE
+from tests.render_helpers import HOSTILE
 
 # ----------------------------------------------------------------------------- helpers
 

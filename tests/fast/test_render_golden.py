@@ -15,57 +15,12 @@ import pytest
 
 from hpc_hsdp.cli.examples import EXAMPLES, spec_from_argv
 from hpc_hsdp.job.render import render_sbatch
+from tests.render_helpers import HOSTILE
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 REGEN = os.environ.get("HPC_HSDP_REGEN_GOLDEN") == "1"
 REGEN_COMMAND = "HPC_HSDP_REGEN_GOLDEN=1 pytest tests/fast/test_render_golden.py"
 
-HOSTILE_RUN_DIR = '/scratch/hsdp/runs/it\'s a "run" $(touch pwned) `id`; *'
-HOSTILE = (
-    "--nodes",
-    "2",
-    "--shard",
-    "4",
-    "--job-name",
-    'x"; touch /tmp/pwned #',
-    "--run-dir",
-    HOSTILE_RUN_DIR,
-    "--venv",
-    "/opt/my venvs/it's",
-    "--env",
-    "A=$(touch /tmp/pwned)",
-    "--env",
-    "B=`touch /tmp/pwned`; echo *",
-    "--env",
-    "EMPTY=",
-    "--env",
-    "QUOTES='\"'\\",
-    "--pass-env",
-    "SECRET_TOKEN",
-    "--partition",
-    "gpu a",
-    "--account",
-    "acc'ount",
-    "--qos",
-    "q#1",
-    "--constraint",
-    "h100&ib|a100",
-    "--sbatch",
-    'comment=a "b" #c $(d) \\e',
-    "--sbatch",
-    "mail-user=me@example.org",
-    "--setup",
-    "module load cuda/12.4  # raw: the author's own line",
-    "--entry",
-    "my_pkg.train_hsdp:main",
-    "--container-image",
-    "nvcr.io#nvidia/pytorch:24.05-py3",
-    "--container-mounts",
-    "/data dir:/data,/scratch/hsdp:/scratch/hsdp",
-    "--time",
-    "1-00:30",
-    "--snapshot-code",
-)
 
 CASES: dict[str, tuple[str, ...]] = {
     **{f"example-{e.name}": e.argv for e in EXAMPLES},

@@ -4,7 +4,6 @@ same claimant, a damaged claim is none."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.errors import SpecError
+from tests.claims_helpers import _local_job, _tree
 
 # ----------------------------------------------------------------------------- one writer
 
@@ -24,14 +24,6 @@ def _spec(run: Path, tmp_path: Path):
         {"shard_size": 1, "nodes": 1, "gpus_per_node": 1, "run_dir": str(run), "training_steps": 6},
         cwd=tmp_path,
         default_venv=None,
-    )
-
-
-def _local_job(run: Path, job_id: str, *, pid: int, state: str = "RUNNING") -> None:
-    logs = run / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"{job_id}_local.json").write_text(
-        json.dumps({"state": state, "supervisor_pid": pid, "logs_dir": str(logs.absolute())})
     )
 
 
@@ -129,7 +121,3 @@ def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp
 
 
 # ----------------------------------------------------------------------------- the directory is the run
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -5,19 +5,14 @@ gets the history so far."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.trackers_helpers import TINY, hpc
 
 # ----------------------------------------------------------------------------- the option
 
@@ -50,20 +45,6 @@ def test_a_bad_tracker_is_one_line(given, message):
         TrainingSpec.of(tracker=given)
 
 
-def hpc(*args: str, env: dict | None = None, prelude: str = "", timeout: float = 200) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not k.startswith(("SLURM", "MASTER_"))}
-    base = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}  # None: unset
-    code = prelude + "import sys\nfrom hpc_hsdp.cli import main\nsys.argv[0] = 'hpc-hsdp'\nmain()\n"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=base,
-        cwd=ROOT,
-    )
-
-
 # the packages cannot be found on this interpreter's path, as where they are not installed
 HIDE = """
 import importlib.machinery, sys
@@ -75,8 +56,6 @@ class _Hidden(importlib.machinery.PathFinder):
         return super().find_spec(name, path, target)
 sys.meta_path[:] = [_Hidden if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
 """
-
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
 
 
 @pytest.mark.parametrize("hidden", [("wandb",), ("mlflow",), ("tensorboard", "wandb")])

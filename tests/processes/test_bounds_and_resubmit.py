@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.fast.test_bounds_and_resubmit import hpc
+from tests.bounds_helpers import hpc
 
 # ----------------------------------------------------------------------------- run directories
 

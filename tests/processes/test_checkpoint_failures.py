@@ -106,7 +106,7 @@ def test_damaged_checkpoints_fall_back_to_the_previous_whole_one(finished, tmp_p
 def test_a_background_save_holds_its_steps_state(finished, tmp_path):
     """Training goes on while step 3 is written; resuming from it must give the same steps 4-6
     (and the same final checkpoint) as the run that never stopped."""
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     run = tmp_path / "run"
     shutil.copytree(finished, run)

@@ -24,7 +24,7 @@ from hpc_hsdp.plan.estimates import estimate
 from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
 from hpc_hsdp.rundir.files import read_jsonl
-from tests.fast.test_comm_stats import MODEL
+from tests.comm_stats_helpers import MODEL
 
 TASKS_PER_NODE = (8, 8)
 SHARD_SIZES = (1, 2, 4, 8)
@@ -78,7 +78,7 @@ def measure_every_shard_size(ctx):
     from hpc_hsdp.runtime.comm_stats import CommStats
     from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
     from hpc_hsdp.runtime.loop import train
-    from tests.processes.test_runtime import wrapped_collectives
+    from tests.runtime_helpers import wrapped_collectives
 
     out = {"comm": {}, "memory": {}, "accum": {}}
     steps: dict[int, dict] = {}

@@ -28,12 +28,10 @@ from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.rundir.state import complete_checkpoints, run_dir_state
 from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S
-from tests.fast import test_node_failure
-from tests.processes.test_runtime import compare_checkpoints
+from tests.runtime_helpers import compare_checkpoints
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
-fake_scontrol = test_node_failure.fake_scontrol  # scontrol that shows n1 alive and n2 dead
 
 NODES = [1, 1]  # two nodes of one task: rank 1 is alone on n2
 TINY = TrainingSpec.of(

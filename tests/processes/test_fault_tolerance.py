@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -15,40 +14,13 @@ import numpy as np
 import pytest
 from throttle import user_pids
 
-from hpc_hsdp.cli.job_options import job_spec_from_options
-from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.job.emulator.allocation import allocation_for
-from hpc_hsdp.job.emulator.launch import launch_local
-from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.rundir.membership import membership_path, read_membership
 from hpc_hsdp.rundir.state import complete_checkpoints
+from tests.fault_tolerance_helpers import GLOBAL_BATCH, STEPS, _launch, _metrics, _spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
-
-GLOBAL_BATCH = 12
-STEPS = 24
-
-
-def _spec(run_dir: Path, samples: Path, *extra: str, step_delay: str = "0.4"):
-    argv = [
-        *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--fault-tolerance", "replica"),
-        *("--quorum-timeout", "20", "--steps", str(STEPS), "--global-batch-size", str(GLOBAL_BATCH)),
-        *("--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0"),
-        *("--device", "cpu", "--run-dir", str(run_dir), "--venv", "none", "--python", sys.executable),
-        *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}", "--env", f"HPC_HSDP_FAULT_STEP_DELAY_S={step_delay}"),
-        *extra,
-    ]
-    params = render.make_context("render", argv).params
-    return job_spec_from_options(params, environ={}, cwd=run_dir.parent, default_venv=None)
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _group_pids(job_id: str, replica_id: int) -> list[int]:
@@ -65,16 +37,6 @@ def _wait_for_step(run_dir: Path, step: int, job, timeout_s: float) -> None:
         assert not job.done(), f"the job ended early: {job.info()}"
         time.sleep(0.2)
     raise AssertionError(f"no step {step} with 2 replica groups after {timeout_s} s: {_metrics(run_dir)[-3:]}")
-
-
-def _launch(spec):
-    """The rendered script on the emulator, on the job's nodes and its spares."""
-    tasks = spec.tasks_per_node + (spec.gpus_per_node,) * spec.spare_nodes
-    return launch_local(
-        render_sbatch(spec),
-        alloc=allocation_for(tasks_per_node=tasks, gpus_per_node=2, job_name="ft"),
-        logs_dir=Path(spec.log_dir),
-    )
 
 
 def _samples_per_step(samples: Path) -> dict[int, list[int]]:

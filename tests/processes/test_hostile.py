@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fast.test_hostile import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
+from tests.hostile_helpers import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
 
 # ----------------------------------------------------------------------------- checkpoints in a run (gloo)
 

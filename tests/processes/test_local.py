@@ -14,6 +14,7 @@ import pytest
 from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
+from tests.emulator_helpers import TEARDOWN_PROBE
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -100,23 +101,6 @@ def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path, l
     refused = [name for name, text in logs.items() if "hpc-hsdp: error: rank " in text]
     assert refused and all("refuses; give it another value" in logs[name] for name in refused)
     assert not any("Traceback" in text for text in logs.values()), logs
-
-
-TEARDOWN_PROBE = """\
-import atexit, os
-from pathlib import Path
-
-class _Teardown:
-    def __init__(self, path):
-        self.path = path
-    def __del__(self):  # runs only while the interpreter tears the modules down
-        Path(self.path).write_text("torn down")
-
-def main(ctx):
-    out = Path(ctx.run_dir) / f"rank{ctx.rank}"
-    atexit.register(lambda: Path(f"{out}.atexit").write_text("ran"))
-    globals()["_probe"] = _Teardown(f"{out}.teardown")
-"""
 
 
 def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path, local_submit):

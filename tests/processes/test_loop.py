@@ -12,9 +12,7 @@ mesh shape.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 
 import pytest
 from dist_helpers import in_child, launch
@@ -23,6 +21,7 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
 from hpc_hsdp.runtime.schedule import learning_rate
+from tests.loop_helpers import _train_recording, max_param_diff, train_recording, train_signalled_at_3, union_of_samples
 
 # 4 ranks x 2 samples x 2 micro-batches = a global batch of 16
 TRAIN = TrainingSpec.of(
@@ -83,22 +82,6 @@ def test_schedules_without_warmup_start_at_lr_and_end_at_min_lr():
 # ----------------------------------------------------------------------------- child side
 
 
-def _train_recording(ctx, training, *, signal_at=None):
-    """train() with every step's record and this rank's sample ids; optionally SIGUSR2 on rank 3, so that
-    every rank stops after step ``signal_at``."""
-    from hpc_hsdp.runtime.loop import train
-
-    records = {}
-
-    def on_step(step, record):
-        records[step] = record
-        if signal_at is not None and step == signal_at - 1 and ctx.rank == 3:  # agreed in step signal_at's all_reduce
-            os.kill(os.getpid(), signal.SIGUSR2)
-
-    result = train(ctx, training, on_step=on_step)
-    return {"summary": result.summary(ctx), "records": records, "eval": result.eval_losses}
-
-
 def train_and_more(ctx):
     """The reference run, then (no run dir) bf16 with and without activation checkpointing,
     then the eval loss of one fresh model on three mesh shapes."""
@@ -138,14 +121,6 @@ def train_and_more(ctx):
     return out
 
 
-def train_recording(ctx):
-    return _train_recording(ctx, ctx.spec.training)
-
-
-def train_signalled_at_3(ctx):
-    return _train_recording(ctx, ctx.spec.training, signal_at=3)
-
-
 def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
     """One process, no FSDP: the same global batches, accumulation as one big batch, the
     same clipping, schedule and weight-decay groups; compared with the HSDP checkpoint."""
@@ -153,7 +128,7 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
 
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
     from hpc_hsdp.runtime.schedule import lr_of
-    from tests.processes.test_runtime import full_checkpoint, synthetic_rows
+    from tests.runtime_helpers import full_checkpoint, synthetic_rows
 
     model = build_model(ModelConfig.from_training(training), device="cpu")
     init_parameters(model, seed=training.optimizer.seed)
@@ -182,23 +157,6 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
         "norms": norms,
         "max_param_diff": max(float((ours[k] - saved[k]).abs().max()) for k in ours),
     }
-
-
-def max_param_diff(path_a, path_b):
-    from tests.processes.test_runtime import full_checkpoint
-
-    a, b = full_checkpoint(path_a)["model"], full_checkpoint(path_b)["model"]
-    assert sorted(a) == sorted(b)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def union_of_samples(values) -> dict[int, list[int]]:
-    """step -> the sorted sample ids all ranks trained on."""
-    steps: dict[int, list[int]] = {}
-    for value in values:
-        for step, record in value["records"].items():
-            steps.setdefault(step, []).extend(i for micro in record["sample_ids"] for i in micro)
-    return {step: sorted(ids) for step, ids in steps.items()}
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -288,7 +246,7 @@ def test_same_global_batch_on_one_node_sees_the_same_samples(reference, tmp_path
 def test_preempted_run_resumes_bit_identical_on_the_same_mesh_and_with_the_same_samples_on_fewer_nodes(
     reference, tmp_path
 ):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     run = tmp_path / "run"
     spec = RunSpec(shard_size=2, run_dir=str(run), device="cpu", training=TRAIN, timeout_s=120)

@@ -22,7 +22,7 @@ from dist_helpers import in_child, job_envs, launch
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from tests.processes.test_loop import max_param_diff, train_recording, train_signalled_at_3, union_of_samples
+from tests.loop_helpers import max_param_diff, train_recording, train_signalled_at_3, union_of_samples
 
 pytestmark = pytest.mark.dist
 
@@ -118,7 +118,7 @@ def test_bf16_accumulation_clipping_cosine_on_two_nodes_and_the_eval_loss_falls(
 def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_checkpoint(
     corpus, uninterrupted, tmp_path
 ):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     training = training_on(corpus)
     run = tmp_path / "run"

@@ -16,7 +16,7 @@ from hpc_hsdp.data.prepare import PrepareSpec, prepare
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.mixture import parse_mixture, rows_of_step
 from hpc_hsdp.rundir.files import read_jsonl
-from tests.processes.test_loop import train_recording, train_signalled_at_3, union_of_samples
+from tests.loop_helpers import train_recording, train_signalled_at_3, union_of_samples
 
 pytestmark = pytest.mark.dist
 

@@ -86,7 +86,7 @@ def test_trains_on_the_corpus_with_one_shard_per_rank(uninterrupted):
 
 
 def test_preempt_requeue_resume_is_bit_identical_also_onto_one_node(uninterrupted, tmp_path):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     spec = dataclasses.replace(uninterrupted["spec"], run_dir=str(tmp_path / "run"))
     first = launch(spec, tasks_per_node=[2, 2], fn=train_hf_signalled_at_3, timeout_s=300)

@@ -13,7 +13,7 @@ from cli_helpers import assert_cli_imports_no_torch
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import persistent
-from tests.fast.test_observe import NODES, hpc
+from tests.observe_helpers import NODES, hpc
 
 # ----------------------------------------------------------------------------- a real 2 x 2 run
 

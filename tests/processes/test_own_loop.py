@@ -31,7 +31,7 @@ def own_loop_main(ctx):
 
 
 def test_own_loop_trains_and_resumes_bit_identical_after_preemption(tmp_path):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     corpus = make_corpus(str(tmp_path / "data"), 320)
     model = write_config(tmp_path / "model", dict(TINY_LLAMA, vocab_size=320))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from dist_helpers import in_child, launch
@@ -46,7 +45,7 @@ def train_with_signal_on_rank3(ctx):
 
 @pytest.mark.dist
 def test_one_rank_signalled_every_rank_saves_at_the_same_step_and_resume_is_exact(tmp_path):
-    from tests.processes.test_runtime import compare_checkpoints
+    from tests.runtime_helpers import compare_checkpoints
 
     spec = RunSpec(shard_size=2, run_dir=str(tmp_path / "run"), device="cpu", training=TINY, timeout_s=60)
     first = launch(spec, tasks_per_node=[2, 2], fn=train_with_signal_on_rank3, timeout_s=120)
@@ -77,7 +76,3 @@ def test_one_rank_signalled_every_rank_saves_at_the_same_step_and_resume_is_exac
 
 
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
-
-
-def steps(run: Path) -> list[int]:
-    return [r["step"] for r in read_jsonl(run / "metrics.jsonl")]

@@ -26,6 +26,13 @@ from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.plan.topology import plan_for
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from tests.runtime_helpers import (
+    compare_checkpoints,
+    compare_states,
+    full_checkpoint,
+    synthetic_rows,
+    wrapped_collectives,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = TrainingSpec.of(
@@ -68,21 +75,6 @@ def train_and_report(ctx):
     }
 
 
-def wrapped_collectives() -> list[str]:
-    """The torch.distributed collectives that are not torch's own functions right now."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    names = (
-        "all_gather_single",
-        "all_gather_into_tensor",
-        "reduce_scatter_single",
-        "reduce_scatter_tensor",
-        "all_reduce",
-    )
-    return [n for n in names if getattr(dist, n) is not getattr(distributed_c10d, n)]
-
-
 class SimulatedCrash(Exception):
     pass
 
@@ -115,70 +107,6 @@ def load_and_dump_full_state(ctx):
     if ctx.is_rank0:
         torch.save({"model": model_sd, "optim": optim_sd}, ctx.run_dir / "loaded_full.pt")
     return {"start_step": result.start_step, "last_step": result.last_step}
-
-
-def synthetic_rows(training: TrainingSpec, *, step: int, rank: int, world_size: int, batch_size: int):
-    """(inputs, targets) of ``rank``'s rows of ``step`` from the loop's synthetic source."""
-    import torch
-
-    from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
-    from hpc_hsdp.data.synthetic import SyntheticSamples
-
-    source = SyntheticSamples(
-        seed=training.optimizer.seed, seq_len=training.dataset.seq_len, vocab_size=training.model.vocab_size
-    )
-    layout = BatchLayout(global_batch=batch_size * world_size, world_size=world_size)
-    ids = SampleOrder(num_samples=source.num_samples, seed=training.optimizer.seed).sample_ids(
-        layout.positions(step, 0, rank)
-    )
-    rows = torch.from_numpy(source.read(ids))
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-
-def full_checkpoint(path):
-    """A DCP checkpoint as one plain state dict (single process, no process group)."""
-    import tempfile
-
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "full.pt")
-        dcp_to_torch_save(str(path), out)
-        return torch.load(out, weights_only=False)
-
-
-def _flatten(prefix, value, out):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}/{k}", v, out)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _flatten(f"{prefix}/{i}", v, out)
-    else:
-        out[prefix] = value
-    return out
-
-
-def compare_states(a, b, *, atol=0.0):
-    """Names of the entries of two nested states that differ (exactly when atol == 0)."""
-    import torch
-
-    fa, fb = _flatten("", a, {}), _flatten("", b, {})
-    diffs = sorted(set(fa) ^ set(fb))
-    for key in sorted(set(fa) & set(fb)):
-        x, y = fa[key], fb[key]
-        if isinstance(x, torch.Tensor):
-            same = x.shape == y.shape and (torch.equal(x, y) if atol == 0 else torch.allclose(x, y, atol=atol, rtol=0))
-        else:
-            same = x == y
-        if not same:
-            diffs.append(key)
-    return diffs
-
-
-def compare_checkpoints(path_a, path_b):
-    return compare_states(full_checkpoint(path_a), full_checkpoint(path_b))
 
 
 def compare_loaded_with_checkpoint(loaded_path, ckpt_path):
@@ -525,7 +453,7 @@ def test_cli_run_prints_the_mismatch_table_and_exits_2(tmp_path):
 def test_cli_run_ends_without_the_interpreters_teardown(tmp_path):
     """`hpc-hsdp run` (srun's and torchrun's task command) ends through end_task: the exit
     handlers run, the teardown where gloo's worker threads can abort a finished task does not."""
-    from tests.processes.test_local import TEARDOWN_PROBE
+    from tests.emulator_helpers import TEARDOWN_PROBE
 
     (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
     run = tmp_path / "run"

@@ -275,7 +275,7 @@ def test_export_of_a_tensor_parallel_run_holds_the_full_tensors(reference, tmp_p
 def test_replica_groups_of_s_x_t_ranks_train_as_the_same_groups_without_tensor_parallelism(tmp_path):
     """--fault-tolerance replica on the emulator (the supervisor, a lighthouse, one job step per
     group): two groups of (shard 1, tp 2) train the losses of two groups of (shard 2)."""
-    from tests.processes.test_fault_tolerance import _launch, _metrics, _spec
+    from tests.fault_tolerance_helpers import _launch, _metrics, _spec
 
     losses = {}
     for name, mesh in (("shard2", ("--shard", "2")), ("tp2", ("--shard", "1", "--tp", "2"))):

@@ -21,7 +21,7 @@ import pytest
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
-from tests.fast.test_trackers import TINY, hpc
+from tests.trackers_helpers import TINY, hpc
 
 ROOT = Path(__file__).resolve().parents[2]
 
