@@ -12,7 +12,9 @@ from cluster_helpers import (
     hpc,
 )
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
+from tests.job_helpers import tiny_job
+
+TINY = tiny_job(venv="none")
 
 
 _AT_THE_BARRIER = """

@@ -7,7 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-TINY = ["--device", "cpu", "--steps", "2", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
+from tests.job_helpers import tiny_job
+
+TINY = tiny_job(vocab_size=None, device="cpu", steps=2)
 
 
 def job_fields(job_id: str) -> dict[str, str]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.job_helpers import tiny_job
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,4 +26,4 @@ def hpc(*args: str, env: dict | None = None, prelude: str = "", timeout: float =
     )
 
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
+TINY = tiny_job(venv="none")

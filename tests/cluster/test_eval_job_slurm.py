@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from cluster_helpers import hpc, status, wait_ended, wait_until
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
 JOB = [
@@ -27,7 +29,7 @@ JOB = [
     "2",
     "--no-exclusive",
 ]
-TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY = tiny_job(width=16, heads=2)
 SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"
 
 EVAL = """

@@ -15,6 +15,7 @@ from dist_helpers import in_child
 
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from tests.job_helpers import tiny_job
 from tests.preemption_helpers import steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
 
-JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
+JOB = tiny_job(vocab_size=None, cluster="slurm", device="cpu")
 # not --exclusive (the default): the module's jobs share n1/n2 (2 of 8 CPUs and GPUs each) and run side
 # by side, as the time-limit job must while the others run; exclusive, each waited for the one before
 TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--no-exclusive"]

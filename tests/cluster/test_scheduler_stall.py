@@ -20,10 +20,11 @@ import pytest
 from cluster_helpers import hpc
 
 from hpc_hsdp.job.backends.slurm_command import config_value, controller_host, slurm_config
+from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
-TINY = ["--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
+TINY = tiny_job(vocab_size=None, device="cpu")
 TIMEOUT_S = 3
 
 

@@ -17,8 +17,9 @@ import pytest
 from cluster_helpers import hpc
 
 from hpc_hsdp.rundir.files import read_jsonl
+from tests.job_helpers import tiny_job
 
-JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2"]
+JOB = tiny_job(vocab_size=None, cluster="slurm", device="cpu")
 TWO_BY_TWO = ["--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--no-exclusive"]
 STEPS = 40
 SLOW = "HPC_HSDP_FAULT_STEP_DELAY_S"  # test hook: a tiny job lasts long enough to be requeued mid-training

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
-TINY = ["--device", "cpu", "--width", "16", "--heads", "2", "--layers", "1", "--seq-len", "8", "--batch-size", "1"]
+TINY = tiny_job(width=16, heads=2, batch_size=1, vocab_size=None, device="cpu")
 PROBE = '''
 import json, os
 from pathlib import Path

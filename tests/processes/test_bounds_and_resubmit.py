@@ -8,10 +8,11 @@ import json
 import pytest
 
 from tests.bounds_helpers import hpc
+from tests.job_helpers import tiny_job
 
 # ----------------------------------------------------------------------------- run directories
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--venv", "none"]
+TINY = tiny_job(venv="none")
 
 
 @pytest.mark.dist

@@ -14,10 +14,11 @@ import pytest
 from cli_helpers import hpc
 
 from hpc_hsdp.rundir.evals import read_evals
+from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY = tiny_job(width=16, heads=2)
 
 EVAL = """
 import json, os, sys

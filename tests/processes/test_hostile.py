@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.hostile_helpers import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
+from tests.job_helpers import tiny_job
 
 # ----------------------------------------------------------------------------- checkpoints in a run (gloo)
 
 TINY = dict(layers=1, width=32, heads=4, seq_len=8, batch_size=2, vocab_size=64, steps=4, seed=3)
-TINY_ARGS = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY_ARGS = tiny_job()
 
 
 @pytest.fixture(scope="module")

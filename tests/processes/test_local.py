@@ -15,10 +15,11 @@ from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
 from tests.emulator_helpers import TEARDOWN_PROBE
+from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY = tiny_job()
 
 
 def test_submit_local_runs_the_job_with_node_local_groups(tmp_path, local_submit):

@@ -10,9 +10,11 @@ import time
 import pytest
 from cli_helpers import hpc
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY = tiny_job()
 
 
 def steps_done(run) -> int:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64"]
+TINY = tiny_job()
 POINTS = ["lr=3e-4,seed=0", "lr=3e-4,seed=1", "lr=1e-3,seed=0", "lr=1e-3,seed=1"]
 
 

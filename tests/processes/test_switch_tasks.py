@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from cli_helpers import hpc as cli_hpc
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
-TINY = ["--width", "16", "--heads", "2", "--layers", "1", "--seq-len", "8", "--batch-size", "1", "--vocab-size", "32"]
+TINY = tiny_job(width=16, heads=2, batch_size=1, vocab_size=32)
 INTERLEAVED = "spine.a:n[1,3];spine.b:n[2,4]"
 """Nodes n1, n3 under leaf a, n2, n4 under leaf b: the node list alternates the leaves."""
 
