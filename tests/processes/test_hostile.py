@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch._dynamo  # noqa: F401  at import: its first import (a meta build's) sets TORCHINDUCTOR_CACHE_DIR, not a test's doing
 
 from tests.hostile_helpers import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
 from tests.job_helpers import tiny_job
