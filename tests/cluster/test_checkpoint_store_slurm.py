@@ -13,8 +13,9 @@ from cluster_helpers import hpc, log_tails, status, wait_ended
 
 from hpc_hsdp.rundir.checkpoint_store import CheckpointStore
 from hpc_hsdp.rundir.files import read_jsonl
+from tests.job_helpers import tiny_job
 
-JOB = ["--cluster", "slurm", "--device", "cpu", "--width", "32", "--layers", "1", "--seq-len", "8"]
+JOB = tiny_job(batch_size=None, vocab_size=None, cluster="slurm", device="cpu")
 JOB += ["--global-batch-size", "8", "--no-exclusive", "--tracker", "none", "--checkpoint-every", "2"]
 URL = "s3://ckpt/cluster/run"
 

@@ -10,22 +10,11 @@ import time
 import pytest
 from cluster_helpers import hpc
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
-TINY = [
-    "--device",
-    "cpu",
-    "--width",
-    "32",
-    "--layers",
-    "1",
-    "--seq-len",
-    "8",
-    "--batch-size",
-    "2",
-    "--vocab-size",
-    "64",
-]
+TINY = tiny_job(device="cpu")
 
 
 def submit(run, *args, env=None):

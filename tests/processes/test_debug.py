@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from cli_helpers import hpc
 
+from tests.job_helpers import tiny_job
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-TINY = ["--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64", "--seed", "3"]
+TINY = tiny_job(seed=3)
 
 
 def losses(run) -> dict[int, float]:

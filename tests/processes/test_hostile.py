@@ -283,9 +283,8 @@ def test_export_of_a_factory_run_builds_the_model_the_user_names_not_the_one_mod
     command line, and without one it says so in one line."""
     examples = str(Path(__file__).resolve().parents[2] / "examples")
     run = tmp_path / "run"
-    argv = local_submit(run, "--model", "my_model:build", "--steps", "2", "--checkpoint-every", "2",
-                        "--width", "32", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--vocab-size", "64",
-                        gpus_per_node=1, shard=1)  # fmt: skip
+    factory = ["--model", "my_model:build", "--steps", "2", "--checkpoint-every", "2"]
+    argv = local_submit(run, *factory, *TINY_ARGS, gpus_per_node=1, shard=1)
     env = {"PYTHONPATH": examples}
     out = _hpc_env(*argv, "--wait", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
