@@ -51,7 +51,7 @@ def check(**options) -> None:
     record, why_not = read_own_check(spec.run.run_dir, handle.job_id)
     if record is None:
         click.echo(
-            f"hpc-hsdp: check job {handle.job_id} left no result of its own ({terminal_safe(why_not)}); see "
+            f"hpc-hsdp: check job {handle.job_id} left no result of its own ({terminal_safe(why_not or '')}); see "
             f"hpc-hsdp logs {spec.run.run_dir}",
             err=True,
         )

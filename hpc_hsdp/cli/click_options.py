@@ -25,7 +25,14 @@ class NodeCount(click.ParamType):
         return int(text) if text.isdigit() else text  # MIN-MAX and typos: checked with the spec, one line
 
 
-_CLICK_TYPES = {"int": int, "float": float, "str": str, "path": str, "data": str, "nodes": NodeCount()}
+_CLICK_TYPES: dict[str, type | click.ParamType] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "path": str,
+    "data": str,
+    "nodes": NodeCount(),
+}
 
 
 def _default_text(value: object) -> str | None:
@@ -59,13 +66,16 @@ def click_option(declared: JobOption, command: str):
         return click.option(flag, param, is_flag=True, default=default, help=help_text)
     if declared.kind in ("list", "table"):
         return click.option(flag, param, multiple=True, metavar=metavar, help=help_text)
+    click_type: type | click.ParamType
     if declared.choices:
         click_type = click.Choice(declared.choices)
     elif shown.directory:
         click_type = click.Path(file_okay=False)
     else:
         click_type = _CLICK_TYPES[declared.kind]
-    optional_value = {"is_flag": False, "flag_value": declared.flag_value} if declared.flag_value is not None else {}
+    optional_value: dict[str, Any] = (
+        {"is_flag": False, "flag_value": declared.flag_value} if declared.flag_value is not None else {}
+    )
     return click.option(
         flag,
         param,

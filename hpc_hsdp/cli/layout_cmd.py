@@ -127,17 +127,17 @@ def layout(
         addr, port = rendezvous_from_env(os.environ)  # job-level variables suffice (batch script)
         click.echo(addr if field == "master_addr" else port)
         return
-    derived = RankLayout.from_env(
+    fields = RankLayout.from_env(
         os.environ, shard_size=shard_size, nproc_per_node=nproc_per_node, topology=topology, tp_size=tp_size
     ).to_dict()
     if field is None:
-        click.echo(json.dumps(derived, sort_keys=False))
+        click.echo(json.dumps(fields, sort_keys=False))
         return
-    if field not in derived:
+    if field not in fields:
         raise click.BadParameter(
-            f"{field!r} is not a layout field; choose one of {', '.join(derived)}", param_hint="--field"
+            f"{field!r} is not a layout field; choose one of {', '.join(fields)}", param_hint="--field"
         )
-    value = derived[field]
+    value = fields[field]
     click.echo(json.dumps(value) if isinstance(value, (list, dict)) else ("" if value is None else value))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -214,6 +215,7 @@ def plan(
                 f"--recommend with --seq-len chooses --tp itself; drop --tp {tp_size}, or drop --seq-len to choose "
                 f"the shard size at --tp {tp_size}"
             )
+        assert memory is not None  # _model_options: --recommend needs --gpu-memory
         rec = recommend_tp(
             the_plan,
             tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(tp_training, t)],
@@ -225,14 +227,15 @@ def plan(
             blocks=blocks,
         )
         chosen = None
-        if rec.chosen is not None and rec.chosen.chosen is not None and as_json:
+        if rec.chosen_tp is not None and rec.chosen is not None and rec.chosen.chosen is not None and as_json:
             chosen = _build_plan(
                 nodes, gpus_per_node, rec.chosen.chosen.shard_size, nodelist, tasks_per_node_text, rec.chosen_tp
             )
         _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, as_json=as_json)
         return
     if recommend:
-        rec = recommend_shard_size(
+        assert memory is not None  # _model_options: --recommend needs --gpu-memory
+        shard_rec = recommend_shard_size(
             the_plan,
             gpu_memory=memory,
             precision=precision,
@@ -242,11 +245,11 @@ def plan(
             blocks=blocks,
         )
         chosen = None
-        if rec.chosen is not None and as_json:
+        if shard_rec.chosen is not None and as_json:
             chosen = _build_plan(
-                nodes, gpus_per_node, rec.chosen.shard_size, nodelist, tasks_per_node_text, the_plan.tp_size
+                nodes, gpus_per_node, shard_rec.chosen.shard_size, nodelist, tasks_per_node_text, the_plan.tp_size
             )
-        _echo_recommendation(rec, the_plan, chosen, model_info, as_json=as_json)
+        _echo_recommendation(shard_rec, the_plan, chosen, model_info, as_json=as_json)
         if not as_json and activations is None:
             click.echo(
                 f"(at --tp {tp_size}: give --seq-len and --batch-size to choose the TP size too; without the "
@@ -292,7 +295,7 @@ def plan(
         )
         if replicas is not None:
             click.echo("\n".join(replicas.describe(the_plan.node_names)))
-        if fewest is not None:
+        if fewest is not None and fewest_nodes is not None:  # the plan at --nodes MIN-MAX's MIN
             _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
 
 
@@ -386,7 +389,8 @@ def _echo_plan_json(
         data["estimate"] = sized.estimate.to_dict()
         if activations is not None:
             data["activations"] = asdict(activations)
-        data["save_on_sigterm"] = sized.on_sigterm.to_dict()
+        if sized.on_sigterm is not None:  # with every estimate
+            data["save_on_sigterm"] = sized.on_sigterm.to_dict()
     if sized.saving is not None:
         data["checkpoint_estimate"] = sized.saving.to_dict()
     if memory is not None:
@@ -513,21 +517,29 @@ def _params_for_shard(model_params: str, root_params: str | None):
     return lambda _s: (params, p_root)
 
 
-def _builtin_counts(options: str):
-    training = _builtin_training(options).options()
-    from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+@dataclass(frozen=True)
+class _BuiltinCounts:
+    """``--model-params builtin:...``: (parameters, root parameters) per shard size, and the model's dimensions."""
 
-    def counts(shard_size: int) -> tuple[int, int]:
-        c = parameter_counts(**training, shard_size=shard_size)
+    training: dict[str, Any]
+    dims: tuple[int, int, int, str]
+
+    def __call__(self, shard_size: int) -> tuple[int, int]:
+        from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
+
+        c = parameter_counts(**self.training, shard_size=shard_size)
         return c.params, c.root_params
 
-    counts.dims = (
+
+def _builtin_counts(options: str) -> _BuiltinCounts:
+    training = _builtin_training(options).options()
+    dims = (
         training["layers"],
         training["width"],
         training["seq_len"],
         f"the built-in model's {training['layers']} blocks, width {training['width']}",
     )
-    return counts
+    return _BuiltinCounts(training, dims)
 
 
 def _builtin_training(options: str) -> TrainingSpec:

@@ -39,7 +39,9 @@ def report(run_dirs, output) -> None:
     """
     from hpc_hsdp.rundir.sweep_record import is_sweep_dir  # noqa: PLC0415
 
-    paths, labels, rankings = [], [], []
+    paths: list[str | Path] = []
+    labels: list[str | None] = []
+    rankings = []
     for given in run_dirs:
         if not is_sweep_dir(given):
             paths.append(given)

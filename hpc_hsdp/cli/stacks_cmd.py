@@ -49,7 +49,7 @@ def stacks(job, as_json, native, python_only, frames, timeout_s) -> None:
         return
     for line in stack_lines(groups, world, frames_shown=frames):
         click.echo(terminal_safe(line))
-    how = sorted({s.get("how") for s in taken if s.get("how")})
+    how = sorted({str(s["how"]) for s in taken if s.get("how")})
     click.echo(f"({len(taken)} ranks in {time.monotonic() - started:.1f} s; {', '.join(how) or 'no stacks'})")
 
 
