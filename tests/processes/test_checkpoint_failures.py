@@ -219,7 +219,7 @@ def load_newest(ctx):
 @pytest.mark.parametrize("check_first", [True, False], ids=["refused-before-writing", "out-of-space-mid-write"])
 def test_a_full_disk_keeps_the_previous_checkpoint_and_names_path_and_bytes(small_disk, check_first):
     run, one = small_disk
-    training = TrainingSpec.of(**{**TINY.__dict__, "checkpoint_every": 2, "keep_checkpoints": 2})
+    training = TINY.replace(checkpoint_every=2, keep_checkpoints=2)
     env = {} if check_first else {"HPC_HSDP_FAULT_SKIP_SPACE_CHECK": "1"}
     out = launch(spec_for(run, training), tasks_per_node=LAYOUT, timeout_s=180, expect_failure=True, extra_env=env)
     assert not any(o.ok for o in out)
