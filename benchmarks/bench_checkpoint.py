@@ -68,7 +68,7 @@ def task(args) -> None:
     ctx = init(shard_size=2, device="cpu", run_dir=None)
     training = TrainingSpec.of(layers=args.layers, width=args.width, heads=8, vocab_size=8192, seq_len=32, batch_size=2)
     model = build_model(ctx, resolve_model(training, data_vocab_size=None), training)
-    optimizer = make_optimizer(model, training)
+    optimizer = make_optimizer(model, training.optimizer)
     ids = torch.randint(0, 8192, (2, 33), generator=torch.Generator().manual_seed(ctx.rank))
 
     def step() -> float:

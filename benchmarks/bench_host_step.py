@@ -96,12 +96,12 @@ def _loop(args, *, before: bool) -> dict | None:
     torch.set_num_threads(1)
     if before:
 
-        def dtensor_adamw(module, training):
+        def dtensor_adamw(module, optimizer):
             groups = [
                 {"params": g["params"], "weight_decay": g["weight_decay"]}
-                for g in model.make_optimizer(module, training).param_groups
+                for g in model.make_optimizer(module, optimizer).param_groups
             ]
-            return torch.optim.AdamW(groups, lr=training.optimizer.lr, fused=True)  # the old default on CPU
+            return torch.optim.AdamW(groups, lr=optimizer.lr, fused=True)  # the old default on CPU
 
         engine.make_optimizer = dtensor_adamw
         model.units_to_wrap = lambda units, world_size: units

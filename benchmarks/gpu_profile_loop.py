@@ -52,17 +52,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpc_hsdp.runtime.optimizer import LocalShardAdamW
 
-    def groups_of(model, training):
+    def groups_of(model, optimizer):
         return [
             {"params": g["params"], "weight_decay": g["weight_decay"]}
-            for g in default_optimizer(model, training).param_groups
+            for g in default_optimizer(model, optimizer).param_groups
         ]
 
-    def fused_local(model, training):
-        return LocalShardAdamW(groups_of(model, training), lr=training.optimizer.lr, fused=True)
+    def fused_local(model, optimizer):
+        return LocalShardAdamW(groups_of(model, optimizer), lr=optimizer.lr, fused=True)
 
-    def dtensor_foreach(model, training):
-        return torch.optim.AdamW(groups_of(model, training), lr=training.optimizer.lr, foreach=True)
+    def dtensor_foreach(model, optimizer):
+        return torch.optim.AdamW(groups_of(model, optimizer), lr=optimizer.lr, foreach=True)
 
     try:
         configure_device(ctx.device)

@@ -61,7 +61,7 @@ def build_hpc_hsdp(variant, a, mesh):
     ctx = RunContext(layout=layout, mesh=mesh, device=torch.device("cpu"), realized=[], _active=False)
     adapter = resolve_model(training, data_vocab_size=None)
     model = build_model(ctx, adapter, training)
-    optimizer = make_optimizer(model, training)
+    optimizer = make_optimizer(model, training.optimizer)
     if variant.endswith("-unfused"):  # the optimizer before issue 14: torch's default (single-tensor on CPU)
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=training.optimizer.lr)

@@ -130,7 +130,7 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     model = build_model(ctx, adapter, training, precision="fp32")
     phases["build_model"] = time.process_time() - t
     model.train()
-    return model, make_optimizer(model, training), adapter
+    return model, make_optimizer(model, training.optimizer), adapter
 
 
 def hand_step(model, opt, tokens, loss_of=None):

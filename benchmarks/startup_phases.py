@@ -73,7 +73,7 @@ def main():
     adapter = resolve_model(training, data_vocab_size=data.vocab_size)
     model = build_model(ctx, adapter, training)
     marks.append(("model", time.time()))
-    optimizer = make_optimizer(model, training)
+    optimizer = make_optimizer(model, training.optimizer)
     marks.append(("optimizer", time.time()))
     with make_loader(ctx, data, first_step=1, last_step=1) as loader:
         batches, _ = loader.next_step(1)

@@ -64,7 +64,9 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     if spec.run.training.dataset.stage_data is not None:
         from hpc_hsdp.job.preflight import check_stage_dir  # noqa: PLC0415  (only --stage-data: render stays light)
 
-        check_stage_dir(spec.run.training)  # a DIR that is a file or not writable here; one not here is the nodes'
+        check_stage_dir(
+            spec.run.training.dataset
+        )  # a DIR that is a file or not writable here; one not here is the nodes'
     text = render_sbatch(spec)
     if output_path is None:
         click.echo(text, nl=False)

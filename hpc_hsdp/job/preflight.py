@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpc_hsdp.errors import InputNotFound, SpecError
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
+from hpc_hsdp.job.training_sections import DataSection, ObservationSection
 from hpc_hsdp.models.base import check_data_vocabulary, split_import_name
 from hpc_hsdp.models.hf import DATA_VOCABULARY_FIX, config_values
 from hpc_hsdp.models.hf_shapes import GPT2_STYLE, tp_dims_from_config
@@ -109,13 +110,13 @@ def check_tensor_parallel(spec, *, own_function: bool = False, config_optional: 
         raise SpecError(refusal)
 
 
-def check_stage_dir(training, env=None) -> None:
+def check_stage_dir(dataset: DataSection, env=None) -> None:
     """``--stage-data DIR``, where this machine can tell (``render`` and ``submit``): a directory
     this user can write, or one that can be made (its nearest existing parent is a directory). A
     DIR that does not exist here is the nodes' to make (node-local disks are mounted there);
     ``auto`` and a DIR naming a variable are resolved on the nodes, which say what is wrong.
     Raises :class:`SpecError` (one line, exit 2)."""
-    value = training.dataset.stage_data
+    value = dataset.stage_data
     if value is None or value == STAGE_AUTO or "$" in value:
         return
     path = stage_base(value, os.environ if env is None else env)
@@ -143,14 +144,14 @@ def _can_write_in(directory: Path) -> bool:
         return False
 
 
-def check_trackers(training) -> None:
+def check_trackers(observation: ObservationSection) -> None:
     """Each tracker ``--tracker`` asks for has its package here (found, not imported: wandb and
     mlflow take a second each to import); a :class:`SpecError` names the first that has not.
     The default (TensorBoard alone) is not asked for: without its package the run says so once
     and goes on, as it always has."""
-    if training.observation.tracker == default("tracker"):
+    if observation.tracker == default("tracker"):
         return
-    for name in training.observation.trackers:
+    for name in observation.trackers:
         module, extra = TRACKER_PACKAGES[name]
         try:
             found = importlib.util.find_spec(module) is not None

@@ -80,8 +80,10 @@ def submit_spec(spec, *, cluster: str | None = None, fn: Callable | None = None)
             "a Python function runs on every task only with --launcher srun; drop fn or the torchrun launcher"
         )
     check_tensor_parallel(spec, own_function=fn is not None)  # --tp that does not split the model: nothing written
-    check_trackers(spec.run.training)  # a tracker asked for and not installed: nothing submitted
-    check_stage_dir(spec.run.training)  # --stage-data DIR that is a file or not writable here: nothing submitted
+    check_trackers(spec.run.training.observation)  # a tracker asked for and not installed: nothing submitted
+    check_stage_dir(
+        spec.run.training.dataset
+    )  # --stage-data DIR that is a file or not writable here: nothing submitted
     stored = check_checkpoint_store(spec)  # --checkpoint-store: extra, bucket, credentials, a write; nothing written
     # first where it goes: a SLURM controller that does not answer refuses the job before anything is read or written
     target, reason = resolve_cluster(cluster or spec.cluster)

@@ -175,7 +175,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepR
         if spec.launch.container_image is not None:
             raise SpecError("submit --sweep --container-image: render each point's script and sbatch it instead")
         check_tensor_parallel(spec, own_function=False)
-        check_trackers(spec.run.training)
+        check_trackers(spec.run.training.observation)
     check_stores_apart(plan.specs)
     for spec in plan.specs:
         check_checkpoint_store(spec)

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.job.training_sections import CheckpointSection
     from hpc_hsdp.runtime.dist import RunContext
     from hpc_hsdp.runtime.run_data import TrainData
 
@@ -498,13 +499,13 @@ class AsyncSaver:
         _open_savers.append(self)
 
     @classmethod
-    def for_run(cls, ctx, training, *, uploads=None) -> AsyncSaver | None:
+    def for_run(cls, ctx, checkpoint: CheckpointSection, *, uploads=None) -> AsyncSaver | None:
         """The saver of a run with periodic checkpoints (``--checkpoint-every``), else None."""
-        if ctx.run_dir is None or not training.checkpoint.checkpoint_every:
+        if ctx.run_dir is None or not checkpoint.checkpoint_every:
             return None
         return cls(
             ctx.run_dir,
-            keep=training.checkpoint.keep_checkpoints,
+            keep=checkpoint.keep_checkpoints,
             timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300),
             uploads=uploads,
         )

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from hpc_hsdp.errors import HsdpError, SpecError
+from hpc_hsdp.job.training_sections import ComputeSection
 from hpc_hsdp.plan.float8_support import fp8_refusal
 from hpc_hsdp.plan.topology import RankLayout
 from hpc_hsdp.runtime.compile import check_compile
@@ -87,12 +88,12 @@ def compute_precision(precision: str) -> str:
     return "bf16" if precision == "fp8" else precision
 
 
-def check_training_device(training, device: torch.device, env: Mapping[str, str] | None = None) -> None:
+def check_training_device(compute: ComputeSection, device: torch.device, env: Mapping[str, str] | None = None) -> None:
     """Refuse (SpecError: one line, exit 2) what this device cannot train, before a rank writes
     anything: ``--compile`` on CPU without a C++ compiler, ``--precision fp8`` without a GPU of
     compute capability 8.9 or newer."""
-    check_compile(training.compute.compile, device, env)
-    if training.compute.precision == "fp8":
+    check_compile(compute.compile, device, env)
+    if compute.precision == "fp8":
         cuda = device.type == "cuda"
         refusal = fp8_refusal(
             device.type,

@@ -143,7 +143,7 @@ class Engine:
         self.coordinator = coordinator or coordinator_for(ctx, self.training)
         """What an ordinary job and a replica group do differently (default: the options' choice)."""
         self.verbose = verbose
-        check_training_device(self.training, ctx.device)  # before anything is written (model.json, the cache)
+        check_training_device(self.training.compute, ctx.device)  # before anything is written (model.json, the cache)
         self.compile_clock: CompileClock | None = None
         self.data: TrainData = open_data(self.training, ctx.data_world_size)
         staging = (
@@ -195,7 +195,7 @@ class Engine:
         self.tokens_per_step = self.data.layout.global_batch * self.training.dataset.seq_len
         self.began = time.time()
         self.periodic = checkpoint.AsyncSaver.for_run(
-            ctx, self.training, uploads=self.uploads
+            ctx, self.training.checkpoint, uploads=self.uploads
         )  # None without --checkpoint-every
         self.watchdog: Watchdog | None = None
         self.debug_point = DebugPoint(ctx) if getattr(self.coordinator, "debuggable", False) else None
@@ -220,7 +220,9 @@ class Engine:
             use_run_cache(ctx.run_dir, ctx.rank)  # before the first compile: a resumed attempt loads its graphs
             self.compile_clock = CompileClock()
         self.model = build_model(ctx, self.adapter, training, precision=self.precision, verbose=self.verbose)
-        self.optimizer = optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training)
+        self.optimizer = (
+            optimizer(self.model) if optimizer is not None else make_optimizer(self.model, training.optimizer)
+        )
         if self.precision == "fp8":
             from hpc_hsdp.runtime.float8 import precompute_scales_after_each_step  # noqa: PLC0415 - torchao
 
@@ -233,7 +235,9 @@ class Engine:
         ``--max-restarts``); the steps left, as the coordinator gives them (after the last
         completed one; the ordinary job's rows read ahead from there)."""
         self.model.train()
-        self.watchdog = Watchdog.for_run(self.ctx, self.training, step=self.start_step)  # a hang ends the job
+        self.watchdog = Watchdog.for_run(
+            self.ctx, self.training.resilience, step=self.start_step
+        )  # a hang ends the job
         if self.compile_clock is not None:  # a compile (minutes on a large model) is no hang
             self.watchdog.busy = self.compile_clock.compiling
         return self.coordinator.steps(lambda: self.last_step)
@@ -257,7 +261,7 @@ class Engine:
         number, batches, waited = self.coordinator.begin(number)  # a replica group may go on from a peer's step
         return Step(
             number=number,
-            lr=lr_of(self.training, number),
+            lr=lr_of(self.training.optimizer, number),
             batches=batches,
             data_wait_s=waited,
             started=started,

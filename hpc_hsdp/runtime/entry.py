@@ -77,7 +77,7 @@ def run_task(
 
         # what this device cannot train (--compile without a C++ compiler, --precision fp8 without
         # a GPU that has it) is refused before the task joins the job or writes anything
-        check_training_device(spec.training, pick_device(spec.device, layout, env)[0], env)
+        check_training_device(spec.training.compute, pick_device(spec.device, layout, env)[0], env)
         if before_join is not None:  # `hpc-hsdp run`: rank 0's claim of the run directory, the first thing written
             before_join()
 

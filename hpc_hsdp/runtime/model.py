@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.job.training_sections import OptimizerSection
 from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
 from hpc_hsdp.runtime.compile import compile_units
 from hpc_hsdp.runtime.device import compute_precision, resolve_precision
@@ -96,7 +97,7 @@ def build_model(
     return model
 
 
-def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, optimizer: OptimizerSection) -> torch.optim.Optimizer:
     """AdamW over the local shards (:class:`~hpc_hsdp.runtime.optimizer.LocalShardAdamW`);
     the learning rate is set every step from the schedule. Weight decay applies to matrices
     and embeddings only (not to biases and norms).
@@ -108,12 +109,12 @@ def make_optimizer(model: nn.Module, training: TrainingSpec) -> torch.optim.Opti
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [
-        {"params": decay, "weight_decay": training.optimizer.weight_decay},
+        {"params": decay, "weight_decay": optimizer.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
     device = params[0].device if params else torch.device("cpu")
     kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
-    return LocalShardAdamW([g for g in groups if g["params"]], lr=training.optimizer.lr, **kernel)
+    return LocalShardAdamW([g for g in groups if g["params"]], lr=optimizer.lr, **kernel)
 
 
 def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpc_hsdp.job.training_sections import OptimizerSection
 
 
 def learning_rate(step: int, *, lr: float, schedule: str, warmup_steps: int, min_lr: float, total_steps: int) -> float:
@@ -24,13 +28,13 @@ def learning_rate(step: int, *, lr: float, schedule: str, warmup_steps: int, min
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
 
 
-def lr_of(training, step: int) -> float:
-    """:func:`learning_rate` with a TrainingSpec's options."""
+def lr_of(optimizer: OptimizerSection, step: int) -> float:
+    """:func:`learning_rate` with the optimizer section's options."""
     return learning_rate(
         step,
-        lr=training.optimizer.lr,
-        schedule=training.optimizer.lr_schedule,
-        warmup_steps=training.optimizer.warmup_steps,
-        min_lr=training.optimizer.min_lr,
-        total_steps=training.optimizer.steps,
+        lr=optimizer.lr,
+        schedule=optimizer.lr_schedule,
+        warmup_steps=optimizer.warmup_steps,
+        min_lr=optimizer.min_lr,
+        total_steps=optimizer.steps,
     )

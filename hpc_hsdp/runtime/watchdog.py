@@ -46,6 +46,7 @@ from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.backends import task_environment
 from hpc_hsdp.job.restart_policy import RestartPolicy
+from hpc_hsdp.job.training_sections import ResilienceSection
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
 from hpc_hsdp.rundir.stacks import frame, write_hang_stacks
 from hpc_hsdp.runtime.collectives import COLLECTIVES, Listening, listen
@@ -232,14 +233,16 @@ class Watchdog:
     # ------------------------------------------------------------------ the loop's side
 
     @classmethod
-    def for_run(cls, ctx, training, *, step: int = 0, env: Mapping[str, str] | None = None) -> Watchdog:
+    def for_run(
+        cls, ctx, resilience: ResilienceSection, *, step: int = 0, env: Mapping[str, str] | None = None
+    ) -> Watchdog:
         """Collective: record why this run is a restart when nobody did, refuse to train past
         ``--max-restarts`` failure restarts, and start the watchdog at ``step``."""
         env = dict(os.environ if env is None else env)
-        check_restart_budget(ctx, max_restarts=training.resilience.max_restarts, env=env)
-        return cls(
-            ctx, timeout_s=training.resilience.hang_timeout, max_restarts=training.resilience.max_restarts, env=env
-        ).start(step=step)
+        check_restart_budget(ctx, max_restarts=resilience.max_restarts, env=env)
+        return cls(ctx, timeout_s=resilience.hang_timeout, max_restarts=resilience.max_restarts, env=env).start(
+            step=step
+        )
 
     def start(self, *, step: int = 0) -> Watchdog:
         self.last_step = step

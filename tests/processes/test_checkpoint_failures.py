@@ -211,7 +211,7 @@ def load_newest(ctx):
 
     training = ctx.spec.training
     model = build_model(ctx, resolve_model(training, data_vocab_size=None), training)
-    optimizer = make_optimizer(model, training)
+    optimizer = make_optimizer(model, training.optimizer)
     step, path = checkpoint.latest_checkpoint(ctx.run_dir)
     return checkpoint.load(path, model, optimizer)["step"]
 

@@ -57,7 +57,7 @@ def _memory_of_one_step(ctx, training):
 
     adapter = resolve_model(training)
     model = build_model(ctx, adapter, training)
-    optimizer = make_optimizer(model, training)
+    optimizer = make_optimizer(model, training.optimizer)
     data = open_data(training, ctx.world_size)
     inputs, targets = read_rows(data.train, data.order.sample_ids(data.layout.positions(1, 0, ctx.rank)))
     tracker = FSDPMemTracker(model, optimizer)

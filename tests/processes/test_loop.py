@@ -146,7 +146,7 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
         loss.backward()
         norms[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), training.optimizer.clip_grad))
         for group in opt.param_groups:
-            group["lr"] = lr_of(training, step)
+            group["lr"] = lr_of(training.optimizer, step)
         opt.step()
         opt.zero_grad()
         losses[step] = float(loss)

@@ -37,12 +37,12 @@ def train_three_ways(ctx):
     nodes = [d["node"] for d in ctx.realized]
     single_tensor = engine.make_optimizer
 
-    def make_single_tensor(model, training):
+    def make_single_tensor(model, optimizer):
         groups = [
             {"params": g["params"], "weight_decay": g["weight_decay"]}
-            for g in single_tensor(model, training).param_groups
+            for g in single_tensor(model, optimizer).param_groups
         ]
-        return torch.optim.AdamW(groups, lr=training.optimizer.lr, foreach=False, fused=False)
+        return torch.optim.AdamW(groups, lr=optimizer.lr, foreach=False, fused=False)
 
     always = MODEL.replace(reshard_after_forward="always")
     out = {"agreed": agreed_choice(ctx)}
