@@ -506,7 +506,7 @@ class AsyncSaver:
         return cls(
             ctx.run_dir,
             keep=checkpoint.keep_checkpoints,
-            timeout_s=getattr(getattr(ctx, "spec", None), "timeout_s", 300),
+            timeout_s=ctx.spec.timeout_s if ctx.spec is not None else 300,
             uploads=uploads,
         )
 
@@ -678,8 +678,7 @@ def resume(
     )
     state = load(path, model, optimizer)
     if ctx.is_rank0 and verbose:
-        restart = getattr(ctx.preemption, "restart_count", None)
-        restart = restart if restart is not None else task_environment(os.environ).restart_count
+        restart = (ctx.preemption or task_environment(os.environ)).restart_count
         say(
             f"resumed from step {step} (restart {restart}): {path}, saved on mesh "
             f"{state.get('mesh_shape')}, now {list(ctx.plan.mesh_shape)}"

@@ -209,7 +209,6 @@ def _process_group(group):
     return dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group))
 
 
-def for_context(ctx) -> CommStats:
-    """A recorder for a RunContext: its mesh and the realized node of every rank."""
-    nodes = [d["node"] for d in ctx.realized] if ctx.realized else []
-    return CommStats(mesh=ctx.mesh, node_of_rank=nodes)
+def recorder_for(mesh, realized: list[dict]) -> CommStats:
+    """A recorder for a job's mesh, with the realized node of every rank (``init``'s groups)."""
+    return CommStats(mesh=mesh, node_of_rank=[d["node"] for d in realized])

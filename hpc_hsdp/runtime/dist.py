@@ -20,9 +20,11 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,10 +39,15 @@ from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
 from hpc_hsdp.rundir.provenance_record import write_task_provenance
-from hpc_hsdp.runtime.comm_stats import for_context
+from hpc_hsdp.runtime.comm_stats import recorder_for as comm_recorder
 from hpc_hsdp.runtime.device import pick_device
 from hpc_hsdp.runtime.log import note
 from hpc_hsdp.runtime.verify import GroupMismatchError, compare_groups, mismatch_message
+
+if TYPE_CHECKING:
+    from hpc_hsdp.job.spec import RunSpec
+    from hpc_hsdp.runtime.comm_stats import CommStats
+    from hpc_hsdp.runtime.preemption import Preemption
 
 MESH_AXES = ("replicate", "shard")
 
@@ -116,9 +123,10 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class RunContext:
-    """What a rank knows after :func:`init`: its layout, the mesh and the device."""
+    """What a rank knows after :func:`init`: its layout, the mesh and the device (the topology,
+    fixed for the run), the task's services, given when it is made, and what ends with it."""
 
     layout: RankLayout
     mesh: DeviceMesh
@@ -126,15 +134,21 @@ class RunContext:
     run_dir: Path | None = None
     realized: list[dict] = field(default_factory=list)
     """Per rank (index = rank): node, slurm_procid, local_rank, device, shard_group, replicate_group."""
-    spec: object | None = None
+    replica: tuple[int, int, int] | None = None
+    """With ``--fault-tolerance replica``: (replica id, replica groups, attempt) of this task's
+    replica group, which is the whole world of its process group; None otherwise."""
+    spec: RunSpec | None = None
     """The RunSpec when started through ``run_task`` (``hpc-hsdp run`` or submit)."""
-    comm_stats: object | None = None
-    """The active :class:`~hpc_hsdp.runtime.comm_stats.CommStats` recorder (``init(comm_stats=True)``);
-    None: collectives are not wrapped at all."""
-    preemption: object | None = None
-    """The task's :class:`~hpc_hsdp.runtime.preemption.Preemption` (set by ``run_task``): signal
-    flags; ``ctx.preemption.should_stop(step)`` at a step boundary agrees on them (collective)."""
-    _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
+    comm_stats: CommStats | None = None
+    """The active recorder of every collective (``init(comm_stats=True)``); None: collectives are
+    not wrapped at all."""
+    preemption: Preemption | None = None
+    """The task's signal flags (``run_task``'s); ``ctx.preemption.should_stop(step)`` at a step
+    boundary agrees on them (collective). None: a context of one's own (:func:`init`)."""
+    teardown: ExitStack = field(default_factory=ExitStack, repr=False)
+    """What ends with the context, last in first out, given the exception it ends by: :func:`init`
+    puts the process group and its variables there, then the collectives' recorder; the engine its
+    observer's error record and the saves in flight."""
     _active: bool = field(default=True, repr=False)
 
     @property
@@ -175,10 +189,6 @@ class RunContext:
         """The ``"tp"`` axis (None without tensor parallelism)."""
         return self.mesh["tp"] if self.tp_size > 1 else None
 
-    replica: tuple[int, int, int] | None = None
-    """With ``--fault-tolerance replica``: (replica id, replica groups, attempt) of this task's
-    replica group, which is the whole world of its process group; None otherwise."""
-
     @property
     def is_rank0(self) -> bool:
         """Rank 0, which writes the run's files; of a replica group's job, rank 0 of group 0 on
@@ -192,19 +202,18 @@ class RunContext:
             dist.barrier()
 
     def shutdown(self) -> None:
-        """Destroy the process group and restore the variables ``init`` exported."""
-        if not self._active:
-            return
-        self._active = False
-        if self.comm_stats is not None:
-            self.comm_stats.close()
-        _leave(self._saved_env)
+        """Run :attr:`teardown`: close the recorder, destroy the process group and restore the
+        variables ``init`` exported (once; a context that owns no process group does nothing)."""
+        self.__exit__(None, None, None)
 
     def __enter__(self) -> RunContext:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.shutdown()
+        if not self._active:
+            return
+        object.__setattr__(self, "_active", False)  # the one thing that changes: the context has ended
+        self.teardown.__exit__(*exc)
 
 
 def _leave(saved_env: Mapping[str, str | None]) -> None:
@@ -235,6 +244,8 @@ def init(
     comm_stats: bool = False,
     topology: str = "auto",
     tp_size: int = 1,
+    spec: RunSpec | None = None,
+    preemption: Preemption | None = None,
 ) -> RunContext:
     """Join the job: process group, ``("replicate", "shard")`` DeviceMesh (``("replicate", "shard",
     "tp")`` with ``tp_size`` T > 1: T consecutive ranks of one node split every layer), verified groups.
@@ -287,6 +298,9 @@ def init(
             me["tp_group"] = _group_ranks(mesh, "tp")
         realized: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
         dist.all_gather_object(realized, me)
+        teardown = ExitStack()
+        teardown.callback(_leave, saved)
+        recorder = teardown.enter_context(comm_recorder(mesh, realized)) if comm_stats else None
         ctx = RunContext(
             replica=_replica_of(env),
             layout=layout,
@@ -294,15 +308,16 @@ def init(
             device=torch_device,
             run_dir=Path(run_dir) if run_dir is not None else None,
             realized=realized,
-            _saved_env=saved,
+            spec=spec,
+            comm_stats=recorder,
+            preemption=preemption,
+            teardown=teardown,
         )
         if verify:
             _verify_groups(layout, realized)
         if ctx.run_dir is not None and torch_rank == 0:
             write_layout(ctx)
             write_versions(ctx)
-        if comm_stats:
-            ctx.comm_stats = for_context(ctx).__enter__()
         return ctx
     except BaseException:
         if ctx is not None:

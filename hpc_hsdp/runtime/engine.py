@@ -125,6 +125,20 @@ def should_stop(
     return None
 
 
+def _ended_by(observer: RunObserver) -> Callable[..., None]:
+    """The engine's part of its context's teardown (:attr:`~hpc_hsdp.runtime.dist.RunContext.teardown`):
+    after an exception the observer records it, then the saves still in flight are committed."""
+
+    def end(exc_type, exc, traceback) -> None:
+        try:
+            if exc is not None:
+                observer.close_on_error(exc, None)
+        finally:
+            checkpoint.finish_open_saves()
+
+    return end
+
+
 class Engine:
     """See the module docstring. Collective constructor: every rank builds its engine."""
 
@@ -139,7 +153,7 @@ class Engine:
         verbose: bool = True,
     ) -> None:
         self.ctx = ctx
-        self.training = training or getattr(ctx.spec, "training", None) or TrainingSpec()
+        self.training = training or (ctx.spec.training if ctx.spec is not None else None) or TrainingSpec()
         self.coordinator = coordinator or coordinator_for(ctx, self.training)
         """What an ordinary job and a replica group do differently (default: the options' choice)."""
         self.verbose = verbose
@@ -181,6 +195,7 @@ class Engine:
         """The last step completed."""
         self.saved_step: int | None = self.start_step or None
         self.observer = RunObserver.start(ctx, self.training, start_step=self.start_step, verbose=verbose)
+        ctx.teardown.push(_ended_by(self.observer))  # from now on an error ends the attempt's record
         self.metrics = metrics_log(ctx, start_step=self.start_step)  # after the observer: it reads the old records
         self.sources = self.data.source_names
         """A mixture's source names (empty: one dataset): ``loss/NAME``, ``tokens/NAME``, ``eval_loss/NAME``."""

@@ -92,10 +92,10 @@ def run_task(
             comm_stats=spec.comm_stats,
             topology=spec.topology,
             tp_size=spec.tp_size,
+            spec=spec,
+            preemption=preemption,
         )
-        try:
-            ctx.spec = spec
-            ctx.preemption = preemption
+        with ctx:  # its teardown: the loop's error record and saves in flight, then the process group
             try:
                 if fn is None:
                     from hpc_hsdp.runtime.loop import payload  # noqa: PLC0415 - as init
@@ -104,20 +104,13 @@ def run_task(
                 else:
                     result = fn(ctx)
             except Exception as exc:
-                if "hpc_hsdp.runtime.watchdog" in sys.modules:  # a hang being reported: the watchdog ends the task
-                    sys.modules["hpc_hsdp.runtime.watchdog"].wait_if_ending()
+                from hpc_hsdp.runtime.watchdog import wait_if_ending  # noqa: PLC0415 - torch is loaded by now
+
+                wait_if_ending()  # a hang being reported: the watchdog ends the task
                 _requeue_if_a_node_died(ctx, spec, env, exc)
                 raise
             preemption.finish(rank=ctx.rank, run_dir=ctx.run_dir)  # collective; nothing to do when no stop was agreed
             return result
-        except BaseException as exc:
-            if getattr(ctx, "observer", None) is not None:  # set by the loop's RunObserver
-                ctx.observer.close_on_error(exc, None)
-            raise
-        finally:
-            if "hpc_hsdp.runtime.checkpoint" in sys.modules:  # a periodic save still being written
-                sys.modules["hpc_hsdp.runtime.checkpoint"].finish_open_saves()
-            ctx.shutdown()
     finally:
         injected_faults.clear()
         range_keeper.uninstall()

@@ -101,10 +101,10 @@ def handle_lost_peers(
 def _wait_for_slurm(ctx, limit_s: float) -> bool:
     """Sleep until SLURM ends this task (SIGTERM, recorded by the task's preemption handler:
     True) or ``limit_s`` passed (False)."""
-    preemption = getattr(ctx, "preemption", None)
+    preemption = ctx.preemption
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if preemption is not None and "TERM" in getattr(preemption, "received", {}):
+        if preemption is not None and "TERM" in preemption.received:
             return True
         time.sleep(0.2)
     return False

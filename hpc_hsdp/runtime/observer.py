@@ -48,8 +48,7 @@ class RunObserver:
         trackers = None
         if ctx.is_rank0 and ctx.run_dir is not None:
             last_logged = last_step_written(ctx.run_dir)  # before this attempt cuts metrics.jsonl back
-            restart = getattr(ctx.preemption, "restart_count", None)
-            restart = restart if restart is not None else task_environment(os.environ).restart_count
+            restart = (ctx.preemption or task_environment(os.environ)).restart_count
             attempts.begin_attempt(
                 ctx.run_dir,
                 restart=restart,
@@ -66,8 +65,7 @@ class RunObserver:
                     config=run_config(ctx, training),
                 )
                 trackers = Trackers(training.observation.trackers, start, verbose=verbose)
-        ctx.observer = observer = cls(ctx, probe=probe, trackers=trackers, total_steps=training.optimizer.steps)
-        return observer
+        return cls(ctx, probe=probe, trackers=trackers, total_steps=training.optimizer.steps)
 
     def step_begins(self, step: int) -> None:
         if self.probe is not None:

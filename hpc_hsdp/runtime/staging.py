@@ -102,7 +102,9 @@ class Staging:
         """Until every rank's part is done, a one-number all_reduce every few seconds: a node that
         copies for longer than the process-group timeout (--timeout: a dataset of terabytes) keeps
         the others waiting in short collectives, never in one that times out."""
-        timeout_s = getattr(self.ctx.spec, "timeout_s", None)  # --timeout (None: a TrainingRun of one's own)
+        timeout_s = (
+            self.ctx.spec.timeout_s if self.ctx.spec is not None else None
+        )  # --timeout (None: a TrainingRun of one's own)
         poll = min(POLL_S, timeout_s / 4) if timeout_s else POLL_S
         busy = torch.ones(1, device=self.ctx.device)
         while True:

@@ -98,10 +98,8 @@ def run_config(ctx, training) -> dict:
         num_replicas=plan.num_replicas,
         device=ctx.device.type,
     )
-    spec = ctx.spec
-    for key in ("entry", "timeout_s", "comm_stats"):
-        if hasattr(spec, key):
-            config[key] = getattr(spec, key)
+    if ctx.spec is not None:
+        config.update(entry=ctx.spec.entry, timeout_s=ctx.spec.timeout_s, comm_stats=ctx.spec.comm_stats)
     return {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in config.items()}
 
 

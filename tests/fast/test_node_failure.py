@@ -37,7 +37,7 @@ def test_a_dead_slurmd_is_found_in_seconds(fake_scontrol):
 def _ctx(rank: int, run_dir: Path):
     plan = plan_for(nodes=2, gpus_per_node=2, shard_size=2, node_names=("n1", "n2"))
     layout = SimpleNamespace(node=plan.node_names[plan.node_of_rank[rank]])
-    return SimpleNamespace(plan=plan, layout=layout, rank=rank, world_size=4, run_dir=run_dir)
+    return SimpleNamespace(plan=plan, layout=layout, rank=rank, world_size=4, run_dir=run_dir, preemption=None)
 
 
 def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fake_scontrol, tmp_path):

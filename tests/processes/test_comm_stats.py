@@ -90,26 +90,32 @@ def measure_every_shard_size(ctx):
     for s in EXTRA_SHARD_SIZES:
         plan = TopologyPlan(tasks_per_node=ctx.plan.tasks_per_node, shard_size=s, node_names=ctx.plan.node_names)
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_AXES)
-        sub = RunContext(
-            layout=dataclasses.replace(ctx.layout, plan=plan),
-            mesh=mesh,
-            device=ctx.device,
-            realized=ctx.realized,
-            _active=False,
-        )
         steps = {}
         with CommStats(mesh=mesh, node_of_rank=nodes) as recorder:
-            sub.comm_stats = recorder
+            sub = RunContext(
+                layout=dataclasses.replace(ctx.layout, plan=plan),
+                mesh=mesh,
+                device=ctx.device,
+                realized=ctx.realized,
+                comm_stats=recorder,
+                _active=False,
+            )
             train(
                 sub, MODEL, on_step=lambda step, record, out=steps: out.__setitem__(step, record["comm"]), verbose=False
             )
         out["comm"][s] = steps
     for accum in GRAD_ACCUMS:  # same mesh (S = 4), same global batch, N micro-batches per step
         training = MODEL.replace(global_batch_size=MODEL.dataset.batch_size * ctx.world_size * 2, grad_accum=accum)
-        sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
         steps = {}
         with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
-            sub.comm_stats = recorder
+            sub = RunContext(
+                layout=ctx.layout,
+                mesh=ctx.mesh,
+                device=ctx.device,
+                realized=ctx.realized,
+                comm_stats=recorder,
+                _active=False,
+            )
             train(
                 sub,
                 training,

@@ -53,11 +53,17 @@ def train_three_ways(ctx):
         ("single-tensor", always, make_single_tensor),
     ):
         steps: dict[int, dict] = {}
-        sub = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
         engine.make_optimizer = make  # the engine builds the loop's optimizer
         try:
             with CommStats(mesh=ctx.mesh, node_of_rank=nodes) as recorder:
-                sub.comm_stats = recorder
+                sub = RunContext(
+                    layout=ctx.layout,
+                    mesh=ctx.mesh,
+                    device=ctx.device,
+                    realized=ctx.realized,
+                    comm_stats=recorder,
+                    _active=False,
+                )
                 result = loop.train(
                     sub,
                     training,
