@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.estimates import recommend
@@ -109,11 +109,6 @@ def test_unknown_precision_is_a_spec_error():
 
 
 # ----------------------------------------------------------------------------- the command
-
-
-def hpc(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, env=env)
 
 
 def test_recommend_text_and_json():

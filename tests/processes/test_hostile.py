@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch._dynamo  # noqa: F401  at import: its first import (a meta build's) sets TORCHINDUCTOR_CACHE_DIR, not a test's doing
+from cli_helpers import hpc
 
 from tests.hostile_helpers import MarkerPickle, _poison_bytes_entry, one_error_line, run_main
 from tests.job_helpers import tiny_job
@@ -185,17 +186,6 @@ def test_the_store_listens_on_the_job_address_only(tmp_path):
 # ----------------------------------------------------------------------------- issue 43: what a job runs (emulator)
 
 
-def _hpc(*args: str, timeout: float = 240):
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
 def _point_states(sweep: Path) -> dict[str, dict]:
     return {p.parent.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/logs/*_local.json")}
 
@@ -223,7 +213,7 @@ def test_a_swapped_script_of_a_pending_sweep_point_fails_that_point_in_one_line_
 
     sweep = tmp_path / "sweep"
     argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
-    out = _hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
+    out = hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     marker = tmp_path / "pwned"
     pending = sweep / "seed=1"
@@ -259,7 +249,7 @@ def test_a_forged_state_file_of_a_pending_sweep_point_reaches_neither_its_enviro
 
     sweep = tmp_path / "sweep"
     argv = local_submit(sweep, "--steps", "3", *TINY_ARGS, nodes=1, gpus_per_node=1, shard=1)
-    out = _hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
+    out = hpc(*argv, "--sweep", "seed=0,1", "--array-parallelism", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.sh"
@@ -286,23 +276,12 @@ def test_export_of_a_factory_run_builds_the_model_the_user_names_not_the_one_mod
     factory = ["--model", "my_model:build", "--steps", "2", "--checkpoint-every", "2"]
     argv = local_submit(run, *factory, *TINY_ARGS, gpus_per_node=1, shard=1)
     env = {"PYTHONPATH": examples}
-    out = _hpc_env(*argv, "--wait", env=env)
+    out = hpc(*argv, "--wait", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    refused = _hpc_env("export", str(run), "-o", str(tmp_path / "refused"), env=env)
+    refused = hpc("export", str(run), "-o", str(tmp_path / "refused"), env=env)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "'my_model:build'" in refused.stderr and "--model MODULE:FUNCTION" in refused.stderr
     assert not (tmp_path / "refused").exists()
-    done = _hpc_env("export", str(run), "--model", "my_model:build", "-o", str(tmp_path / "out"), env=env)
+    done = hpc("export", str(run), "--model", "my_model:build", "-o", str(tmp_path / "out"), env=env)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "model.safetensors").is_file()
-
-
-def _hpc_env(*args: str, env: dict, timeout: float = 240):
-    import os
-    import subprocess
-    import sys
-
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env={**base, **env}
-    )

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from tests.job_helpers import tiny_job
 
@@ -19,13 +18,6 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 TINY = tiny_job()
 POINTS = ["lr=3e-4,seed=0", "lr=3e-4,seed=1", "lr=1e-3,seed=0", "lr=1e-3,seed=1"]
-
-
-def hpc(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def point_states(sweep: Path) -> list[dict]:
