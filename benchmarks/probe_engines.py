@@ -114,11 +114,14 @@ def build(variant, a, mesh):
 def one_step(model, opt, adapter, tokens):
     t0 = time.perf_counter()
     if adapter is not None:  # hpc-hsdp's train_step: forward, backward, fused loss/norm all-reduce, optimizer
+        from hpc_hsdp.plan.topology import ParallelDims
         from hpc_hsdp.runtime.loader import MicroBatch
         from hpc_hsdp.runtime.step import train_step
 
         batch = MicroBatch(step=0, micro=0, inputs=tokens[:, :-1], targets=tokens[:, 1:], sample_ids=None)
-        train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+        train_step(
+            model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, dims=ParallelDims(replicate=2, shard=2)
+        ).tolist()
         t3 = time.perf_counter()
         return float("nan"), float("nan"), t3 - t0
     logits = model(tokens[:, :-1])

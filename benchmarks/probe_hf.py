@@ -153,6 +153,7 @@ def hand_step(model, opt, tokens, loss_of=None):
 def hpc_step(model, opt, adapter, tokens, *, norm=True):
     import torch
 
+    from hpc_hsdp.plan.topology import ParallelDims
     from hpc_hsdp.runtime.loader import MicroBatch
     from hpc_hsdp.runtime.step import train_step
 
@@ -160,11 +161,15 @@ def hpc_step(model, opt, adapter, tokens, *, norm=True):
         step=0, micro=0, inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous(), sample_ids=None
     )
     if norm:
-        return train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+        return train_step(
+            model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, dims=ParallelDims(replicate=2, shard=2)
+        ).tolist()
     saved = torch._foreach_norm
     torch._foreach_norm = lambda grads, p: [torch.zeros(())]  # the norm's cost, measured away
     try:
-        return train_step(model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, num_replicas=2).tolist()
+        return train_step(
+            model, opt, adapter, [batch], lr=3e-3, clip_grad=0.0, dims=ParallelDims(replicate=2, shard=2)
+        ).tolist()
     finally:
         torch._foreach_norm = saved
 

@@ -84,7 +84,7 @@ def main():
             batches,
             lr=training.optimizer.lr,
             clip_grad=0.0,
-            num_replicas=ctx.plan.num_replicas,
+            dims=ctx.dims,
         )
         out.tolist()
     marks.append(("step 1", time.time()))

@@ -182,6 +182,29 @@ def divisors(n: int) -> list[int]:
 
 
 @record
+class ParallelDims:
+    """The sizes of a job's mesh axes: R copies of the model, each sharded over S ranks, each
+    layer split over T consecutive ranks (``("replicate", "shard", "tp")``)."""
+
+    replicate: int
+    """R: copies of the model (the outer mesh axis)."""
+    shard: int
+    """S: ranks that shard one copy (FSDP2's reduce-scatter and all-gather group)."""
+    tp: int = 1
+    """T: ranks that split every layer (1: no tensor parallelism); they read the same rows."""
+
+    @property
+    def world_size(self) -> int:
+        """R x S x T."""
+        return self.replicate * self.shard * self.tp
+
+    @property
+    def data_world_size(self) -> int:
+        """R x S: the ranks that read different rows."""
+        return self.replicate * self.shard
+
+
+@record
 class TopologyPlan:
     """The HSDP layout of a job: one entry per rank, groups derived from node-major ranks."""
 
@@ -294,6 +317,11 @@ class TopologyPlan:
     def num_replicas(self) -> int:
         """R: copies of the model (the outer mesh axis, "replicate")."""
         return self.world_size // self.ranks_per_copy
+
+    @property
+    def dims(self) -> ParallelDims:
+        """R, S and T together."""
+        return ParallelDims(replicate=self.num_replicas, shard=self.shard_size, tp=self.tp_size)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:

@@ -121,10 +121,9 @@ class OneGroup:
             batches,
             lr=lr,
             clip_grad=self.training.optimizer.clip_grad,
-            num_replicas=self.ctx.plan.num_replicas,
+            dims=self.ctx.dims,
             stop_code=stop_code,
             num_sources=len(self.data.source_names),
-            tp_size=self.ctx.tp_size,
             loss_scope=partial(loss_context, self.ctx, self.adapter),
         )
         return out, True

@@ -34,7 +34,7 @@ from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.code_snapshot import SNAPSHOT_VARIABLE
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.replica_groups import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
-from hpc_hsdp.plan.topology import RankLayout, TopologyPlan
+from hpc_hsdp.plan.topology import ParallelDims, RankLayout, TopologyPlan
 from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
@@ -164,30 +164,30 @@ class RunContext:
         return self.layout.world_size
 
     @property
-    def tp_size(self) -> int:
-        """T: ranks that split every layer (1: no tensor parallelism)."""
-        return self.layout.tp_size
+    def dims(self) -> ParallelDims:
+        """The mesh's sizes: R replicas, S ranks sharding each, T ranks splitting every layer."""
+        return self.plan.dims
 
     @property
     def data_rank(self) -> int:
         """This rank's place among the ranks that read different rows: the ranks of one tp group
         (T consecutive ranks) read the same rows."""
-        return self.rank // self.tp_size
+        return self.rank // self.dims.tp
 
     @property
     def data_world_size(self) -> int:
         """Ranks that read different rows: R x S."""
-        return self.world_size // self.tp_size
+        return self.dims.data_world_size
 
     @property
     def data_mesh(self) -> DeviceMesh:
         """The ``("replicate", "shard")`` mesh FSDP2 shards over (the whole mesh without tensor parallelism)."""
-        return self.mesh if self.tp_size == 1 else self.mesh["replicate", "shard"]
+        return self.mesh if self.dims.tp == 1 else self.mesh["replicate", "shard"]
 
     @property
     def tp_mesh(self) -> DeviceMesh | None:
         """The ``"tp"`` axis (None without tensor parallelism)."""
-        return self.mesh["tp"] if self.tp_size > 1 else None
+        return self.mesh["tp"] if self.dims.tp > 1 else None
 
     @property
     def is_rank0(self) -> bool:

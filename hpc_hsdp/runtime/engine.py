@@ -319,7 +319,7 @@ class Engine:
     def clip_grad_norm(self, max_norm: float) -> float:
         """Collective: the gradient norm over the whole mesh, the gradients scaled to at most
         ``max_norm`` (:func:`~hpc_hsdp.runtime.step.clip_grad_norm`)."""
-        norm = clip_grad_norm(self.model, max_norm, num_replicas=self.ctx.plan.num_replicas, tp_size=self.ctx.tp_size)
+        norm = clip_grad_norm(self.model, max_norm, self.ctx.dims)
         return float(norm)
 
     def step_record(

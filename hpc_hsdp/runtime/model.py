@@ -69,7 +69,7 @@ def build_model(
         precision = compute_precision(precision)
     split = apply_tensor_parallel(model, adapter, ctx, float8=fp8)  # on meta, before compile and fully_shard
     if split and verbose and ctx.is_rank0:
-        say(f"--tp {ctx.tp_size}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
+        say(f"--tp {ctx.dims.tp}: {split} module(s) split over each node's tp groups (the plan of {adapter.name})")
     if training.compute.activation_checkpointing:
         checkpoint_activations(model, units)
     if training.compute.compile:  # before fully_shard: its hooks stay outside the graphs

@@ -312,10 +312,10 @@ class ReplicaGroup:
             with loss_context(ctx, adapter):
                 loss = adapter.loss(model, batch.inputs, batch.targets)
                 (loss * (rows * scale)).backward()
-            loss_sum += local_value(loss.detach()).float() * (rows / ctx.tp_size)  # T ranks add each row
-        grads, squared = local_grads(model, device, tp_size=ctx.tp_size)
+            loss_sum += local_value(loss.detach()).float() * (rows / ctx.dims.tp)  # T ranks add each row
+        grads, squared = local_grads(model, device, ctx.dims)
         code = split_stop_code(stop_code())[0] if stop_code is not None else NONE  # no debugger here
-        rows_here = float(sum(len(b.sample_ids) for b in batches)) / ctx.tp_size
+        rows_here = float(sum(len(b.sample_ids) for b in batches)) / ctx.dims.tp
         fused = torch.stack(
             [
                 loss_sum,

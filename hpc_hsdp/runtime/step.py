@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_hsdp.plan.topology import ParallelDims
 from hpc_hsdp.runtime.dist import RunContext
 from hpc_hsdp.runtime.loader import MicroBatch, read_rows
 from hpc_hsdp.runtime.optimizer import local_shard
@@ -17,7 +18,7 @@ from hpc_hsdp.runtime.preemption import NONE, STOP_CODE_SPAN, TERMINATE, WARNING
 from hpc_hsdp.runtime.tensor_parallel import local_value, loss_context, norm_weights
 
 
-def local_grads(model: nn.Module, device: torch.device, *, tp_size: int = 1) -> tuple[list[torch.Tensor], torch.Tensor]:
+def local_grads(model: nn.Module, device: torch.device, dims: ParallelDims) -> tuple[list[torch.Tensor], torch.Tensor]:
     """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the
     ranks; a gradient every rank of a tp group holds whole counts 1/T on each)."""
     params = [p for p in model.parameters() if p.grad is not None]
@@ -25,20 +26,20 @@ def local_grads(model: nn.Module, device: torch.device, *, tp_size: int = 1) -> 
     if not grads:
         return grads, torch.zeros((), device=device)
     squares = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2)
-    if tp_size > 1:
-        squares = squares * torch.tensor(norm_weights(params, tp_size), device=squares.device)
+    if dims.tp > 1:
+        squares = squares * torch.tensor(norm_weights(params, dims.tp), device=squares.device)
     return grads, squares.sum()
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float, *, num_replicas: int, tp_size: int = 1) -> torch.Tensor:
+def clip_grad_norm(model: nn.Module, max_norm: float, dims: ParallelDims) -> torch.Tensor:
     """Collective: the gradient norm over the whole mesh (the replicate, shard and tp axes) and
     the gradients scaled to at most ``max_norm`` (0: only the norm), as the built-in step clips.
     Unlike ``torch.nn.utils.clip_grad_norm_`` it takes gradients on different meshes (a tensor-
     parallel plan that leaves some parameters out)."""
     device = next(model.parameters()).device
-    grads, squared = local_grads(model, device, tp_size=tp_size)
+    grads, squared = local_grads(model, device, dims)
     dist.all_reduce(squared, op=dist.ReduceOp.SUM)
-    norm = (squared / num_replicas).sqrt()
+    norm = (squared / dims.replicate).sqrt()
     if max_norm > 0 and grads:
         torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return norm
@@ -52,10 +53,9 @@ def train_step(
     *,
     lr: float,
     clip_grad: float,
-    num_replicas: int,
+    dims: ParallelDims,
     stop_code: Callable[[], int] | None = None,
     num_sources: int = 0,
-    tp_size: int = 1,
     loss_scope: Callable[[], AbstractContextManager] = nullcontext,
 ) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns a device tensor
@@ -66,7 +66,7 @@ def train_step(
     across replicas (``set_requires_all_reduce``) runs only with the last one. Loss, squared
     gradient norm and the stop agreement go through ONE all_reduce over all ranks: each
     rank's local gradient shards cover the model once per replica, so the sum over all ranks
-    is ``num_replicas`` times the squared norm; ``stop_code()``, this rank's signal code
+    is R (``dims.replicate``) times the squared norm; ``stop_code()``, this rank's signal code
     (:data:`hpc_hsdp.runtime.preemption.WARNING`, ``TERMINATE``), read after the backward,
     is summed as one count per code, so the agreed code is the highest any rank had; the code's
     debugger part (:func:`~hpc_hsdp.runtime.preemption.split_stop_code`: ``hpc-hsdp debug``'s
@@ -77,7 +77,7 @@ def train_step(
     source's mean loss (nan for a source without rows in the step, or where the adapter's loss
     is not the cross-entropy of its logits: :func:`row_losses`).
 
-    With tensor parallelism (``tp_size`` T > 1) the T ranks of a tp group train on the same rows:
+    With tensor parallelism (``dims.tp`` T > 1) the T ranks of a tp group train on the same rows:
     their losses are equal, so the mean over all ranks is still the mean over the rows; each
     forward and backward runs under ``loss_scope()`` (the loss on vocabulary shards)."""
     accum = len(batches)
@@ -102,7 +102,7 @@ def train_step(
                 loss = adapter.loss(model, batch.inputs, batch.targets)
             (loss / accum).backward()
         loss_sum += local_value(loss.detach()).float()
-    grads, squared = local_grads(model, device, tp_size=tp_size)
+    grads, squared = local_grads(model, device, dims)
     code = stop_code() if stop_code is not None else NONE
     signal_code, debug_code = split_stop_code(code)
     warned = torch.full((), float(signal_code == WARNING), device=device)  # a fill kernel: no host-to-device copy
@@ -111,7 +111,7 @@ def train_step(
     fused = torch.cat([torch.stack([loss_sum, squared, warned, terminated, debug]), by_source])
     dist.all_reduce(fused, op=dist.ReduceOp.SUM)
     mean_loss = fused[0] / (dist.get_world_size() * accum)
-    grad_norm = (fused[1] / num_replicas).sqrt()
+    grad_norm = (fused[1] / dims.replicate).sqrt()
     agreed = torch.where(fused[3] > 0, float(TERMINATE), torch.where(fused[2] > 0, float(WARNING), float(NONE)))
     agreed = agreed + STOP_CODE_SPAN * fused[4]
     if clip_grad > 0 and grads:
@@ -164,7 +164,7 @@ def evaluate(
         tokens = weight * targets.shape[1]
         totals += torch.stack([loss * tokens, torch.tensor(float(tokens), device=ctx.device, dtype=torch.float64)])
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    totals /= ctx.tp_size  # each tp group's T ranks counted the same rows
+    totals /= ctx.dims.tp  # each tp group's T ranks counted the same rows
     model.train(was_training)
     total, tokens = totals.tolist()
     return total / tokens

@@ -24,13 +24,13 @@ def apply_tensor_parallel(model: nn.Module, adapter, ctx: RunContext, *, float8:
     """Split ``model`` (on the meta device) over ``ctx``'s tp axis by ``adapter``'s plan (its
     Float8 Linears by torchao's float8 styles with ``float8``); returns how many modules the plan
     names (0 without tensor parallelism)."""
-    if ctx.tp_size == 1:
+    if ctx.dims.tp == 1:
         return 0
     plan_of = getattr(adapter, "tp_plan", None)
-    plan = plan_of(model, ctx.tp_size) if callable(plan_of) else None
+    plan = plan_of(model, ctx.dims.tp) if callable(plan_of) else None
     if not plan:
         raise SpecError(
-            f"--tp {ctx.tp_size}: --model {adapter.name!r} has no tensor-parallel plan; give it one "
+            f"--tp {ctx.dims.tp}: --model {adapter.name!r} has no tensor-parallel plan; give it one "
             f"(docs/own-model.md#tensor-parallel) or train with --tp 1"
         )
     if float8:
@@ -64,7 +64,7 @@ def _wait_for_output(module, args, output):
 def loss_context(ctx: RunContext, adapter) -> contextlib.AbstractContextManager:
     """Where the loss and its backward run: on vocabulary shards under tensor parallelism when the
     adapter's plan leaves the logits sharded, else nothing."""
-    if ctx.tp_size > 1 and getattr(adapter, "loss_parallel", False):
+    if ctx.dims.tp > 1 and getattr(adapter, "loss_parallel", False):
         return loss_parallel()
     return contextlib.nullcontext()
 

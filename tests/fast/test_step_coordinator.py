@@ -19,6 +19,7 @@ from torch import nn
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.plan.replica_groups import group_rows
+from hpc_hsdp.plan.topology import ParallelDims
 from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
 from hpc_hsdp.rundir.state import COMPLETE, checkpoint_root, step_dir_name
 from hpc_hsdp.runtime.coordinator import OneGroup, StepCoordinator, coordinator_for
@@ -48,7 +49,7 @@ def _ctx(tmp_path: Path, *, replica=None, rank: int = 0) -> SimpleNamespace:
         world_size=1,
         data_rank=rank,
         data_world_size=1,
-        tp_size=1,
+        dims=ParallelDims(replicate=1, shard=1),
         is_rank0=rank == 0,
         device=torch.device("cpu"),
         run_dir=tmp_path,
