@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from hpc_hsdp.cli.job_options import job_spec_from_options  # noqa: E402
 from hpc_hsdp.cli.render_cmd import render  # noqa: E402
-from hpc_hsdp.job.emulator.allocation import allocation_for  # noqa: E402
-from hpc_hsdp.job.emulator.launch import launch_local  # noqa: E402
-from hpc_hsdp.job.render import render_sbatch  # noqa: E402
+from hpc_hsdp.scheduler.emulator.allocation import allocation_for  # noqa: E402
+from hpc_hsdp.scheduler.emulator.launch import launch_local  # noqa: E402
+from hpc_hsdp.submit_host.render import render_sbatch  # noqa: E402
 
 
 def spec(run_dir: Path, steps: int, delay: float, *extra: str):

@@ -89,9 +89,10 @@ def _unwrapped(args) -> dict:
 def _loop(args, *, before: bool) -> dict | None:
     import torch
 
-    from hpc_hsdp.runtime import engine, hsdp, model
-    from hpc_hsdp.runtime.dist import init
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.parallelism import hsdp
+    from hpc_hsdp.task.parallelism.dist import init
+    from hpc_hsdp.task.training import engine, model
+    from hpc_hsdp.task.training.loop import train
 
     torch.set_num_threads(1)
     if before:

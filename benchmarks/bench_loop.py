@@ -113,8 +113,8 @@ def loader_tokens_per_s(data: Path | None, steps: int) -> float:
     import torch
 
     from hpc_hsdp.job.spec import TrainingSpec
-    from hpc_hsdp.runtime.loader import BatchLoader
-    from hpc_hsdp.runtime.run_data import open_data
+    from hpc_hsdp.task.training.loader import BatchLoader
+    from hpc_hsdp.task.training.run_data import open_data
 
     training = TrainingSpec.of(
         seq_len=MODEL["seq-len"],

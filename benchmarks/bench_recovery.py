@@ -128,7 +128,9 @@ def main(argv=None) -> int:
                 trials.append(trial(Path(tmp), env))
             except (TimeoutError, RuntimeError) as exc:
                 print(f"recovery benchmark could not complete a trial: {exc}")
-                print("(it needs preemption/requeue on USR2 and the resume line; see hpc_hsdp/runtime/preemption.py)")
+                print(
+                    "(it needs preemption/requeue on USR2 and the resume line; see hpc_hsdp/task/resilience/preemption.py)"
+                )
                 return 1
     print(f"{'from USR2 to':<28} {'median s':>9}   (dev cluster, 2 x 2 CPU tasks, n={args.runs})")
     for key, label in (

@@ -55,7 +55,7 @@ def label(n: int) -> str:
 
 
 def rows(steps: int, *, world: int = 8, probe_every: int = 50, eval_every: int = 500):
-    """Records shaped as the built-in loop writes them (runtime/engine.py step_record + publish)."""
+    """Records shaped as the built-in loop writes them (task/training/engine.py step_record + publish)."""
     rnd = random.Random(0)
     began = 1.7e9
     for s in range(1, steps + 1):

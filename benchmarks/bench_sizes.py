@@ -28,10 +28,10 @@ GPUS = 8
 
 
 def work(kind: str, nodes: int) -> None:
-    from hpc_hsdp.job.render import render_sbatch
     from hpc_hsdp.job.spec import JobSpec, RunSpec
     from hpc_hsdp.plan.topology import plan_for
     from hpc_hsdp.plan.view import plan_text
+    from hpc_hsdp.submit_host.render import render_sbatch
 
     if kind == "plan":
         plan_text(plan_for(nodes=nodes, gpus_per_node=GPUS, shard_size=8))

@@ -55,7 +55,7 @@ def record(step: int) -> dict:
 def measure(name: str, rows: int, work: Path) -> dict:
     import importlib
 
-    from hpc_hsdp.runtime.trackers import MODULES, TrackerStart
+    from hpc_hsdp.task.observation.trackers import MODULES, TrackerStart
 
     run_dir = work / name
     run_dir.mkdir()
@@ -84,7 +84,7 @@ def baseline(rows: int, work: Path) -> float:
 
 def step_side(rows: int, work: Path) -> float:
     """ms per row that the training step pays: Trackers.log with no tracker behind it (``()``)."""
-    from hpc_hsdp.runtime.trackers import Trackers, TrackerStart
+    from hpc_hsdp.task.observation.trackers import Trackers, TrackerStart
 
     start = TrackerStart(run_dir=work, start_step=0, last_logged=None, total_steps=rows, config={})
     trackers = Trackers((), start)

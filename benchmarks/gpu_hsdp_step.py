@@ -7,7 +7,7 @@ unwrapped (no FSDP, no loader: batches already on the GPU, torch.autocast for bf
     python benchmarks/gpu_hsdp_step.py --device cpu            # CPU (tiny defaults): checks the code path
 
 It sets up a single-task SLURM-like environment itself, so it runs standalone. The loop
-variant is ``hpc_hsdp.runtime.loop.train`` itself (synthetic tokens through the prefetching
+variant is ``hpc_hsdp.task.training.loop.train`` itself (synthetic tokens through the prefetching
 loader, the fused metrics all-reduce and its one host sync per step, TF32 on CUDA); its
 step time is the loop's own ``step_time_s`` of the timed steps. The unwrapped ratio shows
 what FSDP2's machinery and the loop cost when there is nothing to shard.
@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
     from hpc_hsdp.plan.slurm_env import task_environments
-    from hpc_hsdp.runtime.device import configure_device
-    from hpc_hsdp.runtime.dist import init
-    from hpc_hsdp.runtime.loader import read_rows
-    from hpc_hsdp.runtime.loop import train
-    from hpc_hsdp.runtime.run_data import open_data
+    from hpc_hsdp.task.parallelism.device import configure_device
+    from hpc_hsdp.task.parallelism.dist import init
+    from hpc_hsdp.task.training.loader import read_rows
+    from hpc_hsdp.task.training.loop import train
+    from hpc_hsdp.task.training.run_data import open_data
 
     gpu = args.device == "cuda"
     defaults = (

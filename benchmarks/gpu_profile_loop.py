@@ -1,5 +1,5 @@
 """Where the loop's step time goes on one GPU, mesh (1, 1): the built-in model through
-``hpc_hsdp.runtime.loop.train`` with the torch profiler over a few steps (the top operators
+``hpc_hsdp.task.training.loop.train`` with the torch profiler over a few steps (the top operators
 by self CPU time and by device time), and the step time of the default optimizer (AdamW over the local
 shards, multi-tensor kernel on CUDA) against the same with the fused kernel and against
 torch's AdamW over FSDP2's DTensors (the optimizer before issue 24), in the same run.
@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.plan.slurm_env import task_environments
-    from hpc_hsdp.runtime import engine
-    from hpc_hsdp.runtime.device import configure_device
-    from hpc_hsdp.runtime.dist import init
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.parallelism.device import configure_device
+    from hpc_hsdp.task.parallelism.dist import init
+    from hpc_hsdp.task.training import engine
+    from hpc_hsdp.task.training.loop import train
 
     gpu = args.device == "cuda"
     sizes = (
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init(1, args.device, env=env, timeout_s=120)
     default_optimizer = engine.make_optimizer  # the engine builds every loop's optimizer through it
 
-    from hpc_hsdp.runtime.optimizer import LocalShardAdamW
+    from hpc_hsdp.task.training.optimizer import LocalShardAdamW
 
     def groups_of(model, optimizer):
         return [

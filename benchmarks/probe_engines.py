@@ -45,8 +45,8 @@ def build_hpc_hsdp(variant, a, mesh):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import RankLayout
-    from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.runtime.model import build_model, make_optimizer
+    from hpc_hsdp.task.parallelism.dist import RunContext
+    from hpc_hsdp.task.training.model import build_model, make_optimizer
 
     training = TrainingSpec.of(
         layers=a.layers,
@@ -115,8 +115,8 @@ def one_step(model, opt, adapter, tokens):
     t0 = time.perf_counter()
     if adapter is not None:  # hpc-hsdp's train_step: forward, backward, fused loss/norm all-reduce, optimizer
         from hpc_hsdp.plan.topology import ParallelDims
-        from hpc_hsdp.runtime.loader import MicroBatch
-        from hpc_hsdp.runtime.step import train_step
+        from hpc_hsdp.task.training.loader import MicroBatch
+        from hpc_hsdp.task.training.step import train_step
 
         batch = MicroBatch(step=0, micro=0, inputs=tokens[:, :-1], targets=tokens[:, 1:], sample_ids=None)
         train_step(

@@ -108,8 +108,8 @@ def build_hpc(config_dir: Path, mesh, a, phases: dict):
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import RankLayout
-    from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.runtime.model import build_model, make_optimizer
+    from hpc_hsdp.task.parallelism.dist import RunContext
+    from hpc_hsdp.task.training.model import build_model, make_optimizer
 
     training = TrainingSpec.of(
         model=f"hf:{config_dir}",
@@ -154,8 +154,8 @@ def hpc_step(model, opt, adapter, tokens, *, norm=True):
     import torch
 
     from hpc_hsdp.plan.topology import ParallelDims
-    from hpc_hsdp.runtime.loader import MicroBatch
-    from hpc_hsdp.runtime.step import train_step
+    from hpc_hsdp.task.training.loader import MicroBatch
+    from hpc_hsdp.task.training.step import train_step
 
     batch = MicroBatch(
         step=0, micro=0, inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous(), sample_ids=None

@@ -14,7 +14,7 @@ one JSON line: seconds from the launch to the end of each phase, in order:
   optimizer    make_optimizer
   step 1       the first training step (loss + gradient norm on the host)
 
-The calls are those of hpc_hsdp.runtime.dist.init and hpc_hsdp.runtime.loop.train, made in
+The calls are those of hpc_hsdp.task.parallelism.dist.init and hpc_hsdp.task.training.loop.train, made in
 the same order without the run directory's files, signal handlers and watchdog.
 """
 
@@ -32,11 +32,11 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from hpc_hsdp.job.spec import TrainingSpec  # noqa: E402
 from hpc_hsdp.models import resolve_model  # noqa: E402
 from hpc_hsdp.plan.topology import RankLayout  # noqa: E402
-from hpc_hsdp.runtime.dist import MESH_AXES, RunContext, _group_ranks  # noqa: E402
-from hpc_hsdp.runtime.model import build_model, make_optimizer  # noqa: E402
-from hpc_hsdp.runtime.run_data import make_loader, open_data  # noqa: E402
-from hpc_hsdp.runtime.step import train_step  # noqa: E402
-from hpc_hsdp.runtime.verify import compare_groups  # noqa: E402
+from hpc_hsdp.task.parallelism.dist import MESH_AXES, RunContext, _group_ranks  # noqa: E402
+from hpc_hsdp.task.parallelism.verify import compare_groups  # noqa: E402
+from hpc_hsdp.task.training.model import build_model, make_optimizer  # noqa: E402
+from hpc_hsdp.task.training.run_data import make_loader, open_data  # noqa: E402
+from hpc_hsdp.task.training.step import train_step  # noqa: E402
 
 marks.append(("imports", time.time()))
 

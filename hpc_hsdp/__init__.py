@@ -27,11 +27,11 @@ __all__ = [
 
 # name -> module that defines it; loaded on first use so `import hpc_hsdp` stays torch-free
 _LAZY = {
-    "init": "hpc_hsdp.runtime.dist",
-    "wrap_hsdp": "hpc_hsdp.runtime.hsdp",
-    "submit": "hpc_hsdp.job.api",
-    "submit_sweep": "hpc_hsdp.job.api",
-    "TrainingRun": "hpc_hsdp.runtime.own_loop",
+    "init": "hpc_hsdp.task.parallelism.dist",
+    "wrap_hsdp": "hpc_hsdp.task.parallelism.hsdp",
+    "submit": "hpc_hsdp.submit_host.api",
+    "submit_sweep": "hpc_hsdp.submit_host.api",
+    "TrainingRun": "hpc_hsdp.task.training.own_loop",
 }
 
 

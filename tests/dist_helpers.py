@@ -90,7 +90,7 @@ def _child(procid, env, spec, fn, results, log_path) -> None:
 
     torch.set_num_threads(1)
     try:
-        from hpc_hsdp.runtime.entry import run_task
+        from hpc_hsdp.task.entry import run_task
 
         value = run_task(spec, fn=fn, env=env)
         results.put((procid, True, value))
@@ -230,7 +230,7 @@ def entry_train_until_stop(ctx):
     """``--entry dist_helpers:entry_train_until_stop``: train, ask to stop after 2 steps, record."""
     import json
 
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     done = []
     result = train(ctx, stop_requested=lambda: len(done) >= 2, on_step=lambda step, record: done.append(step))
@@ -247,7 +247,7 @@ def entry_gpu_report(ctx):
 
     import torch
 
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     state, syncs = {}, []
 
@@ -264,7 +264,7 @@ def entry_gpu_report(ctx):
             syncs.extend(str(w.message) for w in state["log"] if "called a synchronizing" in str(w.message))
 
     result = train(ctx, on_step=on_step)
-    from hpc_hsdp.runtime.watchdog import Watchdog
+    from hpc_hsdp.task.resilience.watchdog import Watchdog
 
     Watchdog(ctx)._dump_nccl_trace(ctx.rank)  # what a hang writes: the NCCL flight recorder's trace
     report = dict(

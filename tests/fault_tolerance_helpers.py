@@ -8,9 +8,9 @@ from pathlib import Path
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
-from hpc_hsdp.job.emulator.allocation import allocation_for
-from hpc_hsdp.job.emulator.launch import launch_local
-from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.scheduler.emulator.allocation import allocation_for
+from hpc_hsdp.scheduler.emulator.launch import launch_local
+from hpc_hsdp.submit_host.render import render_sbatch
 
 GLOBAL_BATCH = 12
 

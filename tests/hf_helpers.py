@@ -84,7 +84,7 @@ def shard_and_report(ctx):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from hpc_hsdp.models.weights import tied_groups
-    from hpc_hsdp.runtime.hsdp import wrap_hsdp
+    from hpc_hsdp.task.parallelism.hsdp import wrap_hsdp
 
     training = ctx.spec.training
     adapter = adapter_for(training)
@@ -210,7 +210,7 @@ def _train_hf(ctx, *, signal_at=None):
     import signal
 
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     training = ctx.spec.training
     records = {}
@@ -327,7 +327,7 @@ def load_memory_report(ctx):
     from safetensors.torch import load_file
 
     from hpc_hsdp.models.hf import HFAdapter
-    from hpc_hsdp.runtime.hsdp import wrap_hsdp
+    from hpc_hsdp.task.parallelism.hsdp import wrap_hsdp
 
     adapter = HFAdapter(ctx.spec.training)
     model = adapter.build_meta()

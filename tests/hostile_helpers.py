@@ -44,7 +44,7 @@ def _poison_bytes_entry(checkpoint: Path, marker: Path) -> None:
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from hpc_hsdp.runtime.safe_dcp import read_metadata_file
+    from hpc_hsdp.task.checkpointing.safe_dcp import read_metadata_file
 
     metadata = read_metadata_file(checkpoint / ".metadata")
     buffer = io.BytesIO()

@@ -9,7 +9,7 @@ import signal
 def _train_recording(ctx, training, *, signal_at=None):
     """train() with every step's record and this rank's sample ids; optionally SIGUSR2 on rank 3, so that
     every rank stops after step ``signal_at``."""
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     records = {}
 

@@ -20,7 +20,7 @@ def main(ctx):
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         from snapmod import marker
-        import hpc_hsdp.job.task as task
+        import hpc_hsdp.job.task_call as task
 
         line = f"MARKER={marker.MARKER} restart={os.environ.get('SLURM_RESTART_COUNT', '0')} from={task.__file__}"
         print(line, flush=True)

@@ -1,5 +1,5 @@
 """``hpc-hsdp check``: a short job of its own that measures every node and link of an allocation
-(:mod:`hpc_hsdp.runtime.fabric_check`), and the table it found."""
+(:mod:`hpc_hsdp.task.fabric_check`), and the table it found."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import click
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.render import CHECK_ENTRY
 from hpc_hsdp.plan.units import terminal_safe
-from hpc_hsdp.rundir.check_record import CHECK_RECORD, check_lines, read_own_check
+from hpc_hsdp.rundir.fabric_check_record import CHECK_RECORD, check_lines, read_own_check
+from hpc_hsdp.submit_host.render import CHECK_ENTRY
 
 
 @click.command()
@@ -33,7 +33,7 @@ def check(**options) -> None:
     hpc-hsdp check --nodes 4 --check-threshold 0.8 --sbatch exclude=gpu-a07
     """
     from hpc_hsdp.cli.jobs_cmd import follow  # noqa: PLC0415  (the follower loads on a submission, not on --help)
-    from hpc_hsdp.job.submission import submit_spec  # noqa: PLC0415  (as submit)
+    from hpc_hsdp.submit_host.submission import submit_spec  # noqa: PLC0415  (as submit)
 
     options = {**options, "entry": CHECK_ENTRY, "shard_size": 1, "tp_size": 1, "topology": "off", "check": False}
     spec = job_spec_from_options(options, new_run_dir=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
-from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.submit_host.render import render_sbatch
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH_DIR = REPO / "sbatch"

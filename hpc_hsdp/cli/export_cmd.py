@@ -34,7 +34,7 @@ def export(run_dir, step, out_dir, model) -> None:
     other models:    DIR/model.safetensors + DIR/model.json (model, config, options);
                      a MODULE:FUNCTION model is built by the --model you name again
     """
-    from hpc_hsdp.runtime.export import export as run_export  # noqa: PLC0415 - torch loads only when a run is exported
+    from hpc_hsdp.task.checkpointing.export import export as run_export  # noqa: PLC0415 - torch loads only when a run is exported
 
     result = run_export(run_dir, out_dir, step=step, factory=model)
     for path in result["skipped"]:

@@ -13,8 +13,6 @@ import click
 
 from hpc_hsdp.errors import HsdpError, SchedulerError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
-from hpc_hsdp.job.handle import JobHandle, job_statuses
-from hpc_hsdp.job.status_sections import JobView, failure_of, run_facts, status_fields, status_lines, step_text
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.rundir.flight_recorder import hang_words
@@ -25,6 +23,8 @@ from hpc_hsdp.rundir.runs import find_run_dirs
 from hpc_hsdp.rundir.state import complete_checkpoints
 from hpc_hsdp.rundir.sweep_record import is_sweep_dir
 from hpc_hsdp.rundir.tracker_runs import trackers_off
+from hpc_hsdp.submit_host.handle import JobHandle, job_statuses
+from hpc_hsdp.submit_host.status_sections import JobView, failure_of, run_facts, status_fields, status_lines, step_text
 
 JOB_HELP = "JOB is the run directory of the submission, or a job id submitted from this machine."
 UNKNOWN_GRACE_S = 30
@@ -126,7 +126,7 @@ def status(job, as_json) -> None:
 
 def _sweep_status(sweep_dir: str, as_json: bool) -> None:
     """``status`` of a sweep: the array, then one line per point (task order)."""
-    from hpc_hsdp.job.sweep_handle import SweepHandle, arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle, arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
 
     handle = SweepHandle.find(sweep_dir)
     results = handle.results()
@@ -274,7 +274,7 @@ def _saved_words(before: int | None, saved: int | None, *, resumer: str = "a sub
 
 
 def _cancel_sweep(sweep_dir: str, no_wait: bool) -> None:
-    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle  # noqa: PLC0415  (sweeps only)
 
     handle = SweepHandle.find(sweep_dir)
     point_dirs = {point.name: str(handle.record.point_dir(point)) for point in handle.record.points}

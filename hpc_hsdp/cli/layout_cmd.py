@@ -9,8 +9,6 @@ from collections.abc import Mapping
 import click
 
 from hpc_hsdp.errors import SchedulerError, SlurmEnvError
-from hpc_hsdp.job.backends import task_backend
-from hpc_hsdp.job.backends.slurm_command import show_topology
 from hpc_hsdp.plan.address import FIRST_PORT_VARIABLE, hostfile_lines, node_address, pick_port
 from hpc_hsdp.plan.slurm_facts import DISTRIBUTIONS
 from hpc_hsdp.plan.switches import (
@@ -28,6 +26,8 @@ from hpc_hsdp.plan.topology import (
     plan_on_switches,
     rendezvous_from_env,
 )
+from hpc_hsdp.scheduler.backends import task_backend
+from hpc_hsdp.scheduler.backends.slurm_command import show_topology
 
 
 @click.command()

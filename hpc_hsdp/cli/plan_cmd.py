@@ -22,7 +22,7 @@ from hpc_hsdp.plan.estimates import (
 )
 from hpc_hsdp.plan.estimates import recommend as recommend_shard_size
 from hpc_hsdp.plan.model_cost import ModelCost, Sizing, activation_shape, model_blocks, sizing
-from hpc_hsdp.plan.replica_groups import replica_shape
+from hpc_hsdp.plan.replica_layout import replica_shape
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.switches import parse_node_switches
 from hpc_hsdp.plan.topology import (
@@ -580,7 +580,7 @@ def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
 def _tp_refusal(training: TrainingSpec | None, tp_size: int) -> str | None:
     if training is None or tp_size == 1:
         return None
-    from hpc_hsdp.job.preflight import tensor_parallel_refusal  # noqa: PLC0415  (only --tp: plan stays light)
+    from hpc_hsdp.submit_host.preflight import tensor_parallel_refusal  # noqa: PLC0415  (only --tp: plan stays light)
 
     return tensor_parallel_refusal(training, tp_size)
 

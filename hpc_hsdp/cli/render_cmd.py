@@ -12,8 +12,8 @@ from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.job.sweep import check_sweep_given
+from hpc_hsdp.submit_host.render import render_sbatch
 
 
 @click.command()
@@ -49,7 +49,7 @@ def render(output_path, make_log_dir, **kwargs) -> None:
     check_sweep_given(spec, kwargs)
     if spec.sweep:  # the job array's script and its first point's
         from hpc_hsdp.cli.job_options import given_options, job_spec_resolver  # noqa: PLC0415
-        from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep  # noqa: PLC0415  (sweeps only)
+        from hpc_hsdp.submit_host.sweep_submission import dry_run_text, plan_sweep  # noqa: PLC0415  (sweeps only)
 
         if output_path is not None:
             raise SpecError("render --sweep prints the job arrays' scripts; submit --sweep writes every point's script")
@@ -58,11 +58,11 @@ def render(output_path, make_log_dir, **kwargs) -> None:
         )
         return
     if spec.run.tp_size > 1:
-        from hpc_hsdp.job.preflight import check_tensor_parallel  # noqa: PLC0415  (only --tp: render stays light)
+        from hpc_hsdp.submit_host.preflight import check_tensor_parallel  # noqa: PLC0415  (only --tp: render stays light)
 
         check_tensor_parallel(spec, config_optional=True)  # an hf: config.json not here is the tasks' to check
     if spec.run.training.dataset.stage_data is not None:
-        from hpc_hsdp.job.preflight import check_stage_dir  # noqa: PLC0415  (only --stage-data: render stays light)
+        from hpc_hsdp.submit_host.preflight import check_stage_dir  # noqa: PLC0415  (only --stage-data: render stays light)
 
         check_stage_dir(
             spec.run.training.dataset

@@ -9,8 +9,8 @@ import click
 
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
-from hpc_hsdp.rundir.check_record import check_summary
 from hpc_hsdp.rundir.evals import evals_summary
+from hpc_hsdp.rundir.fabric_check_record import check_summary
 from hpc_hsdp.rundir.provenance_record import code_words
 
 
@@ -47,7 +47,7 @@ def report(run_dirs, output) -> None:
             paths.append(given)
             labels.append(None)
             continue
-        from hpc_hsdp.job.sweep_handle import SweepHandle, ranked  # noqa: PLC0415  (sweeps only)
+        from hpc_hsdp.submit_host.sweep_handle import SweepHandle, ranked  # noqa: PLC0415  (sweeps only)
 
         handle = SweepHandle.find(given)
         order = ranked(handle.results(states=False))
@@ -75,7 +75,7 @@ def report(run_dirs, output) -> None:
         click.echo(terminal_safe(f"hpc-hsdp: nothing to draw: {exc}"), err=True)
         sys.exit(1)
     for given, order in rankings:
-        from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+        from hpc_hsdp.submit_host.sweep_handle import SweepHandle  # noqa: PLC0415
 
         by = "eval loss" if all(r.eval_loss is not None for r in order if r.score is not None) else "loss"
         click.echo(f"sweep {given}: {len(order)} points, best first by their last {by}")

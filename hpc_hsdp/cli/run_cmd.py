@@ -23,7 +23,7 @@ def run(**options) -> None:
     claimed = []
 
     def claim_run_dir() -> None:  # one writer per run directory: rank 0 claims it, after what the device refuses
-        from hpc_hsdp.job.claims import claim_for_task  # noqa: PLC0415  (the claim asks the scheduler only when another job holds it)
+        from hpc_hsdp.submit_host.claims import claim_for_task  # noqa: PLC0415  (the claim asks the scheduler only when another job holds it)
 
         said, own_claim = claim_for_task(spec.run_dir, os.environ)
         if said:
@@ -31,16 +31,16 @@ def run(**options) -> None:
         if own_claim:
             claimed.append(spec.run_dir)
 
-    from hpc_hsdp.runtime.entry import end_task, exit_code, task_main  # noqa: PLC0415  (torch loads here, not on `hpc-hsdp --help`)
+    from hpc_hsdp.task.entry import end_task, exit_code, task_main  # noqa: PLC0415  (torch loads here, not on `hpc-hsdp --help`)
 
     code = 0
     try:
         task_main(spec, before_join=claim_run_dir if spec.run_dir and _rank(os.environ) == 0 else None)
-    except SystemExit as stop:  # 0/75 after a signal stop (see hpc_hsdp.runtime.preemption), 2 on an HsdpError
+    except SystemExit as stop:  # 0/75 after a signal stop (see hpc_hsdp.task.resilience.preemption), 2 on an HsdpError
         code = exit_code(stop)
     finally:
         if claimed:  # a run outside any job: nobody else sees it end
-            from hpc_hsdp.job.claims import release_task_claim  # noqa: PLC0415  (as the claim)
+            from hpc_hsdp.submit_host.claims import release_task_claim  # noqa: PLC0415  (as the claim)
 
             release_task_claim(spec.run_dir)
     end_task(code)

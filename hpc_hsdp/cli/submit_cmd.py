@@ -9,9 +9,9 @@ import click
 
 from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import given_options, job_spec_from_options, job_spec_resolver
-from hpc_hsdp.job.submission import submission_script, submit_spec
 from hpc_hsdp.job.sweep import check_sweep_given
 from hpc_hsdp.plan.units import terminal_safe
+from hpc_hsdp.submit_host.submission import submission_script, submit_spec
 
 
 @click.command()
@@ -81,8 +81,8 @@ def submit(wait, dry_run, **options) -> None:
 
 def _submit_sweep(options, *, wait, dry_run) -> None:
     """``submit --sweep``: its job arrays, or with ``--dry-run`` its points and scripts."""
-    from hpc_hsdp.job.sweep_handle import arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
-    from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.submit_host.sweep_handle import arrays_text, at_once_text  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.submit_host.sweep_submission import dry_run_text, plan_sweep, submit_sweep  # noqa: PLC0415  (sweeps only)
 
     plan = plan_sweep(given_options(options), resolve=job_spec_resolver())
     if dry_run:
@@ -97,7 +97,7 @@ def _submit_sweep(options, *, wait, dry_run) -> None:
     click.echo(f"sweep directory: {record.sweep_dir}")
     click.echo(f"follow it:     hpc-hsdp status {sweep_dir}   |   hpc-hsdp report {sweep_dir}")
     if wait:
-        from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+        from hpc_hsdp.submit_host.sweep_handle import SweepHandle  # noqa: PLC0415
 
         handle = SweepHandle(record)
         try:

@@ -21,7 +21,7 @@ plus the shards under ``DIR/train`` and ``DIR/val`` and the tokenizer under ``DI
 Reading never loads a file: :class:`TokenDataset` memory-maps every shard and
 :meth:`TokenDataset.read` returns tokens ``[start, start + length)`` of the shards'
 concatenation. ``sha256`` (written since ``--stage-data``; optional when read) is what a
-node-local copy is verified against (:mod:`hpc_hsdp.data.node_copies`). Everything a user can get wrong raises :class:`DataError` (one line that
+node-local copy is verified against (:mod:`hpc_hsdp.data.staging_copies`). Everything a user can get wrong raises :class:`DataError` (one line that
 ends with the fix) when the dataset is opened, before any training step.
 """
 
@@ -55,7 +55,7 @@ UINT16_VOCAB_LIMIT = 1 << 16
 _REQUIRED_SIDECAR_KEYS = ("dtype", "vocab_size", "num_tokens", "num_documents", "max_token_id")
 _PREPARE_HINT = "prepare the data again with `hpc-hsdp prepare-data`"
 READ_LATENCY = "HPC_HSDP_FAULT_READ_LATENCY"
-"""Test hook (listed with the others in :mod:`hpc_hsdp.runtime.injected_faults`):
+"""Test hook (listed with the others in :mod:`hpc_hsdp.task.resilience.injected_faults`):
 ``<seconds>@<directory>``: every read of a token file under that directory (a row the loader
 reads, a chunk a ``--stage-data`` copy reads) first waits that long, as a round trip to a
 loaded shared file system would."""
@@ -321,7 +321,7 @@ class TokenDataset:
 
     def read_from(self, copies: Mapping[str, str | os.PathLike]) -> None:
         """Read the shards named in ``copies`` (a shard's path -> a byte-identical copy of it,
-        :mod:`hpc_hsdp.data.node_copies`) from the copies from now on: the same shards in the same
+        :mod:`hpc_hsdp.data.staging_copies`) from the copies from now on: the same shards in the same
         order, so the same tokens at every position; the others stay where they are."""
         self.files = tuple(
             dataclasses.replace(f, path=Path(copies[str(f.path)])) if str(f.path) in copies else f for f in self.files
@@ -472,8 +472,8 @@ def check_token_data(
     seq_len: int,
     global_batch: int,
 ) -> None:
-    """The one check of a job's token data, before submitting (``job/preflight.py``) and on the
-    tasks before step 1 (``runtime/run_data.py``): the sidecars were read and checked when the
+    """The one check of a job's token data, before submitting (``submit_host/preflight.py``) and on the
+    tasks before step 1 (``task/training/run_data.py``): the sidecars were read and checked when the
     datasets opened (types, ranges, each ``.bin``'s size against its dtype and token count);
     here the largest token id against the model's vocabulary and the samples against the
     batch. Every id read later is held to its sidecar's ``max_token_id`` (:meth:`TokenDataset.read`)."""

@@ -43,7 +43,7 @@ PROFILE_ENV = "HPC_HSDP_PROFILE"
 SLURM_TIMEOUT_ENV = "HPC_HSDP_SLURM_TIMEOUT"
 """Environment variable: seconds any one SLURM command (``sbatch``, ``squeue``, ``scontrol``,
 ``sacct``, ``scancel``, ``sinfo``) may take before hpc-hsdp stops waiting for it
-(:func:`hpc_hsdp.job.backends.slurm_command.run_slurm`); default ``DEFAULT_SLURM_TIMEOUT_S``."""
+(:func:`hpc_hsdp.scheduler.backends.slurm_command.run_slurm`); default ``DEFAULT_SLURM_TIMEOUT_S``."""
 DEFAULT_SLURM_TIMEOUT_S = 10.0
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -73,7 +73,7 @@ MODULE_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_]
 
 RENDER_SUBMIT = ("render", "submit")
 CLUSTERS = ("auto", "slurm", "local")
-"""``--cluster``: ``auto`` or one of the backends (``hpc_hsdp.job.backends.BACKEND_NAMES``)."""
+"""``--cluster``: ``auto`` or one of the backends (``hpc_hsdp.scheduler.backends.BACKEND_NAMES``)."""
 ON_EVERY_TASK = ("render", "submit", "run")
 
 KINDS = ("int", "float", "str", "path", "data", "bool", "nodes", "list", "table")

@@ -10,7 +10,7 @@ lists them, in the order of the sections (``spec.SECTIONS``) and their fields (:
 derived from them: the click options of ``render``, ``submit``, ``run`` and ``plan``
 (:mod:`hpc_hsdp.cli.click_options`), the config keys and kinds and the copy of a config's values
 into a spec (:mod:`hpc_hsdp.job.config`), the ``#SBATCH`` header of the rendered script
-(:func:`sbatch_lines`, :mod:`hpc_hsdp.job.render`), the ``hpc-hsdp run`` arguments of that
+(:func:`sbatch_lines`, :mod:`hpc_hsdp.submit_host.render`), the ``hpc-hsdp run`` arguments of that
 script (``RunSpec.to_args``), the keywords of ``hpc_hsdp.submit`` and ``--help``. No click, no
 torch.
 

@@ -22,7 +22,7 @@ from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.option_fields import (
     CLUSTERS,
     DECLARED,
-    DEVICES,  # noqa: F401  (hpc_hsdp.runtime.dist imports it from here)
+    DEVICES,  # noqa: F401  (hpc_hsdp.task.parallelism.dist imports it from here)
     ENVIRONMENT,
     LAUNCHERS,
     MODULE_FUNCTION,
@@ -59,7 +59,7 @@ from hpc_hsdp.job.training_sections import (  # noqa: F401  (imported from here 
     require_torchft,
     tracker_names,
 )
-from hpc_hsdp.plan.replica_groups import replica_shape
+from hpc_hsdp.plan.replica_layout import replica_shape
 from hpc_hsdp.plan.slurm_facts import (
     DEFAULT_SIGNAL,  # noqa: F401  (render.warning_signal_name imports it from here)
     DISTRIBUTIONS,

@@ -38,7 +38,7 @@ from hpc_hsdp.job.option_fields import (
 from hpc_hsdp.plan.mixture import Mixture, is_mixture, parse_mixture
 from hpc_hsdp.plan.records import record
 from hpc_hsdp.plan.slurm_facts import check_text
-from hpc_hsdp.plan.stage_dir import STAGE_AUTO, check_stage_value
+from hpc_hsdp.plan.staging_dir import STAGE_AUTO, check_stage_value
 
 NO_STAGE = "none"
 """``--stage-data none``: read ``--data`` where it lies (the field holds None)."""
@@ -48,7 +48,7 @@ MODEL_FORMS = "builtin, hf:PATH (a local transformers directory or config.json) 
 def check_model(model: str) -> str:
     """``--model``: ``builtin``, ``hf:PATH`` or ``MODULE:FUNCTION``; returns it unchanged.
     Only the form is checked here (no file is read: a script may be rendered where the
-    model's files are not); ``submit`` looks for them (:mod:`hpc_hsdp.job.preflight`)."""
+    model's files are not); ``submit`` looks for them (:mod:`hpc_hsdp.submit_host.preflight`)."""
     check_text("--model", model)
     if model == "builtin":
         return model

@@ -1,6 +1,6 @@
 """The interface between the training loop and a model.
 
-The loop (``hpc_hsdp.runtime.loop``) knows nothing of a model but this: it asks the
+The loop (``hpc_hsdp.task.training.loop``) knows nothing of a model but this: it asks the
 adapter to build the module on the meta device, wraps every module of the adapter's
 shard-unit classes with ``fully_shard`` (then the root) on the ``("replicate", "shard")``
 mesh, materializes it with ``to_empty``, and asks the adapter to initialise (or load)

@@ -49,7 +49,7 @@ class ModelConfig:
 def parameter_counts(cfg: ModelConfig, *, shard_size: int = 1) -> ParameterCounts:
     """Parameters and root parameters of the built-in model on a shard group of ``shard_size``
     (dim 0 padded as FSDP2 pads it). The one helper the estimates, ``plan`` and tests use;
-    pure (in ``runtime/shapes.py``) so that ``plan`` needs no torch."""
+    pure (in ``task/shapes.py``) so that ``plan`` needs no torch."""
     return _parameter_counts(
         vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, width=cfg.width, layers=cfg.layers, shard_size=shard_size
     )

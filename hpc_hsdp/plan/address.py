@@ -7,7 +7,7 @@ resolves to a loopback address (Debian's ``127.0.1.1``), which the other nodes c
 reach. So the script says an address of its own, in this order:
 
 1. a job on one node, or whose nodes are all this machine (the caller says so: the local
-   emulator's backend, :func:`hpc_hsdp.job.backends.task_backend`): ``127.0.0.1``;
+   emulator's backend, :func:`hpc_hsdp.scheduler.backends.task_backend`): ``127.0.0.1``;
 2. the interface named by ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` (the first
    plain name of the list), as NCCL and gloo will use it;
 3. a non-loopback address the host name resolves to;
@@ -16,7 +16,7 @@ reach. So the script says an address of its own, in this order:
 Nothing found: an error that names the fix (``--env MASTER_ADDR=...`` or the interface).
 
 Rules 2-4 are :func:`reachable_address`: a replica group of a fault-tolerant job
-(:mod:`hpc_hsdp.job.replicas`) whose first node is not the batch shell's asks them on that node.
+(:mod:`hpc_hsdp.batch_shell.replica_supervisor`) whose first node is not the batch shell's asks them on that node.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ of ``b B L H`` (:data:`TRANSFORMERS_TP`) and the logits' all-gather, ``2(T-1)/T`
 of them on the wire.
 
 Bytes per element follow ``--precision`` as the trainer runs it (:data:`PRECISION_BYTES`,
-FSDP2's ``MixedPrecisionPolicy`` in ``runtime/model.py``): the sharded parameters the optimizer
+FSDP2's ``MixedPrecisionPolicy`` in ``task/training/model.py``): the sharded parameters the optimizer
 updates and their gradients stay fp32 in every precision; bf16 (and fp8) gather parameters and
 keep activations in bf16 and reduce gradients in fp32. Per GPU, with P_u the parameters of the
 largest shard unit (a block) and ``g``/``r`` the gather/reduce bytes::

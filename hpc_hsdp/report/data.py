@@ -18,12 +18,12 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.check_record import read_check
 from hpc_hsdp.rundir.evals import EvalEntry, read_evals
+from hpc_hsdp.rundir.fabric_check_record import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.membership import read_membership
 from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
 from hpc_hsdp.rundir.provenance_record import read_provenance
+from hpc_hsdp.rundir.replica_membership import read_membership
 from hpc_hsdp.rundir.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600

@@ -2,7 +2,7 @@
 
 A submission takes the claim before it writes anything of its job: under an exclusive
 ``flock`` of ``<run-dir>/claim.lock``, held from the check until the job's id is recorded,
-it reads the claim there, asks the scheduler about the job it names (:mod:`hpc_hsdp.job.claims`
+it reads the claim there, asks the scheduler about the job it names (:mod:`hpc_hsdp.submit_host.claims`
 does; this module holds no scheduler knowledge), and either refuses or records itself. A
 second submission started at the same moment waits on the lock and then sees the first
 one's job. The lock is the kernel's: a submitter that dies lets go of it, and the claim it

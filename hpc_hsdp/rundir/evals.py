@@ -7,7 +7,7 @@ Layout, under ``<run_dir>/evals/``:
   with the outcome: ``{"step", "state": "submitted" | "submit-failed", "job_id" | "reason", "time"}``
   (``"submitting"`` while rank 0 is at it, and forever where it died in between: never twice);
 - ``step-N.out``: what the eval job printed (``sbatch --output``, or the detached process's);
-- ``step-N.result.json``: written by the wrapper (:mod:`hpc_hsdp.job.eval_job`): ``"running"``
+- ``step-N.result.json``: written by the wrapper (:mod:`hpc_hsdp.batch_shell.eval_job`): ``"running"``
   when it starts, ``"done"`` or ``"failed"`` with ``exit_code`` and ``metrics`` at its end;
 
 and ``<run_dir>/evals.jsonl``, one line per finished eval job ``{step, job_id, exit_code, state, metrics}``.

@@ -2,7 +2,7 @@
 hung in and which ranks never entered it.
 
 Every rank of an NCCL run records its last collectives (``TORCH_FR_BUFFER_SIZE``, set by
-:func:`hpc_hsdp.runtime.dist.flight_recorder_env`); when the hang watchdog fires, each rank
+:func:`hpc_hsdp.task.parallelism.dist.flight_recorder_env`); when the hang watchdog fires, each rank
 dumps them to ``<run_dir>/hang/nccl-trace-rank<N>.pkl`` (torch's own dump on a process-group
 timeout, ``TORCH_FR_DUMP_TEMP_FILE``, lands beside it as ``nccl-trace-rank<N>``). A dump is
 torch's pickle (``torch/distributed/flight_recorder``'s format, version 2.x)::

@@ -1,7 +1,7 @@
 """How fast a run goes and whether it ends before its allocation does (pure, no torch).
 
 ``status`` and ``submit --wait`` feed it the latest metrics records, the run's total
-steps (attempt.json) and SLURM's time left and time limit (:func:`hpc_hsdp.job.backends.slurm.time_limits`).
+steps (attempt.json) and SLURM's time left and time limit (:func:`hpc_hsdp.scheduler.backends.slurm.time_limits`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 leaves in ``<run_dir>/hang/stacks.json`` for ``status`` (this module names, writes and reads
 that file).
 
-A rank's stack, as the node collector (:mod:`hpc_hsdp.job.live_stacks`) or the watchdog gives it::
+A rank's stack, as the node collector (:mod:`hpc_hsdp.submit_host.live_stacks`) or the watchdog gives it::
 
     {"rank": 3, "node": "n1", "pid": 1234, "how": "py-spy --native",   # or py-spy, faulthandler, watchdog
      "threads": [{"name": "MainThread", "main": true,
@@ -14,7 +14,7 @@ A rank's stack, as the node collector (:mod:`hpc_hsdp.job.live_stacks`) or the w
 function and file; lines and native addresses aside, so ranks in the same call group although
 their loops are at other lines) in one group, the smallest groups first: the odd ones out, the
 rank stuck elsewhere, come before the fifteen that wait for it. :func:`stack_lines` says them,
-e.g. ``rank 1 (1 of 16): sleep [native] < at_step in hpc_hsdp/runtime/injected_faults.py:190``.
+e.g. ``rank 1 (1 of 16): sleep [native] < at_step in hpc_hsdp/task/resilience/injected_faults.py:190``.
 All pure but the file's reader and writer.
 """
 
@@ -38,7 +38,11 @@ MAX_STACKS_BYTES = 64 << 20
 FRAMES_SHOWN = 12
 """Frames of each group's stack that the text shows (innermost first); ``--json`` has them all."""
 PACKAGE_ROOTS = ("site-packages/", "dist-packages/", "/hpc_hsdp/")
-PASS_THROUGH = ("hpc_hsdp/runtime/collectives.py", "torch/distributed/c10d_logger.py", "torch/utils/_contextlib.py")
+PASS_THROUGH = (
+    "hpc_hsdp/task/observation/collectives.py",
+    "torch/distributed/c10d_logger.py",
+    "torch/utils/_contextlib.py",
+)
 """Wrappers that only pass a call on (the collectives' listeners, torch's logging and no-grad
 decorators): the headline names the call they wrap."""
 FUNCTION_CHARS = 100
@@ -51,7 +55,7 @@ _FAULTHANDLER_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 
 def short_path(file: str) -> str:
     """A frame's file as people read it: from the package on (``torch/distributed/...``,
-    ``hpc_hsdp/runtime/...``), else its last two parts."""
+    ``hpc_hsdp/task/...``), else its last two parts."""
     for root in PACKAGE_ROOTS:
         at = file.rfind(root)
         if at >= 0:

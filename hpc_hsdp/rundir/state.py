@@ -1,7 +1,7 @@
 """What a run directory holds, read without torch: its checkpoints, whether they are whole,
 and what submitting into it again would do.
 
-Layout of one checkpoint (written by :mod:`hpc_hsdp.runtime.checkpoint`):
+Layout of one checkpoint (written by :mod:`hpc_hsdp.task.checkpointing.checkpoint`):
 ``<run_dir>/checkpoints/step-000010/`` with DCP's files (``.metadata``, ``__<rank>_<n>.distcp``),
 ``train_state.json``, ``manifest.json`` (every file's size and CRC-32 at save time) and
 ``COMPLETE``, the last file written. The submitting side (``submit``) and the tasks use the

@@ -3,7 +3,7 @@
 lines of the text and its keys of ``--json``.
 
 Each run-directory module that ``status`` shows declares its own ``STATUS_SECTION``;
-:mod:`hpc_hsdp.job.status_sections` adds the job's own (its state, step, pace, failure) and
+:mod:`hpc_hsdp.submit_host.status_sections` adds the job's own (its state, step, pace, failure) and
 lists them all in the order the command prints them. A record added to ``status`` is one
 section here and one name in that list.
 """

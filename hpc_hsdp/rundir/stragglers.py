@@ -2,7 +2,7 @@
 
 In synchronous data parallel every rank's step lasts as long as the slowest rank's: the
 fast ranks wait inside the collectives. A rank's *own* time is its step time minus the
-time it spent blocked in collectives (:mod:`hpc_hsdp.runtime.straggler_probe` measures it
+time it spent blocked in collectives (:mod:`hpc_hsdp.task.observation.straggler_probe` measures it
 and shares it every K steps). :func:`summarize` turns the per-rank own times into the
 ``stragglers`` entry of a metrics.jsonl record; :func:`describe` into the words that
 ``status`` and ``submit --wait`` print::

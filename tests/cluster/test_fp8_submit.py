@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from hpc_hsdp.job.api import api_job_spec
-from hpc_hsdp.job.backends.slurm import slurm_gpu_nodes
 from hpc_hsdp.plan.float8_support import fp8_slurm_refusal
+from hpc_hsdp.scheduler.backends.slurm import slurm_gpu_nodes
+from hpc_hsdp.submit_host.api import api_job_spec
 
 # ----------------------------------------------------------------------------- the real dev cluster
 

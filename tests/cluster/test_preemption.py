@@ -14,7 +14,7 @@ from cluster_helpers import hpc, log_tails, status, wait_ended, wait_until
 from dist_helpers import in_child
 
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 from tests.job_helpers import tiny_job
 from tests.preemption_helpers import steps
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import hpc
 
-from hpc_hsdp.job.backends.slurm_command import config_value, controller_host, slurm_config
+from hpc_hsdp.scheduler.backends.slurm_command import config_value, controller_host, slurm_config
 from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]

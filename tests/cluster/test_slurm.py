@@ -150,7 +150,7 @@ def test_submit_and_render_differ_only_in_the_task_command(slurm_cluster, tmp_pa
     assert len(differing) == 1, differing
     before, after = differing[0]
     assert before.strip().startswith("python -m hpc_hsdp run --shard 4")
-    assert "-m hpc_hsdp.runtime.submitit_job" in after and after.strip().endswith("|| status=$?")
+    assert "-m hpc_hsdp.task.submitit_job" in after and after.strip().endswith("|| status=$?")
     # the line before is the same srun invocation in both
     index = rendered.index(before)
     srun_start = max(i for i in range(index) if rendered[i].startswith("srun"))

@@ -1,4 +1,4 @@
-"""--snapshot-code on the real dev SLURM cluster (hpc_hsdp.job.provenance): a job that waits in
+"""--snapshot-code on the real dev SLURM cluster (hpc_hsdp.submit_host.provenance): a job that waits in
 the queue while its code is edited on disk runs the code of its submit, and so does its requeue."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_a_queued_job_and_its_requeue_run_the_code_of_the_submit_not_the_code_on
     first = wait_until("the first attempt's marker", lambda: markers(run), 180, run)
     assert first[0].startswith("MARKER=old restart=0 from="), first
     checked = tmp_path / "code-cache" / read_provenance(run)["snapshot"]["sha256"]  # code/, checked, copied privately
-    assert first[0].endswith(str(checked / "hpc_hsdp" / "job" / "task.py")), first
+    assert first[0].endswith(str(checked / "hpc_hsdp" / "job" / "task_call.py")), first
     assert read_task_provenance(run)["snapshot_used"] is True
 
     (src / "snapmod" / "marker.py").write_text('MARKER = "newest"\n')
@@ -81,7 +81,7 @@ def test_a_queued_job_and_its_requeue_run_the_code_of_the_submit_not_the_code_on
 
     record = read_provenance(run)
     assert record["script"] == f"logs/{job_id}_submission.sh"  # the script sbatch was sent, as submitit kept it
-    check = f"python -m hpc_hsdp.job.code_snapshot {run / 'code'} {record['snapshot']['sha256']})"
+    check = f"python -m hpc_hsdp.batch_shell.code_snapshot {run / 'code'} {record['snapshot']['sha256']})"
     assert check in (run / record["script"]).read_text()
     mine = next(c for c in record["code"] if c["name"] == "snapmod")
     assert mine["commit"] == commit and mine["dirty"] is False  # what was submitted, not what came after

@@ -50,7 +50,9 @@ def test_stacks_of_a_running_two_node_job_name_the_frozen_rank(slurm_cluster, tm
         assert all(s["threads"] for s in answer["stacks"]), answer["stacks"]
         text = hpc("stacks", str(run), "--python-only", timeout=120)
         assert text.returncode == 0, text.stderr
-        assert text.stdout.startswith("rank 1 (1 of 4): at_step in hpc_hsdp/runtime/injected_faults.py:"), text.stdout
+        assert text.stdout.startswith("rank 1 (1 of 4): at_step in hpc_hsdp/task/resilience/injected_faults.py:"), (
+            text.stdout
+        )
         assert state(run) == "RUNNING"
     finally:
         hpc("cancel", str(run), "--no-wait")

@@ -1,7 +1,7 @@
 """``--stage-data`` on the real dev cluster: a job submitted with it trains to exactly the losses
 of the same job without it; every node copies the token files into its own directory
 (``$SLURMD_NODENAME`` in DIR, expanded on each node: the dev cluster's nodes share one disk),
-and a second job on the same nodes reuses the copies (runtime/staging.py, data/node_copies.py)."""
+and a second job on the same nodes reuses the copies (task/training/staging.py, data/staging_copies.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.job.task import RUN_TASK, RUN_TORCHRUN
+from hpc_hsdp.job.task_call import RUN_TASK, RUN_TORCHRUN
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpc_hsdp"
 
@@ -20,7 +20,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hpc_hsdp"
 LEVELS = (
     ("",),
     ("cli",),
-    ("runtime",),
+    ("task", "submit_host"),
+    ("batch_shell",),
+    ("scheduler",),
     ("job",),
     ("models", "report"),
     ("data",),
@@ -135,7 +137,7 @@ def test_what_a_task_runs_is_named_by_a_path_that_exists(call):
 SAME_ROLE = {
     "__init__.py": "a package's face",
     "__main__.py": "a package run as a program (python -m: the package face's CLI, the emulator's processes)",
-    "base.py": "the interface of a family behind it (job/backends: the schedulers; models: the adapters)",
+    "base.py": "the interface of a family behind it (scheduler/backends: the schedulers; models: the adapters)",
     "files.py": "file helpers: the package's atomic writes and hostile-file reader, and the run directory's on them",
 }
 """Module names that repeat across folders because each is the same kind of thing in its folder."""
@@ -170,7 +172,7 @@ def _local_shard_helpers() -> list[str]:
     """Functions of the runtime that hand back a DTensor's local tensor (``t._local_tensor`` or
     ``t.to_local()``) and a plain tensor as it is: ``x if isinstance(t, DTensor) else t``."""
     found = []
-    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+    for path in sorted((PACKAGE / "task").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef) or len(node.body) < 1:
                 continue

@@ -1,4 +1,4 @@
-"""The scheduler backends behind one interface (hpc_hsdp.job.backends), with fakes: SLURM's
+"""The scheduler backends behind one interface (hpc_hsdp.scheduler.backends), with fakes: SLURM's
 statuses, cancel, logs directory and time limits from canned squeue/sacct/scontrol answers
 (a fake runner), the emulator's from its state files and a fake process table; the code above
 them routing each job to its backend; submitit's private hooks still where submitit_hooks.py
@@ -19,19 +19,19 @@ from types import SimpleNamespace
 import pytest
 
 from hpc_hsdp.errors import SchedulerError, SpecError
-from hpc_hsdp.job import handle as handle_module
-from hpc_hsdp.job.backends import BACKEND_NAMES, CLUSTERS, backend, task_backend
-from hpc_hsdp.job.backends.base import Backend
-from hpc_hsdp.job.backends.local import LocalBackend
-from hpc_hsdp.job.backends.slurm import SlurmBackend
-from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout
-from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE
-from hpc_hsdp.job.emulator.state_files import state_path
-from hpc_hsdp.job.handle import JobHandle, job_statuses
-from hpc_hsdp.job.status import JobStatus
 from hpc_hsdp.rundir import claim as claims
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
+from hpc_hsdp.scheduler.backends import BACKEND_NAMES, CLUSTERS, backend, task_backend
+from hpc_hsdp.scheduler.backends.base import Backend
+from hpc_hsdp.scheduler.backends.local import LocalBackend
+from hpc_hsdp.scheduler.backends.slurm import SlurmBackend
+from hpc_hsdp.scheduler.backends.slurm_command import SchedulerTimeout
+from hpc_hsdp.scheduler.emulator.allocation import EMULATOR_VARIABLE
+from hpc_hsdp.scheduler.emulator.state_files import state_path
+from hpc_hsdp.scheduler.status import JobStatus
+from hpc_hsdp.submit_host import handle as handle_module
+from hpc_hsdp.submit_host.handle import JobHandle, job_statuses
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -262,7 +262,7 @@ def test_the_code_above_routes_each_job_to_the_backend_its_record_names(tmp_path
 
 def test_no_code_outside_the_backends_asks_which_scheduler_it_is_on():
     """The branches on the scheduler's name, and the emulator's mark in a task's environment, live
-    in hpc_hsdp/job/backends (and the emulator they drive, hpc_hsdp/job/emulator) only; elsewhere (the runtime and the pure plan too) a record's cluster
+    in hpc_hsdp/scheduler/backends (and the emulator they drive, hpc_hsdp/scheduler/emulator) only; elsewhere (the runtime and the pure plan too) a record's cluster
     only picks its backend (job_statuses groups the records by it), and a task asks its backend's
     facts (``task_backend(env).separate_machines``, ``.requeues``) or is told them."""
     package = ROOT / "hpc_hsdp"
@@ -323,7 +323,7 @@ def _spec(tmp_path: Path, **overrides) -> SimpleNamespace:
 
 
 def test_a_submission_through_the_hooks_sends_the_rendered_script(tmp_path, monkeypatch):
-    from hpc_hsdp.job.backends.submitit_hooks import FlexibleSlurmJob, submit_rendered  # noqa: PLC0415
+    from hpc_hsdp.scheduler.backends.submitit_hooks import FlexibleSlurmJob, submit_rendered  # noqa: PLC0415
 
     sent = tmp_path / "sent.sh"
     env = _stand_in_slurm(
@@ -342,7 +342,7 @@ def test_a_submission_through_the_hooks_sends_the_rendered_script(tmp_path, monk
 
 
 def test_sbatch_refusing_or_silent_is_said_in_one_line(tmp_path, monkeypatch):
-    from hpc_hsdp.job.backends.submitit_hooks import submit_rendered  # noqa: PLC0415
+    from hpc_hsdp.scheduler.backends.submitit_hooks import submit_rendered  # noqa: PLC0415
 
     env = _stand_in_slurm(tmp_path / "bin", 'echo "sbatch: error: Invalid partition name specified" >&2; exit 1')
     monkeypatch.setenv("PATH", env["PATH"])

@@ -118,7 +118,7 @@ def test_groups_cross_nodes_agrees_with_the_groups_themselves(tasks_per_node, sh
 
 
 def test_plan_the_emulator_and_the_readme_name_nodes_alike():
-    from hpc_hsdp.job.emulator.allocation import allocation_for
+    from hpc_hsdp.scheduler.emulator.allocation import allocation_for
 
     assert plan_for(nodes=3, gpus_per_node=2, shard_size=2).node_names == ("n1", "n2", "n3")
     assert allocation_for(tasks_per_node=(2, 2, 2), gpus_per_node=2, job_name="x").node_names == ("n1", "n2", "n3")
@@ -142,7 +142,7 @@ def test_plan_the_emulator_and_the_readme_name_nodes_alike():
 
 def test_why_slurm_is_not_used_is_said_whole_on_one_line(tmp_path, monkeypatch):
     from hpc_hsdp.errors import SchedulerError
-    from hpc_hsdp.job.backends import resolve_cluster
+    from hpc_hsdp.scheduler.backends import resolve_cluster
 
     said = (
         "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure) at "
@@ -199,33 +199,36 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_runtime_does_not_import_the_submitting_side():
     """The submitting side hands the runtime's task function to submitit; the runtime asks for
-    a requeue through hpc_hsdp.job.backends.slurm_task. Anywhere in a file, function-level imports included."""
+    a requeue through hpc_hsdp.scheduler.backends.slurm_task. Anywhere in a file, function-level imports included."""
     package = ROOT / "hpc_hsdp"
     submitting_side = (
-        "hpc_hsdp.job.submission",
-        "hpc_hsdp.job.api",
-        "hpc_hsdp.job.claims",
-        "hpc_hsdp.job.handle",
-        "hpc_hsdp.job.backends.slurm",
-        "hpc_hsdp.job.backends.submitit_slurm",
+        "hpc_hsdp.submit_host.submission",
+        "hpc_hsdp.submit_host.api",
+        "hpc_hsdp.submit_host.claims",
+        "hpc_hsdp.submit_host.handle",
+        "hpc_hsdp.scheduler.backends.slurm",
+        "hpc_hsdp.scheduler.backends.submitit_slurm",
         "hpc_hsdp.cli",
-        "hpc_hsdp.job.backends.local",
-        "hpc_hsdp.job.emulator",
-        "hpc_hsdp.job.render",
+        "hpc_hsdp.scheduler.backends.local",
+        "hpc_hsdp.scheduler.emulator",
+        "hpc_hsdp.submit_host.render",
     )
     packages = tuple(f"{name}." for name in submitting_side)
-    for path in sorted((package / "runtime").glob("*.py")):
+    for path in sorted((package / "task").rglob("*.py")):
         wrong = sorted(name for name in _imports(path) if name in submitting_side or name.startswith(packages))
         assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
     # the requeue runs on the task: the one bounded runner, nothing of the submitting side
-    assert _imports(package / "job" / "backends" / "slurm_task.py") == {
+    assert _imports(package / "scheduler" / "backends" / "slurm_task.py") == {
         "hpc_hsdp.errors",
         "hpc_hsdp.files",
-        "hpc_hsdp.job.backends.job_environment",
-        "hpc_hsdp.job.backends.slurm_command",
+        "hpc_hsdp.scheduler.backends.job_environment",
+        "hpc_hsdp.scheduler.backends.slurm_command",
     }
-    assert _imports(package / "job" / "backends" / "job_environment.py") == set()
-    assert _imports(package / "job" / "backends" / "slurm_command.py") == {"hpc_hsdp.errors", "hpc_hsdp.job.options"}
+    assert _imports(package / "scheduler" / "backends" / "job_environment.py") == set()
+    assert _imports(package / "scheduler" / "backends" / "slurm_command.py") == {
+        "hpc_hsdp.errors",
+        "hpc_hsdp.job.options",
+    }
     assert _imports(package / "rundir" / "state.py") == {
         "hpc_hsdp.errors",
         "hpc_hsdp.files",
@@ -259,7 +262,7 @@ def test_the_default_run_directory_is_new_for_each_submit(tmp_path):
 
 def test_a_completed_run_directory_refuses_and_a_running_job_too(tmp_path):
     from hpc_hsdp.cli.job_options import job_spec_from_options
-    from hpc_hsdp.job.claims import check_run_dir
+    from hpc_hsdp.submit_host.claims import check_run_dir
 
     run = tmp_path / "run"
     _fake_checkpoint(run, 3)

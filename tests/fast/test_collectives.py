@@ -1,4 +1,4 @@
-"""The one layer over the torch.distributed collectives (runtime/collectives.py): every name is
+"""The one layer over the torch.distributed collectives (task/observation/collectives.py): every name is
 wrapped, listeners come and go in any order and leave torch's functions as they were, a patch
 on top of ours stays, a listener sees the outermost call with its arguments."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from hpc_hsdp.runtime.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, WRAPPABLE, listen
+from hpc_hsdp.task.observation.collectives import COLLECTIVES, POINT_TO_POINT, WAIT, WRAPPABLE, listen
 
 
 def _function(name: str):

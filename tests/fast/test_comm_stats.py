@@ -43,7 +43,7 @@ def test_comm_stats_wraps_only_while_active():
     test_collectives_are_not_wrapped_without_comm_stats)."""
     import torch.distributed as dist
 
-    from hpc_hsdp.runtime.comm_stats import CommStats
+    from hpc_hsdp.task.observation.comm_stats import CommStats
 
     originals = {n: getattr(dist, n) for n in ("all_gather_single", "reduce_scatter_single", "all_reduce")}
     recorder = CommStats(node_of_rank=[])

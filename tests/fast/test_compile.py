@@ -10,7 +10,7 @@ import sys
 from dist_helpers import job_envs
 from torch import nn
 
-from hpc_hsdp.runtime.compile import unit_modules
+from hpc_hsdp.task.parallelism.compile import unit_modules
 
 
 def test_unit_modules_are_the_innermost_units():
@@ -44,7 +44,7 @@ def test_compile_on_cpu_without_a_cxx_compiler_is_one_line_and_writes_nothing(tm
 
 
 def test_the_cache_stays_where_the_job_put_it_but_not_where_torch_defaulted_it():
-    from hpc_hsdp.runtime.compile import _chosen_by_the_job
+    from hpc_hsdp.task.parallelism.compile import _chosen_by_the_job
 
     assert not _chosen_by_the_job(None, "/tmp/torchinductor_me")
     assert not _chosen_by_the_job("/tmp/torchinductor_me", "/tmp/torchinductor_me")  # torch's, set by an import
@@ -55,7 +55,7 @@ def test_the_hang_watchdog_waits_while_the_compiler_runs():
     import time
     from types import SimpleNamespace
 
-    from hpc_hsdp.runtime.watchdog import Watchdog
+    from hpc_hsdp.task.resilience.watchdog import Watchdog
 
     compiling = [True]
     watchdog = Watchdog(SimpleNamespace(rank=0, world_size=1, run_dir=None), timeout_s=0.3, exit_fn=lambda code: None)

@@ -13,10 +13,10 @@ from hpc_hsdp.cli import main
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.api import api_job_spec, api_options
 from hpc_hsdp.job.config import OPTION_KINDS, load_config, merge_options
 from hpc_hsdp.job.options import TRAINING_OPTIONS
 from hpc_hsdp.job.spec import SchedulerSpec, TrainingSpec
+from hpc_hsdp.submit_host.api import api_job_spec, api_options
 
 CONFIG = textwrap.dedent("""\
     nodes = 2

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 
-from hpc_hsdp.job.debug_attach import check_socket
 from hpc_hsdp.rundir.debug_session import (
     read_session,
     request_path,
@@ -20,8 +19,9 @@ from hpc_hsdp.rundir.debug_session import (
     write_request,
     write_session,
 )
-from hpc_hsdp.runtime.debugger import CONTINUE, QUIT, run_pdb
-from hpc_hsdp.runtime.preemption import TERMINATE, WARNING, Preemption, join_stop_code, split_stop_code
+from hpc_hsdp.submit_host.debug_attach import check_socket
+from hpc_hsdp.task.observation.debugger import CONTINUE, QUIT, run_pdb
+from hpc_hsdp.task.resilience.preemption import TERMINATE, WARNING, Preemption, join_stop_code, split_stop_code
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ def test_the_watchdog_sees_no_hang_while_paused_and_a_full_timeout_after():
     import time
     from types import SimpleNamespace
 
-    from hpc_hsdp.runtime.watchdog import Watchdog
+    from hpc_hsdp.task.resilience.watchdog import Watchdog
 
     watchdog = Watchdog(SimpleNamespace(rank=0, world_size=1, run_dir=None), timeout_s=0.3, exit_fn=lambda code: None)
     hung = []

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from hpc_hsdp.batch_shell import eval_job
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job import eval_job
-from hpc_hsdp.job.backends.slurm import SlurmBackend, side_job_sbatch
-from hpc_hsdp.job.backends.slurm_command import SchedulerTimeout
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.report.html import render_html
 from hpc_hsdp.rundir import evals
 from hpc_hsdp.rundir.evals import claim, last_json_object, read_evals, steps_to_submit, substitute
+from hpc_hsdp.scheduler.backends.slurm import SlurmBackend, side_job_sbatch
+from hpc_hsdp.scheduler.backends.slurm_command import SchedulerTimeout
 
 HOSTILE = '/runs/it\'s a "run" $(touch /tmp/pwned) `id` ;rm -rf /\n'
 
@@ -37,7 +37,7 @@ def test_placeholders_are_replaced_by_shell_quoted_values_and_other_braces_are_l
 def test_the_wrapper_argv_carries_the_substituted_command_as_one_word(tmp_path):
     run = str(tmp_path / "run $(x)")
     argv = eval_job.wrapper_argv(run, 4, "python ev.py {checkpoint} {step}", python="/py")
-    assert argv[:6] == ["/py", "-m", "hpc_hsdp.job.eval_job", run, "4", "--"]
+    assert argv[:6] == ["/py", "-m", "hpc_hsdp.batch_shell.eval_job", run, "4", "--"]
     assert shlex.split(argv[6]) == ["python", "ev.py", f"{run}/checkpoints/step-000004", "4"]
 
 
@@ -65,7 +65,7 @@ def test_sbatch_of_an_eval_job_one_node_the_jobs_partition_and_account_output_in
     assert "--output=/dev/null" in sent  # the wrapper writes evals/step-6.out itself, never through a symlink
     assert "--partition=gpu" in sent and "--account=proj'x" in sent
     wrapped = shlex.split(sent[sent.index("--wrap") + 1])
-    assert wrapped[:6] == ["/py", "-m", "hpc_hsdp.job.eval_job", run, "6", "--"]
+    assert wrapped[:6] == ["/py", "-m", "hpc_hsdp.batch_shell.eval_job", run, "6", "--"]
     assert shlex.split(wrapped[6]) == ["ev", f"{run}/checkpoints/step-000006"]
     refused = SlurmBackend(runner=lambda argv, env=None: subprocess.CompletedProcess(argv, 1, "", "sbatch: error: x\n"))
     got = refused.submit_side_job(argv, name="e", output=tmp_path / "o", env={}, job_env=job_env)
@@ -270,8 +270,8 @@ def test_a_run_without_evals_has_no_eval_chart(tmp_path):
 def test_the_emulator_reads_a_quoted_output_path_as_sbatch_does(run):
     """The emulator's batch output goes where ``#SBATCH --output`` says, a quoted path with spaces
     too (before, it fell back to slurm-JOB.out in the submitting directory)."""
-    from hpc_hsdp.job.emulator.slurm_patterns import sbatch_value  # noqa: PLC0415
-    from hpc_hsdp.job.render import sbatch_quote  # noqa: PLC0415
+    from hpc_hsdp.scheduler.emulator.slurm_patterns import sbatch_value  # noqa: PLC0415
+    from hpc_hsdp.submit_host.render import sbatch_quote  # noqa: PLC0415
 
     script = f"#!/bin/bash\n#SBATCH --output={sbatch_quote(run + '/logs/%j.out')}\n#SBATCH --nodes=1\n"
     assert sbatch_value(script, "output") == run + "/logs/%j.out"

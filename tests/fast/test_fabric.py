@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from hpc_hsdp.batch_shell.fabric_check_verdict import decide
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.check_verdict import decide
-from hpc_hsdp.plan.fabric import check_threshold, nccl_transport, pair_rounds, transport_warning, verdict
+from hpc_hsdp.plan.fabric_check_rounds import check_threshold, nccl_transport, pair_rounds, transport_warning, verdict
 
 
 @pytest.mark.parametrize("nodes", [2, 3, 4, 5, 8, 9, 16, 255, 256])
@@ -138,7 +138,7 @@ def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
     huge nesting, a symlink or a FIFO in its place give no table, never a traceback."""
     import os
 
-    from hpc_hsdp.rundir.check_record import check_lines, check_summary, read_check, read_decisions
+    from hpc_hsdp.rundir.fabric_check_record import check_lines, check_summary, read_check, read_decisions
 
     (tmp_path / "check.json").write_text(
         '{"nodes": {"n1": "fast", "<b>": {"matmul_tflops": "x"}}, "links": [], "findings": [{"value": "1"}, 3],'
@@ -185,7 +185,7 @@ def test_bad_check_values_are_one_line_and_exit_2(args, needle, tmp_path):
 def test_on_gpus_the_check_step_asks_nccl_which_network_it_uses():
     from hpc_hsdp.cli.job_options import job_spec_from_options
     from hpc_hsdp.cli.render_cmd import render
-    from hpc_hsdp.job.render import render_sbatch
+    from hpc_hsdp.submit_host.render import render_sbatch
 
     def script(*extra):
         argv = ["--nodes", "2", "--shard", "4", "--check", "--run-dir", "/r", "--venv", "none", *extra]

@@ -14,7 +14,7 @@ from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.job.spec import JobSpec, RunSpec, TrainingSpec
-from hpc_hsdp.plan.replica_groups import group_rows, replica_shape, split_evenly
+from hpc_hsdp.plan.replica_layout import group_rows, replica_shape, split_evenly
 from hpc_hsdp.plan.topology import TopologyPlan, plan_for
 
 
@@ -187,7 +187,7 @@ def test_a_run_spec_with_replica_fault_tolerance_round_trips_through_run_argumen
 def test_membership_changes_are_shown_with_time_and_cause_once_per_step(tmp_path: Path) -> None:
     from hpc_hsdp.report.data import load_run
     from hpc_hsdp.report.summary import summary_rows
-    from hpc_hsdp.rundir.membership import membership_changes, read_membership
+    from hpc_hsdp.rundir.replica_membership import membership_changes, read_membership
 
     events = [
         {"time": 100.0, "event": "lighthouse started", "address": "10.0.0.1:20001"},
@@ -220,7 +220,7 @@ def test_the_supervisor_reads_the_last_step_past_a_torn_line_and_a_long_record(t
     """A group step that ended with 0 finished the training only if the run's last step was
     written; a torn last line (a writer killed mid-record) or a record longer than 4 KiB (many
     ranks' straggler times) was read as no step at all, and the group as not finished."""
-    from hpc_hsdp.job.replicas import Group, Supervisor
+    from hpc_hsdp.batch_shell.replica_supervisor import Group, Supervisor
 
     supervisor = Supervisor(
         command=[], groups=[Group(0, [0])], spares=[], tasks_per_node=1, min_replicas=1, address="127.0.0.1",

@@ -92,7 +92,7 @@ def test_a_torn_or_hostile_dump_is_refused_without_running_it(tmp_path):
 
 
 def test_the_watchdog_verdict_and_status_carry_the_finding(tmp_path):
-    from hpc_hsdp.runtime.watchdog import Watchdog
+    from hpc_hsdp.task.resilience.watchdog import Watchdog
 
     run = _planted(tmp_path / "run")
     watchdog = Watchdog.__new__(Watchdog)
@@ -116,7 +116,7 @@ def test_the_watchdog_verdict_and_status_carry_the_finding(tmp_path):
 
 
 def test_every_nccl_task_records_and_dumps_on_a_timeout_into_the_run_directory(tmp_path):
-    from hpc_hsdp.runtime.dist import flight_recorder_env
+    from hpc_hsdp.task.parallelism.dist import flight_recorder_env
 
     got = flight_recorder_env({}, tmp_path)
     assert got["TORCH_FR_BUFFER_SIZE"] == "2000" and got["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

@@ -64,7 +64,7 @@ def test_the_built_in_model_converts_its_blocks_on_meta_and_keeps_the_head(monke
 
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime.float8 import convert_linears
+    from hpc_hsdp.task.parallelism.float8 import convert_linears
 
     training = TrainingSpec.of(layers=2, width=2048, heads=16, vocab_size=32000, seq_len=16)
     adapter = resolve_model(training, data_vocab_size=None)
@@ -89,7 +89,7 @@ def test_under_tensor_parallelism_the_converted_layers_split_by_torchaos_float8_
 
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime.float8 import convert_linears, float8_tp_plan
+    from hpc_hsdp.task.parallelism.float8 import convert_linears, float8_tp_plan
 
     training = TrainingSpec.of(layers=2, width=2048, heads=16, vocab_size=32000, seq_len=16)
     adapter = resolve_model(training, data_vocab_size=None)

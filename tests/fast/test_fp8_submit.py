@@ -16,12 +16,12 @@ import pytest
 import hpc_hsdp
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.api import api_job_spec
-from hpc_hsdp.job.backends import backend
-from hpc_hsdp.job.emulator.allocation import DRIVER_MARKERS, local_gpus
-from hpc_hsdp.job.preflight import check_fp8_gpus
 from hpc_hsdp.plan.float8_support import NodeGpus, can_train_fp8, fp8_local_refusal, fp8_slurm_refusal, gpu_capability
 from hpc_hsdp.plan.slurm_facts import parse_gpu_gres, parse_sinfo_nodes, satisfies_constraint
+from hpc_hsdp.scheduler.backends import backend
+from hpc_hsdp.scheduler.emulator.allocation import DRIVER_MARKERS, local_gpus
+from hpc_hsdp.submit_host.api import api_job_spec
+from hpc_hsdp.submit_host.preflight import check_fp8_gpus
 
 HAS_GPU_DRIVER = shutil.which("nvidia-smi") is not None or any(Path(m).exists() for m in DRIVER_MARKERS)
 

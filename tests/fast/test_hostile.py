@@ -63,7 +63,7 @@ _state_to_load()  # at import: torch's first optimizer step sets TORCHINDUCTOR_C
 
 
 def test_a_metadata_pickle_that_runs_a_command_is_refused_unrun(tmp_path):
-    from hpc_hsdp.runtime.safe_dcp import UnsafeCheckpoint, load_state, unsafe_content
+    from hpc_hsdp.task.checkpointing.safe_dcp import UnsafeCheckpoint, load_state, unsafe_content
 
     checkpoint, marker = tmp_path / "ck", tmp_path / "MARKER"
     _tiny_checkpoint(checkpoint)
@@ -82,7 +82,7 @@ def test_a_metadata_pickle_that_runs_a_command_is_refused_unrun(tmp_path):
 def test_a_non_tensor_entry_that_runs_a_command_is_refused_unrun(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from hpc_hsdp.runtime.safe_dcp import load_state, unsafe_content
+    from hpc_hsdp.task.checkpointing.safe_dcp import load_state, unsafe_content
 
     checkpoint, marker = tmp_path / "ck", tmp_path / "MARKER"
     _tiny_checkpoint(checkpoint)
@@ -102,7 +102,7 @@ def test_a_non_tensor_entry_that_runs_a_command_is_refused_unrun(tmp_path):
 def test_metadata_pointing_outside_the_checkpoint_is_refused(tmp_path):
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from hpc_hsdp.runtime.safe_dcp import read_metadata_file, unsafe_content
+    from hpc_hsdp.task.checkpointing.safe_dcp import read_metadata_file, unsafe_content
 
     checkpoint = tmp_path / "ck"
     _tiny_checkpoint(checkpoint)
@@ -143,7 +143,7 @@ def test_a_sandbox_escaping_template_is_one_line_and_nothing_runs_or_is_written(
 def test_the_shipped_template_renders_in_the_sandbox():
     import jinja2.sandbox
 
-    from hpc_hsdp.job.render import template_environment
+    from hpc_hsdp.submit_host.render import template_environment
 
     assert isinstance(template_environment(), jinja2.sandbox.ImmutableSandboxedEnvironment)
 
@@ -169,7 +169,7 @@ def test_render_output_honours_the_umask(tmp_path, capsys, umask, script_mode):
 
 
 def test_export_copies_regular_tokenizer_files_only(tmp_path):
-    from hpc_hsdp.runtime.export import _copy_tokenizer
+    from hpc_hsdp.task.checkpointing.export import _copy_tokenizer
 
     secret = tmp_path / "secret.txt"
     secret.write_text("private key")
@@ -292,9 +292,9 @@ def test_report_and_status_on_garbage_metrics_never_trace_back(tmp_path, capsys,
 
 
 def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
-    from hpc_hsdp.job.emulator.emulated_job import LocalJob
-    from hpc_hsdp.job.emulator.processes import process_start_time
-    from hpc_hsdp.job.emulator.state_files import state_path
+    from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
+    from hpc_hsdp.scheduler.emulator.processes import process_start_time
+    from hpc_hsdp.scheduler.emulator.state_files import state_path
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -327,9 +327,9 @@ def test_the_emulator_signals_only_its_own_supervisor(tmp_path):
 def test_the_emulator_signals_the_process_started_for_that_state_file_only(tmp_path):
     """The supervisor's environment names its state file (set at launch, readable by its owner
     alone): a process started with another job's mark is not this job's."""
-    from hpc_hsdp.job.emulator.emulated_job import LocalJob
-    from hpc_hsdp.job.emulator.processes import SUPERVISOR_MARK, process_start_time
-    from hpc_hsdp.job.emulator.state_files import state_path
+    from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
+    from hpc_hsdp.scheduler.emulator.processes import SUPERVISOR_MARK, process_start_time
+    from hpc_hsdp.scheduler.emulator.state_files import state_path
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -393,8 +393,8 @@ def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
 
 
 def test_the_emulators_port_reservations_are_private(tmp_path, monkeypatch):
-    from hpc_hsdp.job.emulator.ports import reserve_port
-    from hpc_hsdp.job.emulator.state_files import emulator_state_dir
+    from hpc_hsdp.scheduler.emulator.ports import reserve_port
+    from hpc_hsdp.scheduler.emulator.state_files import emulator_state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     reserve_port("4242", tmp_path / "state.json", is_free=lambda port: True)
@@ -512,7 +512,7 @@ def test_entry_and_model_names_are_identifiers_only(value):
 
 def test_the_task_refuses_an_entry_that_is_not_a_name_before_importing():
     from hpc_hsdp.models.factory import resolve_factory
-    from hpc_hsdp.runtime.entry import resolve_entry
+    from hpc_hsdp.task.entry import resolve_entry
 
     for resolve in (resolve_entry, resolve_factory):
         with pytest.raises(SpecError, match="is not module:function"):
@@ -579,18 +579,18 @@ def _valid_manifest(run: Path) -> None:
 def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
     """file -> (its path in the run directory, bytes hpc-hsdp would write, reader(run) -> what it read,
     falsy when nothing was taken from the file)."""
-    from hpc_hsdp.job.emulator.emulated_job import LocalJob
     from hpc_hsdp.rundir.attempts import read_attempt, read_restarts
     from hpc_hsdp.rundir.claim import read_claim
     from hpc_hsdp.rundir.flight_recorder import read_dumps
     from hpc_hsdp.rundir.job_record import JobRecord
     from hpc_hsdp.rundir.job_state import load_job_state
     from hpc_hsdp.rundir.layout import rank_entries
-    from hpc_hsdp.rundir.membership import read_membership
     from hpc_hsdp.rundir.metrics import last_metrics
+    from hpc_hsdp.rundir.replica_membership import read_membership
     from hpc_hsdp.rundir.state import damage, saved_train_state
     from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
-    from hpc_hsdp.runtime.export import read_model_record
+    from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
+    from hpc_hsdp.task.checkpointing.export import read_model_record
 
     def job(run):
         try:
@@ -654,7 +654,7 @@ LAYOUT_ENTRY = {
     "rank": 1, "node": "n1", "slurm_procid": 1, "local_rank": 1, "device": "cuda:1", "launch_mode": "srun",
     "node_switch": None, "shard_group": [0, 1], "replicate_group": [1, 3],
 }  # fmt: skip
-"""One rank's entry as rank 0 writes it (runtime/dist.py)."""
+"""One rank's entry as rank 0 writes it (task/parallelism/dist.py)."""
 READERS = sorted(_reader_cases())
 
 
@@ -704,7 +704,7 @@ def test_the_reader_refuses_what_is_not_a_small_regular_file(tmp_path):
 
 
 def test_a_failed_submission_never_copies_what_claim_json_links_to(tmp_path):
-    from hpc_hsdp.job.claims import claimed
+    from hpc_hsdp.submit_host.claims import claimed
 
     secret = tmp_path / "secret"
     secret.write_text('{"state": "released", "key": "SECRET"}')
@@ -768,7 +768,7 @@ def test_numbers_out_of_range_read_as_no_record(tmp_path, reader, number):
 
 
 def test_out_of_range_membership_times_and_wrong_types_are_skipped(tmp_path):
-    from hpc_hsdp.rundir.membership import membership_changes, read_membership
+    from hpc_hsdp.rundir.replica_membership import membership_changes, read_membership
 
     (tmp_path / "replicas.jsonl").write_text(
         '{"time": 1e999, "event": "x"}\n{"time": ' + "9" * 400 + ', "event": "y"}\n{"time": -5, "event": "z"}\n'
@@ -937,7 +937,7 @@ def test_status_escapes_terminal_sequences_from_the_runs_files(tmp_path, capsys,
 
 
 def test_export_does_not_follow_a_tokenizer_directory_that_is_a_symlink(tmp_path):
-    from hpc_hsdp.runtime.export import _copy_tokenizer
+    from hpc_hsdp.task.checkpointing.export import _copy_tokenizer
 
     secrets = tmp_path / "dot-ssh"
     secrets.mkdir()
@@ -958,7 +958,7 @@ def test_export_copies_the_tokenizer_of_a_prepared_dataset_only(tmp_path, manife
     """model.json's data path edited to lead to someone else's directory (or a directory above the
     dataset swapped for a symlink): its tokenizer/ holds regular files, but no dataset.json of
     prepare-data's sits beside it (or only a symlink named so), and nothing is copied."""
-    from hpc_hsdp.runtime.export import _copy_tokenizer
+    from hpc_hsdp.task.checkpointing.export import _copy_tokenizer
 
     elsewhere = tmp_path / "home" / "project"
     (elsewhere / "tokenizer").mkdir(parents=True)
@@ -980,7 +980,7 @@ def test_export_copies_the_tokenizer_of_a_prepared_dataset_only(tmp_path, manife
 
 
 def test_export_skips_a_fifo_in_the_tokenizer_directory_without_blocking(tmp_path):
-    from hpc_hsdp.runtime.export import _copy_tokenizer
+    from hpc_hsdp.task.checkpointing.export import _copy_tokenizer
 
     data = tmp_path / "data"
     (data / "tokenizer").mkdir(parents=True)
@@ -1001,7 +1001,7 @@ def _tensor_file_elsewhere(checkpoint: Path) -> None:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from hpc_hsdp.runtime.safe_dcp import read_metadata_file
+    from hpc_hsdp.task.checkpointing.safe_dcp import read_metadata_file
 
     metadata = read_metadata_file(checkpoint / ".metadata")
     for index, info in list(metadata.storage_data.items()):
@@ -1013,7 +1013,7 @@ def _tensor_file_elsewhere(checkpoint: Path) -> None:
 
 @pytest.mark.parametrize("how", ["fifo", "dev-zero", "symlink"])
 def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, how):
-    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+    from hpc_hsdp.task.checkpointing.safe_dcp import unsafe_content
 
     checkpoint = tmp_path / "ck"
     _tiny_checkpoint(checkpoint)
@@ -1033,7 +1033,7 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused_unread(tmp_path
 
 
 def test_a_metadata_fifo_is_refused_without_blocking(tmp_path):
-    from hpc_hsdp.runtime.safe_dcp import unsafe_content
+    from hpc_hsdp.task.checkpointing.safe_dcp import unsafe_content
 
     checkpoint = tmp_path / "ck"
     _tiny_checkpoint(checkpoint)
@@ -1142,7 +1142,7 @@ def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(
 
     import torch
 
-    from hpc_hsdp.runtime.replica_group import heal_transport
+    from hpc_hsdp.task.training.replica_coordinator import heal_transport
 
     transport = heal_transport(timedelta(seconds=10), "127.0.0.1")
     try:
@@ -1191,9 +1191,9 @@ def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(
 
 
 def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(tmp_path):
-    from hpc_hsdp.job.claims import check_writer, claim_for_task, release_task_claim
-    from hpc_hsdp.job.emulator.processes import process_start_time
     from hpc_hsdp.rundir.claim import who, write_claim
+    from hpc_hsdp.scheduler.emulator.processes import process_start_time
+    from hpc_hsdp.submit_host.claims import check_writer, claim_for_task, release_task_claim
 
     run = tmp_path / "run"
     run.mkdir()
@@ -1238,7 +1238,7 @@ def _evals_log(run):
 
 
 def _checks_log(run):
-    from hpc_hsdp.job.check_verdict import _append
+    from hpc_hsdp.batch_shell.fabric_check_verdict import _append
 
     _append(run, {"job_id": "7", "action": "train"})
 
@@ -1338,7 +1338,7 @@ def test_the_snapshot_copies_regular_files_inside_the_tree_only_private_and_coun
     """Issue 43: the copy followed symlinks (a file outside the tree that others cannot read was copied
     readable into the run directory), did not count symlinked directories against its cap, copied
     /dev/zero until the disk was full, and took the umask (0777 under umask 000)."""
-    from hpc_hsdp.job.code_snapshot import SnapshotTooLarge, copy_code
+    from hpc_hsdp.batch_shell.code_snapshot import SnapshotTooLarge, copy_code
 
     pkg = _package(tmp_path)
     secret = tmp_path / "id_rsa"
@@ -1376,7 +1376,7 @@ def test_the_snapshot_copies_regular_files_inside_the_tree_only_private_and_coun
 def test_a_changed_snapshot_is_refused_before_import_and_the_checked_copy_is_what_is_imported(tmp_path):
     """Issue 43: RUN_DIR/code was first on PYTHONPATH of every attempt and nothing checked it. The
     job now checks it against the SHA-256 submit put into its script, into a private copy."""
-    from hpc_hsdp.job.code_snapshot import SnapshotMismatch, copy_code, main, verified_copy
+    from hpc_hsdp.batch_shell.code_snapshot import SnapshotMismatch, copy_code, main, verified_copy
 
     pkg = _package(tmp_path)
     run = tmp_path / "run"
@@ -1426,7 +1426,7 @@ def test_export_imports_no_factory_a_model_record_names_unless_the_user_names_it
     """Issue 43: export imported and called the MODULE:FUNCTION model.json names (``signal:pause``
     hung it; a module placed in the run directory ran). Now it builds a factory model only from the
     --model the user names on the command line, and says so."""
-    from hpc_hsdp.runtime.export import build_unsharded
+    from hpc_hsdp.task.checkpointing.export import build_unsharded
 
     run = tmp_path / "run"
     _valid_manifest(run)

@@ -15,11 +15,11 @@ import pytest
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job import handle as handle_module
-from hpc_hsdp.job.backends.local import LocalBackend
-from hpc_hsdp.job.emulator.state_files import state_path
-from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.scheduler.backends.local import LocalBackend
+from hpc_hsdp.scheduler.emulator.state_files import state_path
+from hpc_hsdp.submit_host import handle as handle_module
+from hpc_hsdp.submit_host.handle import JobHandle
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -321,7 +321,7 @@ def _check_json(run: Path, mode: int = 0o644, **fields) -> Path:
 
 
 def _verdict(tmp_path, monkeypatch, capsys) -> tuple[int, str, str]:
-    from hpc_hsdp.job import check_verdict
+    from hpc_hsdp.batch_shell import fabric_check_verdict as check_verdict
 
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
@@ -359,7 +359,7 @@ def test_check_prints_its_own_result_escaped_and_says_where_it_read_it(tmp_path,
     from types import SimpleNamespace
 
     from hpc_hsdp.cli import jobs_cmd
-    from hpc_hsdp.job import submission
+    from hpc_hsdp.submit_host import submission
 
     run = tmp_path / "run"
     run.mkdir()

@@ -162,7 +162,7 @@ def test_preflight_checks_every_source_and_says_when_each_is_used_once(two_sourc
     from hpc_hsdp.cli.examples import spec_from_argv
     from hpc_hsdp.data.sampler import num_samples
     from hpc_hsdp.data.tokens import open_dataset
-    from hpc_hsdp.job.preflight import check_job_inputs
+    from hpc_hsdp.submit_host.preflight import check_job_inputs
 
     web, code = two_sources
     argv = ["--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--seq-len", "16", "--batch-size", "4"]
@@ -185,8 +185,8 @@ def test_a_checkpoint_of_another_mixture_is_refused(two_sources, tmp_path):
     from hpc_hsdp.cli.examples import spec_from_argv
     from hpc_hsdp.data.sampler import num_samples
     from hpc_hsdp.data.tokens import open_dataset
-    from hpc_hsdp.job.preflight import check_job_inputs
     from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
+    from hpc_hsdp.submit_host.preflight import check_job_inputs
 
     web, code = two_sources
     sizes = [num_samples(open_dataset(p).num_tokens, 16) for p in (web, code)]
@@ -218,7 +218,7 @@ def test_per_source_fields_reach_tensorboard_tags():
 
 
 def test_the_python_api_takes_a_mixture_and_makes_its_paths_absolute(tmp_path):
-    from hpc_hsdp.job.api import api_job_spec
+    from hpc_hsdp.submit_host.api import api_job_spec
 
     spec = api_job_spec(
         {"shard": 1, "data": "web=data/web:0.7,code=/abs/code:0.3"}, environ={}, cwd=tmp_path, default_venv=None

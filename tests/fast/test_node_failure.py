@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_dead_slurmd_is_found_in_seconds(fake_scontrol):
-    from hpc_hsdp.runtime.node_failure import unreachable_nodes
+    from hpc_hsdp.task.resilience.node_failure import unreachable_nodes
 
     started = time.monotonic()
     assert unreachable_nodes(["n1", "n2", "n9"]) == ["n2"]  # n9: unknown to scontrol, not called dead
@@ -41,7 +41,7 @@ def _ctx(rank: int, run_dir: Path):
 
 
 def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fake_scontrol, tmp_path):
-    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+    from hpc_hsdp.task.resilience.node_failure import handle_lost_peers
 
     env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0"}
     attempts.begin_attempt(tmp_path, restart=0, job_id="41", start_step=0, total_steps=9)
@@ -68,7 +68,7 @@ def test_the_lowest_live_rank_requeues_without_the_dead_node_and_records_why(fak
 
 
 def test_a_requeueable_job_is_left_to_slurm_and_requeued_by_us_only_when_slurm_does_not(fake_scontrol, tmp_path):
-    from hpc_hsdp.runtime.node_failure import handle_lost_peers
+    from hpc_hsdp.task.resilience.node_failure import handle_lost_peers
 
     (tmp_path / "requeue").write_text("1")  # scontrol show job says Requeue=1; SlurmdTimeout = 1 s
     env = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev", "SLURM_RESTART_COUNT": "0"}
@@ -118,7 +118,7 @@ def test_status_shows_each_restart_with_its_cause(tmp_path):
 
 
 def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
-    from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE, requeue_job
+    from hpc_hsdp.scheduler.backends.slurm_task import REQUEST_FIELDS_VARIABLE, requeue_job
 
     env = {REQUEST_FIELDS_VARIABLE: "NumNodes=1-2 NumTasks=2", "PATH": os.environ["PATH"]}
     assert requeue_job("41", env=env) == (True, "")
@@ -135,7 +135,7 @@ def test_the_requeue_of_a_flexible_job_restores_its_node_range(fake_scontrol):
 
 KEEPER_TASK = r"""
 import ctypes, os, sys, time
-from hpc_hsdp.runtime.preemption import NodeRangeKeeper, Preemption
+from hpc_hsdp.task.resilience.preemption import NodeRangeKeeper, Preemption
 preemption = Preemption(os.environ).install()
 keeper = NodeRangeKeeper(os.environ).install()
 print("ready", flush=True)
@@ -159,7 +159,7 @@ def test_a_flexible_jobs_range_is_restored_on_slurms_sigterm_while_the_main_thre
     """SLURM pins a job it requeues itself (node failure) to the nodes it had; a ``--nodes 1-2``
     job would wait for two. On SLURM's SIGTERM a thread of local rank 0 updates the pending job,
     before SLURM's SIGKILL (KillWait), even while the main thread never returns to Python."""
-    from hpc_hsdp.job.backends.slurm_task import REQUEST_FIELDS_VARIABLE, restore_request
+    from hpc_hsdp.scheduler.backends.slurm_task import REQUEST_FIELDS_VARIABLE, restore_request
 
     (tmp_path / "restarts").write_text(restarts)
     env = {

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_hsdp.job.backends.slurm import parse_slurm_duration
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.pace import progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
+from hpc_hsdp.scheduler.backends.slurm import parse_slurm_duration
 from tests.observe_helpers import NODES, hpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +244,7 @@ def test_report_draws_what_exists_around_a_corrupt_line_and_a_run_in_progress(tm
 
 def _trackers_without_tensorboard(run_dir):
     sys.modules["tensorboard"] = None  # import tensorboard -> ImportError, as when it is not installed
-    from hpc_hsdp.runtime.trackers import Trackers, TrackerStart
+    from hpc_hsdp.task.observation.trackers import Trackers, TrackerStart
 
     start = TrackerStart(run_dir=Path(run_dir), start_step=0, last_logged=None, total_steps=2, config={})
     trackers = Trackers(("tensorboard",), start)
@@ -285,7 +285,7 @@ def test_the_blocked_clock_counts_only_the_thread_that_started_it(monkeypatch):
 
     import torch.distributed as dist
 
-    from hpc_hsdp.runtime.straggler_probe import BlockedClock
+    from hpc_hsdp.task.observation.straggler_probe import BlockedClock
 
     monkeypatch.setattr(dist, "barrier", lambda: clock_time.sleep(0.05))
     clock = BlockedClock().install()

@@ -22,7 +22,6 @@ from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.cli.run_cmd import run
 from hpc_hsdp.cli.submit_cmd import submit
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.api import api_options
 from hpc_hsdp.job.config import OPTION_KINDS, build_job_spec
 from hpc_hsdp.job.option_fields import section_options
 from hpc_hsdp.job.options import (
@@ -38,7 +37,6 @@ from hpc_hsdp.job.options import (
     owned_sbatch_keys,
     sbatch_lines,
 )
-from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.job.spec import EnvironmentSpec, JobSpec, LaunchSpec, RunSpec, SchedulerSpec, TrainingSpec
 from hpc_hsdp.job.training_sections import (
     SECTION_FIELDS,
@@ -52,6 +50,8 @@ from hpc_hsdp.job.training_sections import (
     OptimizerSection,
     ResilienceSection,
 )
+from hpc_hsdp.submit_host.api import api_options
+from hpc_hsdp.submit_host.render import render_sbatch
 
 COMMANDS = {"render": render, "submit": submit, "run": run, "plan": plan}
 OWN_OPTIONS = {  # what a command has besides the registry's options
@@ -260,7 +260,7 @@ def test_run_parses_to_args_back_with_every_option_set_at_once() -> None:
 
 def test_the_job_layer_imports_no_cli_and_the_plan_layer_no_job() -> None:
     code = (
-        "import sys, hpc_hsdp.job.api, hpc_hsdp.job.handle, hpc_hsdp.job.options;"
+        "import sys, hpc_hsdp.submit_host.api, hpc_hsdp.submit_host.handle, hpc_hsdp.job.options;"
         "assert not [m for m in sys.modules if m.startswith('hpc_hsdp.cli')], 'job imports cli';"
         "assert 'click' not in sys.modules and 'torch' not in sys.modules;"
         "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith('hpc_hsdp')];"
@@ -489,8 +489,8 @@ from click.testing import CliRunner
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.config import build_job_spec, parse_config
-from hpc_hsdp.job.render import render_sbatch
-from hpc_hsdp.job.api import api_options
+from hpc_hsdp.submit_host.render import render_sbatch
+from hpc_hsdp.submit_host.api import api_options
 
 spec = build_job_spec({{"shard": 1, "reservation": "r1", "partition": "gpu"}}, cwd={str(tmp_path)!r})
 header = [line for line in render_sbatch(spec).splitlines() if line.startswith("#SBATCH")]

@@ -1,4 +1,4 @@
-"""Preemption in this process: :mod:`hpc_hsdp.runtime.preemption` (signals, flags, requeue skipped
+"""Preemption in this process: :mod:`hpc_hsdp.task.resilience.preemption` (signals, flags, requeue skipped
 outside SLURM) and ``failure_summary`` on real srun log lines."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from hpc_hsdp.job.backends import task_environment
-from hpc_hsdp.runtime.preemption import (
+from hpc_hsdp.scheduler.backends import task_environment
+from hpc_hsdp.task.resilience.preemption import (
     EXIT_STOPPED_NOT_REQUEUED,
     TERMINATE,
     WARNING,
@@ -82,7 +82,7 @@ def test_requeue_is_skipped_outside_slurm(capsys):
 
 
 def test_in_slurm_rank0_requeues_through_its_job_environment(monkeypatch):
-    import hpc_hsdp.job.backends.slurm_task as slurm_task
+    import hpc_hsdp.scheduler.backends.slurm_task as slurm_task
 
     calls = []
     monkeypatch.setattr(slurm_task, "requeue_job", lambda job_id, exclude=(): (calls.append(job_id), (True, ""))[1])
@@ -97,7 +97,7 @@ def test_in_slurm_rank0_requeues_through_its_job_environment(monkeypatch):
 
 
 def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
-    from hpc_hsdp.job.backends.slurm_task import requeue_job
+    from hpc_hsdp.scheduler.backends.slurm_task import requeue_job
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\nexit 1\n")
@@ -111,8 +111,8 @@ def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
 
 
 def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
-    from hpc_hsdp.job.handle import JobHandle
     from hpc_hsdp.rundir.job_record import JobRecord
+    from hpc_hsdp.submit_host.handle import JobHandle
 
     logs = tmp_path / "logs"
     logs.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Before submitting: the files and modules the tasks will open (hpc_hsdp.job.preflight), and
+"""Before submitting: the files and modules the tasks will open (hpc_hsdp.submit_host.preflight), and
 ``submit`` refusing a job that would fail on them before it waits in the queue."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.data.synthetic import NUM_SAMPLES
 from hpc_hsdp.data.tokens import open_dataset, write_token_file
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.preflight import check_job_inputs
 from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
+from hpc_hsdp.submit_host.preflight import check_job_inputs
 from tests.data_helpers import documents, make_dataset
 
 
@@ -212,7 +212,7 @@ def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path, local_su
 def _slurm_without_the_partition(monkeypatch, *modules) -> list[list[str]]:
     """SLURM stand-ins for ``modules``' submission: a controller that answers and has the
     partitions gpu and cpu only; every command asked is recorded."""
-    from hpc_hsdp.job.backends.slurm import SlurmBackend  # noqa: PLC0415
+    from hpc_hsdp.scheduler.backends.slurm import SlurmBackend  # noqa: PLC0415
 
     asked: list[list[str]] = []
 
@@ -236,8 +236,8 @@ def test_a_partition_the_cluster_lacks_is_refused_before_anything_is_written(tmp
     directory and the provenance, and left a run directory with logs/ in it."""
     from hpc_hsdp.cli.job_options import job_spec_resolver  # noqa: PLC0415
     from hpc_hsdp.errors import SchedulerError  # noqa: PLC0415
-    from hpc_hsdp.job import submission, sweep_submission  # noqa: PLC0415
-    from hpc_hsdp.job.sweep_submission import plan_sweep, submit_sweep  # noqa: PLC0415
+    from hpc_hsdp.submit_host import submission, sweep_submission  # noqa: PLC0415
+    from hpc_hsdp.submit_host.sweep_submission import plan_sweep, submit_sweep  # noqa: PLC0415
 
     asked = _slurm_without_the_partition(monkeypatch, submission, sweep_submission)
     resolve = job_spec_resolver(environ={}, cwd=str(tmp_path), default_venv=None)

@@ -1,4 +1,4 @@
-"""What produced a run (hpc_hsdp.rundir.provenance_record, hpc_hsdp.job.provenance): the record's
+"""What produced a run (hpc_hsdp.rundir.provenance_record, hpc_hsdp.submit_host.provenance): the record's
 readers and words, the code a job runs, --snapshot-code's copy, its script lines, `runs`' CODE
 column. The git parts (a process each) are in tests/processes/test_snapshot_code.py."""
 
@@ -16,8 +16,6 @@ from click.testing import CliRunner
 from hpc_hsdp.cli import cli
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job import provenance as gather
-from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.rundir.provenance_record import (
     code_words,
     commit_id,
@@ -27,6 +25,8 @@ from hpc_hsdp.rundir.provenance_record import (
     task_words,
     write_provenance,
 )
+from hpc_hsdp.submit_host import provenance as gather
+from hpc_hsdp.submit_host.render import render_sbatch
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
@@ -142,7 +142,7 @@ def test_user_modules_come_from_entry_model_and_the_api_function():
         "mypkg",
         "models",
     ]
-    assert gather.user_modules(spec("--entry", "hpc_hsdp.runtime.loop:main")) == []
+    assert gather.user_modules(spec("--entry", "hpc_hsdp.task.training.loop:main")) == []
 
     def fn(ctx):
         return ctx
@@ -206,8 +206,8 @@ def test_snapshot_copies_the_package_and_the_user_module_without_caches(tmp_path
     code = run / "code"
     assert (code / "mypkg" / "train.py").read_text() == "def main(ctx):\n    return 1\n"
     assert (code / "models.py").is_file()
-    assert (code / "hpc_hsdp" / "job" / "templates" / "job.sbatch.j2").is_file()
-    assert (code / "hpc_hsdp" / "job" / "provenance.py").is_file()
+    assert (code / "hpc_hsdp" / "submit_host" / "templates" / "job.sbatch.j2").is_file()
+    assert (code / "hpc_hsdp" / "submit_host" / "provenance.py").is_file()
     assert not list(code.rglob("__pycache__")) and not list(code.rglob("*.pyc"))
     # a new submission replaces the copy: what is on disk then
     (src / "mypkg" / "train.py").write_text("def main(ctx):\n    return 2\n")
@@ -231,7 +231,7 @@ def test_the_script_runs_the_copy_first_on_every_attempt():
     assert "PYTHONPATH" not in plain and "PYTHONSAFEPATH" not in plain
     script = render_sbatch(spec("--snapshot-code"), snapshot_sha256="ab" * 32)
     # checked by the installed hpc-hsdp (from /, not the working directory) into a private copy, which is imported
-    check = f"HPC_HSDP_CODE_SNAPSHOT=$(cd / && python -m hpc_hsdp.job.code_snapshot /runs/a/code {'ab' * 32})"
+    check = f"HPC_HSDP_CODE_SNAPSHOT=$(cd / && python -m hpc_hsdp.batch_shell.code_snapshot /runs/a/code {'ab' * 32})"
     line = 'export PYTHONPATH="$HPC_HSDP_CODE_SNAPSHOT${PYTHONPATH:+:$PYTHONPATH}:$PWD"'
     assert check in script and line in script and "export PYTHONSAFEPATH=1" in script
     assert script.index(check) < script.index(line)
@@ -247,7 +247,7 @@ def test_snapshot_code_is_an_option_of_render_submit_config_and_the_api():
     assert declared in options_of("render") and declared in options_of("submit")
     got = CliRunner().invoke(cli, ["render", "--nodes", "1", "--shard", "8", "--run-dir", "/r", "--snapshot-code"])
     # render copies no code: its script names code/ with no SHA-256, which the job refuses to import
-    assert got.exit_code == 0 and "python -m hpc_hsdp.job.code_snapshot /r/code ''" in got.output, got.output
+    assert got.exit_code == 0 and "python -m hpc_hsdp.batch_shell.code_snapshot /r/code ''" in got.output, got.output
 
 
 # ----------------------------------------------------------------------------- runs: where runs differ

@@ -19,9 +19,9 @@ from hpc_hsdp.cli.examples import REPO, spec_from_argv
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.render import default_launch_command, render_sbatch, sbatch_quote
 from hpc_hsdp.job.spec import JobSpec, LaunchSpec, RunSpec, SchedulerSpec
 from hpc_hsdp.plan.slurm_facts import time_limit_seconds
+from hpc_hsdp.submit_host.render import default_launch_command, render_sbatch, sbatch_quote
 from tests.render_helpers import HOSTILE
 
 # ----------------------------------------------------------------------------- helpers
@@ -668,11 +668,11 @@ def test_render_does_not_import_torch(tmp_path: Path) -> None:
 
 # what render's start-up loads beyond click and jinja2 is its cost against the floor (benchmarks/bench_cli.py)
 NOT_AT_RENDER = (
-    "hpc_hsdp.job.backends",  # asked at submit only
+    "hpc_hsdp.scheduler.backends",  # asked at submit only
     "hostlist",  # a node list is expanded only where one is given
     "statistics",  # the fabric check's medians (with fractions and decimal)
     "hpc_hsdp.rundir.evals",  # --eval-job's check, only when it is given
-    "hpc_hsdp.plan.fabric",  # --check's verdict and its threshold's variable, only with --check
+    "hpc_hsdp.plan.fabric_check_rounds",  # --check's verdict and its threshold's variable, only with --check
     "hpc_hsdp.rundir.provenance_record",  # --snapshot-code's copy, only when it is given
     "submitit",
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.cli.examples import EXAMPLES, spec_from_argv
-from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.submit_host.render import render_sbatch
 from tests.render_helpers import HOSTILE
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -185,7 +185,7 @@ CASES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m hpc_hsdp.runtime.submitit_job '/scratch/hsdp/runs/it'\"'\"'s/logs'"
+SUBMITIT_COMMAND = "/opt/venvs/hsdp/bin/python -u -m hpc_hsdp.task.submitit_job '/scratch/hsdp/runs/it'\"'\"'s/logs'"
 OVERRIDES = {
     "override-srun": (CASES["example-thread-2x8-shard4"], SUBMITIT_COMMAND),
     "override-torchrun": (CASES["example-torchrun-2x8-shard4"], SUBMITIT_COMMAND),
@@ -224,7 +224,7 @@ def rendered_sweep(argv) -> str:
     """What ``hpc-hsdp render <argv>`` prints for a sweep (machine-independent)."""
     from hpc_hsdp.cli.job_options import given_options, job_spec_resolver
     from hpc_hsdp.cli.render_cmd import render
-    from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep
+    from hpc_hsdp.submit_host.sweep_submission import dry_run_text, plan_sweep
 
     params = render.make_context("render", list(argv)).params
     resolve = job_spec_resolver(environ={}, cwd=Path(__file__).parents[2], default_venv=None)

@@ -12,7 +12,7 @@ from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
-from hpc_hsdp.runtime import reshard
+from hpc_hsdp.task.parallelism import reshard
 
 MODEL = TrainingSpec.of(layers=2, width=32, heads=4, seq_len=12, vocab_size=64)
 PARAMS = parameter_counts(**MODEL.options()).params

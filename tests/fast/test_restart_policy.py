@@ -1,5 +1,5 @@
-"""The one restart policy (job/restart_policy.py) and the job environment each backend gives its
-task (job/backends/job_environment.py, slurm_task.py): the --max-restarts budget counted from
+"""The one restart policy (scheduler/restart_policy.py) and the job environment each backend gives its
+task (scheduler/backends/job_environment.py, slurm_task.py): the --max-restarts budget counted from
 restarts.jsonl, its words, and which job may requeue itself. The callers' paths: test_watchdog,
 test_node_failure, test_preemption, test_fabric (fast); their processes and cluster tests."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_hsdp.job.backends import task_environment
-from hpc_hsdp.job.backends.slurm_task import SlurmJobEnvironment
-from hpc_hsdp.job.restart_policy import RestartPolicy
 from hpc_hsdp.rundir.attempts import begin_attempt
 from hpc_hsdp.rundir.state import record_restart
+from hpc_hsdp.scheduler.backends import task_environment
+from hpc_hsdp.scheduler.backends.slurm_task import SlurmJobEnvironment
+from hpc_hsdp.scheduler.restart_policy import RestartPolicy
 
 SLURM_JOB = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dev"}
 
@@ -109,4 +109,7 @@ def test_only_the_backends_requeue_and_only_the_policy_counts_the_budget():
     ]
     # what remains reads the variable as a name of this attempt, not as a count: a staging lock's
     # owner (data/, below the backends) and the provenance record's copy
-    assert found == ['data/node_copies.py: "SLURM_RESTART_COUNT"', 'runtime/dist.py: "SLURM_RESTART_COUNT"'], found
+    assert found == [
+        'data/staging_copies.py: "SLURM_RESTART_COUNT"',
+        'task/parallelism/dist.py: "SLURM_RESTART_COUNT"',
+    ], found

@@ -34,8 +34,8 @@ def _dead_pid() -> int:
 
 
 def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
-    from hpc_hsdp.job.claims import check_run_dir, claimed
     from hpc_hsdp.rundir.claim import read_claim, write_claim
+    from hpc_hsdp.submit_host.claims import check_run_dir, claimed
 
     run = tmp_path / "run"
     spec = _spec(run, tmp_path)
@@ -87,9 +87,9 @@ def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
 def test_a_refused_submission_that_made_the_directory_leaves_the_winners_claim(tmp_path, monkeypatch):
     """Two racers: the loser made the directory, the winner claimed it first. The loser's
     refusal removes nothing (its clean-up once took the winner's claim.json with it)."""
-    from hpc_hsdp.job import claims as job_claims
-    from hpc_hsdp.job.claims import claimed
     from hpc_hsdp.rundir.claim import write_claim
+    from hpc_hsdp.submit_host import claims as job_claims
+    from hpc_hsdp.submit_host.claims import claimed
 
     run = tmp_path / "run"
 
@@ -108,8 +108,8 @@ def test_a_refused_submission_that_made_the_directory_leaves_the_winners_claim(t
 def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp_path):
     """The job a claim names holds the directory whatever attempt of it runs: a resubmission
     is refused while it is pending again (its claim and job.json agree); garbage is no claim."""
-    from hpc_hsdp.job.claims import check_run_dir
     from hpc_hsdp.rundir.claim import read_claim
+    from hpc_hsdp.submit_host.claims import check_run_dir
 
     run = tmp_path / "run"
     run.mkdir()

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.errors import SchedulerError, SlurmEnvError, SpecError
-from hpc_hsdp.job.backends import resolve_cluster, slurm_command
-from hpc_hsdp.job.backends.slurm import parse_sacct_rows, parse_squeue_rows
-from hpc_hsdp.job.backends.slurm_command import Ping, SchedulerTimeout, run_slurm, slurm_timeout_s
-from hpc_hsdp.job.handle import job_statuses
 from hpc_hsdp.plan.address import pick_port, port_candidates, port_is_free
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
+from hpc_hsdp.scheduler.backends import resolve_cluster, slurm_command
+from hpc_hsdp.scheduler.backends.slurm import parse_sacct_rows, parse_squeue_rows
+from hpc_hsdp.scheduler.backends.slurm_command import Ping, SchedulerTimeout, run_slurm, slurm_timeout_s
+from hpc_hsdp.submit_host.handle import job_statuses
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -399,7 +399,7 @@ def test_layout_hands_the_first_free_port_to_the_batch_script(tmp_path):
 _RESERVE = """
 import json, sys, time
 from pathlib import Path
-from hpc_hsdp.job.emulator.ports import reserve_port
+from hpc_hsdp.scheduler.emulator.ports import reserve_port
 state = Path(sys.argv[1])
 state.write_text(json.dumps({"state": "PENDING", "supervisor_pid": None}))
 while time.time() < float(sys.argv[3]):

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from hpc_hsdp.cli import cli
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SlurmEnvError
-from hpc_hsdp.job.emulator.allocation import EMULATOR_VARIABLE
-from hpc_hsdp.job.render import render_sbatch
 from hpc_hsdp.plan import address
 from hpc_hsdp.plan.address import hostfile_lines, node_address, reachable_address
+from hpc_hsdp.scheduler.emulator.allocation import EMULATOR_VARIABLE
+from hpc_hsdp.submit_host.render import render_sbatch
 
 # ----------------------------------------------------------------------------- torch floor
 
@@ -27,7 +27,7 @@ def _reshard_values_given_to_fully_shard() -> dict:
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hpc_hsdp.runtime import hsdp
+    from hpc_hsdp.task.parallelism import hsdp
 
     seen: list[tuple[str, object]] = []
     real = hsdp.fully_shard
@@ -140,7 +140,7 @@ def test_the_emulators_nodes_are_this_machine_by_its_backends_word(monkeypatch, 
     machine's loopback on the emulator, whose backend says its nodes are no machines of their own;
     the reachable address (here a stand-in) on SLURM. Nothing outside the backends reads the
     emulator's mark in the environment."""
-    from hpc_hsdp.runtime.replica_group import heal_address  # noqa: PLC0415 - torch, only here
+    from hpc_hsdp.task.training.replica_coordinator import heal_address  # noqa: PLC0415 - torch, only here
 
     for name in [k for k in os.environ if k.startswith(("SLURM", "HPC_HSDP", "NCCL_SOCKET", "GLOO_SOCKET"))]:
         monkeypatch.delenv(name)
@@ -302,7 +302,7 @@ def test_container_without_the_run_dir_mounted_is_refused(argv, message):
 
 
 def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
-    from hpc_hsdp.job.backends.slurm_task import requeue_job
+    from hpc_hsdp.scheduler.backends.slurm_task import requeue_job
 
     request = tmp_path / "requeue.77"
     ok, said = requeue_job("77", env={"PATH": str(tmp_path), "HPC_HSDP_REQUEUE_FILE": str(request)})
@@ -311,7 +311,7 @@ def test_requeue_without_scontrol_asks_the_batch_shell(tmp_path):
 
 def test_submit_with_a_container_is_refused_before_submitting(tmp_path):
     from hpc_hsdp.errors import SpecError
-    from hpc_hsdp.job.submission import submit_spec
+    from hpc_hsdp.submit_host.submission import submit_spec
 
     spec = spec_from_argv(
         [

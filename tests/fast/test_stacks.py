@@ -12,8 +12,6 @@ import sys
 import pytest
 
 from hpc_hsdp.errors import SchedulerError
-from hpc_hsdp.job import live_stacks
-from hpc_hsdp.job.backends.slurm import SlurmBackend
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.stacks import (
     group_stacks,
@@ -27,25 +25,27 @@ from hpc_hsdp.rundir.stacks import (
     threads_from_py_spy,
     write_hang_stacks,
 )
+from hpc_hsdp.scheduler.backends.slurm import SlurmBackend
+from hpc_hsdp.submit_host import live_stacks
 
 SITE = "/venv/lib/python3.11/site-packages/"
 WAIT = [
     {"function": "pthread_cond_wait", "file": "libc.so.6", "line": None, "native": True},
     {"function": "0x7f3e3484524a", "file": "libc.so.6", "line": None, "native": True},
-    {"function": "wrapper", "file": "/src/hpc_hsdp/runtime/collectives.py", "line": 150, "native": False},
+    {"function": "wrapper", "file": "/src/hpc_hsdp/task/observation/collectives.py", "line": 150, "native": False},
     {
         "function": "all_gather_into_tensor",
         "file": SITE + "torch/distributed/distributed_c10d.py",
         "line": 3850,
         "native": False,
     },
-    {"function": "train", "file": "/src/hpc_hsdp/runtime/loop.py", "line": 106, "native": False},
-    {"function": "<module>", "file": "/src/hpc_hsdp/runtime/submitit_job.py", "line": 38, "native": False},
+    {"function": "train", "file": "/src/hpc_hsdp/task/training/loop.py", "line": 106, "native": False},
+    {"function": "<module>", "file": "/src/hpc_hsdp/task/submitit_job.py", "line": 38, "native": False},
 ]
 SLEEP = [
     {"function": "sleep", "file": "/usr/lib/python3.11/time.py", "line": None, "native": False},
-    {"function": "at_step", "file": "/src/hpc_hsdp/runtime/injected_faults.py", "line": 190, "native": False},
-    {"function": "<module>", "file": "/src/hpc_hsdp/runtime/submitit_job.py", "line": 38, "native": False},
+    {"function": "at_step", "file": "/src/hpc_hsdp/task/resilience/injected_faults.py", "line": 190, "native": False},
+    {"function": "<module>", "file": "/src/hpc_hsdp/task/submitit_job.py", "line": 38, "native": False},
 ]
 
 
@@ -138,7 +138,7 @@ def test_short_function_folds_templates_and_parameters(name, expected):
     ("path", "expected"),
     [
         (SITE + "torch/distributed/c10d.py", "torch/distributed/c10d.py"),
-        ("/home/u/code/hpc_hsdp/runtime/loop.py", "hpc_hsdp/runtime/loop.py"),
+        ("/home/u/code/hpc_hsdp/task/training/loop.py", "hpc_hsdp/task/training/loop.py"),
         ("/home/u/train.py", "u/train.py"),
         ("<string>", "<string>"),
     ],
@@ -153,7 +153,7 @@ def test_stack_lines_odd_ones_out_first_with_their_frames():
     assert lines[0] == "rank 1 (1 of 16): sleep in python3.11/time.py"
     assert lines[1:4] == [
         "    sleep (python3.11/time.py)",
-        "    at_step (hpc_hsdp/runtime/injected_faults.py:190)",
+        "    at_step (hpc_hsdp/task/resilience/injected_faults.py:190)",
         "    ... 1 outer frames",
     ]
     assert lines[4].startswith("ranks 0,2-15 (15 of 16): pthread_cond_wait [native] < all_gather_into_tensor in ")
@@ -201,8 +201,8 @@ Thread 0x00007f0000000002 (most recent call first):
 
 [hpc-hsdp] a line of the job between the dumps
 Current thread 0x00007f0000000001 (most recent call first):
-  File "/src/hpc_hsdp/runtime/injected_faults.py", line 190 in at_step
-  File "/src/hpc_hsdp/runtime/submitit_job.py", line ??? in <module>
+  File "/src/hpc_hsdp/task/resilience/injected_faults.py", line 190 in at_step
+  File "/src/hpc_hsdp/task/submitit_job.py", line ??? in <module>
 """
 
 
@@ -210,8 +210,13 @@ def test_faulthandler_dump_in_a_log_its_main_thread_the_module_body():
     threads = threads_from_faulthandler(FAULTHANDLER_LOG)
     assert [t["main"] for t in threads] == [False, True]
     assert threads[1]["frames"] == [
-        {"function": "at_step", "file": "/src/hpc_hsdp/runtime/injected_faults.py", "line": 190, "native": False},
-        {"function": "<module>", "file": "/src/hpc_hsdp/runtime/submitit_job.py", "line": None, "native": False},
+        {
+            "function": "at_step",
+            "file": "/src/hpc_hsdp/task/resilience/injected_faults.py",
+            "line": 190,
+            "native": False,
+        },
+        {"function": "<module>", "file": "/src/hpc_hsdp/task/submitit_job.py", "line": None, "native": False},
     ]
     assert threads_from_faulthandler("no dump here\n") == []
 
@@ -264,7 +269,7 @@ def test_node_argv_and_targets_from_layout(tmp_path):
     targets = live_stacks.stack_targets(tmp_path)
     assert targets == [{"rank": 1, "node": "n1", "pid": 42}]  # a pid that is not a number is no target
     argv = live_stacks.node_argv("77", targets, native=True, this_node_only=True, py_spy=False)
-    assert argv[:3] == [sys.executable, "-m", "hpc_hsdp.job.live_stacks"]
+    assert argv[:3] == [sys.executable, "-m", "hpc_hsdp.submit_host.live_stacks"]
     assert argv[3:] == ["--job", "77", "--targets", json.dumps(targets), "--native", "--no-py-spy", "--this-node-only"]
 
 

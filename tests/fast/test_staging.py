@@ -1,7 +1,7 @@
-"""``--stage-data``: the value's form and where it points (hpc_hsdp.plan.stage_dir), the copies'
-decisions and the copies themselves on one process (hpc_hsdp.data.node_copies), the sidecar's
+"""``--stage-data``: the value's form and where it points (hpc_hsdp.plan.staging_dir), the copies'
+decisions and the copies themselves on one process (hpc_hsdp.data.staging_copies), the sidecar's
 sha256 (hpc_hsdp.data.tokens), the run directory's record (hpc_hsdp.rundir.staging_record) and the
-refusals of render and submit (hpc_hsdp.job.preflight). The multi-rank runs are in
+refusals of render and submit (hpc_hsdp.submit_host.preflight). The multi-rank runs are in
 tests/processes/test_staging.py."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from cli_helpers import assert_cli_imports_no_torch
 
 from hpc_hsdp.cli import main
-from hpc_hsdp.data.node_copies import (
+from hpc_hsdp.data.staging_copies import (
     COPY,
     COPY_CHUNK,
     REUSE,
@@ -36,7 +36,7 @@ from hpc_hsdp.data.node_copies import (
 from hpc_hsdp.data.tokens import READ_LATENCY, open_dataset, read_latency_of, read_token_file, write_token_file
 from hpc_hsdp.errors import DataError, SpecError
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.plan.stage_dir import check_stage_value, stage_base
+from hpc_hsdp.plan.staging_dir import check_stage_value, stage_base
 from hpc_hsdp.rundir.staging_record import node_staging, staging_lines, write_staging_record
 
 # ----------------------------------------------------------------------------- where the copies go
@@ -363,8 +363,8 @@ def test_the_staging_checks_import_no_torch(tmp_path):
 
 def test_every_dataset_a_run_reads_is_staged_a_mixtures_sources_and_held_out_splits_too(tmp_path):
     from hpc_hsdp.data.tokens import write_dataset_manifest
-    from hpc_hsdp.runtime.run_data import open_data
-    from hpc_hsdp.runtime.staging import token_datasets
+    from hpc_hsdp.task.training.run_data import open_data
+    from hpc_hsdp.task.training.staging import token_datasets
 
     for name in ("web", "code"):
         root = tmp_path / name

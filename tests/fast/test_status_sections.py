@@ -1,4 +1,4 @@
-"""``hpc-hsdp status`` as a list of sections (hpc_hsdp/job/status_sections.py and each record's
+"""``hpc-hsdp status`` as a list of sections (hpc_hsdp/submit_host/status_sections.py and each record's
 ``*_SECTION`` in hpc_hsdp/rundir/): each section's lines and JSON keys from its record, nothing
 from a run directory without it, and the registry's two orders."""
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_hsdp.job.status_sections import JSON_ORDER, SECTIONS
 from hpc_hsdp.rundir.stacks import write_hang_stacks
 from hpc_hsdp.rundir.staging_record import node_staging, write_staging_record
+from hpc_hsdp.submit_host.status_sections import JSON_ORDER, SECTIONS
 
 NCCL_TRACES = Path(__file__).resolve().parents[1] / "data" / "nccl-trace"
 JOB_SECTIONS = ("job", "scheduler", "step", "time", "slow", "failure", "run-directory")

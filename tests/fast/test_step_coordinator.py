@@ -1,4 +1,4 @@
-"""runtime/coordinator.py and runtime/replica_group.py on their own: the ordinary job's step
+"""task/training/coordinator.py and task/training/replica_coordinator.py on their own: the ordinary job's step
 coordinator (OneGroup) and a replica group's (ReplicaGroup), the latter with a scripted stand-in
 for torchft's Manager (the quorum's answer, a heal, should_commit). In one process: a gloo
 process group of one rank where a step needs collectives. The replica groups through torchft
@@ -18,13 +18,13 @@ import torch.distributed as dist
 from torch import nn
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.plan.replica_groups import group_rows
+from hpc_hsdp.plan.replica_layout import group_rows
 from hpc_hsdp.plan.topology import ParallelDims
-from hpc_hsdp.rundir.membership import MEMBERSHIP_LOG
+from hpc_hsdp.rundir.replica_membership import MEMBERSHIP_LOG
 from hpc_hsdp.rundir.state import COMPLETE, checkpoint_root, step_dir_name
-from hpc_hsdp.runtime.coordinator import OneGroup, StepCoordinator, coordinator_for
-from hpc_hsdp.runtime.replica_group import QuorumLost, ReplicaGroup
-from hpc_hsdp.runtime.run_data import open_data
+from hpc_hsdp.task.training.coordinator import OneGroup, StepCoordinator, coordinator_for
+from hpc_hsdp.task.training.replica_coordinator import QuorumLost, ReplicaGroup
+from hpc_hsdp.task.training.run_data import open_data
 
 SEQ_LEN = 8
 
@@ -171,7 +171,7 @@ def test_the_options_choose_the_coordinator_and_both_answer_what_the_engine_asks
 
 
 def test_the_engine_never_names_fault_tolerance():
-    source = (Path(__file__).resolve().parents[2] / "hpc_hsdp" / "runtime" / "engine.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "hpc_hsdp" / "task" / "training" / "engine.py").read_text()
     for name in ("torchft", "replica_group", "ReplicaGroup", "fault_tolerance", ".ft"):
         assert name not in source, name
 

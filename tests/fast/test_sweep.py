@@ -19,10 +19,6 @@ import pytest
 from hpc_hsdp.cli import main
 from hpc_hsdp.cli.job_options import job_spec_resolver
 from hpc_hsdp.errors import SchedulerError, SpecError
-from hpc_hsdp.job.backends.slurm import SlurmBackend
-from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
-from hpc_hsdp.job.failure import task_index
-from hpc_hsdp.job.handle import JobHandle
 from hpc_hsdp.job.sweep import (
     array_range,
     check_array_size,
@@ -33,12 +29,16 @@ from hpc_hsdp.job.sweep import (
     parse_axis,
     parse_max_array_size,
 )
-from hpc_hsdp.job.sweep_handle import PointResult, ranked
-from hpc_hsdp.job.sweep_submission import dry_run_text, plan_sweep, submit_sweep
 from hpc_hsdp.plan.slurm_facts import own_job_id
 from hpc_hsdp.rundir.job_record import JobRecord
 from hpc_hsdp.rundir.provenance_record import read_provenance
 from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+from hpc_hsdp.scheduler.backends.slurm import SlurmBackend
+from hpc_hsdp.scheduler.emulator.slurm_patterns import expand_pattern
+from hpc_hsdp.scheduler.failure import task_index
+from hpc_hsdp.submit_host.handle import JobHandle
+from hpc_hsdp.submit_host.sweep_handle import PointResult, ranked
+from hpc_hsdp.submit_host.sweep_submission import dry_run_text, plan_sweep, submit_sweep
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 REGEN = os.environ.get("HPC_HSDP_REGEN_GOLDEN") == "1"
@@ -239,7 +239,7 @@ def test_submit_refuses_a_bad_sweep_in_one_line_with_exit_2_writing_nothing(swee
 
 
 def test_more_points_than_max_array_size_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    from hpc_hsdp.job import sweep_submission
+    from hpc_hsdp.submit_host import sweep_submission
 
     runner = _Canned(scontrol="MaxArraySize = 3\n", sbatch="99\n")
     monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "SLURM"))
@@ -251,7 +251,7 @@ def test_more_points_than_max_array_size_is_refused_before_anything_is_written(t
 
 
 def test_a_slurm_sweep_is_one_sbatch_of_the_array_and_a_record_per_point(tmp_path, monkeypatch):
-    from hpc_hsdp.job import sweep_submission
+    from hpc_hsdp.submit_host import sweep_submission
 
     runner = _Canned(scontrol="MaxArraySize = 1001\n", sbatch="4242;cluster\n", squeue="", sacct="")
     monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "submitting to SLURM"))
@@ -472,8 +472,8 @@ def test_dry_run_prints_the_points_and_scripts_and_submits_nothing(tmp_path):
 
 
 def test_an_emulated_point_whose_array_runner_died_before_starting_it_failed(tmp_path):
-    from hpc_hsdp.job.emulator.emulated_job import LocalJob
-    from hpc_hsdp.job.emulator.state_files import state_path
+    from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
+    from hpc_hsdp.scheduler.emulator.state_files import state_path
 
     runner = tmp_path / "1_array_local.json"
     runner.write_text(json.dumps({"job_id": "1", "points": [], "parallelism": 1, "runner_pid": 4242}))
@@ -552,14 +552,14 @@ def test_a_sweep_of_header_options_is_one_job_array_per_header(tmp_path):
 
 
 def _slurm_sweep(tmp_path, monkeypatch, runner):
-    from hpc_hsdp.job import sweep_submission
+    from hpc_hsdp.submit_host import sweep_submission
 
     monkeypatch.setattr(sweep_submission, "resolve_cluster", lambda cluster: ("slurm", "submitting to SLURM"))
     monkeypatch.setattr(sweep_submission, "backend", lambda name: SlurmBackend(runner=runner))
-    from hpc_hsdp.job import sweep_handle
+    from hpc_hsdp.submit_host import sweep_handle
 
     monkeypatch.setattr(sweep_handle, "backend", lambda name: SlurmBackend(runner=runner))
-    from hpc_hsdp.job import handle
+    from hpc_hsdp.submit_host import handle
 
     monkeypatch.setattr(handle, "backend", lambda name: SlurmBackend(runner=runner))
 
@@ -590,7 +590,7 @@ class _Arrays(_Canned):
 
 
 def test_a_slurm_sweep_of_two_headers_is_two_arrays_each_point_its_task_status_and_cancel_all(tmp_path, monkeypatch):
-    from hpc_hsdp.job.sweep_handle import SweepHandle
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle
 
     runner = _Arrays(
         squeue="100_0|RUNNING|None\n100_1|PENDING|JobArrayTaskLimit\n200_0|RUNNING|None\n",
@@ -635,7 +635,7 @@ def test_a_sweeps_cancel_and_status_act_only_on_jobs_that_run_in_its_own_directo
     another job of the user's is neither shown as the point's nor cancelled (SECURITY.md)."""
     import dataclasses
 
-    from hpc_hsdp.job.sweep_handle import SweepHandle
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle
 
     victim = tmp_path / "victim" / "logs"
     runner = _Arrays(
@@ -721,7 +721,7 @@ def test_a_swept_partition_the_cluster_lacks_is_refused_before_any_array_is_subm
 
 
 def test_a_point_is_found_by_its_values_however_they_are_written(tmp_path):
-    from hpc_hsdp.job.sweep_handle import SweepHandle  # noqa: PLC0415
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle  # noqa: PLC0415
 
     values = [(("lr", "0.001"), ("seed", "1")), (("lr", "0.0003"), ("seed", "1"))]  # as the Python API names them
     sweep = SweepRecord(

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from hpc_hsdp.batch_shell import replica_supervisor as replicas
 from hpc_hsdp.cli import main
 from hpc_hsdp.cli.examples import spec_from_argv
-from hpc_hsdp.job import replicas
 from hpc_hsdp.job.config import build_job_spec
 from hpc_hsdp.job.options import RUN_ARGUMENTS, option, options_of
-from hpc_hsdp.job.render import render_sbatch, switches_command
 from hpc_hsdp.job.spec import RunSpec
-from hpc_hsdp.plan.replica_groups import groups_on_switches
+from hpc_hsdp.plan.replica_layout import groups_on_switches
 from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches
+from hpc_hsdp.submit_host.render import render_sbatch, switches_command
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SCONTROL = (DATA / "slurm-topology" / "scontrol-show-topology.txt").read_text()
@@ -66,7 +66,7 @@ def test_config_file_and_python_api_take_them(capsys, tmp_path):
     text = script.read_text()
     assert "#SBATCH --switches=1\n" in text and "#SBATCH --segment=4\n" in text
     assert "--topology off" in text and "layout --field node_switches" not in text
-    from hpc_hsdp.job.api import api_job_spec
+    from hpc_hsdp.submit_host.api import api_job_spec
 
     spec = api_job_spec(
         {

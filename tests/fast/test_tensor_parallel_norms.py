@@ -1,4 +1,4 @@
-"""Which gradients count whole in the norm under tensor parallelism (``runtime/tensor_parallel.norm_weights``)."""
+"""Which gradients count whole in the norm under tensor parallelism (``task/tensor_parallel.norm_weights``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
-from hpc_hsdp.runtime.tensor_parallel import norm_weights
+from hpc_hsdp.task.parallelism.tensor_parallel import norm_weights
 
 
 def _dtensor(names, placements):
@@ -28,7 +28,9 @@ def _dtensor(names, placements):
 )
 def test_a_gradient_whole_on_every_tp_rank_counts_once_over_the_group(monkeypatch, names, placements, weight):
     param = _dtensor(names, placements)
-    monkeypatch.setattr("hpc_hsdp.runtime.tensor_parallel.DTensor", SimpleNamespace)  # the stand-in passes for one
+    monkeypatch.setattr(
+        "hpc_hsdp.task.parallelism.tensor_parallel.DTensor", SimpleNamespace
+    )  # the stand-in passes for one
     assert norm_weights([param], 2) == [weight]
 
 

@@ -1,5 +1,5 @@
 """`--tp T` that cannot split the model: one line, exit 2, nothing written, at plan, render and
-submit (hpc_hsdp.plan.shapes.tp_refusal, the one check; job/preflight.py's tensor_parallel_refusal
+submit (hpc_hsdp.plan.shapes.tp_refusal, the one check; submit_host/preflight.py's tensor_parallel_refusal
 finds the sizes of each kind of model). Table-driven, no torch."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from hpc_hsdp.cli import main
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.data.tokens import write_token_file
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.job.preflight import check_job_inputs, check_tensor_parallel, tensor_parallel_refusal
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models.hf_shapes import tp_dims_from_config
 from hpc_hsdp.plan.shapes import builtin_tp_dims, tp_refusal
+from hpc_hsdp.submit_host.preflight import check_job_inputs, check_tensor_parallel, tensor_parallel_refusal
 
 # (heads, width, vocab, seq_len, tp) -> the part of the refusal that names the size (None: it splits)
 BUILTIN = [

@@ -98,7 +98,7 @@ def test_a_tracker_added_on_a_resubmission_gets_the_history_so_far(tmp_path, mon
     from mlflow.tracking import MlflowClient
 
     from hpc_hsdp.rundir.metrics import MetricsLog
-    from hpc_hsdp.runtime.trackers import Trackers, TrackerStart
+    from hpc_hsdp.task.observation.trackers import Trackers, TrackerStart
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")

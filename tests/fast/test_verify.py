@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpc_hsdp.plan.topology import TopologyPlan, plan_for
-from hpc_hsdp.runtime.verify import compare_groups, format_problems, mismatch_message
+from hpc_hsdp.task.parallelism.verify import compare_groups, format_problems, mismatch_message
 
 
 def planned(plan: TopologyPlan, node_names=None):
@@ -144,7 +144,7 @@ def test_lengths_must_match_the_plan():
 
 
 def test_verify_imports_no_torch():
-    code = "import sys, hpc_hsdp.runtime.verify; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hpc_hsdp.task.parallelism.verify; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

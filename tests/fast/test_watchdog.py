@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_hsdp.runtime.watchdog import HANG_TIMEOUT_FLOOR_S, describe_hang, hang_timeout
+from hpc_hsdp.task.resilience.watchdog import HANG_TIMEOUT_FLOOR_S, describe_hang, hang_timeout
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_only_the_main_threads_collectives_are_counted_and_uninstall_restores(mo
 
     import torch.distributed as dist
 
-    from hpc_hsdp.runtime.watchdog import CollectiveCounter
+    from hpc_hsdp.task.resilience.watchdog import CollectiveCounter
 
     calls = []
     monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: calls.append(1))

@@ -154,7 +154,7 @@ def _agree_on_space(disk: Path, *, fill: bool, errno_on: int | None):
 
         import torch.distributed as dist
 
-        from hpc_hsdp.runtime.checkpoint import _ran_out_of_space
+        from hpc_hsdp.task.checkpointing.checkpoint import _ran_out_of_space
 
         if fill and ctx.rank == 0:
             with open(disk / "filler", "wb") as f:
@@ -206,8 +206,8 @@ def test_the_ranks_agree_that_a_failed_write_ran_out_of_space(tmp_path, fill, er
 def load_newest(ctx):
     """fn: build the model, load the newest whole checkpoint (verified), report its step."""
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime import checkpoint
-    from hpc_hsdp.runtime.model import build_model, make_optimizer
+    from hpc_hsdp.task.checkpointing import checkpoint
+    from hpc_hsdp.task.training.model import build_model, make_optimizer
 
     training = ctx.spec.training
     model = build_model(ctx, resolve_model(training, data_vocab_size=None), training)

@@ -51,9 +51,9 @@ def _memory_of_one_step(ctx, training):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime.loader import read_rows
-    from hpc_hsdp.runtime.model import build_model, make_optimizer
-    from hpc_hsdp.runtime.run_data import open_data
+    from hpc_hsdp.task.training.loader import read_rows
+    from hpc_hsdp.task.training.model import build_model, make_optimizer
+    from hpc_hsdp.task.training.run_data import open_data
 
     adapter = resolve_model(training)
     model = build_model(ctx, adapter, training)
@@ -75,9 +75,9 @@ def measure_every_shard_size(ctx):
     """fn of run_task: the job's own shard size through the payload, then the others."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hpc_hsdp.runtime.comm_stats import CommStats
-    from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.observation.comm_stats import CommStats
+    from hpc_hsdp.task.parallelism.dist import MESH_AXES, RunContext
+    from hpc_hsdp.task.training.loop import train
     from tests.runtime_helpers import wrapped_collectives
 
     out = {"comm": {}, "memory": {}, "accum": {}}

@@ -20,8 +20,8 @@ from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.compile import CACHE_DIR
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
+from hpc_hsdp.task.parallelism.compile import CACHE_DIR
 
 TINY = TrainingSpec.of(
     layers=2, width=32, heads=4, seq_len=16, batch_size=2, vocab_size=64, steps=6, seed=5, lr=1e-2, precision="fp32"
@@ -29,8 +29,8 @@ TINY = TrainingSpec.of(
 
 
 def _reference_then_eager_to_step_2(ctx):
-    from hpc_hsdp.runtime.dist import RunContext
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.parallelism.dist import RunContext
+    from hpc_hsdp.task.training.loop import train
 
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
     reference = train(scratch, TINY, verbose=False).losses
@@ -39,7 +39,7 @@ def _reference_then_eager_to_step_2(ctx):
 
 
 def _compiled_to_step_5_then_eager_to_6(ctx):
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     compiled = train(ctx, TINY.replace(compile=True, steps=5), verbose=False).losses
     eager = train(ctx, TINY.replace(steps=6), verbose=False).losses

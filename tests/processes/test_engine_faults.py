@@ -27,7 +27,7 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.rundir.state import complete_checkpoints, run_dir_state
-from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S
+from hpc_hsdp.task.resilience.watchdog import EXIT_HUNG, GATHER_S
 from tests.runtime_helpers import compare_checkpoints
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
@@ -50,7 +50,7 @@ HANG_TIMEOUT_S = 6.0
 
 
 def own_loop(ctx):
-    """The smallest own loop: what the module docstring of ``hpc_hsdp.runtime.own_loop`` shows."""
+    """The smallest own loop: what the module docstring of ``hpc_hsdp.task.training.own_loop`` shows."""
     run = hpc_hsdp.TrainingRun(ctx)
     for step in run.steps():
         for batch in step.batches:

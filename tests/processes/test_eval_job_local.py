@@ -110,7 +110,7 @@ def test_the_wrapper_writes_a_result_file_and_imports_no_torch(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     code = (
         "import sys, runpy; sys.argv = ['eval_job', *sys.argv[1:]];"
-        "from hpc_hsdp.job.eval_job import main; rc = main();"
+        "from hpc_hsdp.batch_shell.eval_job import main; rc = main();"
         "assert 'torch' not in sys.modules; sys.exit(rc)"
     )
     done = subprocess.run(
@@ -123,7 +123,9 @@ def test_the_wrapper_writes_a_result_file_and_imports_no_torch(tmp_path):
     again = subprocess.run([sys.executable, "-c", code, str(run), "5", "--", "echo '{\"printed\": 3}'"], env=env)
     assert again.returncode == 0
     assert json.loads((run / "evals" / "step-5.result.json").read_text())["metrics"] == {"printed": 3}
-    bad = subprocess.run([sys.executable, "-m", "hpc_hsdp.job.eval_job", str(run), "x"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "hpc_hsdp.batch_shell.eval_job", str(run), "x"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 

@@ -15,9 +15,9 @@ from throttle import Throttle, check_figures, trained_nodes
 
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.cli.render_cmd import render
-from hpc_hsdp.job.emulator.allocation import allocation_for
-from hpc_hsdp.job.emulator.launch import launch_local
-from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.scheduler.emulator.allocation import allocation_for
+from hpc_hsdp.scheduler.emulator.launch import launch_local
+from hpc_hsdp.submit_host.render import render_sbatch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 

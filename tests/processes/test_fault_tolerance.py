@@ -16,7 +16,7 @@ from throttle import user_pids
 
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.rundir.membership import membership_path, read_membership
+from hpc_hsdp.rundir.replica_membership import membership_path, read_membership
 from hpc_hsdp.rundir.state import complete_checkpoints
 from tests.fault_tolerance_helpers import GLOBAL_BATCH, STEPS, _launch, _metrics, _spec
 
@@ -202,7 +202,7 @@ def test_a_killed_lighthouse_is_restarted_on_its_address_and_the_groups_train_on
 
 
 def test_a_lighthouse_that_cannot_be_kept_falls_back_to_a_requeue_that_resumes_exactly(tmp_path: Path) -> None:
-    from hpc_hsdp.job.replicas import LIGHTHOUSE_RESTARTS, LIGHTHOUSE_WINDOW_S
+    from hpc_hsdp.batch_shell.replica_supervisor import LIGHTHOUSE_RESTARTS, LIGHTHOUSE_WINDOW_S
 
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()

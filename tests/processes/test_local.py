@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_cli_imports_no_torch, hpc
 
-from hpc_hsdp.job.emulator.slurm_patterns import expand_pattern
+from hpc_hsdp.scheduler.emulator.slurm_patterns import expand_pattern
 from tests.emulator_helpers import TEARDOWN_PROBE
 from tests.job_helpers import tiny_job
 
@@ -105,7 +105,7 @@ def test_an_error_of_hpc_hsdp_on_the_tasks_is_its_message_and_exit_2(tmp_path, l
 
 
 def test_a_finished_task_runs_its_exit_handlers_and_skips_the_teardown(tmp_path, local_submit):
-    """Submitted tasks end through hpc_hsdp.runtime.entry.end_task: exit handlers run, the
+    """Submitted tasks end through hpc_hsdp.task.entry.end_task: exit handlers run, the
     interpreter's teardown (where gloo's worker threads can abort the process) does not."""
     (tmp_path / "teardown_probe.py").write_text(TEARDOWN_PROBE)
     run = tmp_path / "run"
@@ -177,7 +177,7 @@ def test_auto_never_trains_here_when_a_configured_controller_does_not_answer(tmp
 def test_auto_runs_on_the_emulator_where_slurm_is_not_configured(tmp_path):
     """sbatch may be installed (this machine's Debian packages), but with no configuration at all
     (no SLURM_CONF, no slurm.conf) scontrol finds no controller: the emulator runs the job."""
-    from hpc_hsdp.job.backends.slurm_command import slurm_config
+    from hpc_hsdp.scheduler.backends.slurm_command import slurm_config
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     if slurm_config(env) is not None:
@@ -205,7 +205,7 @@ def test_auto_runs_on_the_emulator_where_slurm_is_not_configured(tmp_path):
 API_TWICE = """
 import hpc_hsdp
 from hpc_hsdp.errors import HsdpError
-import hpc_hsdp.job.submission  # what the CLI imports; hpc_hsdp.submit must stay the API function
+import hpc_hsdp.submit_host.submission  # what the CLI imports; hpc_hsdp.submit must stay the API function
 for _ in range(2):
     try:
         hpc_hsdp.submit(nodes=2, shard=3)

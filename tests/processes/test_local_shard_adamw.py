@@ -25,8 +25,8 @@ def compare_optimizers(ctx):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.runtime.model import build_model
-    from hpc_hsdp.runtime.optimizer import LocalShardAdamW
+    from hpc_hsdp.task.training.model import build_model
+    from hpc_hsdp.task.training.optimizer import LocalShardAdamW
 
     class DTensorOps(TorchDispatchMode):
         def __init__(self):

@@ -19,8 +19,8 @@ from dist_helpers import in_child, launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
-from hpc_hsdp.runtime.schedule import learning_rate
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
+from hpc_hsdp.task.training.schedule import learning_rate
 from tests.loop_helpers import _train_recording, max_param_diff, train_recording, train_signalled_at_3, union_of_samples
 
 # 4 ranks x 2 samples x 2 micro-batches = a global batch of 16
@@ -90,11 +90,11 @@ def train_and_more(ctx):
 
     from hpc_hsdp.models import resolve_model
     from hpc_hsdp.plan.topology import TopologyPlan
-    from hpc_hsdp.runtime.dist import MESH_AXES, RunContext
-    from hpc_hsdp.runtime.loop import train
-    from hpc_hsdp.runtime.model import build_model
-    from hpc_hsdp.runtime.run_data import open_data
-    from hpc_hsdp.runtime.step import evaluate
+    from hpc_hsdp.task.parallelism.dist import MESH_AXES, RunContext
+    from hpc_hsdp.task.training.loop import train
+    from hpc_hsdp.task.training.model import build_model
+    from hpc_hsdp.task.training.run_data import open_data
+    from hpc_hsdp.task.training.step import evaluate
 
     out = _train_recording(ctx, TRAIN)
     scratch = RunContext(layout=ctx.layout, mesh=ctx.mesh, device=ctx.device, realized=ctx.realized, _active=False)
@@ -127,7 +127,7 @@ def reference_run(training: TrainingSpec, world_size: int, ckpt_path):
     import torch
 
     from hpc_hsdp.models.builtin import ModelConfig, build_model, init_parameters, loss_fn
-    from hpc_hsdp.runtime.schedule import lr_of
+    from hpc_hsdp.task.training.schedule import lr_of
     from tests.runtime_helpers import full_checkpoint, synthetic_rows
 
     model = build_model(ModelConfig.from_training(training), device="cpu")

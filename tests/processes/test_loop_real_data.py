@@ -21,7 +21,7 @@ from dist_helpers import in_child, job_envs, launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 from tests.loop_helpers import max_param_diff, train_recording, train_signalled_at_3, union_of_samples
 
 pytestmark = pytest.mark.dist
@@ -196,7 +196,7 @@ def test_resuming_with_another_global_batch_exits_2(corpus, uninterrupted, tmp_p
 
 def train_with_a_small_vocabulary(ctx):
     from hpc_hsdp.models.builtin import BuiltinAdapter, ModelConfig
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     training = ctx.spec.training
     adapter = BuiltinAdapter(ModelConfig(vocab_size=100, seq_len=training.dataset.seq_len, width=32, heads=4, layers=1))

@@ -30,7 +30,7 @@ from hf_helpers import (
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]

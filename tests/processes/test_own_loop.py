@@ -15,7 +15,7 @@ from hf_helpers import TINY_LLAMA, make_corpus, write_config
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
 if EXAMPLES not in sys.path:

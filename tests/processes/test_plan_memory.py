@@ -33,7 +33,7 @@ def measured_payload(ctx):
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
     Path("/proc/self/clear_refs").write_text("5")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    from hpc_hsdp.runtime.loop import payload
+    from hpc_hsdp.task.training.loop import payload
 
     payload(ctx)
     return base

@@ -11,7 +11,7 @@ from dist_helpers import in_child, launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 
 TINY = TrainingSpec.of(
     layers=1,
@@ -33,7 +33,7 @@ TINY = TrainingSpec.of(
 def train_with_signal_on_rank3(ctx):
     """fn: the payload, with SIGUSR2 delivered to rank 3 only, before step 3's all_reduce (in which
     the ranks agree on their signals)."""
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     def on_step(step, record):
         if step == 2 and ctx.rank == 3:

@@ -25,7 +25,7 @@ from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.plan.topology import plan_for
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.runtime.checkpoint import complete_checkpoints
+from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 from tests.runtime_helpers import (
     compare_checkpoints,
     compare_states,
@@ -59,7 +59,7 @@ def train_and_report(ctx):
     """fn for run_task: the built-in training, then what the tests inspect."""
     from torch.distributed.tensor import DTensor
 
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     result = train(ctx)
     params = dict(result.model.named_parameters())
@@ -80,7 +80,7 @@ class SimulatedCrash(Exception):
 
 
 def train_then_crash_at_4(ctx):
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     def on_step(step, record):
         if step == 4:
@@ -98,7 +98,7 @@ def load_and_dump_full_state(ctx):
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     result = train(ctx)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -553,7 +553,7 @@ def test_sigquit_dumps_every_threads_stack_and_the_rank_goes_on(tmp_path):
 def test_cuda_requested_without_cuda_is_a_clear_error():
     import torch
 
-    from hpc_hsdp.runtime.dist import init
+    from hpc_hsdp.task.parallelism.dist import init
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
@@ -567,7 +567,7 @@ def test_device_auto_with_gpus_given_but_cuda_unusable_fails_with_the_reason():
     build here): --device auto must not fall back to a slow CPU run that "succeeds"."""
     import torch
 
-    from hpc_hsdp.runtime.dist import init
+    from hpc_hsdp.task.parallelism.dist import init
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
@@ -686,6 +686,6 @@ def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
     ],
 )
 def test_the_nccl_flight_recorder_is_on_unless_the_job_sized_it(env, expected):
-    from hpc_hsdp.runtime.dist import flight_recorder_env
+    from hpc_hsdp.task.parallelism.dist import flight_recorder_env
 
     assert flight_recorder_env(env) == expected

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_hsdp.cli.examples import spec_from_argv
-from hpc_hsdp.job.render import render_sbatch
+from hpc_hsdp.submit_host.render import render_sbatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 

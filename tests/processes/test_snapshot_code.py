@@ -1,4 +1,4 @@
-"""--snapshot-code and provenance on the local emulator (hpc_hsdp.job.provenance,
+"""--snapshot-code and provenance on the local emulator (hpc_hsdp.submit_host.provenance,
 hpc_hsdp.rundir.provenance_record): code edited on disk after submit changes nothing for the job; the
 run records the commit and uncommitted changes of its code. Also git_state against real git."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import hpc
 
-from hpc_hsdp.job import provenance as gather
 from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
+from hpc_hsdp.submit_host import provenance as gather
 from tests.snapshot_code_helpers import git, package
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -66,7 +66,7 @@ def test_a_snapshot_runs_the_code_of_the_submit_and_the_run_records_it(tmp_path,
     mine = next(c for c in record["code"] if c["name"] == "snapmod")
     assert mine["commit"] == commit and mine["dirty"] is False and mine["checkout"] == str(src)
     assert record["snapshot"]["modules"] == ["hpc_hsdp", "snapmod"]
-    check = f"python -m hpc_hsdp.job.code_snapshot {snap / 'code'} {record['snapshot']['sha256']})"
+    check = f"python -m hpc_hsdp.batch_shell.code_snapshot {snap / 'code'} {record['snapshot']['sha256']})"
     assert (snap / record["script"]).read_text().count(check) == 1
     shown = hpc("status", str(snap))
     assert f"\ncode: {commit[:10]} ({src}: snapmod)" in shown.stdout, shown.stdout

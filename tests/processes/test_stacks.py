@@ -50,14 +50,14 @@ def test_a_frozen_rank_is_the_odd_one_out_now_and_in_the_stacks_the_watchdog_too
                 break
             time.sleep(1)
         assert [g["ranks"] for g in groups][0] == [1], groups
-        assert "at_step in hpc_hsdp/runtime/injected_faults.py" in groups[0]["headline"]
+        assert "at_step in hpc_hsdp/task/resilience/injected_faults.py" in groups[0]["headline"]
         assert sorted(r for g in groups[1:] for r in g["ranks"]) == [0, 2, 3]
         assert all("torch/distributed/" in g["headline"] for g in groups[1:]), groups
         assert {s["how"] for s in json.loads(shown.stdout)["stacks"]} <= {"py-spy --native", "py-spy"}
         text = hpc("stacks", str(run), "--python-only", timeout=120)
         assert text.returncode == 0, text.stderr
         lines = text.stdout.splitlines()
-        assert lines[0].startswith("rank 1 (1 of 4): at_step in hpc_hsdp/runtime/injected_faults.py:"), lines
+        assert lines[0].startswith("rank 1 (1 of 4): at_step in hpc_hsdp/task/resilience/injected_faults.py:"), lines
         assert lines[-1].startswith("(4 ranks in ") and lines[-1].endswith("; faulthandler)"), lines[-1]
         assert "Current thread 0x" in next((run / "logs").glob("*_1_log.err")).read_text()
         deadline = time.monotonic() + 120  # the watchdog ends the job 40 s after the last step
@@ -69,7 +69,7 @@ def test_a_frozen_rank_is_the_odd_one_out_now_and_in_the_stacks_the_watchdog_too
     status = hpc("status", str(run))
     lines = status.stdout.splitlines()
     at = lines.index("stacks the watchdog took after step 2 (hpc-hsdp stacks: the ranks' stacks now):")
-    assert lines[at + 1].startswith("  rank 1 (1 of 4): at_step in hpc_hsdp/runtime/injected_faults.py:"), lines
+    assert lines[at + 1].startswith("  rank 1 (1 of 4): at_step in hpc_hsdp/task/resilience/injected_faults.py:"), lines
     shown = json.loads(hpc("status", str(run), "--json").stdout)["hang_stacks"]
     assert [g["ranks"] for g in shown["groups"]][0] == [1] and sum(len(g["ranks"]) for g in shown["groups"]) == 4
 

@@ -3,7 +3,7 @@
 trains to exactly the losses of the unstaged one; a second launch reuses the verified copies; a
 copy damaged in place (size and mtime kept) is detected and replaced; a disk too small leaves
 the nodes on the shared copy with a warning; a staging directory that cannot be made fails
-every rank with one line (runtime/staging.py, data/node_copies.py)."""
+every rank with one line (task/training/staging.py, data/staging_copies.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from dist_helpers import launch
 
-from hpc_hsdp.data.node_copies import stage_files, stage_root
+from hpc_hsdp.data.staging_copies import stage_files, stage_root
 from hpc_hsdp.data.tokens import READ_LATENCY, open_dataset, write_dataset_manifest, write_token_file
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.rundir.files import read_jsonl
@@ -152,7 +152,7 @@ def test_a_staging_dir_that_cannot_be_made_fails_every_rank_in_one_line(dataset,
 def train_with_the_node_name(ctx):
     """The built-in loop, with ``$SLURMD_NODENAME`` in this forked task's own environment (a real
     task has it from srun), so that ``--stage-data DIR/$SLURMD_NODENAME`` is a directory per node."""
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     os.environ["SLURMD_NODENAME"] = ctx.layout.node
     train(ctx, ctx.spec.training)

@@ -24,9 +24,10 @@ from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.estimates import estimate
 from hpc_hsdp.plan.shapes import parameter_counts
 from hpc_hsdp.plan.topology import TopologyPlan
-from hpc_hsdp.runtime import engine, loop, reshard
-from hpc_hsdp.runtime.comm_stats import CommStats
-from hpc_hsdp.runtime.dist import RunContext
+from hpc_hsdp.task.observation.comm_stats import CommStats
+from hpc_hsdp.task.parallelism import reshard
+from hpc_hsdp.task.parallelism.dist import RunContext
+from hpc_hsdp.task.training import engine, loop
 
 MODEL = TrainingSpec.of(layers=2, width=32, heads=4, seq_len=12, batch_size=2, vocab_size=64, steps=3, seed=1)
 TASKS_PER_NODE = (2, 2)

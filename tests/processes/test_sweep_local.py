@@ -73,7 +73,7 @@ def test_a_point_cancelled_before_it_starts_never_runs_and_the_others_finish(tmp
     assert out.returncode == 0, out.stdout + out.stderr
     cancel = hpc("cancel", str(sweep / "seed=2"), "--no-wait")
     assert cancel.returncode == 0, cancel.stderr
-    from hpc_hsdp.job.sweep_handle import SweepHandle
+    from hpc_hsdp.submit_host.sweep_handle import SweepHandle
 
     results = {r.name: r for r in SweepHandle.find(sweep).wait(poll_s=0.5, timeout_s=200)}
     assert results["seed=0"].state == "COMPLETED" and results["seed=1"].state == "COMPLETED"

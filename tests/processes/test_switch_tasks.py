@@ -116,7 +116,7 @@ def test_the_emulators_srun_places_a_step_on_a_nodelist(tmp_path):
         "SLURM_JOB_NAME": "nodelist",
     }
     command = ["sh", "-c", 'echo "$SLURMD_NODENAME $SLURM_PROCID $SLURM_STEP_NODELIST $SLURM_NTASKS"']
-    srun = [sys.executable, "-m", "hpc_hsdp.job.emulator", "srun"]
+    srun = [sys.executable, "-m", "hpc_hsdp.scheduler.emulator", "srun"]
     out = subprocess.run(
         [*srun, "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=n[4,2]", *command],
         capture_output=True,

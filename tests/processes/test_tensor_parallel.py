@@ -41,7 +41,7 @@ def _losses(outcomes) -> list[float]:
 def train_recording(ctx, *, stop_after=None):
     """train() recording each step's loss and gradient norm; with ``stop_after`` K, a SIGUSR2 on the
     last rank during step K - 1, so that every rank stops after step K and saves."""
-    from hpc_hsdp.runtime.loop import train
+    from hpc_hsdp.task.training.loop import train
 
     norms = {}
 
@@ -253,7 +253,7 @@ def test_comm_stats_count_tensor_parallel_traffic_on_its_own_axis(tmp_path):
 def _exported_tensors(run_dir: str, out_dir: str) -> dict:
     from safetensors.torch import load_file
 
-    from hpc_hsdp.runtime.export import export
+    from hpc_hsdp.task.checkpointing.export import export
 
     export(run_dir, out_dir)
     return {name: tensor.flatten().tolist() for name, tensor in load_file(f"{out_dir}/model.safetensors").items()}

@@ -11,7 +11,7 @@ import pytest
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
-from hpc_hsdp.runtime.watchdog import EXIT_HUNG, GATHER_S
+from hpc_hsdp.task.resilience.watchdog import EXIT_HUNG, GATHER_S
 
 TINY = TrainingSpec.of(
     layers=1,

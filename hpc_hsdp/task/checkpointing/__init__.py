@@ -1,0 +1,1 @@
+"""Checkpoints: saved, uploaded to a store, resumed and exported."""
