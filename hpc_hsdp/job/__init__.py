@@ -1,5 +1,3 @@
-"""A job before and around its run (no torch): the job spec and its config files, the
-sbatch script rendered from the templates, the checks made before the job waits in the
-queue, and one backend per scheduler (:mod:`hpc_hsdp.scheduler.backends`: SLURM through submitit,
-the local emulator) that submits, watches and cancels it. What a task runs is named by a
-module path, so nothing here imports the runtime."""
+"""What a job is (no torch), below every place that runs it: the typed sections of its spec, the
+one option registry read from them, its config files, a sweep's points, and the path of what a
+task runs (so nothing that submits imports the task)."""

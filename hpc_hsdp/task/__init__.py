@@ -1,7 +1,6 @@
-"""On-node runtime: the only part of hpc-hsdp that imports torch (with ``models/<adapter>.py``).
+"""The task: what runs on each rank of a job, the only part of hpc-hsdp that imports torch (with
+``models/<adapter>.py``).
 
-``dist`` (process group, DeviceMesh, realized-group check), ``hsdp`` (wrappers),
-``loop`` (the one training loop, for every model), ``loader`` (prefetching batches),
-``schedule`` (learning rate), ``checkpoint``, ``preemption``, ``entry`` (what each task
-runs), ``submitit_job`` (the command of a submitted job's tasks). ``verify`` and ``schedule`` are pure and import no torch.
-"""
+``entry`` (what each task runs; ``torchrun``, ``submitit_job``) starts it and ``fabric_check`` is the
+check's; ``training/`` trains (loop, engine, coordinator, model, step); ``parallelism/``,
+``checkpointing/``, ``resilience/`` and ``observation/`` are the parts the engine is handed."""
