@@ -161,3 +161,23 @@ def test_synthetic_rows_do_not_depend_on_who_reads_them():
     # learnable: most next tokens follow one of the strides
     steps = (together[:, 1:] - together[:, :-1]) % 64
     assert np.isin(steps, [1, 2, 3, 5]).mean() > 0.75
+
+
+def test_synthetic_tokens_are_drawn_from_the_models_vocabulary(tmp_path):
+    """--vocab-size sizes the built-in model only: a model with its own vocabulary (hf:, a factory)
+    gets synthetic tokens below its size; data read from files is never redrawn."""
+    from hpc_hsdp.job.spec import TrainingSpec
+    from hpc_hsdp.task.training.run_data import open_data
+    from tests.data_helpers import make_dataset
+
+    data = open_data(TrainingSpec.of(vocab_size=256, seq_len=16, eval_every=2), world_size=2)
+    redrawn = data.drawn_from(96)
+    for source in (redrawn.train, redrawn.val):
+        rows = source.read(np.arange(200))
+        assert rows.max() < 96 and rows.max() > 64, rows.max()
+    assert data.train.read(np.arange(200)).max() >= 96  # the run before the model was known
+    assert redrawn.order == data.order and redrawn.layout == data.layout
+    assert data.drawn_from(256) is data
+    make_dataset(tmp_path / "ds", shards={"train": [[np.arange(100) % 50]], "val": [[np.arange(40) % 50]]})
+    from_files = open_data(TrainingSpec.of(data=str(tmp_path / "ds"), seq_len=8), world_size=1)
+    assert from_files.drawn_from(96) is from_files

@@ -167,6 +167,7 @@ class Engine:
             else None
         )
         self.adapter = adapter or resolve_model(self.training, data_vocab_size=self.data.vocab_size)
+        self.data = self.data.drawn_from(self.adapter.vocab_size)
         self._build(optimizer)  # while each node copies its token files (--stage-data)
         if staging is not None:  # collective: every node's copies ready, read from them from now on
             staging.finish(verbose=verbose)

@@ -8,7 +8,7 @@ micro-batches, prefetched), :func:`data_state` (the position stored in every che
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,6 +50,21 @@ class TrainData:
     def source_names(self) -> tuple[str, ...]:
         """A mixture's source names, in order (empty: one dataset)."""
         return self.order.mixture.names if isinstance(self.order, MixtureOrder) else ()
+
+    def drawn_from(self, model_vocab_size: int) -> TrainData:
+        """Synthetic tokens drawn from the model's own vocabulary: ``--vocab-size`` sizes the built-in
+        model, but a model that brings its vocabulary (``hf:PATH``, a factory) embeds only its own
+        tokens. Data read from files is returned unchanged (its vocabulary is checked against the
+        model's by :func:`check_data`)."""
+        if self.vocab_size is not None or not isinstance(self.train, SyntheticSamples):
+            return self
+        if self.train.vocab_size == model_vocab_size:
+            return self
+        return replace(
+            self,
+            train=replace(self.train, vocab_size=model_vocab_size),
+            val=replace(self.val, vocab_size=model_vocab_size) if isinstance(self.val, SyntheticSamples) else self.val,
+        )
 
 
 def open_data(training: TrainingSpec, world_size: int) -> TrainData:
