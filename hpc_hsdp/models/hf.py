@@ -39,6 +39,7 @@ from hpc_hsdp.errors import InputNotFound, SpecError
 from hpc_hsdp.files import parse_json, read_capped
 from hpc_hsdp.models.base import ModelSettings, check_data_vocabulary
 from hpc_hsdp.models.hf_shapes import ModelShapes, config_size_problem, shapes_from_config, tp_dims_from_config
+from hpc_hsdp.models.third_party_noise import quiet_library_imports, root_output_read_out_of_place
 from hpc_hsdp.plan.shapes import tp_refusal
 
 PREFIX = "hf:"
@@ -121,6 +122,7 @@ def read_config_json(config_path: Path, *, model: str) -> dict:
 def _transformers():
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    quiet_library_imports()
     try:
         import transformers  # noqa: PLC0415 - loaded when a model is built
     except ImportError:
@@ -284,6 +286,7 @@ class HFAdapter:
     def loss(self, model, inputs, targets):
         import torch.nn.functional as F  # noqa: PLC0415 - loaded when a model is built
 
+        root_output_read_out_of_place(type(model).__name__)
         logits = model(input_ids=inputs, use_cache=False).logits
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 

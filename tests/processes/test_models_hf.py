@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from cli_helpers import hpc
 from dist_helpers import in_child, launch
 from hf_helpers import (
     TINY_BERT,
@@ -146,3 +149,35 @@ def test_pretrained_load_holds_one_shard_per_rank_not_the_model(tmp_path):
         assert report["naive"] > 0.95 * size, (report["naive"] / size, report)
     expected = in_child(from_pretrained_loss, model_dir)
     assert all(abs(r["loss"] - expected) < 1e-5 for r in reports)
+
+
+_OWN_LINES = ("[hpc-hsdp] ", "hpc-hsdp: ", "note: ", "step ")
+
+
+def test_a_tensor_parallel_run_and_its_export_log_only_hpc_hsdp_lines(tmp_path):
+    """An hf: model on the emulator (4 tasks, --tp 2, synthetic tokens: the model's 96-token
+    vocabulary, not --vocab-size's) trains, and every line its tasks log is hpc-hsdp's: no torchao
+    kernel-load failures, pytree deprecations or FSDP view warnings; export prints no progress bars
+    or single-process warnings."""
+    model_dir = write_config(tmp_path / "model", TINY_LLAMA)
+    run_dir = tmp_path / "run"
+    done = hpc(
+        "submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "4", "--shard", "2", "--tp", "2",
+        "--model", f"hf:{model_dir}", "--steps", "2", "--device", "cpu", "--seq-len", "8", "--batch-size", "2",
+        "--venv", "none", "--run-dir", str(run_dir), "--wait",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [
+        line
+        for log in sorted((run_dir / "logs").glob("*_log.*"))
+        if log.suffix in (".out", ".err")
+        for line in log.read_text().splitlines()
+    ]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    foreign = [line for line in lines if line.strip() and not line.startswith(_OWN_LINES)]
+    assert foreign == [], foreign[:10]
+    exported = hpc("export", str(run_dir), "-o", str(tmp_path / "exported"))
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stderr == ""
+    assert exported.stdout.startswith("exported step 2 (hf)")

@@ -34,6 +34,7 @@ from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models.builtin import BuiltinAdapter
 from hpc_hsdp.models.factory import FactoryAdapter
 from hpc_hsdp.models.hf import model_from_config_dict
+from hpc_hsdp.models.third_party_noise import progress_bars_on_a_terminal
 from hpc_hsdp.models.weights import retie_like
 from hpc_hsdp.plan.mixture import data_paths
 from hpc_hsdp.rundir.model_record import MODEL_RECORD
@@ -176,7 +177,8 @@ def export(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         if kind == "hf":
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            with progress_bars_on_a_terminal():
+                model.save_pretrained(str(tmp), safe_serialization=True)
             skipped = _copy_tokenizer(record, tmp)
         else:
             from safetensors.torch import save_model  # noqa: PLC0415 - safetensors is an optional extra (hf)

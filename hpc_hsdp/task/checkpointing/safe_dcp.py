@@ -27,6 +27,7 @@ import os
 import pickle
 import re
 import stat
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from hpc_hsdp.files import UnreadableFile, open_regular
+from hpc_hsdp.models.third_party_noise import single_process_load
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20
@@ -205,4 +207,5 @@ def _check_data_files(path: Path, names: set[str]) -> None:
 def load_state(state: dict, path: str | os.PathLike, *, no_dist: bool = False) -> None:
     """``dcp.load`` of ``state`` from the checkpoint directory ``path`` through
     :class:`SafeReader` and :class:`SafePlanner`."""
-    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner(), no_dist=no_dist)
+    with single_process_load() if no_dist else nullcontext():
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner(), no_dist=no_dist)

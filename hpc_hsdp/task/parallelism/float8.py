@@ -15,10 +15,12 @@ import torch
 from torch import nn
 
 from hpc_hsdp.errors import SpecError
+from hpc_hsdp.models.third_party_noise import quiet_library_imports
 from hpc_hsdp.plan.float8_support import LinearChoice, choose_float8_linears
 
 
 def _torchao_float8():
+    quiet_library_imports()
     try:
         import torchao.float8 as float8  # noqa: PLC0415 - the optional extra, only for --precision fp8
     except ImportError:
