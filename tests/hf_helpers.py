@@ -179,15 +179,12 @@ CORPUS_FILES = ("argparse.py", "ast.py", "dataclasses.py", "functools.py", "insp
 def make_corpus(root: str, vocab_size: int = 320) -> dict:
     """A few of the standard library's own files through the real `hpc-hsdp prepare-data`
     (a byte-level BPE of ``vocab_size`` ids trained on them, a held-out split)."""
-    import subprocess
-    import sys
     import sysconfig
+
+    from cli_helpers import hpc
 
     stdlib = sysconfig.get_paths()["stdlib"]
     args = [
-        sys.executable,
-        "-m",
-        "hpc_hsdp",
         "prepare-data",
         *(os.path.join(stdlib, n) for n in CORPUS_FILES),
         "-o",
@@ -199,7 +196,7 @@ def make_corpus(root: str, vocab_size: int = 320) -> dict:
         "--workers",
         "1",
     ]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    done = hpc(*args, timeout=120)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((Path(root) / "dataset.json").read_text())
     return {"path": root, "vocab_size": manifest["vocab_size"], "tokens": manifest["num_tokens"]["train"]}

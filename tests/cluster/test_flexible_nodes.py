@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc
 from dist_helpers import wait_until
 
-from tests.flexible_nodes_helpers import run_cli
 from tests.slurm_job_helpers import job_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ EVERY = 4
 
 
 def _status(run: Path) -> dict:
-    return json.loads(run_cli("status", str(run), "--json").stdout)
+    return json.loads(hpc("status", str(run), "--json").stdout)
 
 
 def _records(run: Path) -> list[dict]:
@@ -152,7 +152,7 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     job_id, victim = "", ""
     with _nodes_busy(debug_nodes[2:]):
         try:
-            out = run_cli(
+            out = hpc(
                 "submit",
                 *JOB,
                 "--run-dir",

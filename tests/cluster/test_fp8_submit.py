@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+from cluster_helpers import hpc
 
 from hpc_hsdp.plan.float8_support import fp8_slurm_refusal
 from hpc_hsdp.scheduler.backends.slurm import slurm_gpu_nodes
@@ -64,12 +64,7 @@ def test_submit_to_a_partition_of_older_gpus_refuses_fp8_with_no_job(site_gpu_fe
     name = f"fp8-refused-{device}-{os.getpid()}"  # other tests submit meanwhile: look for this job only
     argv = ["submit", "--cluster", "slurm", "--partition", "site", "--shard", "1", "--precision", "fp8"]
     argv += ["--job-name", name]
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *argv, "--device", device, "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = hpc(*argv, "--device", device, "--run-dir", str(run_dir), timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "partition 'site' has only a100 (8.0): use --precision bf16" in out.stderr, out.stderr

@@ -8,8 +8,7 @@ import subprocess
 import time
 
 import pytest
-
-from tests.observe_helpers import hpc
+from cluster_helpers import hpc
 
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
 

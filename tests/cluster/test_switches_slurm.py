@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cluster_helpers import hpc as cluster_hpc
 
 from tests.job_helpers import tiny_job
 
@@ -40,15 +40,8 @@ def hpc(*args: str, tmp_path: Path, timeout: float = 240) -> subprocess.Complete
     (tmp_path / "switch_probe.py").write_text(PROBE)
     (tmp_path / "probe").mkdir(exist_ok=True)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "PROBE_DIR": str(tmp_path / "probe"), "OMP_NUM_THREADS": "1"}
-    env.pop("HPC_HSDP_NODE_SWITCHES", None)
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "submit", "--cluster", "slurm", "--wait", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    env = {"PYTHONPATH": path, "PROBE_DIR": str(tmp_path / "probe"), "OMP_NUM_THREADS": "1"}
+    return cluster_hpc("submit", "--cluster", "slurm", "--wait", *args, env=env, timeout=timeout)
 
 
 def _job_id(out: subprocess.CompletedProcess) -> str:

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import SpecError, TopologyError
 from hpc_hsdp.plan.topology import MAX_NODES, MAX_TASKS_PER_NODE, MAX_WORLD_SIZE, RankLayout, TopologyPlan, plan_for
-from tests.bounds_helpers import hpc
+from tests.bounds_helpers import limit_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_sizes_beyond_any_cluster_are_one_line_and_exit_2(args, message, tmp_path):
-    out = hpc(*args, cwd=tmp_path, limit_memory=True)
+    out = hpc(*args, cwd=tmp_path, preexec_fn=limit_memory)
     lines = out.stderr.splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith("hpc-hsdp: error: ") and message in lines[0], lines[0]
@@ -84,14 +85,14 @@ def test_size_bounds(kwargs, fits):
 
 
 def test_a_4096_node_plan_lists_the_first_and_last_nodes_and_json_every_rank():
-    out = hpc("plan", "--nodes", "4096", "--gpus-per-node", "8", "--shard", "8", limit_memory=True)
+    out = hpc("plan", "--nodes", "4096", "--gpus-per-node", "8", "--shard", "8", preexec_fn=limit_memory)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) < 80
     assert "... 4,090 more nodes (n5 to n4094, ranks 32-32751): --json lists every rank" in lines
     last = next(line for line in lines if line.split()[:3] == ["n4096", "7", "32767"])
     assert last.endswith("7: [7,15,23,...,32767]")
-    data = json.loads(hpc("plan", "--nodes", "4096", "--shard", "8", "--json", limit_memory=True).stdout)
+    data = json.loads(hpc("plan", "--nodes", "4096", "--shard", "8", "--json", preexec_fn=limit_memory).stdout)
     assert len(data["node_of_rank"]) == 32768 and data["node_names"][-1] == "n4096"
     assert not data["shard_groups_cross_nodes"] and data["replicate_groups_cross_nodes"]
 

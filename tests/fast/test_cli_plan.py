@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from cli_helpers import assert_cli_imports_no_torch
+from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.plan.slurm_env import task_environments
-
-
-def hpc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_", "TORCHELASTIC"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, env={**base, **(env or {})}
-    )
 
 
 def test_plan_json_is_the_public_thread_shape():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.estimates import estimate, parse_bytes, parse_count, smallest_fitting_shard
@@ -148,28 +149,8 @@ def test_grad_accum_multiplies_shard_traffic_but_not_the_replicate_all_reduce(gr
 
 
 def test_plan_cli_takes_grad_accum():
-    import subprocess
-    import sys
-
     def plan(*extra):
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hpc_hsdp",
-                "plan",
-                "--nodes",
-                "2",
-                "--shard",
-                "8",
-                "--model-params",
-                "1B",
-                "--json",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-        )
+        return hpc("plan", "--nodes", "2", "--shard", "8", "--model-params", "1B", "--json", *extra)
 
     def wire(*extra):
         out = plan(*extra)

@@ -4,6 +4,7 @@ NCCL's transport from its own debug lines, and what the batch shell does with a 
 from __future__ import annotations
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.batch_shell.fabric_check_verdict import decide
 from hpc_hsdp.errors import SpecError
@@ -172,11 +173,8 @@ def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
     ],
 )
 def test_bad_check_values_are_one_line_and_exit_2(args, needle, tmp_path):
-    import subprocess
-    import sys
-
     argv = ["render", "--nodes", "2", "--shard", "4", "--check", "--run-dir", str(tmp_path / "r"), *args]
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    out = hpc(*argv)
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
@@ -197,12 +195,9 @@ def test_on_gpus_the_check_step_asks_nccl_which_network_it_uses():
 
 
 def test_check_of_a_sweep_is_refused_before_anything_is_submitted(tmp_path):
-    import subprocess
-    import sys
-
     run_dir = tmp_path / "r"
     argv = ["check", "--cluster", "local", "--nodes", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(run_dir)]
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    out = hpc(*argv)
     assert out.returncode == 2 and "No such option '--sweep'" in out.stderr and out.stderr.count("\n") == 1
     (tmp_path / "job.toml").write_text('sweep = ["lr=1e-3,3e-4"]\n')
     argv = [
@@ -216,6 +211,6 @@ def test_check_of_a_sweep_is_refused_before_anything_is_submitted(tmp_path):
         "--run-dir",
         str(run_dir),
     ]
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *argv], capture_output=True, text=True)
+    out = hpc(*argv)
     assert out.returncode == 2 and "the config file sweeps" in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert not run_dir.exists()

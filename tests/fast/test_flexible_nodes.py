@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from tests.flexible_nodes_helpers import run_cli
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_flexible_allocations_that_cannot_keep_the_stream_are_refused(tmp_path, 
 
 
 def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_path):
-    out = run_cli(
+    out = hpc(
         "render",
         "--nodes",
         "1-2",
@@ -113,7 +113,7 @@ def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_p
     assert "# layout at 2 nodes: 4 ranks" in text and "# layout at 1 node: 2 ranks" in text
     assert "--global-batch-size 16" in text  # the default --batch-size 4 x 4 ranks, fixed for both ends
     assert "export HPC_HSDP_REQUEUE_REQUEST='NumNodes=1-2 NumTasks=2'\n" in text  # a requeue restores the range
-    torchrun = run_cli(
+    torchrun = hpc(
         "render",
         "--nodes",
         "1-2",
@@ -129,7 +129,7 @@ def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_p
         str(tmp_path / "run"),
     )
     assert '--nnodes="$SLURM_JOB_NUM_NODES"' in torchrun.stdout, torchrun.stderr
-    bad = run_cli(
+    bad = hpc(
         "render",
         "--nodes",
         "2-3",
@@ -149,17 +149,17 @@ def test_render_writes_the_range_and_both_layouts_and_plan_shows_both_ends(tmp_p
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "multiple of 12" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad.sbatch").exists() and not (tmp_path / "bad").exists()
 
-    plan = run_cli("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2")
+    plan = hpc("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2")
     assert plan.returncode == 0, plan.stderr
     assert "at 2 nodes (the most):" in plan.stdout and "at 1 node (the fewest):" in plan.stdout
     assert "mesh (replicate=2, shard=2)" in plan.stdout and "mesh (replicate=1, shard=2)" in plan.stdout
-    data = json.loads(run_cli("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--json").stdout)
+    data = json.loads(hpc("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2", "--json").stdout)
     assert (data["world_size"], data["flexible"]["min_nodes"], data["flexible"]["at_min_nodes"]["world_size"]) == (
         4,
         1,
         2,
     )
-    refused = run_cli("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "4")
+    refused = hpc("plan", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "4")
     assert refused.returncode == 2 and "at 1 node(s)" in refused.stderr and refused.stderr.count("\n") == 1
 
 

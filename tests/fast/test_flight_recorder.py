@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.rundir.flight_recorder import find_hang, hang_words, load_dump, read_dumps, trace_files
 
@@ -106,12 +105,10 @@ def test_the_watchdog_verdict_and_status_carry_the_finding(tmp_path):
     (logs / "5_local.json").write_text(json.dumps({"state": "FAILED", "exit_code": 86}))
     record = {"job_id": "5", "cluster": "local", "run_dir": str(run), "logs_dir": str(logs), "job_name": "x"}
     (run / "job.json").write_text(json.dumps({**record, "ntasks": 4, "launcher": "srun", "submitted_at": 0.0}))
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(run)], capture_output=True, text=True)
+    out = hpc("status", str(run))
     assert out.returncode == 0, out.stderr
     assert "last hang: NCCL _allgather_base #31 on mesh axis shard (ranks 2,3)" in out.stdout, out.stdout
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "status", "--json", str(run)], capture_output=True, text=True
-    )
+    out = hpc("status", "--json", str(run))
     assert "rank 3 never entered it" in json.loads(out.stdout)["hang"]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import wait_until
 
 from hpc_hsdp.plan.topology import plan_for
@@ -109,7 +110,7 @@ def test_status_shows_each_restart_with_its_cause(tmp_path):
     attempts.begin_attempt(tmp_path, restart=0, job_id="5", start_step=0, total_steps=9)
     attempts.end_attempt(tmp_path, reason="node_failure", step=None, detail="node n2 died")
     attempts.begin_attempt(tmp_path, restart=1, job_id="5", start_step=4, total_steps=9)
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(tmp_path)], capture_output=True, text=True)
+    out = hpc("status", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "restarts: step 4: node failure" in out.stdout, out.stdout
 

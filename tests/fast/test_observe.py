@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.plan.units import duration
 from hpc_hsdp.rundir import attempts
@@ -21,7 +22,7 @@ from hpc_hsdp.rundir.pace import progress_of, requeues_needed
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 from hpc_hsdp.scheduler.backends.slurm import parse_slurm_duration
-from tests.observe_helpers import NODES, hpc
+from tests.observe_helpers import NODES
 
 ROOT = Path(__file__).resolve().parents[2]
 

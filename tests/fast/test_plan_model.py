@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import in_child
 from hf_helpers import write_config
 
@@ -170,12 +171,7 @@ def test_plan_with_an_hf_config_counts_without_torch_or_transformers(tmp_path):
     ],
 )
 def test_plan_bad_model_is_one_line(model, expected):
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "1", "--shard", "2", "--model", model],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = hpc("plan", "--nodes", "1", "--shard", "2", "--model", model, timeout=60)
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and expected in out.stderr, out.stderr
 
 

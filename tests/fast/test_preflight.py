@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import hpc
 from hf_helpers import TINY_LLAMA, write_config
 
 from hpc_hsdp.cli.examples import spec_from_argv
@@ -193,12 +193,7 @@ def test_a_checkpoint_the_job_continues_passes(tmp_path, data, synthetic):
 
 def test_submit_with_missing_data_exits_2_and_submits_nothing(tmp_path, local_submit):
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *local_submit(run_dir, "--data", str(tmp_path / "nowhere"))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = hpc(*local_submit(run_dir, "--data", str(tmp_path / "nowhere")), timeout=120)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"hpc-hsdp: error: token data {tmp_path / 'nowhere'} does not exist")

@@ -9,13 +9,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.data.prepare import FAULT_SIGNAL, PrepareSpec, is_val, prepare
@@ -44,7 +43,7 @@ def corpus_files() -> list[Path]:
 
 def cli(*args: str) -> tuple[int, str, str]:
     """Run ``hpc-hsdp ARGS`` in a subprocess: (exit code, stdout, stderr)."""
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=300)
+    out = hpc(*args)
     return out.returncode, out.stdout, out.stderr
 
 
@@ -193,9 +192,6 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path):
     (tmp_path / "big.jsonl").write_text("\n".join(lines))  # ~4.5 MB: several blocks
     out = tmp_path / "data" / "ds"
     base = [
-        sys.executable,
-        "-m",
-        "hpc_hsdp",
         "prepare-data",
         str(tmp_path / "big.jsonl"),
         "--field",
@@ -206,7 +202,7 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path):
         "--workers",
         "1",
     ]
-    killed = subprocess.run(base, env={**os.environ, FAULT_SIGNAL: "2:KILL"}, capture_output=True, timeout=120)
+    killed = hpc(*base, env={FAULT_SIGNAL: "2:KILL"}, timeout=120)
     assert killed.returncode == -9
     leftovers = list(out.parent.iterdir())
     assert not out.exists() and len(leftovers) == 1 and ".tmp-" in leftovers[0].name
@@ -214,16 +210,14 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path):
     with pytest.raises(DataError, match="unfinished prepare-data run"):
         open_dataset(leftovers[0])
     assert list(leftovers[0].rglob("*.bin.tmp-*")) and not list(leftovers[0].rglob("*.json"))  # killed mid-shard
-    terminated = subprocess.run(
-        base, env={**os.environ, FAULT_SIGNAL: "2:TERM"}, capture_output=True, text=True, timeout=120
-    )
+    terminated = hpc(*base, env={FAULT_SIGNAL: "2:TERM"}, timeout=120)
     assert terminated.returncode == 128 + 15 and "terminated" in terminated.stderr
     assert list(out.parent.iterdir()) == leftovers  # cleaned up after itself
-    done = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    done = hpc(*base, timeout=120)
     assert done.returncode == 0, done.stderr
     assert open_dataset(out).num_documents == 4000
     # --force replaces a dataset (and only a dataset)
-    again = subprocess.run([*base, "--force"], capture_output=True, text=True, timeout=120)
+    again = hpc(*base, "--force", timeout=120)
     assert again.returncode == 0 and open_dataset(out).num_documents == 4000
     assert sorted(p.name for p in out.parent.iterdir() if ".old-" in p.name) == []
 

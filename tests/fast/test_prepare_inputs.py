@@ -14,6 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.data.tokens import open_dataset
@@ -26,7 +27,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=300)
+    out = hpc(*args)
     return out.returncode, out.stdout, out.stderr
 
 

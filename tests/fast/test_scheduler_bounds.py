@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import SchedulerError, SlurmEnvError, SpecError
 from hpc_hsdp.plan.address import pick_port, port_candidates, port_is_free
@@ -41,13 +42,6 @@ def no_system_config(monkeypatch, tmp_path):
     """This machine's own /etc/slurm stays out of the rule under test."""
     monkeypatch.setattr(slurm_command, "CONFIG_PATHS", (str(tmp_path / "absent.conf"),))
     monkeypatch.delenv("SLURM_CONF", raising=False)
-
-
-def hpc(*args: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args], capture_output=True, text=True, timeout=timeout, env={**base, **env}
-    )
 
 
 # ----------------------------------------------------------------------------- where --cluster auto goes

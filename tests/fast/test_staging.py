@@ -10,13 +10,11 @@ import hashlib
 import json
 import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import assert_cli_imports_no_torch
+from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.data.staging_copies import (
@@ -308,7 +306,7 @@ def test_status_shows_the_staging_line(tmp_path, text, shown):
         )
     elif text is not None:
         (tmp_path / "staging.json").write_text(text)
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(tmp_path)], capture_output=True, text=True)
+    out = hpc("status", str(tmp_path))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert ("--stage-data: token files on node-local disk of 2/2 node(s) in 1.60 s" in out.stdout) == shown, out.stdout
 

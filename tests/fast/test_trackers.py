@@ -8,11 +8,12 @@ from __future__ import annotations
 import sys
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
-from tests.trackers_helpers import TINY, hpc
+from tests.trackers_helpers import TINY
 
 # ----------------------------------------------------------------------------- the option
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import hpc
 
-from tests.bounds_helpers import hpc
 from tests.job_helpers import tiny_job
 
 # ----------------------------------------------------------------------------- run directories

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
@@ -101,7 +100,7 @@ def test_compile_resumes_an_eager_checkpoint_reuses_its_cache_and_goes_back(tmp_
             }
         )
     )
-    out = subprocess.run([sys.executable, "-m", "hpc_hsdp", "status", str(run)], capture_output=True, text=True)
+    out = hpc("status", str(run))
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("compile: "))
     assert "at step 5" in line and "graphs loaded" in line, out.stdout

@@ -13,10 +13,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import in_child, job_envs, launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
@@ -28,17 +28,6 @@ pytestmark = pytest.mark.dist
 
 STDLIB = Path(os.__file__).parent
 VOCAB = 512
-
-
-def hpc(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", *args],
-        env={**base, "OMP_NUM_THREADS": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +46,7 @@ def corpus(tmp_path_factory) -> Path:
         "0.1",
         "--workers",
         "1",
+        env={"OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr
     manifest = json.loads((out / "dataset.json").read_text())
@@ -164,7 +154,7 @@ def test_preempt_requeue_resume_sees_the_same_samples_and_ends_with_the_same_che
 
 
 def _run_one_task(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    env = job_envs(tasks_per_node=[1])[0]
+    env = {**job_envs(tasks_per_node=[1])[0], "OMP_NUM_THREADS": "1"}
     return hpc("run", "--shard", "1", "--run-dir", str(run_dir), "--device", "cpu", "--timeout", "60", *args, env=env)
 
 

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import launch
 
 from hpc_hsdp.data.prepare import PrepareSpec, prepare
@@ -112,20 +113,13 @@ def test_a_stopped_and_requeued_mixture_sees_the_samples_of_an_uninterrupted_one
 
 @pytest.mark.timeout(240)
 def test_submit_says_when_each_source_is_used_once_and_the_job_trains_on_the_mixture(sources, tmp_path):
-    import subprocess
-    import sys
-
     run = tmp_path / "run"
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
     mixture = f"web={sources['web']}:0.7,code={sources['code']}:0.3"
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2"]
-        + ["--shard", "2", "--device", "cpu", "--steps", "3", "--wait", "--run-dir", str(run), "--data", mixture]
-        + ["--width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--batch-size", "2"],
-        capture_output=True,
-        text=True,
+    out = hpc(
+        *("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu"),
+        *("--steps", "3", "--wait", "--run-dir", str(run), "--data", mixture),
+        *("--width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--batch-size", "2"),
         timeout=200,
-        env=base,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "data mixture: web (70% of each batch, " in out.stderr and "code (30% of each batch, " in out.stderr

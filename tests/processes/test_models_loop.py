@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import in_child, job_envs, launch
 from hf_helpers import (
     TINY_GPT2,
@@ -111,12 +109,7 @@ def test_preempt_requeue_resume_is_bit_identical_also_onto_one_node(uninterrupte
 
 def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupted, tmp_path):
     out = tmp_path / "exported"
-    done = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "export", str(uninterrupted["run_dir"]), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = hpc("export", str(uninterrupted["run_dir"]), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "exported step 6 (hf)" in done.stdout
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -126,22 +119,7 @@ def test_export_loads_in_transformers_with_the_sharded_models_logits(uninterrupt
 
     assert torch.allclose(torch.tensor(loaded["logits"]), torch.tensor(sharded), atol=1e-5, rtol=0)
     assert loaded["decoded"] == "def f(x):\n    return x"  # the run's tokenizer, copied beside the weights
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpc_hsdp",
-            "export",
-            str(uninterrupted["run_dir"]),
-            "--step",
-            "4",
-            "-o",
-            str(tmp_path / "other"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = hpc("export", str(uninterrupted["run_dir"]), "--step", "4", "-o", str(tmp_path / "other"))
     assert (
         again.returncode == 2
         and again.stderr.strip().splitlines() == [again.stderr.strip()]
@@ -162,8 +140,7 @@ def test_pretrained_first_step_loss_is_the_unsharded_models(corpus, tmp_path):
 
 def test_bad_models_on_the_command_line_exit_2_with_one_line(corpus, tmp_path):
     small_vocab = write_config(tmp_path / "small", dict(TINY_LLAMA, vocab_size=100))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env = {**base, **job_envs(tasks_per_node=[1])[0], "OMP_NUM_THREADS": "1"}
+    env = {**job_envs(tasks_per_node=[1])[0], "OMP_NUM_THREADS": "1"}
     cases = {
         f"hf:{tmp_path / 'nothing-here'}": "does not exist",
         "hf:gpt2": "looks like a hub model id, and nothing is downloaded",
@@ -172,9 +149,6 @@ def test_bad_models_on_the_command_line_exit_2_with_one_line(corpus, tmp_path):
     }
     for model, expected in cases.items():
         args = [
-            sys.executable,
-            "-m",
-            "hpc_hsdp",
             "run",
             "--shard",
             "1",
@@ -189,7 +163,7 @@ def test_bad_models_on_the_command_line_exit_2_with_one_line(corpus, tmp_path):
             "--data",
             corpus["path"],
         ]
-        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+        done = hpc(*args, env=env, timeout=120)
         lines = [line for line in done.stderr.splitlines() if line.startswith("hpc-hsdp: error:")]
         assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], (model, done.stderr[-800:])
         assert "Traceback" not in done.stderr

@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 
 import pytest
-from cli_helpers import assert_cli_imports_no_torch
+from cli_helpers import assert_cli_imports_no_torch, hpc
 
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import persistent
-from tests.observe_helpers import NODES, hpc
+from tests.observe_helpers import NODES
 
 # ----------------------------------------------------------------------------- a real 2 x 2 run
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import ctypes
 import json
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
@@ -63,12 +62,10 @@ def _model_bytes(tmp_path: Path, width: int, precision: str) -> int:
 
 def _planned(width: int, precision: str) -> dict:
     model = ",".join(f"{k}={v}" for k, v in {**SHAPE, "width": width}.items())
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_hsdp", "plan", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2",
-         "--model-params", f"builtin:{model}", "--precision", precision, "--seq-len", str(SEQ_LEN),
-         "--batch-size", str(BATCH), "--json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    out = hpc(
+        *("plan", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--model-params", f"builtin:{model}"),
+        *("--precision", precision, "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH), "--json"),
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["estimate"]["per_gpu_bytes"]
 

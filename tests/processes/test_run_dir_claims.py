@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -170,11 +169,9 @@ def test_hpc_hsdp_run_refuses_a_directory_another_job_writes_and_a_requeued_atte
     run = tmp_path / "run"
     _local_job(run, "556", pid=os.getpid())  # an emulated job still running (its supervisor: this process)
     write_claim(run, "claimed", job_id="556", cluster="local", logs_dir="logs")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env = {**env, **job_envs(tasks_per_node=[1], job_id="777")[0], "OMP_NUM_THREADS": "1"}
-    task = [sys.executable, "-m", "hpc_hsdp", "run", "--shard", "1", "--run-dir", str(run), "--device", "cpu"]
-    task += ["--steps", "2", *TINY[:-2]]
-    refused = subprocess.run(task, env=env, capture_output=True, text=True, timeout=120)
+    env = {**job_envs(tasks_per_node=[1], job_id="777")[0], "OMP_NUM_THREADS": "1"}
+    task = ["run", "--shard", "1", "--run-dir", str(run), "--device", "cpu", "--steps", "2", *TINY[:-2]]
+    refused = hpc(*task, env=env, timeout=120)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert refused.stderr.splitlines() == [
         f"hpc-hsdp: error: job 556 is still RUNNING in run directory {run}: nothing started; wait for it, cancel it "

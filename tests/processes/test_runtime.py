@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import env_outside_job, hpc
 from dist_helpers import in_child, job_envs, launch
 
 from hpc_hsdp.errors import HsdpError
@@ -345,7 +346,7 @@ def test_cli_run_with_entry(tmp_path):
         "--vocab-size",
         "32",
     ]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    base = env_outside_job()
     procs = [
         subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for env in envs
@@ -366,7 +367,7 @@ def test_cli_run_with_entry(tmp_path):
 
 
 def test_torchrun_launch_uses_torchruns_variables(tmp_path):
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    base = env_outside_job()
     torchrun = Path(sys.executable).with_name("torchrun")
     args = [
         str(torchrun),
@@ -408,7 +409,7 @@ def test_torchrun_launch_uses_torchruns_variables(tmp_path):
 def run_cli_tasks(args: list[str], envs: list[dict]) -> tuple[list[int], list[tuple[str, str]]]:
     """``args`` once per task environment, at once, outside any SLURM of the caller's: the exit
     codes and (stdout, stderr) of each."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    base = env_outside_job()
     procs = [
         subprocess.Popen(args, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for env in envs
@@ -484,26 +485,11 @@ def test_a_shard_larger_than_a_node_is_refused_on_the_task_before_torch_loads(tm
     torch, so a job that cannot form its mesh ends at once (12 tasks importing torch first took
     the dev cluster's test of it 40 s on this machine)."""
     env = task_environments(tasks_per_node=(8, 4), node_names=["n1", "n2"], job_id="78")[11]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "hpc_hsdp",
-            "run",
-            "--shard",
-            "8",
-            "--device",
-            "cpu",
-            "--run-dir",
-            str(tmp_path),
-        ],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
+    out = hpc(
+        *("run", "--shard", "8", "--device", "cpu", "--run-dir", str(tmp_path)),
+        env=env,
         timeout=60,
+        python_options=("-X", "importtime"),
     )
     assert out.returncode == 2, out.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
@@ -528,8 +514,7 @@ print("survived", flush=True)
 def test_sigquit_dumps_every_threads_stack_and_the_rank_goes_on(tmp_path):
     import signal
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update(job_envs(tasks_per_node=[1])[0])
+    env = env_outside_job(job_envs(tasks_per_node=[1])[0])
     proc = subprocess.Popen(
         [sys.executable, "-c", HANG, str(tmp_path / "go")],
         env=env,
@@ -602,13 +587,9 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
     """One task, NCCL on cuda:0, through the real CLI. A subprocess, not ``launch``: this
     process has already asked CUDA whether it is available, and a forked child of a process
     that initialised the CUDA driver cannot use it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update(job_envs(tasks_per_node=[1])[0])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
+    env = job_envs(tasks_per_node=[1])[0]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
     args = [
-        sys.executable,
-        "-m",
-        "hpc_hsdp",
         "run",
         "--shard",
         "1",
@@ -639,7 +620,7 @@ def test_gpu_single_task_runs_on_cuda(tmp_path):
         "--entry",
         "dist_helpers:entry_gpu_report",
     ]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
+    done = hpc(*args, env=env, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     layout = json.loads((tmp_path / "layout.json").read_text())
     assert layout["backend"] == "nccl" and layout["ranks"][0]["device"] == "cuda:0"

@@ -17,11 +17,12 @@ import struct
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpc
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
-from tests.trackers_helpers import TINY, hpc
+from tests.trackers_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
