@@ -11,6 +11,7 @@ from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.scheduler.emulator.allocation import allocation_for
 from hpc_hsdp.scheduler.emulator.launch import launch_local
 from hpc_hsdp.submit_host.render import render_sbatch
+from tests.job_helpers import tiny_job
 
 GLOBAL_BATCH = 12
 
@@ -21,9 +22,10 @@ STEPS = 24
 def _spec(run_dir: Path, samples: Path, *extra: str, step_delay: str = "0.4"):
     argv = [
         *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--fault-tolerance", "replica"),
-        *("--quorum-timeout", "20", "--steps", str(STEPS), "--global-batch-size", str(GLOBAL_BATCH)),
-        *("--layers", "1", "--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0"),
-        *("--device", "cpu", "--run-dir", str(run_dir), "--venv", "none", "--python", sys.executable),
+        *("--quorum-timeout", "20", "--steps", str(STEPS)),
+        *tiny_job(width=16, heads=2, batch_size=None, vocab_size=None, global_batch_size=GLOBAL_BATCH),
+        *("--straggler-every", "0", "--device", "cpu", "--run-dir", str(run_dir)),
+        *("--venv", "none", "--python", sys.executable),
         *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}", "--env", f"HPC_HSDP_FAULT_STEP_DELAY_S={step_delay}"),
         *extra,
     ]

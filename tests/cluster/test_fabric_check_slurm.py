@@ -13,14 +13,15 @@ import pytest
 from cluster_helpers import hpc, status, wait_ended, wait_until
 from throttle import Throttle, check_figures, trained_nodes
 
+from tests.job_helpers import tiny_job
+
 # the throttled node runs about 5% of the time (20x slower); a healthy one on this shared 2-core
 # machine swings by up to ~3x, so the threshold sits between with room on both sides
 THRESHOLD = "0.25"
-JOB = (
-    *("--cluster", "slurm", "--device", "cpu", "--gpus-per-node", "2", "--shard", "2"),
-    *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8", "--global-batch-size", "8"),
-    *("--steps", "3", "--straggler-every", "0", "--check-threshold", THRESHOLD),
-)
+JOB = [
+    *("--cluster", "slurm", "--device", "cpu", "--gpus-per-node", "2", "--shard", "2", "--check-threshold", THRESHOLD),
+    *tiny_job(width=16, heads=2, batch_size=None, vocab_size=None, global_batch_size=8, steps=3, straggler_every=0),
+]
 
 
 def _three_nodes() -> None:

@@ -18,10 +18,15 @@ from dist_helpers import wait_until
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
 from hpc_hsdp.rundir.replica_membership import read_membership
+from tests.job_helpers import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
 GLOBAL_BATCH = 8
+REPLICA_JOB = tiny_job(
+    width=16, heads=2, batch_size=None, vocab_size=None, global_batch_size=GLOBAL_BATCH, straggler_every=0
+)
+"""The tiny job, ``--vocab-size`` left out (the synthetic data's 256, as the check of the samples below)."""
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -54,8 +59,8 @@ def test_a_node_dies_its_replica_group_is_lost_and_back_on_the_spare_the_job_goe
         "submit",
         *("--cluster", "slurm", "--device", "cpu", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2"),
         *("--fault-tolerance", "replica", "--spare-nodes", "1", "--quorum-timeout", "20"),
-        *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8"),
-        *("--global-batch-size", str(GLOBAL_BATCH), "--steps", str(STEPS), "--straggler-every", "0"),
+        *REPLICA_JOB,
+        *("--steps", str(STEPS)),
         *("--run-dir", str(run), "--env", f"HPC_HSDP_FAULT_STEP_DELAY_S=@{pace}"),
         *("--env", f"HPC_HSDP_FAULT_SAMPLE_LOG={samples}"),
     )
@@ -125,8 +130,8 @@ def test_replica_groups_meet_on_site_nodes_whose_names_resolve_nowhere(slurm_clu
         "submit",
         *("--cluster", "slurm", "--partition", "site", "--device", "cpu", "--nodes", "2", "--gpus-per-node", "2"),
         *("--shard", "2", "--fault-tolerance", "replica", "--min-replicas", "2", "--quorum-timeout", "20"),
-        *("--width", "16", "--layers", "1", "--heads", "2", "--seq-len", "8"),
-        *("--global-batch-size", str(GLOBAL_BATCH), "--steps", "6", "--straggler-every", "0", "--run-dir", str(run)),
+        *REPLICA_JOB,
+        *("--steps", "6", "--run-dir", str(run)),
     )
     assert out.returncode == 0, out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]

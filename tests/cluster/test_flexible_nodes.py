@@ -23,6 +23,7 @@ import pytest
 from cluster_helpers import hpc
 from dist_helpers import wait_until
 
+from tests.job_helpers import tiny_job
 from tests.slurm_job_helpers import job_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,24 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # ----------------------------------------------------------------------------- the real dev cluster
 
 JOB = [
-    "--cluster",
-    "slurm",
-    "--device",
-    "cpu",
-    "--width",
-    "32",
-    "--layers",
-    "1",
-    "--seq-len",
-    "8",
-    "--nodes",
-    "1-2",
-    "--gpus-per-node",
-    "2",
-    "--shard",
-    "2",
-    "--global-batch-size",
-    "8",
+    *("--cluster", "slurm", "--device", "cpu", "--nodes", "1-2", "--gpus-per-node", "2", "--shard", "2"),
+    *tiny_job(batch_size=None, vocab_size=None, global_batch_size=8),
 ]
 STEPS = 24
 EVERY = 4

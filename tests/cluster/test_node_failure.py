@@ -19,32 +19,14 @@ from cluster_helpers import hpc
 from dist_helpers import wait_until
 
 from hpc_hsdp.rundir import attempts
+from tests.job_helpers import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- the real dev cluster
 
-JOB = [
-    "--cluster",
-    "slurm",
-    "--device",
-    "cpu",
-    "--width",
-    "32",
-    "--layers",
-    "1",
-    "--seq-len",
-    "8",
-    "--batch-size",
-    "2",
-    "--nodes",
-    "2",
-    "--gpus-per-node",
-    "2",
-    "--shard",
-    "2",
-]
+JOB = tiny_job(vocab_size=None, cluster="slurm", device="cpu", nodes=2, gpus_per_node=2, shard=2)
 EVERY = 4
 
 

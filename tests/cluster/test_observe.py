@@ -10,6 +10,8 @@ import time
 import pytest
 from cluster_helpers import hpc
 
+from tests.job_helpers import tiny_job
+
 # ----------------------------------------------------------------------------- the real dev SLURM cluster
 
 
@@ -19,34 +21,8 @@ def test_status_compares_the_eta_with_slurms_time_left(slurm_cluster, tmp_path):
     run = tmp_path / "run"
     out = hpc(
         "submit",
-        "--cluster",
-        "slurm",
-        "--device",
-        "cpu",
-        "--width",
-        "32",
-        "--layers",
-        "1",
-        "--seq-len",
-        "8",
-        "--batch-size",
-        "2",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--steps",
-        "400",
-        "--time",
-        "3",
-        "--signal",
-        "USR2@20",
-        "--run-dir",
-        str(run),
-        "--env",
-        "HPC_HSDP_FAULT_STEP_DELAY_S=0.5",
+        *tiny_job(vocab_size=None, cluster="slurm", device="cpu", nodes=2, gpus_per_node=2, shard=2, steps=400),
+        *("--time", "3", "--signal", "USR2@20", "--run-dir", str(run), "--env", "HPC_HSDP_FAULT_STEP_DELAY_S=0.5"),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]

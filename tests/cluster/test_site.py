@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import hpc
 
+from tests.job_helpers import tiny_job
 from tests.slurm_job_helpers import TINY, _logs, _ranks, sbatch_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -138,31 +139,9 @@ def test_scancel_quit_prints_stacks_and_the_job_goes_on(slurm_cluster, tmp_path,
     run = tmp_path / launcher
     script = tmp_path / "train.sbatch"
     out = hpc(
-        "render",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--launcher",
-        launcher,
-        "--run-dir",
-        str(run),
-        "-o",
-        str(script),
-        "--device",
-        "cpu",
-        "--steps",
-        "100000",
-        "--width",
-        "32",
-        "--layers",
-        "1",
-        "--seq-len",
-        "8",
-        "--batch-size",
-        "2",
+        *("render", "--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--launcher", launcher),
+        *("--run-dir", str(run), "-o", str(script)),
+        *tiny_job(vocab_size=None, device="cpu", steps=100000),
     )
     assert out.returncode == 0, out.stderr
     (run / "logs").mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,13 @@ from cluster_helpers import hpc
 
 from hpc_hsdp.data.tokens import write_dataset_manifest, write_token_file
 from hpc_hsdp.rundir.files import read_jsonl
+from tests.job_helpers import tiny_job
 
 pytestmark = pytest.mark.slurm
 
-TRAIN = ["--device", "cpu", "--steps", "3", "--width", "32", "--layers", "1", "--heads", "4", "--seq-len", "16",
-         "--batch-size", "2", "--eval-every", "3", "--eval-batches", "1", "--tracker", "none"]  # fmt: skip
+TRAIN = tiny_job(
+    heads=4, seq_len=16, vocab_size=None, device="cpu", steps=3, eval_every=3, eval_batches=1, tracker="none"
+)
 
 
 def _dataset(root: Path) -> Path:

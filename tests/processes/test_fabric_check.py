@@ -18,20 +18,23 @@ from hpc_hsdp.cli.render_cmd import render
 from hpc_hsdp.scheduler.emulator.allocation import allocation_for
 from hpc_hsdp.scheduler.emulator.launch import launch_local
 from hpc_hsdp.submit_host.render import render_sbatch
+from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 # the throttled node runs about 5% of the time (20x slower); a healthy one on this shared 2-core
 # machine swings by up to ~3x, so the threshold sits between with room on both sides
 THRESHOLD = "0.25"
+CHECKED_JOB = tiny_job(
+    width=16, heads=2, batch_size=None, vocab_size=None, global_batch_size=8, steps=3, straggler_every=0, device="cpu"
+)
 
 
 def _spec(run_dir: Path, *extra: str):
     argv = [
         *("--nodes", "2", "--gpus-per-node", "2", "--shard", "2", "--check", "--check-threshold", THRESHOLD),
-        *("--steps", "3", "--global-batch-size", "8", "--layers", "1", "--width", "16", "--heads", "2"),
-        *("--seq-len", "8", "--straggler-every", "0", "--device", "cpu", "--run-dir", str(run_dir)),
-        *("--venv", "none", "--python", sys.executable),
+        *CHECKED_JOB,
+        *("--run-dir", str(run_dir), "--venv", "none", "--python", sys.executable),
         *extra,
     ]
     params = render.make_context("render", argv).params
@@ -53,9 +56,7 @@ def test_a_node_slowed_during_the_check_is_left_out_and_a_spare_trains_in_its_pl
     run_dir = tmp_path / "run"
     argv = [
         *("--cluster", "local", "--nodes", "2", "--spare-nodes", "1", "--gpus-per-node", "2", "--shard", "2"),
-        *("--check", "--check-threshold", THRESHOLD, "--steps", "3", "--global-batch-size", "8", "--layers", "1"),
-        *("--width", "16", "--heads", "2", "--seq-len", "8", "--straggler-every", "0", "--device", "cpu"),
-        *("--run-dir", str(run_dir)),
+        *("--check", "--check-threshold", THRESHOLD, *CHECKED_JOB, "--run-dir", str(run_dir)),
     ]
     out = hpc("submit", *argv)
     assert out.returncode == 0, out.stderr

@@ -17,6 +17,7 @@ from hpc_hsdp.data.prepare import PrepareSpec, prepare
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
 from hpc_hsdp.plan.mixture import parse_mixture, rows_of_step
 from hpc_hsdp.rundir.files import read_jsonl
+from tests.job_helpers import tiny_job
 from tests.loop_helpers import train_recording, train_signalled_at_3, union_of_samples
 
 pytestmark = pytest.mark.dist
@@ -118,7 +119,7 @@ def test_submit_says_when_each_source_is_used_once_and_the_job_trains_on_the_mix
     out = hpc(
         *("submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "2", "--shard", "2", "--device", "cpu"),
         *("--steps", "3", "--wait", "--run-dir", str(run), "--data", mixture),
-        *("--width", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--batch-size", "2"),
+        *tiny_job(heads=2, seq_len=32, vocab_size=None),
         timeout=200,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -13,6 +13,7 @@ from cli_helpers import assert_cli_imports_no_torch, hpc
 from hpc_hsdp.rundir import attempts
 from hpc_hsdp.rundir.scalars import record_scalars
 from hpc_hsdp.rundir.stragglers import persistent
+from tests.job_helpers import tiny_job
 from tests.observe_helpers import NODES
 
 # ----------------------------------------------------------------------------- a real 2 x 2 run
@@ -146,33 +147,8 @@ def test_submit_wait_and_status_name_the_slow_node_without_torch(tmp_path):
     run = tmp_path / "run"
     submit = [
         "submit",
-        "--cluster",
-        "local",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--shard",
-        "2",
-        "--steps",
-        "16",
-        "--straggler-every",
-        "2",
-        "--width",
-        "32",
-        "--layers",
-        "1",
-        "--seq-len",
-        "8",
-        "--batch-size",
-        "2",
-        "--vocab-size",
-        "64",
-        "--run-dir",
-        str(run),
-        "--env",
-        "HPC_HSDP_FAULT_SLOW_RANK=2:0.2,3:0.2",
-        "--wait",
+        *tiny_job(cluster="local", nodes=2, gpus_per_node=2, shard=2, steps=16, straggler_every=2),
+        *("--run-dir", str(run), "--env", "HPC_HSDP_FAULT_SLOW_RANK=2:0.2,3:0.2", "--wait"),
     ]
     out = hpc(*submit)
     assert out.returncode == 0, out.stdout + out.stderr

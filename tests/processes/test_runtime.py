@@ -27,6 +27,7 @@ from hpc_hsdp.plan.slurm_env import task_environments
 from hpc_hsdp.plan.topology import plan_for
 from hpc_hsdp.rundir.files import read_jsonl
 from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
+from tests.job_helpers import tiny_job
 from tests.runtime_helpers import (
     compare_checkpoints,
     compare_states,
@@ -335,16 +336,7 @@ def test_cli_run_with_entry(tmp_path):
         "60",
         "--steps",
         "4",
-        "--layers",
-        "1",
-        "--width",
-        "16",
-        "--heads",
-        "2",
-        "--seq-len",
-        "8",
-        "--vocab-size",
-        "32",
+        *tiny_job(width=16, heads=2, batch_size=None, vocab_size=32),
     ]
     base = env_outside_job()
     procs = [
@@ -387,16 +379,7 @@ def test_torchrun_launch_uses_torchruns_variables(tmp_path):
         "60",
         "--steps",
         "2",
-        "--layers",
-        "1",
-        "--width",
-        "16",
-        "--heads",
-        "2",
-        "--seq-len",
-        "8",
-        "--vocab-size",
-        "32",
+        *tiny_job(width=16, heads=2, batch_size=None, vocab_size=32),
     ]
     done = subprocess.run(args, env={**base, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
