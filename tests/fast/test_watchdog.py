@@ -85,3 +85,26 @@ def test_only_the_main_threads_collectives_are_counted_and_uninstall_restores(mo
     finally:
         counter.uninstall()
     assert dist.all_reduce is original
+
+
+def test_a_rank_that_read_rank_0s_verdict_says_so_in_the_store(monkeypatch):
+    """Rank 0 waits (up to GATHER_S) for every other rank's ``read<rank>`` before its process,
+    which holds the job's store, ends; a rank that got the verdict writes it (found by mypy:
+    the write sat in the branch without a store)."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from hpc_hsdp.task.resilience import watchdog
+
+    monkeypatch.setattr(watchdog, "ENDING", threading.Event())
+    store = dist.HashStore()
+    store.set("job/verdict", "hang at step 3")
+    ctx = SimpleNamespace(rank=1, world_size=2, run_dir=None, layout=SimpleNamespace(node="n1"))
+    exits: list[int] = []
+    dog = watchdog.Watchdog(ctx, env={}, exit_fn=exits.append)
+    dog._store, dog._prefix = store, "job/"
+    dog._hung()
+    assert exits == [watchdog.EXIT_HUNG]
+    assert store.check(["job/rank1"]) and store.check(["job/read1"])

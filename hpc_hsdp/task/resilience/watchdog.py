@@ -346,10 +346,10 @@ class Watchdog:
             note(f"watchdog: rank {rank}: stacks above; " + (verdict or "rank 0 did not answer"))
             if verdict is None:  # rank 0 is gone: perhaps with its node
                 self._lost_peers(f"hang after step {self.last_step}: rank 0 did not answer the watchdog")
-        else:
-            self._lost_peers(f"hang after step {self.last_step}: the job's store is unreachable")
             with contextlib.suppress(Exception):
                 store.set(self._prefix + f"read{rank}", "1")
+        else:
+            self._lost_peers(f"hang after step {self.last_step}: the job's store is unreachable")
         self.exit_fn(EXIT_HUNG)
 
     def _collect(self, store, world: int, me: int, *, key: str = "rank") -> dict[int, dict]:
