@@ -189,6 +189,20 @@ class TokenSource(Protocol):
     def read(self, start: int, length: int) -> np.ndarray: ...
 
 
+class SampleSource(Protocol):
+    """Where a run's samples come from (:class:`DatasetSamples`, :class:`MixtureSamples`,
+    :class:`~hpc_hsdp.data.synthetic.SyntheticSamples`): ``read(sample_ids)`` -> ``(rows, seq_len + 1)``
+    int64, and the sizes."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def max_token_id(self) -> int: ...
+
+    def read(self, sample_ids) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class DatasetSamples:
     """Samples of a token dataset (anything with ``read(start, length)`` and ``num_tokens``,

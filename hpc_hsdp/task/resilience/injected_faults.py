@@ -201,8 +201,9 @@ def in_step(rank: int) -> None:
             time.sleep(seconds)
 
 
-def after_step(rank: int, world_size: int, step: int, batches) -> None:
-    """Called by the loop after every step with this rank's micro-batches (``.sample_ids`` each)."""
+def after_step(rank: int | str, world_size: int, step: int, batches) -> None:
+    """Called by the loop after every step with this rank's micro-batches (``.sample_ids`` each); ``rank``:
+    the coordinator's label of it (a replica group's names its group too)."""
     if _active.sample_log is None:
         return
     line = json.dumps(

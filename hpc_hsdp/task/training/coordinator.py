@@ -110,6 +110,7 @@ class OneGroup:
         return range(first, last + 1)
 
     def begin(self, number: int) -> tuple[int, list[MicroBatch], float]:
+        assert self.loader is not None  # steps() opened it
         batches, waited = self.loader.next_step(number)
         return number, batches, waited
 

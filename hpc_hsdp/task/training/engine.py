@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_hsdp.batch_shell import eval_job
+from hpc_hsdp.data.sampler import MixtureOrder
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.models import resolve_model
 from hpc_hsdp.plan.mixture import rows_after, rows_of_step
@@ -298,9 +299,9 @@ class Engine:
         whole passes over each source after the step) and, given the
         per-source losses that :meth:`train_step` returns after its first three values,
         ``loss/NAME`` (a source without rows in the step has none)."""
-        if not self.sources:
-            return {}
         order = self.data.order
+        if not self.sources or not isinstance(order, MixtureOrder):
+            return {}
         rows = rows_of_step(order.mixture, number, self.data.layout.global_batch)
         used = rows_after(order.mixture, number, self.data.layout.global_batch)
         out: dict = {}
@@ -382,6 +383,7 @@ class Engine:
             return None
         started = time.perf_counter()
         if self.source_evaluation:  # a mixture: each source on its own val split; eval_loss their weighted mean
+            assert isinstance(self.data.order, MixtureOrder)  # source_vals are a mixture's
             shares = dict(zip(self.sources, self.data.order.mixture.shares))
             for name, (val, ids) in self.source_evaluation.items():
                 record[f"eval_loss/{name}"] = evaluate(
@@ -389,6 +391,7 @@ class Engine:
                 )
             record["eval_loss"] = sum(float(shares[n]) * record[f"eval_loss/{n}"] for n in self.source_evaluation)
         else:
+            assert self.evaluation is not None  # evaluation_due
             record["eval_loss"] = evaluate(
                 self.ctx,
                 self.model,
@@ -464,6 +467,7 @@ class Engine:
 
     def _debug(self, step: int, rank: int) -> None:
         """Every rank, at the boundary after ``step``: rank ``rank`` in the debugger, the others waiting."""
+        assert self.debug_point is not None  # agreed only with one
         if self.debug_point.pause(step, rank, self.watchdog) == QUIT:
             self.quit_reason = "debugger"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
+from hpc_hsdp.data.sampler import BatchLayout, MixtureOrder, SampleOrder
 
 
 @dataclass
@@ -69,7 +69,7 @@ class BatchLoader:
         self,
         source,
         *,
-        order: SampleOrder,
+        order: SampleOrder | MixtureOrder,
         layout: BatchLayout,
         rank: int,
         first_step: int,

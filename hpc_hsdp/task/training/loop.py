@@ -134,8 +134,10 @@ def _one_step(engine: Engine, number: int, result: TrainResult, on_step: OnStep 
         result.stopped, result.stop_reason = True, engine.quit_reason
         return True
     if stopping:
-        result.stopped, result.stop_reason = True, engine.ctx.preemption.stop_reason
-        engine.announce_stop(result.stop_reason, number)
+        preemption = engine.ctx.preemption
+        assert preemption is not None and preemption.stop_reason is not None  # agreed_stop: a signal was agreed
+        result.stopped, result.stop_reason = True, preemption.stop_reason
+        engine.announce_stop(preemption.stop_reason, number)
         return True
     engine.save_if_due(number)
     return False

@@ -113,8 +113,13 @@ def make_optimizer(model: nn.Module, optimizer: OptimizerSection) -> torch.optim
         {"params": no_decay, "weight_decay": 0.0},
     ]
     device = params[0].device if params else torch.device("cpu")
-    kernel = {"fused": True} if device.type == "cpu" else {"foreach": True}
-    return LocalShardAdamW([g for g in groups if g["params"]], lr=optimizer.lr, **kernel)
+    on_cpu = device.type == "cpu"
+    return LocalShardAdamW(
+        [g for g in groups if g["params"]],
+        lr=optimizer.lr,
+        fused=True if on_cpu else None,
+        foreach=None if on_cpu else True,
+    )
 
 
 def record_model(ctx: RunContext, adapter, training: TrainingSpec) -> None:

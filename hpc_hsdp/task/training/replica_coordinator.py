@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -38,9 +39,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hpc_hsdp.files import open_for_writing
+from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.files import append_jsonl
 from hpc_hsdp.rundir.replica_membership import MEMBERSHIP_LOG
 from hpc_hsdp.task.observation.log import note, say
+from hpc_hsdp.task.parallelism.dist import RunContext
 from hpc_hsdp.task.parallelism.tensor_parallel import local_value, loss_context
 from hpc_hsdp.task.training.optimizer import local_shard
 from hpc_hsdp.task.training.step import local_grads
@@ -58,6 +61,35 @@ the meantime): its ranks would wait out the whole timeout for a quorum the new l
 
 FALLBACK_LOCK = ".fallback-save.lock"
 """Under ``<run-dir>/checkpoints``: held by the one surviving group that saves on a fall back."""
+
+
+class Waitable(Protocol):
+    """A collective in flight (torchft's ``Work``)."""
+
+    def wait(self) -> object: ...
+
+
+class ReplicaManager(Protocol):
+    """What a replica group asks of torchft's ``Manager`` (:func:`torchft_manager`; tests give a stand-in)."""
+
+    _quorum_future: object
+    """The quorum request in flight; None lets ``start_quorum`` ask again after a failed one."""
+    _quorum_id: int
+    """The lighthouse's number of the current quorum (a new one when its members change)."""
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None: ...
+
+    def allreduce(self, tensor: torch.Tensor, reduce_op=...) -> Waitable: ...
+
+    def start_quorum(self, *, timeout: timedelta) -> None: ...
+
+    def current_step(self) -> int: ...
+
+    def num_participants(self) -> int: ...
+
+    def participating_rank(self) -> int | None: ...
+
+    def shutdown(self, wait: bool = ...) -> None: ...
 
 
 def _to_local_tree(value):
@@ -89,6 +121,9 @@ def heal_transport(timeout: timedelta, address: str | None):
     from torchft.checkpointing.http_transport import HTTPTransport  # noqa: PLC0415 - the optional extra
 
     class BoundHTTPTransport(HTTPTransport):
+        _server: ThreadingHTTPServer
+        _thread: Thread
+
         def __init__(self) -> None:
             self._host = address  # before torchft's __init__, which logs address()
             super().__init__(timeout=timeout, num_chunks=0)
@@ -98,9 +133,10 @@ def heal_transport(timeout: timedelta, address: str | None):
             self._server.shutdown()
             self._thread.join()
             self._server.server_close()
+            family = AF_INET6 if ":" in address else AF_INET
 
             class Server(ThreadingHTTPServer):
-                address_family = AF_INET6 if ":" in address else AF_INET
+                address_family = family
                 request_queue_size = 1024
 
             self._server = Server((address, 0), handler)
@@ -136,7 +172,7 @@ def heal_address(env) -> str | None:
         return None
 
 
-def torchft_manager(group: ReplicaGroup):
+def torchft_manager(group: ReplicaGroup) -> ReplicaManager:
     """torchft's ``Manager`` of ``group`` (collective: the group's ranks): a torchft process group
     (NCCL on GPU, gloo on CPU) to the same rank of every live group, the group's own store, the
     lighthouse of ``TORCHFT_LIGHTHOUSE``; the heal's state comes and goes through the group's
@@ -172,7 +208,13 @@ class ReplicaGroup:
     (:class:`~hpc_hsdp.task.training.coordinator.StepCoordinator`): see the module docstring.
     ``make_manager(group)``: torchft's manager of the group (:func:`torchft_manager`)."""
 
-    def __init__(self, ctx, training, *, make_manager: Callable[[ReplicaGroup], object] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        training: TrainingSpec,
+        *,
+        make_manager: Callable[[ReplicaGroup], ReplicaManager] | None = None,
+    ) -> None:
         self.ctx, self.training = ctx, training
         self.replica_id, self.num_groups, self.attempt = ctx.replica or (0, 1, 0)
         self._make_manager = make_manager or torchft_manager
@@ -273,6 +315,7 @@ class ReplicaGroup:
         from hpc_hsdp.task.training.loader import MicroBatch, read_rows  # noqa: PLC0415 - no cycle at import
 
         data, ctx = self.data, self.ctx
+        assert self.replicas is not None and self.index is not None  # quorum() found them
         layout = data.layout
         positions = layout.step_positions(number)
         spans = group_rows(
@@ -301,6 +344,7 @@ class ReplicaGroup:
         from hpc_hsdp.task.resilience.preemption import NONE, TERMINATE, WARNING, split_stop_code  # noqa: PLC0415 - beside step.py's
 
         model, adapter, ctx = self.model, self.adapter, self.ctx
+        assert self.replicas is not None  # quorum() found them
         device = batches[0].inputs.device
         scale = ctx.data_world_size * self.replicas / self.data.layout.global_batch
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)

@@ -18,11 +18,13 @@ from hpc_hsdp.data.sampler import (
     MixtureOrder,
     MixtureSamples,
     SampleOrder,
+    SampleSource,
     eval_sample_ids,
 )
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.data.tokens import DataError, check_token_data, open_dataset, open_eval_dataset
+from hpc_hsdp.data.tokens import DataError, TokenDataset, check_token_data, open_dataset, open_eval_dataset
 from hpc_hsdp.job.spec import TrainingSpec
+from hpc_hsdp.plan.mixture import Mixture
 from hpc_hsdp.task.parallelism.dist import RunContext
 from hpc_hsdp.task.training.loader import BatchLoader
 
@@ -31,9 +33,8 @@ from hpc_hsdp.task.training.loader import BatchLoader
 class TrainData:
     """Where the samples come from: the train and held-out sources, the order and the split."""
 
-    train: object
-    """``read(sample_ids)`` -> ``(rows, seq_len + 1)`` int64; ``num_samples``; ``max_token_id``."""
-    val: object | None
+    train: SampleSource
+    val: SampleSource | None
     """The held-out source (None: no evaluation, or a mixture's, whose are ``source_vals``)."""
     order: SampleOrder | MixtureOrder
     layout: BatchLayout
@@ -43,7 +44,7 @@ class TrainData:
     """``synthetic`` or the dataset path (for checkpoints and messages)."""
     datasets: tuple = ()
     """The opened token datasets (train, val), for :func:`check_data`."""
-    source_vals: dict | None = None
+    source_vals: dict[str, SampleSource] | None = None
     """A mixture's held-out sources by name (each source's val split; None: one dataset)."""
 
     @property
@@ -76,10 +77,10 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
         grad_accum=training.dataset.grad_accum,
     )
     if training.dataset.data is None:
-        train = SyntheticSamples(
+        train: SampleSource = SyntheticSamples(
             seed=training.optimizer.seed, seq_len=training.dataset.seq_len, vocab_size=training.model.vocab_size
         )
-        val = (
+        val: SampleSource | None = (
             SyntheticSamples(
                 seed=training.optimizer.seed,
                 seq_len=training.dataset.seq_len,
@@ -98,7 +99,7 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
             description="synthetic",
         )
     if training.dataset.mixture is not None:
-        return _open_mixture(training, layout)
+        return _open_mixture(training, training.dataset.mixture, layout)
     train_ds = open_dataset(training.dataset.data, split="train")
     val_ds = (
         open_eval_dataset(training.dataset.data, training.dataset.val_data) if training.evaluation.eval_every else None
@@ -121,11 +122,12 @@ def open_data(training: TrainingSpec, world_size: int) -> TrainData:
     )
 
 
-def _open_mixture(training: TrainingSpec, layout: BatchLayout) -> TrainData:
+def _open_mixture(training: TrainingSpec, mixture: Mixture, layout: BatchLayout) -> TrainData:
     """A ``--data NAME=PATH:W,...`` mixture: every source's train split (and val split with
     ``--eval-every``), one vocabulary, one order over all of them."""
-    mixture = training.dataset.mixture
-    trains, vals, datasets = [], {}, []
+    trains: list[DatasetSamples] = []
+    vals: dict[str, SampleSource] = {}
+    datasets: list[tuple[TokenDataset, TokenDataset | None]] = []
     vocab_sizes = set()
     for source in mixture.sources:
         train_ds = open_dataset(source.path, split="train")
@@ -232,6 +234,7 @@ def source_table(data: TrainData) -> dict | None:
 
 def eval_samples(data: TrainData, training: TrainingSpec) -> np.ndarray:
     """The fixed held-out samples of every evaluation: ``--eval-batches`` global batches."""
+    assert data.val is not None  # evaluated only with a held-out source
     return eval_sample_ids(
         num_samples=data.val.num_samples,
         count=training.evaluation.eval_batches * data.layout.global_batch,
@@ -239,7 +242,7 @@ def eval_samples(data: TrainData, training: TrainingSpec) -> np.ndarray:
     )
 
 
-def source_eval_samples(data: TrainData, training: TrainingSpec) -> dict[str, tuple[object, np.ndarray]]:
+def source_eval_samples(data: TrainData, training: TrainingSpec) -> dict[str, tuple[SampleSource, np.ndarray]]:
     """A mixture's evaluation: per source, (its val split, its fixed held-out samples:
     ``--eval-batches`` global batches of it); empty for one dataset."""
     count = training.evaluation.eval_batches * data.layout.global_batch

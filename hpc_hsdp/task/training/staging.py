@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_hsdp.data.staging_copies import StageResult, launch_token, stage_files, stage_root
+from hpc_hsdp.data.tokens import TokenDataset
 from hpc_hsdp.errors import DataError, HsdpError
 from hpc_hsdp.plan.staging_dir import stage_base
 from hpc_hsdp.rundir.staging_record import node_staging, staging_lines, write_staging_record
@@ -27,9 +28,9 @@ POLL_S = 2.0
 """How often the ranks agree whether every node's copy is ready."""
 
 
-def token_datasets(data: TrainData) -> list:
+def token_datasets(data: TrainData) -> list[TokenDataset]:
     """The token datasets the run reads (train, held-out; a mixture's sources' of both)."""
-    found = []
+    found: list[TokenDataset] = []
     for entry in data.datasets:
         for ds in entry if isinstance(entry, tuple) else (entry,):
             if ds is not None and all(ds is not seen for seen in found):
@@ -38,7 +39,9 @@ def token_datasets(data: TrainData) -> list:
 
 
 def _injected_free_bytes(root) -> int:
-    return injected_faults.stage_free_bytes()
+    free = injected_faults.stage_free_bytes()
+    assert free is not None  # used only while the fault sets it
+    return free
 
 
 class Staging:
@@ -80,15 +83,22 @@ class Staging:
         self._wait_for_every_node()
         waited = time.perf_counter() - began
         node = self.ctx.layout.node
-        mine = (node, {"error": self._error} if self._error else {**self._result.as_record(), "waited_s": waited})
+        result = self._result
+        mine: tuple[str, dict]
+        if self._error:
+            mine = (node, {"error": self._error})
+        else:
+            assert result is not None  # the part ended without an error
+            mine = (node, {**result.as_record(), "waited_s": waited})
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         failed = [(node, r["error"]) for node, r in gathered if "error" in r]
         if failed:
             node, error = failed[0]
             raise DataError(error if node in error else f"{error} (on {node})")
+        assert result is not None  # no rank failed, this one neither
         for ds in self.datasets:
-            ds.read_from(self._result.local_paths())
+            ds.read_from(result.local_paths())
         record = node_staging(gathered, self.value)
         if self.ctx.is_rank0:
             if self.ctx.run_dir is not None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from hpc_hsdp.plan.topology import ParallelDims
 from hpc_hsdp.task.parallelism.dist import RunContext
@@ -21,8 +23,12 @@ from hpc_hsdp.task.training.optimizer import local_shard
 def local_grads(model: nn.Module, device: torch.device, dims: ParallelDims) -> tuple[list[torch.Tensor], torch.Tensor]:
     """This rank's gradient shards and their squared L2 norm, in a few kernels (to sum over the
     ranks; a gradient every rank of a tp group holds whole counts 1/T on each)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    grads = [local_shard(p.grad) for p in params]
+    params: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    for p in model.parameters():
+        if p.grad is not None:
+            params.append(p)
+            grads.append(local_shard(p.grad))
     if not grads:
         return grads, torch.zeros((), device=device)
     squares = torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]).pow(2)
@@ -86,7 +92,7 @@ def train_step(
     by_source = torch.zeros(2 * num_sources, device=device, dtype=torch.float32)
     for index, batch in enumerate(batches):
         if accum > 1:
-            model.set_requires_all_reduce(index == accum - 1)
+            cast(FSDPModule, model).set_requires_all_reduce(index == accum - 1)  # fully_shard made it one
         with loss_scope():
             rows = (
                 row_losses(adapter, model, batch.inputs, batch.targets)
