@@ -36,7 +36,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -125,12 +125,13 @@ def latest_whole(run_dir: str | Path, *, verify: bool = True, store=None) -> tup
     is first fetched into the run directory (:func:`_fetch`: each rank its share, checked against
     the store's manifest) and then checked and loaded as a local one."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    candidates = [None]
+    candidates: list[list[tuple[int, str, bool, bool]]] = [[]]  # rank 0's, after the broadcast
     if rank == 0:
         candidates[0] = _candidates(run_dir, store)
     dist.broadcast_object_list(candidates, src=0)
     problems = []
-    for step, path, stored, fetch in candidates[0]:
+    for step, local_path, stored, fetch in candidates[0]:
+        path = Path(local_path)
         if fetch:
             path, problem = _fetch(store, run_dir, step)
             if problem is not None:
@@ -138,31 +139,31 @@ def latest_whole(run_dir: str | Path, *, verify: bool = True, store=None) -> tup
                 if rank == 0:
                     note(f"warning: step {step} of {store.url} is not usable ({problem}); trying the one before it")
                 continue
-        problem = [None]
+        found_damage: list[str | None] = [None]
         if rank == 0:
             # the checks of the files (accidents), then of what they hold (nothing that runs)
-            problem[0] = (damage(path) or unsafe_content(path)) if verify else unsafe_content(path)
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0] is None and verify:
+            found_damage[0] = (damage(path) or unsafe_content(path)) if verify else unsafe_content(path)
+        dist.broadcast_object_list(found_damage, src=0)
+        if found_damage[0] is None and verify:
             manifest = read_manifest(path) or {}
             mine = sorted(manifest.get("files", {}))[rank::world]
             try:
                 local = damage(path, checksum_files=mine) if mine else None
             except OSError as exc:
                 local = f"unreadable ({exc.strerror})"
-            found = [None] * world
+            found: list[str | None] = [None] * world
             dist.all_gather_object(found, local)
-            problem[0] = next((p for p in found if p is not None), None)
-        if problem[0] is None:
+            found_damage[0] = next((p for p in found if p is not None), None)
+        if found_damage[0] is None:
             if problems and rank == 0:
                 note(
                     f"warning: resuming from the previous whole checkpoint {path}; newer ones are "
                     f"damaged: {'; '.join(problems)}"
                 )
             return step, Path(path), stored
-        problems.append(f"{Path(path).name}: {problem[0]}")
+        problems.append(f"{Path(path).name}: {found_damage[0]}")
         if rank == 0:
-            note(f"warning: checkpoint {path} is damaged ({problem[0]}); trying the one before it")
+            note(f"warning: checkpoint {path} is damaged ({found_damage[0]}); trying the one before it")
     if problems:
         where = checkpoint_root(run_dir) if store is None else f"{checkpoint_root(run_dir)} or {store.url}"
         raise CheckpointError(
@@ -212,7 +213,7 @@ def _fetch(store, run_dir, step: int) -> tuple[Path, str | None]:
     their CRC-32s against the manifest, rank 0 marks the copy complete. (path, problem)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     root, final, tmp = _paths(run_dir, step)
-    head = [None, None]
+    head: list[Any] = [None, None]  # (the manifest, the problem), rank 0's after the broadcast
     if rank == 0:
         try:
             manifest = store.manifest(step)
@@ -234,7 +235,7 @@ def _fetch(store, run_dir, step: int) -> tuple[Path, str | None]:
         return final, problem
     files = manifest["files"]
     mine = sorted(files)[rank::world] + ([TRAIN_STATE, MANIFEST] if rank == 0 else [])
-    local = None
+    local: str | None = None
     try:
         limit = time.monotonic() + STORE_LIST_WAIT_S
         retrying(lambda: store.get(step, mine, tmp), what=f"downloading step {step}", deadline=lambda: limit)
@@ -245,7 +246,7 @@ def _fetch(store, run_dir, step: int) -> tuple[Path, str | None]:
                 break
     except (StoreError, OSError) as exc:
         local = short(exc)
-    found = [None] * world
+    found: list[str | None] = [None] * world
     dist.all_gather_object(found, local)
     problem = next((p for p in found if p is not None), None)
     if rank == 0:
@@ -266,7 +267,7 @@ def load(path: str | Path, model, optimizer) -> dict:
     returns the saved ``train_state.json``."""
     path = Path(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}  # DCP's load may put new entries in
     load_state(state, path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return saved_train_state(path)
@@ -341,7 +342,8 @@ def _space_needed(state: dict, run_dir, root: Path) -> tuple[int, int]:
 
 def _no_space(exc: BaseException) -> OSError | None:
     """The ENOSPC/EDQUOT error inside what DCP raised (a CheckpointException per rank), if any."""
-    seen, todo = set(), [exc]
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
@@ -401,9 +403,9 @@ def _commit(
     COMPLETE, rename, prune; then each rank hands the checkpoint to its ``uploads`` (``--checkpoint-store``)."""
     rank = dist.get_rank(group)
     records = {name: file_record(tmp / name, checksum=True) for name in _own_files(tmp, dist.get_rank())}
-    gathered = [None] * dist.get_world_size(group) if rank == 0 else None
+    gathered: list[dict[str, dict]] | None = [{} for _ in range(dist.get_world_size(group))] if rank == 0 else None
     dist.gather_object(records, gathered, dst=0, group=group)
-    if rank == 0:
+    if gathered is not None:  # rank 0
         files = {name: record for part in gathered for name, record in part.items()}
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -517,6 +519,7 @@ class AsyncSaver:
         state = _state(model, optimizer)
         needed = _check_space(state, root, tmp, step=step, run_dir=self.run_dir)
         written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+        assert isinstance(written, Future)  # the upload's future (a response with both futures: an async stager only)
         rank = dist.get_rank()
 
         def finish() -> Path:
@@ -615,6 +618,7 @@ def save_checkpoint(
         "data": data_state(data, step, training.optimizer.seed),
         "extra": extra or {},
     }
+    assert ctx.run_dir is not None  # a run without a run directory saves nothing
     if background is not None:
         background.save(model, optimizer, step=step, train_state=train_state)
         return checkpoint_root(ctx.run_dir) / step_dir_name(step)

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_hsdp.rundir.checkpoint_store import (
     CheckpointStore,
@@ -60,7 +60,12 @@ class StoreUploads:
         """Steps handed over and not yet committed (or given up): rank 0 keeps their local copies."""
         self.committed: int | None = None
         self.failed: dict[int, str] = {}
-        self._record = {"url": str(store.url), "committed_step": None, "uploading": None, "retrying": None}
+        self._record: dict[str, Any] = {
+            "url": str(store.url),
+            "committed_step": None,
+            "uploading": None,
+            "retrying": None,
+        }
         self._thread = threading.Thread(target=self._run, name="hpc-hsdp-upload", daemon=True)
         self._thread.start()
 

@@ -51,8 +51,7 @@ def read_model_record(run_dir: Path) -> dict:
             f"older than export); give the --run-dir of a training run"
         )
     try:
-        record = read_json(path, max_bytes=_MAX_RECORD_BYTES, finite=False)  # an hf config may hold Infinity
-        _check_model_record(record)
+        record = _checked_model_record(read_json(path, max_bytes=_MAX_RECORD_BYTES, finite=False))  # hf: Infinity
     except UnreadableFile as exc:
         raise SpecError(f"{exc}; give the --run-dir of a training run") from None
     except (OSError, ValueError) as exc:
@@ -62,8 +61,9 @@ def read_model_record(run_dir: Path) -> dict:
     return record
 
 
-def _check_model_record(record: object) -> None:
-    """The fields export uses, of the types the loop writes (ValueError naming the first that is not)."""
+def _checked_model_record(record: object) -> dict:
+    """``record`` when the fields export uses are of the types the loop writes (else ValueError naming
+    the first that is not)."""
     if not isinstance(record, dict):
         raise ValueError("not a JSON object")
     adapter, training = record.get("adapter", {}), record.get("training", {})
@@ -76,6 +76,7 @@ def _check_model_record(record: object) -> None:
     vocab = record.get("vocab_size")
     if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab < 1 << 31):
         raise ValueError("vocab_size is not a positive integer")
+    return record
 
 
 _MAX_RECORD_BYTES = 16 << 20
@@ -124,15 +125,16 @@ def build_unsharded(record: dict, *, model: str | None = None, where: Path = Pat
         meta = model_from_config_dict(adapter_record["config"])
     else:
         training = _training_from(record)
+        adapter: BuiltinAdapter | FactoryAdapter
         if kind == "builtin":
             adapter = BuiltinAdapter.from_training(training, data_vocab_size=record.get("vocab_size"))
         else:
             adapter = FactoryAdapter(training.replace(model=factory_of(record, model, where)))
         meta = adapter.build_meta()
-    model = copy.deepcopy(meta)
-    model.to_empty(device="cpu")
-    retie_like(model, meta)
-    return model, kind
+    built = copy.deepcopy(meta)
+    built.to_empty(device="cpu")
+    retie_like(built, meta)
+    return built, kind
 
 
 def load_model_values(model, checkpoint_path: Path) -> None:
