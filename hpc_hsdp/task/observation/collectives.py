@@ -159,13 +159,13 @@ class _Installation:
                     completed = True
                     return result
                 finally:
-                    for listener in left:
-                        listener(name, completed)
+                    for leaving in left:
+                        leaving(name, completed)
             finally:
                 _inside.call = False
 
         functools.update_wrapper(wrapper, original)
-        wrapper.__hpc_hsdp_installation__ = self
+        setattr(wrapper, "__hpc_hsdp_installation__", self)  # noqa: B010 - a function's own attribute, unknown to its type
         return wrapper
 
     def update(self) -> None:

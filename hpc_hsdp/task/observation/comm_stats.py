@@ -146,8 +146,11 @@ class CommStats:
                 ranks, axis = tuple(range(dist.get_world_size())), "world"
             else:
                 ranks = tuple(dist.get_process_group_ranks(group))
-                axis = self._axis_of_group.get(id(group)) or self._axis_of_ranks.get(ranks)
-                axis = axis or ("world" if group is dist.group.WORLD else "other")
+                axis = (
+                    self._axis_of_group.get(id(group))
+                    or self._axis_of_ranks.get(ranks)
+                    or ("world" if group is dist.group.WORLD else "other")
+                )
             nodes = {self.node_of_rank[r] for r in ranks} if self.node_of_rank else set()
             info = (axis, len(ranks), len(nodes) > 1)
             self._group_info[key] = info

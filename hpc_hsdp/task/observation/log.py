@@ -23,11 +23,11 @@ class _CurrentStream(logging.Handler):
 
     def __init__(self, name: str) -> None:
         super().__init__(logging.INFO)
-        self.name = name
+        self.stream_name = name
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            stream = getattr(sys, self.name)
+            stream = getattr(sys, self.stream_name)
             stream.write(self.format(record) + "\n")
             stream.flush()
         except Exception:  # noqa: BLE001 - logging must never end a task

@@ -86,6 +86,7 @@ def open_tracker(start) -> MlflowTracker:
         run = client.create_run(experiment_id, run_name=start.name, tags={"hpc_hsdp.run_dir": str(start.run_dir)})
         attempt, through, redone = 1, 0, range(0)
     else:
+        assert entry is not None  # the run was found through it
         attempt = int(entry.get("attempts", 0)) + 1
         through = start.continues_after(entry)
         redone = start.redone_after(through)

@@ -376,16 +376,17 @@ def _join(layout: RankLayout, torch_device: torch.device, *, rank: int, timeout_
         torch.cuda.set_device(torch_device)
     timeout = timedelta(seconds=timeout_s)
     if layout.launch_mode == "torchrun":
-        rendezvous = {"init_method": "env://"}  # torchrun's agent already serves the store at MASTER_ADDR:PORT
+        init_method, store = "env://", None  # torchrun's agent already serves the store at MASTER_ADDR:PORT
     else:
-        rendezvous = {"store": rendezvous_store(layout, rank=rank, timeout=timeout)}
+        init_method, store = None, rendezvous_store(layout, rank=rank, timeout=timeout)
     dist.init_process_group(
         backend="nccl" if torch_device.type == "cuda" else "gloo",
+        init_method=init_method,
         rank=rank,
         world_size=layout.world_size,
         timeout=timeout,
+        store=store,
         device_id=torch_device if torch_device.type == "cuda" else None,
-        **rendezvous,
     )
     return init_device_mesh(torch_device.type, layout.plan.mesh_shape, mesh_dim_names=layout.plan.mesh_axis_names)
 
@@ -481,12 +482,13 @@ def task_versions(run_dir: Path | None = None) -> dict:
     }
     if run_dir is not None:  # the checked private copy of code/ the batch script put first on PYTHONPATH
         verified = os.environ.get(SNAPSHOT_VARIABLE)
-        record["snapshot_used"] = bool(verified) and package.parent == Path(verified).resolve()
+        record["snapshot_used"] = bool(verified and package.parent == Path(verified).resolve())
     return record
 
 
 def write_versions(ctx: RunContext) -> None:
     """``task_provenance.json`` of this attempt (rank 0); a failed write is said, not fatal."""
+    assert ctx.run_dir is not None
     try:
         write_task_provenance(ctx.run_dir, task_versions(ctx.run_dir))
     except OSError as exc:

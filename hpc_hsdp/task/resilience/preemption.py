@@ -39,13 +39,21 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.scheduler.backends.slurm_task import REQUEST_FIELDS_VARIABLE
 from hpc_hsdp.scheduler.restart_policy import RestartPolicy
 from hpc_hsdp.task.observation.log import note
+
+if TYPE_CHECKING:
+    import torch
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+"""What ``signal.signal`` takes and gives back: a function, ``SIG_DFL``/``SIG_IGN``, or None (not set from Python)."""
 
 WARNING_SIGNAL_ENV = "HPC_HSDP_WARNING_SIGNAL"
 """Name of the job's warning signal (``USR2``); the rendered script exports it from ``--signal``."""
@@ -116,8 +124,8 @@ class Preemption:
         self.agreed_debug = 0
         """The debugger's part of the last agreed code: 0, or the rank to stop + 1."""
         self.outcome: StopOutcome | None = None
-        self._previous: dict[signal.Signals, object] = {}
-        self._tensor = None
+        self._previous: dict[signal.Signals, SignalHandler] = {}
+        self._tensor: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ signals (this task)
 

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -139,7 +140,8 @@ def _ranks(ranks: list[int]) -> str:
 def main_thread_position() -> tuple[bool, str | None]:
     """Whether the main thread is inside torch.distributed (waiting in a collective, or in
     FSDP's wait for one), and its innermost frame as ``file.py:LINE in function``."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main) if main is not None else None
     if frame is None:
         return False, None
     where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
@@ -157,9 +159,10 @@ def python_threads() -> list[dict]:
     (the format of :mod:`hpc_hsdp.rundir.stacks`)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main = threading.main_thread().ident
-    threads = []
+    threads: list[dict] = []
     for ident, top in sys._current_frames().items():
-        frames, current = [], top
+        frames: list[dict] = []
+        current: FrameType | None = top
         while current is not None:
             code = current.f_code
             frames.append(frame(getattr(code, "co_qualname", code.co_name), code.co_filename, current.f_lineno))
@@ -188,7 +191,7 @@ def wait_if_ending(limit_s: float = 3 * GATHER_S + 30) -> None:
 def check_restart_budget(ctx, *, max_restarts: int, env: Mapping[str, str]) -> None:
     """Collective. Raise HsdpError on every rank when this job's restarts after failures
     (restarts.jsonl: hang, node failure, killed, error) exceed ``max_restarts``."""
-    verdict = [None]
+    verdict: list[str | None] = [None]
     if ctx.rank == 0:
         verdict[0] = RestartPolicy(task_environment(env), run_dir=ctx.run_dir, max_restarts=max_restarts).exceeded()
     if dist.is_initialized() and ctx.world_size > 1:
@@ -222,7 +225,7 @@ class Watchdog:
         self.step_times: list[float] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._store = None
+        self._store: dist.Store | None = None
         self._prefix = ""
         self.paused = False
         """True while every rank waits at a boundary on purpose (``hpc-hsdp debug``): no hang."""
