@@ -28,6 +28,7 @@ Everything here is pure except :func:`load_config`, which reads the file it is g
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -187,10 +188,10 @@ def parse_config(data: Mapping[str, Any], *, path: str | Path) -> dict[str, Any]
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read and check a TOML config file (see the module docstring)."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib  # noqa: PLC0415  (only when a config file is read: render/submit --help stay as quick)
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415  (as above)
+    else:
+        import tomli as tomllib  # noqa: PLC0415  (as above)
 
     path = Path(path)
     try:
@@ -293,7 +294,7 @@ def build_job_spec(
         )
     given = {key: value for key, value in options.items() if value is not None}
     o = {**{declared.key: declared.default for declared in OPTIONS if declared.in_config}, **given}
-    absolute = _absolute_against(cwd)
+    absolute = functools.partial(_absolute_against, cwd)
     if o["run_dir"] is not None:
         o["run_dir"] = absolute(o["run_dir"], "--run-dir")
     else:
@@ -318,7 +319,7 @@ def build_job_spec(
                 if declared.kind == "path":
                     value = absolute(value, declared.flag)
                 elif declared.kind == "data":
-                    value = map_data_paths(value, lambda path, flag=declared.flag: absolute(path, flag))
+                    value = map_data_paths(value, functools.partial(absolute, option=declared.flag))
                 elif declared.kind == "table":
                     value = tuple(dict(value).items())
                 elif declared.kind == "list":
@@ -343,15 +344,10 @@ def build_job_spec(
     )
 
 
-def _absolute_against(cwd: str | Path):
-    def absolute(value: str | None, option: str) -> str | None:
-        if value is None:
-            return None
-        if value == "":
-            raise SpecError(f"{option} is empty; give a path or leave the option out")
-        return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
-
-    return absolute
+def _absolute_against(cwd: str | Path, value: str, option: str) -> str:
+    if value == "":
+        raise SpecError(f"{option} is empty; give a path or leave the option out")
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
 
 
 def key_value_items(option: str, items: tuple[str, ...], *, flag_ok: bool) -> dict[str, str | None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
+from collections.abc import Iterable, Mapping
 from math import gcd as _gcd
 from operator import attrgetter
 
@@ -288,9 +289,10 @@ def check_env_name(option: str, name: str) -> str:
     return name
 
 
-def _pairs(value: object) -> tuple[tuple[str, object], ...]:
-    items = value.items() if isinstance(value, dict) else value
-    merged = dict(items)  # a later pair wins
+def _pairs(
+    value: Mapping[str, str | None] | Iterable[tuple[str, str | None]],
+) -> tuple[tuple[str, str | None], ...]:
+    merged = dict(value)  # a later pair wins
     return tuple(sorted(merged.items()))
 
 
@@ -823,7 +825,7 @@ class JobSpec:
         if not isinstance(self.run, RunSpec):
             raise SpecError(f"JobSpec.run must be a RunSpec, got {type(self.run).__name__}")
         if self.min_nodes is not None:
-            self._check_flexible()
+            self._check_flexible(self.min_nodes)
         run_dir = check_text("--run-dir", self.run.run_dir)
         if not run_dir.startswith("/"):
             raise SpecError(
@@ -928,14 +930,14 @@ class JobSpec:
             spare_nodes=self.spare_nodes,
         )
 
-    def _check_flexible(self) -> None:
-        _positive_int("--nodes MIN", self.min_nodes)
-        if self.min_nodes > self.nodes:
+    def _check_flexible(self, min_nodes: int) -> None:
+        _positive_int("--nodes MIN", min_nodes)
+        if min_nodes > self.nodes:
             raise SpecError(
-                f"--nodes {self.min_nodes}-{self.nodes}: the fewest nodes is more than the most; "
-                f"write {self.nodes}-{self.min_nodes}"
+                f"--nodes {min_nodes}-{self.nodes}: the fewest nodes is more than the most; "
+                f"write {self.nodes}-{min_nodes}"
             )
-        if self.min_nodes == self.nodes:
+        if min_nodes == self.nodes:
             object.__setattr__(self, "min_nodes", None)
             return
         if self.ntasks is not None:
@@ -944,22 +946,23 @@ class JobSpec:
                 f"node count; give --nodes N, or drop --ntasks"
             )
         try:
-            self.plan_at(self.min_nodes)
+            self.plan_at(min_nodes)
         except TopologyError as exc:
-            raise TopologyError(f"--nodes {self.nodes_text}: at {self.min_nodes} node(s): {exc}") from None
+            raise TopologyError(f"--nodes {self.nodes_text}: at {min_nodes} node(s): {exc}") from None
         training = self.run.training
         gpus = self.gpus_per_node
-        given = training.dataset.global_batch_size is not None
-        if not given:  # the stream must not depend on the nodes granted
-            derived = training.dataset.batch_size * self.nodes * gpus * training.dataset.grad_accum
-            training = training.replace(global_batch_size=derived)
+        global_batch_size = training.dataset.global_batch_size
+        given = global_batch_size is not None
+        if global_batch_size is None:  # the stream must not depend on the nodes granted
+            global_batch_size = training.dataset.batch_size * self.nodes * gpus * training.dataset.grad_accum
+            training = training.replace(global_batch_size=global_batch_size)
             object.__setattr__(self, "run", dataclasses.replace(self.run, training=training))
         data_gpus = gpus // self.run.tp_size  # a tp group reads the same rows
-        for count in (self.min_nodes, self.nodes):
+        for count in (min_nodes, self.nodes):
             per_step = count * data_gpus * training.dataset.grad_accum
-            if training.dataset.global_batch_size % per_step:
+            if global_batch_size % per_step:
                 low, high = (
-                    self.min_nodes * data_gpus * training.dataset.grad_accum,
+                    min_nodes * data_gpus * training.dataset.grad_accum,
                     self.nodes * data_gpus * training.dataset.grad_accum,
                 )
                 common = low * high // _gcd(low, high)
@@ -970,7 +973,7 @@ class JobSpec:
                     f"nodes x --grad-accum {training.dataset.grad_accum})"
                 )
                 raise SpecError(
-                    f"--nodes {self.nodes_text}: the global batch {training.dataset.global_batch_size}{what} "
+                    f"--nodes {self.nodes_text}: the global batch {global_batch_size}{what} "
                     f"does not split over "
                     f"{count * data_gpus} data-parallel ranks x --grad-accum {training.dataset.grad_accum} at {count} node(s); give "
                     f"--global-batch-size a multiple of {common}, so every node count SLURM grants "
