@@ -3,36 +3,26 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import click
 
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.click_options import job_option
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.spec import TrainingSpec, check_model, parse_nodes
+from hpc_hsdp.job.model_sizing import _model_options, _params_for_shard, _tp_training
+from hpc_hsdp.job.spec import TrainingSpec, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
     SLURM_KILL_WAIT_S,
     parse_bytes,
-    parse_count,
     recommend_tp,
 )
 from hpc_hsdp.plan.estimates import recommend as recommend_shard_size
 from hpc_hsdp.plan.model_cost import ModelCost, Sizing, activation_shape, model_blocks, sizing
-from hpc_hsdp.plan.replica_layout import replica_shape
-from hpc_hsdp.plan.slurm_env import compress_nodelist
-from hpc_hsdp.plan.switches import parse_node_switches
-from hpc_hsdp.plan.topology import (
-    TopologyPlan,
-    expand_nodelist,
-    parse_tasks_per_node,
-    plan_for,
-    plan_on_switches,
-    valid_tp_sizes,
-)
+from hpc_hsdp.plan.plan_options import _build_plan, _on_switches, _replicas
+from hpc_hsdp.plan.topology import TopologyPlan, valid_tp_sizes
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp_text
 
 
@@ -299,54 +289,6 @@ def plan(
             _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
 
 
-def _on_switches(the_plan: TopologyPlan, text: str, topology: str) -> TopologyPlan:
-    """``the_plan`` over the switches ``text`` names (``HPC_HSDP_NODE_SWITCHES``'s form), ordered and
-    checked as a job with ``--topology`` would be."""
-    places = parse_node_switches(text)
-    if text.strip() and not set(places) & set(the_plan.node_names):
-        raise SpecError(
-            f"--node-switches names none of the job's nodes ({compress_nodelist(the_plan.node_names)}); name the "
-            f"nodes with --nodelist as SLURM does"
-        )
-    return plan_on_switches(
-        tasks_per_node=the_plan.tasks_per_node,
-        shard_size=the_plan.shard_size,
-        node_names=the_plan.node_names,
-        places=places,
-        tp_size=the_plan.tp_size,
-        topology=topology,
-    )
-
-
-def _replicas(the_plan: TopologyPlan, fault_tolerance: str, min_replicas: int, spare_nodes: int, fewest_nodes):
-    """The replica groups, spares and lighthouse of ``--fault-tolerance replica`` (None without it)."""
-    if fault_tolerance != "replica":
-        if spare_nodes:
-            raise SpecError(f"--spare-nodes {spare_nodes} needs --fault-tolerance replica")
-        return None
-    if fewest_nodes is not None:
-        raise SpecError("--fault-tolerance replica does not work with a flexible allocation (--nodes MIN-MAX) yet")
-    return replica_shape(the_plan, min_replicas=min_replicas, spare_nodes=spare_nodes)
-
-
-def _model_options(model, model_params, root_params, recommend: bool, gpu_memory) -> tuple[str | None, dict | None]:
-    """What says the model's size (``--model`` or ``--model-params``), checked against the
-    options that need it; ``model_info`` for ``--model``."""
-    model_info = None
-    if model is not None:
-        if model_params is not None or root_params is not None:
-            raise SpecError("--model and --model-params both say what the model is; keep one")
-        model_params, model_info = "", _model_summary(model)
-    if recommend:
-        if model_params is None:
-            raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
-        if gpu_memory is None:
-            raise SpecError("--recommend needs --gpu-memory (what it must fit in); add e.g. --gpu-memory 80GiB")
-    if root_params is not None and model_params is None:
-        raise SpecError("--root-params needs --model-params; add e.g. --model-params 7B")
-    return model_params, model_info
-
-
 def _node_range(nodes, *, one_allocation: bool) -> tuple[int | None, int | None]:
     """(fewest, most) nodes of ``--nodes``; fewest is None unless the allocation is flexible."""
     if nodes is None:
@@ -431,42 +373,6 @@ def _echo_fewest_nodes(fewest: TopologyPlan, model: ModelCost, *, fewest_nodes: 
     click.echo(plan_text(fewest, estimate=model.estimate(fewest), activations=model.activations), nl=False)
 
 
-def _model_summary(model: str) -> dict:
-    """``--model`` -> {"counts": shard size -> (parameters, root parameters), "record": JSON, "line": text}."""
-    check_model(model)
-    if model == "builtin":
-        counts = _builtin_counts("")
-        params, root = counts(1)
-        return {
-            "counts": counts,
-            "dims": counts.dims,
-            "record": {"model": model, "params": params, "root_params": root},
-            "line": f"model builtin: {params:,} parameters, {root:,} in the root",
-        }
-    if model.startswith("hf:"):
-        from hpc_hsdp.models.hf import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
-
-        shapes, source = read_shapes(TrainingSpec.of(model=model))
-    else:
-        from hpc_hsdp.models.factory import read_shapes  # noqa: PLC0415  (models/ loads only for --model)
-
-        shapes, source = read_shapes(TrainingSpec.of(model=model))
-    record = {"model": model, **shapes.to_dict(), "source": source}
-    tied = ", tied embeddings" if shapes.tied else ""
-    line = (
-        f"model {model}: {shapes.model_type}, {shapes.params:,} parameters = {shapes.layers} x "
-        f"{shapes.block_class} of {shapes.block_params:,} + root {shapes.root_params:,}{tied} ({source})"
-    )
-    dims = (
-        (shapes.layers, shapes.width, None, f"{shapes.layers} blocks, width {shapes.width}") if shapes.width else None
-    )
-    info = {"counts": shapes.counts, "dims": dims, "record": record, "line": line}
-    if model.startswith("hf:"):  # transformers' own TP plan: not sequence parallel, the logits gathered
-        vocab = next((s[0] for name, s, _ in shapes.shapes if name.endswith("embed_tokens.weight")), 0)
-        info["activation_style"] = {"sequence_parallel": False, "vocab_size": vocab, "tied": shapes.tied}
-    return info
-
-
 def _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, *, as_json: bool) -> None:
     if as_json:
         data = {"recommendation": rec.to_dict()}
@@ -499,107 +405,9 @@ def _precision(precision: str, dtype: str | None) -> str:
     return named
 
 
-def _params_for_shard(model_params: str, root_params: str | None):
-    """``--model-params``/``--root-params`` -> shard size -> (parameters, root parameters)."""
-    text = model_params.strip()
-    if text.lower() == "builtin" or text.lower().startswith("builtin:"):
-        if root_params is not None:
-            raise SpecError(
-                "--root-params with --model-params builtin: the built-in model knows its root; drop --root-params"
-            )
-        return _builtin_counts(text.partition(":")[2])
-    params = parse_count(text)
-    p_root = parse_count(root_params, option="--root-params") if root_params is not None else 0
-    if p_root > params:
-        raise SpecError(
-            f"--root-params {root_params!r} is more than --model-params {model_params!r}; the root is part of the model"
-        )
-    return lambda _s: (params, p_root)
-
-
-@dataclass(frozen=True)
-class _BuiltinCounts:
-    """``--model-params builtin:...``: (parameters, root parameters) per shard size, and the model's dimensions."""
-
-    training: dict[str, Any]
-    dims: tuple[int, int, int, str]
-
-    def __call__(self, shard_size: int) -> tuple[int, int]:
-        from hpc_hsdp.plan.shapes import parameter_counts  # noqa: PLC0415 - only --model-params builtin: needs it
-
-        c = parameter_counts(**self.training, shard_size=shard_size)
-        return c.params, c.root_params
-
-
-def _builtin_counts(options: str) -> _BuiltinCounts:
-    training = _builtin_training(options).options()
-    dims = (
-        training["layers"],
-        training["width"],
-        training["seq_len"],
-        f"the built-in model's {training['layers']} blocks, width {training['width']}",
-    )
-    return _BuiltinCounts(training, dims)
-
-
-def _builtin_training(options: str) -> TrainingSpec:
-    """``--model-params builtin:KEY=VALUE,...`` -> the built-in model's TrainingSpec."""
-    known = {
-        key.replace("_", "-"): key
-        for key in TrainingSpec().options()
-        if key in ("layers", "width", "heads", "seq_len", "vocab_size")
-    }
-    values: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in options.split(","))):
-        key, sep, value = item.partition("=")
-        name = known.get(key.strip().replace("_", "-"))
-        if not sep or name is None:
-            raise SpecError(
-                f"--model-params builtin:{options!r}: {item!r} is not KEY=VALUE with KEY one of "
-                f"{', '.join(sorted(known))}; write e.g. builtin:layers=4,width=128"
-            )
-        try:
-            values[name] = int(value)
-        except ValueError:
-            raise SpecError(f"--model-params builtin: {key}={value!r} must be an integer") from None
-    return TrainingSpec.of(**values)
-
-
-def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
-    """The model ``--tp`` must split, as a TrainingSpec (``--model``, or ``--model-params builtin:...``;
-    ``--seq-len`` where given); None for a bare parameter count (nothing to check)."""
-    more = {"seq_len": seq_len} if seq_len is not None else {}
-    if model is not None:
-        return TrainingSpec.of(model=model, **more)
-    text = (model_params or "").strip()
-    if text.lower() == "builtin" or text.lower().startswith("builtin:"):
-        return _builtin_training(text.partition(":")[2]).replace(**more)
-    return None
-
-
 def _tp_refusal(training: TrainingSpec | None, tp_size: int) -> str | None:
     if training is None or tp_size == 1:
         return None
     from hpc_hsdp.submit_host.preflight import tensor_parallel_refusal  # noqa: PLC0415  (only --tp: plan stays light)
 
     return tensor_parallel_refusal(training, tp_size)
-
-
-def _build_plan(nodes, gpus_per_node, shard_size, nodelist, tasks_per_node_text, tp_size: int = 1) -> TopologyPlan:
-    names = expand_nodelist(nodelist) if nodelist else ()
-    if tasks_per_node_text:
-        counts = parse_tasks_per_node(tasks_per_node_text)
-        if nodes is not None and nodes != len(counts):
-            raise SpecError(
-                f"--nodes {nodes} but --tasks-per-node {tasks_per_node_text!r} describes {len(counts)} nodes; drop one"
-            )
-        if names and len(names) != len(counts):
-            raise SpecError(
-                f"--nodelist names {len(names)} nodes but --tasks-per-node describes {len(counts)}; make them agree"
-            )
-        return TopologyPlan(tasks_per_node=counts, shard_size=shard_size, node_names=names, tp_size=tp_size)
-    if nodes is None:
-        nodes = len(names) or 1
-    elif names and len(names) != nodes:
-        raise SpecError(f"--nodes {nodes} but --nodelist {nodelist!r} names {len(names)} nodes; make them agree")
-    return plan_for(nodes=nodes, gpus_per_node=gpus_per_node, shard_size=shard_size, node_names=names, tp_size=tp_size)
