@@ -11,7 +11,7 @@ import click
 from hpc_hsdp.cli import write_atomically
 from hpc_hsdp.cli.click_options import job_option
 from hpc_hsdp.errors import SpecError, TopologyError
-from hpc_hsdp.job.model_sizing import _model_options, _params_for_shard, _tp_training
+from hpc_hsdp.job.model_sizing import model_options, params_for_shard, tp_training
 from hpc_hsdp.job.spec import TrainingSpec, parse_nodes
 from hpc_hsdp.plan.estimates import (
     DEFAULT_WRITE_BANDWIDTH,
@@ -21,7 +21,7 @@ from hpc_hsdp.plan.estimates import (
 )
 from hpc_hsdp.plan.estimates import recommend as recommend_shard_size
 from hpc_hsdp.plan.model_cost import ModelCost, Sizing, activation_shape, model_blocks, sizing
-from hpc_hsdp.plan.plan_options import _build_plan, _on_switches, _replicas
+from hpc_hsdp.plan.plan_options import build_plan, node_range, on_switches, replica_plan
 from hpc_hsdp.plan.topology import TopologyPlan, valid_tp_sizes
 from hpc_hsdp.plan.view import plan_svg, plan_text, recommend_text, recommend_tp_text
 
@@ -162,38 +162,48 @@ def plan(
     hpc-hsdp plan --nodes 4 --shard 16 --node-switches 'spine.leaf1:n[1,3];spine.leaf2:n[2,4]'
     """
     precision = _precision(training_precision, dtype)
-    model_params, model_info = _model_options(training_model, model_params, root_params, recommend, gpu_memory)
+    model_params, model_info = model_options(
+        training_model, model_params, root_params, recommend=recommend, gpu_memory=gpu_memory
+    )
     if not recommend and shard_size is None:
         raise SpecError("Missing option '--shard': give the shard-group size, e.g. --shard 4, or ask with --recommend")
-    fewest_nodes, nodes = _node_range(nodes, one_allocation=bool(nodelist or tasks_per_node_text or recommend))
-    the_plan = _build_plan(
-        nodes, gpus_per_node, 1 if shard_size is None else shard_size, nodelist, tasks_per_node_text, tp_size
+    fewest_nodes, nodes = node_range(
+        None if nodes is None else parse_nodes(nodes),
+        one_allocation=bool(nodelist or tasks_per_node_text or recommend),
+    )
+    the_plan = build_plan(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        shard_size=1 if shard_size is None else shard_size,
+        nodelist=nodelist,
+        tasks_per_node_text=tasks_per_node_text,
+        tp_size=tp_size,
     )
     if node_switches is not None or topology == "strict":
         if recommend:
             raise SpecError("--node-switches and --topology strict show one shard size; drop --recommend")
-        the_plan = _on_switches(the_plan, node_switches or "", topology)
+        the_plan = on_switches(the_plan, node_switches or "", topology)
     fewest = None
     if fewest_nodes is not None:
         try:
-            fewest = _build_plan(fewest_nodes, gpus_per_node, shard_size, None, None, tp_size)
+            fewest = build_plan(nodes=fewest_nodes, gpus_per_node=gpus_per_node, shard_size=shard_size, tp_size=tp_size)
         except TopologyError as exc:
             raise TopologyError(f"--nodes {fewest_nodes}-{nodes}: at {fewest_nodes} node(s): {exc}") from None
     if model_info is not None:
-        params_for_shard = model_info["counts"]
+        shard_counts = model_info["counts"]
     else:
-        params_for_shard = _params_for_shard(model_params, root_params) if model_params is not None else None
+        shard_counts = params_for_shard(model_params, root_params) if model_params is not None else None
     memory = parse_bytes(gpu_memory) if gpu_memory is not None else None
-    if memory is not None and params_for_shard is None:
+    if memory is not None and shard_counts is None:
         raise SpecError("--gpu-memory needs --model-params to say what must fit; add e.g. --model-params 7B")
-    blocks = model_blocks(model_info, params_for_shard)
-    tp_training = _tp_training(training_model, model_params, training_seq_len)
-    refusal = _tp_refusal(tp_training, tp_size)
+    blocks = model_blocks(model_info, shard_counts)
+    split_model = tp_training(training_model, model_params, training_seq_len)
+    refusal = _tp_refusal(split_model, tp_size)
     if refusal:
         raise SpecError(refusal)
     activations = activation_shape(
         model_info,
-        params_for_shard,
+        shard_counts,
         seq_len=training_seq_len,
         batch_size=training_batch_size,
         checkpointing=training_activation_checkpointing,
@@ -205,39 +215,49 @@ def plan(
                 f"--recommend with --seq-len chooses --tp itself; drop --tp {tp_size}, or drop --seq-len to choose "
                 f"the shard size at --tp {tp_size}"
             )
-        assert memory is not None  # _model_options: --recommend needs --gpu-memory
+        assert memory is not None  # model_options: --recommend needs --gpu-memory
         rec = recommend_tp(
             the_plan,
-            tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(tp_training, t)],
+            tp_sizes=[t for t in valid_tp_sizes(the_plan.tasks_per_node) if not _tp_refusal(split_model, t)],
             gpu_memory=memory,
             precision=precision,
             optimizer=optimizer,
-            params_for_shard=params_for_shard,
+            params_for_shard=shard_counts,
             activations=activations,
             blocks=blocks,
         )
         chosen = None
         if rec.chosen_tp is not None and rec.chosen is not None and rec.chosen.chosen is not None and as_json:
-            chosen = _build_plan(
-                nodes, gpus_per_node, rec.chosen.chosen.shard_size, nodelist, tasks_per_node_text, rec.chosen_tp
+            chosen = build_plan(
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                shard_size=rec.chosen.chosen.shard_size,
+                nodelist=nodelist,
+                tasks_per_node_text=tasks_per_node_text,
+                tp_size=rec.chosen_tp,
             )
         _echo_tp_recommendation(rec, the_plan, chosen, model_info, activations, as_json=as_json)
         return
     if recommend:
-        assert memory is not None  # _model_options: --recommend needs --gpu-memory
+        assert memory is not None  # model_options: --recommend needs --gpu-memory
         shard_rec = recommend_shard_size(
             the_plan,
             gpu_memory=memory,
             precision=precision,
             optimizer=optimizer,
-            params_for_shard=params_for_shard,
+            params_for_shard=shard_counts,
             activations=activations,
             blocks=blocks,
         )
         chosen = None
         if shard_rec.chosen is not None and as_json:
-            chosen = _build_plan(
-                nodes, gpus_per_node, shard_rec.chosen.shard_size, nodelist, tasks_per_node_text, the_plan.tp_size
+            chosen = build_plan(
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                shard_size=shard_rec.chosen.shard_size,
+                nodelist=nodelist,
+                tasks_per_node_text=tasks_per_node_text,
+                tp_size=the_plan.tp_size,
             )
         _echo_recommendation(shard_rec, the_plan, chosen, model_info, as_json=as_json)
         if not as_json and activations is None:
@@ -249,7 +269,7 @@ def plan(
     if training_grad_accum < 1:
         raise SpecError(f"--grad-accum {training_grad_accum} must be at least 1")
     model = ModelCost(
-        params_for_shard,
+        shard_counts,
         precision=precision,
         optimizer=optimizer,
         grad_accum=training_grad_accum,
@@ -265,7 +285,13 @@ def plan(
         signal=signal,
         kill_wait=kill_wait,
     )
-    replicas = _replicas(the_plan, training_fault_tolerance, training_min_replicas, spare_nodes, fewest_nodes)
+    replicas = replica_plan(
+        the_plan,
+        fault_tolerance=training_fault_tolerance,
+        min_replicas=training_min_replicas,
+        spare_nodes=spare_nodes,
+        fewest_nodes=fewest_nodes,
+    )
     if svg_path:
         write_atomically(Path(svg_path), plan_svg(the_plan), mode=0o644)
     if as_json:
@@ -287,21 +313,6 @@ def plan(
             click.echo("\n".join(replicas.describe(the_plan.node_names)))
         if fewest is not None and fewest_nodes is not None:  # the plan at --nodes MIN-MAX's MIN
             _echo_fewest_nodes(fewest, model, fewest_nodes=fewest_nodes)
-
-
-def _node_range(nodes, *, one_allocation: bool) -> tuple[int | None, int | None]:
-    """(fewest, most) nodes of ``--nodes``; fewest is None unless the allocation is flexible."""
-    if nodes is None:
-        return None, None
-    fewest_nodes, nodes = parse_nodes(nodes)
-    if fewest_nodes == nodes:
-        return None, nodes
-    if one_allocation:
-        raise SpecError(
-            f"--nodes {fewest_nodes}-{nodes} (flexible) with --nodelist, --tasks-per-node or --recommend: "
-            f"those describe one allocation; give --nodes N"
-        )
-    return fewest_nodes, nodes
 
 
 def _echo_recommendation(rec, the_plan: TopologyPlan, chosen: TopologyPlan | None, model_info, *, as_json: bool):

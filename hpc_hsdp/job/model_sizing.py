@@ -10,14 +10,14 @@ from typing import Any
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec, check_model
-from hpc_hsdp.plan.estimates import parse_count
+from hpc_hsdp.plan.estimates import ParamsForShard, parse_count
 
 
-def _model_summary(model: str) -> dict:
+def model_summary(model: str) -> dict:
     """``--model`` -> {"counts": shard size -> (parameters, root parameters), "record": JSON, "line": text}."""
     check_model(model)
     if model == "builtin":
-        counts = _builtin_counts("")
+        counts = builtin_counts("")
         params, root = counts(1)
         return {
             "counts": counts,
@@ -49,7 +49,7 @@ def _model_summary(model: str) -> dict:
     return info
 
 
-def _params_for_shard(model_params: str, root_params: str | None):
+def params_for_shard(model_params: str, root_params: str | None) -> ParamsForShard:
     """``--model-params``/``--root-params`` -> shard size -> (parameters, root parameters)."""
     text = model_params.strip()
     if text.lower() == "builtin" or text.lower().startswith("builtin:"):
@@ -57,7 +57,7 @@ def _params_for_shard(model_params: str, root_params: str | None):
             raise SpecError(
                 "--root-params with --model-params builtin: the built-in model knows its root; drop --root-params"
             )
-        return _builtin_counts(text.partition(":")[2])
+        return builtin_counts(text.partition(":")[2])
     params = parse_count(text)
     p_root = parse_count(root_params, option="--root-params") if root_params is not None else 0
     if p_root > params:
@@ -68,7 +68,7 @@ def _params_for_shard(model_params: str, root_params: str | None):
 
 
 @dataclass(frozen=True)
-class _BuiltinCounts:
+class BuiltinCounts:
     """``--model-params builtin:...``: (parameters, root parameters) per shard size, and the model's dimensions."""
 
     training: dict[str, Any]
@@ -81,18 +81,18 @@ class _BuiltinCounts:
         return c.params, c.root_params
 
 
-def _builtin_counts(options: str) -> _BuiltinCounts:
-    training = _builtin_training(options).options()
+def builtin_counts(options: str) -> BuiltinCounts:
+    training = builtin_training(options).options()
     dims = (
         training["layers"],
         training["width"],
         training["seq_len"],
         f"the built-in model's {training['layers']} blocks, width {training['width']}",
     )
-    return _BuiltinCounts(training, dims)
+    return BuiltinCounts(training, dims)
 
 
-def _builtin_training(options: str) -> TrainingSpec:
+def builtin_training(options: str) -> TrainingSpec:
     """``--model-params builtin:KEY=VALUE,...`` -> the built-in model's TrainingSpec."""
     known = {
         key.replace("_", "-"): key
@@ -115,7 +115,7 @@ def _builtin_training(options: str) -> TrainingSpec:
     return TrainingSpec.of(**values)
 
 
-def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
+def tp_training(model: str | None, model_params: str | None, seq_len: int | None) -> TrainingSpec | None:
     """The model ``--tp`` must split, as a TrainingSpec (``--model``, or ``--model-params builtin:...``;
     ``--seq-len`` where given); None for a bare parameter count (nothing to check)."""
     more = {"seq_len": seq_len} if seq_len is not None else {}
@@ -123,18 +123,20 @@ def _tp_training(model, model_params, seq_len) -> TrainingSpec | None:
         return TrainingSpec.of(model=model, **more)
     text = (model_params or "").strip()
     if text.lower() == "builtin" or text.lower().startswith("builtin:"):
-        return _builtin_training(text.partition(":")[2]).replace(**more)
+        return builtin_training(text.partition(":")[2]).replace(**more)
     return None
 
 
-def _model_options(model, model_params, root_params, recommend: bool, gpu_memory) -> tuple[str | None, dict | None]:
+def model_options(
+    model: str | None, model_params: str | None, root_params: str | None, *, recommend: bool, gpu_memory: str | None
+) -> tuple[str | None, dict | None]:
     """What says the model's size (``--model`` or ``--model-params``), checked against the
     options that need it; ``model_info`` for ``--model``."""
     model_info = None
     if model is not None:
         if model_params is not None or root_params is not None:
             raise SpecError("--model and --model-params both say what the model is; keep one")
-        model_params, model_info = "", _model_summary(model)
+        model_params, model_info = "", model_summary(model)
     if recommend:
         if model_params is None:
             raise SpecError("--recommend needs --model-params (what must fit); add e.g. --model-params 7B")
