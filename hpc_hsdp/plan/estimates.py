@@ -789,7 +789,7 @@ def recommend_tp(
     if chosen_tp is None:
         # only what the user has not done already
         ways = ["more GPUs"]
-        ways += ["--precision bf16"] if PRECISION_BYTES[precision].activation > 2 else []
+        ways += ["--precision bf16"] if PRECISION_BYTES[resolve_precision(precision)].activation > 2 else []
         ways += ["--activation-checkpointing"] if activations is not None and not activations.checkpointing else []
         ways += ["a shorter sequence"]
         ways += ["a smaller micro-batch"] if activations is not None and activations.batch_size > 1 else []

@@ -184,6 +184,8 @@ def test_recommend_chooses_the_smallest_tp_that_fits(nodes_gpus, params, precisi
         ),
         ("bf16", 4, False, "more GPUs, --activation-checkpointing, a shorter sequence or a smaller micro-batch"),
         ("bf16", 1, True, "more GPUs or a shorter sequence"),
+        # plan's default: bf16 on a GPU (it was a KeyError: 'auto')
+        ("auto", 4, False, "more GPUs, --activation-checkpointing, a shorter sequence or a smaller micro-batch"),
     ],
 )
 def test_when_no_tp_fits_it_names_only_what_is_not_done_already(precision, batch, ac, ways):
