@@ -58,7 +58,7 @@ def task(args) -> None:
 
     from hpc_hsdp.job.spec import TrainingSpec
     from hpc_hsdp.models import resolve_model
-    from hpc_hsdp.rundir.state import crc32_of, read_manifest
+    from hpc_hsdp.rundir.checkpointing.state import crc32_of, read_manifest
     from hpc_hsdp.task.checkpointing import checkpoint
     from hpc_hsdp.task.parallelism.dist import init
     from hpc_hsdp.task.training.model import build_model, make_optimizer

@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpc_hsdp.rundir.claim import write_claim
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.state import run_dir_state
+from hpc_hsdp.rundir.checkpointing.state import run_dir_state
+from hpc_hsdp.rundir.lifecycle.claim import write_claim
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.submit_host.claims import claimed
 from hpc_hsdp.submit_host.handle import JobHandle
 

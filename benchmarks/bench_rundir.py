@@ -96,7 +96,7 @@ JOB_ID = "4242"
 
 def make_run(run_dir: Path, steps: int) -> Path:
     """A finished run directory: metrics.jsonl (MetricsLog), attempt.json, layout.json, job.json."""
-    from hpc_hsdp.rundir.metrics import MetricsLog
+    from hpc_hsdp.rundir.training.metrics import MetricsLog
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)

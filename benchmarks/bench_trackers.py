@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_hsdp.rundir.metrics import MetricsLog  # noqa: E402
-from hpc_hsdp.rundir.scalars import record_scalars  # noqa: E402
+from hpc_hsdp.rundir.training.metrics import MetricsLog  # noqa: E402
+from hpc_hsdp.rundir.training.scalars import record_scalars  # noqa: E402
 
 
 def record(step: int) -> dict:

@@ -3,7 +3,7 @@
 Rank 0 of the training job calls :func:`submit_due` whenever a checkpoint may have been
 completed (after a save is committed, at resume, after the final save): every complete
 checkpoint whose step has no record under ``<run_dir>/evals/`` is claimed (``O_EXCL``, see
-:mod:`hpc_hsdp.rundir.evals`) and submitted: on SLURM ``sbatch --parsable --wrap`` of one task
+:mod:`hpc_hsdp.rundir.training.evals`) and submitted: on SLURM ``sbatch --parsable --wrap`` of one task
 on one node, in the training job's partition and account, its output in ``evals/step-N.out``; on
 the local emulator (or with no scheduler) a detached background process. A step is submitted
 once across requeues and resubmits; a submission that fails is recorded, never raised:
@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_hsdp.files import UnreadableFile, open_for_writing, read_json, write_atomically
-from hpc_hsdp.rundir.evals import (
+from hpc_hsdp.rundir.checkpointing.state import checkpoint_root, complete_checkpoints, step_dir_name
+from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.training.evals import (
     DONE,
     EVALS_LOG,
     FAILED,
@@ -46,8 +48,6 @@ from hpc_hsdp.rundir.evals import (
     steps_to_submit,
     substitute,
 )
-from hpc_hsdp.rundir.files import append_jsonl
-from hpc_hsdp.rundir.state import checkpoint_root, complete_checkpoints, step_dir_name
 from hpc_hsdp.scheduler.backends import task_environment
 
 _KEPT_VARIABLES = ("SLURM_CONF", "HPC_HSDP_SLURM_TIMEOUT", "HPC_HSDP_CONFIG", "HPC_HSDP_PROFILE")
@@ -100,7 +100,7 @@ def submit_due(
     run_dir: str | os.PathLike, command: str, *, every: int, last: int, env: Mapping[str, str] | None = None
 ) -> list[dict]:
     """Rank 0: submit the eval job of every complete checkpoint of the cadence (``every`` steps and
-    the ``last``, :func:`~hpc_hsdp.rundir.evals.steps_to_submit`) without one (each step once,
+    the ``last``, :func:`~hpc_hsdp.rundir.training.evals.steps_to_submit`) without one (each step once,
     ever); the submission records written, oldest first. Never raises for a step: its record says
     what failed."""
     env = os.environ if env is None else env

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.fabric_check_record import CHECK_HISTORY, read_decisions, read_own_check
 from hpc_hsdp.rundir.files import append_jsonl
+from hpc_hsdp.rundir.observation.fabric_check_record import CHECK_HISTORY, read_decisions, read_own_check
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.scheduler.restart_policy import RestartPolicy
 

@@ -48,8 +48,8 @@ from hpc_hsdp.plan.slurm_env import compress_nodelist
 from hpc_hsdp.plan.switches import NODE_SWITCHES_ENV, parse_node_switches
 from hpc_hsdp.plan.topology import RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_SPAN, expand_nodelist
 from hpc_hsdp.rundir.files import append_jsonl
-from hpc_hsdp.rundir.metrics import last_step_written
-from hpc_hsdp.rundir.replica_membership import membership_path
+from hpc_hsdp.rundir.observation.replica_membership import membership_path
+from hpc_hsdp.rundir.training.metrics import last_step_written
 from hpc_hsdp.scheduler.backends import task_backend
 from hpc_hsdp.scheduler.backends.slurm_command import run_slurm, slurmd_address
 

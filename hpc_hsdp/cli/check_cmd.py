@@ -12,7 +12,7 @@ from hpc_hsdp.cli.click_options import command_options
 from hpc_hsdp.cli.job_options import job_spec_from_options
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.plan.units import terminal_safe
-from hpc_hsdp.rundir.fabric_check_record import CHECK_RECORD, check_lines, read_own_check
+from hpc_hsdp.rundir.observation.fabric_check_record import CHECK_RECORD, check_lines, read_own_check
 from hpc_hsdp.submit_host.render import CHECK_ENTRY
 
 

@@ -15,14 +15,14 @@ from hpc_hsdp.errors import HsdpError, SchedulerError, SpecError
 from hpc_hsdp.files import copy_from, tail_offset
 from hpc_hsdp.plan.units import duration, terminal_safe
 from hpc_hsdp.report.data import load_run
-from hpc_hsdp.rundir.flight_recorder import hang_words
-from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
-from hpc_hsdp.rundir.metrics import latest_eval
-from hpc_hsdp.rundir.provenance_record import commit_id, differences, read_provenance
-from hpc_hsdp.rundir.runs import find_run_dirs
-from hpc_hsdp.rundir.state import complete_checkpoints
-from hpc_hsdp.rundir.sweep_record import is_sweep_dir
-from hpc_hsdp.rundir.tracker_runs import trackers_off
+from hpc_hsdp.rundir.checkpointing.state import complete_checkpoints
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord, job_record_path
+from hpc_hsdp.rundir.lifecycle.provenance_record import commit_id, differences, read_provenance
+from hpc_hsdp.rundir.lifecycle.runs import find_run_dirs
+from hpc_hsdp.rundir.lifecycle.sweep_record import is_sweep_dir
+from hpc_hsdp.rundir.observation.flight_recorder import hang_words
+from hpc_hsdp.rundir.observation.tracker_runs import trackers_off
+from hpc_hsdp.rundir.training.metrics import latest_eval
 from hpc_hsdp.submit_host.handle import JobHandle, job_statuses
 from hpc_hsdp.submit_host.status_sections import JobView, failure_of, run_facts, status_fields, status_lines, step_text
 

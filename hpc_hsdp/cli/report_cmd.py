@@ -9,9 +9,9 @@ import click
 
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.report import NothingToDraw, check_output, load_runs, write_report
-from hpc_hsdp.rundir.evals import evals_summary
-from hpc_hsdp.rundir.fabric_check_record import check_summary
-from hpc_hsdp.rundir.provenance_record import code_words
+from hpc_hsdp.rundir.lifecycle.provenance_record import code_words
+from hpc_hsdp.rundir.observation.fabric_check_record import check_summary
+from hpc_hsdp.rundir.training.evals import evals_summary
 
 
 @click.command()
@@ -37,7 +37,7 @@ def report(run_dirs, output) -> None:
     A sweep's directory (submit --sweep) stands for its points: their curves overlaid, each
     labelled with its rank by its last eval loss (else its loss), and the ranking printed.
     """
-    from hpc_hsdp.rundir.sweep_record import is_sweep_dir  # noqa: PLC0415
+    from hpc_hsdp.rundir.lifecycle.sweep_record import is_sweep_dir  # noqa: PLC0415
 
     paths: list[str | Path] = []
     labels: list[str | None] = []

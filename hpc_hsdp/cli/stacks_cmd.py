@@ -13,7 +13,7 @@ import click
 
 from hpc_hsdp.cli.jobs_cmd import JOB_HELP
 from hpc_hsdp.plan.units import terminal_safe
-from hpc_hsdp.rundir.stacks import FRAMES_SHOWN, group_stacks, stack_lines
+from hpc_hsdp.rundir.observation.stacks import FRAMES_SHOWN, group_stacks, stack_lines
 from hpc_hsdp.submit_host.debug_attach import attach_argv, request_debugger
 from hpc_hsdp.submit_host.handle import JobHandle
 from hpc_hsdp.submit_host.live_stacks import collect_stacks

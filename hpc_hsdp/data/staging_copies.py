@@ -21,7 +21,7 @@ margin) leaves the node on the shared copy (``fallback`` says why).
 
 The loader then reads the copies (:meth:`~hpc_hsdp.data.tokens.TokenDataset.read_from`: the
 same dataset, the same shards in the same order, so the same samples). No torch: the tasks gather the nodes' results
-and write ``staging.json`` (:mod:`hpc_hsdp.rundir.staging_record`).
+and write ``staging.json`` (:mod:`hpc_hsdp.rundir.training.staging_record`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.options import OPTION_BY_KEY, JobOption, options_of
-from hpc_hsdp.rundir.sweep_record import MAX_POINTS
+from hpc_hsdp.rundir.lifecycle.sweep_record import MAX_POINTS
 
 SWEEP_MODES = ("grid", "zip")
 UNSWEPT = ("config", "profile", "run_dir", "cluster", "sweep", "sweep_mode", "array_parallelism")

@@ -477,11 +477,11 @@ class CheckpointSection:
 
     def __post_init__(self) -> None:
         if self.checkpoint_store is not None:
-            from hpc_hsdp.rundir.checkpoint_store import parse_store_url  # noqa: PLC0415 - only with a store
+            from hpc_hsdp.rundir.checkpointing.checkpoint_store import parse_store_url  # noqa: PLC0415 - only with a store
 
             object.__setattr__(self, "checkpoint_store", str(parse_store_url(self.checkpoint_store)))
         if self.eval_job is not None:
-            from hpc_hsdp.rundir.evals import check_eval_command  # noqa: PLC0415 - only with --eval-job: not at render's start
+            from hpc_hsdp.rundir.training.evals import check_eval_command  # noqa: PLC0415 - only with --eval-job: not at render's start
 
             check_eval_command(self.eval_job)
 

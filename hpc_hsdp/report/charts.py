@@ -15,7 +15,7 @@ from typing import TypedDict
 
 from hpc_hsdp.plan.units import byte_unit, seconds, si
 from hpc_hsdp.report.data import RunData
-from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.lifecycle import attempts
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 

@@ -1,7 +1,7 @@
 """Read a run directory into what the report draws (no torch, no scheduler).
 
 A run directory holds ``metrics.jsonl`` (one record per step, rank 0), ``layout.json``
-(the node of every rank), ``attempt.json`` and ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`)
+(the node of every rank), ``attempt.json`` and ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.lifecycle.attempts`)
 and, when submitted, ``job.json``. Whatever is missing or damaged is said in
 ``RunData.notes`` (one line each) and the rest is drawn.
 """
@@ -17,14 +17,14 @@ from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.evals import EvalEntry, read_evals
-from hpc_hsdp.rundir.fabric_check_record import read_check
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.metrics import last_metrics, metrics_path, scan_metrics
-from hpc_hsdp.rundir.provenance_record import read_provenance
-from hpc_hsdp.rundir.replica_membership import read_membership
-from hpc_hsdp.rundir.stragglers import SlowTally
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.lifecycle.provenance_record import read_provenance
+from hpc_hsdp.rundir.observation.fabric_check_record import read_check
+from hpc_hsdp.rundir.observation.replica_membership import read_membership
+from hpc_hsdp.rundir.training.evals import EvalEntry, read_evals
+from hpc_hsdp.rundir.training.metrics import last_metrics, metrics_path, scan_metrics
+from hpc_hsdp.rundir.training.stragglers import SlowTally
 
 ACTIVE_WITHIN_S = 600
 """A run without an end record whose metrics changed this recently is taken as running."""
@@ -62,7 +62,7 @@ def _pairs(xs: Sequence, values: Sequence) -> tuple[Sequence, Sequence]:
 
 class MetricsDigest:
     """What the report needs of a run's records, taken as they stream past
-    (:func:`hpc_hsdp.rundir.metrics.scan_metrics`): a bounded sample of every series it draws
+    (:func:`hpc_hsdp.rundir.training.metrics.scan_metrics`): a bounded sample of every series it draws
     (:class:`~hpc_hsdp.report.sample.Downsampler`) and, exactly, the numbers it prints: the
     last record, the latest and the best eval loss, every tokens/s (for their median: 8 bytes
     a step), which ranks the straggler probes named slow. Memory does not grow with the

@@ -15,7 +15,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.report.charts import Heatmap, LineChart, charts
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.summary import summary_rows
-from hpc_hsdp.rundir.provenance_record import commit_id
+from hpc_hsdp.rundir.lifecycle.provenance_record import commit_id
 
 LINE_ROW_INCHES = 3.375
 HEAT_ROW_INCHES = 2.6

@@ -10,7 +10,7 @@ from hpc_hsdp.report.charts import Heatmap, LineChart, charts
 from hpc_hsdp.report.data import RunData
 from hpc_hsdp.report.summary import summary_rows
 from hpc_hsdp.report.svg import render
-from hpc_hsdp.rundir.fabric_check_record import check_lines
+from hpc_hsdp.rundir.observation.fabric_check_record import check_lines
 
 
 def chart_svgs(runs: Sequence[RunData]) -> list[tuple[str, str]]:

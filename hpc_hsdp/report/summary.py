@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hpc_hsdp.plan.units import si
 from hpc_hsdp.report.data import RunData
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.provenance_record import code_words
-from hpc_hsdp.rundir.replica_membership import membership_changes
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.lifecycle.provenance_record import code_words
+from hpc_hsdp.rundir.observation.replica_membership import membership_changes
 
 
 def summary_rows(run: RunData) -> dict[str, str]:

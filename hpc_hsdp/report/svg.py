@@ -15,7 +15,7 @@ from html import escape
 
 from hpc_hsdp.plan.units import seconds
 from hpc_hsdp.report.charts import Chart, Heatmap, LineChart, Series
-from hpc_hsdp.rundir.stragglers import rank_ranges
+from hpc_hsdp.rundir.training.stragglers import rank_ranges
 
 FONT = "font-family='system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif'"
 

@@ -1,7 +1,7 @@
 """The one restart policy of a job that restarts itself: the watchdog after a hang, the survivors
 of a lost node, preemption's warning signal and the fabric check's verdict all requeue through it.
 
-Restarts after failures (:data:`hpc_hsdp.rundir.state.FAILURE_REASONS`) are bounded by
+Restarts after failures (:data:`hpc_hsdp.rundir.checkpointing.state.FAILURE_REASONS`) are bounded by
 ``--max-restarts``, counted in ``restarts.jsonl`` (the record of why each attempt ended, which the
 policy writes); a requeue on the warning signal or for the check's verdict is not a failure and is
 not bounded. The requeue itself is the job's scheduler's
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpc_hsdp.rundir.attempts import read_restarts
-from hpc_hsdp.rundir.state import FAILURE_REASONS, failure_restarts, record_restart
+from hpc_hsdp.rundir.checkpointing.state import FAILURE_REASONS, failure_restarts, record_restart
+from hpc_hsdp.rundir.lifecycle.attempts import read_restarts
 from hpc_hsdp.scheduler.backends.job_environment import JobEnvironment
 
 

@@ -2,7 +2,7 @@
 
 A state the scheduler gave is recorded as the job's last known one (``<run-dir>/job_state.json``);
 when the scheduler is silent, that last known state is shown instead, with who did not answer.
-A job seen to end releases its run directory's claim (:mod:`hpc_hsdp.rundir.claim`).
+A job seen to end releases its run directory's claim (:mod:`hpc_hsdp.rundir.lifecycle.claim`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, replace
 
 from hpc_hsdp.plan.units import duration
-from hpc_hsdp.rundir import claim as claims
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.job_state import is_job_state, load_job_state, save_job_state
+from hpc_hsdp.rundir.lifecycle import claim as claims
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_state import is_job_state, load_job_state, save_job_state
 
 TERMINAL = (
     "COMPLETED",

@@ -1,6 +1,6 @@
 """One writer per run directory: the claim a submission (or ``hpc-hsdp run`` on rank 0) takes
 before anything of its job is written, refused while another job pending or running (or a
-live run) writes the directory. The claim file itself is :mod:`hpc_hsdp.rundir.claim`'s."""
+live run) writes the directory. The claim file itself is :mod:`hpc_hsdp.rundir.lifecycle.claim`'s."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError, SpecError
 from hpc_hsdp.plan.slurm_facts import check_job_id, own_job_id
-from hpc_hsdp.rundir import claim as claims
-from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
+from hpc_hsdp.rundir.lifecycle import claim as claims
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord, job_record_path
 from hpc_hsdp.scheduler.backends import BACKEND_NAMES, task_backend
 from hpc_hsdp.scheduler.backends.slurm_command import slurm_timeout_s
 from hpc_hsdp.scheduler.status import ACTIVE_STATES
@@ -24,9 +24,9 @@ def check_run_dir(spec, *, own_function: bool = False, state=None, writers: bool
     """Before submitting into ``spec``'s run directory: refuse when a job still runs there or
     its run already completed (SpecError, nothing submitted); else what to say first: that a
     stale claim is taken over (:func:`check_writer`), from which step the job resumes (None:
-    nothing, a fresh start). ``state``: the directory's :func:`~hpc_hsdp.rundir.state.run_dir_state`,
+    nothing, a fresh start). ``state``: the directory's :func:`~hpc_hsdp.rundir.checkpointing.state.run_dir_state`,
     when read already. ``writers=False``: the writers were checked already (:func:`claimed`)."""
-    from hpc_hsdp.rundir.state import resubmission_note  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
+    from hpc_hsdp.rundir.checkpointing.state import resubmission_note  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
     run_dir = Path(spec.run.run_dir)
     takeover = check_writer(run_dir) if writers else None

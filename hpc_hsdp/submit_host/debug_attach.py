@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.rundir.debug_session import read_session, request_path, socket_dir_name, write_request
 from hpc_hsdp.rundir.layout import rank_entries
-from hpc_hsdp.rundir.metrics import last_metrics
+from hpc_hsdp.rundir.observation.debug_session import read_session, request_path, socket_dir_name, write_request
+from hpc_hsdp.rundir.training.metrics import last_metrics
 
 STATUS_EVERY_S = 5.0
 

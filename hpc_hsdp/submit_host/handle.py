@@ -8,9 +8,9 @@ from functools import cached_property
 from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.rundir.job_record import JobRecord, same_dir
 from hpc_hsdp.rundir.layout import procid_of_rank, rank_of_task
-from hpc_hsdp.rundir.metrics import last_metrics, recent_metrics
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord, same_dir
+from hpc_hsdp.rundir.training.metrics import last_metrics, recent_metrics
 from hpc_hsdp.scheduler.backends import backend
 from hpc_hsdp.scheduler.backends.base import Backend
 from hpc_hsdp.scheduler.failure import failure_summary
@@ -25,7 +25,7 @@ class JobHandle:
 
     @classmethod
     def find(cls, ref: str) -> JobHandle:
-        from hpc_hsdp.rundir.sweep_record import SweepRecord, is_sweep_dir  # noqa: PLC0415
+        from hpc_hsdp.rundir.lifecycle.sweep_record import SweepRecord, is_sweep_dir  # noqa: PLC0415
 
         if is_sweep_dir(ref) and not Path(ref, "job.json").is_file():
             names = [point.name for point in SweepRecord.load(ref).points]

@@ -16,7 +16,7 @@ job's ranks there, in parallel:
    read back from the file behind the process's fd 2 (its log).
 
 The node prints one line, ``hpc-hsdp-stacks {"node": ..., "stacks": [...]}``, in the format
-:mod:`hpc_hsdp.rundir.stacks` names and groups. py-spy stops a rank for the few milliseconds
+:mod:`hpc_hsdp.rundir.observation.stacks` names and groups. py-spy stops a rank for the few milliseconds
 of a dump (``--nonblocking`` would not, and could read torn stacks); nothing else touches it.
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.rundir.layout import rank_entries
-from hpc_hsdp.rundir.stacks import threads_from_faulthandler, threads_from_py_spy
+from hpc_hsdp.rundir.observation.stacks import threads_from_faulthandler, threads_from_py_spy
 
 MARKER = "hpc-hsdp-stacks "
 PY_SPY_TIMEOUT_S = 20.0

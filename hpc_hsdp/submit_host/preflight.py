@@ -23,7 +23,7 @@ from hpc_hsdp.models.hf_shapes import GPT2_STYLE, tp_dims_from_config
 from hpc_hsdp.plan.mixture import check_batch, used_once_text
 from hpc_hsdp.plan.shapes import builtin_tp_dims, tp_refusal
 from hpc_hsdp.plan.staging_dir import DIR_HINT, STAGE_AUTO, stage_base
-from hpc_hsdp.rundir.state import check_data_position, run_dir_state, saved_train_state
+from hpc_hsdp.rundir.checkpointing.state import check_data_position, run_dir_state, saved_train_state
 
 INSTALL_OR_RENAME = "install it in the job's environment or fix the name (module:function)"
 AFTER = (
@@ -36,7 +36,7 @@ def check_job_inputs(spec, *, own_function: bool = False, state=None) -> str | N
     """The model, ``--data`` and ``--val-data`` of the built-in loop, or ``--entry``; a
     :class:`SpecError` (exit 2) names the first that the tasks could not use. With an
     ``--entry`` or a Python function of the user's, that function decides what it opens.
-    ``state``: the run directory's :func:`~hpc_hsdp.rundir.state.run_dir_state`, when read already.
+    ``state``: the run directory's :func:`~hpc_hsdp.rundir.checkpointing.state.run_dir_state`, when read already.
     Returns a line to show for a ``--data`` mixture (after how many steps each source is used
     once), else None."""
     if spec.run.entry is not None:
@@ -173,7 +173,7 @@ def check_checkpoint_store(spec) -> str | None:
     url = spec.run.training.checkpoint.checkpoint_store
     if url is None:
         return None
-    from hpc_hsdp.rundir.checkpoint_store import CheckpointStore, StoreError  # noqa: PLC0415 - only with a store
+    from hpc_hsdp.rundir.checkpointing.checkpoint_store import CheckpointStore, StoreError  # noqa: PLC0415 - only with a store
 
     try:
         store = CheckpointStore.open(url, quick=True)

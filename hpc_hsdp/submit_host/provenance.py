@@ -5,7 +5,7 @@ The code a job runs is hpc-hsdp's own package and the user's module named by ``-
 ``--model MODULE:FUNCTION`` or the Python API's function: of each, its top-level package (or
 single-file module). A git checkout costs one ``git status`` (the commit, the changes) and, when
 tracked files changed, one ``git diff HEAD``; code outside a checkout costs no process at all.
-The record is written by :mod:`hpc_hsdp.rundir.provenance_record`.
+The record is written by :mod:`hpc_hsdp.rundir.lifecycle.provenance_record`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from hpc_hsdp.batch_shell.code_snapshot import MAX_SNAPSHOT_BYTES, copy_code
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import is_time, write_atomically
-from hpc_hsdp.rundir.provenance_record import (
+from hpc_hsdp.rundir.lifecycle.provenance_record import (
     MAX_DIFF_BYTES,
     SNAPSHOT_DIR,
     commit_id,

@@ -415,7 +415,7 @@ def snapshot_dir(spec: JobSpec) -> str | None:
     """``<run_dir>/code``, the copy of the code ``--snapshot-code`` takes at submit; None without it."""
     if not spec.environment.snapshot_code:
         return None
-    from hpc_hsdp.rundir.provenance_record import snapshot_path  # noqa: PLC0415  (--snapshot-code only)
+    from hpc_hsdp.rundir.lifecycle.provenance_record import snapshot_path  # noqa: PLC0415  (--snapshot-code only)
 
     return str(snapshot_path(spec.run.run_dir.rstrip("/")))
 

@@ -11,21 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.evals import EVALS_SECTION
-from hpc_hsdp.rundir.fabric_check_record import CHECK_SECTION
-from hpc_hsdp.rundir.flight_recorder import HANG_SECTION
+from hpc_hsdp.rundir.checkpointing.store_record import CHECKPOINT_STORE_SECTION
 from hpc_hsdp.rundir.layout import nodes_by_rank
-from hpc_hsdp.rundir.metrics import COMPILE_SECTION, latest_eval
-from hpc_hsdp.rundir.pace import progress_of
-from hpc_hsdp.rundir.provenance_record import CODE_SECTION, VERSIONS_SECTION
-from hpc_hsdp.rundir.replica_membership import MEMBERSHIP_SECTION
-from hpc_hsdp.rundir.stacks import HANG_STACKS_SECTION
-from hpc_hsdp.rundir.staging_record import STAGING_SECTION
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.lifecycle.provenance_record import CODE_SECTION, VERSIONS_SECTION
+from hpc_hsdp.rundir.observation.fabric_check_record import CHECK_SECTION
+from hpc_hsdp.rundir.observation.flight_recorder import HANG_SECTION
+from hpc_hsdp.rundir.observation.replica_membership import MEMBERSHIP_SECTION
+from hpc_hsdp.rundir.observation.stacks import HANG_STACKS_SECTION
+from hpc_hsdp.rundir.observation.tracker_runs import TRACKERS_OFF_SECTION
 from hpc_hsdp.rundir.status_section import StatusSection
-from hpc_hsdp.rundir.store_record import CHECKPOINT_STORE_SECTION
-from hpc_hsdp.rundir.stragglers import persistent
-from hpc_hsdp.rundir.tracker_runs import TRACKERS_OFF_SECTION
+from hpc_hsdp.rundir.training.evals import EVALS_SECTION
+from hpc_hsdp.rundir.training.metrics import COMPILE_SECTION, latest_eval
+from hpc_hsdp.rundir.training.pace import progress_of
+from hpc_hsdp.rundir.training.staging_record import STAGING_SECTION
+from hpc_hsdp.rundir.training.stragglers import persistent
 from hpc_hsdp.scheduler.status import JobStatus
 from hpc_hsdp.submit_host.handle import JobHandle
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.task_call import RUN_TASK, RUN_TORCHRUN
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends import backend, resolve_cluster
 from hpc_hsdp.submit_host.claims import check_run_dir, claimed
 from hpc_hsdp.submit_host.handle import JobHandle
@@ -65,7 +65,7 @@ def submit_spec(spec, *, cluster: str | None = None, fn: Callable | None = None)
     in its run directory, the run there already completed, the tasks could not use the
     job's inputs (:func:`~hpc_hsdp.submit_host.preflight.check_job_inputs`) or a ``--tracker`` is
     not installed (:func:`~hpc_hsdp.submit_host.preflight.check_trackers`)."""
-    from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
+    from hpc_hsdp.rundir.checkpointing.state import run_dir_state  # noqa: PLC0415  (the run directory is read on a submission, not when status/logs/--help load this module)
 
     if spec.sweep:
         raise SpecError("a sweep is one job array of many jobs: submit it with submit --sweep (submit_sweep)")

@@ -11,9 +11,9 @@ from pathlib import Path
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.sweep import names_point
 from hpc_hsdp.plan.units import terminal_safe
-from hpc_hsdp.rundir.job_record import JobRecord, job_record_path
-from hpc_hsdp.rundir.metrics import last_metrics, latest_eval
-from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord, job_record_path
+from hpc_hsdp.rundir.lifecycle.sweep_record import SweepPoint, SweepRecord
+from hpc_hsdp.rundir.training.metrics import last_metrics, latest_eval
 from hpc_hsdp.scheduler.backends import backend
 from hpc_hsdp.scheduler.status import JobStatus
 from hpc_hsdp.submit_host.handle import JobHandle, job_statuses

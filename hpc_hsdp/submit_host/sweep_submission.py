@@ -31,8 +31,8 @@ from hpc_hsdp.job.sweep import (
     parse_axes,
     point_specs,
 )
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.sweep_record import SWEEP_RECORD, SweepPoint, SweepRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.sweep_record import SWEEP_RECORD, SweepPoint, SweepRecord
 from hpc_hsdp.scheduler.backends import backend, resolve_cluster
 from hpc_hsdp.submit_host.claims import check_run_dir, claimed
 from hpc_hsdp.submit_host.preflight import (
@@ -175,7 +175,7 @@ def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepR
     it); its record and what to say first (resumed points, why this cluster). Every array is
     checked before any is submitted; when the scheduler refuses a later one, those already
     submitted are cancelled and nothing is recorded."""
-    from hpc_hsdp.rundir.state import run_dir_state  # noqa: PLC0415  (read on a submission only)
+    from hpc_hsdp.rundir.checkpointing.state import run_dir_state  # noqa: PLC0415  (read on a submission only)
 
     for spec in plan.specs:
         if spec.launch.container_image is not None:

@@ -31,7 +31,7 @@ from hpc_hsdp.plan.fabric_check_rounds import (
     transport_warning,
     verdict,
 )
-from hpc_hsdp.rundir.fabric_check_record import CHECK_RECORD
+from hpc_hsdp.rundir.observation.fabric_check_record import CHECK_RECORD
 from hpc_hsdp.task.observation.log import say
 
 WINDOW_S = 0.1

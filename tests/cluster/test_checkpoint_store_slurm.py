@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cluster_helpers import hpc, log_tails, status, wait_ended
 
-from hpc_hsdp.rundir.checkpoint_store import CheckpointStore
+from hpc_hsdp.rundir.checkpointing.checkpoint_store import CheckpointStore
 from hpc_hsdp.rundir.files import read_jsonl
 from tests.job_helpers import tiny_job
 

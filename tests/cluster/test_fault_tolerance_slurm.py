@@ -17,7 +17,7 @@ from dist_helpers import wait_until
 
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.rundir.replica_membership import read_membership
+from hpc_hsdp.rundir.observation.replica_membership import read_membership
 from tests.job_helpers import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -129,7 +129,7 @@ def test_a_flexible_job_loses_a_node_resumes_on_the_one_left_then_grows_back_wit
     it resume on two nodes again. Every step trains on exactly the uninterrupted run's samples."""
     from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
     from hpc_hsdp.data.synthetic import SyntheticSamples
-    from hpc_hsdp.rundir import attempts
+    from hpc_hsdp.rundir.lifecycle import attempts
 
     debug_nodes = _debug_nodes(3)
     run, samples = tmp_path / "run", tmp_path / "samples"

@@ -18,7 +18,7 @@ import pytest
 from cluster_helpers import hpc
 from dist_helpers import wait_until
 
-from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.lifecycle import attempts
 from tests.job_helpers import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]

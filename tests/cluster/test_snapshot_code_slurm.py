@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import hpc, status, wait_until
 
-from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
+from hpc_hsdp.rundir.lifecycle.provenance_record import read_provenance, read_task_provenance
 from tests.snapshot_code_helpers import package
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]

@@ -65,7 +65,7 @@ def _graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         targets = set()
         for imported in _imports(path):
-            # "from hpc_hsdp.rundir import attempts" names a module; "from hpc_hsdp.job.spec import X" a name in one
+            # "from hpc_hsdp.rundir.lifecycle import attempts" names a module; "from hpc_hsdp.job.spec import X" a name in one
             while imported not in modules and "." in imported:
                 imported = imported.rsplit(".", 1)[0]
             if imported in modules and imported != name:

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import pytest
 
 from hpc_hsdp.errors import SchedulerError, SpecError
-from hpc_hsdp.rundir import claim as claims
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
+from hpc_hsdp.rundir.lifecycle import claim as claims
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_state import load_job_state, save_job_state
 from hpc_hsdp.scheduler.backends import BACKEND_NAMES, CLUSTERS, backend, task_backend
 from hpc_hsdp.scheduler.backends.base import Backend
 from hpc_hsdp.scheduler.backends.local import LocalBackend

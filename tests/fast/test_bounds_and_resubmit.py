@@ -233,7 +233,7 @@ def test_the_runtime_does_not_import_the_submitting_side():
     assert _imports(package / "rundir" / "state.py") == {
         "hpc_hsdp.errors",
         "hpc_hsdp.files",
-        "hpc_hsdp.rundir.attempts",
+        "hpc_hsdp.rundir.lifecycle.attempts",
     }
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of ``--checkpoint-store`` (hpc_hsdp/rundir/checkpoint_store.py, store_record.py):
+"""The pure parts of ``--checkpoint-store`` (hpc_hsdp/rundir/checkpointing/checkpoint_store.py, store_record.py):
 the URL, the commit rule, the store's listing, retention, the resume order, the retries and
 how long the way out waits; the server-backed behaviour is tests/processes/test_checkpoint_store.py."""
 
@@ -12,7 +12,7 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.plan.estimates import save_estimate
 from hpc_hsdp.plan.topology import plan_for
-from hpc_hsdp.rundir.checkpoint_store import (
+from hpc_hsdp.rundir.checkpointing.checkpoint_store import (
     Candidate,
     CheckpointStore,
     StoreError,
@@ -26,7 +26,7 @@ from hpc_hsdp.rundir.checkpoint_store import (
     retrying,
     wait_limit_s,
 )
-from hpc_hsdp.rundir.store_record import read_store_record, store_lines, write_store_record
+from hpc_hsdp.rundir.checkpointing.store_record import read_store_record, store_lines, write_store_record
 
 
 @pytest.mark.parametrize(

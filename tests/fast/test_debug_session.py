@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from hpc_hsdp.rundir.debug_session import (
+from hpc_hsdp.rundir.observation.debug_session import (
     read_session,
     request_path,
     socket_dir_name,

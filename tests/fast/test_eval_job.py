@@ -16,8 +16,8 @@ from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.report.data import load_run
 from hpc_hsdp.report.html import render_html
-from hpc_hsdp.rundir import evals
-from hpc_hsdp.rundir.evals import claim, last_json_object, read_evals, steps_to_submit, substitute
+from hpc_hsdp.rundir.training import evals
+from hpc_hsdp.rundir.training.evals import claim, last_json_object, read_evals, steps_to_submit, substitute
 from hpc_hsdp.scheduler.backends.slurm import SlurmBackend, side_job_sbatch
 from hpc_hsdp.scheduler.backends.slurm_command import SchedulerTimeout
 

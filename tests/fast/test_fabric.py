@@ -139,7 +139,7 @@ def test_a_hostile_check_record_is_read_without_a_traceback(tmp_path):
     huge nesting, a symlink or a FIFO in its place give no table, never a traceback."""
     import os
 
-    from hpc_hsdp.rundir.fabric_check_record import check_lines, check_summary, read_check, read_decisions
+    from hpc_hsdp.rundir.observation.fabric_check_record import check_lines, check_summary, read_check, read_decisions
 
     (tmp_path / "check.json").write_text(
         '{"nodes": {"n1": "fast", "<b>": {"matmul_tflops": "x"}}, "links": [], "findings": [{"value": "1"}, 3],'

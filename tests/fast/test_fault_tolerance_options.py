@@ -187,7 +187,7 @@ def test_a_run_spec_with_replica_fault_tolerance_round_trips_through_run_argumen
 def test_membership_changes_are_shown_with_time_and_cause_once_per_step(tmp_path: Path) -> None:
     from hpc_hsdp.report.data import load_run
     from hpc_hsdp.report.summary import summary_rows
-    from hpc_hsdp.rundir.replica_membership import membership_changes, read_membership
+    from hpc_hsdp.rundir.observation.replica_membership import membership_changes, read_membership
 
     events = [
         {"time": 100.0, "event": "lighthouse started", "address": "10.0.0.1:20001"},

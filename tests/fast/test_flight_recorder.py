@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from cli_helpers import hpc
 
-from hpc_hsdp.rundir.flight_recorder import find_hang, hang_words, load_dump, read_dumps, trace_files
+from hpc_hsdp.rundir.observation.flight_recorder import find_hang, hang_words, load_dump, read_dumps, trace_files
 
 SAMPLE = Path(__file__).parents[1] / "data" / "nccl-trace"
 

@@ -379,7 +379,7 @@ def test_another_users_state_directory_is_refused(tmp_path):
 
 
 def test_the_jobs_index_is_made_private(tmp_path, monkeypatch):
-    from hpc_hsdp.rundir.job_record import JobRecord, jobs_index
+    from hpc_hsdp.rundir.lifecycle.job_record import JobRecord, jobs_index
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     run = tmp_path / "run"
@@ -579,16 +579,16 @@ def _valid_manifest(run: Path) -> None:
 def _reader_cases() -> dict[str, tuple[str, bytes, object]]:
     """file -> (its path in the run directory, bytes hpc-hsdp would write, reader(run) -> what it read,
     falsy when nothing was taken from the file)."""
-    from hpc_hsdp.rundir.attempts import read_attempt, read_restarts
-    from hpc_hsdp.rundir.claim import read_claim
-    from hpc_hsdp.rundir.flight_recorder import read_dumps
-    from hpc_hsdp.rundir.job_record import JobRecord
-    from hpc_hsdp.rundir.job_state import load_job_state
+    from hpc_hsdp.rundir.checkpointing.state import damage, saved_train_state
     from hpc_hsdp.rundir.layout import rank_entries
-    from hpc_hsdp.rundir.metrics import last_metrics
-    from hpc_hsdp.rundir.replica_membership import read_membership
-    from hpc_hsdp.rundir.state import damage, saved_train_state
-    from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
+    from hpc_hsdp.rundir.lifecycle.attempts import read_attempt, read_restarts
+    from hpc_hsdp.rundir.lifecycle.claim import read_claim
+    from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+    from hpc_hsdp.rundir.lifecycle.job_state import load_job_state
+    from hpc_hsdp.rundir.observation.flight_recorder import read_dumps
+    from hpc_hsdp.rundir.observation.replica_membership import read_membership
+    from hpc_hsdp.rundir.observation.tracker_runs import read_tracker_runs
+    from hpc_hsdp.rundir.training.metrics import last_metrics
     from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
     from hpc_hsdp.task.checkpointing.export import read_model_record
 
@@ -718,7 +718,7 @@ def test_a_failed_submission_never_copies_what_claim_json_links_to(tmp_path):
 
 
 def test_a_tracker_entry_never_copies_what_trackers_json_links_to(tmp_path):
-    from hpc_hsdp.rundir.tracker_runs import record_progress
+    from hpc_hsdp.rundir.observation.tracker_runs import record_progress
 
     secret = tmp_path / "secret"
     secret.write_text('{"tensorboard": {"token": "SECRET"}}')
@@ -768,7 +768,7 @@ def test_numbers_out_of_range_read_as_no_record(tmp_path, reader, number):
 
 
 def test_out_of_range_membership_times_and_wrong_types_are_skipped(tmp_path):
-    from hpc_hsdp.rundir.replica_membership import membership_changes, read_membership
+    from hpc_hsdp.rundir.observation.replica_membership import membership_changes, read_membership
 
     (tmp_path / "replicas.jsonl").write_text(
         '{"time": 1e999, "event": "x"}\n{"time": ' + "9" * 400 + ', "event": "y"}\n{"time": -5, "event": "z"}\n'
@@ -780,7 +780,7 @@ def test_out_of_range_membership_times_and_wrong_types_are_skipped(tmp_path):
 
 
 def test_a_hostile_flight_recorder_dump_is_a_note(tmp_path):
-    from hpc_hsdp.rundir.flight_recorder import hang_words
+    from hpc_hsdp.rundir.observation.flight_recorder import hang_words
 
     hang = tmp_path / "hang"
     hang.mkdir()
@@ -862,7 +862,7 @@ def test_a_model_record_of_other_types_is_one_line(tmp_path, capsys):
 
 
 def test_a_data_position_of_other_types_is_a_damaged_checkpoint(tmp_path):
-    from hpc_hsdp.rundir.state import damage
+    from hpc_hsdp.rundir.checkpointing.state import damage
 
     _valid_manifest(tmp_path)
     ck = tmp_path / "checkpoints" / "step-000001"
@@ -1045,7 +1045,7 @@ def test_a_metadata_fifo_is_refused_without_blocking(tmp_path):
 
 @pytest.mark.parametrize("name", ["/dev/zero", "../../../dev/zero", "fifo"])
 def test_a_manifest_naming_a_device_or_fifo_is_a_damaged_checkpoint(tmp_path, name):
-    from hpc_hsdp.rundir.state import damage
+    from hpc_hsdp.rundir.checkpointing.state import damage
 
     _valid_manifest(tmp_path)
     ck = tmp_path / "checkpoints" / "step-000001"
@@ -1191,7 +1191,7 @@ def test_the_heal_server_listens_on_the_given_address_and_loads_plain_data_only(
 
 
 def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(tmp_path):
-    from hpc_hsdp.rundir.claim import who, write_claim
+    from hpc_hsdp.rundir.lifecycle.claim import who, write_claim
     from hpc_hsdp.scheduler.emulator.processes import process_start_time
     from hpc_hsdp.submit_host.claims import check_writer, claim_for_task, release_task_claim
 
@@ -1218,7 +1218,7 @@ def test_a_claim_naming_a_live_unrelated_pid_does_not_block_and_a_live_run_does(
 
 def test_an_integer_past_a_floats_range_in_a_record_is_no_scalar():
     """float(10**400) raises OverflowError: it killed the tracker thread (and could stop the loop)."""
-    from hpc_hsdp.rundir.scalars import record_scalars
+    from hpc_hsdp.rundir.training.scalars import record_scalars
 
     huge = 10**400
     record = {"step": 3, "loss": huge, "tokens_per_s": 5.0, "comm": {"shard": {"ag": {"wire_bytes": huge}}}}
@@ -1244,19 +1244,19 @@ def _checks_log(run):
 
 
 def _metrics_line(run):
-    from hpc_hsdp.rundir.metrics import MetricsLog
+    from hpc_hsdp.rundir.training.metrics import MetricsLog
 
     MetricsLog(run, start_step=0, replacing=True).write({"step": 1, "loss": 2.0})
 
 
 def _restarts_log(run):
-    from hpc_hsdp.rundir.attempts import begin_attempt
+    from hpc_hsdp.rundir.lifecycle.attempts import begin_attempt
 
     begin_attempt(run, restart=1, job_id="7", start_step=3, total_steps=9)
 
 
 def _eval_claim(run):
-    from hpc_hsdp.rundir.evals import record_submission
+    from hpc_hsdp.rundir.training.evals import record_submission
 
     record_submission(run, 4, job_id="12")
 

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_hsdp.cli import main
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends.local import LocalBackend
 from hpc_hsdp.scheduler.emulator.state_files import state_path
 from hpc_hsdp.submit_host import handle as handle_module
@@ -127,7 +127,7 @@ def test_cancel_refuses_a_job_whose_scheduler_does_not_say_where_it_writes(tmp_p
 
 @pytest.mark.parametrize("state", ["", " ", "running", "\x1b[31mRUNNING", 7, None, "PENDING" * 40])
 def test_an_emulator_state_file_of_no_state_is_unknown_in_status_status_sweep_and_runs(tmp_path, capsys, state):
-    from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+    from hpc_hsdp.rundir.lifecycle.sweep_record import SweepPoint, SweepRecord
 
     sweep = tmp_path / "runs" / "sw"
     sweep.mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_an_emulator_state_file_of_no_state_is_unknown_in_status_status_sweep_an
 
 @pytest.mark.parametrize("state", ["", " ", "\x1b]0;title\x07"])
 def test_a_last_known_state_of_no_state_is_no_record(tmp_path, state):
-    from hpc_hsdp.rundir.job_state import load_job_state
+    from hpc_hsdp.rundir.lifecycle.job_state import load_job_state
 
     (tmp_path / "job_state.json").write_text(json.dumps({"job_id": "1", "state": state, "at": 1.0}))
     assert load_job_state(tmp_path, "1") is None

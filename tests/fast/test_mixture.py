@@ -185,7 +185,7 @@ def test_a_checkpoint_of_another_mixture_is_refused(two_sources, tmp_path):
     from hpc_hsdp.cli.examples import spec_from_argv
     from hpc_hsdp.data.sampler import num_samples
     from hpc_hsdp.data.tokens import open_dataset
-    from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
+    from hpc_hsdp.rundir.checkpointing.state import COMPLETE, TRAIN_STATE, checkpoint_root
     from hpc_hsdp.submit_host.preflight import check_job_inputs
 
     web, code = two_sources
@@ -209,7 +209,7 @@ def test_a_checkpoint_of_another_mixture_is_refused(two_sources, tmp_path):
 
 
 def test_per_source_fields_reach_tensorboard_tags():
-    from hpc_hsdp.rundir.scalars import record_scalars
+    from hpc_hsdp.rundir.training.scalars import record_scalars
 
     record = {"step": 3, "loss": 2.0, "loss/web": 1.5, "tokens/web": 64, "epoch/code": 2, "eval_loss/code": 3.0}
     tags = record_scalars(record)

@@ -22,7 +22,7 @@ from cli_helpers import hpc
 from dist_helpers import wait_until
 
 from hpc_hsdp.plan.topology import plan_for
-from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.lifecycle import attempts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,10 +17,10 @@ import pytest
 from cli_helpers import hpc
 
 from hpc_hsdp.plan.units import duration
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.pace import progress_of, requeues_needed
-from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.training.pace import progress_of, requeues_needed
+from hpc_hsdp.rundir.training.scalars import record_scalars
+from hpc_hsdp.rundir.training.stragglers import describe, persistent, persistent_ranks, rank_ranges, summarize
 from hpc_hsdp.scheduler.backends.slurm import parse_slurm_duration
 from tests.observe_helpers import NODES
 

@@ -111,7 +111,7 @@ def test_requeue_job_reports_scontrols_refusal(monkeypatch, tmp_path):
 
 
 def _fake_job(tmp_path, batch_err: str, task_errs: dict[int, str]):
-    from hpc_hsdp.rundir.job_record import JobRecord
+    from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
     from hpc_hsdp.submit_host.handle import JobHandle
 
     logs = tmp_path / "logs"

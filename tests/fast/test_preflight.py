@@ -17,7 +17,7 @@ from hpc_hsdp.data.sampler import num_samples
 from hpc_hsdp.data.synthetic import NUM_SAMPLES
 from hpc_hsdp.data.tokens import open_dataset, write_token_file
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.rundir.state import COMPLETE, TRAIN_STATE, checkpoint_root
+from hpc_hsdp.rundir.checkpointing.state import COMPLETE, TRAIN_STATE, checkpoint_root
 from hpc_hsdp.submit_host.preflight import check_job_inputs
 from tests.data_helpers import documents, make_dataset
 

@@ -1,4 +1,4 @@
-"""What produced a run (hpc_hsdp.rundir.provenance_record, hpc_hsdp.submit_host.provenance): the record's
+"""What produced a run (hpc_hsdp.rundir.lifecycle.provenance_record, hpc_hsdp.submit_host.provenance): the record's
 readers and words, the code a job runs, --snapshot-code's copy, its script lines, `runs`' CODE
 column. The git parts (a process each) are in tests/processes/test_snapshot_code.py."""
 
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hpc_hsdp.cli import cli
 from hpc_hsdp.cli.examples import spec_from_argv
 from hpc_hsdp.errors import SpecError
-from hpc_hsdp.rundir.provenance_record import (
+from hpc_hsdp.rundir.lifecycle.provenance_record import (
     code_words,
     commit_id,
     differences,

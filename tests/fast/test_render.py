@@ -671,9 +671,9 @@ NOT_AT_RENDER = (
     "hpc_hsdp.scheduler.backends",  # asked at submit only
     "hostlist",  # a node list is expanded only where one is given
     "statistics",  # the fabric check's medians (with fractions and decimal)
-    "hpc_hsdp.rundir.evals",  # --eval-job's check, only when it is given
+    "hpc_hsdp.rundir.training.evals",  # --eval-job's check, only when it is given
     "hpc_hsdp.plan.fabric_check_rounds",  # --check's verdict and its threshold's variable, only with --check
-    "hpc_hsdp.rundir.provenance_record",  # --snapshot-code's copy, only when it is given
+    "hpc_hsdp.rundir.lifecycle.provenance_record",  # --snapshot-code's copy, only when it is given
     "submitit",
 )
 

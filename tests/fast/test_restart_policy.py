@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_hsdp.rundir.attempts import begin_attempt
-from hpc_hsdp.rundir.state import record_restart
+from hpc_hsdp.rundir.checkpointing.state import record_restart
+from hpc_hsdp.rundir.lifecycle.attempts import begin_attempt
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.scheduler.backends.slurm_task import SlurmJobEnvironment
 from hpc_hsdp.scheduler.restart_policy import RestartPolicy

@@ -34,7 +34,7 @@ def _dead_pid() -> int:
 
 
 def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
-    from hpc_hsdp.rundir.claim import read_claim, write_claim
+    from hpc_hsdp.rundir.lifecycle.claim import read_claim, write_claim
     from hpc_hsdp.submit_host.claims import check_run_dir, claimed
 
     run = tmp_path / "run"
@@ -87,7 +87,7 @@ def test_a_stale_claim_is_taken_over_and_said_so_a_live_one_refuses(tmp_path):
 def test_a_refused_submission_that_made_the_directory_leaves_the_winners_claim(tmp_path, monkeypatch):
     """Two racers: the loser made the directory, the winner claimed it first. The loser's
     refusal removes nothing (its clean-up once took the winner's claim.json with it)."""
-    from hpc_hsdp.rundir.claim import write_claim
+    from hpc_hsdp.rundir.lifecycle.claim import write_claim
     from hpc_hsdp.submit_host import claims as job_claims
     from hpc_hsdp.submit_host.claims import claimed
 
@@ -108,7 +108,7 @@ def test_a_refused_submission_that_made_the_directory_leaves_the_winners_claim(t
 def test_a_requeued_attempt_is_the_same_claimant_and_a_damaged_claim_is_none(tmp_path):
     """The job a claim names holds the directory whatever attempt of it runs: a resubmission
     is refused while it is pending again (its claim and job.json agree); garbage is no claim."""
-    from hpc_hsdp.rundir.claim import read_claim
+    from hpc_hsdp.rundir.lifecycle.claim import read_claim
     from hpc_hsdp.submit_host.claims import check_run_dir
 
     run = tmp_path / "run"

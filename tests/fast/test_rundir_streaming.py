@@ -24,8 +24,8 @@ from hpc_hsdp.report import load_runs, write_report
 from hpc_hsdp.report.data import MetricsDigest, load_run
 from hpc_hsdp.report.sample import Downsampler, ProbeSample
 from hpc_hsdp.report.summary import summary_rows
-from hpc_hsdp.rundir.metrics import read_metrics, scan_metrics
-from hpc_hsdp.rundir.stragglers import persistent
+from hpc_hsdp.rundir.training.metrics import read_metrics, scan_metrics
+from hpc_hsdp.rundir.training.stragglers import persistent
 
 
 def test_the_downsampler_keeps_every_point_of_a_short_series_and_min_max_last_and_spikes_of_a_long_one():

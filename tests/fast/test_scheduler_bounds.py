@@ -17,8 +17,8 @@ from cli_helpers import hpc
 
 from hpc_hsdp.errors import SchedulerError, SlurmEnvError, SpecError
 from hpc_hsdp.plan.address import pick_port, port_candidates, port_is_free
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.job_state import load_job_state, save_job_state
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_state import load_job_state, save_job_state
 from hpc_hsdp.scheduler.backends import resolve_cluster, slurm_command
 from hpc_hsdp.scheduler.backends.slurm import parse_sacct_rows, parse_squeue_rows
 from hpc_hsdp.scheduler.backends.slurm_command import Ping, SchedulerTimeout, run_slurm, slurm_timeout_s

@@ -1,5 +1,5 @@
 """``hpc-hsdp stacks`` and the watchdog's grouped stacks: the pure grouping and wording of
-:mod:`hpc_hsdp.rundir.stacks`, the parsers of py-spy's and faulthandler's output, the node
+:mod:`hpc_hsdp.rundir.observation.stacks`, the parsers of py-spy's and faulthandler's output, the node
 collector's argv and answer, and the SLURM step it runs in (a canned runner)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from hpc_hsdp.errors import SchedulerError
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.stacks import (
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.observation.stacks import (
     group_stacks,
     headline,
     read_hang_stacks,

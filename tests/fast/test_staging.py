@@ -1,6 +1,6 @@
 """``--stage-data``: the value's form and where it points (hpc_hsdp.plan.staging_dir), the copies'
 decisions and the copies themselves on one process (hpc_hsdp.data.staging_copies), the sidecar's
-sha256 (hpc_hsdp.data.tokens), the run directory's record (hpc_hsdp.rundir.staging_record) and the
+sha256 (hpc_hsdp.data.tokens), the run directory's record (hpc_hsdp.rundir.training.staging_record) and the
 refusals of render and submit (hpc_hsdp.submit_host.preflight). The multi-rank runs are in
 tests/processes/test_staging.py."""
 
@@ -35,7 +35,7 @@ from hpc_hsdp.data.tokens import READ_LATENCY, open_dataset, read_latency_of, re
 from hpc_hsdp.errors import DataError, SpecError
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.plan.staging_dir import check_stage_value, stage_base
-from hpc_hsdp.rundir.staging_record import node_staging, staging_lines, write_staging_record
+from hpc_hsdp.rundir.training.staging_record import node_staging, staging_lines, write_staging_record
 
 # ----------------------------------------------------------------------------- where the copies go
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_hsdp.rundir.stacks import write_hang_stacks
-from hpc_hsdp.rundir.staging_record import node_staging, write_staging_record
+from hpc_hsdp.rundir.observation.stacks import write_hang_stacks
+from hpc_hsdp.rundir.training.staging_record import node_staging, write_staging_record
 from hpc_hsdp.submit_host.status_sections import JSON_ORDER, SECTIONS
 
 NCCL_TRACES = Path(__file__).resolve().parents[1] / "data" / "nccl-trace"

@@ -20,8 +20,8 @@ from torch import nn
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.plan.replica_layout import group_rows
 from hpc_hsdp.plan.topology import ParallelDims
-from hpc_hsdp.rundir.replica_membership import MEMBERSHIP_LOG
-from hpc_hsdp.rundir.state import COMPLETE, checkpoint_root, step_dir_name
+from hpc_hsdp.rundir.checkpointing.state import COMPLETE, checkpoint_root, step_dir_name
+from hpc_hsdp.rundir.observation.replica_membership import MEMBERSHIP_LOG
 from hpc_hsdp.task.training.coordinator import OneGroup, StepCoordinator, coordinator_for
 from hpc_hsdp.task.training.replica_coordinator import QuorumLost, ReplicaGroup
 from hpc_hsdp.task.training.run_data import open_data

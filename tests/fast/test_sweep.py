@@ -30,9 +30,9 @@ from hpc_hsdp.job.sweep import (
     parse_max_array_size,
 )
 from hpc_hsdp.plan.slurm_facts import own_job_id
-from hpc_hsdp.rundir.job_record import JobRecord
-from hpc_hsdp.rundir.provenance_record import read_provenance
-from hpc_hsdp.rundir.sweep_record import SweepPoint, SweepRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.provenance_record import read_provenance
+from hpc_hsdp.rundir.lifecycle.sweep_record import SweepPoint, SweepRecord
 from hpc_hsdp.scheduler.backends.slurm import SlurmBackend
 from hpc_hsdp.scheduler.emulator.slurm_patterns import expand_pattern
 from hpc_hsdp.scheduler.failure import task_index

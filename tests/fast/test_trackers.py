@@ -12,7 +12,7 @@ from cli_helpers import hpc
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
+from hpc_hsdp.rundir.observation.tracker_runs import read_tracker_runs
 from tests.trackers_helpers import TINY
 
 # ----------------------------------------------------------------------------- the option
@@ -98,7 +98,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(t
 def test_a_tracker_added_on_a_resubmission_gets_the_history_so_far(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from hpc_hsdp.rundir.metrics import MetricsLog
+    from hpc_hsdp.rundir.training.metrics import MetricsLog
     from hpc_hsdp.task.observation.trackers import Trackers, TrackerStart
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

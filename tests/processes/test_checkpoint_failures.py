@@ -17,8 +17,8 @@ import pytest
 from dist_helpers import in_child, launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
+from hpc_hsdp.rundir.checkpointing.state import MANIFEST, complete_checkpoints, damage, run_dir_state
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.rundir.state import MANIFEST, complete_checkpoints, damage, run_dir_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 

@@ -16,10 +16,10 @@ from cli_helpers import hpc
 from dist_helpers import launch
 
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
-from hpc_hsdp.rundir.checkpoint_store import CheckpointStore, marker_name
+from hpc_hsdp.rundir.checkpointing.checkpoint_store import CheckpointStore, marker_name
+from hpc_hsdp.rundir.checkpointing.state import complete_checkpoints
+from hpc_hsdp.rundir.checkpointing.store_record import read_store_record
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.rundir.state import complete_checkpoints
-from hpc_hsdp.rundir.store_record import read_store_record
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 

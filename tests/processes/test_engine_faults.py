@@ -24,9 +24,9 @@ from dist_helpers import in_child, launch
 
 import hpc_hsdp
 from hpc_hsdp.job.spec import RunSpec, TrainingSpec
-from hpc_hsdp.rundir import attempts
+from hpc_hsdp.rundir.checkpointing.state import complete_checkpoints, run_dir_state
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.rundir.state import complete_checkpoints, run_dir_state
+from hpc_hsdp.rundir.lifecycle import attempts
 from hpc_hsdp.task.resilience.watchdog import EXIT_HUNG, GATHER_S
 from tests.runtime_helpers import compare_checkpoints
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import hpc
 
-from hpc_hsdp.rundir.evals import read_evals
+from hpc_hsdp.rundir.training.evals import read_evals
 from tests.job_helpers import tiny_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

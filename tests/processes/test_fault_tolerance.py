@@ -16,8 +16,8 @@ from throttle import user_pids
 
 from hpc_hsdp.data.sampler import BatchLayout, SampleOrder
 from hpc_hsdp.data.synthetic import SyntheticSamples
-from hpc_hsdp.rundir.replica_membership import membership_path, read_membership
-from hpc_hsdp.rundir.state import complete_checkpoints
+from hpc_hsdp.rundir.checkpointing.state import complete_checkpoints
+from hpc_hsdp.rundir.observation.replica_membership import membership_path, read_membership
 from tests.fault_tolerance_helpers import GLOBAL_BATCH, STEPS, _launch, _metrics, _spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]

@@ -36,7 +36,7 @@ def trained(tmp_path_factory) -> Path:
 
 def _forge_manifest(checkpoint: Path) -> None:
     """Whoever can write a pickle can write the manifest: make its sizes and CRCs match."""
-    from hpc_hsdp.rundir.state import MANIFEST, file_record
+    from hpc_hsdp.rundir.checkpointing.state import MANIFEST, file_record
 
     manifest = json.loads((checkpoint / MANIFEST).read_text())
     manifest["files"][".metadata"] = file_record(checkpoint / ".metadata", checksum=True)
@@ -50,7 +50,7 @@ def test_a_hostile_checkpoint_is_damaged_export_refuses_and_resume_falls_back(tr
     from dist_helpers import launch
 
     from hpc_hsdp.job.spec import RunSpec, TrainingSpec
-    from hpc_hsdp.rundir.state import MANIFEST
+    from hpc_hsdp.rundir.checkpointing.state import MANIFEST
 
     run, marker = tmp_path / "run", tmp_path / "MARKER"
     shutil.copytree(trained, run)
@@ -124,7 +124,7 @@ MANIFEST_NAME = "manifest.json"
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("content", [b"", b'{"step": 4, "seed"', b"\xff\xfe garbage", b"[1, 2]", b" " * (5 << 20)])
 def test_a_broken_train_state_falls_back_on_resume_and_in_status(trained, tmp_path, content):
-    from hpc_hsdp.rundir.state import TRAIN_STATE, run_dir_state
+    from hpc_hsdp.rundir.checkpointing.state import TRAIN_STATE, run_dir_state
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)

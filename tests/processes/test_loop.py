@@ -309,7 +309,7 @@ def test_the_live_line_shows_the_latest_eval_loss(tmp_path):
     import json
 
     from hpc_hsdp.cli.jobs_cmd import step_text
-    from hpc_hsdp.rundir.metrics import latest_eval
+    from hpc_hsdp.rundir.training.metrics import latest_eval
 
     records = [
         {"step": 1, "loss": 4.0, "tokens_per_s": 10.0},

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_cli_imports_no_torch, hpc
 
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.stragglers import persistent
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.training.scalars import record_scalars
+from hpc_hsdp.rundir.training.stragglers import persistent
 from tests.job_helpers import tiny_job
 from tests.observe_helpers import NODES
 

@@ -164,7 +164,7 @@ def test_a_copied_and_a_moved_run_read_as_the_original_and_a_resumed_copy_leaves
 def test_hpc_hsdp_run_refuses_a_directory_another_job_writes_and_a_requeued_attempt_is_its_claimant(tmp_path):
     from dist_helpers import job_envs
 
-    from hpc_hsdp.rundir.claim import write_claim
+    from hpc_hsdp.rundir.lifecycle.claim import write_claim
 
     run = tmp_path / "run"
     _local_job(run, "556", pid=os.getpid())  # an emulated job still running (its supervisor: this process)

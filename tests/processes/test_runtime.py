@@ -627,7 +627,7 @@ def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path):
     """A rank 0 killed in the middle of an append leaves half a line; the resumed run's first
     record must not be glued to it (read_jsonl would stop there and lose every later step)."""
     from hpc_hsdp.rundir.files import append_jsonl
-    from hpc_hsdp.rundir.metrics import truncate_metrics
+    from hpc_hsdp.rundir.training.metrics import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')

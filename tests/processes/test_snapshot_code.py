@@ -1,5 +1,5 @@
 """--snapshot-code and provenance on the local emulator (hpc_hsdp.submit_host.provenance,
-hpc_hsdp.rundir.provenance_record): code edited on disk after submit changes nothing for the job; the
+hpc_hsdp.rundir.lifecycle.provenance_record): code edited on disk after submit changes nothing for the job; the
 run records the commit and uncommitted changes of its code. Also git_state against real git."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import hpc
 
-from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
+from hpc_hsdp.rundir.lifecycle.provenance_record import read_provenance, read_task_provenance
 from hpc_hsdp.submit_host import provenance as gather
 from tests.snapshot_code_helpers import git, package
 

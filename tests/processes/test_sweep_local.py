@@ -119,7 +119,7 @@ def test_the_python_api_submits_a_sweep_and_waits_for_its_ranked_results(tmp_pat
     assert sorted(r.name for r in results) == ["lr=0.001", "lr=0.03"]
     assert results[0].loss <= results[1].loss and all(r.step == 3 for r in results)
     assert all(Path(r.run_dir).parent == tmp_path / "api" for r in results)
-    from hpc_hsdp.rundir.provenance_record import read_provenance, read_task_provenance
+    from hpc_hsdp.rundir.lifecycle.provenance_record import read_provenance, read_task_provenance
 
     for r in results:  # --snapshot-code: each point runs its own copy of the code of the submit
         assert read_task_provenance(r.run_dir)["snapshot_used"] is True

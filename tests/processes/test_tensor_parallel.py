@@ -299,7 +299,7 @@ def test_the_straggler_probe_names_a_slow_rank_not_its_tp_peer(tmp_path):
     """A TP group's ranks wait for a slow peer in the functional collectives' waits (DTensor's
     redistributions); counted as their own time, the peer looked as slow as the straggler and no
     rank stood out (spread about 1.0-1.2, the slowest rank any of three)."""
-    from hpc_hsdp.rundir.stragglers import SLOW_THRESHOLD
+    from hpc_hsdp.rundir.training.stragglers import SLOW_THRESHOLD
 
     training = TRAIN.replace(layers=1, steps=8, eval_every=0, straggler_every=2)
     spec = RunSpec(shard_size=2, tp_size=2, device="cpu", run_dir=str(tmp_path / "r"), training=training)

@@ -20,8 +20,8 @@ import pytest
 from cli_helpers import hpc
 
 from hpc_hsdp.job.spec import TrainingSpec
-from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.tracker_runs import read_tracker_runs
+from hpc_hsdp.rundir.observation.tracker_runs import read_tracker_runs
+from hpc_hsdp.rundir.training.scalars import record_scalars
 from tests.trackers_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[2]

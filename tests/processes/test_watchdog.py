@@ -57,6 +57,6 @@ def test_one_frozen_rank_of_four_ends_the_job_with_stacks_and_one_line(tmp_path)
     for procid in (1, 2, 3):
         assert "hang at step 3" in next(line for line in logs[procid].splitlines() if "stacks above" in line)
     # the checkpoint of step 2 (written in the background) is whole: the restart resumes from it
-    from hpc_hsdp.rundir.state import run_dir_state
+    from hpc_hsdp.rundir.checkpointing.state import run_dir_state
 
     assert run_dir_state(tmp_path / "run").resume_step == 2

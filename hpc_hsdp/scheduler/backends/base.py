@@ -1,7 +1,7 @@
 """What every scheduler backend does, as the code above the backends sees it.
 
 A backend is picked by name (:func:`hpc_hsdp.scheduler.backends.backend`, from the ``cluster`` a
-:class:`~hpc_hsdp.rundir.job_record.JobRecord` records), never asked which one it is: what
+:class:`~hpc_hsdp.rundir.lifecycle.job_record.JobRecord` records), never asked which one it is: what
 differs between schedulers is a method here, or a fact stated by a class attribute.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hpc_hsdp.errors import SchedulerError
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends.job_environment import JobEnvironment
 from hpc_hsdp.scheduler.failure import task_index
 from hpc_hsdp.scheduler.status import JobStatus

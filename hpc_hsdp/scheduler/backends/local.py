@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpc_hsdp.plan.float8_support import fp8_local_refusal
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends.base import Backend
 from hpc_hsdp.scheduler.emulator.allocation import allocation_for, local_gpus
 from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob

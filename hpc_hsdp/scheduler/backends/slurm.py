@@ -22,7 +22,7 @@ from hpc_hsdp.errors import HsdpError, SchedulerError
 from hpc_hsdp.plan.float8_support import NodeGpus, fp8_slurm_refusal
 from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sinfo_nodes, satisfies_constraint
 from hpc_hsdp.plan.topology import expand_nodelist
-from hpc_hsdp.rundir.job_record import JobRecord
+from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends.base import Backend, start_detached
 from hpc_hsdp.scheduler.backends.slurm_command import SchedulerTimeout, ping_controller, run_slurm
 from hpc_hsdp.scheduler.backends.slurm_task import SlurmJobEnvironment, requeue_job
@@ -193,7 +193,7 @@ def point_logs(job_id: str, logs: Path) -> Path:
     directory, which the sweep's record names."""
     if "_" not in job_id or not (logs.parent / "sweep.json").is_file():
         return logs
-    from hpc_hsdp.rundir.sweep_record import SweepRecord  # noqa: PLC0415  (sweeps only)
+    from hpc_hsdp.rundir.lifecycle.sweep_record import SweepRecord  # noqa: PLC0415  (sweeps only)
 
     try:
         sweep = SweepRecord.load(logs.parent)

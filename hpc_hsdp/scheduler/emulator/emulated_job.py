@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_hsdp.rundir.claim import release_claim
+from hpc_hsdp.rundir.lifecycle.claim import release_claim
 from hpc_hsdp.scheduler.emulator.processes import is_supervisor, pid_alive, process_start_time
 from hpc_hsdp.scheduler.emulator.state_files import TERMINAL_STATES, read_job_state, read_state, state_path, write_state
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hpc_hsdp.files import open_for_writing, read_capped
-from hpc_hsdp.rundir.claim import release_claim
+from hpc_hsdp.rundir.lifecycle.claim import release_claim
 from hpc_hsdp.scheduler.emulator.emulated_job import LocalJob
 from hpc_hsdp.scheduler.emulator.launch import start_local
 from hpc_hsdp.scheduler.emulator.processes import process_start_time

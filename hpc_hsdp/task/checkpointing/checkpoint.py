@@ -1,6 +1,6 @@
 """Distributed checkpoints: torch.distributed.checkpoint, atomic, verified, keep the last K.
 
-Layout (see :mod:`hpc_hsdp.rundir.state`, which reads it without torch):
+Layout (see :mod:`hpc_hsdp.rundir.checkpointing.state`, which reads it without torch):
 ``<run_dir>/checkpoints/step-000010/`` holds DCP's files (``.metadata``, ``__<rank>_0.distcp``),
 ``train_state.json`` (step, seed, world size, batch size, the mesh it was written from),
 ``manifest.json`` (every file's size and CRC-32) and ``COMPLETE``.
@@ -44,9 +44,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hpc_hsdp.errors import HsdpError, SpecError
-from hpc_hsdp.rundir.checkpoint_store import StoreError, resume_candidates, retrying, short
-from hpc_hsdp.rundir.files import atomic_write_text
-from hpc_hsdp.rundir.state import (
+from hpc_hsdp.rundir.checkpointing.checkpoint_store import StoreError, resume_candidates, retrying, short
+from hpc_hsdp.rundir.checkpointing.state import (
     COMPLETE,
     MANIFEST,
     MANIFEST_FORMAT,
@@ -61,6 +60,7 @@ from hpc_hsdp.rundir.state import (
     saved_train_state,
     step_dir_name,
 )
+from hpc_hsdp.rundir.files import atomic_write_text
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.task.checkpointing.safe_dcp import load_state, unsafe_content
 from hpc_hsdp.task.observation.log import note, say
@@ -113,7 +113,7 @@ def latest_checkpoint(run_dir: str | Path, *, verify: bool = True, store=None) -
     Rank 0 checks each candidate's file sizes against its manifest; then every rank recomputes
     the CRC-32 of its share of the files. A damaged checkpoint is skipped with a warning (rank
     0's log); when checkpoints exist but none is whole, raises :class:`CheckpointError`. With a
-    ``store`` (:class:`~hpc_hsdp.rundir.checkpoint_store.CheckpointStore`), its committed steps are
+    ``store`` (:class:`~hpc_hsdp.rundir.checkpointing.checkpoint_store.CheckpointStore`), its committed steps are
     candidates too (:func:`latest_whole`)."""
     found = latest_whole(run_dir, verify=verify, store=store)
     return None if found is None else (found[0], found[1])

@@ -21,7 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_hsdp.rundir.checkpoint_store import (
+from hpc_hsdp.rundir.checkpointing.checkpoint_store import (
     CheckpointStore,
     StoreError,
     backoff_s,
@@ -32,8 +32,8 @@ from hpc_hsdp.rundir.checkpoint_store import (
     short,
     wait_limit_s,
 )
-from hpc_hsdp.rundir.state import MANIFEST, TRAIN_STATE, read_manifest
-from hpc_hsdp.rundir.store_record import write_store_record
+from hpc_hsdp.rundir.checkpointing.state import MANIFEST, TRAIN_STATE, read_manifest
+from hpc_hsdp.rundir.checkpointing.store_record import write_store_record
 from hpc_hsdp.task.checkpointing.checkpoint import prune
 from hpc_hsdp.task.observation.log import note, say
 from hpc_hsdp.task.resilience import injected_faults

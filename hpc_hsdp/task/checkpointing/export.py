@@ -37,8 +37,8 @@ from hpc_hsdp.models.hf import model_from_config_dict
 from hpc_hsdp.models.third_party_noise import progress_bars_on_a_terminal
 from hpc_hsdp.models.weights import retie_like
 from hpc_hsdp.plan.mixture import data_paths
-from hpc_hsdp.rundir.model_record import MODEL_RECORD
-from hpc_hsdp.rundir.state import damage
+from hpc_hsdp.rundir.checkpointing.state import damage
+from hpc_hsdp.rundir.training.model_record import MODEL_RECORD
 from hpc_hsdp.task.checkpointing.checkpoint import complete_checkpoints
 from hpc_hsdp.task.checkpointing.safe_dcp import load_state, unsafe_content
 

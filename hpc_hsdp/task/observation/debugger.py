@@ -2,7 +2,7 @@
 in pdb, reachable from the login node, while every other rank waits at the same boundary.
 
 The request reaches the job through the step boundary's existing stop agreement: rank 0 takes
-``<run_dir>/debug/request.json`` (:mod:`hpc_hsdp.rundir.debug_session`; looked for at most once
+``<run_dir>/debug/request.json`` (:mod:`hpc_hsdp.rundir.observation.debug_session`; looked for at most once
 a second) and, at the requested step, adds ``K + 1`` to its stop code
 (:data:`~hpc_hsdp.task.resilience.preemption.STOP_CODE_SPAN`), which the built-in step's fused all_reduce
 and an own loop's ``agree_stop`` carry to every rank. At that boundary (:meth:`DebugPoint.pause`),
@@ -35,7 +35,7 @@ from pathlib import Path
 from torch.distributed.distributed_c10d import _get_default_store
 
 from hpc_hsdp.files import private_dir
-from hpc_hsdp.rundir.debug_session import socket_dir_name, take_request, write_session
+from hpc_hsdp.rundir.observation.debug_session import socket_dir_name, take_request, write_session
 from hpc_hsdp.task.observation.log import note
 
 CHECK_EVERY_S = 1.0

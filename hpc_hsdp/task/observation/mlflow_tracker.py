@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from hpc_hsdp.rundir.tracker_runs import MLFLOW_DIR, tracker_run, write_tracker_run
+from hpc_hsdp.rundir.observation.tracker_runs import MLFLOW_DIR, tracker_run, write_tracker_run
 from hpc_hsdp.task.observation.log import note
 
 DEFAULT_EXPERIMENT = "hpc-hsdp"

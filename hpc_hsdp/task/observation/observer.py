@@ -1,6 +1,6 @@
 """What the training loop tells the outside world beyond metrics.jsonl, as one component.
 
-- ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.attempts`): each restart with its cause;
+- ``attempt.json`` / ``restarts.jsonl`` (:mod:`hpc_hsdp.rundir.lifecycle.attempts`): each restart with its cause;
 - every finished record to the run's trackers, ``--tracker`` (:mod:`hpc_hsdp.task.observation.trackers`:
   TensorBoard by default, W&B, MLflow), fed from rank 0 in a background thread;
 - the stragglers entry every ``--straggler-every`` steps (:mod:`hpc_hsdp.task.observation.straggler_probe`).
@@ -22,8 +22,8 @@ import os
 import time
 from pathlib import Path
 
-from hpc_hsdp.rundir import attempts
-from hpc_hsdp.rundir.metrics import last_step_written
+from hpc_hsdp.rundir.lifecycle import attempts
+from hpc_hsdp.rundir.training.metrics import last_step_written
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.task.observation.straggler_probe import StragglerProbe
 from hpc_hsdp.task.observation.trackers import Trackers, TrackerStart, run_config

@@ -17,7 +17,7 @@ compute of that one step in K.
 :class:`StragglerProbe` is the loop's component: ``begin(step)`` before the step,
 ``end(step, step_time_s)`` after it (after ``comm_stats.take()``, so that its all-gather
 is not counted in the step's traffic) returns the ``stragglers`` entry of the record
-(:func:`hpc_hsdp.rundir.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
+(:func:`hpc_hsdp.rundir.training.stragglers.summarize`, plus ``share_s``: what the all-gather took on this
 rank) on probed steps, None otherwise. Collective:
 every rank calls both at every step.
 """
@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpc_hsdp.rundir.stragglers import summarize
+from hpc_hsdp.rundir.training.stragglers import summarize
 from hpc_hsdp.task.observation.collectives import (
     COLLECTIVES,
     FUNCTIONAL,

@@ -2,7 +2,7 @@
 
 TensorBoard's own writer (``torch.utils.tensorboard.SummaryWriter``; it needs the
 ``tensorboard`` package, the ``tb`` extra). Each row's scalars (the tags of
-:mod:`hpc_hsdp.rundir.scalars`) at the record's step and wall time. A resumed attempt opens
+:mod:`hpc_hsdp.rundir.training.scalars`) at the record's step and wall time. A resumed attempt opens
 the same directory with ``purge_step`` = the first step it will write: TensorBoard hides
 whatever the previous attempt wrote from that step on, as metrics.jsonl drops those records,
 so the curves go on with no repeated or out-of-order steps. One of the trackers of
@@ -13,7 +13,7 @@ so the curves go on with no repeated or out-of-order steps. One of the trackers 
 
 from __future__ import annotations
 
-from hpc_hsdp.rundir.tracker_runs import TB_DIR, tracker_run, write_tracker_run
+from hpc_hsdp.rundir.observation.tracker_runs import TB_DIR, tracker_run, write_tracker_run
 
 
 class TensorBoardTracker:

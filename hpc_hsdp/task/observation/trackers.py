@@ -5,7 +5,7 @@ imports its package (only here, on rank 0: wandb and mlflow take a second each) 
 an object with two methods::
 
     through                         # the step after which its run goes on (rows up to it are there)
-    log(step, scalars, wall_time)   # one metrics row: {tag: value} (rundir.scalars, the tags TensorBoard has)
+    log(step, scalars, wall_time)   # one metrics row: {tag: value} (rundir.training.scalars, the tags TensorBoard has)
     close(outcome)                  # "completed", "stopped" (to be resumed) or "error"
 
 :class:`Trackers` runs them all in one background thread: the step only hands the row
@@ -16,7 +16,7 @@ log call) is one warning line through the runtime's logger, and is off for the r
 the attempt; training never fails for it.
 
 One tracker run per run directory: each tracker keeps its run's id in
-``<run-dir>/trackers.json`` (:mod:`hpc_hsdp.rundir.tracker_runs`) and continues that run when the
+``<run-dir>/trackers.json`` (:mod:`hpc_hsdp.rundir.observation.tracker_runs`) and continues that run when the
 job resumes, after the step its run is known to hold (``logged_through``, recorded every few
 seconds: an attempt cancelled or killed before a tracker took its rows leaves it behind the
 checkpoint) or the checkpoint's step, whichever is earlier: the rows in between come from
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from hpc_hsdp.job.options import TRACKER_PACKAGES, default
 from hpc_hsdp.rundir.files import read_jsonl
-from hpc_hsdp.rundir.metrics import metrics_path
-from hpc_hsdp.rundir.scalars import record_scalars
-from hpc_hsdp.rundir.tracker_runs import clear_off, record_off, record_progress
+from hpc_hsdp.rundir.observation.tracker_runs import clear_off, record_off, record_progress
+from hpc_hsdp.rundir.training.metrics import metrics_path
+from hpc_hsdp.rundir.training.scalars import record_scalars
 from hpc_hsdp.task.observation.log import note
 
 MODULES = {

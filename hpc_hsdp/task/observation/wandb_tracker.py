@@ -21,7 +21,7 @@ import os
 import secrets
 import string
 
-from hpc_hsdp.rundir.tracker_runs import tracker_run, write_tracker_run
+from hpc_hsdp.rundir.observation.tracker_runs import tracker_run, write_tracker_run
 from hpc_hsdp.task.observation.log import note
 
 DEFAULT_PROJECT = "hpc-hsdp"

@@ -35,10 +35,10 @@ from hpc_hsdp.errors import HsdpError, SlurmEnvError
 from hpc_hsdp.job.spec import DEVICES
 from hpc_hsdp.plan.replica_layout import ATTEMPT_ENV, REPLICA_GROUPS_ENV, REPLICA_ID_ENV
 from hpc_hsdp.plan.topology import ParallelDims, RankLayout, TopologyPlan
-from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.rundir.layout import RANK_FIELDS
 from hpc_hsdp.rundir.layout import write_layout as layout_file
-from hpc_hsdp.rundir.provenance_record import write_task_provenance
+from hpc_hsdp.rundir.lifecycle.provenance_record import write_task_provenance
+from hpc_hsdp.rundir.observation.flight_recorder import HANG_DIR, TRACE_PREFIX
 from hpc_hsdp.task.observation.comm_stats import recorder_for as comm_recorder
 from hpc_hsdp.task.observation.log import note
 from hpc_hsdp.task.parallelism.device import pick_device

@@ -10,7 +10,7 @@ watchdog thread:
 
 1. writes the Python stacks of all its threads to its log (faulthandler), and sends them to rank 0
    in its report (below), which writes every rank's, grouped, to ``<run_dir>/hang/stacks.json``
-   (:mod:`hpc_hsdp.rundir.stacks`: ``status`` shows the groups, the odd ones out first); on GPU also the
+   (:mod:`hpc_hsdp.rundir.observation.stacks`: ``status`` shows the groups, the odd ones out first); on GPU also the
    NCCL flight recorder's trace to ``<run_dir>/hang/nccl-trace-rank<N>.pkl``: ``init``
    turns the recorder on for NCCL groups unless the job sets ``TORCH_FR_BUFFER_SIZE``);
 2. publishes where it is through the job's TCP store (which works while every collective
@@ -18,7 +18,7 @@ watchdog thread:
    on :mod:`hpc_hsdp.task.observation.collectives`, the one wrapper of each torch.distributed collective);
 3. rank 0 collects them and prints ONE line: the step, the ranks waiting in collective #N and
    the ranks that never reached it, and on NCCL what the flight recorder's dumps say
-   (:func:`hpc_hsdp.rundir.flight_recorder.hang_words`: the op, the mesh axis, the sequence
+   (:func:`hpc_hsdp.rundir.observation.flight_recorder.hang_words`: the op, the mesh axis, the sequence
    number, the ranks waiting in it and the ranks that never entered it); it records the hang in ``<run_dir>/restarts.jsonl``
    (cause of the restart) and, inside SLURM and within ``--max-restarts``, requeues the job
    (``scontrol requeue``), which resumes from the newest complete checkpoint;
@@ -46,8 +46,8 @@ from torch.distributed.distributed_c10d import _get_default_store
 from hpc_hsdp.errors import HsdpError
 from hpc_hsdp.files import write_atomically
 from hpc_hsdp.job.training_sections import ResilienceSection
-from hpc_hsdp.rundir.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
-from hpc_hsdp.rundir.stacks import frame, write_hang_stacks
+from hpc_hsdp.rundir.observation.flight_recorder import HANG_DIR, TRACE_PREFIX, hang_words
+from hpc_hsdp.rundir.observation.stacks import frame, write_hang_stacks
 from hpc_hsdp.scheduler.backends import task_environment
 from hpc_hsdp.scheduler.restart_policy import RestartPolicy
 from hpc_hsdp.task.observation.collectives import COLLECTIVES, Listening, listen
@@ -156,7 +156,7 @@ def main_thread_position() -> tuple[bool, str | None]:
 
 def python_threads() -> list[dict]:
     """Every thread's Python stack in this process, innermost frame first, the main thread marked
-    (the format of :mod:`hpc_hsdp.rundir.stacks`)."""
+    (the format of :mod:`hpc_hsdp.rundir.observation.stacks`)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main = threading.main_thread().ident
     threads: list[dict] = []

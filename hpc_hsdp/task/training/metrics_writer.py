@@ -1,9 +1,9 @@
-"""The run's metrics on this task: ``metrics.jsonl`` through :mod:`hpc_hsdp.rundir.metrics`
+"""The run's metrics on this task: ``metrics.jsonl`` through :mod:`hpc_hsdp.rundir.training.metrics`
 (rank 0 writes it), and the step's line on stdout."""
 
 from __future__ import annotations
 
-from hpc_hsdp.rundir.metrics import MetricsLog
+from hpc_hsdp.rundir.training.metrics import MetricsLog
 from hpc_hsdp.task.parallelism.dist import RunContext
 
 

@@ -11,7 +11,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.job.training_sections import OptimizerSection
-from hpc_hsdp.rundir.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
+from hpc_hsdp.rundir.training.model_record import MODEL_RECORD, write_model_record  # noqa: F401 - loop re-exports it
 from hpc_hsdp.task.observation.log import say
 from hpc_hsdp.task.parallelism.compile import compile_units
 from hpc_hsdp.task.parallelism.device import compute_precision, resolve_precision

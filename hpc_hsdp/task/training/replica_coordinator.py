@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from hpc_hsdp.files import open_for_writing
 from hpc_hsdp.job.spec import TrainingSpec
 from hpc_hsdp.rundir.files import append_jsonl
-from hpc_hsdp.rundir.replica_membership import MEMBERSHIP_LOG
+from hpc_hsdp.rundir.observation.replica_membership import MEMBERSHIP_LOG
 from hpc_hsdp.task.observation.log import note, say
 from hpc_hsdp.task.parallelism.dist import RunContext
 from hpc_hsdp.task.parallelism.tensor_parallel import local_value, loss_context
@@ -495,7 +495,7 @@ class ReplicaGroup:
         file, while no complete checkpoint of its step exists); held until the process ends."""
         import fcntl  # noqa: PLC0415 - the fall back only
 
-        from hpc_hsdp.rundir.state import checkpoint_root, complete_checkpoints  # noqa: PLC0415 - as fcntl
+        from hpc_hsdp.rundir.checkpointing.state import checkpoint_root, complete_checkpoints  # noqa: PLC0415 - as fcntl
 
         if self.ctx.run_dir is None:
             return False

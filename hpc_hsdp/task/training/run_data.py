@@ -222,7 +222,7 @@ def data_state(data: TrainData, step: int, seed: int) -> dict:
 
 
 def source_table(data: TrainData) -> dict | None:
-    """A mixture's sources for :func:`~hpc_hsdp.rundir.state.check_data_position`: name ->
+    """A mixture's sources for :func:`~hpc_hsdp.rundir.checkpointing.state.check_data_position`: name ->
     (weight as written, samples); None for one dataset."""
     if not isinstance(data.order, MixtureOrder):
         return None

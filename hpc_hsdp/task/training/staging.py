@@ -1,7 +1,7 @@
 """``--stage-data`` on the tasks: every rank stages its node's copies of the token files
 (:func:`hpc_hsdp.data.staging_copies.stage_files`: one copier per node under a lock, the node's other
 ranks wait) in a thread while the model is built, then the ranks gather what each node did, and
-the datasets read the copies from then on. Rank 0 logs the copy's time and writes ``staging.json`` (:mod:`hpc_hsdp.rundir.staging_record`).
+the datasets read the copies from then on. Rank 0 logs the copy's time and writes ``staging.json`` (:mod:`hpc_hsdp.rundir.training.staging_record`).
 A rank that cannot stage (the directory cannot be made or written, a shared file does not match
 its sidecar's sha256) fails every rank with its one line (exit 2), not a hang."""
 
@@ -18,7 +18,7 @@ from hpc_hsdp.data.staging_copies import StageResult, launch_token, stage_files,
 from hpc_hsdp.data.tokens import TokenDataset
 from hpc_hsdp.errors import DataError, HsdpError
 from hpc_hsdp.plan.staging_dir import stage_base
-from hpc_hsdp.rundir.staging_record import node_staging, staging_lines, write_staging_record
+from hpc_hsdp.rundir.training.staging_record import node_staging, staging_lines, write_staging_record
 from hpc_hsdp.task.observation.log import say
 from hpc_hsdp.task.parallelism.dist import RunContext
 from hpc_hsdp.task.resilience import injected_faults

@@ -29,9 +29,9 @@ from pathlib import Path
 from hpc_hsdp.files import read_json
 from hpc_hsdp.plan.units import terminal_safe
 from hpc_hsdp.rundir.files import atomic_write_text
-from hpc_hsdp.rundir.flight_recorder import HANG_DIR
+from hpc_hsdp.rundir.observation.flight_recorder import HANG_DIR
 from hpc_hsdp.rundir.status_section import RunView, StatusSection
-from hpc_hsdp.rundir.stragglers import rank_ranges
+from hpc_hsdp.rundir.training.stragglers import rank_ranges
 
 HANG_STACKS = "stacks.json"
 MAX_STACKS_BYTES = 64 << 20

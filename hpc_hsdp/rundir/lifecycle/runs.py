@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_hsdp.rundir.attempts import ATTEMPT
-from hpc_hsdp.rundir.job_record import JOB_RECORD
-from hpc_hsdp.rundir.metrics import METRICS
+from hpc_hsdp.rundir.lifecycle.attempts import ATTEMPT
+from hpc_hsdp.rundir.lifecycle.job_record import JOB_RECORD
+from hpc_hsdp.rundir.training.metrics import METRICS
 
 RUN_MARKERS = (METRICS, ATTEMPT, JOB_RECORD)
 """A directory holding any of these is a run directory."""

@@ -27,8 +27,15 @@ from pathlib import Path
 
 from hpc_hsdp.errors import SpecError
 from hpc_hsdp.files import parse_json
-from hpc_hsdp.rundir.state import COMPLETE, MANIFEST, MAX_MANIFEST_BYTES, TRAIN_STATE, manifest_of, step_dir_name
-from hpc_hsdp.rundir.stragglers import rank_ranges
+from hpc_hsdp.rundir.checkpointing.state import (
+    COMPLETE,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    TRAIN_STATE,
+    manifest_of,
+    step_dir_name,
+)
+from hpc_hsdp.rundir.training.stragglers import rank_ranges
 
 SCHEMES: Mapping[str, str] = {"s3": "s3fs"}
 """URL scheme -> the module of its fsspec implementation (installed by ``hpc-hsdp[s3]``)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpc_hsdp.errors import DataError, SpecError
 from hpc_hsdp.files import UnreadableFile, open_regular, read_json
-from hpc_hsdp.rundir.attempts import end_attempt, read_restarts
+from hpc_hsdp.rundir.lifecycle.attempts import end_attempt, read_restarts
 
 COMPLETE = "COMPLETE"
 TRAIN_STATE = "train_state.json"
@@ -291,7 +291,7 @@ def check_data_position(
 
 
 # ----------------------------------------------------------------------------- restarts and their causes
-# The record itself is hpc_hsdp.rundir.attempts' (attempt.json, restarts.jsonl): the components that
+# The record itself is hpc_hsdp.rundir.lifecycle.attempts' (attempt.json, restarts.jsonl): the components that
 # know why an attempt ends (the watchdog: a hang; the survivors of a node failure) write it there.
 
 FAILURE_REASONS = ("hang", "node_failure", "killed", "error", "unknown")

@@ -35,8 +35,8 @@ from typing import TypeGuard
 
 from hpc_hsdp.files import is_time, read_json, read_json_lines, write_atomically
 from hpc_hsdp.rundir.files import append_jsonl
-from hpc_hsdp.rundir.metrics import last_step_written
 from hpc_hsdp.rundir.status_section import RunView, StatusSection
+from hpc_hsdp.rundir.training.metrics import last_step_written
 
 ATTEMPT = "attempt.json"
 RESTARTS = "restarts.jsonl"
