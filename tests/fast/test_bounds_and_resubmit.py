@@ -230,7 +230,7 @@ def test_the_runtime_does_not_import_the_submitting_side():
         "hpc_hsdp.errors",
         "hpc_hsdp.job.options",
     }
-    assert _imports(package / "rundir" / "state.py") == {
+    assert _imports(package / "rundir" / "checkpointing" / "state.py") == {
         "hpc_hsdp.errors",
         "hpc_hsdp.files",
         "hpc_hsdp.rundir.lifecycle.attempts",
