@@ -110,24 +110,36 @@ def status_from(record: JobRecord, answers: SchedulerAnswers, *, restarts: int |
     job_id = record.job_id
     known = load_job_state(record.run_dir, job_id)
     known_restarts = int(known.get("restarts") or 0) if known else 0
-    asked = {
-        "controller_answered": answers.controller is None,
-        "accounting_answered": None if not answers.accounting_asked else answers.accounting is None,
-    }
+    controller_answered = answers.controller is None
+    accounting_answered = None if not answers.accounting_asked else answers.accounting is None
     current: JobStatus | None = None
     if job_id in answers.queued:
         state, reason = answers.queued[job_id]
         current = JobStatus(
-            state=state, reason=reason, restarts=known_restarts if restarts is None else restarts, **asked
+            state=state,
+            reason=reason,
+            restarts=known_restarts if restarts is None else restarts,
+            controller_answered=controller_answered,
+            accounting_answered=accounting_answered,
         )
     elif job_id in answers.accounted and (answers.controller is None or answers.accounted[job_id][0] in TERMINAL):
         # out of the queue and in the accounting; or the accounting holds its end (final, whoever is silent)
         state, code = answers.accounted[job_id]
         current = JobStatus(
-            state=state, exit_code=code, restarts=known_restarts if restarts is None else restarts, **asked
+            state=state,
+            exit_code=code,
+            restarts=known_restarts if restarts is None else restarts,
+            controller_answered=controller_answered,
+            accounting_answered=accounting_answered,
         )
     elif answers.controller is None and answers.accounting is None:
-        return JobStatus(state="UNKNOWN", restarts=known_restarts, reason="no accounting record", **asked)
+        return JobStatus(
+            state="UNKNOWN",
+            restarts=known_restarts,
+            reason="no accounting record",
+            controller_answered=controller_answered,
+            accounting_answered=accounting_answered,
+        )
     if current is not None and (answers.controller is None or current.finished):
         save_job_state(
             record.run_dir,
@@ -144,12 +156,10 @@ def status_from(record: JobRecord, answers: SchedulerAnswers, *, restarts: int |
             return current
         return replace(current, note=f"{answers.controller}; the accounting has the job's end")
     # not SLURM's current answer: say who did not answer and show the last known state
-    silent = answers.controller or answers.accounting
+    silent = "; ".join(why for why in (answers.controller, answers.accounting) if why is not None)
     accounting_state = answers.accounted.get(job_id, (None,))[0]
     # the controller answered that the job left the queue: it ended, but how is unknown
     state = "UNKNOWN" if answers.controller is None else (known or {}).get("state") or accounting_state or "UNKNOWN"
-    if answers.controller is not None and answers.accounting is not None:
-        silent += f"; {answers.accounting}"
     if known:
         shown = f"last known state {known['state']}, {_age_words(now - float(known.get('at') or now))} ago"
     elif accounting_state:
@@ -164,7 +174,8 @@ def status_from(record: JobRecord, answers: SchedulerAnswers, *, restarts: int |
         note=f"{silent} ({shown})",
         last_known_state=(known or {}).get("state"),
         last_known_at=float(known["at"]) if known and known.get("at") else None,
-        **asked,
+        controller_answered=controller_answered,
+        accounting_answered=accounting_answered,
     )
 
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from hpc_hsdp.plan.slurm_facts import SINFO_NODE_FORMAT, check_job_id, parse_sin
 from hpc_hsdp.plan.topology import expand_nodelist
 from hpc_hsdp.rundir.lifecycle.job_record import JobRecord
 from hpc_hsdp.scheduler.backends.base import Backend, start_detached
-from hpc_hsdp.scheduler.backends.slurm_command import SchedulerTimeout, ping_controller, run_slurm
+from hpc_hsdp.scheduler.backends.slurm_command import Runner, SchedulerTimeout, ping_controller, run_slurm
 from hpc_hsdp.scheduler.backends.slurm_task import SlurmJobEnvironment, requeue_job
 from hpc_hsdp.scheduler.status import JobStatus, SchedulerAnswers, status_from
 
@@ -52,10 +51,6 @@ def parse_sacct_rows(text: str) -> dict[str, tuple[str, str]]:
         job_id, state, code = parts
         rows[job_id] = (state.split()[0], code)
     return rows
-
-
-Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
-"""Runs one SLURM command: :func:`~hpc_hsdp.scheduler.backends.slurm_command.run_slurm`'s signature."""
 
 
 def ask_slurm(job_ids: list[str], *, runner: Runner = run_slurm) -> SchedulerAnswers:

@@ -14,6 +14,7 @@ the one runner without importing one another.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hpc_hsdp.errors import SchedulerError, SpecError
 from hpc_hsdp.job.options import DEFAULT_SLURM_TIMEOUT_S, SLURM_TIMEOUT_ENV
@@ -64,7 +66,7 @@ def run_slurm(
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     input: str | None = None,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run one SLURM command (text output captured; ``input`` on its stdin) for at most ``timeout_s`` seconds (default:
     :func:`slurm_timeout_s`). Past that, the command and everything it started are killed and
     :class:`SchedulerTimeout` is raised; a command that cannot be started raises
@@ -96,6 +98,19 @@ def run_slurm(
         _kill_group(proc)
         raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+class Runner(Protocol):
+    """Runs one SLURM command: :func:`run_slurm`, or canned answers in tests."""
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]: ...
 
 
 TIMED_OUT = 124
@@ -194,32 +209,34 @@ class Ping:
 _NO_CONFIG_MARKERS = ("Could not establish a configuration source", "fetch_config")
 
 
-def ping_controller(*, timeout_s: float | None = None, env: Mapping[str, str] | None = None, runner=run_slurm) -> Ping:
+def ping_controller(
+    *, timeout_s: float | None = None, env: Mapping[str, str] | None = None, runner: Runner = run_slurm
+) -> Ping:
     """``scontrol ping``, bounded: whether the controller answers, and whether SLURM is configured here."""
     env = os.environ if env is None else env
     limit = slurm_timeout_s(env) if timeout_s is None else timeout_s
     config = slurm_config(env)
     host = controller_host(config)
-    facts = {"config": config, "timeout_s": limit}
+    found = functools.partial(Ping, config=config, timeout_s=limit)
     if config is not None and not config.exists():
-        return Ping(answered=False, host=host, configured=True, said=f"SLURM_CONF={config} does not exist", **facts)
+        return found(answered=False, host=host, configured=True, said=f"SLURM_CONF={config} does not exist")
     try:
         ping = runner(["scontrol", "ping"], timeout_s=limit)
     except SchedulerTimeout:
-        return Ping(
-            answered=False, host=host, configured=True, said=f"{_name(host)} did not answer within {limit:g} s", **facts
+        return found(
+            answered=False, host=host, configured=True, said=f"{_name(host)} did not answer within {limit:g} s"
         )
     except SchedulerError as exc:
-        return Ping(answered=False, host=host, configured=config is not None, said=str(exc), **facts)
+        return found(answered=False, host=host, configured=config is not None, said=str(exc))
     shown = re.search(r" at (\S+) is (UP|DOWN)", ping.stdout)
     host = shown.group(1) if shown else host
     if ping.returncode == 0 and shown and " is UP" in ping.stdout:
-        return Ping(answered=True, host=host, configured=True, said="", **facts)
+        return found(answered=True, host=host, configured=True, said="")
     said = " ".join((ping.stdout + ping.stderr).split()) or f"exit code {ping.returncode}"
     unconfigured = config is None and any(marker in said for marker in _NO_CONFIG_MARKERS)
     if unconfigured:  # scontrol's own words are its DNS SRV look-up's errors: none of them is the reason
         said = "no slurm.conf and no SLURM_CONF here, and DNS names no SLURM controller"
-    return Ping(answered=False, host=host, configured=not unconfigured, said=said, **facts)
+    return found(answered=False, host=host, configured=not unconfigured, said=said)
 
 
 def _name(host: str | None) -> str:

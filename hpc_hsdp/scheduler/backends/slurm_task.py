@@ -135,7 +135,10 @@ def _scontrol_fields(*args: str, timeout_s: float = 10.0) -> dict[str, str]:
             key, _, value = line.partition(" = ")
             fields[key.strip()] = value.strip()
         else:
-            fields.update(item.split("=", 1) for item in line.split() if "=" in item)
+            for item in line.split():
+                key, equals, value = item.partition("=")
+                if equals:
+                    fields[key] = value
     return fields
 
 

@@ -48,7 +48,13 @@ class RenderedScriptExecutor(submitit.SlurmExecutor):
     with sbatch bounded to ``timeout_s``; the job object waits for ``num_tasks`` tasks' results."""
 
     def __init__(
-        self, folder: str | Path, *, script: str, num_tasks: int, timeout_s: float, job_class: type | None = None
+        self,
+        folder: str | Path,
+        *,
+        script: str,
+        num_tasks: int,
+        timeout_s: float,
+        job_class: type[submitit.SlurmJob] | None = None,
     ) -> None:
         super().__init__(folder=folder)
         self.script = script
@@ -82,7 +88,7 @@ def submit_rendered(spec, script: str, func: Callable, args: tuple, kwargs: dict
     )
     try:
         job = executor.submit(functools.partial(func, **kwargs), *args)
-        if spec.flexible:
+        if isinstance(job, FlexibleSlurmJob):
             job.tasks_per_node, job.min_nodes = num_tasks // spec.nodes, spec.min_nodes
         return job
     except submitit_utils.FailedJobError as exc:  # sbatch's own stderr is inside

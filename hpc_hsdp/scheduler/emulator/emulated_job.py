@@ -91,8 +91,9 @@ class LocalJob:
             if info.get("run_dir"):
                 release_claim(info["run_dir"], self.job_id, ended="CANCELLED")
             return
-        own = is_supervisor(pid, info.get("supervisor_started"), state_path(self.logs_dir, self.job_id))
-        if own and self.alive(pid):
+        if is_supervisor(pid, info.get("supervisor_started"), state_path(self.logs_dir, self.job_id)) and self.alive(
+            pid
+        ):
             os.kill(pid, signal.SIGTERM)
 
     def results(self) -> list:

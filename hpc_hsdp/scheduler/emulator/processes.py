@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeGuard
 
 from hpc_hsdp.files import read_capped
 
@@ -24,7 +25,7 @@ SUPERVISOR_MARK = "HPC_HSDP_EMULATOR_STATE"
 job's state file. A process is that job's supervisor only when its environment says so."""
 
 
-def is_supervisor(pid: object, started: object, state_file: Path) -> bool:
+def is_supervisor(pid: object, started: object, state_file: Path) -> TypeGuard[int]:
     """``pid`` (from the job's state file, which anyone with the run directory could edit) is
     the supervisor this emulator started for ``state_file``: a process of this user that began
     when the state file says and whose environment (``/proc/PID/environ``, readable by its owner

@@ -5,6 +5,7 @@ task fails (``--kill-on-bad-exit``)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -120,16 +121,17 @@ def srun(argv: Sequence[str]) -> int:
     files = []
     for task in task_envs:
         procid, node_id = int(task["SLURM_PROCID"]), int(task["SLURM_NODEID"])
-        names = {
-            "job_id": job_id,
-            "procid": procid,
-            "node_id": node_id,
-            "node": task["SLURMD_NODENAME"],
-            "array_job": env.get("SLURM_ARRAY_JOB_ID"),
-            "array_task": env.get("SLURM_ARRAY_TASK_ID"),
-        }
-        out = open_for_writing(expand_pattern(args.output, **names), append=True) if args.output else None
-        err = open_for_writing(expand_pattern(args.error, **names), append=True) if args.error else out
+        expand = functools.partial(
+            expand_pattern,
+            job_id=job_id,
+            procid=procid,
+            node_id=node_id,
+            node=task["SLURMD_NODENAME"],
+            array_job=env.get("SLURM_ARRAY_JOB_ID"),
+            array_task=env.get("SLURM_ARRAY_TASK_ID"),
+        )
+        out = open_for_writing(expand(args.output), append=True) if args.output else None
+        err = open_for_writing(expand(args.error), append=True) if args.error else out
         files += [f for f in (out, err) if f is not None]
         job_level = {k: env[k] for k in ("SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES") if k in env}
         task_env = {**env, **task, **job_level, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}

@@ -4,6 +4,7 @@ runner (starts its points in order, at most so many at once)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -55,10 +56,15 @@ def supervise(state_file: str) -> int:
         return 2
     job_id = launch["job_id"]
     array_env = launch.get("array_env") or {}
-    array = {"array_job": array_env.get("SLURM_ARRAY_JOB_ID"), "array_task": array_env.get("SLURM_ARRAY_TASK_ID")}
     job_id = array_env.get("SLURM_JOB_ID", job_id)
-    out = expand_pattern(sbatch_value(script, "output") or f"slurm-{job_id}.out", job_id=job_id, **array)
-    err = expand_pattern(sbatch_value(script, "error") or out, job_id=job_id, **array)
+    expand = functools.partial(
+        expand_pattern,
+        job_id=job_id,
+        array_job=array_env.get("SLURM_ARRAY_JOB_ID"),
+        array_task=array_env.get("SLURM_ARRAY_TASK_ID"),
+    )
+    out = expand(sbatch_value(script, "output") or f"slurm-{job_id}.out")
+    err = expand(sbatch_value(script, "error") or out)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     state.update(
         state="RUNNING",
