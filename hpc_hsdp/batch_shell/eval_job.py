@@ -169,6 +169,7 @@ def run_eval(run_dir: str, step: int, command: str, *, env: Mapping[str, str] | 
     except OSError as exc:
         record = {**base, "state": FAILED, "exit_code": 127, "metrics": {}, "reason": f"sh: {exc}"}
         return _finish(run_dir, step, record)
+    assert proc.stdout is not None  # stdout=subprocess.PIPE
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())  # scancel, time limit: recorded
     try:
         for line in proc.stdout:

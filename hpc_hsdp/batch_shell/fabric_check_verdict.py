@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpc_hsdp.plan.slurm_env import compress_nodelist
@@ -29,7 +30,7 @@ from hpc_hsdp.scheduler.restart_policy import RestartPolicy
 REQUEUED = 3
 
 
-def decide(record: dict, *, allocated: list[str], nodes: int, requeued_before: bool) -> dict:
+def decide(record: dict, *, allocated: Sequence[str], nodes: int, requeued_before: bool) -> dict:
     """The decision on ``record`` (check.json) for a job of ``nodes`` nodes on ``allocated``."""
     bad = [n for n in record.get("bad_nodes", []) if n in allocated]
     good = [n for n in allocated if n not in bad]

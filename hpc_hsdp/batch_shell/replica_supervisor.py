@@ -375,15 +375,15 @@ class Supervisor:
         the groups left are stopped (a stop signal: they save at their step boundary) and the
         job is requeued; it resumes from the newest checkpoint."""
         log(self.run_dir, "fall back to requeue", cause=cause)
-        running = [g for g in self.groups if g.proc is not None and g.proc.poll() is None]
-        for group in running:
-            group.proc.send_signal(signal.SIGTERM)
+        running = [g.proc for g in self.groups if g.proc is not None and g.proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
         deadline = time.time() + self.quorum_timeout + 60  # their quorum times out, one of them saves
-        for group in running:
+        for proc in running:
             try:
-                group.proc.wait(timeout=max(0.1, deadline - time.time()))
+                proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                group.proc.kill()
+                proc.kill()
         self.stop([])
         job = os.environ.get("SLURM_JOB_ID")
         asked = task_backend(os.environ).requeue(job) if job and shutil.which("scontrol") else None
