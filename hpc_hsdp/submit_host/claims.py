@@ -42,7 +42,8 @@ def _writers(run_dir: Path) -> list[tuple[JobHandle, dict | None]]:
     found: list[tuple[JobHandle, dict | None]] = []
     claim = claims.read_claim(run_dir)
     if claim is not None and claim.get("job_id") and claim.get("cluster") in BACKEND_NAMES:
-        logs = claim.get("logs_dir") if isinstance(claim.get("logs_dir"), str) else "logs"
+        logs_dir = claim.get("logs_dir")
+        logs = logs_dir if isinstance(logs_dir, str) else "logs"
         try:
             record = JobRecord(
                 job_id=check_job_id(claim["job_id"], where=f"{claims.claim_path(run_dir)}: job_id"),
@@ -174,8 +175,8 @@ def release_task_claim(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     try:
         with claims.claim_lock(run_dir, wait_s=5.0):
-            claim = claims.read_claim(run_dir)
-            mine = claim is not None and claim.get("pid") == os.getpid() and claim.get("host") == claims.who()["host"]
+            claim = claims.read_claim(run_dir) or {}
+            mine = claim.get("pid") == os.getpid() and claim.get("host") == claims.who()["host"]
             if mine and claim.get("state") == claims.CLAIMED and claim.get("job_id") is None:
                 claims.write_claim(run_dir, claims.RELEASED, job_id=None)
         claims.let_go_of_run_lock(run_dir)

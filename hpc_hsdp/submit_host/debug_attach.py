@@ -108,7 +108,7 @@ def check_socket(path: str) -> str | None:
 def pump(connection: socket.socket, stdin_fd: int, stdout_fd: int) -> None:
     """Copy ``stdin_fd`` to the connection and the connection to ``stdout_fd`` until the rank
     closes it. The end of stdin only half-closes it: what was typed is still answered."""
-    reading = [connection, stdin_fd]
+    reading: list[socket.socket | int] = [connection, stdin_fd]
     while True:
         ready, _, _ = select.select(reading, [], [])
         if connection in ready:

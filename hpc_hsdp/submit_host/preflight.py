@@ -94,8 +94,8 @@ def tensor_parallel_refusal(
                 f"--tp {tp_size}: --model {model} ({values['model_type']}) has no tensor-parallel plan in "
                 f"transformers (no base_model_tp_plan); train it with --tp 1, or use a model of the Llama family"
             )
-        dims = tp_dims_from_config(values, model=f"--model {model}")
-        return tp_refusal(dims, tp_size) if dims is not None else None
+        config_dims = tp_dims_from_config(values, model=f"--model {model}")
+        return tp_refusal(config_dims, tp_size) if config_dims is not None else None
     return None
 
 

@@ -138,6 +138,7 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     in their order, then the ``--sbatch`` passthrough, by key."""
     options: list[tuple[str, str | None]] = []
     for line in sbatch_lines():
+        assert callable(line.value)  # a declared option's key: JobOption made OWN_VALUE its field's getter
         value = line.value(spec)
         if value is None or value is False:
             continue

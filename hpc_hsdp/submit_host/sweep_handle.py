@@ -186,7 +186,7 @@ class SweepHandle:
         the task ids cancelled. Only jobs the scheduler says run in the point's own directory are
         cancelled (:meth:`JobHandle.check_runs_here`, as ``cancel RUN_DIR``); the points refused
         and why are :attr:`refused` (one point: SpecError)."""
-        self.refused: list[str] = []
+        self.refused = []
         if point is not None:
             chosen = self.point(point)
             JobHandle(JobRecord.load(str(self.record.point_dir(chosen)))).cancel()
@@ -194,15 +194,16 @@ class SweepHandle:
         pairs = self.job_records()
         statuses = self._statuses(pairs)
         live = []
-        for point, record in pairs:
-            if record is None or statuses.get(point.index) is None or statuses[point.index].finished:
+        for swept, record in pairs:
+            status = statuses.get(swept.index)
+            if record is None or status is None or status.finished:
                 continue
             try:
                 JobHandle(record).check_runs_here()
             except SpecError as exc:
-                self.refused.append(f"{point.name}: {exc}")
+                self.refused.append(f"{swept.name}: {exc}")
                 continue
-            live.append((point, record))
+            live.append((swept, record))
         # by the job array each point's job.json names (a point submitted again alone: its own job)
         arrays: dict[tuple[str, str], list[JobRecord]] = {}
         for _, record in live:

@@ -206,8 +206,8 @@ def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepR
             f"extend them with --steps N, or choose a new --run-dir"
         )
     if done:
-        names = ", ".join(plan.points[i].name for i in sorted(done))
-        said.append(f"{len(done)} point(s) already completed, not submitted again: {names}")
+        completed = ", ".join(plan.points[i].name for i in sorted(done))
+        said.append(f"{len(done)} point(s) already completed, not submitted again: {completed}")
     # the arrays to submit: (place in plan.groups, the positions of its points to submit)
     arrays = [(n, [i for i in g.members if i not in done]) for n, g in enumerate(plan.groups)]
     arrays = [(n, positions) for n, positions in arrays if positions]
@@ -281,7 +281,9 @@ def submit_sweep(plan: SweepPlan, *, cluster: str | None = None) -> tuple[SweepR
                 logs_dir=Path(spec.log_dir),
             )
         for i in done:  # a completed point keeps the job that ran it
-            job_of[i] = _recorded_job(plan.specs[i].run.run_dir)
+            ran = _recorded_job(plan.specs[i].run.run_dir)
+            if ran is not None:
+                job_of[i] = ran
         sweep_record = SweepRecord(
             sweep_dir=plan.sweep_dir,
             job_ids=tuple(array_id for array_id, _ in submitted),
