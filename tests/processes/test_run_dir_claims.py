@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -181,7 +180,7 @@ def test_hpc_hsdp_run_refuses_a_directory_another_job_writes_and_a_requeued_atte
 
     # job 777 itself (a requeued attempt, its claim released when it was seen to end): the same claimant
     write_claim(run, "released", job_id="777", cluster="slurm", logs_dir="logs", ended="PREEMPTED")
-    ran = subprocess.run(task, env=env, capture_output=True, text=True, timeout=240)
+    ran = hpc(*task, env=env, timeout=240)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "claim" not in ran.stderr
     claim = json.loads((run / "claim.json").read_text())
@@ -193,7 +192,7 @@ def test_hpc_hsdp_run_refuses_a_directory_another_job_writes_and_a_requeued_atte
     bare = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "MASTER_"))}
     bare.update(TORCHELASTIC_RUN_ID="t", GROUP_RANK="0", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     bare.update(WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=env["MASTER_PORT"])
-    longer = subprocess.run([*task, "--steps", "3"], env=bare, capture_output=True, text=True, timeout=240)
+    longer = hpc(*task, "--steps", "3", env=bare, timeout=240)
     assert longer.returncode == 0, longer.stdout + longer.stderr
     said = longer.stderr.splitlines()[0]  # "UNKNOWN (no SLURM here to ask)", or SLURM's UNKNOWN where it answers
     assert said.startswith(f"hpc-hsdp: run directory {run} was claimed by job 777, which is UNKNOWN"), said
