@@ -57,9 +57,7 @@ class TrainData:
         model, but a model that brings its vocabulary (``hf:PATH``, a factory) embeds only its own
         tokens. Data read from files is returned unchanged (its vocabulary is checked against the
         model's by :func:`check_data`)."""
-        if self.vocab_size is not None or not isinstance(self.train, SyntheticSamples):
-            return self
-        if self.train.vocab_size == model_vocab_size:
+        if not isinstance(self.train, SyntheticSamples) or self.train.vocab_size == model_vocab_size:
             return self
         return replace(
             self,
